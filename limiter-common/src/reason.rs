@@ -1,0 +1,119 @@
+//! Why a packet got its verdict. Every reason has exactly one verdict and
+//! its own counter slot in `STATS`.
+
+/// What the XDP program returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Drop,
+}
+
+macro_rules! reasons {
+    ($( $(#[doc = $doc:literal])* $name:ident = $val:literal => $verdict:ident, $label:literal; )*) => {
+        /// Index into `STATS`. The discriminants are the ABI.
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Reason {
+            $( $(#[doc = $doc])* $name = $val, )*
+        }
+
+        impl Reason {
+            /// All reasons, in counter-slot order.
+            pub const ALL: [Reason; REASON_COUNT] = [$(Reason::$name,)*];
+
+            /// The one verdict this reason always gets.
+            #[must_use]
+            pub const fn verdict(self) -> Verdict {
+                match self { $(Reason::$name => Verdict::$verdict,)* }
+            }
+
+            /// Stable snake-case name for logs, metrics labels and tables.
+            #[must_use]
+            pub const fn label(self) -> &'static str {
+                match self { $(Reason::$name => $label,)* }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// IPv4/IPv6 packet charged to its prefix's bucket and admitted.
+    Admitted = 0 => Pass, "admitted";
+    /// The prefix's bucket had less credit than the packet's cost.
+    RateLimited = 1 => Drop, "rate_limited";
+    /// Not IPv4 or IPv6 (ARP, LLDP, MPLS, ...): not ours to limit.
+    NonIp = 2 => Pass, "non_ip";
+    /// No policy has been written to `CONFIG` yet (fail open).
+    NoConfig = 3 => Pass, "no_config";
+    /// A new prefix's bucket could not be inserted (fail open, counted).
+    BucketInsertFailed = 4 => Pass, "bucket_insert_failed";
+    /// Compare-and-swap on the bucket lost `MAX_CAS_RETRIES` races in a row
+    /// (other CPUs were charging the same prefix): drop, as floods do this.
+    Contended = 5 => Drop, "contended";
+    /// Frame shorter than an Ethernet header.
+    EthTruncated = 6 => Drop, "eth_truncated";
+    /// A VLAN tag announced but cut short.
+    VlanTruncated = 7 => Drop, "vlan_truncated";
+    /// More than `MAX_VLAN_DEPTH` stacked VLAN tags.
+    VlanDepthExceeded = 8 => Drop, "vlan_depth_exceeded";
+    /// IPv4 header (or its options) cut short.
+    Ipv4Truncated = 9 => Drop, "ipv4_truncated";
+    /// IPv4 IHL below 5, or version field not 4.
+    Ipv4BadHeader = 10 => Drop, "ipv4_bad_header";
+    /// IPv6 fixed header cut short, or version field not 6.
+    Ipv6Truncated = 11 => Drop, "ipv6_truncated";
+    /// An IPv6 extension header cut short.
+    Ipv6ExtTruncated = 12 => Drop, "ipv6_ext_truncated";
+    /// More than `MAX_IPV6_EXT_HEADERS` extension headers.
+    Ipv6ExtLimit = 13 => Drop, "ipv6_ext_limit";
+    /// TCP or UDP header of a first (or unfragmented) packet cut short.
+    L4Truncated = 14 => Drop, "l4_truncated";
+}
+
+/// Number of counter slots in `STATS`.
+pub const REASON_COUNT: usize = 15;
+
+impl Reason {
+    /// The reason stored at `index`, if any.
+    #[must_use]
+    pub const fn from_index(index: u32) -> Option<Reason> {
+        if (index as usize) < REASON_COUNT {
+            Some(Self::ALL[index as usize])
+        } else {
+            None
+        }
+    }
+}
+
+/// Maximum stacked VLAN tags (802.1Q / 802.1ad) the parser walks.
+pub const MAX_VLAN_DEPTH: usize = 2;
+/// Maximum IPv6 extension headers the parser walks.
+pub const MAX_IPV6_EXT_HEADERS: usize = 8;
+/// Compare-and-swap attempts on one bucket before `Contended`.
+pub const MAX_CAS_RETRIES: usize = 8;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discriminants_are_slot_indexes() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i, "{r:?}");
+            assert_eq!(Reason::from_index(u32::try_from(i).unwrap()), Some(*r));
+        }
+        assert_eq!(
+            Reason::from_index(u32::try_from(REASON_COUNT).unwrap()),
+            None
+        );
+    }
+
+    #[test]
+    fn labels_are_unique() {
+        for a in Reason::ALL {
+            for b in Reason::ALL {
+                assert!(a == b || a.label() != b.label());
+            }
+        }
+    }
+}

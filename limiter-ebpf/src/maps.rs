@@ -1,0 +1,29 @@
+//! Every map of the program. Capacities of `BUCKETS` are set by the loader.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, LruHashMap, PerCpuArray},
+};
+use limiter_common::{
+    BucketKey, BucketState, Config, Counter, REASON_COUNT, maps::DEFAULT_BUCKET_CAPACITY,
+};
+
+/// Written by: XDP (charging). Read by: XDP; userspace reads for status.
+/// Shared by all CPUs so a prefix's allowance is never multiplied by the
+/// CPU count; each entry is updated with one compare-and-swap.
+#[map(name = "BUCKETS")]
+pub static BUCKETS: LruHashMap<BucketKey, BucketState> =
+    LruHashMap::with_max_entries(DEFAULT_BUCKET_CAPACITY, 0);
+
+/// Written by: userspace (policy). Read by: XDP, once per packet.
+#[map(name = "CONFIG")]
+pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+/// Written by: XDP, per CPU, one slot per `Reason`. Read by: userspace,
+/// summed over CPUs at read time. Per-CPU, so no atomics in softirq.
+#[map(name = "STATS")]
+pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(REASON_COUNT as u32, 0);
+
+/// Written by: tests. Read by: the `limiter_test_clock` entry point only.
+#[map(name = "TEST_CLOCK")]
+pub static TEST_CLOCK: Array<u64> = Array::with_max_entries(1, 0);

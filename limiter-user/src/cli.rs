@@ -1,0 +1,92 @@
+//! The `limiter` command line.
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{
+    loader::AttachMode,
+    policy::{CostUnit, Policy},
+};
+
+/// XDP edge flood guard: per-source-prefix token buckets enforced at the driver.
+#[derive(Debug, Parser)]
+#[command(name = "limiter", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load the XDP program, attach it to an interface and enforce the policy
+    /// until SIGINT or SIGTERM.
+    Run(RunArgs),
+}
+
+/// Arguments of `limiter run`; unset limits take the built-in default policy.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Interface to protect.
+    #[arg(long, short = 'i', value_name = "IFACE")]
+    pub iface: String,
+    /// XDP attach mode.
+    #[arg(long, value_enum, default_value_t = AttachMode::Native)]
+    pub mode: AttachMode,
+    /// Units (packets or bytes) per second per prefix [default: 1000].
+    #[arg(long, value_name = "N")]
+    pub rate: Option<u64>,
+    /// Bucket depth in units [default: 2000].
+    #[arg(long, value_name = "N")]
+    pub burst: Option<u64>,
+    /// What a packet costs [default: packets].
+    #[arg(long, value_enum)]
+    pub cost: Option<CostUnit>,
+    /// IPv4 source prefix length [default: 24].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
+    pub v4_prefix: Option<u32>,
+    /// IPv6 source prefix length [default: 56].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=128))]
+    pub v6_prefix: Option<u32>,
+    /// Tracked prefixes (LRU capacity) [default: 262144].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub capacity: Option<u32>,
+    /// Seconds between status lines (0 = none).
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub status_interval: f64,
+}
+
+impl RunArgs {
+    /// The built-in default policy with the flags given applied over it.
+    #[must_use]
+    pub fn policy(&self) -> Policy {
+        let d = Policy::default();
+        Policy {
+            rate: self.rate.unwrap_or(d.rate),
+            burst: self.burst.unwrap_or(d.burst),
+            cost: self.cost.unwrap_or(d.cost),
+            v4_prefix: self.v4_prefix.unwrap_or(d.v4_prefix),
+            v6_prefix: self.v6_prefix.unwrap_or(d.v6_prefix),
+            capacity: self.capacity.unwrap_or(d.capacity),
+        }
+    }
+}
+
+/// Parse arguments; on a usage error print one line and exit with status 2.
+#[must_use]
+pub fn parse() -> Cli {
+    match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version
+        Err(e) => {
+            let text = e.to_string();
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            eprintln!(
+                "limiter: {} (see --help)",
+                first.trim_start_matches("error: ")
+            );
+            std::process::exit(2);
+        }
+    }
+}

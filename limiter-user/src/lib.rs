@@ -1,0 +1,11 @@
+//! Userspace of the XDP flood guard: policy, loader, counters and the
+//! `limiter` command. The binary in `main.rs` is a thin shell over this.
+
+pub mod cli;
+pub mod loader;
+pub mod policy;
+pub mod run;
+pub mod stats;
+
+/// The compiled XDP object, built by `build.rs` from `limiter-ebpf`.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));

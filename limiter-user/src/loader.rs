@@ -1,0 +1,248 @@
+//! Loading the XDP object, attaching it, and reading and writing its maps.
+
+use std::time::Duration;
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray},
+    programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
+};
+use limiter_common::{BucketKey, BucketState, Config, Counter, maps, programs};
+
+use crate::stats::Totals;
+
+/// What went wrong loading, attaching or touching the maps.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the XDP object")]
+    Object(#[source] aya::EbpfError),
+    #[error("program {0} missing from the object")]
+    MissingProgram(&'static str),
+    #[error("map {0} missing from the object")]
+    MissingMap(&'static str),
+    #[error("loading program {name} into the kernel (verifier)")]
+    Verify {
+        name: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("interface {iface} does not exist")]
+    NoInterface { iface: String },
+    #[error(
+        "attaching to {iface} in native mode failed; the driver may not support native XDP, retry with --mode generic"
+    )]
+    NativeUnsupported {
+        iface: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("attaching to {iface} in {mode} mode")]
+    Attach {
+        iface: String,
+        mode: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("map {map}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("test run of {name}")]
+    TestRun {
+        name: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+}
+
+/// How the program is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// In the driver (XDP_FLAGS_DRV_MODE): the fast path.
+    Native,
+    /// In the generic network stack (XDP_FLAGS_SKB_MODE): works everywhere.
+    Generic,
+}
+
+impl AttachMode {
+    fn xdp(self) -> XdpMode {
+        match self {
+            Self::Native => XdpMode::Driver,
+            Self::Generic => XdpMode::Skb,
+        }
+    }
+
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Generic => "generic",
+        }
+    }
+}
+
+/// A loaded XDP object and its maps.
+pub struct Limiter {
+    ebpf: Ebpf,
+}
+
+fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> LoadError {
+    move |source| LoadError::Map { map, source }
+}
+
+impl Limiter {
+    /// Load the object with a bucket map of `capacity` entries. Programs are
+    /// verified lazily by [`Limiter::load_program`].
+    pub fn open(capacity: u32) -> Result<Self, LoadError> {
+        let ebpf = EbpfLoader::new()
+            .map_max_entries(maps::BUCKETS, capacity)
+            .load(crate::OBJECT)
+            .map_err(LoadError::Object)?;
+        Ok(Self { ebpf })
+    }
+
+    fn xdp(&mut self, name: &'static str) -> Result<&mut Xdp, LoadError> {
+        self.ebpf
+            .program_mut(name)
+            .and_then(|p| p.try_into().ok())
+            .ok_or(LoadError::MissingProgram(name))
+    }
+
+    /// Run the verifier on one entry point (idempotent).
+    pub fn load_program(&mut self, name: &'static str) -> Result<(), LoadError> {
+        let prog = self.xdp(name)?;
+        if prog.fd().is_ok() {
+            return Ok(());
+        }
+        prog.load()
+            .map_err(|source| LoadError::Verify { name, source })
+    }
+
+    /// Instructions the verifier processed for a loaded entry point.
+    pub fn verified_instructions(&mut self, name: &'static str) -> Result<Option<u32>, LoadError> {
+        let info = self
+            .xdp(name)?
+            .info()
+            .map_err(|source| LoadError::Verify { name, source })?;
+        Ok(info.verified_instruction_count())
+    }
+
+    /// Attach the production entry point. The link lives as long as `self`.
+    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<XdpLinkId, LoadError> {
+        self.load_program(programs::LIMITER)?;
+        let prog = self.xdp(programs::LIMITER)?;
+        prog.attach(iface, mode.xdp())
+            .map_err(|source| match source {
+                ProgramError::UnknownInterface { .. } => LoadError::NoInterface {
+                    iface: iface.into(),
+                },
+                source if mode == AttachMode::Native => LoadError::NativeUnsupported {
+                    iface: iface.into(),
+                    source,
+                },
+                source => LoadError::Attach {
+                    iface: iface.into(),
+                    mode: mode.label(),
+                    source,
+                },
+            })
+    }
+
+    /// Detach a link made by [`Limiter::attach`].
+    pub fn detach(&mut self, link: XdpLinkId) -> Result<(), LoadError> {
+        self.xdp(programs::LIMITER)?
+            .detach(link)
+            .map_err(|source| LoadError::Attach {
+                iface: String::new(),
+                mode: "detach",
+                source,
+            })
+    }
+
+    fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, LoadError> {
+        self.ebpf.map_mut(name).ok_or(LoadError::MissingMap(name))
+    }
+
+    fn map(&self, name: &'static str) -> Result<&aya::maps::Map, LoadError> {
+        self.ebpf.map(name).ok_or(LoadError::MissingMap(name))
+    }
+
+    /// Replace the enforced config (one 48-byte array element: atomic).
+    pub fn set_config(&mut self, cfg: &Config) -> Result<(), LoadError> {
+        let mut a: Array<&mut MapData, Config> =
+            Array::try_from(self.map_mut(maps::CONFIG)?).map_err(map_err(maps::CONFIG))?;
+        a.set(0, cfg, 0).map_err(map_err(maps::CONFIG))
+    }
+
+    /// Set the injected clock read by the test entry point.
+    pub fn set_test_clock(&mut self, now_ns: u64) -> Result<(), LoadError> {
+        let mut a: Array<&mut MapData, u64> =
+            Array::try_from(self.map_mut(maps::TEST_CLOCK)?).map_err(map_err(maps::TEST_CLOCK))?;
+        a.set(0, now_ns, 0).map_err(map_err(maps::TEST_CLOCK))
+    }
+
+    /// Counters summed over CPUs.
+    pub fn totals(&self) -> Result<Totals, LoadError> {
+        let a: PerCpuArray<&MapData, Counter> =
+            PerCpuArray::try_from(self.map(maps::STATS)?).map_err(map_err(maps::STATS))?;
+        let mut t = Totals::default();
+        for (i, slot) in (0u32..).zip(t.by_reason.iter_mut()) {
+            for c in a.get(&i, 0).map_err(map_err(maps::STATS))?.iter() {
+                slot.packets += c.packets;
+                slot.bytes += c.bytes;
+            }
+        }
+        Ok(t)
+    }
+
+    fn buckets(&self) -> Result<HashMap<&MapData, BucketKey, BucketState>, LoadError> {
+        HashMap::try_from(self.map(maps::BUCKETS)?).map_err(map_err(maps::BUCKETS))
+    }
+
+    /// Number of tracked prefixes (walks the map's keys).
+    pub fn tracked(&self) -> Result<usize, LoadError> {
+        Ok(self.buckets()?.keys().flatten().count())
+    }
+
+    /// One bucket's state, if tracked.
+    pub fn bucket(&self, key: &BucketKey) -> Result<Option<BucketState>, LoadError> {
+        match self.buckets()?.get(key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(map_err(maps::BUCKETS)(e)),
+        }
+    }
+
+    /// Forget every tracked prefix.
+    pub fn clear_buckets(&mut self) -> Result<(), LoadError> {
+        let mut m: HashMap<&mut MapData, BucketKey, BucketState> =
+            HashMap::try_from(self.map_mut(maps::BUCKETS)?).map_err(map_err(maps::BUCKETS))?;
+        let keys: Vec<BucketKey> = m.keys().filter_map(Result::ok).collect();
+        for k in keys {
+            m.remove(&k).map_err(map_err(maps::BUCKETS))?;
+        }
+        Ok(())
+    }
+
+    /// BPF_PROG_TEST_RUN of one entry point over `data`, `repeat` times.
+    /// Returns the XDP action and the kernel's mean duration per run.
+    pub fn test_run(
+        &mut self,
+        name: &'static str,
+        data: &[u8],
+        repeat: u32,
+    ) -> Result<(u32, Duration), LoadError> {
+        self.load_program(name)?;
+        let prog = self.xdp(name)?;
+        let r = prog
+            .test_run(TestRunOptions {
+                data_in: Some(data),
+                repeat,
+                ..TestRunOptions::new()
+            })
+            .map_err(|source| LoadError::TestRun { name, source })?;
+        Ok((r.return_value, r.duration))
+    }
+}
