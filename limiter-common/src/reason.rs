@@ -60,7 +60,7 @@ reasons! {
     Ipv4Truncated = 9 => Drop, "ipv4_truncated";
     /// IPv4 IHL below 5, or version field not 4.
     Ipv4BadHeader = 10 => Drop, "ipv4_bad_header";
-    /// IPv6 fixed header cut short, or version field not 6.
+    /// IPv6 fixed header cut short.
     Ipv6Truncated = 11 => Drop, "ipv6_truncated";
     /// An IPv6 extension header cut short.
     Ipv6ExtTruncated = 12 => Drop, "ipv6_ext_truncated";
@@ -68,10 +68,12 @@ reasons! {
     Ipv6ExtLimit = 13 => Drop, "ipv6_ext_limit";
     /// TCP or UDP header of a first (or unfragmented) packet cut short.
     L4Truncated = 14 => Drop, "l4_truncated";
+    /// IPv6 EtherType but the version field is not 6.
+    Ipv6BadHeader = 15 => Drop, "ipv6_bad_header";
 }
 
 /// Number of counter slots in `STATS`.
-pub const REASON_COUNT: usize = 15;
+pub const REASON_COUNT: usize = 16;
 
 impl Reason {
     /// The reason stored at `index`, if any.

@@ -119,7 +119,7 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Source, Reason> {
 fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Source, Reason> {
     let ip = bytes_at::<{ Ipv6Hdr::LEN }>(ctx, off).ok_or(Reason::Ipv6Truncated)?;
     if ip[0] >> 4 != 6 {
-        return Err(Reason::Ipv6Truncated);
+        return Err(Reason::Ipv6BadHeader);
     }
     let src = Source {
         family: family::IPV6,

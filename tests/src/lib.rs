@@ -1,1 +1,8 @@
+//! Test harness: frame builder, kernel fixtures through BPF_PROG_TEST_RUN,
+//! network namespaces with veth pairs, and the flood scenario shared by the
+//! integration test and `cargo xtask demo`. Everything here needs root.
 
+pub mod kernel;
+pub mod netns;
+pub mod packet;
+pub mod scenario;

@@ -1,0 +1,82 @@
+//! The real XDP object, loaded for BPF_PROG_TEST_RUN.
+
+use limiter::{loader::Limiter, policy::Policy, stats::Totals};
+use limiter_common::{Config, Reason, cost, programs};
+
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+
+/// Panic with a clear message unless running as root.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert!(
+        euid == 0,
+        "kernel tests load BPF programs and need root: run `cargo xtask test` as root"
+    );
+}
+
+/// A private copy of the object (its own maps) with the test-clock entry
+/// point verified and `cfg` applied.
+#[must_use]
+pub fn open(cfg: &Config) -> Limiter {
+    require_root();
+    let mut l = Limiter::open(1024).expect("load the XDP object");
+    l.set_config(cfg).expect("write CONFIG");
+    l.load_program(programs::LIMITER_TEST_CLOCK)
+        .expect("verify limiter_test_clock");
+    l
+}
+
+/// Config from limits, validated the way the daemon validates them.
+#[must_use]
+pub fn config(rate: u64, burst: u64, bytes: bool, v4: u32, v6: u32) -> Config {
+    let policy = Policy {
+        rate,
+        burst,
+        cost: if bytes {
+            limiter::policy::CostUnit::Bytes
+        } else {
+            limiter::policy::CostUnit::Packets
+        },
+        v4_prefix: v4,
+        v6_prefix: v6,
+        capacity: 1024,
+    };
+    let c = policy.to_config().expect("valid test policy");
+    assert_eq!(c.cost, if bytes { cost::BYTES } else { cost::PACKETS });
+    c
+}
+
+/// Run one frame through the test-clock entry point at `now_ns`; return
+/// the XDP action and the counter deltas it caused.
+pub fn run_at(l: &mut Limiter, now_ns: u64, frame: &[u8]) -> (u32, Totals) {
+    l.set_test_clock(now_ns).expect("set TEST_CLOCK");
+    let before = l.totals().expect("read STATS");
+    let (action, _) = l
+        .test_run(programs::LIMITER_TEST_CLOCK, frame, 1)
+        .expect("BPF_PROG_TEST_RUN");
+    (action, l.totals().expect("read STATS").since(&before))
+}
+
+/// Assert the deltas are exactly one packet of `len` bytes under `reason`.
+pub fn assert_counted_once(delta: &Totals, reason: Reason, len: usize, what: &str) {
+    for r in Reason::ALL {
+        let c = delta.get(r);
+        if r == reason {
+            assert_eq!(
+                (c.packets, c.bytes),
+                (1, len as u64),
+                "{what}: counter {}",
+                r.label()
+            );
+        } else {
+            assert_eq!(
+                (c.packets, c.bytes),
+                (0, 0),
+                "{what}: unexpected count under {}",
+                r.label()
+            );
+        }
+    }
+}
