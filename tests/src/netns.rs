@@ -1,1 +1,110 @@
+//! Network namespaces joined by a veth pair, removed on drop (also when a
+//! test panics). Both ends live in namespaces made here, addresses come from
+//! 198.18.0.0/15, and neither namespace has a default route, so no test
+//! packet (nor a reply to a spoofed source) can leave the machine.
 
+use std::{
+    process::{Command, Output},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn ip(args: &[&str]) -> Output {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip(8) from iproute2");
+    assert!(
+        out.status.success(),
+        "ip {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    out
+}
+
+/// A named network namespace, deleted on drop.
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    /// A fresh namespace with loopback up.
+    #[must_use]
+    pub fn new(tag: &str) -> Self {
+        let name = format!(
+            "lim-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        ip(&["netns", "add", &name]);
+        let ns = Self { name };
+        ns.ip("link set lo up");
+        ns
+    }
+
+    /// Run `ip -n NS ARGS` (whitespace-separated), panicking on failure.
+    pub fn ip(&self, args: &str) {
+        let mut v = vec!["-n", &self.name];
+        v.extend(args.split_whitespace());
+        ip(&v);
+    }
+
+    /// A command that runs `prog` inside the namespace.
+    #[must_use]
+    pub fn command(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(prog);
+        c
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        // Best effort: a failed delete must not turn a passing test red,
+        // and panicking in drop during unwinding would abort.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// Sender namespace `a` (interface `va`, 198.18.0.1/24) and receiver
+/// namespace `b` (interface `vb`, 198.18.0.2/24), joined by a veth pair
+/// with two queues per end so XDP can run on both CPUs.
+pub struct VethPair {
+    pub a: NetNs,
+    pub b: NetNs,
+}
+
+pub const A_IF: &str = "va";
+pub const B_IF: &str = "vb";
+pub const B_ADDR: &str = "198.18.0.2";
+
+impl VethPair {
+    #[must_use]
+    pub fn new(tag: &str) -> Self {
+        let (a, b) = (
+            NetNs::new(&format!("{tag}a")),
+            NetNs::new(&format!("{tag}b")),
+        );
+        a.ip(&format!(
+            "link add {A_IF} numtxqueues 2 numrxqueues 2 type veth peer name {B_IF} netns {} numtxqueues 2 numrxqueues 2",
+            b.name
+        ));
+        a.ip(&format!("addr add 198.18.0.1/24 dev {A_IF}"));
+        b.ip(&format!("addr add {B_ADDR}/24 dev {B_IF}"));
+        a.ip(&format!("link set {A_IF} up"));
+        b.ip(&format!("link set {B_IF} up"));
+        // The receiver treats the whole test range as on-link (replies stay
+        // on the veth); deliberately no default route anywhere.
+        b.ip(&format!("route add 198.18.0.0/15 dev {B_IF}"));
+        Self { a, b }
+    }
+
+    /// Give the sender one more source address (a /32 on `va`).
+    pub fn add_source(&self, addr: &str) {
+        self.a.ip(&format!("addr add {addr}/32 dev {A_IF}"));
+    }
+}

@@ -1,1 +1,248 @@
+//! The flood scenario: a real `limiter run` attached in one namespace, a
+//! flooding prefix and a conforming prefix sending to it from the other.
+//! Used by the integration test and by `cargo xtask demo`.
 
+use std::{
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::netns::{B_ADDR, B_IF, VethPair};
+
+pub const FLOOD_SRC: &str = "198.18.1.10";
+pub const CONFORM_SRC: &str = "198.18.2.10";
+const PORT: u16 = 9000;
+
+/// Limits and traffic of one run.
+#[derive(Clone, Debug)]
+pub struct Flood {
+    /// Packets per second per /24.
+    pub rate: u64,
+    pub burst: u64,
+    /// How long the flood lasts.
+    pub secs: f64,
+    /// Flood send rate; 0 = as fast as one core can send.
+    pub flood_pps: u64,
+    /// The conforming prefix's send rate (kept below `rate`).
+    pub conform_pps: u64,
+    /// `native` or `generic`.
+    pub mode: &'static str,
+}
+
+/// What each side saw.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub flood_sent: u64,
+    /// Flood duration as measured by its sender.
+    pub flood_secs: f64,
+    pub flood_received: u64,
+    pub conform_sent: u64,
+    pub conform_received: u64,
+    /// The daemon's stdout, whole.
+    pub daemon_log: String,
+    /// Totals from the daemon's exit line.
+    pub xdp_passed: u64,
+    pub xdp_dropped: u64,
+}
+
+/// A child process killed (and reaped) on drop.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Find a workspace binary next to the running one (target/PROFILE/NAME),
+/// also from target/PROFILE/deps where test harnesses live.
+pub fn locate_bin(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    for dir in exe.ancestors().skip(1).take(2) {
+        let p = dir.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "{name} not found next to {} (build it first: cargo build --bins)",
+        exe.display()
+    )
+}
+
+/// Spawn with stdout read line by line into a channel.
+fn spawn_lines(mut cmd: Command) -> anyhow::Result<(Guard, mpsc::Receiver<String>)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("spawn")?;
+    let out = child.stdout.take().context("stdout")?;
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok((Guard(child), rx))
+}
+
+fn wait_for(
+    rx: &mpsc::Receiver<String>,
+    what: &str,
+    timeout: Duration,
+    log: &mut String,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                log.push_str(&l);
+                log.push('\n');
+                if l.contains(what) {
+                    return Ok(());
+                }
+            }
+            Err(_) => bail!("no '{what}' within {timeout:?}; output so far:\n{log}"),
+        }
+    }
+}
+
+fn field(text: &str, prefix: &str, idx: usize) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))?
+        .split_whitespace()
+        .nth(idx)?
+        .parse()
+        .ok()
+}
+
+/// Run the scenario end to end.
+pub fn run(limiter: &Path, netload: &Path, f: &Flood) -> anyhow::Result<Outcome> {
+    let net = VethPair::new("fl");
+    net.add_source(FLOOD_SRC);
+    net.add_source(CONFORM_SRC);
+
+    let mut daemon_cmd = net.b.command(limiter);
+    daemon_cmd.args([
+        "run",
+        "--iface",
+        B_IF,
+        "--mode",
+        f.mode,
+        "--status-interval",
+        "1",
+    ]);
+    daemon_cmd.args([
+        "--rate",
+        &f.rate.to_string(),
+        "--burst",
+        &f.burst.to_string(),
+    ]);
+    let (mut daemon, daemon_rx) = spawn_lines(daemon_cmd)?;
+    let mut daemon_log = String::new();
+    wait_for(
+        &daemon_rx,
+        "attached",
+        Duration::from_secs(20),
+        &mut daemon_log,
+    )?;
+
+    let dst = format!("{B_ADDR}:{PORT}");
+    let margin = 0.5;
+    let mut recv_cmd = net.b.command(netload);
+    recv_cmd.args([
+        "recv",
+        &format!("0.0.0.0:{PORT}"),
+        &format!("{}", f.secs + 3.0 * margin + 1.0),
+    ]);
+    let (recv, recv_rx) = spawn_lines(recv_cmd)?;
+    let mut recv_log = String::new();
+    wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut recv_log)?;
+
+    // The conforming sender brackets the flood by `margin` on both sides.
+    let mut conform = net.a.command(netload);
+    conform.args([
+        "send",
+        CONFORM_SRC,
+        &dst,
+        &f.conform_pps.to_string(),
+        &format!("{}", f.secs + 2.0 * margin),
+    ]);
+    let conform = Guard(conform.stdout(Stdio::piped()).spawn()?);
+    thread::sleep(Duration::from_secs_f64(margin));
+    let mut flood = net.a.command(netload);
+    flood.args([
+        "send",
+        FLOOD_SRC,
+        &dst,
+        &f.flood_pps.to_string(),
+        &format!("{}", f.secs),
+    ]);
+    let flood = Guard(flood.stdout(Stdio::piped()).spawn()?);
+
+    let flood_out = wait_output(flood)?;
+    let conform_out = wait_output(conform)?;
+    let mut recv = recv;
+    let status = recv.0.wait()?;
+    if !status.success() {
+        bail!("receiver failed");
+    }
+    recv_log.extend(recv_rx.iter().map(|l| l + "\n"));
+
+    // SIGTERM: the daemon detaches and prints its totals.
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(i32::try_from(daemon.0.id())?, libc::SIGTERM) };
+    let st = daemon.0.wait()?;
+    daemon_log.extend(daemon_rx.iter().map(|l| l + "\n"));
+    if !st.success() {
+        bail!("limiter exited with {st}; output:\n{daemon_log}");
+    }
+    let exit = daemon_log
+        .lines()
+        .find(|l| l.contains("detached"))
+        .context("no exit line")?
+        .to_string();
+    let num_after = |word: &str| -> Option<u64> {
+        let mut it = exit.split_whitespace();
+        it.by_ref().find(|w| *w == word)?;
+        it.next()?.parse().ok()
+    };
+    Ok(Outcome {
+        flood_sent: field(&flood_out, "sent", 1).context("flood sender output")?,
+        flood_secs: flood_out
+            .split_whitespace()
+            .nth(3)
+            .and_then(|s| s.parse().ok())
+            .context("flood secs")?,
+        flood_received: field(&recv_log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0),
+        conform_sent: field(&conform_out, "sent", 1).context("conforming sender output")?,
+        conform_received: field(&recv_log, &format!("from {CONFORM_SRC}"), 2).unwrap_or(0),
+        xdp_passed: num_after("passed").context("passed total")?,
+        xdp_dropped: num_after("dropped").context("dropped total")?,
+        daemon_log,
+    })
+}
+
+fn wait_output(g: Guard) -> anyhow::Result<String> {
+    let mut g = g;
+    let mut out = String::new();
+    if let Some(mut s) = g.0.stdout.take() {
+        std::io::Read::read_to_string(&mut s, &mut out)?;
+    }
+    let st = g.0.wait()?;
+    if !st.success() {
+        bail!("sender failed: {st}");
+    }
+    Ok(out)
+}
