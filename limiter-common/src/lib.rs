@@ -39,6 +39,8 @@ pub mod programs {
     pub const LIMITER: &str = "limiter";
     /// Test entry point: identical code, time read from `TEST_CLOCK`.
     pub const LIMITER_TEST_CLOCK: &str = "limiter_test_clock";
+    /// Bench baseline: returns `XDP_DROP` and nothing else.
+    pub const BASELINE_DROP: &str = "baseline_drop";
 }
 
 /// Address families as stored in [`BucketKey::family`].

@@ -1,1 +1,161 @@
-fn main() {}
+//! `cargo xtask`: everything a fresh Debian 12 machine needs, as root.
+//!
+//!   setup  install the apt packages and bpf-linker when missing
+//!   build  setup, then build every binary (release)
+//!   test   setup, fmt check, clippy, then every test (needs root)
+//!   demo   setup, then flood a limiter between two namespaces and report
+//!   bench  setup, then measure the XDP program (not part of `test`)
+
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+/// Debian packages: rustc-web ships precompiled `core` for the BPF target
+/// (libstd-rust-web-dev-bpf) and is built on LLVM 22, which bpf-linker
+/// links against (llvm-22-dev). See ../shared/docs/toolchain.md.
+const APT_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "libstd-rust-web-dev-bpf",
+    "llvm-22-dev",
+    "iproute2",
+];
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+#[derive(Parser)]
+#[command(about = "Set-up, build, test, demo and bench of the XDP flood guard")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what the build needs (apt packages, bpf-linker) when missing.
+    Setup,
+    /// Build every binary in release mode.
+    Build,
+    /// Run formatting and lint checks, then every test.
+    Test {
+        /// Skip `cargo fmt --check` and `cargo clippy`.
+        #[arg(long)]
+        no_lint: bool,
+    },
+    /// Flood a limiter between two namespaces and print what passed and dropped.
+    Demo,
+    /// Measure the XDP program side by side with a bare XDP_DROP.
+    Bench,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    setup()?;
+    match cli.cmd {
+        Cmd::Setup => Ok(()),
+        Cmd::Build => cargo(&["build", "--release", "--bins"]),
+        Cmd::Test { no_lint } => {
+            require_root()?;
+            if !no_lint {
+                cargo(&["fmt", "--all", "--", "--check"])?;
+                cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
+            }
+            // Integration tests run the `limiter` binary itself.
+            cargo(&["build", "--bins"])?;
+            cargo(&["test", "--workspace"])
+        }
+        Cmd::Demo => {
+            require_root()?;
+            cargo(&["build", "--release", "--bins"])?;
+            run(Command::new("target/release/demo"))
+        }
+        Cmd::Bench => {
+            require_root()?;
+            cargo(&["build", "--release", "--bins"])?;
+            run(Command::new("target/release/bench"))
+        }
+    }
+}
+
+fn require_root() -> anyhow::Result<()> {
+    let out = Command::new("id")
+        .arg("-u")
+        .output()
+        .context("running id -u")?;
+    if String::from_utf8_lossy(&out.stdout).trim() != "0" {
+        bail!("this needs root (it loads XDP programs and creates network namespaces)");
+    }
+    Ok(())
+}
+
+fn run(mut cmd: Command) -> anyhow::Result<()> {
+    let shown = format!("{cmd:?}");
+    let st = cmd.status().with_context(|| format!("running {shown}"))?;
+    if !st.success() {
+        bail!("{shown} failed: {st}");
+    }
+    Ok(())
+}
+
+fn cargo(args: &[&str]) -> anyhow::Result<()> {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.args(args);
+    run(c)
+}
+
+fn setup() -> anyhow::Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !dpkg_installed(p))
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing {}", missing.join(" "));
+        require_root()?;
+        run(apt(&["update", "-q"]))?;
+        let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
+        args.extend(&missing);
+        run(apt(&args))?;
+    }
+    let have = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    let current =
+        have.is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION));
+    if !current {
+        eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} (about a minute)");
+        let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        c.args([
+            "install",
+            "bpf-linker",
+            "--locked",
+            "--version",
+            BPF_LINKER_VERSION,
+        ])
+        .args(["--no-default-features", "--features", "llvm-22"])
+        .env("LLVM_PREFIX", "/usr/lib/llvm-22")
+        .env(
+            "PATH",
+            format!(
+                "/usr/lib/llvm-22/bin:{}",
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        );
+        run(c)?;
+    }
+    Ok(())
+}
+
+fn apt(args: &[&str]) -> Command {
+    let mut c = Command::new("apt-get");
+    c.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+    c
+}
+
+fn dpkg_installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+}
