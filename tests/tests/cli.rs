@@ -1,0 +1,137 @@
+//! The `limiter` command's behaviour at its edges: bad arguments, an
+//! interface that cannot run native XDP, and a clean generic-mode attach.
+
+use std::process::{Command, Output};
+
+use limiter_tests::{kernel::require_root, netns::NetNs, scenario::locate_bin};
+
+fn limiter(args: &[&str]) -> Output {
+    Command::new(locate_bin("limiter").expect("limiter binary"))
+        .args(args)
+        .output()
+        .expect("run limiter")
+}
+
+fn stderr_lines(o: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn bad_arguments_get_one_line_and_exit_2() {
+    for args in [
+        &["run"][..],
+        &["run", "--iface", "x", "--rate", "abc"],
+        &["run", "--iface", "x", "--mode", "turbo"],
+        &["run", "--iface", "x", "--v4-prefix", "33"],
+        &["run", "--iface", "x", "--v6-prefix", "129"],
+        &["run", "--iface", "x", "--cost", "furlongs"],
+        &["run", "--iface", "x", "--capacity", "0"],
+        &["frobnicate"],
+        &[],
+    ] {
+        let o = limiter(args);
+        let lines = stderr_lines(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {lines:?}");
+        assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
+        assert!(lines[0].starts_with("limiter: "), "{args:?}: {lines:?}");
+    }
+}
+
+#[test]
+fn invalid_policy_values_are_refused_with_the_field_named() {
+    require_root();
+    for (args, field) in [
+        (&["run", "--iface", "lo", "--rate", "0"][..], "rate"),
+        (&["run", "--iface", "lo", "--burst", "0"], "burst"),
+        (
+            &["run", "--iface", "lo", "--cost", "bytes", "--burst", "100"],
+            "burst",
+        ),
+    ] {
+        let o = limiter(args);
+        let lines = stderr_lines(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
+        assert!(
+            lines[0].contains(&format!("{field}:")),
+            "{args:?}: {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn help_works_on_every_verb() {
+    for args in [&["--help"][..], &["run", "--help"]] {
+        let o = limiter(args);
+        assert!(o.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("Usage"),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn native_mode_on_a_driver_without_it_suggests_generic() {
+    require_root();
+    // Loopback has no native XDP; use the namespace's own.
+    let ns = NetNs::new("cli");
+    let bin = locate_bin("limiter").unwrap();
+    let o = ns
+        .command(&bin)
+        .args(["run", "--iface", "lo"])
+        .output()
+        .unwrap();
+    let lines = stderr_lines(&o);
+    assert_eq!(o.status.code(), Some(1), "{lines:?}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("native") && lines[0].contains("--mode generic"),
+        "{lines:?}"
+    );
+
+    // Generic mode attaches there, prints status, and detaches on SIGINT.
+    let child = ns
+        .command(&bin)
+        .args([
+            "run",
+            "--iface",
+            "lo",
+            "--mode",
+            "generic",
+            "--status-interval",
+            "0.2",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("attached to lo (generic)"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("passed ") && l.contains("tracked ")),
+        "{out}"
+    );
+    assert!(out.contains("SIGINT: detached from lo"), "{out}");
+}
+
+#[test]
+fn unknown_interface_is_one_clear_line() {
+    require_root();
+    let o = limiter(&["run", "--iface", "nosuchif0"]);
+    let lines = stderr_lines(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        lines,
+        vec!["limiter: interface nosuchif0 does not exist".to_owned()]
+    );
+}
