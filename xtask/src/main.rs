@@ -6,7 +6,10 @@
 //!   demo   setup, then flood a limiter between two namespaces and report
 //!   bench  setup, then measure the XDP program (not part of `test`)
 
-use std::process::Command;
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
@@ -61,7 +64,7 @@ fn main() -> anyhow::Result<()> {
             }
             // Integration tests run the `limiter` binary itself.
             cargo(&["build", "--bins"])?;
-            cargo(&["test", "--workspace"])
+            test_with_summary()
         }
         Cmd::Demo => {
             require_root()?;
@@ -100,6 +103,46 @@ fn cargo(args: &[&str]) -> anyhow::Result<()> {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.args(args);
     run(c)
+}
+
+/// `cargo test --workspace`, echoed as it runs, then one closing line that
+/// adds up every test binary's result: `summary: N passed, N failed, N skipped`.
+fn test_with_summary() -> anyhow::Result<()> {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.args(["test", "--workspace"]).stdout(Stdio::piped());
+    let mut child = c.spawn().context("running cargo test")?;
+    let (mut passed, mut failed, mut skipped) = (0u64, 0u64, 0u64);
+    for line in BufReader::new(child.stdout.take().context("stdout")?).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let count = |word: &str| -> u64 {
+                rest.split(';')
+                    .find_map(|part| {
+                        part.trim()
+                            .strip_suffix(word)?
+                            .trim()
+                            .rsplit(' ')
+                            .next()?
+                            .parse()
+                            .ok()
+                    })
+                    .unwrap_or(0)
+            };
+            passed += count("passed");
+            failed += count("failed");
+            skipped += count("ignored");
+        }
+    }
+    let st = child.wait()?;
+    println!("summary: {passed} passed, {failed} failed, {skipped} skipped");
+    if !st.success() || failed > 0 {
+        bail!("cargo test failed: {st}");
+    }
+    if passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
 }
 
 fn setup() -> anyhow::Result<()> {
