@@ -29,6 +29,10 @@ pub mod maps {
     pub const STATS: &str = "STATS";
     /// `ARRAY<u64>` with one entry: the injected clock of the test entry point.
     pub const TEST_CLOCK: &str = "TEST_CLOCK";
+    /// `ARRAY<Meta>` with one entry: schema of the pinned maps. Not read by
+    /// the program; pinned beside the maps so a later daemon can tell
+    /// whether it may re-adopt them.
+    pub const META: &str = "META";
     /// Default capacity of [`BUCKETS`] (tracked prefixes).
     pub const DEFAULT_BUCKET_CAPACITY: u32 = 1 << 18;
 }
@@ -121,6 +125,26 @@ impl Config {
     }
 }
 
+/// "LIMT": marks a [`Meta`] written by this project.
+pub const META_MAGIC: u32 = 0x4c49_4d54;
+/// Version of the pinned-map layout. Bump it whenever a pinned map's key,
+/// value or meaning changes; a daemon refuses pins of another version.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Value of [`maps::META`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Meta {
+    /// [`META_MAGIC`] once written.
+    pub magic: u32,
+    /// [`SCHEMA_VERSION`] of the daemon that created the maps.
+    pub schema: u32,
+    /// Interface the pinned link is attached to (0 = none yet).
+    pub ifindex: u32,
+    /// Always zero (explicit padding).
+    pub pad: u32,
+}
+
 /// Key of [`maps::BUCKETS`]: family and source address masked to its prefix.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -157,13 +181,15 @@ const _: () = assert!(core::mem::size_of::<Config>() == 48);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 20);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 8);
 const _: () = assert!(core::mem::size_of::<Counter>() == 16);
+const _: () = assert!(core::mem::size_of::<Meta>() == 16);
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all four are #[repr(C)], Copy, contain only integers and have
+    // SAFETY: all five are #[repr(C)], Copy, contain only integers and have
     // no implicit padding (sizes asserted above).
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::BucketKey {}
     unsafe impl aya::Pod for super::BucketState {}
     unsafe impl aya::Pod for super::Counter {}
+    unsafe impl aya::Pod for super::Meta {}
 }

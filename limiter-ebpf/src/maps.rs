@@ -5,7 +5,7 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray},
 };
 use limiter_common::{
-    BucketKey, BucketState, Config, Counter, REASON_COUNT, maps::DEFAULT_BUCKET_CAPACITY,
+    BucketKey, BucketState, Config, Counter, Meta, REASON_COUNT, maps::DEFAULT_BUCKET_CAPACITY,
 };
 
 /// Written by: XDP (charging). Read by: XDP; userspace reads for status.
@@ -27,3 +27,8 @@ pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(REASON_CO
 /// Written by: tests. Read by: the `limiter_test_clock` entry point only.
 #[map(name = "TEST_CLOCK")]
 pub static TEST_CLOCK: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Written by: userspace (on first pin). Read by: userspace, before it
+/// re-adopts pinned maps. The program never touches it.
+#[map(name = "META")]
+pub static META: Array<Meta> = Array::with_max_entries(1, 0);

@@ -20,6 +20,20 @@ pub enum Command {
     /// Load the XDP program, attach it to an interface and enforce the policy
     /// until SIGINT or SIGTERM.
     Run(RunArgs),
+    /// Detach a pinned limiter and remove its pins (maps too, unless
+    /// --keep-maps).
+    Unload(UnloadArgs),
+}
+
+/// Arguments of `limiter unload`.
+#[derive(Debug, Args)]
+pub struct UnloadArgs {
+    /// Keep the pinned maps (buckets, counters, config) for a later `run --pin`.
+    #[arg(long)]
+    pub keep_maps: bool,
+    /// Directory on bpffs holding the pins.
+    #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR)]
+    pub pin_dir: std::path::PathBuf,
 }
 
 /// Arguments of `limiter run`; unset limits take the built-in default policy.
@@ -49,6 +63,14 @@ pub struct RunArgs {
     /// Tracked prefixes (LRU capacity) [default: 262144].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub capacity: Option<u32>,
+    /// Pin program, link and maps under --pin-dir: enforcement survives the
+    /// daemon stopping or crashing, and a restart re-adopts the pinned
+    /// state (buckets kept) and swaps its program in atomically.
+    #[arg(long)]
+    pub pin: bool,
+    /// Directory on bpffs for the pins.
+    #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR, requires = "pin")]
+    pub pin_dir: std::path::PathBuf,
     /// Seconds between status lines (0 = none).
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub status_interval: f64,

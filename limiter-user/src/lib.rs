@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod loader;
+pub mod pin;
 pub mod policy;
 pub mod run;
 pub mod stats;

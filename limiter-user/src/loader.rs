@@ -1,13 +1,18 @@
 //! Loading the XDP object, attaching it, and reading and writing its maps.
 
-use std::time::Duration;
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray},
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
-use limiter_common::{BucketKey, BucketState, Config, Counter, maps, programs};
+use limiter_common::{
+    BucketKey, BucketState, Config, Counter, META_MAGIC, Meta, SCHEMA_VERSION, maps, programs,
+};
 
 use crate::stats::Totals;
 
@@ -49,6 +54,24 @@ pub enum LoadError {
         #[source]
         source: aya::maps::MapError,
     },
+    #[error(transparent)]
+    Pin(#[from] crate::pin::PinError),
+    #[error("pinned state in {dir} belongs to interface index {pinned}, not {iface}")]
+    OtherInterface {
+        dir: String,
+        pinned: u32,
+        iface: String,
+    },
+    #[error("pinning {what}")]
+    PinObject {
+        what: &'static str,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error("re-adopting the pinned link")]
+    Adopt(#[source] aya::programs::links::LinkError),
+    #[error("replacing the program on the pinned link")]
+    Replace(#[source] ProgramError),
     #[error("test run of {name}")]
     TestRun {
         name: &'static str,
@@ -108,6 +131,127 @@ impl Limiter {
             .program_mut(name)
             .and_then(|p| p.try_into().ok())
             .ok_or(LoadError::MissingProgram(name))
+    }
+
+    /// Load the object with its maps pinned in `dir`, re-adopting pinned
+    /// maps (buckets, counters and config kept) after checking they match
+    /// this build's schema. Returns the loader and whether maps were adopted.
+    pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, bool), LoadError> {
+        crate::pin::ensure_dir(dir)?;
+        let adopted = crate::pin::check(dir)?.is_some();
+        let paths: Vec<(&'static str, PathBuf)> = crate::pin::PINNED_MAPS
+            .iter()
+            .map(|(n, ..)| (*n, dir.join(n)))
+            .collect();
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(maps::BUCKETS, capacity);
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let ebpf = loader.load(crate::OBJECT).map_err(LoadError::Object)?;
+        let mut l = Self { ebpf };
+        if !adopted {
+            l.set_meta(&Meta {
+                magic: META_MAGIC,
+                schema: SCHEMA_VERSION,
+                ifindex: 0,
+                pad: 0,
+            })?;
+        }
+        Ok((l, adopted))
+    }
+
+    fn meta(&self) -> Result<Meta, LoadError> {
+        let a: Array<&MapData, Meta> =
+            Array::try_from(self.map(maps::META)?).map_err(map_err(maps::META))?;
+        a.get(&0, 0).map_err(map_err(maps::META))
+    }
+
+    fn set_meta(&mut self, m: &Meta) -> Result<(), LoadError> {
+        let mut a: Array<&mut MapData, Meta> =
+            Array::try_from(self.map_mut(maps::META)?).map_err(map_err(maps::META))?;
+        a.set(0, m, 0).map_err(map_err(maps::META))
+    }
+
+    /// Capacity of the bucket map actually in use (a re-adopted map keeps
+    /// the capacity it was created with).
+    pub fn capacity(&self) -> Result<u32, LoadError> {
+        match self.map(maps::BUCKETS)? {
+            aya::maps::Map::LruHashMap(md) => {
+                Ok(md.info().map_err(map_err(maps::BUCKETS))?.max_entries())
+            }
+            _ => Err(LoadError::MissingMap(maps::BUCKETS)),
+        }
+    }
+
+    /// Attach with the link and program pinned in `dir`. If a link is
+    /// pinned already, this build's program replaces the old one on it
+    /// atomically (`bpf_link_update`): no moment without enforcement.
+    /// Returns `true` when an existing link was re-adopted.
+    pub fn attach_pinned(
+        &mut self,
+        iface: &str,
+        mode: AttachMode,
+        dir: &Path,
+    ) -> Result<bool, LoadError> {
+        use aya::programs::links::{FdLink, PinnedLink};
+
+        let c = std::ffi::CString::new(iface).map_err(|_| LoadError::NoInterface {
+            iface: iface.into(),
+        })?;
+        // SAFETY: valid NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
+        if ifindex == 0 {
+            return Err(LoadError::NoInterface {
+                iface: iface.into(),
+            });
+        }
+        let mut meta = self.meta()?;
+        let link_path = dir.join(crate::pin::LINK);
+        if meta.ifindex != 0 && meta.ifindex != ifindex && link_path.exists() {
+            return Err(LoadError::OtherInterface {
+                dir: dir.display().to_string(),
+                pinned: meta.ifindex,
+                iface: iface.into(),
+            });
+        }
+        self.load_program(programs::LIMITER)?;
+        let replaced = if link_path.exists() {
+            let pinned = PinnedLink::from_pin(&link_path).map_err(LoadError::Adopt)?;
+            let link = aya::programs::xdp::XdpLink::try_from(FdLink::from(pinned))
+                .map_err(LoadError::Adopt)?;
+            self.xdp(programs::LIMITER)?
+                .attach_to_link(link)
+                .map_err(LoadError::Replace)?;
+            true
+        } else {
+            let id = self.attach(iface, mode)?;
+            let prog = self.xdp(programs::LIMITER)?;
+            let link = prog.take_link(id).map_err(|source| LoadError::Attach {
+                iface: iface.into(),
+                mode: mode.label(),
+                source,
+            })?;
+            let fd_link = FdLink::try_from(link).map_err(LoadError::Adopt)?;
+            fd_link
+                .pin(&link_path)
+                .map_err(|source| LoadError::PinObject {
+                    what: "link",
+                    source,
+                })?;
+            false
+        };
+        let prog_path = dir.join(crate::pin::PROG);
+        let _ = std::fs::remove_file(&prog_path);
+        self.xdp(programs::LIMITER)?
+            .pin(&prog_path)
+            .map_err(|source| LoadError::PinObject {
+                what: "program",
+                source,
+            })?;
+        meta.ifindex = ifindex;
+        self.set_meta(&meta)?;
+        Ok(replaced)
     }
 
     /// Run the verifier on one entry point (idempotent).

@@ -17,6 +17,7 @@ fn main() -> std::process::ExitCode {
     let res = rt.block_on(async {
         match &cli.command {
             Command::Run(args) => limiter::run::run(args).await,
+            Command::Unload(args) => limiter::run::unload(args),
         }
     });
     match res {

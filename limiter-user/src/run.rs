@@ -15,12 +15,24 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     let policy = args.policy();
     let cfg = policy.to_config().context("invalid policy")?;
     raise_memlock();
-    let mut limiter = Limiter::open(policy.capacity)?;
+    let (mut limiter, adopted) = if args.pin {
+        Limiter::open_pinned(policy.capacity, &args.pin_dir)?
+    } else {
+        (Limiter::open(policy.capacity)?, false)
+    };
     // Config first, then attach: the program never runs without a policy.
     limiter.set_config(&cfg)?;
-    let link = limiter.attach(&args.iface, args.mode)?;
+    let (link, replaced) = if args.pin {
+        (
+            None,
+            limiter.attach_pinned(&args.iface, args.mode, &args.pin_dir)?,
+        )
+    } else {
+        (Some(limiter.attach(&args.iface, args.mode)?), false)
+    };
+    let capacity = limiter.capacity()?;
     println!(
-        "limiter: attached to {} ({}), rate {} {}/s burst {} per IPv4 /{} and IPv6 /{}, capacity {}",
+        "limiter: attached to {} ({}), rate {} {}/s burst {} per IPv4 /{} and IPv6 /{}, capacity {capacity}",
         args.iface,
         args.mode.label(),
         policy.rate,
@@ -28,8 +40,28 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         policy.burst,
         policy.v4_prefix,
         policy.v6_prefix,
-        policy.capacity
     );
+    if args.pin {
+        println!(
+            "limiter: pinned in {}; {}; {}",
+            args.pin_dir.display(),
+            if adopted {
+                "re-adopted pinned maps (buckets and counters kept)"
+            } else {
+                "new maps"
+            },
+            if replaced {
+                "replaced the program on the pinned link atomically"
+            } else {
+                "new link"
+            },
+        );
+        if capacity != policy.capacity {
+            println!(
+                "limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it"
+            );
+        }
+    }
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -46,19 +78,41 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
             _ = int.recv() => break "SIGINT",
             _ = tick.tick(), if args.status_interval > 0.0 => {
                 let now = limiter.totals()?;
-                println!("{}", status_line(&now, &last, last_at.elapsed(), limiter.tracked()?, policy.capacity));
+                println!("{}", status_line(&now, &last, last_at.elapsed(), limiter.tracked()?, capacity));
                 (last, last_at) = (now, Instant::now());
             }
         }
     };
     let t = limiter.totals()?;
-    limiter.detach(link)?;
-    println!(
-        "limiter: {why}: detached from {}; passed {} dropped {} packets in total",
-        args.iface,
-        t.passed().packets,
-        t.dropped().packets
-    );
+    let (passed, dropped) = (t.passed().packets, t.dropped().packets);
+    if let Some(link) = link {
+        limiter.detach(link)?;
+        println!(
+            "limiter: {why}: detached from {}; passed {passed} dropped {dropped} packets in total",
+            args.iface
+        );
+    } else {
+        println!(
+            "limiter: {why}: stopping; XDP stays attached to {} and enforcing (pinned in {}; `limiter unload` removes it); passed {passed} dropped {dropped} packets in total",
+            args.iface,
+            args.pin_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// `limiter unload`: remove the pins; the link goes with its last pin.
+pub fn unload(args: &crate::cli::UnloadArgs) -> anyhow::Result<()> {
+    let removed = crate::pin::unload(&args.pin_dir, args.keep_maps)?;
+    if removed.is_empty() {
+        println!("limiter: nothing pinned in {}", args.pin_dir.display());
+    } else {
+        println!(
+            "limiter: removed {} from {}",
+            removed.join(", "),
+            args.pin_dir.display()
+        );
+    }
     Ok(())
 }
 

@@ -51,6 +51,18 @@ impl NetNs {
         ip(&v);
     }
 
+    /// A command that runs `prog` in the namespace's network only, keeping
+    /// the host's mounts: `ip netns exec` remounts /sys privately, which
+    /// would hide /sys/fs/bpf pins from (and lose them to) the host.
+    #[must_use]
+    pub fn net_command(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.name))
+            .arg("--")
+            .arg(prog);
+        c
+    }
+
     /// A command that runs `prog` inside the namespace.
     #[must_use]
     pub fn command(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {

@@ -17,7 +17,7 @@ use crate::netns::{B_ADDR, B_IF, VethPair};
 
 pub const FLOOD_SRC: &str = "198.18.1.10";
 pub const CONFORM_SRC: &str = "198.18.2.10";
-const PORT: u16 = 9000;
+pub const PORT: u16 = 9000;
 
 /// Limits and traffic of one run.
 #[derive(Clone, Debug)]
@@ -52,7 +52,7 @@ pub struct Outcome {
 }
 
 /// A child process killed (and reaped) on drop.
-struct Guard(Child);
+pub struct Guard(pub Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
@@ -78,7 +78,7 @@ pub fn locate_bin(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// Spawn with stdout read line by line into a channel.
-fn spawn_lines(mut cmd: Command) -> anyhow::Result<(Guard, mpsc::Receiver<String>)> {
+pub fn spawn_lines(mut cmd: Command) -> anyhow::Result<(Guard, mpsc::Receiver<String>)> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -96,7 +96,7 @@ fn spawn_lines(mut cmd: Command) -> anyhow::Result<(Guard, mpsc::Receiver<String
     Ok((Guard(child), rx))
 }
 
-fn wait_for(
+pub fn wait_for(
     rx: &mpsc::Receiver<String>,
     what: &str,
     timeout: Duration,
@@ -118,7 +118,9 @@ fn wait_for(
     }
 }
 
-fn field(text: &str, prefix: &str, idx: usize) -> Option<u64> {
+/// The `idx`-th whitespace-separated number of the first line starting with `prefix`.
+#[must_use]
+pub fn field(text: &str, prefix: &str, idx: usize) -> Option<u64> {
     text.lines()
         .find(|l| l.starts_with(prefix))?
         .split_whitespace()
@@ -234,7 +236,7 @@ pub fn run(limiter: &Path, netload: &Path, f: &Flood) -> anyhow::Result<Outcome>
     })
 }
 
-fn wait_output(g: Guard) -> anyhow::Result<String> {
+pub fn wait_output(g: Guard) -> anyhow::Result<String> {
     let mut g = g;
     let mut out = String::new();
     if let Some(mut s) = g.0.stdout.take() {

@@ -1,0 +1,215 @@
+//! Pinning under bpffs, so the data plane outlives the daemon (invariant 5).
+//!
+//! Layout of a pin directory (default [`DEFAULT_PIN_DIR`]):
+//! `BUCKETS`, `CONFIG`, `STATS`, `META` (maps), `prog` (the program) and
+//! `link` (the XDP link). A restarted daemon checks `META` and every map's
+//! type and sizes before re-adopting anything, so an incompatible pin is
+//! refused with a clear message instead of being silently reused.
+
+use std::{
+    ffi::CString,
+    io,
+    path::{Path, PathBuf},
+};
+
+use aya::maps::{Array, Map, MapData, MapType};
+use limiter_common::{
+    BucketKey, BucketState, Config, Counter, META_MAGIC, Meta, SCHEMA_VERSION, maps,
+};
+
+/// Default pin directory.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
+/// Maps pinned with the program, with their expected type and sizes.
+pub const PINNED_MAPS: [(&str, MapType, usize, usize); 4] = [
+    (
+        maps::BUCKETS,
+        MapType::LruHash,
+        size_of::<BucketKey>(),
+        size_of::<BucketState>(),
+    ),
+    (maps::CONFIG, MapType::Array, 4, size_of::<Config>()),
+    (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>()),
+    (maps::META, MapType::Array, 4, size_of::<Meta>()),
+];
+/// File names of the pinned link and program inside the pin directory.
+pub const LINK: &str = "link";
+pub const PROG: &str = "prog";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    #[error("mounting bpffs at {path}")]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is not on a bpf filesystem")]
+    NotBpffs { path: PathBuf },
+    #[error("creating {path}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("opening pinned {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error(
+        "pinned map {path} is incompatible with this limiter ({problem}); refusing to reuse it: run `limiter unload` to remove the old state"
+    )]
+    Incompatible { path: PathBuf, problem: String },
+    #[error("removing {path}")]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Make sure `dir` exists on a bpffs, mounting one at /sys/fs/bpf if the
+/// machine has none (it is not mounted by default everywhere).
+pub fn ensure_dir(dir: &Path) -> Result<(), PinError> {
+    let root = Path::new("/sys/fs/bpf");
+    if dir.starts_with(root) && !is_bpffs(root) {
+        let c = |s: &str| CString::new(s).expect("no NUL");
+        let (src, target, fstype) = (c("bpf"), c("/sys/fs/bpf"), c("bpf"));
+        // SAFETY: valid NUL-terminated strings; no data argument.
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            return Err(PinError::Mount {
+                path: root.into(),
+                source: io::Error::last_os_error(),
+            });
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|source| PinError::Dir {
+        path: dir.into(),
+        source,
+    })?;
+    if !is_bpffs(dir) {
+        return Err(PinError::NotBpffs { path: dir.into() });
+    }
+    Ok(())
+}
+
+fn is_bpffs(p: &Path) -> bool {
+    let Ok(c) = CString::new(p.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs into a zeroed struct we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut st) };
+    #[allow(
+        clippy::useless_conversion,
+        reason = "f_type is i64 on x86_64 but not on every architecture"
+    )]
+    let f_type = i64::from(st.f_type);
+    rc == 0 && f_type == BPF_FS_MAGIC
+}
+
+/// Whether anything is pinned in `dir`.
+#[must_use]
+pub fn has_pins(dir: &Path) -> bool {
+    PINNED_MAPS.iter().any(|(n, ..)| dir.join(n).exists()) || dir.join(LINK).exists()
+}
+
+/// Check pinned maps before re-adopting them. Returns the pinned `Meta`,
+/// or `None` when nothing is pinned yet.
+pub fn check(dir: &Path) -> Result<Option<Meta>, PinError> {
+    if !has_pins(dir) {
+        return Ok(None);
+    }
+    for (name, kind, key, value) in PINNED_MAPS {
+        let path = dir.join(name);
+        let incompatible = |problem: String| PinError::Incompatible {
+            path: path.clone(),
+            problem,
+        };
+        if !path.exists() {
+            return Err(incompatible("missing while other pins exist".into()));
+        }
+        let md = MapData::from_pin(&path).map_err(|source| PinError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        let info = md.info().map_err(|source| PinError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        let got_kind = info.map_type().map_err(|source| PinError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        if got_kind != kind {
+            return Err(incompatible(format!(
+                "type {got_kind:?}, expected {kind:?}"
+            )));
+        }
+        let (got_key, got_value) = (info.key_size() as usize, info.value_size() as usize);
+        if (got_key, got_value) != (key, value) {
+            return Err(incompatible(format!(
+                "key/value sizes {got_key}/{got_value}, expected {key}/{value}"
+            )));
+        }
+    }
+    let path = dir.join(maps::META);
+    let md = MapData::from_pin(&path).map_err(|source| PinError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    let meta: Array<MapData, Meta> =
+        Array::try_from(Map::Array(md)).map_err(|source| PinError::Open {
+            path: path.clone(),
+            source,
+        })?;
+    let m = meta.get(&0, 0).map_err(|source| PinError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    if m.magic != META_MAGIC || m.schema != SCHEMA_VERSION {
+        return Err(PinError::Incompatible {
+            path,
+            problem: format!(
+                "schema {} (magic {:#x}), this limiter uses schema {SCHEMA_VERSION}",
+                m.schema, m.magic
+            ),
+        });
+    }
+    Ok(Some(m))
+}
+
+/// Remove the pinned link and program (detaching it), and the maps unless
+/// `keep_maps`. Returns what was removed.
+pub fn unload(dir: &Path, keep_maps: bool) -> Result<Vec<String>, PinError> {
+    let mut names = vec![LINK, PROG];
+    if !keep_maps {
+        names.extend(PINNED_MAPS.iter().map(|(n, ..)| *n));
+    }
+    let mut removed = Vec::new();
+    for n in names {
+        let path = dir.join(n);
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed.push(n.to_owned()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(PinError::Remove { path, source }),
+        }
+    }
+    if !keep_maps {
+        // Only if empty: never remove what we did not pin.
+        let _ = std::fs::remove_dir(dir);
+    }
+    Ok(removed)
+}

@@ -1,0 +1,269 @@
+//! Static stability: `kill -9` of a pinned daemon in the middle of a flood
+//! leaves enforcement running, a restart re-adopts the pinned link and maps
+//! without resetting any bucket, and `limiter unload` removes it all.
+#![allow(
+    clippy::cast_precision_loss,
+    reason = "test measurements: counts far inside f64's exact range"
+)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    thread,
+    time::Duration,
+};
+
+use aya::maps::{HashMap, Map, MapData, PerCpuArray};
+use limiter_common::{BucketKey, BucketState, Counter, Reason, family, maps};
+use limiter_tests::{
+    kernel::require_root,
+    netns::{B_ADDR, B_IF, VethPair},
+    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, PORT, field, spawn_lines, wait_for},
+};
+
+const RATE: u64 = 1000;
+const BURST: u64 = 2000;
+
+/// Removes the test's pins even when the test fails.
+struct Pins(PathBuf);
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let _ = limiter::pin::unload(&self.0, false);
+    }
+}
+
+fn start_daemon(net: &VethPair, pins: &Path) -> (Guard, std::sync::mpsc::Receiver<String>, String) {
+    let bin = scenario::locate_bin("limiter").unwrap();
+    let mut c = net.b.net_command(bin);
+    c.args(["run", "--iface", B_IF, "--pin", "--pin-dir"])
+        .arg(pins);
+    c.args([
+        "--rate",
+        &RATE.to_string(),
+        "--burst",
+        &BURST.to_string(),
+        "--status-interval",
+        "0",
+    ]);
+    let (g, rx) = spawn_lines(c).unwrap();
+    let mut log = String::new();
+    wait_for(&rx, "pinned in", Duration::from_secs(20), &mut log).unwrap();
+    (g, rx, log)
+}
+
+fn drops(pins: &Path) -> u64 {
+    let md = MapData::from_pin(pins.join(maps::STATS)).unwrap();
+    let a: PerCpuArray<MapData, Counter> = PerCpuArray::try_from(Map::PerCpuArray(md)).unwrap();
+    a.get(&(Reason::RateLimited as u32), 0)
+        .unwrap()
+        .iter()
+        .map(|c| c.packets)
+        .sum()
+}
+
+fn flood_bucket(pins: &Path) -> BucketState {
+    let md = MapData::from_pin(pins.join(maps::BUCKETS)).unwrap();
+    let m: HashMap<MapData, BucketKey, BucketState> =
+        HashMap::try_from(Map::LruHashMap(md)).unwrap();
+    let key = BucketKey {
+        family: family::IPV4,
+        prefix_len: 24,
+        class: 0,
+        pad: 0,
+        addr: [u32::from_ne_bytes([198, 18, 1, 0]), 0, 0, 0],
+    };
+    m.get(&key, 0).expect("flood prefix has a bucket")
+}
+
+/// With the traffic stopped, a clean stop and another restart leave the
+/// flood prefix's bucket exactly as it was; then `unload` removes it all.
+fn clean_restart_keeps_the_bucket_and_unload_removes_all(
+    net: &VethPair,
+    pins: &Path,
+    mut daemon: Guard,
+) {
+    // With the traffic stopped, a clean stop and another restart leave the
+    // bucket exactly as it was.
+    let before = flood_bucket(pins);
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(i32::try_from(daemon.0.id()).unwrap(), libc::SIGTERM) };
+    assert!(daemon.0.wait().unwrap().success());
+    let (daemon, _rx3, _) = start_daemon(net, pins);
+    assert_eq!(
+        flood_bucket(pins),
+        before,
+        "restart reset the flood prefix's bucket"
+    );
+    drop(daemon);
+
+    // unload removes the pins and detaches the program.
+    let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["unload", "--pin-dir"])
+        .arg(pins)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(!pins.exists(), "pins left behind");
+    let link = std::process::Command::new("ip")
+        .args(["-n", &net.b.name, "link", "show", B_IF])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&link.stdout).contains("xdp"),
+        "still attached after unload"
+    );
+}
+
+#[test]
+fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
+    require_root();
+    let net = VethPair::new("rs");
+    net.add_source(FLOOD_SRC);
+    net.add_source(CONFORM_SRC);
+    let pins = Pins(PathBuf::from(format!(
+        "/sys/fs/bpf/limiter-test-{}",
+        std::process::id()
+    )));
+    let netload = env!("CARGO_BIN_EXE_netload");
+    let dst = format!("{B_ADDR}:{PORT}");
+    let secs = 6.0;
+
+    let (mut daemon, _rx, log) = start_daemon(&net, &pins.0);
+    assert!(log.contains("new maps; new link"), "{log}");
+
+    let mut recv = net.b.command(netload);
+    recv.args([
+        "recv",
+        &format!("0.0.0.0:{PORT}"),
+        &format!("{}", secs + 3.0),
+    ]);
+    let (recv, recv_rx) = spawn_lines(recv).unwrap();
+    wait_for(
+        &recv_rx,
+        "ready",
+        Duration::from_secs(10),
+        &mut String::new(),
+    )
+    .unwrap();
+    let conform = net
+        .a
+        .command(netload)
+        .args(["send", CONFORM_SRC, &dst, "400", &format!("{}", secs + 1.0)])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_millis(500));
+    let flood = net
+        .a
+        .command(netload)
+        .args(["send", FLOOD_SRC, &dst, "0", &format!("{secs}")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // Two seconds in: kill -9. The data plane must keep dropping.
+    thread::sleep(Duration::from_secs(2));
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    let d0 = drops(&pins.0);
+    thread::sleep(Duration::from_secs(1));
+    let d1 = drops(&pins.0);
+    assert!(
+        d1 > d0 + 10_000,
+        "no drops while the daemon was dead: {d0} -> {d1}"
+    );
+
+    // Restart mid-flood: re-adopts, swaps the program in on the same link.
+    let (daemon, _rx2, log) = start_daemon(&net, &pins.0);
+    assert!(
+        log.contains("re-adopted pinned maps")
+            && log.contains("replaced the program on the pinned link"),
+        "{log}"
+    );
+
+    let flood_out = scenario::wait_output(Guard(flood)).unwrap();
+    let conform_out = scenario::wait_output(Guard(conform)).unwrap();
+    let mut recv = recv;
+    assert!(recv.0.wait().unwrap().success());
+    let recv_log: String = recv_rx.iter().map(|l| l + "\n").collect();
+    let flood_sent = field(&flood_out, "sent", 1).unwrap();
+    let flood_secs: f64 = flood_out
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let flood_got = field(&recv_log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0);
+    let conform_sent = field(&conform_out, "sent", 1).unwrap();
+    let conform_got = field(&recv_log, &format!("from {CONFORM_SRC}"), 2).unwrap_or(0);
+    println!(
+        "flood sent {flood_sent} got {flood_got} in {flood_secs:.3} s; conforming {conform_got}/{conform_sent}"
+    );
+
+    // One allowance over the whole run: neither the crash nor the restart
+    // left a gap or handed out a fresh burst (which would add 2000).
+    let bound = BURST as f64
+        + RATE as f64 * flood_secs
+        + RATE as f64 * 0.01
+        + 0.01 * RATE as f64 * flood_secs;
+    assert!(
+        (flood_got as f64) <= bound,
+        "flood got {flood_got} > {bound:.0}"
+    );
+    assert!(
+        flood_sent as f64 >= 10.0 * bound,
+        "flood too weak: {flood_sent}"
+    );
+    assert_eq!(
+        conform_got, conform_sent,
+        "conforming packets lost across kill -9 and restart"
+    );
+
+    clean_restart_keeps_the_bucket_and_unload_removes_all(&net, &pins.0, daemon);
+}
+
+#[test]
+fn incompatible_pins_are_refused_not_reused() {
+    require_root();
+    let net = VethPair::new("ic");
+    let pins = Pins(PathBuf::from(format!(
+        "/sys/fs/bpf/limiter-test-ic-{}",
+        std::process::id()
+    )));
+    let (mut daemon, _rx, _) = start_daemon(&net, &pins.0);
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    // Pretend the pins were made by a daemon of another schema.
+    {
+        let md = MapData::from_pin(pins.0.join(maps::META)).unwrap();
+        let mut a: aya::maps::Array<MapData, limiter_common::Meta> =
+            aya::maps::Array::try_from(Map::Array(md)).unwrap();
+        let mut m = a.get(&0, 0).unwrap();
+        m.schema = 999;
+        a.set(0, m, 0).unwrap();
+    }
+    let bin = scenario::locate_bin("limiter").unwrap();
+    let o = net
+        .b
+        .net_command(&bin)
+        .args(["run", "--iface", B_IF, "--pin", "--pin-dir"])
+        .arg(&pins.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("incompatible")
+            && err.contains("schema 999")
+            && err.contains("limiter unload"),
+        "{err}"
+    );
+    // The old program is still the one attached: refusal changed nothing.
+    let link = std::process::Command::new("ip")
+        .args(["-n", &net.b.name, "link", "show", B_IF])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&link.stdout).contains("xdp"));
+}
