@@ -23,8 +23,15 @@ pub use reason::{REASON_COUNT, Reason, Verdict};
 pub mod maps {
     /// `LRU_HASH<BucketKey, BucketState>`: one GCRA state per source prefix.
     pub const BUCKETS: &str = "BUCKETS";
-    /// `ARRAY<Config>` with one entry: the policy the data plane enforces.
+    /// `ARRAY<Config>` with two slots: the policy the data plane enforces is
+    /// the slot named by [`ACTIVE`]. Userspace writes the other slot whole,
+    /// then flips `ACTIVE` (one 4-byte store), so a packet never sees half
+    /// of one policy and half of another.
     pub const CONFIG: &str = "CONFIG";
+    /// `ARRAY<u32>` with one entry: index of the active `CONFIG` slot.
+    pub const ACTIVE: &str = "ACTIVE";
+    /// `PERCPU_ARRAY<ClassCounters>` indexed by rule class.
+    pub const CLASS_STATS: &str = "CLASS_STATS";
     /// `PERCPU_ARRAY<Counter>` indexed by [`crate::Reason`].
     pub const STATS: &str = "STATS";
     /// `ARRAY<u64>` with one entry: the injected clock of the test entry point.
@@ -53,6 +60,19 @@ pub mod family {
     pub const IPV6: u8 = 6;
 }
 
+/// Enforcement mode of a class.
+pub mod mode {
+    /// Drop what exceeds the allowance.
+    pub const ENFORCE: u32 = 0;
+    /// Pass it, counted as `shadow_dropped`: a dry run on live traffic.
+    pub const SHADOW: u32 = 1;
+}
+
+/// Rule classes: class 0 is the default; matchers send packets to others.
+pub const MAX_CLASSES: usize = 8;
+/// Matchers in one policy (a class with several port ranges uses several).
+pub const MAX_MATCHERS: usize = 16;
+
 /// What one admitted packet costs.
 pub mod cost {
     /// Every packet costs one unit.
@@ -68,43 +88,26 @@ pub mod flags {
     pub const CONFIGURED: u32 = 1;
 }
 
-/// The policy the data plane enforces. Written by userspace, read per packet.
-///
-/// Derived fields (`unit`, `tau`) are computed by [`Config::new`] so the
-/// kernel never divides: a charge is `cost * unit`.
+/// Limits of one rule class, derived by [`ClassLimits::new`] so the kernel
+/// never divides: a charge is `cost * unit`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Config {
-    /// Units (packets or bytes) per second. 1..=[`gcra::MAX_RATE`].
-    pub rate: u64,
-    /// Bucket depth in units.
-    pub burst: u64,
+pub struct ClassLimits {
     /// [`gcra::unit_interval`]: the charge of one unit, in 1/16 ns.
     pub unit: u64,
     /// [`gcra::tau`]: how far a bucket may run ahead of now, in 1/16 ns.
     pub tau: u64,
     /// [`cost::PACKETS`] or [`cost::BYTES`].
     pub cost: u32,
-    /// IPv4 source prefix length, 0..=32.
-    pub v4_prefix: u32,
-    /// IPv6 source prefix length, 0..=128.
-    pub v6_prefix: u32,
-    /// [`flags`] bits.
-    pub flags: u32,
+    /// [`mode::ENFORCE`] or [`mode::SHADOW`].
+    pub mode: u32,
 }
 
-impl Config {
-    /// A complete config, or `None` if `rate` is outside `1..=MAX_RATE` or
-    /// `burst * unit` overflows. Other fields are checked by the caller
-    /// (see `limiter-user`'s policy module).
+impl ClassLimits {
+    /// Limits for `rate` units/s and a depth of `burst` units, or `None` if
+    /// `rate` is outside `1..=MAX_RATE` or `burst * unit` overflows.
     #[must_use]
-    pub const fn new(
-        rate: u64,
-        burst: u64,
-        cost: u32,
-        v4_prefix: u32,
-        v6_prefix: u32,
-    ) -> Option<Self> {
+    pub const fn new(rate: u64, burst: u64, cost: u32, mode: u32) -> Option<Self> {
         if rate == 0 || rate > gcra::MAX_RATE {
             return None;
         }
@@ -113,23 +116,57 @@ impl Config {
             return None;
         };
         Some(Self {
-            rate,
-            burst,
             unit,
             tau,
             cost,
-            v4_prefix,
-            v6_prefix,
-            flags: flags::CONFIGURED,
+            mode,
         })
     }
+}
+
+/// Sends matching packets to a class. All conditions must hold.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Matcher {
+    /// IP protocol (6 TCP, 17 UDP, ...); 0 = any.
+    pub proto: u8,
+    /// 1 = only TCP SYN without ACK (new connections).
+    pub syn: u8,
+    /// Class index, `1..MAX_CLASSES`.
+    pub class: u8,
+    /// Always zero (explicit padding).
+    pub pad: u8,
+    /// Destination port range, inclusive; `0..=65535` also matches packets
+    /// without a port (non-first fragments, other protocols).
+    pub port_lo: u16,
+    pub port_hi: u16,
+}
+
+/// The policy the data plane enforces. Written by userspace into the
+/// inactive `CONFIG` slot, read per packet from the active one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Policy version; buckets cache per-prefix resolutions against it.
+    pub version: u64,
+    /// IPv4 source prefix length, 0..=32.
+    pub v4_prefix: u32,
+    /// IPv6 source prefix length, 0..=128.
+    pub v6_prefix: u32,
+    /// Matchers in use, `0..=MAX_MATCHERS`; the first that matches wins.
+    pub n_matchers: u32,
+    /// [`flags`] bits.
+    pub flags: u32,
+    /// Class 0 is the default class.
+    pub classes: [ClassLimits; MAX_CLASSES],
+    pub matchers: [Matcher; MAX_MATCHERS],
 }
 
 /// "LIMT": marks a [`Meta`] written by this project.
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -167,6 +204,20 @@ pub struct BucketKey {
 pub struct BucketState {
     /// 1/16 ns on the data plane's clock; updated with one compare-and-swap.
     pub tat: u64,
+    /// Policy version `limit` was resolved against (low 32 bits).
+    pub version: u32,
+    /// Cached per-prefix resolution (reserved for overrides; 0 = class limits).
+    pub limit: u32,
+}
+
+/// One slot of [`maps::CLASS_STATS`]: what a rule class did.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassCounters {
+    pub admitted: Counter,
+    pub dropped: Counter,
+    /// Would have been dropped; passed because the class is in shadow mode.
+    pub shadow: Counter,
 }
 
 /// One slot of [`maps::STATS`].
@@ -177,19 +228,23 @@ pub struct Counter {
     pub bytes: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<Config>() == 48);
+const _: () = assert!(core::mem::size_of::<ClassLimits>() == 24);
+const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 24 + 24 * MAX_CLASSES + 8 * MAX_MATCHERS);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 20);
-const _: () = assert!(core::mem::size_of::<BucketState>() == 8);
+const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
+const _: () = assert!(core::mem::size_of::<ClassCounters>() == 48);
 const _: () = assert!(core::mem::size_of::<Counter>() == 16);
 const _: () = assert!(core::mem::size_of::<Meta>() == 16);
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all five are #[repr(C)], Copy, contain only integers and have
+    // SAFETY: all of them are #[repr(C)], Copy, contain only integers and have
     // no implicit padding (sizes asserted above).
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::BucketKey {}
     unsafe impl aya::Pod for super::BucketState {}
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for super::Meta {}
+    unsafe impl aya::Pod for super::ClassCounters {}
 }

@@ -70,10 +70,16 @@ reasons! {
     L4Truncated = 14 => Drop, "l4_truncated";
     /// IPv6 EtherType but the version field is not 6.
     Ipv6BadHeader = 15 => Drop, "ipv6_bad_header";
+    /// Would have been `rate_limited`, but its class is in shadow mode.
+    ShadowDropped = 16 => Pass, "shadow_dropped";
+    /// The source matches an `allow` override: never limited.
+    Allowed = 17 => Pass, "allowed";
+    /// The source matches a `deny` override: always dropped.
+    Denied = 18 => Drop, "denied";
 }
 
 /// Number of counter slots in `STATS`.
-pub const REASON_COUNT: usize = 16;
+pub const REASON_COUNT: usize = 19;
 
 impl Reason {
     /// The reason stored at `index`, if any.

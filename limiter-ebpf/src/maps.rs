@@ -5,7 +5,8 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray},
 };
 use limiter_common::{
-    BucketKey, BucketState, Config, Counter, Meta, REASON_COUNT, maps::DEFAULT_BUCKET_CAPACITY,
+    BucketKey, BucketState, ClassCounters, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT,
+    maps::DEFAULT_BUCKET_CAPACITY,
 };
 
 /// Written by: XDP (charging). Read by: XDP; userspace reads for status.
@@ -15,9 +16,20 @@ use limiter_common::{
 pub static BUCKETS: LruHashMap<BucketKey, BucketState> =
     LruHashMap::with_max_entries(DEFAULT_BUCKET_CAPACITY, 0);
 
-/// Written by: userspace (policy). Read by: XDP, once per packet.
+/// Written by: userspace (policy), always the inactive slot. Read by: XDP,
+/// the slot `ACTIVE` names, once per packet.
 #[map(name = "CONFIG")]
-pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+pub static CONFIG: Array<Config> = Array::with_max_entries(2, 0);
+
+/// Written by: userspace, after the new `CONFIG` slot is complete (one
+/// 4-byte store: the atomic switch). Read by: XDP, once per packet.
+#[map(name = "ACTIVE")]
+pub static ACTIVE: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Written by: XDP, per CPU, one slot per rule class. Read by: userspace.
+#[map(name = "CLASS_STATS")]
+pub static CLASS_STATS: PerCpuArray<ClassCounters> =
+    PerCpuArray::with_max_entries(MAX_CLASSES as u32, 0);
 
 /// Written by: XDP, per CPU, one slot per `Reason`. Read by: userspace,
 /// summed over CPUs at read time. Per-CPU, so no atomics in softirq.

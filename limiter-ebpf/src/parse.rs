@@ -42,6 +42,13 @@ pub struct Source {
     pub family: u8,
     /// Source address in network byte order (IPv4 in `addr[0]`).
     pub addr: [u32; 4],
+    /// IP protocol of the L4 header (or of the fragment).
+    pub proto: u8,
+    /// 1 when `dport` was read (TCP/UDP, unfragmented or first fragment).
+    pub port_known: u8,
+    /// TCP SYN without ACK.
+    pub syn: u8,
+    pub dport: u16,
 }
 
 /// The one packet accessor: the `N` bytes at `off`, if they all fit.
@@ -104,13 +111,17 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Source, Reason> {
     if ctx.data() + off + hlen > ctx.data_end() {
         return Err(Reason::Ipv4Truncated);
     }
-    let src = Source {
+    let mut src = Source {
         family: family::IPV4,
         addr: [word(ip, 12), 0, 0, 0],
+        proto: ip[9],
+        port_known: 0,
+        syn: 0,
+        dport: 0,
     };
     // Non-first fragments carry no L4 header; they are charged like the rest.
     if be16(ip, 6) & 0x1fff == 0 {
-        check_l4(ctx, off + hlen, ip[9])?;
+        read_l4(ctx, off + hlen, &mut src)?;
     }
     Ok(src)
 }
@@ -121,9 +132,13 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Source, Reason> {
     if ip[0] >> 4 != 6 {
         return Err(Reason::Ipv6BadHeader);
     }
-    let src = Source {
+    let mut src = Source {
         family: family::IPV6,
         addr: [word(ip, 8), word(ip, 12), word(ip, 16), word(ip, 20)],
+        proto: 0,
+        port_known: 0,
+        syn: 0,
+        dport: 0,
     };
     let mut next = ip[6];
     let mut off = off + Ipv6Hdr::LEN;
@@ -131,7 +146,8 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Source, Reason> {
     // reason so a long chain cannot hide the L4 header.
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         if !is_ext(next) {
-            return check_l4(ctx, off, next).map(|()| src);
+            src.proto = next;
+            return read_l4(ctx, off, &mut src).map(|()| src);
         }
         // Every extension header is at least 8 bytes long.
         let ext = bytes_at::<8>(ctx, off).ok_or(Reason::Ipv6ExtTruncated)?;
@@ -145,6 +161,7 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Source, Reason> {
         }
         if next == NEXTHDR_FRAGMENT && be16(ext, 2) & 0xfff8 != 0 {
             // Non-first fragment: no L4 header follows.
+            src.proto = ext[0];
             return Ok(src);
         }
         next = ext[0];
@@ -156,7 +173,8 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Source, Reason> {
     if is_ext(next) {
         return Err(Reason::Ipv6ExtLimit);
     }
-    check_l4(ctx, off, next).map(|()| src)
+    src.proto = next;
+    read_l4(ctx, off, &mut src).map(|()| src)
 }
 
 #[inline(always)]
@@ -174,17 +192,24 @@ fn is_ext(next: u8) -> bool {
     )
 }
 
-/// TCP and UDP headers of first fragments must be complete.
+/// TCP and UDP headers of first fragments must be complete; read the
+/// destination port and the SYN flag from them.
 #[inline(always)]
-fn check_l4(ctx: &XdpContext, off: usize, proto: u8) -> Result<(), Reason> {
-    let fits = match proto {
-        IPPROTO_TCP => bytes_at::<{ TcpHdr::LEN }>(ctx, off).is_some(),
-        IPPROTO_UDP => bytes_at::<{ UdpHdr::LEN }>(ctx, off).is_some(),
-        _ => true,
-    };
-    if fits {
-        Ok(())
-    } else {
-        Err(Reason::L4Truncated)
+fn read_l4(ctx: &XdpContext, off: usize, src: &mut Source) -> Result<(), Reason> {
+    match src.proto {
+        IPPROTO_TCP => {
+            let tcp = bytes_at::<{ TcpHdr::LEN }>(ctx, off).ok_or(Reason::L4Truncated)?;
+            src.dport = be16(tcp, 2);
+            // Flags byte: SYN 0x02, ACK 0x10.
+            src.syn = u8::from(tcp[13] & 0x12 == 0x02);
+            src.port_known = 1;
+        }
+        IPPROTO_UDP => {
+            let udp = bytes_at::<{ UdpHdr::LEN }>(ctx, off).ok_or(Reason::L4Truncated)?;
+            src.dport = be16(udp, 2);
+            src.port_known = 1;
+        }
+        _ => {}
     }
+    Ok(())
 }

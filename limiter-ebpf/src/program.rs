@@ -9,13 +9,14 @@ use aya_ebpf::{
     bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext,
 };
 use limiter_common::{
-    BucketKey, BucketState, Config, Reason, Verdict, cost, family, flags, gcra,
+    BucketKey, BucketState, Config, MAX_CLASSES, MAX_MATCHERS, Reason, Verdict, cost, family,
+    flags, gcra, mode,
     prefix::{mask_v4, mask_v6},
     reason::MAX_CAS_RETRIES,
 };
 
 use crate::{
-    maps::{BUCKETS, CONFIG, STATS, TEST_CLOCK},
+    maps::{ACTIVE, BUCKETS, CLASS_STATS, CONFIG, STATS, TEST_CLOCK},
     parse::{Source, parse},
 };
 
@@ -78,28 +79,85 @@ fn try_limiter(ctx: &XdpContext, now: impl FnOnce() -> u64) -> Reason {
         Ok(s) => s,
         Err(r) => return r,
     };
-    let Some(cfg) = CONFIG.get(0) else {
+    let slot = ACTIVE.get(0).copied().unwrap_or(0) & 1;
+    let Some(cfg) = CONFIG.get(slot) else {
         return Reason::NoConfig;
     };
     if cfg.flags & flags::CONFIGURED == 0 {
         return Reason::NoConfig;
     }
-    let key = bucket_key(&src, cfg);
-    let inc = if cfg.cost == cost::BYTES {
-        (ctx.data_end() - ctx.data()) as u64 * cfg.unit
-    } else {
-        cfg.unit
+    let class = classify(cfg, &src);
+    let Some(limits) = cfg.classes.get(class) else {
+        return Reason::NoConfig;
     };
-    charge(&key, gcra::to_fixed(now()), inc, cfg.tau)
+    let key = bucket_key(&src, cfg, class as u8);
+    let inc = if limits.cost == cost::BYTES {
+        (ctx.data_end() - ctx.data()) as u64 * limits.unit
+    } else {
+        limits.unit
+    };
+    let mut reason = charge(
+        &key,
+        gcra::to_fixed(now()),
+        inc,
+        limits.tau,
+        cfg.version as u32,
+    );
+    if reason == Reason::RateLimited && limits.mode == mode::SHADOW {
+        reason = Reason::ShadowDropped;
+    }
+    count_class(ctx, class, reason);
+    reason
+}
+
+/// The first matcher that fits the packet names its class; else class 0.
+#[inline(always)]
+fn classify(cfg: &Config, src: &Source) -> usize {
+    for i in 0..MAX_MATCHERS {
+        if i as u32 >= cfg.n_matchers {
+            break;
+        }
+        let m = &cfg.matchers[i];
+        if m.proto != 0 && m.proto != src.proto {
+            continue;
+        }
+        let any_port = m.port_lo == 0 && m.port_hi == u16::MAX;
+        if !any_port && (src.port_known == 0 || src.dport < m.port_lo || src.dport > m.port_hi) {
+            continue;
+        }
+        if m.syn != 0 && src.syn == 0 {
+            continue;
+        }
+        return usize::from(m.class) & (MAX_CLASSES - 1);
+    }
+    0
 }
 
 #[inline(always)]
-fn bucket_key(src: &Source, cfg: &Config) -> BucketKey {
+fn count_class(ctx: &XdpContext, class: usize, reason: Reason) {
+    let Some(c) = CLASS_STATS.get_ptr_mut(class as u32) else {
+        return;
+    };
+    let len = (ctx.data_end() - ctx.data()) as u64;
+    // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+    let slot = unsafe {
+        match reason {
+            Reason::Admitted => &mut (*c).admitted,
+            Reason::ShadowDropped => &mut (*c).shadow,
+            _ => &mut (*c).dropped,
+        }
+    };
+    slot.packets += 1;
+    slot.bytes += len;
+}
+
+#[inline(always)]
+fn bucket_key(src: &Source, cfg: &Config, class: u8) -> BucketKey {
     if src.family == family::IPV4 {
         BucketKey {
             family: family::IPV4,
             prefix_len: cfg.v4_prefix as u8,
-            class: 0,
+            class,
             pad: 0,
             addr: [mask_v4(src.addr[0], cfg.v4_prefix), 0, 0, 0],
         }
@@ -107,7 +165,7 @@ fn bucket_key(src: &Source, cfg: &Config) -> BucketKey {
         BucketKey {
             family: family::IPV6,
             prefix_len: cfg.v6_prefix as u8,
-            class: 0,
+            class,
             pad: 0,
             addr: mask_v6(src.addr, cfg.v6_prefix),
         }
@@ -115,7 +173,7 @@ fn bucket_key(src: &Source, cfg: &Config) -> BucketKey {
 }
 
 #[inline(always)]
-fn charge(key: &BucketKey, now: u64, inc: u64, tau: u64) -> Reason {
+fn charge(key: &BucketKey, now: u64, inc: u64, tau: u64, version: u32) -> Reason {
     if let Some(p) = BUCKETS.get_ptr_mut(key) {
         return charge_existing(p, now, inc, tau);
     }
@@ -124,7 +182,15 @@ fn charge(key: &BucketKey, now: u64, inc: u64, tau: u64) -> Reason {
         Some(t) => (t, Reason::Admitted),
         None => (fresh, Reason::RateLimited),
     };
-    match BUCKETS.insert(key, BucketState { tat }, BPF_NOEXIST) {
+    match BUCKETS.insert(
+        key,
+        BucketState {
+            tat,
+            version,
+            limit: 0,
+        },
+        BPF_NOEXIST,
+    ) {
         Ok(()) => reason,
         // Another CPU created it between our lookup and insert: charge that one.
         Err(e) if e == -EEXIST => match BUCKETS.get_ptr_mut(key) {

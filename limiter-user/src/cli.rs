@@ -2,9 +2,11 @@
 
 use clap::{Args, Parser, Subcommand};
 
+use std::path::{Path, PathBuf};
+
 use crate::{
     loader::AttachMode,
-    policy::{CostUnit, Policy},
+    policy::{self, CostUnit, Mode, Policy, PolicyError},
 };
 
 /// XDP edge flood guard: per-source-prefix token buckets enforced at the driver.
@@ -23,6 +25,19 @@ pub enum Command {
     /// Detach a pinned limiter and remove its pins (maps too, unless
     /// --keep-maps).
     Unload(UnloadArgs),
+    /// Work with policy files.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate a policy file offline; exit non-zero with file, line and
+    /// field on the first error.
+    Check {
+        /// The policy file.
+        file: PathBuf,
+    },
 }
 
 /// Arguments of `limiter unload`.
@@ -45,6 +60,13 @@ pub struct RunArgs {
     /// XDP attach mode.
     #[arg(long, value_enum, default_value_t = AttachMode::Native)]
     pub mode: AttachMode,
+    /// Policy file [default: /etc/limiter/limiter.toml if it exists, else
+    /// the built-in policy]. Re-read on SIGHUP. Flags below override it.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Put every class in shadow mode: count would-be drops, drop nothing.
+    #[arg(long)]
+    pub shadow: bool,
     /// Units (packets or bytes) per second per prefix [default: 1000].
     #[arg(long, value_name = "N")]
     pub rate: Option<u64>,
@@ -77,18 +99,39 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// The built-in default policy with the flags given applied over it.
+    /// The policy file in force: `--policy`, else the default path if a
+    /// file is there, else none (built-in policy).
     #[must_use]
-    pub fn policy(&self) -> Policy {
-        let d = Policy::default();
-        Policy {
-            rate: self.rate.unwrap_or(d.rate),
-            burst: self.burst.unwrap_or(d.burst),
-            cost: self.cost.unwrap_or(d.cost),
-            v4_prefix: self.v4_prefix.unwrap_or(d.v4_prefix),
-            v6_prefix: self.v6_prefix.unwrap_or(d.v6_prefix),
-            capacity: self.capacity.unwrap_or(d.capacity),
+    pub fn policy_source(&self) -> Option<PathBuf> {
+        self.policy.clone().or_else(|| {
+            Path::new(policy::DEFAULT_PATH)
+                .is_file()
+                .then(|| policy::DEFAULT_PATH.into())
+        })
+    }
+
+    /// The policy to enforce: the file (or the built-in policy) with the
+    /// flags given applied over it.
+    pub fn load_policy(&self) -> Result<Policy, PolicyError> {
+        let base = match self.policy_source() {
+            Some(path) => policy::file::load(&path, &Policy::default())?,
+            None => Policy::default(),
+        };
+        let mut p = base;
+        let d = &mut p.default;
+        d.rate = self.rate.unwrap_or(d.rate);
+        d.burst = self.burst.unwrap_or(d.burst);
+        d.cost = self.cost.unwrap_or(d.cost);
+        p.v4_prefix = self.v4_prefix.unwrap_or(p.v4_prefix);
+        p.v6_prefix = self.v6_prefix.unwrap_or(p.v6_prefix);
+        p.capacity = self.capacity.unwrap_or(p.capacity);
+        if self.shadow {
+            p.default.mode = Mode::Shadow;
+            for c in &mut p.classes {
+                c.limit.mode = Mode::Shadow;
+            }
         }
+        Ok(p)
     }
 }
 

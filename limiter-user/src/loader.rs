@@ -11,7 +11,8 @@ use aya::{
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use limiter_common::{
-    BucketKey, BucketState, Config, Counter, META_MAGIC, Meta, SCHEMA_VERSION, maps, programs,
+    BucketKey, BucketState, ClassCounters, Config, Counter, MAX_CLASSES, META_MAGIC, Meta,
+    SCHEMA_VERSION, maps, programs,
 };
 
 use crate::stats::Totals;
@@ -109,6 +110,7 @@ impl AttachMode {
 /// A loaded XDP object and its maps.
 pub struct Limiter {
     ebpf: Ebpf,
+    last_flip: Option<std::time::Instant>,
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> LoadError {
@@ -123,7 +125,10 @@ impl Limiter {
             .map_max_entries(maps::BUCKETS, capacity)
             .load(crate::OBJECT)
             .map_err(LoadError::Object)?;
-        Ok(Self { ebpf })
+        Ok(Self {
+            ebpf,
+            last_flip: None,
+        })
     }
 
     fn xdp(&mut self, name: &'static str) -> Result<&mut Xdp, LoadError> {
@@ -149,7 +154,10 @@ impl Limiter {
             loader.map_pin_path(name, path.as_path());
         }
         let ebpf = loader.load(crate::OBJECT).map_err(LoadError::Object)?;
-        let mut l = Self { ebpf };
+        let mut l = Self {
+            ebpf,
+            last_flip: None,
+        };
         if !adopted {
             l.set_meta(&Meta {
                 magic: META_MAGIC,
@@ -313,11 +321,61 @@ impl Limiter {
         self.ebpf.map(name).ok_or(LoadError::MissingMap(name))
     }
 
-    /// Replace the enforced config (one 48-byte array element: atomic).
-    pub fn set_config(&mut self, cfg: &Config) -> Result<(), LoadError> {
+    /// Switch the data plane to `cfg` atomically: write the inactive
+    /// `CONFIG` slot whole, then flip `ACTIVE` (one 4-byte store). A packet
+    /// reads `ACTIVE` then its slot within well under a microsecond, so the
+    /// slot it may still be reading is only rewritten after a settle time.
+    pub fn apply_config(&mut self, cfg: &Config) -> Result<(), LoadError> {
+        const SETTLE: Duration = Duration::from_millis(2);
+        if let Some(t) = self.last_flip {
+            std::thread::sleep(SETTLE.saturating_sub(t.elapsed()));
+        }
+        let active = self.active_slot()?;
+        let next = 1 - active;
         let mut a: Array<&mut MapData, Config> =
             Array::try_from(self.map_mut(maps::CONFIG)?).map_err(map_err(maps::CONFIG))?;
-        a.set(0, cfg, 0).map_err(map_err(maps::CONFIG))
+        a.set(next, cfg, 0).map_err(map_err(maps::CONFIG))?;
+        let mut flip: Array<&mut MapData, u32> =
+            Array::try_from(self.map_mut(maps::ACTIVE)?).map_err(map_err(maps::ACTIVE))?;
+        flip.set(0, next, 0).map_err(map_err(maps::ACTIVE))?;
+        self.last_flip = Some(std::time::Instant::now());
+        Ok(())
+    }
+
+    fn active_slot(&self) -> Result<u32, LoadError> {
+        let a: Array<&MapData, u32> =
+            Array::try_from(self.map(maps::ACTIVE)?).map_err(map_err(maps::ACTIVE))?;
+        Ok(a.get(&0, 0).map_err(map_err(maps::ACTIVE))? & 1)
+    }
+
+    /// The config the data plane enforces now, if any was applied.
+    pub fn active_config(&self) -> Result<Option<Config>, LoadError> {
+        let slot = self.active_slot()?;
+        let a: Array<&MapData, Config> =
+            Array::try_from(self.map(maps::CONFIG)?).map_err(map_err(maps::CONFIG))?;
+        let c = a.get(&slot, 0).map_err(map_err(maps::CONFIG))?;
+        Ok((c.flags & limiter_common::flags::CONFIGURED != 0).then_some(c))
+    }
+
+    /// Per-class counters summed over CPUs.
+    pub fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError> {
+        let a: PerCpuArray<&MapData, ClassCounters> =
+            PerCpuArray::try_from(self.map(maps::CLASS_STATS)?)
+                .map_err(map_err(maps::CLASS_STATS))?;
+        let mut out = [ClassCounters::default(); MAX_CLASSES];
+        for (i, slot) in (0u32..).zip(out.iter_mut()) {
+            for c in a.get(&i, 0).map_err(map_err(maps::CLASS_STATS))?.iter() {
+                for (o, n) in [
+                    (&mut slot.admitted, c.admitted),
+                    (&mut slot.dropped, c.dropped),
+                    (&mut slot.shadow, c.shadow),
+                ] {
+                    o.packets += n.packets;
+                    o.bytes += n.bytes;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Set the injected clock read by the test entry point.

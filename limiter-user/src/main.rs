@@ -1,6 +1,6 @@
 //! `limiter`: the daemon and operator command of the XDP flood guard.
 
-use limiter::cli::{self, Command};
+use limiter::cli::{self, Command, PolicyCommand};
 
 fn main() -> std::process::ExitCode {
     let cli = cli::parse();
@@ -18,6 +18,7 @@ fn main() -> std::process::ExitCode {
         match &cli.command {
             Command::Run(args) => limiter::run::run(args).await,
             Command::Unload(args) => limiter::run::unload(args),
+            Command::Policy(PolicyCommand::Check { file }) => limiter::run::check(file),
         }
     });
     match res {

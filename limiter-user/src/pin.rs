@@ -14,13 +14,13 @@ use std::{
 
 use aya::maps::{Array, Map, MapData, MapType};
 use limiter_common::{
-    BucketKey, BucketState, Config, Counter, META_MAGIC, Meta, SCHEMA_VERSION, maps,
+    BucketKey, BucketState, ClassCounters, Config, Counter, META_MAGIC, Meta, SCHEMA_VERSION, maps,
 };
 
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// Maps pinned with the program, with their expected type and sizes.
-pub const PINNED_MAPS: [(&str, MapType, usize, usize); 4] = [
+pub const PINNED_MAPS: [(&str, MapType, usize, usize); 6] = [
     (
         maps::BUCKETS,
         MapType::LruHash,
@@ -28,6 +28,13 @@ pub const PINNED_MAPS: [(&str, MapType, usize, usize); 4] = [
         size_of::<BucketState>(),
     ),
     (maps::CONFIG, MapType::Array, 4, size_of::<Config>()),
+    (maps::ACTIVE, MapType::Array, 4, 4),
+    (
+        maps::CLASS_STATS,
+        MapType::PerCpuArray,
+        4,
+        size_of::<ClassCounters>(),
+    ),
     (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>()),
     (maps::META, MapType::Array, 4, size_of::<Meta>()),
 ];

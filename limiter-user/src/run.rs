@@ -1,27 +1,37 @@
-//! `limiter run`: load, attach, print status, detach on SIGINT/SIGTERM.
+//! `limiter run`: load, attach, enforce the policy, reload it on SIGHUP,
+//! print status; `limiter unload`; `limiter policy check`.
 
 use std::{
     fmt::Write as _,
+    path::Path,
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{cli::RunArgs, loader::Limiter, stats::Totals};
+use crate::{
+    cli::RunArgs,
+    loader::Limiter,
+    policy::{self, Policy},
+    stats::Totals,
+};
 
-/// Run the daemon until a signal arrives; the XDP link is detached on return.
+/// Run the daemon until SIGINT or SIGTERM.
 pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let policy = args.policy();
-    let cfg = policy.to_config().context("invalid policy")?;
+    let policy = args.load_policy()?;
+    // Validate before touching the kernel: a bad policy changes nothing.
+    policy.compile(0)?;
     raise_memlock();
     let (mut limiter, adopted) = if args.pin {
         Limiter::open_pinned(policy.capacity, &args.pin_dir)?
     } else {
         (Limiter::open(policy.capacity)?, false)
     };
+    // Versions continue from what a re-adopted data plane enforces.
+    let mut version = limiter.active_config()?.map_or(0, |c| c.version) + 1;
     // Config first, then attach: the program never runs without a policy.
-    limiter.set_config(&cfg)?;
+    limiter.apply_config(&policy.compile(version)?)?;
     let (link, replaced) = if args.pin {
         (
             None,
@@ -32,14 +42,10 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     let capacity = limiter.capacity()?;
     println!(
-        "limiter: attached to {} ({}), rate {} {}/s burst {} per IPv4 /{} and IPv6 /{}, capacity {capacity}",
+        "limiter: attached to {} ({}), {}, capacity {capacity}",
         args.iface,
         args.mode.label(),
-        policy.rate,
-        policy.cost.label(),
-        policy.burst,
-        policy.v4_prefix,
-        policy.v6_prefix,
+        describe(&policy, version)
     );
     if args.pin {
         println!(
@@ -65,20 +71,27 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let period = Duration::from_secs_f64(if args.status_interval > 0.0 {
         args.status_interval
     } else {
         3600.0
     });
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    let (mut last, mut last_at) = (Totals::default(), Instant::now());
+    let (mut last, mut last_at) = (limiter.totals()?, Instant::now());
     let why = loop {
         tokio::select! {
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
+            _ = hup.recv() => {
+                if reload(args, &mut limiter, version, capacity)? {
+                    version += 1;
+                }
+            }
             _ = tick.tick(), if args.status_interval > 0.0 => {
                 let now = limiter.totals()?;
-                println!("{}", status_line(&now, &last, last_at.elapsed(), limiter.tracked()?, capacity));
+                let status = status_line(&now, &last, last_at.elapsed(), limiter.tracked()?, capacity);
+                println!("{status} policy v{version}");
                 (last, last_at) = (now, Instant::now());
             }
         }
@@ -101,6 +114,65 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Re-read and apply the policy as version `running + 1`, all or nothing.
+/// A rejected policy is reported and the running one stays. Returns whether
+/// the new version was applied.
+fn reload(
+    args: &RunArgs,
+    limiter: &mut Limiter,
+    running: u64,
+    capacity: u32,
+) -> anyhow::Result<bool> {
+    let source = args
+        .policy_source()
+        .map_or_else(|| "built-in policy".to_owned(), |p| p.display().to_string());
+    let next = running + 1;
+    let compiled = args
+        .load_policy()
+        .and_then(|p| p.compile(next).map(|c| (p, c)));
+    match compiled {
+        Ok((p, cfg)) => {
+            limiter.apply_config(&cfg)?;
+            println!("limiter: SIGHUP: applied {source}: {}", describe(&p, next));
+            if p.capacity != capacity {
+                println!("limiter: capacity stays {capacity}; a new capacity needs a restart");
+            }
+            Ok(true)
+        }
+        Err(e) => {
+            println!("limiter: SIGHUP: rejected {source}: {e}; policy v{running} keeps running");
+            Ok(false)
+        }
+    }
+}
+
+/// One line about a policy.
+#[must_use]
+pub fn describe(p: &Policy, version: u64) -> String {
+    let d = p.default;
+    let mut s = format!(
+        "policy v{version}: rate {} {}/s burst {} per IPv4 /{} and IPv6 /{} ({})",
+        d.rate,
+        d.cost.label(),
+        d.burst,
+        p.v4_prefix,
+        p.v6_prefix,
+        d.mode.label()
+    );
+    for c in &p.classes {
+        let l = c.limit;
+        let _ = write!(
+            s,
+            "; class {}: rate {} burst {} ({})",
+            c.name,
+            l.rate,
+            l.burst,
+            l.mode.label()
+        );
+    }
+    s
+}
+
 /// `limiter unload`: remove the pins; the link goes with its last pin.
 pub fn unload(args: &crate::cli::UnloadArgs) -> anyhow::Result<()> {
     let removed = crate::pin::unload(&args.pin_dir, args.keep_maps)?;
@@ -113,6 +185,17 @@ pub fn unload(args: &crate::cli::UnloadArgs) -> anyhow::Result<()> {
             args.pin_dir.display()
         );
     }
+    Ok(())
+}
+
+/// `limiter policy check FILE`.
+pub fn check(file: &Path) -> anyhow::Result<()> {
+    let p = policy::file::load(file, &Policy::default()).context("invalid policy")?;
+    println!(
+        "{}: valid; {}",
+        file.display(),
+        describe(&p, 0).trim_start_matches("policy v0: ")
+    );
     Ok(())
 }
 
@@ -138,7 +221,10 @@ pub fn status_line(
     );
     for r in limiter_common::Reason::ALL {
         let c = now.get(r);
-        if r.verdict() == limiter_common::Verdict::Drop && c.packets > 0 {
+        if (r.verdict() == limiter_common::Verdict::Drop
+            || r == limiter_common::Reason::ShadowDropped)
+            && c.packets > 0
+        {
             let _ = write!(line, " {}={}", r.label(), c.packets);
         }
     }

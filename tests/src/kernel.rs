@@ -1,6 +1,10 @@
 //! The real XDP object, loaded for BPF_PROG_TEST_RUN.
 
-use limiter::{loader::Limiter, policy::Policy, stats::Totals};
+use limiter::{
+    loader::Limiter,
+    policy::{CostUnit, Limit, Mode, Policy},
+    stats::Totals,
+};
 use limiter_common::{Config, Reason, cost, programs};
 
 pub const XDP_DROP: u32 = 1;
@@ -22,7 +26,7 @@ pub fn require_root() {
 pub fn open(cfg: &Config) -> Limiter {
     require_root();
     let mut l = Limiter::open(1024).expect("load the XDP object");
-    l.set_config(cfg).expect("write CONFIG");
+    l.apply_config(cfg).expect("write CONFIG");
     l.load_program(programs::LIMITER_TEST_CLOCK)
         .expect("verify limiter_test_clock");
     l
@@ -32,19 +36,26 @@ pub fn open(cfg: &Config) -> Limiter {
 #[must_use]
 pub fn config(rate: u64, burst: u64, bytes: bool, v4: u32, v6: u32) -> Config {
     let policy = Policy {
-        rate,
-        burst,
-        cost: if bytes {
-            limiter::policy::CostUnit::Bytes
-        } else {
-            limiter::policy::CostUnit::Packets
+        default: Limit {
+            rate,
+            burst,
+            cost: if bytes {
+                CostUnit::Bytes
+            } else {
+                CostUnit::Packets
+            },
+            mode: Mode::Enforce,
         },
         v4_prefix: v4,
         v6_prefix: v6,
         capacity: 1024,
+        ..Policy::default()
     };
-    let c = policy.to_config().expect("valid test policy");
-    assert_eq!(c.cost, if bytes { cost::BYTES } else { cost::PACKETS });
+    let c = policy.compile(1).expect("valid test policy");
+    assert_eq!(
+        c.classes[0].cost,
+        if bytes { cost::BYTES } else { cost::PACKETS }
+    );
     c
 }
 

@@ -115,6 +115,25 @@ impl Frame {
         self.push(&[0x30, 0x39, 0x23, 0x28, 0, 8, 0, 0], Reason::L4Truncated)
     }
 
+    /// UDP header to `dport`.
+    #[must_use]
+    pub fn udp_to(self, dport: u16) -> Self {
+        let mut h = vec![0x30, 0x39];
+        h.extend_from_slice(&dport.to_be_bytes());
+        h.extend_from_slice(&[0, 8, 0, 0]);
+        self.push(&h, Reason::L4Truncated)
+    }
+
+    /// TCP header to `dport` with raw `flags` (SYN 0x02, ACK 0x10).
+    #[must_use]
+    pub fn tcp_to(self, dport: u16, flags: u8) -> Self {
+        let mut h = vec![0x30, 0x39];
+        h.extend_from_slice(&dport.to_be_bytes());
+        h.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, flags]);
+        h.resize(20, 0);
+        self.push(&h, Reason::L4Truncated)
+    }
+
     #[must_use]
     pub fn tcp(self) -> Self {
         let mut h = vec![0x30, 0x39, 0x01, 0xbb, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02];

@@ -135,3 +135,42 @@ fn unknown_interface_is_one_clear_line() {
         vec!["limiter: interface nosuchif0 does not exist".to_owned()]
     );
 }
+
+#[test]
+fn policy_check_validates_offline() {
+    let dir = std::env::temp_dir().join(format!("limiter-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(&good, "rate = 50\nburst = 100\n[[class]]\nname = \"dns\"\nprotocol = \"udp\"\nports = [53]\nrate = 10\nburst = 20\n").unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "rate = 50\n\n[[class]]\nname = \"dns\"\nprotocol = \"udp\"\nports = [53]\nrate = 10\nburst = 20\ncolour = \"blue\"\n").unwrap();
+
+    let o = limiter(&["policy", "check", good.to_str().unwrap()]);
+    assert!(o.status.success(), "{:?}", stderr_lines(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("valid") && out.contains("class dns: rate 10 burst 20"),
+        "{out}"
+    );
+
+    let o = limiter(&["policy", "check", bad.to_str().unwrap()]);
+    let lines = stderr_lines(&o);
+    assert_eq!(o.status.code(), Some(1), "{lines:?}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains(&format!(
+            "{}:9: class[0].colour: unknown field",
+            bad.display()
+        )),
+        "{lines:?}"
+    );
+
+    let o = limiter(&[
+        "policy",
+        "check",
+        dir.join("missing.toml").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stderr_lines(&o).len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,9 +16,12 @@ const NOW: u64 = 1_000_000_000;
 /// written out here rather than taken from the code under test.
 fn documented_action(r: Reason) -> u32 {
     match r {
-        Reason::Admitted | Reason::NonIp | Reason::NoConfig | Reason::BucketInsertFailed => {
-            XDP_PASS
-        }
+        Reason::Admitted
+        | Reason::NonIp
+        | Reason::NoConfig
+        | Reason::BucketInsertFailed
+        | Reason::ShadowDropped
+        | Reason::Allowed => XDP_PASS,
         Reason::RateLimited
         | Reason::Contended
         | Reason::EthTruncated
@@ -30,7 +33,8 @@ fn documented_action(r: Reason) -> u32 {
         | Reason::Ipv6BadHeader
         | Reason::Ipv6ExtTruncated
         | Reason::Ipv6ExtLimit
-        | Reason::L4Truncated => XDP_DROP,
+        | Reason::L4Truncated
+        | Reason::Denied => XDP_DROP,
     }
 }
 

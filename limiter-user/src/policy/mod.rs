@@ -1,0 +1,413 @@
+//! The policy the data plane enforces: its model, validation, compilation
+//! into the kernel's `Config`, and the built-in default that applies when
+//! no policy file exists. `file` reads the TOML form.
+
+pub mod file;
+
+use limiter_common::{ClassLimits, Config, MAX_CLASSES, MAX_MATCHERS, Matcher, cost, flags, mode};
+
+/// Default location of the policy file.
+pub const DEFAULT_PATH: &str = "/etc/limiter/limiter.toml";
+/// Smallest byte burst: a bucket must hold one full-size Ethernet frame.
+pub const MIN_BYTE_BURST: u64 = 1_518;
+
+/// What one admitted packet costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CostUnit {
+    /// One unit per packet.
+    Packets,
+    /// The frame length in bytes.
+    Bytes,
+}
+
+impl CostUnit {
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Packets => "packets",
+            Self::Bytes => "bytes",
+        }
+    }
+}
+
+/// Whether a class drops what exceeds its allowance or only counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Enforce,
+    /// Pass would-be drops, counted as `shadow_dropped`.
+    Shadow,
+}
+
+impl Mode {
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Enforce => "enforce",
+            Self::Shadow => "shadow",
+        }
+    }
+}
+
+/// Rate, depth, cost unit and mode of one bucket class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit {
+    /// Units per second per prefix.
+    pub rate: u64,
+    /// Bucket depth in units.
+    pub burst: u64,
+    pub cost: CostUnit,
+    pub mode: Mode,
+}
+
+/// A rule class: packets it matches get buckets and limits of their own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Class {
+    pub name: String,
+    /// IP protocol number; 0 = any.
+    pub protocol: u8,
+    /// Destination port ranges (inclusive); empty = any port.
+    pub ports: Vec<(u16, u16)>,
+    /// Only TCP SYN without ACK (new connections).
+    pub syn: bool,
+    pub limit: Limit,
+}
+
+/// A complete policy. [`Policy::default`] is the built-in one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Limits of the default class (everything no class matches).
+    pub default: Limit,
+    pub classes: Vec<Class>,
+    pub v4_prefix: u32,
+    pub v6_prefix: u32,
+    /// Tracked prefixes (LRU capacity of the bucket map).
+    pub capacity: u32,
+}
+
+impl Default for Policy {
+    /// 1,000 packets/s with a burst of 2,000 per IPv4 /24 and IPv6 /56,
+    /// enforced, 262,144 tracked prefixes: generous for any one
+    /// well-behaved network in front of a TLS edge, far below a flood.
+    fn default() -> Self {
+        Self {
+            default: Limit {
+                rate: 1_000,
+                burst: 2_000,
+                cost: CostUnit::Packets,
+                mode: Mode::Enforce,
+            },
+            classes: Vec::new(),
+            v4_prefix: 24,
+            v6_prefix: 56,
+            capacity: limiter_common::maps::DEFAULT_BUCKET_CAPACITY,
+        }
+    }
+}
+
+/// Why a policy was refused: the path of the offending field, the problem,
+/// and where in which file when it came from one.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{}{field}: {problem}", location.as_ref().map(|(f, l)| format!("{f}:{l}: ")).unwrap_or_default())]
+pub struct PolicyError {
+    /// Dotted path, e.g. `class[2].rate`.
+    pub field: String,
+    pub problem: String,
+    /// File and 1-based line.
+    pub location: Option<(String, usize)>,
+}
+
+pub(crate) fn bad(field: impl Into<String>, problem: impl Into<String>) -> PolicyError {
+    PolicyError {
+        field: field.into(),
+        problem: problem.into(),
+        location: None,
+    }
+}
+
+impl Limit {
+    /// Check the limit and derive the kernel's form. `at` prefixes field names.
+    pub fn to_kernel(&self, at: &str) -> Result<ClassLimits, PolicyError> {
+        let Self {
+            rate,
+            burst,
+            cost,
+            mode,
+        } = *self;
+        if !(1..=limiter_common::gcra::MAX_RATE).contains(&rate) {
+            return Err(bad(
+                format!("{at}rate"),
+                format!("{rate} is outside 1..={}", limiter_common::gcra::MAX_RATE),
+            ));
+        }
+        let min_burst = match cost {
+            CostUnit::Packets => 1,
+            CostUnit::Bytes => MIN_BYTE_BURST,
+        };
+        if burst < min_burst {
+            let unit = cost.label();
+            return Err(bad(
+                format!("{at}burst"),
+                format!("{burst} is below {min_burst}, the least a bucket of {unit} must hold"),
+            ));
+        }
+        let cost = match cost {
+            CostUnit::Packets => cost::PACKETS,
+            CostUnit::Bytes => cost::BYTES,
+        };
+        let mode = match mode {
+            Mode::Enforce => mode::ENFORCE,
+            Mode::Shadow => mode::SHADOW,
+        };
+        ClassLimits::new(rate, burst, cost, mode).ok_or_else(|| {
+            bad(
+                format!("{at}burst"),
+                format!("{burst} is too large for rate {rate}"),
+            )
+        })
+    }
+}
+
+impl Policy {
+    /// Check every field and derive the data-plane config, stamped `version`.
+    pub fn compile(&self, version: u64) -> Result<Config, PolicyError> {
+        let Self {
+            default,
+            classes,
+            v4_prefix,
+            v6_prefix,
+            capacity,
+        } = self;
+        if *v4_prefix > 32 {
+            return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));
+        }
+        if *v6_prefix > 128 {
+            return Err(bad("v6_prefix", format!("{v6_prefix} is longer than 128")));
+        }
+        if *capacity == 0 {
+            return Err(bad("capacity", "must be at least 1"));
+        }
+        if classes.len() > MAX_CLASSES - 1 {
+            return Err(bad(
+                "class",
+                format!("{} classes, at most {} fit", classes.len(), MAX_CLASSES - 1),
+            ));
+        }
+        let mut cfg = Config {
+            version,
+            v4_prefix: *v4_prefix,
+            v6_prefix: *v6_prefix,
+            flags: flags::CONFIGURED,
+            ..Config::default()
+        };
+        cfg.classes[0] = default.to_kernel("")?;
+        let mut n = 0;
+        for (i, c) in classes.iter().enumerate() {
+            let at = format!("class[{i}].");
+            if c.name.is_empty() || classes[..i].iter().any(|o| o.name == c.name) {
+                return Err(bad(
+                    format!("{at}name"),
+                    format!("{:?} is empty or used twice", c.name),
+                ));
+            }
+            if c.syn && c.protocol != 6 {
+                return Err(bad(
+                    format!("{at}syn"),
+                    "syn = true needs protocol = \"tcp\"",
+                ));
+            }
+            if !c.ports.is_empty() && c.protocol != 6 && c.protocol != 17 {
+                return Err(bad(
+                    format!("{at}ports"),
+                    "ports need protocol = \"tcp\" or \"udp\"",
+                ));
+            }
+            cfg.classes[i + 1] = c.limit.to_kernel(&at)?;
+            let ranges: &[(u16, u16)] = if c.ports.is_empty() {
+                &[(0, u16::MAX)]
+            } else {
+                &c.ports
+            };
+            for &(lo, hi) in ranges {
+                if lo > hi {
+                    return Err(bad(
+                        format!("{at}ports"),
+                        format!("range {lo}-{hi} is empty"),
+                    ));
+                }
+                let Some(m) = cfg.matchers.get_mut(n) else {
+                    return Err(bad(
+                        format!("{at}ports"),
+                        format!("more than {MAX_MATCHERS} port ranges in all classes"),
+                    ));
+                };
+                let class = u8::try_from(i + 1).expect("fewer than MAX_CLASSES");
+                *m = Matcher {
+                    proto: c.protocol,
+                    syn: u8::from(c.syn),
+                    class,
+                    pad: 0,
+                    port_lo: lo,
+                    port_hi: hi,
+                };
+                n += 1;
+            }
+        }
+        cfg.n_matchers = u32::try_from(n).expect("bounded by MAX_MATCHERS");
+        Ok(cfg)
+    }
+
+    /// Names of the classes by index (0 = `default`).
+    #[must_use]
+    pub fn class_names(&self) -> Vec<&str> {
+        std::iter::once("default")
+            .chain(self.classes.iter().map(|c| c.name.as_str()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn https_syn() -> Class {
+        Class {
+            name: "https-syn".into(),
+            protocol: 6,
+            ports: vec![(443, 443), (8443, 8443)],
+            syn: true,
+            limit: Limit {
+                rate: 20,
+                burst: 40,
+                cost: CostUnit::Packets,
+                mode: Mode::Shadow,
+            },
+        }
+    }
+
+    #[test]
+    fn default_policy_is_valid() {
+        let c = Policy::default().compile(1).unwrap();
+        // 1 ms per packet and 2 s of burst, in 1/16 ns.
+        assert_eq!(c.classes[0].unit, 16_000_000);
+        assert_eq!(c.classes[0].tau, 32_000_000_000);
+        assert_eq!(
+            (c.version, c.n_matchers, c.flags),
+            (1, 0, flags::CONFIGURED)
+        );
+    }
+
+    #[test]
+    fn classes_compile_to_one_matcher_per_port_range() {
+        let p = Policy {
+            classes: vec![https_syn()],
+            ..Policy::default()
+        };
+        let c = p.compile(7).unwrap();
+        assert_eq!(c.n_matchers, 2);
+        assert_eq!((c.matchers[0].port_lo, c.matchers[1].port_lo), (443, 8443));
+        assert!(
+            c.matchers[..2]
+                .iter()
+                .all(|m| m.class == 1 && m.syn == 1 && m.proto == 6)
+        );
+        assert_eq!(c.classes[1].mode, mode::SHADOW);
+        assert_eq!(p.class_names(), ["default", "https-syn"]);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let d = Policy::default();
+        let lim = d.default;
+        let with_class = |f: fn(&mut Class)| {
+            let mut c = https_syn();
+            f(&mut c);
+            Policy {
+                classes: vec![c],
+                ..d.clone()
+            }
+        };
+        let cases = [
+            (
+                Policy {
+                    default: Limit { rate: 0, ..lim },
+                    ..d.clone()
+                },
+                "rate",
+            ),
+            (
+                Policy {
+                    default: Limit { burst: 0, ..lim },
+                    ..d.clone()
+                },
+                "burst",
+            ),
+            (
+                Policy {
+                    default: Limit {
+                        cost: CostUnit::Bytes,
+                        burst: 1000,
+                        ..lim
+                    },
+                    ..d.clone()
+                },
+                "burst",
+            ),
+            (
+                Policy {
+                    default: Limit {
+                        burst: u64::MAX / 2,
+                        ..lim
+                    },
+                    ..d.clone()
+                },
+                "burst",
+            ),
+            (
+                Policy {
+                    v4_prefix: 33,
+                    ..d.clone()
+                },
+                "v4_prefix",
+            ),
+            (
+                Policy {
+                    v6_prefix: 129,
+                    ..d.clone()
+                },
+                "v6_prefix",
+            ),
+            (
+                Policy {
+                    capacity: 0,
+                    ..d.clone()
+                },
+                "capacity",
+            ),
+            (with_class(|c| c.limit.rate = 0), "class[0].rate"),
+            (with_class(|c| c.protocol = 17), "class[0].syn"),
+            (with_class(|c| c.name.clear()), "class[0].name"),
+            (with_class(|c| c.ports = vec![(9, 3)]), "class[0].ports"),
+            (
+                with_class(|c| c.ports = (1..=17).map(|p| (p, p)).collect()),
+                "class[0].ports",
+            ),
+            (
+                Policy {
+                    classes: vec![https_syn(); 8],
+                    ..d.clone()
+                },
+                "class",
+            ),
+            (
+                Policy {
+                    classes: vec![https_syn(), https_syn()],
+                    ..d
+                },
+                "class[1].name",
+            ),
+        ];
+        for (p, field) in cases {
+            assert_eq!(p.compile(1).unwrap_err().field, field, "{p:?}");
+        }
+    }
+}
