@@ -67,11 +67,7 @@ pub const fn admit(tat: u64, now: u64, inc: u64, tau: u64) -> Option<u64> {
     let base = if tat > now { tat } else { now };
     let new_tat = base.saturating_add(inc);
     // new_tat >= now always, so this subtraction cannot wrap.
-    if new_tat - now <= tau {
-        Some(new_tat)
-    } else {
-        None
-    }
+    if new_tat - now <= tau { Some(new_tat) } else { None }
 }
 
 /// Initial `tat` of a bucket created at `now`: a full bucket.
@@ -141,19 +137,10 @@ mod tests {
 
     /// Largest admitted cost in any window `[t, t + w)`, by brute force.
     fn max_window_cost(arrivals: &[(u64, u64)], admitted: &[bool], w: u64) -> u64 {
-        let acc: Vec<(u64, u64)> = arrivals
-            .iter()
-            .zip(admitted)
-            .filter(|(_, a)| **a)
-            .map(|(x, _)| *x)
-            .collect();
+        let acc: Vec<(u64, u64)> = arrivals.iter().zip(admitted).filter(|(_, a)| **a).map(|(x, _)| *x).collect();
         let mut best = 0;
         for (i, &(ti, _)) in acc.iter().enumerate() {
-            let s: u64 = acc[i..]
-                .iter()
-                .take_while(|(t, _)| *t < ti + w)
-                .map(|(_, c)| c)
-                .sum();
+            let s: u64 = acc[i..].iter().take_while(|(t, _)| *t < ti + w).map(|(_, c)| c).sum();
             best = best.max(s);
         }
         best
@@ -250,11 +237,7 @@ mod tests {
         for (rate, burst) in [(10, 60), (1000, 1), (3, 7), (999_999, 1000), (7, 1_000_000)] {
             let seq: Vec<(u64, u64)> = (0..burst + 5).map(|_| (5_000, 1)).collect();
             let adm = run(rate, burst, &seq);
-            assert_eq!(
-                adm.iter().filter(|a| **a).count() as u64,
-                burst,
-                "{rate}/{burst}"
-            );
+            assert_eq!(adm.iter().filter(|a| **a).count() as u64, burst, "{rate}/{burst}");
         }
     }
 

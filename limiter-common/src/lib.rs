@@ -8,10 +8,7 @@
 #![no_std]
 // The XDP program needs these tiny helpers inlined: BPF-to-BPF calls would
 // lose the verifier's knowledge of packet bounds and cost a call each.
-#![expect(
-    clippy::inline_always,
-    reason = "hot-path helpers shared with the XDP program"
-)]
+#![expect(clippy::inline_always, reason = "hot-path helpers shared with the XDP program")]
 
 pub mod gcra;
 pub mod prefix;
@@ -32,6 +29,16 @@ pub mod maps {
     pub const ACTIVE: &str = "ACTIVE";
     /// `PERCPU_ARRAY<ClassCounters>` indexed by rule class.
     pub const CLASS_STATS: &str = "CLASS_STATS";
+    /// `LPM_TRIE<Key<u32>, u32>` per `CONFIG` slot: IPv4 overrides, valued
+    /// with a [`crate::resolution`] code.
+    pub const OVR4: [&str; 2] = ["OVR4_0", "OVR4_1"];
+    /// `LPM_TRIE<Key<[u32; 4]>, u32>` per `CONFIG` slot: IPv6 overrides.
+    pub const OVR6: [&str; 2] = ["OVR6_0", "OVR6_1"];
+    /// `ARRAY<ClassLimits>`, `2 * MAX_OVERRIDES` entries: the limits of
+    /// override `n` of slot `s` are at `s * MAX_OVERRIDES + n - 1`.
+    pub const OVR_LIMITS: &str = "OVR_LIMITS";
+    /// Overrides one policy may hold (both families together).
+    pub const MAX_OVERRIDES: u32 = 131_072;
     /// `PERCPU_ARRAY<Counter>` indexed by [`crate::Reason`].
     pub const STATS: &str = "STATS";
     /// `ARRAY<u64>` with one entry: the injected clock of the test entry point.
@@ -66,6 +73,18 @@ pub mod mode {
     pub const ENFORCE: u32 = 0;
     /// Pass it, counted as `shadow_dropped`: a dry run on live traffic.
     pub const SHADOW: u32 = 1;
+}
+
+/// What an override lookup resolves a prefix to (the LPM trie's value and
+/// the low half of [`BucketState::resolved`]).
+pub mod resolution {
+    /// No override: the class's own limits.
+    pub const CLASS: u32 = 0;
+    /// `allow`: never limited.
+    pub const ALLOW: u32 = u32::MAX;
+    /// `deny`: always dropped.
+    pub const DENY: u32 = u32::MAX - 1;
+    // 1..=MAX_OVERRIDES: the override's limits, for the default class.
 }
 
 /// Rule classes: class 0 is the default; matchers send packets to others.
@@ -115,12 +134,7 @@ impl ClassLimits {
         let Some(tau) = gcra::tau(burst, unit) else {
             return None;
         };
-        Some(Self {
-            unit,
-            tau,
-            cost,
-            mode,
-        })
+        Some(Self { unit, tau, cost, mode })
     }
 }
 
@@ -166,7 +180,7 @@ pub struct Config {
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -204,10 +218,10 @@ pub struct BucketKey {
 pub struct BucketState {
     /// 1/16 ns on the data plane's clock; updated with one compare-and-swap.
     pub tat: u64,
-    /// Policy version `limit` was resolved against (low 32 bits).
-    pub version: u32,
-    /// Cached per-prefix resolution (reserved for overrides; 0 = class limits).
-    pub limit: u32,
+    /// Cached override lookup: `(policy version as u32) << 32 | resolution`,
+    /// one 8-byte word so it is read and written whole. The trie is only
+    /// consulted again when the policy version changes.
+    pub resolved: u64,
 }
 
 /// One slot of [`maps::CLASS_STATS`]: what a rule class did.
@@ -247,4 +261,5 @@ mod pod {
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for super::Meta {}
     unsafe impl aya::Pod for super::ClassCounters {}
+    unsafe impl aya::Pod for super::ClassLimits {}
 }

@@ -51,9 +51,7 @@ mod tests {
 
     fn v6(text: &str, len: u32) -> Ipv6Addr {
         let octets = text.parse::<Ipv6Addr>().unwrap().octets();
-        let words = core::array::from_fn(|i| {
-            u32::from_ne_bytes(octets[i * 4..i * 4 + 4].try_into().unwrap())
-        });
+        let words = core::array::from_fn(|i| u32::from_ne_bytes(octets[i * 4..i * 4 + 4].try_into().unwrap()));
         let mut out = [0u8; 16];
         for (chunk, word) in out.chunks_mut(4).zip(mask_v6(words, len)) {
             chunk.copy_from_slice(&word.to_ne_bytes());
@@ -71,22 +69,10 @@ mod tests {
 
     #[test]
     fn v6_masks() {
-        assert_eq!(
-            v6("2001:2:0:1234:5678::1", 56),
-            "2001:2:0:1200::".parse::<Ipv6Addr>().unwrap()
-        );
-        assert_eq!(
-            v6("2001:2:0:1234:5678::1", 64),
-            "2001:2:0:1234::".parse::<Ipv6Addr>().unwrap()
-        );
-        assert_eq!(
-            v6("2001:2::1", 128),
-            "2001:2::1".parse::<Ipv6Addr>().unwrap()
-        );
+        assert_eq!(v6("2001:2:0:1234:5678::1", 56), "2001:2:0:1200::".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(v6("2001:2:0:1234:5678::1", 64), "2001:2:0:1234::".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(v6("2001:2::1", 128), "2001:2::1".parse::<Ipv6Addr>().unwrap());
         assert_eq!(v6("2001:2::1", 0), Ipv6Addr::UNSPECIFIED);
-        assert_eq!(
-            v6("2001:2:ffff::1", 33),
-            "2001:2:8000::".parse::<Ipv6Addr>().unwrap()
-        );
+        assert_eq!(v6("2001:2:ffff::1", 33), "2001:2:8000::".parse::<Ipv6Addr>().unwrap());
     }
 }

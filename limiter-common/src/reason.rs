@@ -85,11 +85,7 @@ impl Reason {
     /// The reason stored at `index`, if any.
     #[must_use]
     pub const fn from_index(index: u32) -> Option<Reason> {
-        if (index as usize) < REASON_COUNT {
-            Some(Self::ALL[index as usize])
-        } else {
-            None
-        }
+        if (index as usize) < REASON_COUNT { Some(Self::ALL[index as usize]) } else { None }
     }
 }
 
@@ -110,10 +106,7 @@ mod tests {
             assert_eq!(*r as usize, i, "{r:?}");
             assert_eq!(Reason::from_index(u32::try_from(i).unwrap()), Some(*r));
         }
-        assert_eq!(
-            Reason::from_index(u32::try_from(REASON_COUNT).unwrap()),
-            None
-        );
+        assert_eq!(Reason::from_index(u32::try_from(REASON_COUNT).unwrap()), None);
     }
 
     #[test]

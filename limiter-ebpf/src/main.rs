@@ -2,13 +2,7 @@
 //! bucket and drop what exceeds it. See `limiter-common` for the arithmetic.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
-#![cfg_attr(
-    target_arch = "bpf",
-    expect(
-        internal_features,
-        reason = "atomic_cxchg is the only RMW atomic on bpf"
-    )
-)]
+#![cfg_attr(target_arch = "bpf", expect(internal_features, reason = "atomic_cxchg is the only RMW atomic on bpf"))]
 
 #[cfg(target_arch = "bpf")]
 mod maps;

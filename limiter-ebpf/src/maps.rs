@@ -2,19 +2,18 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LruHashMap, PerCpuArray},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
 };
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT,
-    maps::DEFAULT_BUCKET_CAPACITY,
+    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT,
+    maps::{DEFAULT_BUCKET_CAPACITY, MAX_OVERRIDES},
 };
 
 /// Written by: XDP (charging). Read by: XDP; userspace reads for status.
 /// Shared by all CPUs so a prefix's allowance is never multiplied by the
 /// CPU count; each entry is updated with one compare-and-swap.
 #[map(name = "BUCKETS")]
-pub static BUCKETS: LruHashMap<BucketKey, BucketState> =
-    LruHashMap::with_max_entries(DEFAULT_BUCKET_CAPACITY, 0);
+pub static BUCKETS: LruHashMap<BucketKey, BucketState> = LruHashMap::with_max_entries(DEFAULT_BUCKET_CAPACITY, 0);
 
 /// Written by: userspace (policy), always the inactive slot. Read by: XDP,
 /// the slot `ACTIVE` names, once per packet.
@@ -28,8 +27,7 @@ pub static ACTIVE: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Written by: XDP, per CPU, one slot per rule class. Read by: userspace.
 #[map(name = "CLASS_STATS")]
-pub static CLASS_STATS: PerCpuArray<ClassCounters> =
-    PerCpuArray::with_max_entries(MAX_CLASSES as u32, 0);
+pub static CLASS_STATS: PerCpuArray<ClassCounters> = PerCpuArray::with_max_entries(MAX_CLASSES as u32, 0);
 
 /// Written by: XDP, per CPU, one slot per `Reason`. Read by: userspace,
 /// summed over CPUs at read time. Per-CPU, so no atomics in softirq.
@@ -44,3 +42,20 @@ pub static TEST_CLOCK: Array<u64> = Array::with_max_entries(1, 0);
 /// re-adopts pinned maps. The program never touches it.
 #[map(name = "META")]
 pub static META: Array<Meta> = Array::with_max_entries(1, 0);
+
+// Overrides, one trie per family per CONFIG slot. Written by: userspace,
+// the idle slot only, before the ACTIVE flip. Read by: XDP, only when a
+// bucket is created or the policy version changed.
+#[map(name = "OVR4_0")]
+pub static OVR4_0: LpmTrie<u32, u32> = LpmTrie::with_max_entries(MAX_OVERRIDES, 0);
+#[map(name = "OVR4_1")]
+pub static OVR4_1: LpmTrie<u32, u32> = LpmTrie::with_max_entries(MAX_OVERRIDES, 0);
+#[map(name = "OVR6_0")]
+pub static OVR6_0: LpmTrie<[u32; 4], u32> = LpmTrie::with_max_entries(MAX_OVERRIDES, 0);
+#[map(name = "OVR6_1")]
+pub static OVR6_1: LpmTrie<[u32; 4], u32> = LpmTrie::with_max_entries(MAX_OVERRIDES, 0);
+
+/// Written by: userspace, with the tries. Read by: XDP, per packet of a
+/// bucket whose prefix has an override with its own rate.
+#[map(name = "OVR_LIMITS")]
+pub static OVR_LIMITS: Array<ClassLimits> = Array::with_max_entries(2 * MAX_OVERRIDES, 0);

@@ -111,14 +111,8 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Source, Reason> {
     if ctx.data() + off + hlen > ctx.data_end() {
         return Err(Reason::Ipv4Truncated);
     }
-    let mut src = Source {
-        family: family::IPV4,
-        addr: [word(ip, 12), 0, 0, 0],
-        proto: ip[9],
-        port_known: 0,
-        syn: 0,
-        dport: 0,
-    };
+    let mut src =
+        Source { family: family::IPV4, addr: [word(ip, 12), 0, 0, 0], proto: ip[9], port_known: 0, syn: 0, dport: 0 };
     // Non-first fragments carry no L4 header; they are charged like the rest.
     if be16(ip, 6) & 0x1fff == 0 {
         read_l4(ctx, off + hlen, &mut src)?;

@@ -2,21 +2,23 @@
 
 use core::{
     intrinsics::{AtomicOrdering, atomic_cxchg},
-    ptr::read_volatile,
+    ptr::{read_volatile, write_volatile},
 };
 
 use aya_ebpf::{
-    bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext,
+    bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, maps::lpm_trie::Key, programs::XdpContext,
 };
 use limiter_common::{
-    BucketKey, BucketState, Config, MAX_CLASSES, MAX_MATCHERS, Reason, Verdict, cost, family,
-    flags, gcra, mode,
+    BucketKey, BucketState, ClassLimits, Config, MAX_CLASSES, MAX_MATCHERS, Reason, Verdict, cost, family, flags, gcra,
+    maps::MAX_OVERRIDES,
+    mode,
     prefix::{mask_v4, mask_v6},
     reason::MAX_CAS_RETRIES,
+    resolution,
 };
 
 use crate::{
-    maps::{ACTIVE, BUCKETS, CLASS_STATS, CONFIG, STATS, TEST_CLOCK},
+    maps::{ACTIVE, BUCKETS, CLASS_STATS, CONFIG, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1, STATS, TEST_CLOCK},
     parse::{Source, parse},
 };
 
@@ -34,20 +36,14 @@ const EEXIST: i32 = 17;
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
     // SAFETY: a BPF helper with no arguments.
-    finish(
-        &ctx,
-        try_limiter(&ctx, || unsafe { bpf_ktime_get_coarse_ns() }),
-    )
+    finish(&ctx, try_limiter(&ctx, || unsafe { bpf_ktime_get_coarse_ns() }))
 }
 
 /// Test entry point: identical code, but `now` comes from `TEST_CLOCK[0]`
 /// so tests replay packet sequences with exact timestamps.
 #[xdp]
 pub fn limiter_test_clock(ctx: XdpContext) -> u32 {
-    finish(
-        &ctx,
-        try_limiter(&ctx, || TEST_CLOCK.get(0).copied().unwrap_or(0)),
-    )
+    finish(&ctx, try_limiter(&ctx, || TEST_CLOCK.get(0).copied().unwrap_or(0)))
 }
 
 /// Bench baseline: the cheapest possible XDP program, for ratios.
@@ -87,26 +83,93 @@ fn try_limiter(ctx: &XdpContext, now: impl FnOnce() -> u64) -> Reason {
         return Reason::NoConfig;
     }
     let class = classify(cfg, &src);
-    let Some(limits) = cfg.classes.get(class) else {
-        return Reason::NoConfig;
-    };
     let key = bucket_key(&src, cfg, class as u8);
-    let inc = if limits.cost == cost::BYTES {
-        (ctx.data_end() - ctx.data()) as u64 * limits.unit
-    } else {
-        limits.unit
+    let version = cfg.version as u32;
+    let now = gcra::to_fixed(now());
+    let bucket = BUCKETS.get_ptr_mut(&key);
+    let res = match bucket {
+        Some(p) => cached_resolution(p, &key, slot, version),
+        None => resolve(&key, slot),
     };
-    let mut reason = charge(
-        &key,
-        gcra::to_fixed(now()),
-        inc,
-        limits.tau,
-        cfg.version as u32,
-    );
-    if reason == Reason::RateLimited && limits.mode == mode::SHADOW {
-        reason = Reason::ShadowDropped;
-    }
+    let reason = match res {
+        resolution::ALLOW => admit_listed(bucket, &key, now, version, res, Reason::Allowed),
+        resolution::DENY => admit_listed(bucket, &key, now, version, res, Reason::Denied),
+        _ => {
+            let limits = match limits_for(cfg, class, slot, res) {
+                Some(l) => l,
+                None => return Reason::NoConfig,
+            };
+            let inc = if limits.cost == cost::BYTES {
+                (ctx.data_end() - ctx.data()) as u64 * limits.unit
+            } else {
+                limits.unit
+            };
+            let resolved = (u64::from(version) << 32) | u64::from(res);
+            let r = match bucket {
+                Some(p) => charge_existing(p, now, inc, limits.tau),
+                None => charge_new(&key, now, inc, limits.tau, resolved),
+            };
+            if r == Reason::RateLimited && limits.mode == mode::SHADOW { Reason::ShadowDropped } else { r }
+        }
+    };
     count_class(ctx, class, reason);
+    reason
+}
+
+/// The bucket's cached override resolution, refreshed (one trie lookup and
+/// one 8-byte store) when the policy version has changed since.
+#[inline(always)]
+fn cached_resolution(p: *mut BucketState, key: &BucketKey, slot: u32, version: u32) -> u32 {
+    // SAFETY: p points to a live map value; an aligned 8-byte access is
+    // single-copy atomic, so version and resolution are always a pair.
+    let cached = unsafe { read_volatile(&raw const (*p).resolved) };
+    if (cached >> 32) as u32 == version {
+        return cached as u32;
+    }
+    let res = resolve(key, slot);
+    // SAFETY: as above. Racing CPUs write the same value.
+    unsafe { write_volatile(&raw mut (*p).resolved, (u64::from(version) << 32) | u64::from(res)) };
+    res
+}
+
+/// Most specific override containing the bucket's prefix (the bucket's
+/// address is already masked, so overrides no longer than it match).
+#[inline(always)]
+fn resolve(key: &BucketKey, slot: u32) -> u32 {
+    let found = if key.family == family::IPV4 {
+        let k = Key::new(32, key.addr[0]);
+        if slot == 0 { OVR4_0.get(&k) } else { OVR4_1.get(&k) }
+    } else {
+        let k = Key::new(128, key.addr);
+        if slot == 0 { OVR6_0.get(&k) } else { OVR6_1.get(&k) }
+    };
+    found.copied().unwrap_or(resolution::CLASS)
+}
+
+/// Limits for a packet of `class` whose prefix resolved to `res`: an
+/// override's own limits apply to the default class only.
+#[inline(always)]
+fn limits_for(cfg: &Config, class: usize, slot: u32, res: u32) -> Option<&ClassLimits> {
+    if res != resolution::CLASS && class == 0 && res <= MAX_OVERRIDES {
+        return OVR_LIMITS.get(slot * MAX_OVERRIDES + res - 1);
+    }
+    cfg.classes.get(class)
+}
+
+/// `allow` / `deny`: no charge; a bucket is kept only to cache the lookup.
+#[inline(always)]
+fn admit_listed(
+    bucket: Option<*mut BucketState>,
+    key: &BucketKey,
+    now: u64,
+    version: u32,
+    res: u32,
+    reason: Reason,
+) -> Reason {
+    if bucket.is_none() {
+        let resolved = (u64::from(version) << 32) | u64::from(res);
+        let _ = BUCKETS.insert(key, BucketState { tat: gcra::fresh_tat(now), resolved }, BPF_NOEXIST);
+    }
     reason
 }
 
@@ -142,7 +205,7 @@ fn count_class(ctx: &XdpContext, class: usize, reason: Reason) {
     // SAFETY: per-CPU slot, only this CPU's softirq writes it.
     let slot = unsafe {
         match reason {
-            Reason::Admitted => &mut (*c).admitted,
+            Reason::Admitted | Reason::Allowed => &mut (*c).admitted,
             Reason::ShadowDropped => &mut (*c).shadow,
             _ => &mut (*c).dropped,
         }
@@ -172,25 +235,15 @@ fn bucket_key(src: &Source, cfg: &Config, class: u8) -> BucketKey {
     }
 }
 
+/// First packet of a prefix: create its bucket (full, then charged).
 #[inline(always)]
-fn charge(key: &BucketKey, now: u64, inc: u64, tau: u64, version: u32) -> Reason {
-    if let Some(p) = BUCKETS.get_ptr_mut(key) {
-        return charge_existing(p, now, inc, tau);
-    }
+fn charge_new(key: &BucketKey, now: u64, inc: u64, tau: u64, resolved: u64) -> Reason {
     let fresh = gcra::fresh_tat(now);
     let (tat, reason) = match gcra::admit(fresh, now, inc, tau) {
         Some(t) => (t, Reason::Admitted),
         None => (fresh, Reason::RateLimited),
     };
-    match BUCKETS.insert(
-        key,
-        BucketState {
-            tat,
-            version,
-            limit: 0,
-        },
-        BPF_NOEXIST,
-    ) {
+    match BUCKETS.insert(key, BucketState { tat, resolved }, BPF_NOEXIST) {
         Ok(()) => reason,
         // Another CPU created it between our lookup and insert: charge that one.
         Err(e) if e == -EEXIST => match BUCKETS.get_ptr_mut(key) {
@@ -215,11 +268,7 @@ fn charge_existing(p: *mut BucketState, now: u64, inc: u64, tau: u64) -> Reason 
         };
         // SAFETY: as above; BPF_CMPXCHG on a map value is verifier-approved.
         let (_, swapped) = unsafe {
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                &raw mut (*p).tat,
-                cur,
-                new,
-            )
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(&raw mut (*p).tat, cur, new)
         };
         if swapped {
             return Reason::Admitted;

@@ -103,11 +103,7 @@ impl RunArgs {
     /// file is there, else none (built-in policy).
     #[must_use]
     pub fn policy_source(&self) -> Option<PathBuf> {
-        self.policy.clone().or_else(|| {
-            Path::new(policy::DEFAULT_PATH)
-                .is_file()
-                .then(|| policy::DEFAULT_PATH.into())
-        })
+        self.policy.clone().or_else(|| Path::new(policy::DEFAULT_PATH).is_file().then(|| policy::DEFAULT_PATH.into()))
     }
 
     /// The policy to enforce: the file (or the built-in policy) with the
@@ -143,14 +139,8 @@ pub fn parse() -> Cli {
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
         Err(e) => {
             let text = e.to_string();
-            let first = text
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            eprintln!(
-                "limiter: {} (see --help)",
-                first.trim_start_matches("error: ")
-            );
+            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            eprintln!("limiter: {} (see --help)", first.trim_start_matches("error: "));
             std::process::exit(2);
         }
     }

@@ -7,13 +7,18 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray},
+    maps::{
+        Array, HashMap, MapData, PerCpuArray,
+        lpm_trie::{Key, LpmTrie},
+    },
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, Config, Counter, MAX_CLASSES, META_MAGIC, Meta,
-    SCHEMA_VERSION, maps, programs,
+    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, META_MAGIC, Meta, SCHEMA_VERSION,
+    maps, maps::MAX_OVERRIDES, programs,
 };
+
+use crate::policy::CompiledOverrides;
 
 use crate::stats::Totals;
 
@@ -58,11 +63,7 @@ pub enum LoadError {
     #[error(transparent)]
     Pin(#[from] crate::pin::PinError),
     #[error("pinned state in {dir} belongs to interface index {pinned}, not {iface}")]
-    OtherInterface {
-        dir: String,
-        pinned: u32,
-        iface: String,
-    },
+    OtherInterface { dir: String, pinned: u32, iface: String },
     #[error("pinning {what}")]
     PinObject {
         what: &'static str,
@@ -125,17 +126,11 @@ impl Limiter {
             .map_max_entries(maps::BUCKETS, capacity)
             .load(crate::OBJECT)
             .map_err(LoadError::Object)?;
-        Ok(Self {
-            ebpf,
-            last_flip: None,
-        })
+        Ok(Self { ebpf, last_flip: None })
     }
 
     fn xdp(&mut self, name: &'static str) -> Result<&mut Xdp, LoadError> {
-        self.ebpf
-            .program_mut(name)
-            .and_then(|p| p.try_into().ok())
-            .ok_or(LoadError::MissingProgram(name))
+        self.ebpf.program_mut(name).and_then(|p| p.try_into().ok()).ok_or(LoadError::MissingProgram(name))
     }
 
     /// Load the object with its maps pinned in `dir`, re-adopting pinned
@@ -144,34 +139,23 @@ impl Limiter {
     pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, bool), LoadError> {
         crate::pin::ensure_dir(dir)?;
         let adopted = crate::pin::check(dir)?.is_some();
-        let paths: Vec<(&'static str, PathBuf)> = crate::pin::PINNED_MAPS
-            .iter()
-            .map(|(n, ..)| (*n, dir.join(n)))
-            .collect();
+        let paths: Vec<(&'static str, PathBuf)> =
+            crate::pin::PINNED_MAPS.iter().map(|(n, ..)| (*n, dir.join(n))).collect();
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(maps::BUCKETS, capacity);
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
         }
         let ebpf = loader.load(crate::OBJECT).map_err(LoadError::Object)?;
-        let mut l = Self {
-            ebpf,
-            last_flip: None,
-        };
+        let mut l = Self { ebpf, last_flip: None };
         if !adopted {
-            l.set_meta(&Meta {
-                magic: META_MAGIC,
-                schema: SCHEMA_VERSION,
-                ifindex: 0,
-                pad: 0,
-            })?;
+            l.set_meta(&Meta { magic: META_MAGIC, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 })?;
         }
         Ok((l, adopted))
     }
 
     fn meta(&self) -> Result<Meta, LoadError> {
-        let a: Array<&MapData, Meta> =
-            Array::try_from(self.map(maps::META)?).map_err(map_err(maps::META))?;
+        let a: Array<&MapData, Meta> = Array::try_from(self.map(maps::META)?).map_err(map_err(maps::META))?;
         a.get(&0, 0).map_err(map_err(maps::META))
     }
 
@@ -185,9 +169,7 @@ impl Limiter {
     /// the capacity it was created with).
     pub fn capacity(&self) -> Result<u32, LoadError> {
         match self.map(maps::BUCKETS)? {
-            aya::maps::Map::LruHashMap(md) => {
-                Ok(md.info().map_err(map_err(maps::BUCKETS))?.max_entries())
-            }
+            aya::maps::Map::LruHashMap(md) => Ok(md.info().map_err(map_err(maps::BUCKETS))?.max_entries()),
             _ => Err(LoadError::MissingMap(maps::BUCKETS)),
         }
     }
@@ -196,23 +178,14 @@ impl Limiter {
     /// pinned already, this build's program replaces the old one on it
     /// atomically (`bpf_link_update`): no moment without enforcement.
     /// Returns `true` when an existing link was re-adopted.
-    pub fn attach_pinned(
-        &mut self,
-        iface: &str,
-        mode: AttachMode,
-        dir: &Path,
-    ) -> Result<bool, LoadError> {
+    pub fn attach_pinned(&mut self, iface: &str, mode: AttachMode, dir: &Path) -> Result<bool, LoadError> {
         use aya::programs::links::{FdLink, PinnedLink};
 
-        let c = std::ffi::CString::new(iface).map_err(|_| LoadError::NoInterface {
-            iface: iface.into(),
-        })?;
+        let c = std::ffi::CString::new(iface).map_err(|_| LoadError::NoInterface { iface: iface.into() })?;
         // SAFETY: valid NUL-terminated name.
         let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
         if ifindex == 0 {
-            return Err(LoadError::NoInterface {
-                iface: iface.into(),
-            });
+            return Err(LoadError::NoInterface { iface: iface.into() });
         }
         let mut meta = self.meta()?;
         let link_path = dir.join(crate::pin::LINK);
@@ -226,11 +199,8 @@ impl Limiter {
         self.load_program(programs::LIMITER)?;
         let replaced = if link_path.exists() {
             let pinned = PinnedLink::from_pin(&link_path).map_err(LoadError::Adopt)?;
-            let link = aya::programs::xdp::XdpLink::try_from(FdLink::from(pinned))
-                .map_err(LoadError::Adopt)?;
-            self.xdp(programs::LIMITER)?
-                .attach_to_link(link)
-                .map_err(LoadError::Replace)?;
+            let link = aya::programs::xdp::XdpLink::try_from(FdLink::from(pinned)).map_err(LoadError::Adopt)?;
+            self.xdp(programs::LIMITER)?.attach_to_link(link).map_err(LoadError::Replace)?;
             true
         } else {
             let id = self.attach(iface, mode)?;
@@ -241,22 +211,14 @@ impl Limiter {
                 source,
             })?;
             let fd_link = FdLink::try_from(link).map_err(LoadError::Adopt)?;
-            fd_link
-                .pin(&link_path)
-                .map_err(|source| LoadError::PinObject {
-                    what: "link",
-                    source,
-                })?;
+            fd_link.pin(&link_path).map_err(|source| LoadError::PinObject { what: "link", source })?;
             false
         };
         let prog_path = dir.join(crate::pin::PROG);
         let _ = std::fs::remove_file(&prog_path);
         self.xdp(programs::LIMITER)?
             .pin(&prog_path)
-            .map_err(|source| LoadError::PinObject {
-                what: "program",
-                source,
-            })?;
+            .map_err(|source| LoadError::PinObject { what: "program", source })?;
         meta.ifindex = ifindex;
         self.set_meta(&meta)?;
         Ok(replaced)
@@ -268,16 +230,12 @@ impl Limiter {
         if prog.fd().is_ok() {
             return Ok(());
         }
-        prog.load()
-            .map_err(|source| LoadError::Verify { name, source })
+        prog.load().map_err(|source| LoadError::Verify { name, source })
     }
 
     /// Instructions the verifier processed for a loaded entry point.
     pub fn verified_instructions(&mut self, name: &'static str) -> Result<Option<u32>, LoadError> {
-        let info = self
-            .xdp(name)?
-            .info()
-            .map_err(|source| LoadError::Verify { name, source })?;
+        let info = self.xdp(name)?.info().map_err(|source| LoadError::Verify { name, source })?;
         Ok(info.verified_instruction_count())
     }
 
@@ -285,32 +243,20 @@ impl Limiter {
     pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<XdpLinkId, LoadError> {
         self.load_program(programs::LIMITER)?;
         let prog = self.xdp(programs::LIMITER)?;
-        prog.attach(iface, mode.xdp())
-            .map_err(|source| match source {
-                ProgramError::UnknownInterface { .. } => LoadError::NoInterface {
-                    iface: iface.into(),
-                },
-                source if mode == AttachMode::Native => LoadError::NativeUnsupported {
-                    iface: iface.into(),
-                    source,
-                },
-                source => LoadError::Attach {
-                    iface: iface.into(),
-                    mode: mode.label(),
-                    source,
-                },
-            })
+        prog.attach(iface, mode.xdp()).map_err(|source| match source {
+            ProgramError::UnknownInterface { .. } => LoadError::NoInterface { iface: iface.into() },
+            source if mode == AttachMode::Native => LoadError::NativeUnsupported { iface: iface.into(), source },
+            source => LoadError::Attach { iface: iface.into(), mode: mode.label(), source },
+        })
     }
 
     /// Detach a link made by [`Limiter::attach`].
     pub fn detach(&mut self, link: XdpLinkId) -> Result<(), LoadError> {
-        self.xdp(programs::LIMITER)?
-            .detach(link)
-            .map_err(|source| LoadError::Attach {
-                iface: String::new(),
-                mode: "detach",
-                source,
-            })
+        self.xdp(programs::LIMITER)?.detach(link).map_err(|source| LoadError::Attach {
+            iface: String::new(),
+            mode: "detach",
+            source,
+        })
     }
 
     fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, LoadError> {
@@ -321,17 +267,52 @@ impl Limiter {
         self.ebpf.map(name).ok_or(LoadError::MissingMap(name))
     }
 
-    /// Switch the data plane to `cfg` atomically: write the inactive
-    /// `CONFIG` slot whole, then flip `ACTIVE` (one 4-byte store). A packet
-    /// reads `ACTIVE` then its slot within well under a microsecond, so the
-    /// slot it may still be reading is only rewritten after a settle time.
+    /// Switch the data plane to `cfg` with no overrides (see [`Limiter::apply`]).
     pub fn apply_config(&mut self, cfg: &Config) -> Result<(), LoadError> {
+        self.apply(cfg, &CompiledOverrides::default())
+    }
+
+    /// Switch the data plane to `cfg` and `ovr` atomically: fill the idle
+    /// slot's override tries and limits and its `CONFIG` entry, then flip
+    /// `ACTIVE` (one 4-byte store). A packet reads `ACTIVE` and then its
+    /// slot within well under a microsecond, so the slot it may still be
+    /// reading is only rewritten after a settle time.
+    pub fn apply(&mut self, cfg: &Config, ovr: &CompiledOverrides) -> Result<(), LoadError> {
         const SETTLE: Duration = Duration::from_millis(2);
         if let Some(t) = self.last_flip {
             std::thread::sleep(SETTLE.saturating_sub(t.elapsed()));
         }
-        let active = self.active_slot()?;
-        let next = 1 - active;
+        let next = 1 - self.active_slot()?;
+        let slot = next as usize;
+        {
+            let mut t4: LpmTrie<&mut MapData, u32, u32> =
+                LpmTrie::try_from(self.map_mut(maps::OVR4[slot])?).map_err(map_err(maps::OVR4[slot]))?;
+            let old: Vec<Key<u32>> = t4.keys().filter_map(Result::ok).collect();
+            for k in &old {
+                t4.remove(k).map_err(map_err(maps::OVR4[slot]))?;
+            }
+            for &(plen, addr, code) in &ovr.v4 {
+                t4.insert(&Key::new(plen, addr), code, 0).map_err(map_err(maps::OVR4[slot]))?;
+            }
+        }
+        {
+            let mut t6: LpmTrie<&mut MapData, [u32; 4], u32> =
+                LpmTrie::try_from(self.map_mut(maps::OVR6[slot])?).map_err(map_err(maps::OVR6[slot]))?;
+            let old: Vec<Key<[u32; 4]>> = t6.keys().filter_map(Result::ok).collect();
+            for k in &old {
+                t6.remove(k).map_err(map_err(maps::OVR6[slot]))?;
+            }
+            for &(plen, addr, code) in &ovr.v6 {
+                t6.insert(&Key::new(plen, addr), code, 0).map_err(map_err(maps::OVR6[slot]))?;
+            }
+        }
+        {
+            let mut lim: Array<&mut MapData, ClassLimits> =
+                Array::try_from(self.map_mut(maps::OVR_LIMITS)?).map_err(map_err(maps::OVR_LIMITS))?;
+            for (i, l) in (0u32..).zip(&ovr.limits) {
+                lim.set(next * MAX_OVERRIDES + i, l, 0).map_err(map_err(maps::OVR_LIMITS))?;
+            }
+        }
         let mut a: Array<&mut MapData, Config> =
             Array::try_from(self.map_mut(maps::CONFIG)?).map_err(map_err(maps::CONFIG))?;
         a.set(next, cfg, 0).map_err(map_err(maps::CONFIG))?;
@@ -343,16 +324,14 @@ impl Limiter {
     }
 
     fn active_slot(&self) -> Result<u32, LoadError> {
-        let a: Array<&MapData, u32> =
-            Array::try_from(self.map(maps::ACTIVE)?).map_err(map_err(maps::ACTIVE))?;
+        let a: Array<&MapData, u32> = Array::try_from(self.map(maps::ACTIVE)?).map_err(map_err(maps::ACTIVE))?;
         Ok(a.get(&0, 0).map_err(map_err(maps::ACTIVE))? & 1)
     }
 
     /// The config the data plane enforces now, if any was applied.
     pub fn active_config(&self) -> Result<Option<Config>, LoadError> {
         let slot = self.active_slot()?;
-        let a: Array<&MapData, Config> =
-            Array::try_from(self.map(maps::CONFIG)?).map_err(map_err(maps::CONFIG))?;
+        let a: Array<&MapData, Config> = Array::try_from(self.map(maps::CONFIG)?).map_err(map_err(maps::CONFIG))?;
         let c = a.get(&slot, 0).map_err(map_err(maps::CONFIG))?;
         Ok((c.flags & limiter_common::flags::CONFIGURED != 0).then_some(c))
     }
@@ -360,16 +339,13 @@ impl Limiter {
     /// Per-class counters summed over CPUs.
     pub fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError> {
         let a: PerCpuArray<&MapData, ClassCounters> =
-            PerCpuArray::try_from(self.map(maps::CLASS_STATS)?)
-                .map_err(map_err(maps::CLASS_STATS))?;
+            PerCpuArray::try_from(self.map(maps::CLASS_STATS)?).map_err(map_err(maps::CLASS_STATS))?;
         let mut out = [ClassCounters::default(); MAX_CLASSES];
         for (i, slot) in (0u32..).zip(out.iter_mut()) {
             for c in a.get(&i, 0).map_err(map_err(maps::CLASS_STATS))?.iter() {
-                for (o, n) in [
-                    (&mut slot.admitted, c.admitted),
-                    (&mut slot.dropped, c.dropped),
-                    (&mut slot.shadow, c.shadow),
-                ] {
+                for (o, n) in
+                    [(&mut slot.admitted, c.admitted), (&mut slot.dropped, c.dropped), (&mut slot.shadow, c.shadow)]
+                {
                     o.packets += n.packets;
                     o.bytes += n.bytes;
                 }
@@ -430,20 +406,11 @@ impl Limiter {
 
     /// BPF_PROG_TEST_RUN of one entry point over `data`, `repeat` times.
     /// Returns the XDP action and the kernel's mean duration per run.
-    pub fn test_run(
-        &mut self,
-        name: &'static str,
-        data: &[u8],
-        repeat: u32,
-    ) -> Result<(u32, Duration), LoadError> {
+    pub fn test_run(&mut self, name: &'static str, data: &[u8], repeat: u32) -> Result<(u32, Duration), LoadError> {
         self.load_program(name)?;
         let prog = self.xdp(name)?;
         let r = prog
-            .test_run(TestRunOptions {
-                data_in: Some(data),
-                repeat,
-                ..TestRunOptions::new()
-            })
+            .test_run(TestRunOptions { data_in: Some(data), repeat, ..TestRunOptions::new() })
             .map_err(|source| LoadError::TestRun { name, source })?;
         Ok((r.return_value, r.duration))
     }

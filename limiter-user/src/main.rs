@@ -4,10 +4,7 @@ use limiter::cli::{self, Command, PolicyCommand};
 
 fn main() -> std::process::ExitCode {
     let cli = cli::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("limiter: starting the runtime: {e}");

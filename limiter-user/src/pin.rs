@@ -14,27 +14,22 @@ use std::{
 
 use aya::maps::{Array, Map, MapData, MapType};
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, Config, Counter, META_MAGIC, Meta, SCHEMA_VERSION, maps,
+    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, META_MAGIC, Meta, SCHEMA_VERSION, maps,
 };
 
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// Maps pinned with the program, with their expected type and sizes.
-pub const PINNED_MAPS: [(&str, MapType, usize, usize); 6] = [
-    (
-        maps::BUCKETS,
-        MapType::LruHash,
-        size_of::<BucketKey>(),
-        size_of::<BucketState>(),
-    ),
+pub const PINNED_MAPS: [(&str, MapType, usize, usize); 11] = [
+    (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>()),
     (maps::CONFIG, MapType::Array, 4, size_of::<Config>()),
     (maps::ACTIVE, MapType::Array, 4, 4),
-    (
-        maps::CLASS_STATS,
-        MapType::PerCpuArray,
-        4,
-        size_of::<ClassCounters>(),
-    ),
+    (maps::OVR4[0], MapType::LpmTrie, 8, 4),
+    (maps::OVR4[1], MapType::LpmTrie, 8, 4),
+    (maps::OVR6[0], MapType::LpmTrie, 20, 4),
+    (maps::OVR6[1], MapType::LpmTrie, 20, 4),
+    (maps::OVR_LIMITS, MapType::Array, 4, size_of::<ClassLimits>()),
+    (maps::CLASS_STATS, MapType::PerCpuArray, 4, size_of::<ClassCounters>()),
     (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>()),
     (maps::META, MapType::Array, 4, size_of::<Meta>()),
 ];
@@ -86,26 +81,12 @@ pub fn ensure_dir(dir: &Path) -> Result<(), PinError> {
         let c = |s: &str| CString::new(s).expect("no NUL");
         let (src, target, fstype) = (c("bpf"), c("/sys/fs/bpf"), c("bpf"));
         // SAFETY: valid NUL-terminated strings; no data argument.
-        let rc = unsafe {
-            libc::mount(
-                src.as_ptr(),
-                target.as_ptr(),
-                fstype.as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
+        let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
         if rc != 0 {
-            return Err(PinError::Mount {
-                path: root.into(),
-                source: io::Error::last_os_error(),
-            });
+            return Err(PinError::Mount { path: root.into(), source: io::Error::last_os_error() });
         }
     }
-    std::fs::create_dir_all(dir).map_err(|source| PinError::Dir {
-        path: dir.into(),
-        source,
-    })?;
+    std::fs::create_dir_all(dir).map_err(|source| PinError::Dir { path: dir.into(), source })?;
     if !is_bpffs(dir) {
         return Err(PinError::NotBpffs { path: dir.into() });
     }
@@ -119,10 +100,7 @@ fn is_bpffs(p: &Path) -> bool {
     // SAFETY: statfs into a zeroed struct we own.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut st) };
-    #[allow(
-        clippy::useless_conversion,
-        reason = "f_type is i64 on x86_64 but not on every architecture"
-    )]
+    #[allow(clippy::useless_conversion, reason = "f_type is i64 on x86_64 but not on every architecture")]
     let f_type = i64::from(st.f_type);
     rc == 0 && f_type == BPF_FS_MAGIC
 }
@@ -141,58 +119,30 @@ pub fn check(dir: &Path) -> Result<Option<Meta>, PinError> {
     }
     for (name, kind, key, value) in PINNED_MAPS {
         let path = dir.join(name);
-        let incompatible = |problem: String| PinError::Incompatible {
-            path: path.clone(),
-            problem,
-        };
+        let incompatible = |problem: String| PinError::Incompatible { path: path.clone(), problem };
         if !path.exists() {
             return Err(incompatible("missing while other pins exist".into()));
         }
-        let md = MapData::from_pin(&path).map_err(|source| PinError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        let info = md.info().map_err(|source| PinError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        let got_kind = info.map_type().map_err(|source| PinError::Open {
-            path: path.clone(),
-            source,
-        })?;
+        let md = MapData::from_pin(&path).map_err(|source| PinError::Open { path: path.clone(), source })?;
+        let info = md.info().map_err(|source| PinError::Open { path: path.clone(), source })?;
+        let got_kind = info.map_type().map_err(|source| PinError::Open { path: path.clone(), source })?;
         if got_kind != kind {
-            return Err(incompatible(format!(
-                "type {got_kind:?}, expected {kind:?}"
-            )));
+            return Err(incompatible(format!("type {got_kind:?}, expected {kind:?}")));
         }
         let (got_key, got_value) = (info.key_size() as usize, info.value_size() as usize);
         if (got_key, got_value) != (key, value) {
-            return Err(incompatible(format!(
-                "key/value sizes {got_key}/{got_value}, expected {key}/{value}"
-            )));
+            return Err(incompatible(format!("key/value sizes {got_key}/{got_value}, expected {key}/{value}")));
         }
     }
     let path = dir.join(maps::META);
-    let md = MapData::from_pin(&path).map_err(|source| PinError::Open {
-        path: path.clone(),
-        source,
-    })?;
+    let md = MapData::from_pin(&path).map_err(|source| PinError::Open { path: path.clone(), source })?;
     let meta: Array<MapData, Meta> =
-        Array::try_from(Map::Array(md)).map_err(|source| PinError::Open {
-            path: path.clone(),
-            source,
-        })?;
-    let m = meta.get(&0, 0).map_err(|source| PinError::Open {
-        path: path.clone(),
-        source,
-    })?;
+        Array::try_from(Map::Array(md)).map_err(|source| PinError::Open { path: path.clone(), source })?;
+    let m = meta.get(&0, 0).map_err(|source| PinError::Open { path: path.clone(), source })?;
     if m.magic != META_MAGIC || m.schema != SCHEMA_VERSION {
         return Err(PinError::Incompatible {
             path,
-            problem: format!(
-                "schema {} (magic {:#x}), this limiter uses schema {SCHEMA_VERSION}",
-                m.schema, m.magic
-            ),
+            problem: format!("schema {} (magic {:#x}), this limiter uses schema {SCHEMA_VERSION}", m.schema, m.magic),
         });
     }
     Ok(Some(m))

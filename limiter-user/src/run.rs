@@ -31,12 +31,9 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     // Versions continue from what a re-adopted data plane enforces.
     let mut version = limiter.active_config()?.map_or(0, |c| c.version) + 1;
     // Config first, then attach: the program never runs without a policy.
-    limiter.apply_config(&policy.compile(version)?)?;
+    limiter.apply(&policy.compile(version)?, &policy.compile_overrides()?)?;
     let (link, replaced) = if args.pin {
-        (
-            None,
-            limiter.attach_pinned(&args.iface, args.mode, &args.pin_dir)?,
-        )
+        (None, limiter.attach_pinned(&args.iface, args.mode, &args.pin_dir)?)
     } else {
         (Some(limiter.attach(&args.iface, args.mode)?), false)
     };
@@ -51,32 +48,18 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         println!(
             "limiter: pinned in {}; {}; {}",
             args.pin_dir.display(),
-            if adopted {
-                "re-adopted pinned maps (buckets and counters kept)"
-            } else {
-                "new maps"
-            },
-            if replaced {
-                "replaced the program on the pinned link atomically"
-            } else {
-                "new link"
-            },
+            if adopted { "re-adopted pinned maps (buckets and counters kept)" } else { "new maps" },
+            if replaced { "replaced the program on the pinned link atomically" } else { "new link" },
         );
         if capacity != policy.capacity {
-            println!(
-                "limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it"
-            );
+            println!("limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it");
         }
     }
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
-    let period = Duration::from_secs_f64(if args.status_interval > 0.0 {
-        args.status_interval
-    } else {
-        3600.0
-    });
+    let period = Duration::from_secs_f64(if args.status_interval > 0.0 { args.status_interval } else { 3600.0 });
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     let (mut last, mut last_at) = (limiter.totals()?, Instant::now());
     let why = loop {
@@ -100,10 +83,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     let (passed, dropped) = (t.passed().packets, t.dropped().packets);
     if let Some(link) = link {
         limiter.detach(link)?;
-        println!(
-            "limiter: {why}: detached from {}; passed {passed} dropped {dropped} packets in total",
-            args.iface
-        );
+        println!("limiter: {why}: detached from {}; passed {passed} dropped {dropped} packets in total", args.iface);
     } else {
         println!(
             "limiter: {why}: stopping; XDP stays attached to {} and enforcing (pinned in {}; `limiter unload` removes it); passed {passed} dropped {dropped} packets in total",
@@ -117,22 +97,17 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
 /// Re-read and apply the policy as version `running + 1`, all or nothing.
 /// A rejected policy is reported and the running one stays. Returns whether
 /// the new version was applied.
-fn reload(
-    args: &RunArgs,
-    limiter: &mut Limiter,
-    running: u64,
-    capacity: u32,
-) -> anyhow::Result<bool> {
-    let source = args
-        .policy_source()
-        .map_or_else(|| "built-in policy".to_owned(), |p| p.display().to_string());
+fn reload(args: &RunArgs, limiter: &mut Limiter, running: u64, capacity: u32) -> anyhow::Result<bool> {
+    let source = args.policy_source().map_or_else(|| "built-in policy".to_owned(), |p| p.display().to_string());
     let next = running + 1;
-    let compiled = args
-        .load_policy()
-        .and_then(|p| p.compile(next).map(|c| (p, c)));
+    let compiled = args.load_policy().and_then(|p| {
+        let cfg = p.compile(next)?;
+        let ovr = p.compile_overrides()?;
+        Ok((p, cfg, ovr))
+    });
     match compiled {
-        Ok((p, cfg)) => {
-            limiter.apply_config(&cfg)?;
+        Ok((p, cfg, ovr)) => {
+            limiter.apply(&cfg, &ovr)?;
             println!("limiter: SIGHUP: applied {source}: {}", describe(&p, next));
             if p.capacity != capacity {
                 println!("limiter: capacity stays {capacity}; a new capacity needs a restart");
@@ -161,14 +136,10 @@ pub fn describe(p: &Policy, version: u64) -> String {
     );
     for c in &p.classes {
         let l = c.limit;
-        let _ = write!(
-            s,
-            "; class {}: rate {} burst {} ({})",
-            c.name,
-            l.rate,
-            l.burst,
-            l.mode.label()
-        );
+        let _ = write!(s, "; class {}: rate {} burst {} ({})", c.name, l.rate, l.burst, l.mode.label());
+    }
+    if !p.overrides.is_empty() {
+        let _ = write!(s, "; {} overrides", p.overrides.len());
     }
     s
 }
@@ -179,11 +150,7 @@ pub fn unload(args: &crate::cli::UnloadArgs) -> anyhow::Result<()> {
     if removed.is_empty() {
         println!("limiter: nothing pinned in {}", args.pin_dir.display());
     } else {
-        println!(
-            "limiter: removed {} from {}",
-            removed.join(", "),
-            args.pin_dir.display()
-        );
+        println!("limiter: removed {} from {}", removed.join(", "), args.pin_dir.display());
     }
     Ok(())
 }
@@ -191,23 +158,13 @@ pub fn unload(args: &crate::cli::UnloadArgs) -> anyhow::Result<()> {
 /// `limiter policy check FILE`.
 pub fn check(file: &Path) -> anyhow::Result<()> {
     let p = policy::file::load(file, &Policy::default()).context("invalid policy")?;
-    println!(
-        "{}: valid; {}",
-        file.display(),
-        describe(&p, 0).trim_start_matches("policy v0: ")
-    );
+    println!("{}: valid; {}", file.display(), describe(&p, 0).trim_start_matches("policy v0: "));
     Ok(())
 }
 
 /// `passed P (r/s) dropped D (r/s) tracked N/CAP`, plus nonzero drop reasons.
 #[must_use]
-pub fn status_line(
-    now: &Totals,
-    last: &Totals,
-    dt: Duration,
-    tracked: usize,
-    capacity: u32,
-) -> String {
+pub fn status_line(now: &Totals, last: &Totals, dt: Duration, tracked: usize, capacity: u32) -> String {
     let d = now.since(last);
     let secs = dt.as_secs_f64().max(1e-9);
     #[expect(clippy::cast_precision_loss, reason = "display only")]
@@ -221,9 +178,7 @@ pub fn status_line(
     );
     for r in limiter_common::Reason::ALL {
         let c = now.get(r);
-        if (r.verdict() == limiter_common::Verdict::Drop
-            || r == limiter_common::Reason::ShadowDropped)
-            && c.packets > 0
+        if (r.verdict() == limiter_common::Verdict::Drop || r == limiter_common::Reason::ShadowDropped) && c.packets > 0
         {
             let _ = write!(line, " {}={}", r.label(), c.packets);
         }
@@ -233,10 +188,7 @@ pub fn status_line(
 
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; lift it.
 fn raise_memlock() {
-    let lim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let lim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: plain syscall on a valid struct; failure only matters on old kernels.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const lim) };
 }

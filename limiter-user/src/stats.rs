@@ -15,16 +15,10 @@ impl Totals {
     }
 
     fn sum(&self, v: Verdict) -> Counter {
-        Reason::ALL
-            .iter()
-            .filter(|r| r.verdict() == v)
-            .fold(Counter::default(), |a, r| {
-                let c = self.get(*r);
-                Counter {
-                    packets: a.packets + c.packets,
-                    bytes: a.bytes + c.bytes,
-                }
-            })
+        Reason::ALL.iter().filter(|r| r.verdict() == v).fold(Counter::default(), |a, r| {
+            let c = self.get(*r);
+            Counter { packets: a.packets + c.packets, bytes: a.bytes + c.bytes }
+        })
     }
 
     #[must_use]
@@ -60,10 +54,7 @@ mod tests {
             c.packets = 1 << i;
             c.bytes = 1;
         }
-        assert_eq!(
-            t.passed().packets + t.dropped().packets,
-            (1 << REASON_COUNT) - 1
-        );
+        assert_eq!(t.passed().packets + t.dropped().packets, (1 << REASON_COUNT) - 1);
         assert_eq!(t.passed().packets & t.dropped().packets, 0);
         assert!(t.passed().packets & (1 << Reason::Admitted as u32) != 0);
         assert!(t.dropped().packets & (1 << Reason::RateLimited as u32) != 0);

@@ -14,10 +14,7 @@ pub const XDP_PASS: u32 = 2;
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    assert!(
-        euid == 0,
-        "kernel tests load BPF programs and need root: run `cargo xtask test` as root"
-    );
+    assert!(euid == 0, "kernel tests load BPF programs and need root: run `cargo xtask test` as root");
 }
 
 /// A private copy of the object (its own maps) with the test-clock entry
@@ -27,8 +24,7 @@ pub fn open(cfg: &Config) -> Limiter {
     require_root();
     let mut l = Limiter::open(1024).expect("load the XDP object");
     l.apply_config(cfg).expect("write CONFIG");
-    l.load_program(programs::LIMITER_TEST_CLOCK)
-        .expect("verify limiter_test_clock");
+    l.load_program(programs::LIMITER_TEST_CLOCK).expect("verify limiter_test_clock");
     l
 }
 
@@ -39,11 +35,7 @@ pub fn config(rate: u64, burst: u64, bytes: bool, v4: u32, v6: u32) -> Config {
         default: Limit {
             rate,
             burst,
-            cost: if bytes {
-                CostUnit::Bytes
-            } else {
-                CostUnit::Packets
-            },
+            cost: if bytes { CostUnit::Bytes } else { CostUnit::Packets },
             mode: Mode::Enforce,
         },
         v4_prefix: v4,
@@ -52,10 +44,7 @@ pub fn config(rate: u64, burst: u64, bytes: bool, v4: u32, v6: u32) -> Config {
         ..Policy::default()
     };
     let c = policy.compile(1).expect("valid test policy");
-    assert_eq!(
-        c.classes[0].cost,
-        if bytes { cost::BYTES } else { cost::PACKETS }
-    );
+    assert_eq!(c.classes[0].cost, if bytes { cost::BYTES } else { cost::PACKETS });
     c
 }
 
@@ -64,9 +53,7 @@ pub fn config(rate: u64, burst: u64, bytes: bool, v4: u32, v6: u32) -> Config {
 pub fn run_at(l: &mut Limiter, now_ns: u64, frame: &[u8]) -> (u32, Totals) {
     l.set_test_clock(now_ns).expect("set TEST_CLOCK");
     let before = l.totals().expect("read STATS");
-    let (action, _) = l
-        .test_run(programs::LIMITER_TEST_CLOCK, frame, 1)
-        .expect("BPF_PROG_TEST_RUN");
+    let (action, _) = l.test_run(programs::LIMITER_TEST_CLOCK, frame, 1).expect("BPF_PROG_TEST_RUN");
     (action, l.totals().expect("read STATS").since(&before))
 }
 
@@ -75,19 +62,9 @@ pub fn assert_counted_once(delta: &Totals, reason: Reason, len: usize, what: &st
     for r in Reason::ALL {
         let c = delta.get(r);
         if r == reason {
-            assert_eq!(
-                (c.packets, c.bytes),
-                (1, len as u64),
-                "{what}: counter {}",
-                r.label()
-            );
+            assert_eq!((c.packets, c.bytes), (1, len as u64), "{what}: counter {}", r.label());
         } else {
-            assert_eq!(
-                (c.packets, c.bytes),
-                (0, 0),
-                "{what}: unexpected count under {}",
-                r.label()
-            );
+            assert_eq!((c.packets, c.bytes), (0, 0), "{what}: unexpected count under {}", r.label());
         }
     }
 }

@@ -11,16 +11,8 @@ use std::{
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 fn ip(args: &[&str]) -> Output {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run ip(8) from iproute2");
-    assert!(
-        out.status.success(),
-        "ip {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
+    let out = Command::new("ip").args(args).output().expect("run ip(8) from iproute2");
+    assert!(out.status.success(), "ip {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     out
 }
 
@@ -33,11 +25,7 @@ impl NetNs {
     /// A fresh namespace with loopback up.
     #[must_use]
     pub fn new(tag: &str) -> Self {
-        let name = format!(
-            "lim-{tag}-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = format!("lim-{tag}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
         ip(&["netns", "add", &name]);
         let ns = Self { name };
         ns.ip("link set lo up");
@@ -57,9 +45,7 @@ impl NetNs {
     #[must_use]
     pub fn net_command(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{}", self.name))
-            .arg("--")
-            .arg(prog);
+        c.arg(format!("--net=/run/netns/{}", self.name)).arg("--").arg(prog);
         c
     }
 
@@ -76,9 +62,7 @@ impl Drop for NetNs {
     fn drop(&mut self) {
         // Best effort: a failed delete must not turn a passing test red,
         // and panicking in drop during unwinding would abort.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
 }
 
@@ -97,10 +81,7 @@ pub const B_ADDR: &str = "198.18.0.2";
 impl VethPair {
     #[must_use]
     pub fn new(tag: &str) -> Self {
-        let (a, b) = (
-            NetNs::new(&format!("{tag}a")),
-            NetNs::new(&format!("{tag}b")),
-        );
+        let (a, b) = (NetNs::new(&format!("{tag}a")), NetNs::new(&format!("{tag}b")));
         a.ip(&format!(
             "link add {A_IF} numtxqueues 2 numrxqueues 2 type veth peer name {B_IF} netns {} numtxqueues 2 numrxqueues 2",
             b.name

@@ -153,9 +153,6 @@ impl Frame {
     /// header is whole (then the full frame's reason applies).
     #[must_use]
     pub fn cut_reason(&self, len: usize) -> Option<Reason> {
-        self.layers
-            .iter()
-            .find(|(end, _)| len < *end)
-            .map(|(_, r)| *r)
+        self.layers.iter().find(|(end, _)| len < *end).map(|(_, r)| *r)
     }
 }

@@ -71,19 +71,12 @@ pub fn locate_bin(name: &str) -> anyhow::Result<PathBuf> {
             return Ok(p);
         }
     }
-    bail!(
-        "{name} not found next to {} (build it first: cargo build --bins)",
-        exe.display()
-    )
+    bail!("{name} not found next to {} (build it first: cargo build --bins)", exe.display())
 }
 
 /// Spawn with stdout read line by line into a channel.
 pub fn spawn_lines(mut cmd: Command) -> anyhow::Result<(Guard, mpsc::Receiver<String>)> {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("spawn")?;
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().context("spawn")?;
     let out = child.stdout.take().context("stdout")?;
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
@@ -96,12 +89,7 @@ pub fn spawn_lines(mut cmd: Command) -> anyhow::Result<(Guard, mpsc::Receiver<St
     Ok((Guard(child), rx))
 }
 
-pub fn wait_for(
-    rx: &mpsc::Receiver<String>,
-    what: &str,
-    timeout: Duration,
-    log: &mut String,
-) -> anyhow::Result<()> {
+pub fn wait_for(rx: &mpsc::Receiver<String>, what: &str, timeout: Duration, log: &mut String) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -121,12 +109,7 @@ pub fn wait_for(
 /// The `idx`-th whitespace-separated number of the first line starting with `prefix`.
 #[must_use]
 pub fn field(text: &str, prefix: &str, idx: usize) -> Option<u64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))?
-        .split_whitespace()
-        .nth(idx)?
-        .parse()
-        .ok()
+    text.lines().find(|l| l.starts_with(prefix))?.split_whitespace().nth(idx)?.parse().ok()
 }
 
 /// Run the scenario end to end.
@@ -136,61 +119,27 @@ pub fn run(limiter: &Path, netload: &Path, f: &Flood) -> anyhow::Result<Outcome>
     net.add_source(CONFORM_SRC);
 
     let mut daemon_cmd = net.b.command(limiter);
-    daemon_cmd.args([
-        "run",
-        "--iface",
-        B_IF,
-        "--mode",
-        f.mode,
-        "--status-interval",
-        "1",
-    ]);
-    daemon_cmd.args([
-        "--rate",
-        &f.rate.to_string(),
-        "--burst",
-        &f.burst.to_string(),
-    ]);
+    daemon_cmd.args(["run", "--iface", B_IF, "--mode", f.mode, "--status-interval", "1"]);
+    daemon_cmd.args(["--rate", &f.rate.to_string(), "--burst", &f.burst.to_string()]);
     let (mut daemon, daemon_rx) = spawn_lines(daemon_cmd)?;
     let mut daemon_log = String::new();
-    wait_for(
-        &daemon_rx,
-        "attached",
-        Duration::from_secs(20),
-        &mut daemon_log,
-    )?;
+    wait_for(&daemon_rx, "attached", Duration::from_secs(20), &mut daemon_log)?;
 
     let dst = format!("{B_ADDR}:{PORT}");
     let margin = 0.5;
     let mut recv_cmd = net.b.command(netload);
-    recv_cmd.args([
-        "recv",
-        &format!("0.0.0.0:{PORT}"),
-        &format!("{}", f.secs + 3.0 * margin + 1.0),
-    ]);
+    recv_cmd.args(["recv", &format!("0.0.0.0:{PORT}"), &format!("{}", f.secs + 3.0 * margin + 1.0)]);
     let (recv, recv_rx) = spawn_lines(recv_cmd)?;
     let mut recv_log = String::new();
     wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut recv_log)?;
 
     // The conforming sender brackets the flood by `margin` on both sides.
     let mut conform = net.a.command(netload);
-    conform.args([
-        "send",
-        CONFORM_SRC,
-        &dst,
-        &f.conform_pps.to_string(),
-        &format!("{}", f.secs + 2.0 * margin),
-    ]);
+    conform.args(["send", CONFORM_SRC, &dst, &f.conform_pps.to_string(), &format!("{}", f.secs + 2.0 * margin)]);
     let conform = Guard(conform.stdout(Stdio::piped()).spawn()?);
     thread::sleep(Duration::from_secs_f64(margin));
     let mut flood = net.a.command(netload);
-    flood.args([
-        "send",
-        FLOOD_SRC,
-        &dst,
-        &f.flood_pps.to_string(),
-        &format!("{}", f.secs),
-    ]);
+    flood.args(["send", FLOOD_SRC, &dst, &f.flood_pps.to_string(), &format!("{}", f.secs)]);
     let flood = Guard(flood.stdout(Stdio::piped()).spawn()?);
 
     let flood_out = wait_output(flood)?;
@@ -210,11 +159,7 @@ pub fn run(limiter: &Path, netload: &Path, f: &Flood) -> anyhow::Result<Outcome>
     if !st.success() {
         bail!("limiter exited with {st}; output:\n{daemon_log}");
     }
-    let exit = daemon_log
-        .lines()
-        .find(|l| l.contains("detached"))
-        .context("no exit line")?
-        .to_string();
+    let exit = daemon_log.lines().find(|l| l.contains("detached")).context("no exit line")?.to_string();
     let num_after = |word: &str| -> Option<u64> {
         let mut it = exit.split_whitespace();
         it.by_ref().find(|w| *w == word)?;
@@ -222,11 +167,7 @@ pub fn run(limiter: &Path, netload: &Path, f: &Flood) -> anyhow::Result<Outcome>
     };
     Ok(Outcome {
         flood_sent: field(&flood_out, "sent", 1).context("flood sender output")?,
-        flood_secs: flood_out
-            .split_whitespace()
-            .nth(3)
-            .and_then(|s| s.parse().ok())
-            .context("flood secs")?,
+        flood_secs: flood_out.split_whitespace().nth(3).and_then(|s| s.parse().ok()).context("flood secs")?,
         flood_received: field(&recv_log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0),
         conform_sent: field(&conform_out, "sent", 1).context("conforming sender output")?,
         conform_received: field(&recv_log, &format!("from {CONFORM_SRC}"), 2).unwrap_or(0),

@@ -14,35 +14,17 @@ use limiter_tests::{
 const T0: u64 = 1_000_000_000_000; // 1000 s on the injected clock
 
 fn udp4(src: Ipv4Addr, payload: usize) -> Vec<u8> {
-    Frame::eth(ETH_P_IP)
-        .ipv4(src, IPPROTO_UDP, 0, 0)
-        .udp()
-        .payload(payload)
-        .bytes
+    Frame::eth(ETH_P_IP).ipv4(src, IPPROTO_UDP, 0, 0).udp().payload(payload).bytes
 }
 
 fn udp6(src: &str) -> Vec<u8> {
-    Frame::eth(ETH_P_IPV6)
-        .ipv6(src.parse().unwrap(), IPPROTO_UDP)
-        .udp()
-        .bytes
+    Frame::eth(ETH_P_IPV6).ipv6(src.parse().unwrap(), IPPROTO_UDP).udp().bytes
 }
 
 fn reason_of(l: &mut limiter::loader::Limiter, now: u64, frame: &[u8]) -> Reason {
     let (action, delta) = kernel::run_at(l, now, frame);
-    let r = Reason::ALL
-        .into_iter()
-        .find(|r| delta.get(*r).packets == 1)
-        .expect("one reason counted");
-    assert_eq!(
-        action,
-        if r == Reason::Admitted {
-            XDP_PASS
-        } else {
-            XDP_DROP
-        },
-        "{r:?}"
-    );
+    let r = Reason::ALL.into_iter().find(|r| delta.get(*r).packets == 1).expect("one reason counted");
+    assert_eq!(action, if r == Reason::Admitted { XDP_PASS } else { XDP_DROP }, "{r:?}");
     r
 }
 
@@ -59,13 +41,7 @@ fn key4(a: Ipv4Addr, len: u8) -> BucketKey {
 fn key6(a: &str, len: u8) -> BucketKey {
     let o = a.parse::<Ipv6Addr>().unwrap().octets();
     let addr = std::array::from_fn(|i| u32::from_ne_bytes(o[i * 4..i * 4 + 4].try_into().unwrap()));
-    BucketKey {
-        family: family::IPV6,
-        prefix_len: len,
-        class: 0,
-        pad: 0,
-        addr,
-    }
+    BucketKey { family: family::IPV6, prefix_len: len, class: 0, pad: 0, addr }
 }
 
 #[test]
@@ -73,43 +49,15 @@ fn sources_share_a_bucket_exactly_when_they_share_a_prefix() {
     // One packet per prefix, no refill: the second packet of a prefix drops.
     let mut l = kernel::open(&kernel::config(1, 1, false, 24, 56));
     let cases: [(&str, Vec<u8>, Reason); 8] = [
-        (
-            "198.18.5.1",
-            udp4(Ipv4Addr::new(198, 18, 5, 1), 0),
-            Reason::Admitted,
-        ),
-        (
-            "198.18.5.200 (same /24)",
-            udp4(Ipv4Addr::new(198, 18, 5, 200), 0),
-            Reason::RateLimited,
-        ),
-        (
-            "198.18.6.1 (next /24)",
-            udp4(Ipv4Addr::new(198, 18, 6, 1), 0),
-            Reason::Admitted,
-        ),
-        (
-            "198.19.5.1 (other /16)",
-            udp4(Ipv4Addr::new(198, 19, 5, 1), 0),
-            Reason::Admitted,
-        ),
+        ("198.18.5.1", udp4(Ipv4Addr::new(198, 18, 5, 1), 0), Reason::Admitted),
+        ("198.18.5.200 (same /24)", udp4(Ipv4Addr::new(198, 18, 5, 200), 0), Reason::RateLimited),
+        ("198.18.6.1 (next /24)", udp4(Ipv4Addr::new(198, 18, 6, 1), 0), Reason::Admitted),
+        ("198.19.5.1 (other /16)", udp4(Ipv4Addr::new(198, 19, 5, 1), 0), Reason::Admitted),
         ("2001:2:0:100::1", udp6("2001:2:0:100::1"), Reason::Admitted),
-        (
-            "2001:2:0:1ff:ffff::9 (same /56)",
-            udp6("2001:2:0:1ff:ffff::9"),
-            Reason::RateLimited,
-        ),
-        (
-            "2001:2:0:200::1 (next /56)",
-            udp6("2001:2:0:200::1"),
-            Reason::Admitted,
-        ),
+        ("2001:2:0:1ff:ffff::9 (same /56)", udp6("2001:2:0:1ff:ffff::9"), Reason::RateLimited),
+        ("2001:2:0:200::1 (next /56)", udp6("2001:2:0:200::1"), Reason::Admitted),
         // An IPv4-mapped address is an IPv6 source, never the IPv4 bucket.
-        (
-            "::ffff:198.18.5.1",
-            udp6("::ffff:198.18.5.1"),
-            Reason::Admitted,
-        ),
+        ("::ffff:198.18.5.1", udp6("::ffff:198.18.5.1"), Reason::Admitted),
     ];
     for (name, frame, want) in cases {
         assert_eq!(reason_of(&mut l, T0, &frame), want, "{name}");
@@ -131,27 +79,12 @@ fn sources_share_a_bucket_exactly_when_they_share_a_prefix() {
 #[test]
 fn prefix_lengths_are_configurable() {
     let mut l = kernel::open(&kernel::config(1, 1, false, 16, 64));
-    assert_eq!(
-        reason_of(&mut l, T0, &udp4(Ipv4Addr::new(198, 18, 5, 1), 0)),
-        Reason::Admitted
-    );
-    assert_eq!(
-        reason_of(&mut l, T0, &udp4(Ipv4Addr::new(198, 18, 200, 1), 0)),
-        Reason::RateLimited
-    );
-    assert_eq!(
-        reason_of(&mut l, T0, &udp6("2001:2:0:100::1")),
-        Reason::Admitted
-    );
+    assert_eq!(reason_of(&mut l, T0, &udp4(Ipv4Addr::new(198, 18, 5, 1), 0)), Reason::Admitted);
+    assert_eq!(reason_of(&mut l, T0, &udp4(Ipv4Addr::new(198, 18, 200, 1), 0)), Reason::RateLimited);
+    assert_eq!(reason_of(&mut l, T0, &udp6("2001:2:0:100::1")), Reason::Admitted);
     // Same /56 but another /64: its own bucket now.
-    assert_eq!(
-        reason_of(&mut l, T0, &udp6("2001:2:0:101::1")),
-        Reason::Admitted
-    );
-    assert_eq!(
-        reason_of(&mut l, T0, &udp6("2001:2:0:101::2")),
-        Reason::RateLimited
-    );
+    assert_eq!(reason_of(&mut l, T0, &udp6("2001:2:0:101::1")), Reason::Admitted);
+    assert_eq!(reason_of(&mut l, T0, &udp6("2001:2:0:101::2")), Reason::RateLimited);
 }
 
 #[test]
@@ -188,10 +121,7 @@ fn byte_cost_charges_the_frame_length() {
     assert_eq!(reason_of(&mut l, T0, &big), Reason::Admitted);
     assert_eq!(reason_of(&mut l, T0, &small), Reason::RateLimited);
     // 42 ms later exactly 42 bytes of credit exist.
-    assert_eq!(
-        reason_of(&mut l, T0 + 41_000_000, &small),
-        Reason::RateLimited
-    );
+    assert_eq!(reason_of(&mut l, T0 + 41_000_000, &small), Reason::RateLimited);
     assert_eq!(reason_of(&mut l, T0 + 42_000_000, &small), Reason::Admitted);
 }
 
@@ -244,9 +174,7 @@ fn replay(rate: u64, burst: u64, times_ms: &[u64]) -> Vec<u64> {
     let mut admitted = Vec::new();
     for &t in times_ms {
         l.set_test_clock(T0 + t * 1_000_000).unwrap();
-        let (action, _) = l
-            .test_run(limiter_common::programs::LIMITER_TEST_CLOCK, &f, 1)
-            .unwrap();
+        let (action, _) = l.test_run(limiter_common::programs::LIMITER_TEST_CLOCK, &f, 1).unwrap();
         if action == XDP_PASS {
             admitted.push(t);
         }
@@ -296,10 +224,7 @@ fn case_study_patterns_stay_within_the_declared_bound() {
         let got_peak = busiest(&adm, WINDOW_MS);
         assert_eq!((adm.len() as u64, got_peak), (accepted, peak), "{name}");
         // Declared bound: burst + rate x T for T = 60 s.
-        assert!(
-            got_peak <= BUCKET + RATE * WINDOW_MS / 1000,
-            "{name}: {got_peak}"
-        );
+        assert!(got_peak <= BUCKET + RATE * WINDOW_MS / 1000, "{name}: {got_peak}");
         // And over every shorter window too, T from 1 ms to 60 s.
         for w in [1, 50, 999, 1000, 5_000, 30_000] {
             let bound = BUCKET + (RATE * w).div_ceil(1000);
@@ -314,24 +239,13 @@ fn conforming_patterns_lose_nothing() {
     // 55 s of refill. Uniform at exactly the rate conforms with burst 1.
     let at_rate: Vec<u64> = (0..1800).map(|i| i * 100).collect();
     for (name, rate, burst, times) in [
-        (
-            "spaced at the limit, burst 600",
-            RATE,
-            LIMIT,
-            spaced_at_the_limit(),
-        ),
+        ("spaced at the limit, burst 600", RATE, LIMIT, spaced_at_the_limit()),
         ("uniform at the rate, burst 1", RATE, 1, at_rate),
     ] {
-        assert!(
-            conforms(rate, burst, &times),
-            "{name} is not conforming: test is wrong"
-        );
+        assert!(conforms(rate, burst, &times), "{name} is not conforming: test is wrong");
         let adm = replay(rate, burst, &times);
         assert_eq!(adm.len(), times.len(), "{name}: conforming packets dropped");
     }
     // The GCRA unit for this rate is exact.
-    assert_eq!(
-        gcra::unit_interval(RATE) * RATE,
-        gcra::to_fixed(1_000_000_000)
-    );
+    assert_eq!(gcra::unit_interval(RATE) * RATE, gcra::to_fixed(1_000_000_000));
 }

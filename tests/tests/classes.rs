@@ -17,25 +17,14 @@ const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
 
 fn lim(rate: u64, burst: u64, mode: Mode) -> Limit {
-    Limit {
-        rate,
-        burst,
-        cost: CostUnit::Packets,
-        mode,
-    }
+    Limit { rate, burst, cost: CostUnit::Packets, mode }
 }
 
 fn policy(mode: Mode) -> Policy {
     Policy {
         default: lim(1, 3, mode),
         classes: vec![
-            Class {
-                name: "https-syn".into(),
-                protocol: 6,
-                ports: vec![(443, 443)],
-                syn: true,
-                limit: lim(1, 1, mode),
-            },
+            Class { name: "https-syn".into(), protocol: 6, ports: vec![(443, 443)], syn: true, limit: lim(1, 1, mode) },
             Class {
                 name: "quic".into(),
                 protocol: 17,
@@ -49,25 +38,16 @@ fn policy(mode: Mode) -> Policy {
 }
 
 fn tcp(dport: u16, flags: u8) -> Vec<u8> {
-    Frame::eth(ETH_P_IP)
-        .ipv4(Ipv4Addr::new(198, 18, 20, 1), IPPROTO_TCP, 0, 0)
-        .tcp_to(dport, flags)
-        .bytes
+    Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 20, 1), IPPROTO_TCP, 0, 0).tcp_to(dport, flags).bytes
 }
 
 fn udp(dport: u16) -> Vec<u8> {
-    Frame::eth(ETH_P_IP)
-        .ipv4(Ipv4Addr::new(198, 18, 20, 1), IPPROTO_UDP, 0, 0)
-        .udp_to(dport)
-        .bytes
+    Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 20, 1), IPPROTO_UDP, 0, 0).udp_to(dport).bytes
 }
 
 fn reason(l: &mut Limiter, f: &[u8]) -> Reason {
     let (_, d) = kernel::run_at(l, T0, f);
-    Reason::ALL
-        .into_iter()
-        .find(|r| d.get(*r).packets == 1)
-        .unwrap()
+    Reason::ALL.into_iter().find(|r| d.get(*r).packets == 1).unwrap()
 }
 
 #[test]
@@ -75,27 +55,11 @@ fn each_class_has_its_own_budget_per_prefix() {
     let mut l = kernel::open(&policy(Mode::Enforce).compile(1).unwrap());
     let seq: [(&str, Vec<u8>, Reason); 10] = [
         ("syn 443", tcp(443, SYN), Reason::Admitted),
-        (
-            "syn 443 again: https-syn burst 1",
-            tcp(443, SYN),
-            Reason::RateLimited,
-        ),
-        (
-            "ack 443 is not a new connection: default",
-            tcp(443, ACK),
-            Reason::Admitted,
-        ),
-        (
-            "syn+ack 443: default",
-            tcp(443, SYN | ACK),
-            Reason::Admitted,
-        ),
+        ("syn 443 again: https-syn burst 1", tcp(443, SYN), Reason::RateLimited),
+        ("ack 443 is not a new connection: default", tcp(443, ACK), Reason::Admitted),
+        ("syn+ack 443: default", tcp(443, SYN | ACK), Reason::Admitted),
         ("syn 80: default", tcp(80, SYN), Reason::Admitted),
-        (
-            "default burst 3 is spent",
-            tcp(22, ACK),
-            Reason::RateLimited,
-        ),
+        ("default burst 3 is spent", tcp(22, ACK), Reason::RateLimited),
         ("udp 443: quic", udp(443), Reason::Admitted),
         ("udp 8443: quic", udp(8443), Reason::Admitted),
         ("quic burst 2 is spent", udp(443), Reason::RateLimited),
@@ -105,15 +69,8 @@ fn each_class_has_its_own_budget_per_prefix() {
         assert_eq!(reason(&mut l, &f), want, "{what}");
     }
     let c = l.class_totals().unwrap();
-    let got: Vec<(u64, u64)> = c[..3]
-        .iter()
-        .map(|x| (x.admitted.packets, x.dropped.packets))
-        .collect();
-    assert_eq!(
-        got,
-        vec![(3, 2), (1, 1), (2, 1)],
-        "per-class admitted/dropped"
-    );
+    let got: Vec<(u64, u64)> = c[..3].iter().map(|x| (x.admitted.packets, x.dropped.packets)).collect();
+    assert_eq!(got, vec![(3, 2), (1, 1), (2, 1)], "per-class admitted/dropped");
     // Three classes, one prefix: three buckets.
     assert_eq!(l.tracked().unwrap(), 3);
 }
@@ -121,10 +78,7 @@ fn each_class_has_its_own_budget_per_prefix() {
 #[test]
 fn a_fragment_without_ports_goes_to_the_default_class() {
     let mut l = kernel::open(&policy(Mode::Enforce).compile(1).unwrap());
-    let frag = Frame::eth(ETH_P_IP)
-        .ipv4(Ipv4Addr::new(198, 18, 21, 1), IPPROTO_UDP, 0, 0x0010)
-        .payload(20)
-        .bytes;
+    let frag = Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 21, 1), IPPROTO_UDP, 0, 0x0010).payload(20).bytes;
     for _ in 0..3 {
         assert_eq!(reason(&mut l, &frag), Reason::Admitted);
     }
@@ -176,22 +130,13 @@ fn shadow_counts_equal_the_drops_enforce_makes_on_the_same_traffic() {
         dropped += u64::from(flagged);
     }
     let (et, st) = (enforce.totals().unwrap(), shadow.totals().unwrap());
-    assert!(
-        dropped > 100,
-        "the traffic should exceed the limits: {dropped}"
-    );
+    assert!(dropped > 100, "the traffic should exceed the limits: {dropped}");
     assert_eq!(et.get(Reason::RateLimited).packets, dropped);
     assert_eq!(st.get(Reason::ShadowDropped).packets, dropped);
     assert_eq!(st.get(Reason::RateLimited).packets, 0);
-    assert_eq!(
-        et.get(Reason::Admitted).packets,
-        st.get(Reason::Admitted).packets
-    );
+    assert_eq!(et.get(Reason::Admitted).packets, st.get(Reason::Admitted).packets);
     // And class by class.
-    let (ec, sc) = (
-        enforce.class_totals().unwrap(),
-        shadow.class_totals().unwrap(),
-    );
+    let (ec, sc) = (enforce.class_totals().unwrap(), shadow.class_totals().unwrap());
     for k in 0..3 {
         assert_eq!(ec[k].dropped.packets, sc[k].shadow.packets, "class {k}");
         assert_eq!(ec[k].admitted.packets, sc[k].admitted.packets, "class {k}");

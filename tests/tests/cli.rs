@@ -6,18 +6,11 @@ use std::process::{Command, Output};
 use limiter_tests::{kernel::require_root, netns::NetNs, scenario::locate_bin};
 
 fn limiter(args: &[&str]) -> Output {
-    Command::new(locate_bin("limiter").expect("limiter binary"))
-        .args(args)
-        .output()
-        .expect("run limiter")
+    Command::new(locate_bin("limiter").expect("limiter binary")).args(args).output().expect("run limiter")
 }
 
 fn stderr_lines(o: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&o.stderr)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_owned)
-        .collect()
+    String::from_utf8_lossy(&o.stderr).lines().filter(|l| !l.trim().is_empty()).map(str::to_owned).collect()
 }
 
 #[test]
@@ -47,19 +40,13 @@ fn invalid_policy_values_are_refused_with_the_field_named() {
     for (args, field) in [
         (&["run", "--iface", "lo", "--rate", "0"][..], "rate"),
         (&["run", "--iface", "lo", "--burst", "0"], "burst"),
-        (
-            &["run", "--iface", "lo", "--cost", "bytes", "--burst", "100"],
-            "burst",
-        ),
+        (&["run", "--iface", "lo", "--cost", "bytes", "--burst", "100"], "burst"),
     ] {
         let o = limiter(args);
         let lines = stderr_lines(&o);
         assert_eq!(o.status.code(), Some(1), "{args:?}");
         assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
-        assert!(
-            lines[0].contains(&format!("{field}:")),
-            "{args:?}: {lines:?}"
-        );
+        assert!(lines[0].contains(&format!("{field}:")), "{args:?}: {lines:?}");
     }
 }
 
@@ -68,10 +55,7 @@ fn help_works_on_every_verb() {
     for args in [&["--help"][..], &["run", "--help"]] {
         let o = limiter(args);
         assert!(o.status.success(), "{args:?}");
-        assert!(
-            String::from_utf8_lossy(&o.stdout).contains("Usage"),
-            "{args:?}"
-        );
+        assert!(String::from_utf8_lossy(&o.stdout).contains("Usage"), "{args:?}");
     }
 }
 
@@ -81,31 +65,16 @@ fn native_mode_on_a_driver_without_it_suggests_generic() {
     // Loopback has no native XDP; use the namespace's own.
     let ns = NetNs::new("cli");
     let bin = locate_bin("limiter").unwrap();
-    let o = ns
-        .command(&bin)
-        .args(["run", "--iface", "lo"])
-        .output()
-        .unwrap();
+    let o = ns.command(&bin).args(["run", "--iface", "lo"]).output().unwrap();
     let lines = stderr_lines(&o);
     assert_eq!(o.status.code(), Some(1), "{lines:?}");
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(
-        lines[0].contains("native") && lines[0].contains("--mode generic"),
-        "{lines:?}"
-    );
+    assert!(lines[0].contains("native") && lines[0].contains("--mode generic"), "{lines:?}");
 
     // Generic mode attaches there, prints status, and detaches on SIGINT.
     let child = ns
         .command(&bin)
-        .args([
-            "run",
-            "--iface",
-            "lo",
-            "--mode",
-            "generic",
-            "--status-interval",
-            "0.2",
-        ])
+        .args(["run", "--iface", "lo", "--mode", "generic", "--status-interval", "0.2"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -116,11 +85,7 @@ fn native_mode_on_a_driver_without_it_suggests_generic() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}");
     assert!(out.contains("attached to lo (generic)"), "{out}");
-    assert!(
-        out.lines()
-            .any(|l| l.starts_with("passed ") && l.contains("tracked ")),
-        "{out}"
-    );
+    assert!(out.lines().any(|l| l.starts_with("passed ") && l.contains("tracked ")), "{out}");
     assert!(out.contains("SIGINT: detached from lo"), "{out}");
 }
 
@@ -130,10 +95,7 @@ fn unknown_interface_is_one_clear_line() {
     let o = limiter(&["run", "--iface", "nosuchif0"]);
     let lines = stderr_lines(&o);
     assert_eq!(o.status.code(), Some(1));
-    assert_eq!(
-        lines,
-        vec!["limiter: interface nosuchif0 does not exist".to_owned()]
-    );
+    assert_eq!(lines, vec!["limiter: interface nosuchif0 does not exist".to_owned()]);
 }
 
 #[test]
@@ -141,35 +103,26 @@ fn policy_check_validates_offline() {
     let dir = std::env::temp_dir().join(format!("limiter-check-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let good = dir.join("good.toml");
-    std::fs::write(&good, "rate = 50\nburst = 100\n[[class]]\nname = \"dns\"\nprotocol = \"udp\"\nports = [53]\nrate = 10\nburst = 20\n").unwrap();
+    std::fs::write(
+        &good,
+        "rate = 50\nburst = 100\n[[class]]\nname = \"dns\"\nprotocol = \"udp\"\nports = [53]\nrate = 10\nburst = 20\n",
+    )
+    .unwrap();
     let bad = dir.join("bad.toml");
     std::fs::write(&bad, "rate = 50\n\n[[class]]\nname = \"dns\"\nprotocol = \"udp\"\nports = [53]\nrate = 10\nburst = 20\ncolour = \"blue\"\n").unwrap();
 
     let o = limiter(&["policy", "check", good.to_str().unwrap()]);
     assert!(o.status.success(), "{:?}", stderr_lines(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        out.contains("valid") && out.contains("class dns: rate 10 burst 20"),
-        "{out}"
-    );
+    assert!(out.contains("valid") && out.contains("class dns: rate 10 burst 20"), "{out}");
 
     let o = limiter(&["policy", "check", bad.to_str().unwrap()]);
     let lines = stderr_lines(&o);
     assert_eq!(o.status.code(), Some(1), "{lines:?}");
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(
-        lines[0].contains(&format!(
-            "{}:9: class[0].colour: unknown field",
-            bad.display()
-        )),
-        "{lines:?}"
-    );
+    assert!(lines[0].contains(&format!("{}:9: class[0].colour: unknown field", bad.display())), "{lines:?}");
 
-    let o = limiter(&[
-        "policy",
-        "check",
-        dir.join("missing.toml").to_str().unwrap(),
-    ]);
+    let o = limiter(&["policy", "check", dir.join("missing.toml").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(stderr_lines(&o).len(), 1);
     let _ = std::fs::remove_dir_all(&dir);

@@ -62,18 +62,11 @@ fn ext_chain(n: usize, last_next: u8) -> Frame {
     ];
     let mut f = Frame::eth(ETH_P_IPV6).ipv6(v6(), kinds[0]);
     for i in 0..n {
-        let next = if i + 1 < n {
-            kinds[(i + 1) % kinds.len()]
-        } else {
-            last_next
-        };
+        let next = if i + 1 < n { kinds[(i + 1) % kinds.len()] } else { last_next };
         f = match kinds[i % kinds.len()] {
             NEXTHDR_FRAGMENT => f.frag6(next, 0, true),
             NEXTHDR_AUTH => f.auth(next, 2),
-            k => f.ext(
-                next,
-                u8::try_from(i % 3).unwrap() + u8::from(k == NEXTHDR_ROUTING),
-            ),
+            k => f.ext(next, u8::try_from(i % 3).unwrap() + u8::from(k == NEXTHDR_ROUTING)),
         };
     }
     f
@@ -88,114 +81,43 @@ fn past_limit(mut f: Frame, keep: usize, r: Reason) -> Frame {
     f
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "a fixture table reads best as one table"
-)]
 fn table() -> Vec<(&'static str, Frame, Reason)> {
-    let ipv4_udp = || {
-        Frame::eth(ETH_P_IP)
-            .ipv4(v4(1), IPPROTO_UDP, 0, 0)
-            .udp()
-            .payload(18)
-    };
+    let ipv4_udp = || Frame::eth(ETH_P_IP).ipv4(v4(1), IPPROTO_UDP, 0, 0).udp().payload(18);
     vec![
         ("ipv4 udp", ipv4_udp(), Reason::Admitted),
-        (
-            "ipv4 tcp",
-            Frame::eth(ETH_P_IP).ipv4(v4(2), IPPROTO_TCP, 0, 0).tcp(),
-            Reason::Admitted,
-        ),
-        (
-            "ipv4 icmp",
-            Frame::eth(ETH_P_IP)
-                .ipv4(v4(2), IPPROTO_ICMP, 0, 0)
-                .payload(8),
-            Reason::Admitted,
-        ),
-        (
-            "ipv4 options (ihl 8)",
-            Frame::eth(ETH_P_IP).ipv4(v4(3), IPPROTO_UDP, 3, 0).udp(),
-            Reason::Admitted,
-        ),
-        (
-            "ipv4 options (ihl 15)",
-            Frame::eth(ETH_P_IP).ipv4(v4(3), IPPROTO_TCP, 10, 0).tcp(),
-            Reason::Admitted,
-        ),
-        (
-            "ipv4 ihl 4",
-            Frame::eth(ETH_P_IP).ipv4_raw_vihl(0x44).payload(20),
-            Reason::Ipv4BadHeader,
-        ),
-        (
-            "ipv4 ihl 0",
-            Frame::eth(ETH_P_IP).ipv4_raw_vihl(0x40).payload(20),
-            Reason::Ipv4BadHeader,
-        ),
-        (
-            "ipv4 version 6",
-            Frame::eth(ETH_P_IP).ipv4_raw_vihl(0x65).payload(20),
-            Reason::Ipv4BadHeader,
-        ),
+        ("ipv4 tcp", Frame::eth(ETH_P_IP).ipv4(v4(2), IPPROTO_TCP, 0, 0).tcp(), Reason::Admitted),
+        ("ipv4 icmp", Frame::eth(ETH_P_IP).ipv4(v4(2), IPPROTO_ICMP, 0, 0).payload(8), Reason::Admitted),
+        ("ipv4 options (ihl 8)", Frame::eth(ETH_P_IP).ipv4(v4(3), IPPROTO_UDP, 3, 0).udp(), Reason::Admitted),
+        ("ipv4 options (ihl 15)", Frame::eth(ETH_P_IP).ipv4(v4(3), IPPROTO_TCP, 10, 0).tcp(), Reason::Admitted),
+        ("ipv4 ihl 4", Frame::eth(ETH_P_IP).ipv4_raw_vihl(0x44).payload(20), Reason::Ipv4BadHeader),
+        ("ipv4 ihl 0", Frame::eth(ETH_P_IP).ipv4_raw_vihl(0x40).payload(20), Reason::Ipv4BadHeader),
+        ("ipv4 version 6", Frame::eth(ETH_P_IP).ipv4_raw_vihl(0x65).payload(20), Reason::Ipv4BadHeader),
         (
             "ipv4 first fragment",
-            Frame::eth(ETH_P_IP)
-                .ipv4(v4(4), IPPROTO_UDP, 0, 0x2000)
-                .udp()
-                .payload(8),
+            Frame::eth(ETH_P_IP).ipv4(v4(4), IPPROTO_UDP, 0, 0x2000).udp().payload(8),
             Reason::Admitted,
         ),
         // Offset 1 (8 bytes), no L4 header at all: charged, not "truncated".
         (
             "ipv4 non-first fragment",
-            Frame::eth(ETH_P_IP)
-                .ipv4(v4(4), IPPROTO_UDP, 0, 0x0001)
-                .payload(3),
+            Frame::eth(ETH_P_IP).ipv4(v4(4), IPPROTO_UDP, 0, 0x0001).payload(3),
             Reason::Admitted,
         ),
-        (
-            "ipv4 last fragment",
-            Frame::eth(ETH_P_IP).ipv4(v4(4), IPPROTO_TCP, 0, 0x00b9),
-            Reason::Admitted,
-        ),
-        (
-            "ipv6 udp",
-            Frame::eth(ETH_P_IPV6)
-                .ipv6(v6(), IPPROTO_UDP)
-                .udp()
-                .payload(4),
-            Reason::Admitted,
-        ),
-        (
-            "ipv6 tcp",
-            Frame::eth(ETH_P_IPV6).ipv6(v6(), IPPROTO_TCP).tcp(),
-            Reason::Admitted,
-        ),
-        (
-            "ipv6 icmpv6",
-            Frame::eth(ETH_P_IPV6).ipv6(v6(), IPPROTO_ICMPV6).payload(8),
-            Reason::Admitted,
-        ),
+        ("ipv4 last fragment", Frame::eth(ETH_P_IP).ipv4(v4(4), IPPROTO_TCP, 0, 0x00b9), Reason::Admitted),
+        ("ipv6 udp", Frame::eth(ETH_P_IPV6).ipv6(v6(), IPPROTO_UDP).udp().payload(4), Reason::Admitted),
+        ("ipv6 tcp", Frame::eth(ETH_P_IPV6).ipv6(v6(), IPPROTO_TCP).tcp(), Reason::Admitted),
+        ("ipv6 icmpv6", Frame::eth(ETH_P_IPV6).ipv6(v6(), IPPROTO_ICMPV6).payload(8), Reason::Admitted),
         (
             "ipv6 version 4",
             {
                 // Nothing past a header with the wrong version is read.
-                let mut f = past_limit(
-                    Frame::eth(ETH_P_IPV6).ipv6(v6(), IPPROTO_UDP).udp(),
-                    2,
-                    Reason::Ipv6BadHeader,
-                );
+                let mut f = past_limit(Frame::eth(ETH_P_IPV6).ipv6(v6(), IPPROTO_UDP).udp(), 2, Reason::Ipv6BadHeader);
                 f.bytes[14] = 0x45;
                 f
             },
             Reason::Ipv6BadHeader,
         ),
-        (
-            "ipv6 ext chain at the limit",
-            ext_chain(MAX_IPV6_EXT_HEADERS, IPPROTO_TCP).tcp(),
-            Reason::Admitted,
-        ),
+        ("ipv6 ext chain at the limit", ext_chain(MAX_IPV6_EXT_HEADERS, IPPROTO_TCP).tcp(), Reason::Admitted),
         (
             "ipv6 ext chain one past the limit",
             past_limit(
@@ -207,43 +129,27 @@ fn table() -> Vec<(&'static str, Frame, Reason)> {
         ),
         (
             "ipv6 first fragment",
-            Frame::eth(ETH_P_IPV6)
-                .ipv6(v6(), NEXTHDR_FRAGMENT)
-                .frag6(IPPROTO_UDP, 0, true)
-                .udp(),
+            Frame::eth(ETH_P_IPV6).ipv6(v6(), NEXTHDR_FRAGMENT).frag6(IPPROTO_UDP, 0, true).udp(),
             Reason::Admitted,
         ),
         (
             "ipv6 non-first fragment",
-            Frame::eth(ETH_P_IPV6)
-                .ipv6(v6(), NEXTHDR_FRAGMENT)
-                .frag6(IPPROTO_TCP, 185, false)
-                .payload(5),
+            Frame::eth(ETH_P_IPV6).ipv6(v6(), NEXTHDR_FRAGMENT).frag6(IPPROTO_TCP, 185, false).payload(5),
             Reason::Admitted,
         ),
         (
             "ipv6 hop-by-hop + udp",
-            Frame::eth(ETH_P_IPV6)
-                .ipv6(v6(), NEXTHDR_HOP)
-                .ext(IPPROTO_UDP, 0)
-                .udp(),
+            Frame::eth(ETH_P_IPV6).ipv6(v6(), NEXTHDR_HOP).ext(IPPROTO_UDP, 0).udp(),
             Reason::Admitted,
         ),
         (
             "802.1Q ipv4",
-            Frame::eth(ETH_P_8021Q)
-                .vlan(7, ETH_P_IP)
-                .ipv4(v4(5), IPPROTO_UDP, 0, 0)
-                .udp(),
+            Frame::eth(ETH_P_8021Q).vlan(7, ETH_P_IP).ipv4(v4(5), IPPROTO_UDP, 0, 0).udp(),
             Reason::Admitted,
         ),
         (
             "QinQ depth 2 ipv6",
-            Frame::eth(ETH_P_8021AD)
-                .vlan(7, ETH_P_8021Q)
-                .vlan(8, ETH_P_IPV6)
-                .ipv6(v6(), IPPROTO_TCP)
-                .tcp(),
+            Frame::eth(ETH_P_8021AD).vlan(7, ETH_P_8021Q).vlan(8, ETH_P_IPV6).ipv6(v6(), IPPROTO_TCP).tcp(),
             Reason::Admitted,
         ),
         (
@@ -261,11 +167,7 @@ fn table() -> Vec<(&'static str, Frame, Reason)> {
             Reason::VlanDepthExceeded,
         ),
         ("arp", Frame::eth(ETH_P_ARP).payload(28), Reason::NonIp),
-        (
-            "802.1Q arp",
-            Frame::eth(ETH_P_8021Q).vlan(1, ETH_P_ARP).payload(28),
-            Reason::NonIp,
-        ),
+        ("802.1Q arp", Frame::eth(ETH_P_8021Q).vlan(1, ETH_P_ARP).payload(28), Reason::NonIp),
         ("lldp", Frame::eth(0x88cc).payload(30), Reason::NonIp),
         ("mpls", Frame::eth(0x8847).payload(40), Reason::NonIp),
     ]
@@ -293,8 +195,7 @@ fn truncation_at_every_byte_offset() {
                 // Ethernet header (and no NIC delivers one), so EthTruncated
                 // is defensive; check the refusal instead.
                 assert!(
-                    l.test_run(limiter_common::programs::LIMITER_TEST_CLOCK, cut, 1)
-                        .is_err(),
+                    l.test_run(limiter_common::programs::LIMITER_TEST_CLOCK, cut, 1).is_err(),
                     "{name}: {len} bytes ran"
                 );
                 continue;

@@ -1,8 +1,5 @@
 //! A real flood between two namespaces through the real `limiter run`.
-#![allow(
-    clippy::cast_precision_loss,
-    reason = "test measurements: counts far inside f64's exact integer range"
-)]
+#![allow(clippy::cast_precision_loss, reason = "test measurements: counts far inside f64's exact integer range")]
 
 use limiter_tests::{
     kernel::require_root,
@@ -20,63 +17,27 @@ fn tolerance(rate: u64, secs: f64) -> f64 {
 #[test]
 fn flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing() {
     require_root();
-    let f = Flood {
-        rate: 1000,
-        burst: 200,
-        secs: 3.0,
-        flood_pps: 0,
-        conform_pps: 400,
-        mode: "native",
-    };
+    let f = Flood { rate: 1000, burst: 200, secs: 3.0, flood_pps: 0, conform_pps: 400, mode: "native" };
     let limiter = scenario::locate_bin("limiter").expect("limiter binary");
     let o = scenario::run(&limiter, env!("CARGO_BIN_EXE_netload").as_ref(), &f).expect("scenario");
     println!("{o:#?}");
 
     let allowance = f.burst as f64 + f.rate as f64 * o.flood_secs;
     // It really was a flood: at least ten times the allowance was sent.
-    assert!(
-        o.flood_sent as f64 >= 10.0 * allowance,
-        "flood too weak: sent {} vs allowance {allowance}",
-        o.flood_sent
-    );
+    assert!(o.flood_sent as f64 >= 10.0 * allowance, "flood too weak: sent {} vs allowance {allowance}", o.flood_sent);
     // The flooding prefix got its allowance and no more.
     let bound = allowance + tolerance(f.rate, o.flood_secs);
-    assert!(
-        o.flood_received as f64 <= bound,
-        "flood passed {} > bound {bound:.0}",
-        o.flood_received
-    );
-    assert!(
-        o.flood_received as f64 >= 0.9 * f.rate as f64 * o.flood_secs,
-        "flood starved: {}",
-        o.flood_received
-    );
+    assert!(o.flood_received as f64 <= bound, "flood passed {} > bound {bound:.0}", o.flood_received);
+    assert!(o.flood_received as f64 >= 0.9 * f.rate as f64 * o.flood_secs, "flood starved: {}", o.flood_received);
     // The conforming prefix lost nothing.
     assert!(o.conform_sent > 0);
-    assert_eq!(
-        o.conform_received, o.conform_sent,
-        "conforming packets lost"
-    );
+    assert_eq!(o.conform_received, o.conform_sent, "conforming packets lost");
     // The data plane's own counters saw the drops, and the status line ran.
     // Every flood packet the veth accepted reached XDP: what did not arrive
     // was dropped there (1% slack for packets a busy veth ring may shed).
     let missing = o.flood_sent - o.flood_received;
-    assert!(
-        o.xdp_dropped <= missing,
-        "xdp dropped {} > {missing} missing",
-        o.xdp_dropped
-    );
-    assert!(
-        o.xdp_dropped as f64 >= 0.99 * missing as f64,
-        "xdp dropped {} of {missing}",
-        o.xdp_dropped
-    );
+    assert!(o.xdp_dropped <= missing, "xdp dropped {} > {missing} missing", o.xdp_dropped);
+    assert!(o.xdp_dropped as f64 >= 0.99 * missing as f64, "xdp dropped {} of {missing}", o.xdp_dropped);
     assert!(o.xdp_passed >= o.conform_received + o.flood_received);
-    assert!(
-        o.daemon_log
-            .lines()
-            .any(|l| l.starts_with("passed ") && l.contains("rate_limited=")),
-        "{}",
-        o.daemon_log
-    );
+    assert!(o.daemon_log.lines().any(|l| l.starts_with("passed ") && l.contains("rate_limited=")), "{}", o.daemon_log);
 }

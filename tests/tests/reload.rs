@@ -2,10 +2,7 @@
 //! atomically with a version bump, an invalid one is refused with its file,
 //! line and field while the running version keeps enforcing, and the
 //! conforming sender loses nothing throughout.
-#![allow(
-    clippy::cast_precision_loss,
-    reason = "test measurements: counts far inside f64's exact range"
-)]
+#![allow(clippy::cast_precision_loss, reason = "test measurements: counts far inside f64's exact range")]
 
 use std::{process::Stdio, thread, time::Duration};
 
@@ -33,8 +30,7 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     net.add_source(CONFORM_SRC);
     let netload = env!("CARGO_BIN_EXE_netload");
     let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
-    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"])
-        .arg(&file);
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"]).arg(&file);
     let (daemon, rx) = spawn_lines(c).unwrap();
     let mut log = String::new();
     wait_for(&rx, "attached", Duration::from_secs(20), &mut log).unwrap();
@@ -43,19 +39,9 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     let secs = 4.0;
     let dst = format!("{B_ADDR}:{PORT}");
     let mut recv = net.b.command(netload);
-    recv.args([
-        "recv",
-        &format!("0.0.0.0:{PORT}"),
-        &format!("{}", secs + 3.0),
-    ]);
+    recv.args(["recv", &format!("0.0.0.0:{PORT}"), &format!("{}", secs + 3.0)]);
     let (recv, recv_rx) = spawn_lines(recv).unwrap();
-    wait_for(
-        &recv_rx,
-        "ready",
-        Duration::from_secs(10),
-        &mut String::new(),
-    )
-    .unwrap();
+    wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
     let conform = net
         .a
         .command(netload)
@@ -83,10 +69,7 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     hup(&daemon);
     wait_for(&rx, "SIGHUP: rejected", Duration::from_secs(5), &mut log).unwrap();
     let rejected = log.lines().last().unwrap().to_owned();
-    assert!(
-        rejected.contains(&format!("{}:2: rate:", file.display())),
-        "{rejected}"
-    );
+    assert!(rejected.contains(&format!("{}:2: rate:", file.display())), "{rejected}");
     assert!(rejected.ends_with("policy v2 keeps running"), "{rejected}");
 
     let flood_out = scenario::wait_output(Guard(flood)).unwrap();
@@ -94,12 +77,7 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     let mut recv = recv;
     assert!(recv.0.wait().unwrap().success());
     let recv_log: String = recv_rx.iter().map(|l| l + "\n").collect();
-    let flood_secs: f64 = flood_out
-        .split_whitespace()
-        .nth(3)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let flood_secs: f64 = flood_out.split_whitespace().nth(3).unwrap().parse().unwrap();
     let flood_got = field(&recv_log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0) as f64;
     let conform_sent = field(&conform_out, "sent", 1).unwrap();
     let conform_got = field(&recv_log, &format!("from {CONFORM_SRC}"), 2).unwrap_or(0);
@@ -112,12 +90,6 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     assert!(flood_got <= upper, "flood got {flood_got} > {upper:.0}");
     // And v2 really took over: more than v1 alone would have let through.
     let v1_only = 200.0 + 1000.0 * flood_secs * 1.01 + 10.0;
-    assert!(
-        flood_got > v1_only,
-        "flood got {flood_got}: v2 never applied?"
-    );
-    assert_eq!(
-        conform_got, conform_sent,
-        "conforming packets lost during reloads"
-    );
+    assert!(flood_got > v1_only, "flood got {flood_got}: v2 never applied?");
+    assert_eq!(conform_got, conform_sent, "conforming packets lost during reloads");
 }

@@ -1,10 +1,7 @@
 //! Static stability: `kill -9` of a pinned daemon in the middle of a flood
 //! leaves enforcement running, a restart re-adopts the pinned link and maps
 //! without resetting any bucket, and `limiter unload` removes it all.
-#![allow(
-    clippy::cast_precision_loss,
-    reason = "test measurements: counts far inside f64's exact range"
-)]
+#![allow(clippy::cast_precision_loss, reason = "test measurements: counts far inside f64's exact range")]
 
 use std::{
     path::{Path, PathBuf},
@@ -36,16 +33,8 @@ impl Drop for Pins {
 fn start_daemon(net: &VethPair, pins: &Path) -> (Guard, std::sync::mpsc::Receiver<String>, String) {
     let bin = scenario::locate_bin("limiter").unwrap();
     let mut c = net.b.net_command(bin);
-    c.args(["run", "--iface", B_IF, "--pin", "--pin-dir"])
-        .arg(pins);
-    c.args([
-        "--rate",
-        &RATE.to_string(),
-        "--burst",
-        &BURST.to_string(),
-        "--status-interval",
-        "0",
-    ]);
+    c.args(["run", "--iface", B_IF, "--pin", "--pin-dir"]).arg(pins);
+    c.args(["--rate", &RATE.to_string(), "--burst", &BURST.to_string(), "--status-interval", "0"]);
     let (g, rx) = spawn_lines(c).unwrap();
     let mut log = String::new();
     wait_for(&rx, "pinned in", Duration::from_secs(20), &mut log).unwrap();
@@ -55,17 +44,12 @@ fn start_daemon(net: &VethPair, pins: &Path) -> (Guard, std::sync::mpsc::Receive
 fn drops(pins: &Path) -> u64 {
     let md = MapData::from_pin(pins.join(maps::STATS)).unwrap();
     let a: PerCpuArray<MapData, Counter> = PerCpuArray::try_from(Map::PerCpuArray(md)).unwrap();
-    a.get(&(Reason::RateLimited as u32), 0)
-        .unwrap()
-        .iter()
-        .map(|c| c.packets)
-        .sum()
+    a.get(&(Reason::RateLimited as u32), 0).unwrap().iter().map(|c| c.packets).sum()
 }
 
 fn flood_bucket(pins: &Path) -> BucketState {
     let md = MapData::from_pin(pins.join(maps::BUCKETS)).unwrap();
-    let m: HashMap<MapData, BucketKey, BucketState> =
-        HashMap::try_from(Map::LruHashMap(md)).unwrap();
+    let m: HashMap<MapData, BucketKey, BucketState> = HashMap::try_from(Map::LruHashMap(md)).unwrap();
     let key = BucketKey {
         family: family::IPV4,
         prefix_len: 24,
@@ -78,11 +62,7 @@ fn flood_bucket(pins: &Path) -> BucketState {
 
 /// With the traffic stopped, a clean stop and another restart leave the
 /// flood prefix's bucket exactly as it was; then `unload` removes it all.
-fn clean_restart_keeps_the_bucket_and_unload_removes_all(
-    net: &VethPair,
-    pins: &Path,
-    mut daemon: Guard,
-) {
+fn clean_restart_keeps_the_bucket_and_unload_removes_all(net: &VethPair, pins: &Path, mut daemon: Guard) {
     // With the traffic stopped, a clean stop and another restart leave the
     // bucket exactly as it was.
     let before = flood_bucket(pins);
@@ -90,11 +70,7 @@ fn clean_restart_keeps_the_bucket_and_unload_removes_all(
     unsafe { libc::kill(i32::try_from(daemon.0.id()).unwrap(), libc::SIGTERM) };
     assert!(daemon.0.wait().unwrap().success());
     let (daemon, _rx3, _) = start_daemon(net, pins);
-    assert_eq!(
-        flood_bucket(pins),
-        before,
-        "restart reset the flood prefix's bucket"
-    );
+    assert_eq!(flood_bucket(pins), before, "restart reset the flood prefix's bucket");
     drop(daemon);
 
     // unload removes the pins and detaches the program.
@@ -105,14 +81,8 @@ fn clean_restart_keeps_the_bucket_and_unload_removes_all(
         .unwrap();
     assert!(o.status.success());
     assert!(!pins.exists(), "pins left behind");
-    let link = std::process::Command::new("ip")
-        .args(["-n", &net.b.name, "link", "show", B_IF])
-        .output()
-        .unwrap();
-    assert!(
-        !String::from_utf8_lossy(&link.stdout).contains("xdp"),
-        "still attached after unload"
-    );
+    let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&link.stdout).contains("xdp"), "still attached after unload");
 }
 
 #[test]
@@ -121,10 +91,7 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     let net = VethPair::new("rs");
     net.add_source(FLOOD_SRC);
     net.add_source(CONFORM_SRC);
-    let pins = Pins(PathBuf::from(format!(
-        "/sys/fs/bpf/limiter-test-{}",
-        std::process::id()
-    )));
+    let pins = Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-{}", std::process::id())));
     let netload = env!("CARGO_BIN_EXE_netload");
     let dst = format!("{B_ADDR}:{PORT}");
     let secs = 6.0;
@@ -133,19 +100,9 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     assert!(log.contains("new maps; new link"), "{log}");
 
     let mut recv = net.b.command(netload);
-    recv.args([
-        "recv",
-        &format!("0.0.0.0:{PORT}"),
-        &format!("{}", secs + 3.0),
-    ]);
+    recv.args(["recv", &format!("0.0.0.0:{PORT}"), &format!("{}", secs + 3.0)]);
     let (recv, recv_rx) = spawn_lines(recv).unwrap();
-    wait_for(
-        &recv_rx,
-        "ready",
-        Duration::from_secs(10),
-        &mut String::new(),
-    )
-    .unwrap();
+    wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
     let conform = net
         .a
         .command(netload)
@@ -169,18 +126,11 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     let d0 = drops(&pins.0);
     thread::sleep(Duration::from_secs(1));
     let d1 = drops(&pins.0);
-    assert!(
-        d1 > d0 + 10_000,
-        "no drops while the daemon was dead: {d0} -> {d1}"
-    );
+    assert!(d1 > d0 + 10_000, "no drops while the daemon was dead: {d0} -> {d1}");
 
     // Restart mid-flood: re-adopts, swaps the program in on the same link.
     let (daemon, _rx2, log) = start_daemon(&net, &pins.0);
-    assert!(
-        log.contains("re-adopted pinned maps")
-            && log.contains("replaced the program on the pinned link"),
-        "{log}"
-    );
+    assert!(log.contains("re-adopted pinned maps") && log.contains("replaced the program on the pinned link"), "{log}");
 
     let flood_out = scenario::wait_output(Guard(flood)).unwrap();
     let conform_out = scenario::wait_output(Guard(conform)).unwrap();
@@ -188,37 +138,18 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     assert!(recv.0.wait().unwrap().success());
     let recv_log: String = recv_rx.iter().map(|l| l + "\n").collect();
     let flood_sent = field(&flood_out, "sent", 1).unwrap();
-    let flood_secs: f64 = flood_out
-        .split_whitespace()
-        .nth(3)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let flood_secs: f64 = flood_out.split_whitespace().nth(3).unwrap().parse().unwrap();
     let flood_got = field(&recv_log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0);
     let conform_sent = field(&conform_out, "sent", 1).unwrap();
     let conform_got = field(&recv_log, &format!("from {CONFORM_SRC}"), 2).unwrap_or(0);
-    println!(
-        "flood sent {flood_sent} got {flood_got} in {flood_secs:.3} s; conforming {conform_got}/{conform_sent}"
-    );
+    println!("flood sent {flood_sent} got {flood_got} in {flood_secs:.3} s; conforming {conform_got}/{conform_sent}");
 
     // One allowance over the whole run: neither the crash nor the restart
     // left a gap or handed out a fresh burst (which would add 2000).
-    let bound = BURST as f64
-        + RATE as f64 * flood_secs
-        + RATE as f64 * 0.01
-        + 0.01 * RATE as f64 * flood_secs;
-    assert!(
-        (flood_got as f64) <= bound,
-        "flood got {flood_got} > {bound:.0}"
-    );
-    assert!(
-        flood_sent as f64 >= 10.0 * bound,
-        "flood too weak: {flood_sent}"
-    );
-    assert_eq!(
-        conform_got, conform_sent,
-        "conforming packets lost across kill -9 and restart"
-    );
+    let bound = BURST as f64 + RATE as f64 * flood_secs + RATE as f64 * 0.01 + 0.01 * RATE as f64 * flood_secs;
+    assert!((flood_got as f64) <= bound, "flood got {flood_got} > {bound:.0}");
+    assert!(flood_sent as f64 >= 10.0 * bound, "flood too weak: {flood_sent}");
+    assert_eq!(conform_got, conform_sent, "conforming packets lost across kill -9 and restart");
 
     clean_restart_keeps_the_bucket_and_unload_removes_all(&net, &pins.0, daemon);
 }
@@ -227,10 +158,7 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
 fn incompatible_pins_are_refused_not_reused() {
     require_root();
     let net = VethPair::new("ic");
-    let pins = Pins(PathBuf::from(format!(
-        "/sys/fs/bpf/limiter-test-ic-{}",
-        std::process::id()
-    )));
+    let pins = Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-ic-{}", std::process::id())));
     let (mut daemon, _rx, _) = start_daemon(&net, &pins.0);
     daemon.0.kill().unwrap();
     daemon.0.wait().unwrap();
@@ -244,26 +172,12 @@ fn incompatible_pins_are_refused_not_reused() {
         a.set(0, m, 0).unwrap();
     }
     let bin = scenario::locate_bin("limiter").unwrap();
-    let o = net
-        .b
-        .net_command(&bin)
-        .args(["run", "--iface", B_IF, "--pin", "--pin-dir"])
-        .arg(&pins.0)
-        .output()
-        .unwrap();
+    let o = net.b.net_command(&bin).args(["run", "--iface", B_IF, "--pin", "--pin-dir"]).arg(&pins.0).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.contains("incompatible")
-            && err.contains("schema 999")
-            && err.contains("limiter unload"),
-        "{err}"
-    );
+    assert!(err.contains("incompatible") && err.contains("schema 999") && err.contains("limiter unload"), "{err}");
     // The old program is still the one attached: refusal changed nothing.
-    let link = std::process::Command::new("ip")
-        .args(["-n", &net.b.name, "link", "show", B_IF])
-        .output()
-        .unwrap();
+    let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
     assert!(String::from_utf8_lossy(&link.stdout).contains("xdp"));
 }

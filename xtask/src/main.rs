@@ -17,12 +17,7 @@ use clap::{Parser, Subcommand};
 /// Debian packages: rustc-web ships precompiled `core` for the BPF target
 /// (libstd-rust-web-dev-bpf) and is built on LLVM 22, which bpf-linker
 /// links against (llvm-22-dev). See ../shared/docs/toolchain.md.
-const APT_PACKAGES: &[&str] = &[
-    "rustc-web",
-    "libstd-rust-web-dev-bpf",
-    "llvm-22-dev",
-    "iproute2",
-];
+const APT_PACKAGES: &[&str] = &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "iproute2"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(Parser)]
@@ -80,10 +75,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn require_root() -> anyhow::Result<()> {
-    let out = Command::new("id")
-        .arg("-u")
-        .output()
-        .context("running id -u")?;
+    let out = Command::new("id").arg("-u").output().context("running id -u")?;
     if String::from_utf8_lossy(&out.stdout).trim() != "0" {
         bail!("this needs root (it loads XDP programs and creates network namespaces)");
     }
@@ -118,15 +110,7 @@ fn test_with_summary() -> anyhow::Result<()> {
         if let Some(rest) = line.strip_prefix("test result: ") {
             let count = |word: &str| -> u64 {
                 rest.split(';')
-                    .find_map(|part| {
-                        part.trim()
-                            .strip_suffix(word)?
-                            .trim()
-                            .rsplit(' ')
-                            .next()?
-                            .parse()
-                            .ok()
-                    })
+                    .find_map(|part| part.trim().strip_suffix(word)?.trim().rsplit(' ').next()?.parse().ok())
                     .unwrap_or(0)
             };
             passed += count("passed");
@@ -146,11 +130,7 @@ fn test_with_summary() -> anyhow::Result<()> {
 }
 
 fn setup() -> anyhow::Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !dpkg_installed(p))
-        .collect();
+    let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !dpkg_installed(p)).collect();
     if !missing.is_empty() {
         eprintln!("xtask: installing {}", missing.join(" "));
         require_root()?;
@@ -159,32 +139,15 @@ fn setup() -> anyhow::Result<()> {
         args.extend(&missing);
         run(apt(&args))?;
     }
-    let have = Command::new("bpf-linker")
-        .arg("--version")
-        .output()
-        .ok()
-        .filter(|o| o.status.success());
-    let current =
-        have.is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION));
+    let have = Command::new("bpf-linker").arg("--version").output().ok().filter(|o| o.status.success());
+    let current = have.is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION));
     if !current {
         eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} (about a minute)");
         let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        c.args([
-            "install",
-            "bpf-linker",
-            "--locked",
-            "--version",
-            BPF_LINKER_VERSION,
-        ])
-        .args(["--no-default-features", "--features", "llvm-22"])
-        .env("LLVM_PREFIX", "/usr/lib/llvm-22")
-        .env(
-            "PATH",
-            format!(
-                "/usr/lib/llvm-22/bin:{}",
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        );
+        c.args(["install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION])
+            .args(["--no-default-features", "--features", "llvm-22"])
+            .env("LLVM_PREFIX", "/usr/lib/llvm-22")
+            .env("PATH", format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default()));
         run(c)?;
     }
     Ok(())

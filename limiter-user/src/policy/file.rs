@@ -25,7 +25,7 @@ use std::path::Path;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{Class, CostUnit, Limit, Mode, Policy, PolicyError, bad};
+use super::{Class, CostUnit, Limit, Mode, Override, OverrideAction, Policy, PolicyError, bad};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,6 +39,18 @@ struct Root {
     capacity: Option<Spanned<u32>>,
     #[serde(default, rename = "class")]
     classes: Vec<Spanned<ClassSpec>>,
+    #[serde(default, rename = "override")]
+    overrides: Vec<Spanned<OverrideSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverrideSpec {
+    cidr: Spanned<String>,
+    action: Option<Spanned<String>>,
+    rate: Option<Spanned<u64>>,
+    burst: Option<Spanned<u64>>,
+    mode: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -75,10 +87,8 @@ pub fn load(path: &Path, base: &Policy) -> Result<Policy, PolicyError> {
 
 /// Parse and validate policy text; `name` is used in error messages.
 pub fn parse(name: &str, text: &str, base: &Policy) -> Result<Policy, PolicyError> {
-    let locate = |e: PolicyError, offset: usize| PolicyError {
-        location: Some((name.to_owned(), line_of(text, offset))),
-        ..e
-    };
+    let locate =
+        |e: PolicyError, offset: usize| PolicyError { location: Some((name.to_owned(), line_of(text, offset))), ..e };
     let root: Root = toml::from_str(text).map_err(|e| {
         let offset = e.span().map_or(0, |s| s.start);
         let field = field_at(text, offset);
@@ -96,16 +106,7 @@ pub fn parse(name: &str, text: &str, base: &Policy) -> Result<Policy, PolicyErro
 type Located<T> = Result<T, (PolicyError, usize)>;
 
 fn build(root: Root, base: &Policy) -> Located<Policy> {
-    let Root {
-        mode,
-        rate,
-        burst,
-        cost,
-        v4_prefix,
-        v6_prefix,
-        capacity,
-        classes,
-    } = root;
+    let Root { mode, rate, burst, cost, v4_prefix, v6_prefix, capacity, classes, overrides } = root;
     let global_mode = opt(mode, "mode", parse_mode)?.unwrap_or(base.default.mode);
     let default = Limit {
         rate: rate.map_or(base.default.rate, Spanned::into_inner),
@@ -118,9 +119,18 @@ fn build(root: Root, base: &Policy) -> Located<Policy> {
         .enumerate()
         .map(|(i, c)| build_class(i, c.into_inner(), global_mode))
         .collect::<Located<Vec<_>>>()?;
+    let overrides = overrides
+        .into_iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let start = o.span().start;
+            build_override(i, o.into_inner(), default, start)
+        })
+        .collect::<Located<Vec<_>>>()?;
     Ok(Policy {
         default,
         classes,
+        overrides,
         v4_prefix: v4_prefix.map_or(base.v4_prefix, Spanned::into_inner),
         v6_prefix: v6_prefix.map_or(base.v6_prefix, Spanned::into_inner),
         capacity: capacity.map_or(base.capacity, Spanned::into_inner),
@@ -129,16 +139,7 @@ fn build(root: Root, base: &Policy) -> Located<Policy> {
 
 fn build_class(i: usize, c: ClassSpec, global_mode: Mode) -> Located<Class> {
     let at = |f: &str| format!("class[{i}].{f}");
-    let ClassSpec {
-        name,
-        protocol,
-        ports,
-        syn,
-        rate,
-        burst,
-        cost,
-        mode,
-    } = c;
+    let ClassSpec { name, protocol, ports, syn, rate, burst, cost, mode } = c;
     let protocol = opt(protocol, &at("protocol"), parse_protocol)?.unwrap_or(0);
     let ports = match ports {
         None => Vec::new(),
@@ -164,12 +165,40 @@ fn build_class(i: usize, c: ClassSpec, global_mode: Mode) -> Located<Class> {
     })
 }
 
+fn build_override(i: usize, o: OverrideSpec, default: Limit, start: usize) -> Located<Override> {
+    let at = |f: &str| format!("override[{i}].{f}");
+    let OverrideSpec { cidr, action, rate, burst, mode } = o;
+    let cidr_at = cidr.span().start;
+    let net = cidr
+        .get_ref()
+        .parse::<ipnet::IpNet>()
+        .map_err(|e| (bad(at("cidr"), format!("{:?}: {e}", cidr.get_ref())), cidr_at))?;
+    let action = match (action, rate, burst) {
+        (Some(a), None, None) => {
+            let a_at = a.span().start;
+            match a.get_ref().as_str() {
+                "allow" => OverrideAction::Allow,
+                "deny" => OverrideAction::Deny,
+                other => {
+                    return Err((bad(at("action"), format!("{other:?} is not \"allow\" or \"deny\"")), a_at));
+                }
+            }
+        }
+        (None, Some(r), Some(b)) => OverrideAction::Limit(Limit {
+            rate: r.into_inner(),
+            burst: b.into_inner(),
+            cost: default.cost,
+            mode: opt(mode, &at("mode"), parse_mode)?.unwrap_or(default.mode),
+        }),
+        _ => {
+            return Err((bad(at("action"), "give either action = \"allow\"/\"deny\" or both rate and burst"), start));
+        }
+    };
+    Ok(Override { net, action })
+}
+
 /// Convert an optional string field, locating a bad value.
-fn opt<T>(
-    v: Option<Spanned<String>>,
-    field: &str,
-    f: fn(&str) -> Result<T, String>,
-) -> Located<Option<T>> {
+fn opt<T>(v: Option<Spanned<String>>, field: &str, f: fn(&str) -> Result<T, String>) -> Located<Option<T>> {
     v.map(|s| {
         let start = s.span().start;
         f(s.get_ref()).map_err(|e| (bad(field, e), start))
@@ -208,14 +237,8 @@ fn parse_port(p: &PortSpec) -> Result<(u16, u16), String> {
     let (lo, hi) = match p {
         PortSpec::Port(n) => (*n, *n),
         PortSpec::Range(r) => {
-            let (a, b) = r
-                .split_once('-')
-                .ok_or_else(|| format!("{r:?} is not a port or a \"low-high\" range"))?;
-            let num = |x: &str| {
-                x.trim()
-                    .parse::<u16>()
-                    .map_err(|_| format!("{r:?}: {x:?} is not a port number"))
-            };
+            let (a, b) = r.split_once('-').ok_or_else(|| format!("{r:?} is not a port or a \"low-high\" range"))?;
+            let num = |x: &str| x.trim().parse::<u16>().map_err(|_| format!("{r:?}: {x:?} is not a port number"));
             (num(a)?, num(b)?)
         }
     };
@@ -239,24 +262,13 @@ fn field_at(text: &str, offset: usize) -> String {
         let t = line.trim();
         if n + 1 == line_no {
             let key = t.split_once('=').map_or(t, |(k, _)| k).trim();
-            return if table.is_empty() {
-                key.to_owned()
-            } else {
-                format!("{table}.{key}")
-            };
+            return if table.is_empty() { key.to_owned() } else { format!("{table}.{key}") };
         }
-        if let Some(name) = t
-            .strip_prefix("[[")
-            .and_then(|r| r.split_once("]]"))
-            .map(|(n, _)| n.trim().to_owned())
-        {
+        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.split_once("]]")).map(|(n, _)| n.trim().to_owned()) {
             let i = counts.entry(name.clone()).or_insert(0);
             table = format!("{name}[{i}]");
             *i += 1;
-        } else if let Some(name) = t
-            .strip_prefix('[')
-            .and_then(|r| r.split_once(']'))
-            .map(|(n, _)| n.trim().to_owned())
+        } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.split_once(']')).map(|(n, _)| n.trim().to_owned())
         {
             table = name;
         }
@@ -315,20 +327,11 @@ burst = 4000
     #[test]
     fn a_full_policy_parses() {
         let p = parse("p.toml", GOOD, &Policy::default()).unwrap();
-        assert_eq!(
-            (p.default.rate, p.default.burst, p.v6_prefix, p.v4_prefix),
-            (500, 1000, 48, 24)
-        );
+        assert_eq!((p.default.rate, p.default.burst, p.v6_prefix, p.v4_prefix), (500, 1000, 48, 24));
         assert_eq!(p.classes.len(), 2);
         assert_eq!(p.classes[0].ports, vec![(443, 443), (8000, 8080)]);
-        assert_eq!(
-            (p.classes[0].syn, p.classes[0].limit.mode),
-            (true, Mode::Shadow)
-        );
-        assert_eq!(
-            (p.classes[1].protocol, p.classes[1].limit.mode),
-            (17, Mode::Enforce)
-        );
+        assert_eq!((p.classes[0].syn, p.classes[0].limit.mode), (true, Mode::Shadow));
+        assert_eq!((p.classes[1].protocol, p.classes[1].limit.mode), (17, Mode::Enforce));
     }
 
     #[test]
@@ -346,12 +349,7 @@ burst = 4000
                 "class[0].protocol",
                 "not one of",
             ),
-            (
-                "[[class]]\nname = \"a\"\nrate = 1\nburst = 1\nsyn = true\n",
-                5,
-                "class[0].syn",
-                "tcp",
-            ),
+            ("[[class]]\nname = \"a\"\nrate = 1\nburst = 1\nsyn = true\n", 5, "class[0].syn", "tcp"),
             (
                 "[[class]]\nname = \"a\"\nrate = 1\nburst = 1\n[[class]]\nname = \"b\"\nrate = 0\nburst = 1\n",
                 7,
@@ -364,32 +362,20 @@ burst = 4000
                 "class[0].ports",
                 "range",
             ),
-            (
-                "[[class]]\nname = \"a\"\nrate = 1\nburst = 1\ncolour = 1\n",
-                5,
-                "class[0].colour",
-                "unknown field",
-            ),
+            ("[[class]]\nname = \"a\"\nrate = 1\nburst = 1\ncolour = 1\n", 5, "class[0].colour", "unknown field"),
         ];
         for (text, line, field, problem) in cases {
             let e = err(text);
             assert_eq!(e.location, Some(("p.toml".into(), line)), "{text:?}: {e}");
             assert_eq!(e.field, field, "{text:?}: {e}");
             assert!(e.problem.contains(problem), "{text:?}: {e}");
-            assert!(
-                e.to_string()
-                    .starts_with(&format!("p.toml:{line}: {field}: ")),
-                "{e}"
-            );
+            assert!(e.to_string().starts_with(&format!("p.toml:{line}: {field}: ")), "{e}");
         }
     }
 
     #[test]
     fn missing_file_is_an_error_with_its_path() {
         let e = load(Path::new("/nonexistent/limiter.toml"), &Policy::default()).unwrap_err();
-        assert!(
-            e.to_string().starts_with("/nonexistent/limiter.toml:"),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("/nonexistent/limiter.toml:"), "{e}");
     }
 }

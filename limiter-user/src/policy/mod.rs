@@ -72,12 +72,43 @@ pub struct Class {
     pub limit: Limit,
 }
 
+/// What an override does to the prefixes it covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverrideAction {
+    /// Own limits for the default class of each bucket it covers.
+    Limit(Limit),
+    /// Never limited, in any class.
+    Allow,
+    /// Always dropped, in any class.
+    Deny,
+}
+
+/// A per-prefix override. The most specific one containing a bucket's
+/// prefix applies. It may not be longer than the bucket prefix length of
+/// its family: overrides act on whole buckets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Override {
+    pub net: ipnet::IpNet,
+    pub action: OverrideAction,
+}
+
+/// Overrides in the form the kernel's tries and `OVR_LIMITS` take.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompiledOverrides {
+    /// (prefix length, address in network byte order, resolution code).
+    pub v4: Vec<(u32, u32, u32)>,
+    pub v6: Vec<(u32, [u32; 4], u32)>,
+    /// Limits of override code `n` at index `n - 1`.
+    pub limits: Vec<ClassLimits>,
+}
+
 /// A complete policy. [`Policy::default`] is the built-in one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// Limits of the default class (everything no class matches).
     pub default: Limit,
     pub classes: Vec<Class>,
+    pub overrides: Vec<Override>,
     pub v4_prefix: u32,
     pub v6_prefix: u32,
     /// Tracked prefixes (LRU capacity of the bucket map).
@@ -90,13 +121,9 @@ impl Default for Policy {
     /// well-behaved network in front of a TLS edge, far below a flood.
     fn default() -> Self {
         Self {
-            default: Limit {
-                rate: 1_000,
-                burst: 2_000,
-                cost: CostUnit::Packets,
-                mode: Mode::Enforce,
-            },
+            default: Limit { rate: 1_000, burst: 2_000, cost: CostUnit::Packets, mode: Mode::Enforce },
             classes: Vec::new(),
+            overrides: Vec::new(),
             v4_prefix: 24,
             v6_prefix: 56,
             capacity: limiter_common::maps::DEFAULT_BUCKET_CAPACITY,
@@ -117,27 +144,15 @@ pub struct PolicyError {
 }
 
 pub(crate) fn bad(field: impl Into<String>, problem: impl Into<String>) -> PolicyError {
-    PolicyError {
-        field: field.into(),
-        problem: problem.into(),
-        location: None,
-    }
+    PolicyError { field: field.into(), problem: problem.into(), location: None }
 }
 
 impl Limit {
     /// Check the limit and derive the kernel's form. `at` prefixes field names.
     pub fn to_kernel(&self, at: &str) -> Result<ClassLimits, PolicyError> {
-        let Self {
-            rate,
-            burst,
-            cost,
-            mode,
-        } = *self;
+        let Self { rate, burst, cost, mode } = *self;
         if !(1..=limiter_common::gcra::MAX_RATE).contains(&rate) {
-            return Err(bad(
-                format!("{at}rate"),
-                format!("{rate} is outside 1..={}", limiter_common::gcra::MAX_RATE),
-            ));
+            return Err(bad(format!("{at}rate"), format!("{rate} is outside 1..={}", limiter_common::gcra::MAX_RATE)));
         }
         let min_burst = match cost {
             CostUnit::Packets => 1,
@@ -158,25 +173,15 @@ impl Limit {
             Mode::Enforce => mode::ENFORCE,
             Mode::Shadow => mode::SHADOW,
         };
-        ClassLimits::new(rate, burst, cost, mode).ok_or_else(|| {
-            bad(
-                format!("{at}burst"),
-                format!("{burst} is too large for rate {rate}"),
-            )
-        })
+        ClassLimits::new(rate, burst, cost, mode)
+            .ok_or_else(|| bad(format!("{at}burst"), format!("{burst} is too large for rate {rate}")))
     }
 }
 
 impl Policy {
     /// Check every field and derive the data-plane config, stamped `version`.
     pub fn compile(&self, version: u64) -> Result<Config, PolicyError> {
-        let Self {
-            default,
-            classes,
-            v4_prefix,
-            v6_prefix,
-            capacity,
-        } = self;
+        let Self { default, classes, overrides, v4_prefix, v6_prefix, capacity } = self;
         if *v4_prefix > 32 {
             return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));
         }
@@ -187,10 +192,7 @@ impl Policy {
             return Err(bad("capacity", "must be at least 1"));
         }
         if classes.len() > MAX_CLASSES - 1 {
-            return Err(bad(
-                "class",
-                format!("{} classes, at most {} fit", classes.len(), MAX_CLASSES - 1),
-            ));
+            return Err(bad("class", format!("{} classes, at most {} fit", classes.len(), MAX_CLASSES - 1)));
         }
         let mut cfg = Config {
             version,
@@ -204,35 +206,19 @@ impl Policy {
         for (i, c) in classes.iter().enumerate() {
             let at = format!("class[{i}].");
             if c.name.is_empty() || classes[..i].iter().any(|o| o.name == c.name) {
-                return Err(bad(
-                    format!("{at}name"),
-                    format!("{:?} is empty or used twice", c.name),
-                ));
+                return Err(bad(format!("{at}name"), format!("{:?} is empty or used twice", c.name)));
             }
             if c.syn && c.protocol != 6 {
-                return Err(bad(
-                    format!("{at}syn"),
-                    "syn = true needs protocol = \"tcp\"",
-                ));
+                return Err(bad(format!("{at}syn"), "syn = true needs protocol = \"tcp\""));
             }
             if !c.ports.is_empty() && c.protocol != 6 && c.protocol != 17 {
-                return Err(bad(
-                    format!("{at}ports"),
-                    "ports need protocol = \"tcp\" or \"udp\"",
-                ));
+                return Err(bad(format!("{at}ports"), "ports need protocol = \"tcp\" or \"udp\""));
             }
             cfg.classes[i + 1] = c.limit.to_kernel(&at)?;
-            let ranges: &[(u16, u16)] = if c.ports.is_empty() {
-                &[(0, u16::MAX)]
-            } else {
-                &c.ports
-            };
+            let ranges: &[(u16, u16)] = if c.ports.is_empty() { &[(0, u16::MAX)] } else { &c.ports };
             for &(lo, hi) in ranges {
                 if lo > hi {
-                    return Err(bad(
-                        format!("{at}ports"),
-                        format!("range {lo}-{hi} is empty"),
-                    ));
+                    return Err(bad(format!("{at}ports"), format!("range {lo}-{hi} is empty")));
                 }
                 let Some(m) = cfg.matchers.get_mut(n) else {
                     return Err(bad(
@@ -241,28 +227,73 @@ impl Policy {
                     ));
                 };
                 let class = u8::try_from(i + 1).expect("fewer than MAX_CLASSES");
-                *m = Matcher {
-                    proto: c.protocol,
-                    syn: u8::from(c.syn),
-                    class,
-                    pad: 0,
-                    port_lo: lo,
-                    port_hi: hi,
-                };
+                *m = Matcher { proto: c.protocol, syn: u8::from(c.syn), class, pad: 0, port_lo: lo, port_hi: hi };
                 n += 1;
             }
         }
         cfg.n_matchers = u32::try_from(n).expect("bounded by MAX_MATCHERS");
+        compile_overrides(overrides, *default, *v4_prefix, *v6_prefix)?;
         Ok(cfg)
+    }
+
+    /// The overrides in kernel form (validated as by [`Policy::compile`]).
+    pub fn compile_overrides(&self) -> Result<CompiledOverrides, PolicyError> {
+        compile_overrides(&self.overrides, self.default, self.v4_prefix, self.v6_prefix)
     }
 
     /// Names of the classes by index (0 = `default`).
     #[must_use]
     pub fn class_names(&self) -> Vec<&str> {
-        std::iter::once("default")
-            .chain(self.classes.iter().map(|c| c.name.as_str()))
-            .collect()
+        std::iter::once("default").chain(self.classes.iter().map(|c| c.name.as_str())).collect()
     }
+}
+
+fn compile_overrides(list: &[Override], default: Limit, v4: u32, v6: u32) -> Result<CompiledOverrides, PolicyError> {
+    use ipnet::IpNet;
+    use limiter_common::{maps::MAX_OVERRIDES, resolution};
+
+    if list.len() > MAX_OVERRIDES as usize {
+        return Err(bad("override", format!("{} overrides, at most {MAX_OVERRIDES} fit", list.len())));
+    }
+    let mut out = CompiledOverrides::default();
+    let mut seen = std::collections::HashSet::new();
+    for (i, o) in list.iter().enumerate() {
+        let at = format!("override[{i}].");
+        let net = o.net;
+        if net.trunc() != net {
+            return Err(bad(format!("{at}cidr"), format!("{net} has host bits set (did you mean {}?)", net.trunc())));
+        }
+        let bucket = if net.addr().is_ipv4() { v4 } else { v6 };
+        if u32::from(net.prefix_len()) > bucket {
+            return Err(bad(
+                format!("{at}cidr"),
+                format!("{net} is longer than the bucket prefix /{bucket}: an override covers whole buckets"),
+            ));
+        }
+        if !seen.insert(net) {
+            return Err(bad(format!("{at}cidr"), format!("{net} is listed twice")));
+        }
+        let code = match o.action {
+            OverrideAction::Allow => resolution::ALLOW,
+            OverrideAction::Deny => resolution::DENY,
+            OverrideAction::Limit(l) => {
+                let _ = default;
+                out.limits.push(l.to_kernel(&at)?);
+                u32::try_from(out.limits.len()).expect("bounded by MAX_OVERRIDES")
+            }
+        };
+        let plen = u32::from(net.prefix_len());
+        match net {
+            IpNet::V4(n) => out.v4.push((plen, u32::from_ne_bytes(n.addr().octets()), code)),
+            IpNet::V6(n) => {
+                let o = n.addr().octets();
+                let words =
+                    std::array::from_fn(|w| u32::from_ne_bytes([o[w * 4], o[w * 4 + 1], o[w * 4 + 2], o[w * 4 + 3]]));
+                out.v6.push((plen, words, code));
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -275,13 +306,35 @@ mod tests {
             protocol: 6,
             ports: vec![(443, 443), (8443, 8443)],
             syn: true,
-            limit: Limit {
-                rate: 20,
-                burst: 40,
-                cost: CostUnit::Packets,
-                mode: Mode::Shadow,
-            },
+            limit: Limit { rate: 20, burst: 40, cost: CostUnit::Packets, mode: Mode::Shadow },
         }
+    }
+
+    fn ovr(cidr: &str, action: OverrideAction) -> Policy {
+        Policy { overrides: vec![Override { net: cidr.parse().unwrap(), action }], ..Policy::default() }
+    }
+
+    #[test]
+    fn overrides_compile_to_trie_entries_and_limits() {
+        let lim = Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce };
+        let p = Policy {
+            overrides: vec![
+                Override { net: "198.18.0.0/16".parse().unwrap(), action: OverrideAction::Limit(lim) },
+                Override { net: "198.18.5.0/24".parse().unwrap(), action: OverrideAction::Allow },
+                Override { net: "2001:2::/48".parse().unwrap(), action: OverrideAction::Deny },
+            ],
+            ..Policy::default()
+        };
+        let c = p.compile_overrides().unwrap();
+        assert_eq!(
+            c.v4,
+            vec![(16, u32::from_ne_bytes([198, 18, 0, 0]), 1), (24, u32::from_ne_bytes([198, 18, 5, 0]), u32::MAX)]
+        );
+        assert_eq!(c.v6.len(), 1);
+        assert_eq!(c.v6[0].2, u32::MAX - 1);
+        assert_eq!(c.limits, vec![lim.to_kernel("").unwrap()]);
+        let dup = Policy { overrides: vec![p.overrides[1], p.overrides[1]], ..Policy::default() };
+        assert!(dup.compile(1).unwrap_err().problem.contains("twice"));
     }
 
     #[test]
@@ -290,26 +343,16 @@ mod tests {
         // 1 ms per packet and 2 s of burst, in 1/16 ns.
         assert_eq!(c.classes[0].unit, 16_000_000);
         assert_eq!(c.classes[0].tau, 32_000_000_000);
-        assert_eq!(
-            (c.version, c.n_matchers, c.flags),
-            (1, 0, flags::CONFIGURED)
-        );
+        assert_eq!((c.version, c.n_matchers, c.flags), (1, 0, flags::CONFIGURED));
     }
 
     #[test]
     fn classes_compile_to_one_matcher_per_port_range() {
-        let p = Policy {
-            classes: vec![https_syn()],
-            ..Policy::default()
-        };
+        let p = Policy { classes: vec![https_syn()], ..Policy::default() };
         let c = p.compile(7).unwrap();
         assert_eq!(c.n_matchers, 2);
         assert_eq!((c.matchers[0].port_lo, c.matchers[1].port_lo), (443, 8443));
-        assert!(
-            c.matchers[..2]
-                .iter()
-                .all(|m| m.class == 1 && m.syn == 1 && m.proto == 6)
-        );
+        assert!(c.matchers[..2].iter().all(|m| m.class == 1 && m.syn == 1 && m.proto == 6));
         assert_eq!(c.classes[1].mode, mode::SHADOW);
         assert_eq!(p.class_names(), ["default", "https-syn"]);
     }
@@ -321,90 +364,27 @@ mod tests {
         let with_class = |f: fn(&mut Class)| {
             let mut c = https_syn();
             f(&mut c);
-            Policy {
-                classes: vec![c],
-                ..d.clone()
-            }
+            Policy { classes: vec![c], ..d.clone() }
         };
         let cases = [
-            (
-                Policy {
-                    default: Limit { rate: 0, ..lim },
-                    ..d.clone()
-                },
-                "rate",
-            ),
-            (
-                Policy {
-                    default: Limit { burst: 0, ..lim },
-                    ..d.clone()
-                },
-                "burst",
-            ),
-            (
-                Policy {
-                    default: Limit {
-                        cost: CostUnit::Bytes,
-                        burst: 1000,
-                        ..lim
-                    },
-                    ..d.clone()
-                },
-                "burst",
-            ),
-            (
-                Policy {
-                    default: Limit {
-                        burst: u64::MAX / 2,
-                        ..lim
-                    },
-                    ..d.clone()
-                },
-                "burst",
-            ),
-            (
-                Policy {
-                    v4_prefix: 33,
-                    ..d.clone()
-                },
-                "v4_prefix",
-            ),
-            (
-                Policy {
-                    v6_prefix: 129,
-                    ..d.clone()
-                },
-                "v6_prefix",
-            ),
-            (
-                Policy {
-                    capacity: 0,
-                    ..d.clone()
-                },
-                "capacity",
-            ),
+            (Policy { default: Limit { rate: 0, ..lim }, ..d.clone() }, "rate"),
+            (Policy { default: Limit { burst: 0, ..lim }, ..d.clone() }, "burst"),
+            (Policy { default: Limit { cost: CostUnit::Bytes, burst: 1000, ..lim }, ..d.clone() }, "burst"),
+            (Policy { default: Limit { burst: u64::MAX / 2, ..lim }, ..d.clone() }, "burst"),
+            (Policy { v4_prefix: 33, ..d.clone() }, "v4_prefix"),
+            (Policy { v6_prefix: 129, ..d.clone() }, "v6_prefix"),
+            (Policy { capacity: 0, ..d.clone() }, "capacity"),
             (with_class(|c| c.limit.rate = 0), "class[0].rate"),
             (with_class(|c| c.protocol = 17), "class[0].syn"),
             (with_class(|c| c.name.clear()), "class[0].name"),
             (with_class(|c| c.ports = vec![(9, 3)]), "class[0].ports"),
-            (
-                with_class(|c| c.ports = (1..=17).map(|p| (p, p)).collect()),
-                "class[0].ports",
-            ),
-            (
-                Policy {
-                    classes: vec![https_syn(); 8],
-                    ..d.clone()
-                },
-                "class",
-            ),
-            (
-                Policy {
-                    classes: vec![https_syn(), https_syn()],
-                    ..d
-                },
-                "class[1].name",
-            ),
+            (with_class(|c| c.ports = (1..=17).map(|p| (p, p)).collect()), "class[0].ports"),
+            (Policy { classes: vec![https_syn(); 8], ..d.clone() }, "class"),
+            (Policy { classes: vec![https_syn(), https_syn()], ..d }, "class[1].name"),
+            (ovr("198.18.5.1/24", OverrideAction::Allow), "override[0].cidr"),
+            (ovr("198.18.5.0/25", OverrideAction::Allow), "override[0].cidr"),
+            (ovr("2001:2::/64", OverrideAction::Deny), "override[0].cidr"),
+            (ovr("198.18.0.0/16", OverrideAction::Limit(Limit { rate: 0, ..lim })), "override[0].rate"),
         ];
         for (p, field) in cases {
             assert_eq!(p.compile(1).unwrap_err().field, field, "{p:?}");

@@ -32,19 +32,9 @@ fn measure(l: &mut Limiter, prog: &'static str, frame: &[u8], want: u32) -> f64 
 
 fn main() {
     kernel::require_root();
-    let frame = Frame::eth(ETH_P_IP)
-        .ipv4(Ipv4Addr::new(198, 18, 5, 1), IPPROTO_UDP, 0, 0)
-        .udp()
-        .payload(22)
-        .bytes;
+    let frame = Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 5, 1), IPPROTO_UDP, 0, 0).udp().payload(22).bytes;
     // Admit path: a rate so high the bucket never empties.
-    let mut admit = kernel::open(&kernel::config(
-        limiter_common::gcra::MAX_RATE,
-        1 << 40,
-        false,
-        24,
-        56,
-    ));
+    let mut admit = kernel::open(&kernel::config(limiter_common::gcra::MAX_RATE, 1 << 40, false, 24, 56));
     // Drop path: one packet of allowance, then everything is refused.
     let mut refuse = kernel::open(&kernel::config(1, 1, false, 24, 56));
     for l in [&mut admit, &mut refuse] {
@@ -59,24 +49,9 @@ fn main() {
     let mut drop = Vec::new();
     // Interleave rounds so drift on a noisy VM hits every row alike.
     for _ in 0..3 {
-        bare.push(measure(
-            &mut admit,
-            programs::BASELINE_DROP,
-            &frame,
-            kernel::XDP_DROP,
-        ));
-        hit.push(measure(
-            &mut admit,
-            programs::LIMITER,
-            &frame,
-            kernel::XDP_PASS,
-        ));
-        drop.push(measure(
-            &mut refuse,
-            programs::LIMITER,
-            &frame,
-            kernel::XDP_DROP,
-        ));
+        bare.push(measure(&mut admit, programs::BASELINE_DROP, &frame, kernel::XDP_DROP));
+        hit.push(measure(&mut admit, programs::LIMITER, &frame, kernel::XDP_PASS));
+        drop.push(measure(&mut refuse, programs::LIMITER, &frame, kernel::XDP_DROP));
     }
     let pick = |v: Vec<f64>| {
         let mut v = v;
@@ -85,42 +60,17 @@ fn main() {
     };
     let (bare, hit, drop) = (pick(bare), pick(hit), pick(drop));
 
-    println!(
-        "BPF_PROG_TEST_RUN, {REPEAT} runs x {ROUNDS} rounds x 3, median, 64-byte UDP/IPv4 frame"
-    );
-    println!(
-        "{:<44} {:>10} {:>12}",
-        "program", "ns/packet", "x bare drop"
-    );
+    println!("BPF_PROG_TEST_RUN, {REPEAT} runs x {ROUNDS} rounds x 3, median, 64-byte UDP/IPv4 frame");
+    println!("{:<44} {:>10} {:>12}", "program", "ns/packet", "x bare drop");
     println!("{:<44} {:>10.1} {:>12.2}", "bare XDP_DROP", bare, 1.0);
-    println!(
-        "{:<44} {:>10.1} {:>12.2}",
-        "limiter hit path (bucket exists, admitted)",
-        hit,
-        hit / bare
-    );
-    println!(
-        "{:<44} {:>10.1} {:>12.2}",
-        "limiter hit path (bucket exists, dropped)",
-        drop,
-        drop / bare
-    );
-    println!(
-        "goal: hit path at most 3x bare -> {}",
-        if hit / bare <= 3.0 { "met" } else { "NOT met" }
-    );
+    println!("{:<44} {:>10.1} {:>12.2}", "limiter hit path (bucket exists, admitted)", hit, hit / bare);
+    println!("{:<44} {:>10.1} {:>12.2}", "limiter hit path (bucket exists, dropped)", drop, drop / bare);
+    println!("goal: hit path at most 3x bare -> {}", if hit / bare <= 3.0 { "met" } else { "NOT met" });
     println!();
     println!("{:<44} {:>10}", "verifier, processed instructions", "insns");
-    for p in [
-        programs::BASELINE_DROP,
-        programs::LIMITER,
-        programs::LIMITER_TEST_CLOCK,
-    ] {
+    for p in [programs::BASELINE_DROP, programs::LIMITER, programs::LIMITER_TEST_CLOCK] {
         admit.load_program(p).unwrap();
-        let n = admit
-            .verified_instructions(p)
-            .unwrap()
-            .map_or("n/a".into(), |n| n.to_string());
+        let n = admit.verified_instructions(p).unwrap().map_or("n/a".into(), |n| n.to_string());
         println!("{p:<44} {n:>10}");
     }
 }

@@ -9,14 +9,7 @@ use limiter_tests::{
 
 fn main() -> anyhow::Result<()> {
     require_root();
-    let f = Flood {
-        rate: 1000,
-        burst: 200,
-        secs: 5.0,
-        flood_pps: 0,
-        conform_pps: 500,
-        mode: "native",
-    };
+    let f = Flood { rate: 1000, burst: 200, secs: 5.0, flood_pps: 0, conform_pps: 500, mode: "native" };
     let limiter = scenario::locate_bin("limiter")?;
     let netload = scenario::locate_bin("netload")?;
     println!(
@@ -24,16 +17,10 @@ fn main() -> anyhow::Result<()> {
         f.rate, f.burst, f.secs, f.conform_pps
     );
     let o = scenario::run(&limiter, &netload, &f)?;
-    println!(
-        "\n--- limiter's own output ---\n{}",
-        o.daemon_log.trim_end()
-    );
+    println!("\n--- limiter's own output ---\n{}", o.daemon_log.trim_end());
     #[expect(clippy::cast_precision_loss, reason = "display only")]
     let allowance = f.burst as f64 + f.rate as f64 * o.flood_secs;
-    println!(
-        "\n{:<16} {:<11} {:>10} {:>10} {:>10} {:>12}",
-        "prefix", "role", "sent", "passed", "dropped", "allowance"
-    );
+    println!("\n{:<16} {:<11} {:>10} {:>10} {:>10} {:>12}", "prefix", "role", "sent", "passed", "dropped", "allowance");
     println!(
         "{:<16} {:<11} {:>10} {:>10} {:>10} {:>12.0}",
         "198.18.1.0/24",
@@ -52,9 +39,6 @@ fn main() -> anyhow::Result<()> {
         o.conform_sent - o.conform_received,
         "-"
     );
-    println!(
-        "\nXDP counters: passed {} dropped {} (all prefixes, ARP included)",
-        o.xdp_passed, o.xdp_dropped
-    );
+    println!("\nXDP counters: passed {} dropped {} (all prefixes, ARP included)", o.xdp_passed, o.xdp_dropped);
     Ok(())
 }

@@ -20,17 +20,9 @@ const MAX_PACKETS: u64 = 50_000_000;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args
-        .iter()
-        .map(String::as_str)
-        .collect::<Vec<_>>()
-        .as_slice()
-    {
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["send", src, dst, pps, secs, rest @ ..] => {
-            let payload = rest
-                .first()
-                .map_or(Ok(18), |p| p.parse())
-                .context("PAYLOAD")?;
+            let payload = rest.first().map_or(Ok(18), |p| p.parse()).context("PAYLOAD")?;
             send(
                 src,
                 dst.parse().context("DST:PORT")?,
@@ -39,13 +31,8 @@ fn main() -> anyhow::Result<()> {
                 payload,
             )
         }
-        ["recv", bind, secs] => recv(
-            bind.parse().context("BIND:PORT")?,
-            secs.parse().context("SECS")?,
-        ),
-        _ => bail!(
-            "usage: netload send SRC DST:PORT PPS SECS [PAYLOAD] | netload recv BIND:PORT SECS"
-        ),
+        ["recv", bind, secs] => recv(bind.parse().context("BIND:PORT")?, secs.parse().context("SECS")?),
+        _ => bail!("usage: netload send SRC DST:PORT PPS SECS [PAYLOAD] | netload recv BIND:PORT SECS"),
     }
 }
 

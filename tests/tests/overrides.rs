@@ -1,0 +1,157 @@
+//! Per-prefix overrides through the real program (injected clock): LPM
+//! tries, most specific prefix wins, allow and deny, a resolution cached in
+//! the bucket and revalidated when the policy version changes, and an apply
+//! of 100,000 overrides.
+
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    time::Instant,
+};
+
+use limiter::{
+    loader::Limiter,
+    policy::{Class, CostUnit, Limit, Mode, Override, OverrideAction, Policy},
+};
+use limiter_common::{BucketKey, Reason, family};
+use limiter_tests::{
+    kernel,
+    packet::{ETH_P_IP, ETH_P_IPV6, Frame, IPPROTO_TCP, IPPROTO_UDP},
+};
+
+const T0: u64 = 9_000_000_000_000;
+
+fn lim(rate: u64, burst: u64) -> Limit {
+    Limit { rate, burst, cost: CostUnit::Packets, mode: Mode::Enforce }
+}
+
+fn ovr(cidr: &str, action: OverrideAction) -> Override {
+    Override { net: cidr.parse().unwrap(), action }
+}
+
+fn udp4(a: [u8; 4]) -> Vec<u8> {
+    Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::from(a), IPPROTO_UDP, 0, 0).udp().bytes
+}
+
+fn syn4(a: [u8; 4]) -> Vec<u8> {
+    Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::from(a), IPPROTO_TCP, 0, 0).tcp_to(443, 0x02).bytes
+}
+
+fn udp6(a: &str) -> Vec<u8> {
+    Frame::eth(ETH_P_IPV6).ipv6(a.parse::<Ipv6Addr>().unwrap(), IPPROTO_UDP).udp().bytes
+}
+
+fn open(p: &Policy, version: u64) -> Limiter {
+    let mut l = kernel::open(&p.compile(version).unwrap());
+    l.apply(&p.compile(version).unwrap(), &p.compile_overrides().unwrap()).unwrap();
+    l
+}
+
+fn reasons(l: &mut Limiter, f: &[u8], n: usize) -> Vec<Reason> {
+    reasons_at(l, T0, f, n)
+}
+
+fn reasons_at(l: &mut Limiter, now: u64, f: &[u8], n: usize) -> Vec<Reason> {
+    (0..n)
+        .map(|_| {
+            let (_, d) = kernel::run_at(l, now, f);
+            Reason::ALL.into_iter().find(|r| d.get(*r).packets == 1).unwrap()
+        })
+        .collect()
+}
+
+fn policy() -> Policy {
+    Policy {
+        default: lim(1, 1),
+        classes: vec![Class { name: "syn".into(), protocol: 6, ports: vec![(443, 443)], syn: true, limit: lim(1, 2) }],
+        overrides: vec![
+            ovr("198.18.0.0/16", OverrideAction::Limit(lim(1, 3))),
+            ovr("198.18.5.0/24", OverrideAction::Allow),
+            ovr("198.18.6.0/24", OverrideAction::Deny),
+            ovr("2001:2::/48", OverrideAction::Limit(lim(1, 2))),
+            ovr("2001:2:0:300::/56", OverrideAction::Deny),
+        ],
+        ..Policy::default()
+    }
+}
+
+#[test]
+fn most_specific_override_wins() {
+    use Reason::{Admitted as A, Allowed, Denied, RateLimited as X};
+    let mut l = open(&policy(), 1);
+    let cases: [(&str, Vec<u8>, Vec<Reason>); 8] = [
+        ("198.18.7.1: /16 limit, burst 3", udp4([198, 18, 7, 1]), vec![A, A, A, X]),
+        ("198.18.5.1: /24 allow beats /16", udp4([198, 18, 5, 1]), vec![Allowed; 6]),
+        ("198.18.6.1: /24 deny beats /16", udp4([198, 18, 6, 1]), vec![Denied; 3]),
+        ("198.19.0.1: no override, default burst 1", udp4([198, 19, 0, 1]), vec![A, X]),
+        ("198.18.7.9 syn: class limits, not the /16's", syn4([198, 18, 7, 9]), vec![A, A, X]),
+        ("198.18.6.9 syn: deny covers every class", syn4([198, 18, 6, 9]), vec![Denied; 2]),
+        ("2001:2:0:100::1: /48 limit, burst 2", udp6("2001:2:0:100::1"), vec![A, A, X]),
+        ("2001:2:0:3ff::1: /56 deny beats /48", udp6("2001:2:0:3ff::1"), vec![Denied; 2]),
+    ];
+    for (what, f, want) in cases {
+        assert_eq!(reasons(&mut l, &f, want.len()), want, "{what}");
+    }
+    let c = l.class_totals().unwrap();
+    assert_eq!((c[1].admitted.packets, c[1].dropped.packets), (2, 3), "syn class: 2 admitted, 1 limited + 2 denied");
+}
+
+#[test]
+fn a_cached_resolution_is_revalidated_when_the_version_changes() {
+    let mut p = policy();
+    let mut l = open(&p, 1);
+    let f = udp4([198, 18, 6, 1]);
+    assert_eq!(reasons(&mut l, &f, 1), vec![Reason::Denied]);
+    // The bucket caches version 1's answer.
+    let key = BucketKey {
+        family: family::IPV4,
+        prefix_len: 24,
+        class: 0,
+        pad: 0,
+        addr: [u32::from_ne_bytes([198, 18, 6, 0]), 0, 0, 0],
+    };
+    let cached = l.bucket(&key).unwrap().expect("a bucket caches the resolution").resolved;
+    assert_eq!(cached >> 32, 1);
+    assert_eq!(u32::try_from(cached & 0xffff_ffff).unwrap(), limiter_common::resolution::DENY);
+    // Version 2 drops the deny: the same bucket now falls under the /16.
+    p.overrides.retain(|o| o.net.to_string() != "198.18.6.0/24");
+    l.apply(&p.compile(2).unwrap(), &p.compile_overrides().unwrap()).unwrap();
+    assert_eq!(reasons(&mut l, &f, 4), vec![Reason::Admitted, Reason::Admitted, Reason::Admitted, Reason::RateLimited]);
+    assert_eq!(l.bucket(&key).unwrap().unwrap().resolved >> 32, 2);
+    // Version 3 brings it back, reusing the slot version 1 used.
+    p = policy();
+    l.apply(&p.compile(3).unwrap(), &p.compile_overrides().unwrap()).unwrap();
+    assert_eq!(reasons(&mut l, &f, 1), vec![Reason::Denied]);
+}
+
+#[test]
+fn one_hundred_thousand_overrides_apply_whole() {
+    // Data only: these prefixes live in trie entries, no packet is sent.
+    let count = 100_000u32;
+    let make = |burst: u64| -> Policy {
+        let overrides = (0..count)
+            .map(|i| {
+                let [_, a, b, c] = (i + (10 << 16)).to_be_bytes();
+                ovr(&format!("{a}.{b}.{c}.0/24"), OverrideAction::Limit(lim(1, burst)))
+            })
+            .collect();
+        Policy { overrides, default: lim(1, 1), ..Policy::default() }
+    };
+    let mut lim_map = kernel::open(&make(2).compile(1).unwrap());
+    for (version, burst) in [(1u64, 2u64), (2, 3), (3, 4)] {
+        let p = make(burst);
+        let (cfg, ovr) = (p.compile(version).unwrap(), p.compile_overrides().unwrap());
+        let start = Instant::now();
+        lim_map.apply(&cfg, &ovr).unwrap();
+        println!("applied {count} overrides as v{version} in {:.3} s", start.elapsed().as_secs_f64());
+        // Spot checks across the range: each /24 has its own override burst.
+        for i in [0, 1, 4_999, 65_535, 65_536, count - 1] {
+            let [_, a, b, c] = (i + (10 << 16)).to_be_bytes();
+            let src = [a, b, c, 7];
+            // An hour later per version: every bucket has refilled.
+            let now = T0 + version * 3_600_000_000_000;
+            let got = reasons_at(&mut lim_map, now, &udp4(src), usize::try_from(burst).unwrap() + 1);
+            let admitted = got.iter().filter(|r| **r == Reason::Admitted).count();
+            assert_eq!(admitted, usize::try_from(burst).unwrap(), "v{version} {src:?}: {got:?}");
+        }
+    }
+}
