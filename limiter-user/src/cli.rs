@@ -13,6 +13,12 @@ use crate::{
 #[derive(Debug, Parser)]
 #[command(name = "limiter", version, about)]
 pub struct Cli {
+    /// Print JSON instead of tables (for scripts).
+    #[arg(long, short = 'j', global = true)]
+    pub json: bool,
+    /// The daemon's control socket.
+    #[arg(long, global = true, value_name = "PATH", default_value = crate::control::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -20,14 +26,29 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Load the XDP program, attach it to an interface and enforce the policy
-    /// until SIGINT or SIGTERM.
+    /// until SIGINT or SIGTERM; SIGHUP re-reads the policy.
     Run(RunArgs),
     /// Detach a pinned limiter and remove its pins (maps too, unless
     /// --keep-maps).
     Unload(UnloadArgs),
-    /// Work with policy files.
+    /// The running daemon: interface, policy version, counters, last reload.
+    Status,
+    /// Packets and bytes per verdict reason, and per rule class.
+    Stats,
+    /// Check, apply or show policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Per-prefix overrides of the running policy (each change is a new
+    /// policy version; runtime overrides stay until the daemon stops).
+    #[command(subcommand)]
+    Prefix(PrefixCommand),
+    /// Print a shell completion script.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff).
+    Man,
 }
 
 #[derive(Debug, Subcommand)]
@@ -37,6 +58,46 @@ pub enum PolicyCommand {
     Check {
         /// The policy file.
         file: PathBuf,
+    },
+    /// Apply FILE to the running daemon as the next policy version, all or
+    /// nothing; without FILE the daemon re-reads its own policy source.
+    Apply {
+        /// The policy file.
+        file: Option<PathBuf>,
+    },
+    /// Print the policy the daemon enforces, as a policy file.
+    Show,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PrefixCommand {
+    /// List the overrides in force.
+    List,
+    /// Give a prefix its own rate and burst.
+    Set {
+        /// The prefix, e.g. 198.18.0.0/16 (no host bits).
+        cidr: String,
+        /// Units per second.
+        #[arg(long)]
+        rate: u64,
+        /// Bucket depth in units.
+        #[arg(long)]
+        burst: u64,
+    },
+    /// Never limit a prefix.
+    Allow {
+        /// The prefix.
+        cidr: String,
+    },
+    /// Always drop a prefix.
+    Deny {
+        /// The prefix.
+        cidr: String,
+    },
+    /// Remove a prefix's override.
+    Unset {
+        /// The prefix.
+        cidr: String,
     },
 }
 
@@ -93,6 +154,10 @@ pub struct RunArgs {
     /// Directory on bpffs for the pins.
     #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR, requires = "pin")]
     pub pin_dir: std::path::PathBuf,
+    /// Group (name or gid) whose members may use the control socket
+    /// besides root.
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
     /// Seconds between status lines (0 = none).
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub status_interval: f64,

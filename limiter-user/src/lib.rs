@@ -2,11 +2,14 @@
 //! `limiter` command. The binary in `main.rs` is a thin shell over this.
 
 pub mod cli;
+pub mod control;
+pub mod daemon;
 pub mod loader;
 pub mod pin;
 pub mod policy;
 pub mod run;
 pub mod stats;
+pub mod verbs;
 
 /// The compiled XDP object, built by `build.rs` from `limiter-ebpf`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));

@@ -1,23 +1,29 @@
 //! `limiter`: the daemon and operator command of the XDP flood guard.
 
-use limiter::cli::{self, Command, PolicyCommand};
+use limiter::{
+    cli::{self, Command},
+    verbs,
+};
 
 fn main() -> std::process::ExitCode {
     let cli = cli::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("limiter: starting the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+    let (json, socket) = (cli.json, cli.socket.as_path());
+    let res = match &cli.command {
+        Command::Run(args) => match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt.block_on(limiter::run::run(args, socket)),
+            Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),
+        },
+        Command::Unload(args) => limiter::run::unload(args),
+        Command::Status => verbs::status(socket, json),
+        Command::Stats => verbs::stats(socket, json),
+        Command::Policy(cmd) => verbs::policy(cmd, socket, json),
+        Command::Prefix(cmd) => verbs::prefix(cmd, socket, json),
+        Command::Completions { shell } => {
+            verbs::completions(*shell);
+            Ok(())
         }
+        Command::Man => verbs::man(),
     };
-    let res = rt.block_on(async {
-        match &cli.command {
-            Command::Run(args) => limiter::run::run(args).await,
-            Command::Unload(args) => limiter::run::unload(args),
-            Command::Policy(PolicyCommand::Check { file }) => limiter::run::check(file),
-        }
-    });
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -7,43 +7,52 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     cli::RunArgs,
+    daemon::{ApplyError, Daemon},
     loader::Limiter,
-    policy::{self, Policy},
+    policy::Policy,
     stats::Totals,
 };
 
 /// Run the daemon until SIGINT or SIGTERM.
-pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
+pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     let policy = args.load_policy()?;
     // Validate before touching the kernel: a bad policy changes nothing.
     policy.compile(0)?;
+    let access = crate::control::server::Access { gid: args.socket_group.as_deref().map(resolve_group).transpose()? };
     raise_memlock();
-    let (mut limiter, adopted) = if args.pin {
+    let (limiter, adopted) = if args.pin {
         Limiter::open_pinned(policy.capacity, &args.pin_dir)?
     } else {
         (Limiter::open(policy.capacity)?, false)
     };
     // Versions continue from what a re-adopted data plane enforces.
-    let mut version = limiter.active_config()?.map_or(0, |c| c.version) + 1;
-    // Config first, then attach: the program never runs without a policy.
-    limiter.apply(&policy.compile(version)?, &policy.compile_overrides()?)?;
-    let (link, replaced) = if args.pin {
-        (None, limiter.attach_pinned(&args.iface, args.mode, &args.pin_dir)?)
-    } else {
-        (Some(limiter.attach(&args.iface, args.mode)?), false)
-    };
+    let version = limiter.active_config()?.map_or(0, |c| c.version);
     let capacity = limiter.capacity()?;
-    println!(
-        "limiter: attached to {} ({}), {}, capacity {capacity}",
-        args.iface,
-        args.mode.label(),
-        describe(&policy, version)
-    );
+    let mut d = Daemon {
+        limiter,
+        iface: args.iface.clone(),
+        mode: args.mode,
+        pin_dir: args.pin.then(|| args.pin_dir.clone()),
+        base: Policy::default(),
+        source: String::new(),
+        runtime: std::collections::BTreeMap::new(),
+        version,
+        capacity,
+        started: Instant::now(),
+        last_reload: None,
+    };
+    // Policy first, then attach: the program never runs without one.
+    let summary = d.apply(policy, source_name(args))?;
+    let (link, replaced) = if args.pin {
+        (None, d.limiter.attach_pinned(&args.iface, args.mode, &args.pin_dir)?)
+    } else {
+        (Some(d.limiter.attach(&args.iface, args.mode)?), false)
+    };
+    println!("limiter: attached to {} ({}), {summary}, capacity {capacity}", args.iface, args.mode.label());
     if args.pin {
         println!(
             "limiter: pinned in {}; {}; {}",
@@ -51,38 +60,45 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
             if adopted { "re-adopted pinned maps (buckets and counters kept)" } else { "new maps" },
             if replaced { "replaced the program on the pinned link atomically" } else { "new link" },
         );
-        if capacity != policy.capacity {
+        if capacity != d.base.capacity {
             println!("limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it");
         }
     }
+    let (calls_tx, mut calls) = tokio::sync::mpsc::channel(16);
+    crate::control::server::listen(socket, access, calls_tx)?;
+    println!("limiter: control socket {} (mode 0660)", socket.display());
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
     let period = Duration::from_secs_f64(if args.status_interval > 0.0 { args.status_interval } else { 3600.0 });
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    let (mut last, mut last_at) = (limiter.totals()?, Instant::now());
+    let (mut last, mut last_at) = (d.limiter.totals()?, Instant::now());
     let why = loop {
         tokio::select! {
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
-            _ = hup.recv() => {
-                if reload(args, &mut limiter, version, capacity)? {
-                    version += 1;
+            _ = hup.recv() => reload(args, &mut d),
+            Some((req, reply)) = calls.recv() => {
+                let response = d.handle(req, || args.load_policy().map(|p| (p, source_name(args))));
+                if let crate::control::Response::Applied { summary, .. } = &response {
+                    println!("limiter: applied {summary}");
                 }
+                let _ = reply.send(response);
             }
             _ = tick.tick(), if args.status_interval > 0.0 => {
-                let now = limiter.totals()?;
-                let status = status_line(&now, &last, last_at.elapsed(), limiter.tracked()?, capacity);
-                println!("{status} policy v{version}");
+                let now = d.limiter.totals()?;
+                let status = status_line(&now, &last, last_at.elapsed(), d.limiter.tracked()?, capacity);
+                println!("{status} policy v{}", d.version);
                 (last, last_at) = (now, Instant::now());
             }
         }
     };
-    let t = limiter.totals()?;
+    let _ = std::fs::remove_file(socket);
+    let t = d.limiter.totals()?;
     let (passed, dropped) = (t.passed().packets, t.dropped().packets);
     if let Some(link) = link {
-        limiter.detach(link)?;
+        d.limiter.detach(link)?;
         println!("limiter: {why}: detached from {}; passed {passed} dropped {dropped} packets in total", args.iface);
     } else {
         println!(
@@ -94,31 +110,39 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Re-read and apply the policy as version `running + 1`, all or nothing.
-/// A rejected policy is reported and the running one stays. Returns whether
-/// the new version was applied.
-fn reload(args: &RunArgs, limiter: &mut Limiter, running: u64, capacity: u32) -> anyhow::Result<bool> {
-    let source = args.policy_source().map_or_else(|| "built-in policy".to_owned(), |p| p.display().to_string());
-    let next = running + 1;
-    let compiled = args.load_policy().and_then(|p| {
-        let cfg = p.compile(next)?;
-        let ovr = p.compile_overrides()?;
-        Ok((p, cfg, ovr))
-    });
-    match compiled {
-        Ok((p, cfg, ovr)) => {
-            limiter.apply(&cfg, &ovr)?;
-            println!("limiter: SIGHUP: applied {source}: {}", describe(&p, next));
-            if p.capacity != capacity {
-                println!("limiter: capacity stays {capacity}; a new capacity needs a restart");
-            }
-            Ok(true)
+fn source_name(args: &RunArgs) -> String {
+    args.policy_source().map_or_else(|| "built-in policy".to_owned(), |p| p.display().to_string())
+}
+
+/// SIGHUP: re-read and apply the policy as the next version, all or
+/// nothing. A rejected policy is reported and the running one stays.
+fn reload(args: &RunArgs, d: &mut Daemon) {
+    let source = source_name(args);
+    let result = args.load_policy().map_err(ApplyError::from).and_then(|p| d.apply(p, source.clone()));
+    match result {
+        Ok(summary) => {
+            println!("limiter: SIGHUP: applied {source}: {summary}");
+            d.note_reload(true, summary);
         }
         Err(e) => {
-            println!("limiter: SIGHUP: rejected {source}: {e}; policy v{running} keeps running");
-            Ok(false)
+            let message = format!("rejected {source}: {e}; policy v{} keeps running", d.version);
+            println!("limiter: SIGHUP: {message}");
+            d.note_reload(false, message);
         }
     }
+}
+
+/// A group name or number to a gid.
+fn resolve_group(g: &str) -> anyhow::Result<u32> {
+    if let Ok(gid) = g.parse() {
+        return Ok(gid);
+    }
+    let c = std::ffi::CString::new(g)?;
+    // SAFETY: getgrnam with a valid C string; we copy gr_gid out at once.
+    let gr = unsafe { libc::getgrnam(c.as_ptr()) };
+    anyhow::ensure!(!gr.is_null(), "socket group {g:?} does not exist");
+    // SAFETY: non-null result of getgrnam.
+    Ok(unsafe { (*gr).gr_gid })
 }
 
 /// One line about a policy.
@@ -152,13 +176,6 @@ pub fn unload(args: &crate::cli::UnloadArgs) -> anyhow::Result<()> {
     } else {
         println!("limiter: removed {} from {}", removed.join(", "), args.pin_dir.display());
     }
-    Ok(())
-}
-
-/// `limiter policy check FILE`.
-pub fn check(file: &Path) -> anyhow::Result<()> {
-    let p = policy::file::load(file, &Policy::default()).context("invalid policy")?;
-    println!("{}: valid; {}", file.display(), describe(&p, 0).trim_start_matches("policy v0: "));
     Ok(())
 }
 

@@ -61,6 +61,13 @@ impl Drop for Guard {
     }
 }
 
+/// A control-socket path of this test process's own, so daemons started
+/// by tests running in parallel never share one.
+#[must_use]
+pub fn unique_socket(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("limiter-{}-{tag}.sock", std::process::id()))
+}
+
 /// Find a workspace binary next to the running one (target/PROFILE/NAME),
 /// also from target/PROFILE/deps where test harnesses live.
 pub fn locate_bin(name: &str) -> anyhow::Result<PathBuf> {
@@ -119,7 +126,8 @@ pub fn run(limiter: &Path, netload: &Path, f: &Flood) -> anyhow::Result<Outcome>
     net.add_source(CONFORM_SRC);
 
     let mut daemon_cmd = net.b.command(limiter);
-    daemon_cmd.args(["run", "--iface", B_IF, "--mode", f.mode, "--status-interval", "1"]);
+    daemon_cmd.args(["run", "--iface", B_IF, "--mode", f.mode, "--status-interval", "1", "--socket"]);
+    daemon_cmd.arg(unique_socket(&net.b.name));
     daemon_cmd.args(["--rate", &f.rate.to_string(), "--burst", &f.burst.to_string()]);
     let (mut daemon, daemon_rx) = spawn_lines(daemon_cmd)?;
     let mut daemon_log = String::new();

@@ -74,7 +74,8 @@ fn native_mode_on_a_driver_without_it_suggests_generic() {
     // Generic mode attaches there, prints status, and detaches on SIGINT.
     let child = ns
         .command(&bin)
-        .args(["run", "--iface", "lo", "--mode", "generic", "--status-interval", "0.2"])
+        .args(["run", "--iface", "lo", "--mode", "generic", "--status-interval", "0.2", "--socket"])
+        .arg(limiter_tests::scenario::unique_socket("cli-lo"))
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();

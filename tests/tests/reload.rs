@@ -31,6 +31,7 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     let netload = env!("CARGO_BIN_EXE_netload");
     let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
     c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"]).arg(&file);
+    c.arg("--socket").arg(scenario::unique_socket("reload"));
     let (daemon, rx) = spawn_lines(c).unwrap();
     let mut log = String::new();
     wait_for(&rx, "attached", Duration::from_secs(20), &mut log).unwrap();

@@ -33,7 +33,10 @@ impl Drop for Pins {
 fn start_daemon(net: &VethPair, pins: &Path) -> (Guard, std::sync::mpsc::Receiver<String>, String) {
     let bin = scenario::locate_bin("limiter").unwrap();
     let mut c = net.b.net_command(bin);
-    c.args(["run", "--iface", B_IF, "--pin", "--pin-dir"]).arg(pins);
+    c.args(["run", "--iface", B_IF, "--pin", "--socket"])
+        .arg(scenario::unique_socket(&net.b.name))
+        .arg("--pin-dir")
+        .arg(pins);
     c.args(["--rate", &RATE.to_string(), "--burst", &BURST.to_string(), "--status-interval", "0"]);
     let (g, rx) = spawn_lines(c).unwrap();
     let mut log = String::new();
@@ -172,7 +175,15 @@ fn incompatible_pins_are_refused_not_reused() {
         a.set(0, m, 0).unwrap();
     }
     let bin = scenario::locate_bin("limiter").unwrap();
-    let o = net.b.net_command(&bin).args(["run", "--iface", B_IF, "--pin", "--pin-dir"]).arg(&pins.0).output().unwrap();
+    let o = net
+        .b
+        .net_command(&bin)
+        .args(["run", "--iface", B_IF, "--pin", "--socket"])
+        .arg(scenario::unique_socket("ic"))
+        .arg("--pin-dir")
+        .arg(&pins.0)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");

@@ -197,6 +197,64 @@ fn build_override(i: usize, o: OverrideSpec, default: Limit, start: usize) -> Lo
     Ok(Override { net, action })
 }
 
+/// The policy as a policy file that [`parse`] reads back to the same policy.
+#[must_use]
+pub fn render(p: &Policy) -> String {
+    use std::fmt::Write as _;
+    let proto = |n: u8| match n {
+        0 => "any",
+        1 => "icmp",
+        6 => "tcp",
+        17 => "udp",
+        _ => "icmpv6",
+    };
+    let d = p.default;
+    let mut s = format!(
+        "mode = \"{}\"\nrate = {}\nburst = {}\ncost = \"{}\"\nv4_prefix = {}\nv6_prefix = {}\ncapacity = {}\n",
+        d.mode.label(),
+        d.rate,
+        d.burst,
+        d.cost.label(),
+        p.v4_prefix,
+        p.v6_prefix,
+        p.capacity
+    );
+    for c in &p.classes {
+        let l = c.limit;
+        let _ = write!(s, "\n[[class]]\nname = {:?}\nprotocol = \"{}\"\n", c.name, proto(c.protocol));
+        if !c.ports.is_empty() {
+            let ports: Vec<String> = c
+                .ports
+                .iter()
+                .map(|&(lo, hi)| if lo == hi { lo.to_string() } else { format!("\"{lo}-{hi}\"") })
+                .collect();
+            let _ = writeln!(s, "ports = [{}]", ports.join(", "));
+        }
+        if c.syn {
+            s.push_str("syn = true\n");
+        }
+        let _ = writeln!(
+            s,
+            "rate = {}\nburst = {}\ncost = \"{}\"\nmode = \"{}\"",
+            l.rate,
+            l.burst,
+            l.cost.label(),
+            l.mode.label()
+        );
+    }
+    for o in &p.overrides {
+        let _ = write!(s, "\n[[override]]\ncidr = \"{}\"\n", o.net);
+        match o.action {
+            OverrideAction::Allow => s.push_str("action = \"allow\"\n"),
+            OverrideAction::Deny => s.push_str("action = \"deny\"\n"),
+            OverrideAction::Limit(l) => {
+                let _ = writeln!(s, "rate = {}\nburst = {}\nmode = \"{}\"", l.rate, l.burst, l.mode.label());
+            }
+        }
+    }
+    s
+}
+
 /// Convert an optional string field, locating a bad value.
 fn opt<T>(v: Option<Spanned<String>>, field: &str, f: fn(&str) -> Result<T, String>) -> Located<Option<T>> {
     v.map(|s| {
@@ -371,6 +429,16 @@ burst = 4000
             assert!(e.problem.contains(problem), "{text:?}: {e}");
             assert!(e.to_string().starts_with(&format!("p.toml:{line}: {field}: ")), "{e}");
         }
+    }
+
+    #[test]
+    fn render_reads_back_to_the_same_policy() {
+        let mut text = GOOD.to_owned();
+        text.push_str("\n[[override]]\ncidr = \"198.18.0.0/16\"\nrate = 5\nburst = 9\n\n[[override]]\ncidr = \"2001:2::/48\"\naction = \"deny\"\n");
+        let p = parse("p.toml", &text, &Policy::default()).unwrap();
+        assert_eq!(p.overrides.len(), 2);
+        let again = parse("rendered", &render(&p), &Policy::default()).unwrap();
+        assert_eq!(again, p);
     }
 
     #[test]

@@ -1,0 +1,130 @@
+//! The control socket: a Unix stream socket (no TCP listener, ever), one
+//! JSON request per line and one JSON response per line. The daemon checks
+//! each peer's credentials (SO_PEERCRED): root, or a member of the
+//! configured group.
+
+pub mod client;
+pub mod server;
+
+use serde::{Deserialize, Serialize};
+
+/// Default socket path.
+pub const DEFAULT_SOCKET: &str = "/run/limiter/limiter.sock";
+
+/// What a client asks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    Stats,
+    PolicyShow,
+    /// Apply policy text (named for error messages), or re-read the
+    /// daemon's own policy source when `text` is absent.
+    PolicyApply {
+        name: String,
+        text: Option<String>,
+    },
+    PrefixList,
+    PrefixSet {
+        cidr: String,
+        rate: u64,
+        burst: u64,
+    },
+    PrefixAllow {
+        cidr: String,
+    },
+    PrefixDeny {
+        cidr: String,
+    },
+    PrefixUnset {
+        cidr: String,
+    },
+}
+
+/// What the daemon answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Response {
+    Status(StatusInfo),
+    Stats(StatsInfo),
+    Policy { version: u64, source: String, text: String },
+    Prefixes { version: u64, entries: Vec<PrefixEntry> },
+    Applied { version: u64, summary: String },
+    Error { message: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatusInfo {
+    pub iface: String,
+    pub attach_mode: String,
+    pub pin_dir: Option<String>,
+    pub policy_version: u64,
+    pub policy_source: String,
+    pub policy: String,
+    pub capacity: u32,
+    pub tracked: usize,
+    pub passed_packets: u64,
+    pub dropped_packets: u64,
+    pub uptime_secs: u64,
+    pub last_reload: Option<ReloadInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReloadInfo {
+    pub ok: bool,
+    pub message: String,
+    pub unix_time: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsInfo {
+    pub reasons: Vec<ReasonRow>,
+    pub classes: Vec<ClassRow>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReasonRow {
+    pub reason: String,
+    pub verdict: String,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassRow {
+    pub class: String,
+    pub admitted: u64,
+    pub dropped: u64,
+    pub shadow_dropped: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefixEntry {
+    pub cidr: String,
+    /// `limit`, `allow` or `deny`.
+    pub action: String,
+    pub rate: Option<u64>,
+    pub burst: Option<u64>,
+    /// `file` or `runtime`.
+    pub origin: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_as_one_json_line() {
+        let reqs = [
+            Request::Status,
+            Request::PolicyApply { name: "x.toml".into(), text: Some("rate = 1\n".into()) },
+            Request::PrefixSet { cidr: "198.18.0.0/16".into(), rate: 5, burst: 10 },
+        ];
+        for r in reqs {
+            let line = serde_json::to_string(&r).unwrap();
+            assert!(!line.contains('\n'));
+            assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), r);
+        }
+        assert_eq!(serde_json::to_string(&Request::Stats).unwrap(), r#"{"cmd":"stats"}"#);
+    }
+}

@@ -1,0 +1,219 @@
+//! The running daemon's state and what it does with control requests.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::PathBuf,
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use ipnet::IpNet;
+use limiter_common::Reason;
+
+use crate::{
+    control::{ClassRow, PrefixEntry, ReasonRow, ReloadInfo, Request, Response, StatsInfo, StatusInfo},
+    loader::{AttachMode, Limiter},
+    policy::{Limit, Override, OverrideAction, Policy, PolicyError, file},
+    run::describe,
+};
+
+/// Everything the daemon knows while it runs.
+pub struct Daemon {
+    pub limiter: Limiter,
+    pub iface: String,
+    pub mode: AttachMode,
+    pub pin_dir: Option<PathBuf>,
+    /// The policy from the file (or built-in) with the command-line flags.
+    pub base: Policy,
+    /// Where `base` came from.
+    pub source: String,
+    /// Overrides set at run time: `Some` adds or replaces, `None` removes
+    /// a file override. Merged over `base` on every apply.
+    pub runtime: BTreeMap<IpNet, Option<OverrideAction>>,
+    /// Version the data plane enforces.
+    pub version: u64,
+    pub capacity: u32,
+    pub started: Instant,
+    pub last_reload: Option<ReloadInfo>,
+}
+
+/// Why an apply failed: the policy (nothing changed) or the kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Load(#[from] crate::loader::LoadError),
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl Daemon {
+    /// `base` with the runtime overrides merged in.
+    #[must_use]
+    pub fn effective(&self, base: &Policy) -> Policy {
+        let mut p = base.clone();
+        p.overrides.retain(|o| !self.runtime.contains_key(&o.net));
+        p.overrides.extend(self.runtime.iter().filter_map(|(net, a)| a.map(|action| Override { net: *net, action })));
+        p
+    }
+
+    /// Validate `base` (with runtime overrides) as the next version and
+    /// switch to it; on any error nothing changes.
+    pub fn apply(&mut self, base: Policy, source: String) -> Result<String, ApplyError> {
+        let next = self.version + 1;
+        let p = self.effective(&base);
+        let (cfg, ovr) = (p.compile(next)?, p.compile_overrides()?);
+        self.limiter.apply(&cfg, &ovr)?;
+        self.version = next;
+        self.base = base;
+        self.source = source;
+        let mut summary = describe(&p, next);
+        if p.capacity != self.capacity {
+            let _ = write!(summary, "; capacity stays {} until a restart", self.capacity);
+        }
+        Ok(summary)
+    }
+
+    /// Record the outcome of a reload for `status`.
+    pub fn note_reload(&mut self, ok: bool, message: String) {
+        self.last_reload = Some(ReloadInfo { ok, message, unix_time: unix_now() });
+    }
+
+    /// Answer one control request.
+    pub fn handle(&mut self, req: Request, reload: impl FnOnce() -> Result<(Policy, String), PolicyError>) -> Response {
+        let fail = |e: &dyn std::fmt::Display| Response::Error { message: e.to_string() };
+        match req {
+            Request::Status => self.status().unwrap_or_else(|e| fail(&e)),
+            Request::Stats => self.stats().unwrap_or_else(|e| fail(&e)),
+            Request::PolicyShow => Response::Policy {
+                version: self.version,
+                source: self.source.clone(),
+                text: file::render(&self.effective(&self.base)),
+            },
+            Request::PolicyApply { name, text } => {
+                let loaded = match text {
+                    Some(t) => file::parse(&name, &t, &Policy::default()).map(|p| (p, name)),
+                    None => reload(),
+                };
+                let result = loaded.map_err(ApplyError::from).and_then(|(p, src)| self.apply(p, src));
+                self.finish_apply(result)
+            }
+            Request::PrefixList => Response::Prefixes { version: self.version, entries: self.prefixes() },
+            Request::PrefixSet { cidr, rate, burst } => {
+                let limit = Limit { rate, burst, cost: self.base.default.cost, mode: self.base.default.mode };
+                self.change_prefix(&cidr, Some(OverrideAction::Limit(limit)))
+            }
+            Request::PrefixAllow { cidr } => self.change_prefix(&cidr, Some(OverrideAction::Allow)),
+            Request::PrefixDeny { cidr } => self.change_prefix(&cidr, Some(OverrideAction::Deny)),
+            Request::PrefixUnset { cidr } => self.change_prefix(&cidr, None),
+        }
+    }
+
+    fn finish_apply(&mut self, result: Result<String, ApplyError>) -> Response {
+        match result {
+            Ok(summary) => {
+                self.note_reload(true, summary.clone());
+                Response::Applied { version: self.version, summary }
+            }
+            Err(e) => {
+                let message = format!("{e}; policy v{} keeps running", self.version);
+                self.note_reload(false, message.clone());
+                Response::Error { message }
+            }
+        }
+    }
+
+    /// Add, replace or remove one override as a new policy version.
+    fn change_prefix(&mut self, cidr: &str, action: Option<OverrideAction>) -> Response {
+        let net = match cidr.parse::<IpNet>() {
+            Ok(n) => n,
+            Err(e) => return Response::Error { message: format!("{cidr:?} is not a CIDR: {e}") },
+        };
+        if action.is_none() && !self.runtime.contains_key(&net) && !self.base.overrides.iter().any(|o| o.net == net) {
+            return Response::Error { message: format!("{net} has no override") };
+        }
+        let previous = self.runtime.insert(net, action);
+        let (base, source) = (self.base.clone(), self.source.clone());
+        let result = self.apply(base, source);
+        if result.is_err() {
+            match previous {
+                Some(p) => self.runtime.insert(net, p),
+                None => self.runtime.remove(&net),
+            };
+        }
+        self.finish_apply(result)
+    }
+
+    fn prefixes(&self) -> Vec<PrefixEntry> {
+        let file_nets: Vec<IpNet> = self.base.overrides.iter().map(|o| o.net).collect();
+        self.effective(&self.base)
+            .overrides
+            .iter()
+            .map(|o| {
+                let (action, rate, burst) = match o.action {
+                    OverrideAction::Limit(l) => ("limit", Some(l.rate), Some(l.burst)),
+                    OverrideAction::Allow => ("allow", None, None),
+                    OverrideAction::Deny => ("deny", None, None),
+                };
+                let runtime = self.runtime.contains_key(&o.net) || !file_nets.contains(&o.net);
+                PrefixEntry {
+                    cidr: o.net.to_string(),
+                    action: action.into(),
+                    rate,
+                    burst,
+                    origin: if runtime { "runtime" } else { "file" }.into(),
+                }
+            })
+            .collect()
+    }
+
+    fn status(&self) -> Result<Response, crate::loader::LoadError> {
+        let t = self.limiter.totals()?;
+        Ok(Response::Status(StatusInfo {
+            iface: self.iface.clone(),
+            attach_mode: self.mode.label().into(),
+            pin_dir: self.pin_dir.as_ref().map(|p| p.display().to_string()),
+            policy_version: self.version,
+            policy_source: self.source.clone(),
+            policy: describe(&self.effective(&self.base), self.version),
+            capacity: self.capacity,
+            tracked: self.limiter.tracked()?,
+            passed_packets: t.passed().packets,
+            dropped_packets: t.dropped().packets,
+            uptime_secs: self.started.elapsed().as_secs(),
+            last_reload: self.last_reload.clone(),
+        }))
+    }
+
+    fn stats(&self) -> Result<Response, crate::loader::LoadError> {
+        let t = self.limiter.totals()?;
+        let reasons = Reason::ALL
+            .iter()
+            .map(|r| {
+                let c = t.get(*r);
+                ReasonRow {
+                    reason: r.label().into(),
+                    verdict: format!("{:?}", r.verdict()).to_lowercase(),
+                    packets: c.packets,
+                    bytes: c.bytes,
+                }
+            })
+            .collect();
+        let per_class = self.limiter.class_totals()?;
+        let names = self.base.class_names();
+        let classes = names
+            .iter()
+            .zip(per_class)
+            .map(|(n, c)| ClassRow {
+                class: (*n).to_owned(),
+                admitted: c.admitted.packets,
+                dropped: c.dropped.packets,
+                shadow_dropped: c.shadow.packets,
+            })
+            .collect();
+        Ok(Response::Stats(StatsInfo { reasons, classes }))
+    }
+}

@@ -1,0 +1,153 @@
+//! Operator verbs that talk to the running daemon, and the offline ones.
+//! Human tables by default, one JSON document with `--json`.
+
+use std::{fmt::Write as _, path::Path};
+
+use anyhow::Context as _;
+use clap::CommandFactory as _;
+
+use crate::{
+    cli::{Cli, PolicyCommand, PrefixCommand},
+    control::{Request, Response, client},
+    policy::{self, Policy},
+    run::describe,
+};
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn ask(socket: &Path, req: &Request) -> anyhow::Result<Response> {
+    Ok(client::call(socket, req)?)
+}
+
+/// `limiter status`.
+pub fn status(socket: &Path, json: bool) -> anyhow::Result<()> {
+    let Response::Status(s) = ask(socket, &Request::Status)? else { anyhow::bail!("unexpected answer") };
+    if json {
+        return print_json(&s);
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "interface       {} ({})", s.iface, s.attach_mode);
+    let _ = writeln!(out, "pinned          {}", s.pin_dir.as_deref().unwrap_or("no"));
+    let _ = writeln!(out, "policy          v{} from {}", s.policy_version, s.policy_source);
+    let _ =
+        writeln!(out, "                {}", s.policy.trim_start_matches(&format!("policy v{}: ", s.policy_version)));
+    let _ = writeln!(out, "tracked         {}/{}", s.tracked, s.capacity);
+    let _ = writeln!(out, "packets         {} passed, {} dropped", s.passed_packets, s.dropped_packets);
+    let _ = writeln!(out, "uptime          {} s", s.uptime_secs);
+    match &s.last_reload {
+        Some(r) => {
+            let _ = writeln!(
+                out,
+                "last reload     {} at {}: {}",
+                if r.ok { "ok" } else { "FAILED" },
+                r.unix_time,
+                r.message
+            );
+        }
+        None => out.push_str("last reload     none\n"),
+    }
+    print!("{out}");
+    Ok(())
+}
+
+/// `limiter stats`.
+pub fn stats(socket: &Path, json: bool) -> anyhow::Result<()> {
+    let Response::Stats(s) = ask(socket, &Request::Stats)? else { anyhow::bail!("unexpected answer") };
+    if json {
+        return print_json(&s);
+    }
+    println!("{:<22} {:<8} {:>14} {:>16}", "reason", "verdict", "packets", "bytes");
+    for r in &s.reasons {
+        println!("{:<22} {:<8} {:>14} {:>16}", r.reason, r.verdict, r.packets, r.bytes);
+    }
+    println!("\n{:<22} {:>14} {:>14} {:>14}", "class", "admitted", "dropped", "shadow_dropped");
+    for c in &s.classes {
+        println!("{:<22} {:>14} {:>14} {:>14}", c.class, c.admitted, c.dropped, c.shadow_dropped);
+    }
+    Ok(())
+}
+
+/// `limiter policy ...`.
+pub fn policy(cmd: &PolicyCommand, socket: &Path, json: bool) -> anyhow::Result<()> {
+    match cmd {
+        PolicyCommand::Check { file } => {
+            let p = policy::file::load(file, &Policy::default()).context("invalid policy")?;
+            let summary = describe(&p, 0).trim_start_matches("policy v0: ").to_owned();
+            if json {
+                return print_json(&serde_json::json!({ "file": file, "valid": true, "summary": summary }));
+            }
+            println!("{}: valid; {summary}", file.display());
+            Ok(())
+        }
+        PolicyCommand::Apply { file } => {
+            let req = match file {
+                Some(f) => Request::PolicyApply {
+                    name: f.display().to_string(),
+                    text: Some(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?),
+                },
+                None => Request::PolicyApply { name: String::new(), text: None },
+            };
+            applied(ask(socket, &req)?, json)
+        }
+        PolicyCommand::Show => {
+            let Response::Policy { version, source, text } = ask(socket, &Request::PolicyShow)? else {
+                anyhow::bail!("unexpected answer")
+            };
+            if json {
+                return print_json(&serde_json::json!({ "version": version, "source": source, "policy": text }));
+            }
+            print!("# policy v{version}, from {source}\n{text}");
+            Ok(())
+        }
+    }
+}
+
+fn applied(r: Response, json: bool) -> anyhow::Result<()> {
+    let Response::Applied { version, summary } = r else { anyhow::bail!("unexpected answer") };
+    if json {
+        return print_json(&serde_json::json!({ "version": version, "summary": summary }));
+    }
+    println!("applied {summary}");
+    Ok(())
+}
+
+/// `limiter prefix ...`.
+pub fn prefix(cmd: &PrefixCommand, socket: &Path, json: bool) -> anyhow::Result<()> {
+    let req = match cmd {
+        PrefixCommand::List => {
+            let Response::Prefixes { version, entries } = ask(socket, &Request::PrefixList)? else {
+                anyhow::bail!("unexpected answer")
+            };
+            if json {
+                return print_json(&serde_json::json!({ "version": version, "overrides": entries }));
+            }
+            println!("{:<44} {:<7} {:>12} {:>12} {:<8}", "prefix", "action", "rate", "burst", "origin");
+            for e in &entries {
+                let num = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |n| n.to_string());
+                println!("{:<44} {:<7} {:>12} {:>12} {:<8}", e.cidr, e.action, num(e.rate), num(e.burst), e.origin);
+            }
+            return Ok(());
+        }
+        PrefixCommand::Set { cidr, rate, burst } => {
+            Request::PrefixSet { cidr: cidr.clone(), rate: *rate, burst: *burst }
+        }
+        PrefixCommand::Allow { cidr } => Request::PrefixAllow { cidr: cidr.clone() },
+        PrefixCommand::Deny { cidr } => Request::PrefixDeny { cidr: cidr.clone() },
+        PrefixCommand::Unset { cidr } => Request::PrefixUnset { cidr: cidr.clone() },
+    };
+    applied(ask(socket, &req)?, json)
+}
+
+/// `limiter completions SHELL`.
+pub fn completions(shell: clap_complete::Shell) {
+    clap_complete::generate(shell, &mut Cli::command(), "limiter", &mut std::io::stdout());
+}
+
+/// `limiter man`.
+pub fn man() -> anyhow::Result<()> {
+    clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+    Ok(())
+}
