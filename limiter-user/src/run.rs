@@ -17,6 +17,15 @@ use crate::{
     stats::Totals,
 };
 
+/// Print a line of daemon output. A closed or full stdout (a supervisor
+/// that went away) must never take enforcement down, so errors are ignored.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 /// Run the daemon until SIGINT or SIGTERM.
 pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     let policy = args.load_policy()?;
@@ -52,21 +61,21 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     } else {
         (Some(d.limiter.attach(&args.iface, args.mode)?), false)
     };
-    println!("limiter: attached to {} ({}), {summary}, capacity {capacity}", args.iface, args.mode.label());
+    say!("limiter: attached to {} ({}), {summary}, capacity {capacity}", args.iface, args.mode.label());
     if args.pin {
-        println!(
+        say!(
             "limiter: pinned in {}; {}; {}",
             args.pin_dir.display(),
             if adopted { "re-adopted pinned maps (buckets and counters kept)" } else { "new maps" },
             if replaced { "replaced the program on the pinned link atomically" } else { "new link" },
         );
         if capacity != d.base.capacity {
-            println!("limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it");
+            say!("limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it");
         }
     }
     let (calls_tx, mut calls) = tokio::sync::mpsc::channel(16);
     crate::control::server::listen(socket, access, calls_tx)?;
-    println!("limiter: control socket {} (mode 0660)", socket.display());
+    say!("limiter: control socket {} (mode 0660)", socket.display());
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -82,14 +91,14 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
             Some((req, reply)) = calls.recv() => {
                 let response = d.handle(req, || args.load_policy().map(|p| (p, source_name(args))));
                 if let crate::control::Response::Applied { summary, .. } = &response {
-                    println!("limiter: applied {summary}");
+                    say!("limiter: applied {summary}");
                 }
                 let _ = reply.send(response);
             }
             _ = tick.tick(), if args.status_interval > 0.0 => {
                 let now = d.limiter.totals()?;
                 let status = status_line(&now, &last, last_at.elapsed(), d.limiter.tracked()?, capacity);
-                println!("{status} policy v{}", d.version);
+                say!("{status} policy v{}", d.version);
                 (last, last_at) = (now, Instant::now());
             }
         }
@@ -99,9 +108,9 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     let (passed, dropped) = (t.passed().packets, t.dropped().packets);
     if let Some(link) = link {
         d.limiter.detach(link)?;
-        println!("limiter: {why}: detached from {}; passed {passed} dropped {dropped} packets in total", args.iface);
+        say!("limiter: {why}: detached from {}; passed {passed} dropped {dropped} packets in total", args.iface);
     } else {
-        println!(
+        say!(
             "limiter: {why}: stopping; XDP stays attached to {} and enforcing (pinned in {}; `limiter unload` removes it); passed {passed} dropped {dropped} packets in total",
             args.iface,
             args.pin_dir.display()
@@ -121,12 +130,12 @@ fn reload(args: &RunArgs, d: &mut Daemon) {
     let result = args.load_policy().map_err(ApplyError::from).and_then(|p| d.apply(p, source.clone()));
     match result {
         Ok(summary) => {
-            println!("limiter: SIGHUP: applied {source}: {summary}");
+            say!("limiter: SIGHUP: applied {source}: {summary}");
             d.note_reload(true, summary);
         }
         Err(e) => {
             let message = format!("rejected {source}: {e}; policy v{} keeps running", d.version);
-            println!("limiter: SIGHUP: {message}");
+            say!("limiter: SIGHUP: {message}");
             d.note_reload(false, message);
         }
     }

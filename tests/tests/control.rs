@@ -1,0 +1,227 @@
+//! The control socket and every operator verb against a running daemon,
+//! in human and JSON form, plus peer-credential checks.
+
+use std::{
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    thread,
+    time::Duration,
+};
+
+use limiter_tests::{
+    kernel::require_root,
+    netns::{B_ADDR, B_IF, VethPair},
+    scenario::{self, FLOOD_SRC, Guard, PORT, field, spawn_lines, unique_socket, wait_for},
+};
+
+struct Running {
+    net: VethPair,
+    daemon: Guard,
+    /// Keeps reading the daemon's output.
+    _log: std::sync::mpsc::Receiver<String>,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.daemon.0.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start(tag: &str, extra: &[&str]) -> Running {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("limiter-ctl-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, "rate = 1000\nburst = 200\n\n[[override]]\ncidr = \"198.18.9.0/24\"\naction = \"allow\"\n")
+        .unwrap();
+    let net = VethPair::new(tag);
+    net.add_source(FLOOD_SRC);
+    let socket = unique_socket(tag);
+    let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"]).arg(&policy).arg("--socket").arg(&socket);
+    c.args(extra);
+    let (daemon, rx) = spawn_lines(c).unwrap();
+    wait_for(&rx, "control socket", Duration::from_secs(20), &mut String::new()).unwrap();
+    Running { net, daemon, _log: rx, socket, dir }
+}
+
+fn cli(socket: &Path, args: &[&str]) -> Output {
+    Command::new(scenario::locate_bin("limiter").unwrap()).args(args).arg("--socket").arg(socket).output().unwrap()
+}
+
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "exit {:?}: {}", o.status, String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_str(&ok(o)).expect("one JSON document")
+}
+
+fn one_error_line(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+/// Send `n` UDP packets from FLOOD_SRC, slowly; return how many arrived.
+fn delivered(r: &Running, n: u64) -> u64 {
+    let netload = env!("CARGO_BIN_EXE_netload");
+    let mut recv = r.net.b.command(netload);
+    recv.args(["recv", &format!("0.0.0.0:{PORT}"), "2"]);
+    let (mut recv, rx) = spawn_lines(recv).unwrap();
+    wait_for(&rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
+    let pps = n; // one second of sending
+    let send = r
+        .net
+        .a
+        .command(netload)
+        .args(["send", FLOOD_SRC, &format!("{B_ADDR}:{PORT}"), &pps.to_string(), "1"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(send.success());
+    assert!(recv.0.wait().unwrap().success());
+    let log: String = rx.iter().map(|l| l + "\n").collect();
+    field(&log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0)
+}
+
+#[test]
+fn every_verb_in_human_and_json_form() {
+    let r = start("vb", &[]);
+    let s = &r.socket;
+    let mode = std::fs::metadata(s).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660, "socket mode {mode:o}");
+
+    let out = ok(&cli(s, &["status"]));
+    assert!(out.contains("interface       vb (native)") && out.contains("policy          v1 from"), "{out}");
+    let j = json(&cli(s, &["status", "--json"]));
+    assert_eq!((j["iface"].as_str(), j["policy_version"].as_u64()), (Some("vb"), Some(1)), "{j}");
+
+    let out = ok(&cli(s, &["stats"]));
+    assert!(out.contains("rate_limited") && out.contains("default"), "{out}");
+    let j = json(&cli(s, &["stats", "-j"]));
+    assert_eq!(j["reasons"].as_array().unwrap().len(), limiter_common::REASON_COUNT, "{j}");
+
+    let out = ok(&cli(s, &["policy", "show"]));
+    assert!(out.starts_with("# policy v1") && out.contains("cidr = \"198.18.9.0/24\""), "{out}");
+    let j = json(&cli(s, &["policy", "show", "--json"]));
+    assert!(j["policy"].as_str().unwrap().contains("rate = 1000"), "{j}");
+
+    // Runtime overrides: each change is a version, visible in list.
+    let out = ok(&cli(s, &["prefix", "set", "198.18.0.0/16", "--rate", "50", "--burst", "60"]));
+    assert!(out.contains("policy v2"), "{out}");
+    let out = ok(&cli(s, &["prefix", "list"]));
+    assert!(out.contains("198.18.0.0/16") && out.contains("runtime") && out.contains("198.18.9.0/24"), "{out}");
+    let j = json(&cli(s, &["prefix", "deny", "198.18.1.0/24", "-j"]));
+    assert_eq!(j["version"].as_u64(), Some(3), "{j}");
+    let j = json(&cli(s, &["prefix", "list", "-j"]));
+    let entries = j["overrides"].as_array().unwrap();
+    assert_eq!(entries.len(), 3, "{j}");
+    assert!(entries.iter().any(|e| e["cidr"] == "198.18.1.0/24" && e["action"] == "deny" && e["origin"] == "runtime"));
+
+    // The data plane follows: denied, then allowed once unset.
+    assert_eq!(delivered(&r, 50), 0, "deny did not take effect");
+    ok(&cli(s, &["prefix", "unset", "198.18.1.0/24"]));
+    assert_eq!(delivered(&r, 40), 40, "unset did not take effect (the /16 allows 60)");
+    ok(&cli(s, &["prefix", "allow", "198.18.2.0/24", "--json"]));
+
+    // Bad input: one line, non-zero, nothing changes.
+    one_error_line(&cli(s, &["prefix", "set", "198.18.1.7/24", "--rate", "1", "--burst", "1"]));
+    one_error_line(&cli(s, &["prefix", "deny", "not-a-cidr"]));
+    one_error_line(&cli(s, &["prefix", "unset", "203.0.113.0/24"]));
+    let bad = r.dir.join("bad.toml");
+    std::fs::write(&bad, "rate = 100\nburst = 0\n").unwrap();
+    let err = one_error_line(&cli(s, &["policy", "apply", bad.to_str().unwrap()]));
+    assert!(err.contains(&format!("{}:2: burst:", bad.display())) && err.contains("keeps running"), "{err}");
+    let j = json(&cli(s, &["status", "-j"]));
+    assert_eq!(j["policy_version"].as_u64(), Some(5), "{j}");
+    assert_eq!(j["last_reload"]["ok"].as_bool(), Some(false), "{j}");
+
+    // A good file applies as the next version, runtime overrides kept.
+    let good = r.dir.join("good.toml");
+    std::fs::write(&good, "rate = 3000\nburst = 300\n").unwrap();
+    let out = ok(&cli(s, &["policy", "apply", good.to_str().unwrap()]));
+    assert!(out.contains("policy v6: rate 3000") && out.contains("overrides"), "{out}");
+    // Without FILE the daemon re-reads its own source (--policy).
+    let j = json(&cli(s, &["policy", "apply", "--json"]));
+    assert_eq!(j["version"].as_u64(), Some(7), "{j}");
+    assert!(j["summary"].as_str().unwrap().contains("rate 1000"), "{j}");
+}
+
+#[test]
+fn peers_that_are_not_root_or_in_the_group_are_refused() {
+    let r = start("pc", &["--socket-group", "4242"]);
+    let s = &r.socket;
+    // Open the file mode wide so only the daemon's own check stands.
+    std::fs::set_permissions(s, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let as_user = |gid: &str| {
+        Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", gid, "--clear-groups"])
+            .arg(scenario::locate_bin("limiter").unwrap())
+            .args(["status", "--json", "--socket"])
+            .arg(s)
+            .output()
+            .unwrap()
+    };
+    let err = one_error_line(&as_user("65534"));
+    assert!(err.contains("permission denied: uid 65534 is not root and not in group 4242"), "{err}");
+    let j = json(&as_user("4242"));
+    assert_eq!(j["policy_version"].as_u64(), Some(1), "{j}");
+    thread::sleep(Duration::from_millis(10));
+}
+
+#[test]
+fn no_tcp_listener_is_opened() {
+    let r = start("nt", &[]);
+    let pid = r.daemon.0.id();
+    // The daemon runs in the receiver namespace; list its sockets there.
+    let ss = Command::new("ip").args(["netns", "exec", &r.net.b.name, "ss", "-Htlnp"]).output().unwrap();
+    let text = String::from_utf8_lossy(&ss.stdout);
+    assert!(!text.contains(&format!("pid={pid},")), "daemon listens on TCP: {text}");
+}
+
+#[test]
+fn completions_and_man_page_come_from_the_cli_definition() {
+    let bin = scenario::locate_bin("limiter").unwrap();
+    for shell in ["bash", "zsh", "fish"] {
+        let o = Command::new(&bin).args(["completions", shell]).output().unwrap();
+        let text = ok(&o);
+        assert!(text.contains("prefix") && text.contains("policy"), "{shell}");
+    }
+    let man = ok(&Command::new(&bin).arg("man").output().unwrap());
+    assert!(man.contains(".TH limiter") && man.contains("prefix"), "{}", &man[..200.min(man.len())]);
+}
+
+#[test]
+fn the_daemon_survives_its_stdout_going_away() {
+    require_root();
+    let net = VethPair::new("so");
+    let socket = unique_socket("so");
+    let mut child = net
+        .b
+        .command(scenario::locate_bin("limiter").unwrap())
+        .args(["run", "--iface", B_IF, "--status-interval", "0.1", "--socket"])
+        .arg(&socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end at once: every later line hits EPIPE.
+    drop(child.stdout.take());
+    let mut waited = 0;
+    while !socket.exists() && waited < 200 {
+        thread::sleep(Duration::from_millis(50));
+        waited += 1;
+    }
+    let daemon = Guard(child);
+    thread::sleep(Duration::from_millis(500)); // several status lines
+    ok(&cli(&socket, &["prefix", "deny", "198.18.1.0/24"]));
+    let j = json(&cli(&socket, &["status", "-j"]));
+    assert_eq!(j["policy_version"].as_u64(), Some(2), "{j}");
+    drop(daemon);
+}
