@@ -76,6 +76,7 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     let (calls_tx, mut calls) = tokio::sync::mpsc::channel(16);
     crate::control::server::listen(socket, access, calls_tx)?;
     say!("limiter: control socket {} (mode 0660)", socket.display());
+    notify_ready();
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -138,6 +139,23 @@ fn reload(args: &RunArgs, d: &mut Daemon) {
             say!("limiter: SIGHUP: {message}");
             d.note_reload(false, message);
         }
+    }
+}
+
+/// Tell systemd (`Type=notify`) the data plane is enforcing and the
+/// socket is up: one `READY=1` datagram to `$NOTIFY_SOCKET`, if set.
+fn notify_ready() {
+    use std::os::{linux::net::SocketAddrExt as _, unix::net::UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Ok(sock) = UnixDatagram::unbound() else { return };
+    let bytes = path.as_encoded_bytes();
+    // A leading '@' names an abstract socket.
+    let addr = match bytes.strip_prefix(b"@") {
+        Some(name) => std::os::unix::net::SocketAddr::from_abstract_name(name),
+        None => std::os::unix::net::SocketAddr::from_pathname(&path),
+    };
+    if let Ok(addr) = addr {
+        let _ = sock.send_to_addr(b"READY=1\n", &addr);
     }
 }
 

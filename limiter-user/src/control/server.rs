@@ -55,8 +55,13 @@ pub fn listen(path: &Path, access: Access, calls: mpsc::Sender<Call>) -> Result<
     let listener = UnixListener::bind(path).map_err(|source| ServerError::Bind { path: path.into(), source })?;
     let perms = |source| ServerError::Perms { path: path.into(), source };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(perms)?;
+    // Created with our own group already when systemd runs us with
+    // `Group=`; chown (which needs CAP_CHOWN) only when it differs.
     if let Some(gid) = access.gid {
-        std::os::unix::fs::chown(path, None, Some(gid)).map_err(perms)?;
+        use std::os::unix::fs::MetadataExt as _;
+        if std::fs::metadata(path).map_err(perms)?.gid() != gid {
+            std::os::unix::fs::chown(path, None, Some(gid)).map_err(perms)?;
+        }
     }
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {

@@ -1,0 +1,81 @@
+//! The shipped systemd unit: valid, least privilege, reload by SIGHUP, and
+//! its exact ExecStart works and reports READY=1 (Type=notify).
+
+use std::{
+    os::unix::net::UnixDatagram,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use limiter_tests::{
+    kernel::require_root,
+    netns::{B_IF, VethPair},
+    scenario::{self, Guard, spawn_lines, wait_for},
+};
+
+fn unit() -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/limiter@.service");
+    std::fs::read_to_string(p).expect("packaging/limiter@.service")
+}
+
+fn value<'a>(unit: &'a str, key: &str) -> &'a str {
+    unit.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).unwrap_or_else(|| panic!("{key}= missing"))
+}
+
+#[test]
+fn the_unit_asks_for_least_privilege_and_reloads_by_sighup() {
+    let u = unit();
+    assert_eq!(value(&u, "Type"), "notify");
+    assert_eq!(value(&u, "CapabilityBoundingSet"), "CAP_BPF CAP_NET_ADMIN");
+    assert_eq!(value(&u, "AmbientCapabilities"), "CAP_BPF CAP_NET_ADMIN");
+    assert_eq!(value(&u, "NoNewPrivileges"), "yes");
+    assert_eq!(value(&u, "ProtectSystem"), "strict");
+    assert_eq!(value(&u, "ExecReload"), "/bin/kill -HUP $MAINPID");
+    assert!(value(&u, "ExecStart").contains(" --pin "), "the service must pin");
+}
+
+#[test]
+fn systemd_analyze_verifies_the_unit() {
+    let dir = std::env::temp_dir().join(format!("limiter-unit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = scenario::locate_bin("limiter").unwrap();
+    let path = dir.join("limiter@lo.service");
+    std::fs::write(&path, unit().replace("/usr/local/bin/limiter", bin.to_str().unwrap())).unwrap();
+    let o = Command::new("systemd-analyze").args(["verify", "--man=no"]).arg(&path).output().expect("systemd-analyze");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn exec_start_runs_as_written_and_notifies_ready() {
+    require_root();
+    let net = VethPair::new("sd");
+    let tag = format!("{}-sd", std::process::id());
+    let exec = value(&unit(), "ExecStart")
+        .replace("%i", B_IF)
+        .replace("/sys/fs/bpf/limiter-vb", &format!("/sys/fs/bpf/limiter-test-{tag}"))
+        .replace("/run/limiter/vb.sock", scenario::unique_socket("sd").to_str().unwrap());
+    let mut words = exec.split_whitespace();
+    assert_eq!(words.next(), Some("/usr/local/bin/limiter"));
+    let args: Vec<&str> = words.collect();
+    let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}"));
+
+    let notify_path = std::env::temp_dir().join(format!("limiter-notify-{tag}"));
+    let _ = std::fs::remove_file(&notify_path);
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+
+    let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
+    c.args(&args).env("NOTIFY_SOCKET", &notify_path).stderr(Stdio::inherit());
+    let (daemon, rx) = spawn_lines(c).unwrap();
+    let mut buf = [0u8; 64];
+    let n = notify.recv(&mut buf).expect("READY=1 within 20 s");
+    let mut log = String::new();
+    wait_for(&rx, "control socket", Duration::from_secs(5), &mut log).unwrap();
+    drop::<Guard>(daemon);
+    let _ = limiter::pin::unload(&pin_dir, false);
+    let _ = std::fs::remove_file(&notify_path);
+    assert_eq!(&buf[..n], b"READY=1\n");
+    assert!(log.contains("pinned in"), "{log}");
+}
