@@ -42,6 +42,18 @@ pub enum Command {
     /// policy version; runtime overrides stay until the daemon stops).
     #[command(subcommand)]
     Prefix(PrefixCommand),
+    /// Run the real program offline over a capture (with the capture's own
+    /// timestamps) and print verdict totals per source prefix: try a policy
+    /// on recorded traffic before deploying it.
+    Replay {
+        /// A classic pcap file (Ethernet).
+        #[arg(long, value_name = "FILE")]
+        pcap: PathBuf,
+        /// Policy to try [default: /etc/limiter/limiter.toml if it exists,
+        /// else the built-in policy].
+        #[arg(long, value_name = "FILE")]
+        policy: Option<PathBuf>,
+    },
     /// Print a shell completion script.
     Completions {
         /// bash, zsh, fish, elvish or powershell.

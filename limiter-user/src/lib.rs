@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod loader;
 pub mod pin;
 pub mod policy;
+pub mod replay;
 pub mod run;
 pub mod stats;
 pub mod verbs;

@@ -151,3 +151,23 @@ pub fn man() -> anyhow::Result<()> {
     clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
     Ok(())
 }
+
+/// `limiter replay`.
+pub fn replay(pcap: &Path, policy_file: Option<&Path>, json: bool) -> anyhow::Result<()> {
+    let default = Path::new(policy::DEFAULT_PATH);
+    let source = policy_file.or_else(|| default.is_file().then_some(default));
+    let p = match source {
+        Some(f) => policy::file::load(f, &Policy::default()).context("invalid policy")?,
+        None => Policy::default(),
+    };
+    let frames = crate::replay::read_pcap(pcap)?;
+    let rows = crate::replay::replay(&p, &frames)?;
+    if json {
+        return print_json(&serde_json::json!({ "frames": frames.len(), "prefixes": rows }));
+    }
+    println!("{:<44} {:>10} {:>10} {:>10} {:>14}", "prefix", "packets", "passed", "dropped", "shadow_dropped");
+    for r in &rows {
+        println!("{:<44} {:>10} {:>10} {:>10} {:>14}", r.prefix, r.packets, r.passed, r.dropped, r.shadow_dropped);
+    }
+    Ok(())
+}

@@ -25,6 +25,13 @@ fn bad_arguments_get_one_line_and_exit_2() {
         &["run", "--iface", "x", "--capacity", "0"],
         &["frobnicate"],
         &[],
+        &["prefix", "set", "198.18.0.0/16"],
+        &["prefix", "set", "198.18.0.0/16", "--rate", "x", "--burst", "1"],
+        &["prefix"],
+        &["policy", "check"],
+        &["replay"],
+        &["completions", "tcsh"],
+        &["status", "--bogus"],
     ] {
         let o = limiter(args);
         let lines = stderr_lines(&o);
@@ -52,8 +59,30 @@ fn invalid_policy_values_are_refused_with_the_field_named() {
 
 #[test]
 fn help_works_on_every_verb() {
-    for args in [&["--help"][..], &["run", "--help"]] {
-        let o = limiter(args);
+    let verbs: [&[&str]; 18] = [
+        &[],
+        &["run"],
+        &["unload"],
+        &["status"],
+        &["stats"],
+        &["policy"],
+        &["policy", "check"],
+        &["policy", "apply"],
+        &["policy", "show"],
+        &["prefix"],
+        &["prefix", "list"],
+        &["prefix", "set"],
+        &["prefix", "allow"],
+        &["prefix", "deny"],
+        &["prefix", "unset"],
+        &["replay"],
+        &["completions"],
+        &["man"],
+    ];
+    for v in verbs {
+        let mut args = v.to_vec();
+        args.push("--help");
+        let o = limiter(&args);
         assert!(o.status.success(), "{args:?}");
         assert!(String::from_utf8_lossy(&o.stdout).contains("Usage"), "{args:?}");
     }
