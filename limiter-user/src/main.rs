@@ -13,7 +13,7 @@ fn main() -> std::process::ExitCode {
             Ok(rt) => rt.block_on(limiter::run::run(args, socket)),
             Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),
         },
-        Command::Unload(args) => limiter::run::unload(args),
+        Command::Unload(args) => limiter::run::unload(args, json),
         Command::Status => verbs::status(socket, json),
         Command::Stats => verbs::stats(socket, json),
         Command::Policy(cmd) => verbs::policy(cmd, socket, json),

@@ -196,9 +196,12 @@ pub fn describe(p: &Policy, version: u64) -> String {
 }
 
 /// `limiter unload`: remove the pins; the link goes with its last pin.
-pub fn unload(args: &crate::cli::UnloadArgs) -> anyhow::Result<()> {
+pub fn unload(args: &crate::cli::UnloadArgs, json: bool) -> anyhow::Result<()> {
     let removed = crate::pin::unload(&args.pin_dir, args.keep_maps)?;
-    if removed.is_empty() {
+    if json {
+        let doc = serde_json::json!({ "pin_dir": args.pin_dir, "removed": removed, "kept_maps": args.keep_maps });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else if removed.is_empty() {
         println!("limiter: nothing pinned in {}", args.pin_dir.display());
     } else {
         println!("limiter: removed {} from {}", removed.join(", "), args.pin_dir.display());

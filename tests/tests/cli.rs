@@ -146,6 +146,10 @@ fn policy_check_validates_offline() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("valid") && out.contains("class dns: rate 10 burst 20"), "{out}");
 
+    let o = limiter(&["policy", "check", good.to_str().unwrap(), "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["valid"], serde_json::Value::Bool(true), "{j}");
+
     let o = limiter(&["policy", "check", bad.to_str().unwrap()]);
     let lines = stderr_lines(&o);
     assert_eq!(o.status.code(), Some(1), "{lines:?}");

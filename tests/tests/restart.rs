@@ -192,3 +192,26 @@ fn incompatible_pins_are_refused_not_reused() {
     let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
     assert!(String::from_utf8_lossy(&link.stdout).contains("xdp"));
 }
+
+#[test]
+fn unload_keep_maps_detaches_but_a_later_run_re_adopts_the_maps() {
+    require_root();
+    let net = VethPair::new("km");
+    let pins = Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-km-{}", std::process::id())));
+    let (daemon, _rx, log) = start_daemon(&net, &pins.0);
+    assert!(log.contains("new maps"), "{log}");
+    drop(daemon);
+    let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["unload", "--keep-maps", "--json", "--pin-dir"])
+        .arg(&pins.0)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["removed"], serde_json::json!(["link", "prog"]), "{j}");
+    let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&link.stdout).contains("xdp"), "still attached after unload --keep-maps");
+    assert!(pins.0.join(maps::BUCKETS).exists() && pins.0.join(maps::STATS).exists());
+    let (_daemon, _rx, log) = start_daemon(&net, &pins.0);
+    assert!(log.contains("re-adopted pinned maps") && log.contains("new link"), "{log}");
+}
