@@ -39,7 +39,8 @@ pub mod maps {
     pub const OVR_LIMITS: &str = "OVR_LIMITS";
     /// Overrides one policy may hold (both families together).
     pub const MAX_OVERRIDES: u32 = 131_072;
-    /// `PERCPU_ARRAY<Counter>` indexed by [`crate::Reason`].
+    /// `PERCPU_ARRAY<Counter>` indexed by
+    /// `reason * STAT_FAMILIES + stat_family` ([`crate::stat_index`]).
     pub const STATS: &str = "STATS";
     /// `ARRAY<u64>` with one entry: the injected clock of the test entry point.
     pub const TEST_CLOCK: &str = "TEST_CLOCK";
@@ -59,6 +60,17 @@ pub mod programs {
     pub const LIMITER_TEST_CLOCK: &str = "limiter_test_clock";
     /// Bench baseline: returns `XDP_DROP` and nothing else.
     pub const BASELINE_DROP: &str = "baseline_drop";
+}
+
+/// Address-family dimension of `STATS`: 0 = not IP (or unknown), 1 =
+/// IPv4, 2 = IPv6.
+pub const STAT_FAMILIES: usize = STAT_FAMILIES_U32 as usize;
+const STAT_FAMILIES_U32: u32 = 3;
+
+/// Slot of `STATS` for a reason and a stat family (`0..STAT_FAMILIES`).
+#[must_use]
+pub const fn stat_index(reason: Reason, stat_family: u32) -> u32 {
+    reason as u32 * STAT_FAMILIES_U32 + stat_family
 }
 
 /// Address families as stored in [`BucketKey::family`].
@@ -180,7 +192,7 @@ pub struct Config {
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Value of [`maps::META`].
 #[repr(C)]

@@ -6,6 +6,7 @@ use aya_ebpf::{
 };
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT,
+    STAT_FAMILIES,
     maps::{DEFAULT_BUCKET_CAPACITY, MAX_OVERRIDES},
 };
 
@@ -32,7 +33,7 @@ pub static CLASS_STATS: PerCpuArray<ClassCounters> = PerCpuArray::with_max_entri
 /// Written by: XDP, per CPU, one slot per `Reason`. Read by: userspace,
 /// summed over CPUs at read time. Per-CPU, so no atomics in softirq.
 #[map(name = "STATS")]
-pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(REASON_COUNT as u32, 0);
+pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries((REASON_COUNT * STAT_FAMILIES) as u32, 0);
 
 /// Written by: tests. Read by: the `limiter_test_clock` entry point only.
 #[map(name = "TEST_CLOCK")]

@@ -77,8 +77,10 @@ fn word(b: &[u8], i: usize) -> u32 {
 }
 
 /// Parse up to the source address; `Err` carries the verdict's reason.
+/// `fam` is set to the stat family (1 IPv4, 2 IPv6) as soon as the
+/// EtherType is known, so malformed IP is counted under its family.
 #[inline(always)]
-pub fn parse(ctx: &XdpContext) -> Result<Source, Reason> {
+pub fn parse(ctx: &XdpContext, fam: &mut u32) -> Result<Source, Reason> {
     let eth = bytes_at::<{ EthHdr::LEN }>(ctx, 0).ok_or(Reason::EthTruncated)?;
     let mut proto = be16(eth, 12);
     let mut off = EthHdr::LEN;
@@ -92,8 +94,14 @@ pub fn parse(ctx: &XdpContext) -> Result<Source, Reason> {
         off += VlanHdr::LEN;
     }
     match proto {
-        ETH_P_IP => parse_ipv4(ctx, off),
-        ETH_P_IPV6 => parse_ipv6(ctx, off),
+        ETH_P_IP => {
+            *fam = 1;
+            parse_ipv4(ctx, off)
+        }
+        ETH_P_IPV6 => {
+            *fam = 2;
+            parse_ipv6(ctx, off)
+        }
         ETH_P_8021Q | ETH_P_8021AD => Err(Reason::VlanDepthExceeded),
         _ => Err(Reason::NonIp),
     }

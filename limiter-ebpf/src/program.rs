@@ -14,7 +14,7 @@ use limiter_common::{
     mode,
     prefix::{mask_v4, mask_v6},
     reason::MAX_CAS_RETRIES,
-    resolution,
+    resolution, stat_index,
 };
 
 use crate::{
@@ -36,14 +36,18 @@ const EEXIST: i32 = 17;
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
     // SAFETY: a BPF helper with no arguments.
-    finish(&ctx, try_limiter(&ctx, || unsafe { bpf_ktime_get_coarse_ns() }))
+    let mut fam = 0;
+    let reason = try_limiter(&ctx, &mut fam, || unsafe { bpf_ktime_get_coarse_ns() });
+    finish(&ctx, reason, fam)
 }
 
 /// Test entry point: identical code, but `now` comes from `TEST_CLOCK[0]`
 /// so tests replay packet sequences with exact timestamps.
 #[xdp]
 pub fn limiter_test_clock(ctx: XdpContext) -> u32 {
-    finish(&ctx, try_limiter(&ctx, || TEST_CLOCK.get(0).copied().unwrap_or(0)))
+    let mut fam = 0;
+    let reason = try_limiter(&ctx, &mut fam, || TEST_CLOCK.get(0).copied().unwrap_or(0));
+    finish(&ctx, reason, fam)
 }
 
 /// Bench baseline: the cheapest possible XDP program, for ratios.
@@ -54,8 +58,8 @@ pub fn baseline_drop(_ctx: XdpContext) -> u32 {
 
 /// Count the reason and turn it into the XDP action. Every path ends here.
 #[inline(always)]
-fn finish(ctx: &XdpContext, reason: Reason) -> u32 {
-    if let Some(c) = STATS.get_ptr_mut(reason as u32) {
+fn finish(ctx: &XdpContext, reason: Reason, fam: u32) -> u32 {
+    if let Some(c) = STATS.get_ptr_mut(stat_index(reason, fam)) {
         let len = (ctx.data_end() - ctx.data()) as u64;
         // SAFETY: per-CPU slot, only this CPU's softirq writes it.
         unsafe {
@@ -70,8 +74,8 @@ fn finish(ctx: &XdpContext, reason: Reason) -> u32 {
 }
 
 #[inline(always)]
-fn try_limiter(ctx: &XdpContext, now: impl FnOnce() -> u64) -> Reason {
-    let src = match parse(ctx) {
+fn try_limiter(ctx: &XdpContext, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason {
+    let src = match parse(ctx, fam) {
         Ok(s) => s,
         Err(r) => return r,
     };

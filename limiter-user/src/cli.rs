@@ -166,6 +166,9 @@ pub struct RunArgs {
     /// Directory on bpffs for the pins.
     #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR, requires = "pin")]
     pub pin_dir: std::path::PathBuf,
+    /// Address for Prometheus `/metrics` (HTTP), or `off`.
+    #[arg(long, value_name = "ADDR", default_value = crate::metrics::DEFAULT_LISTEN)]
+    pub metrics: String,
     /// Group (name or gid) whose members may use the control socket
     /// besides root.
     #[arg(long, value_name = "GROUP")]

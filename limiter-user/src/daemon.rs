@@ -35,6 +35,37 @@ pub struct Daemon {
     pub capacity: u32,
     pub started: Instant,
     pub last_reload: Option<ReloadInfo>,
+    /// Applied and rejected policies since start, and when last.
+    pub reloads: [u64; 2],
+    pub reload_times: [Option<u64>; 2],
+    /// Tracked prefixes, counted in the background by [`spawn_tracker`].
+    pub tracked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Count the bucket map's entries every `every` on a thread of its own,
+/// with its own map handle: a walk of a million keys never blocks the
+/// daemon loop, a scrape or a status line; the count is at most `every` old.
+#[must_use]
+pub fn spawn_tracker(map_id: u32, every: std::time::Duration) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+    let count = Arc::new(AtomicUsize::new(0));
+    let out = Arc::clone(&count);
+    std::thread::spawn(move || {
+        let Ok(md) = aya::maps::MapData::from_id(map_id) else { return };
+        let Ok(m) = aya::maps::HashMap::<_, limiter_common::BucketKey, limiter_common::BucketState>::try_from(
+            aya::maps::Map::LruHashMap(md),
+        ) else {
+            return;
+        };
+        loop {
+            count.store(m.keys().flatten().count(), Ordering::Relaxed);
+            std::thread::sleep(every);
+        }
+    });
+    out
 }
 
 /// Why an apply failed: the policy (nothing changed) or the kernel.
@@ -79,7 +110,36 @@ impl Daemon {
 
     /// Record the outcome of a reload for `status`.
     pub fn note_reload(&mut self, ok: bool, message: String) {
-        self.last_reload = Some(ReloadInfo { ok, message, unix_time: unix_now() });
+        let now = unix_now();
+        let i = usize::from(!ok);
+        self.reloads[i] += 1;
+        self.reload_times[i] = Some(now);
+        self.last_reload = Some(ReloadInfo { ok, message, unix_time: now });
+    }
+
+    /// Tracked prefixes as last counted in the background.
+    #[must_use]
+    pub fn tracked(&self) -> usize {
+        self.tracked.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Numbers for one metrics scrape, read from the kernel now.
+    pub fn snapshot(&self) -> Result<crate::metrics::Snapshot, crate::loader::LoadError> {
+        let per_class = self.limiter.class_totals()?;
+        let names = self.base.class_names();
+        Ok(crate::metrics::Snapshot {
+            totals: self.limiter.totals()?,
+            classes: names.iter().zip(per_class).map(|(n, c)| ((*n).to_owned(), c)).collect(),
+            policy_version: self.version,
+            capacity: self.capacity,
+            tracked: self.tracked(),
+            iface: self.iface.clone(),
+            attach_mode: self.mode.label().into(),
+            reloads_ok: self.reloads[0],
+            reloads_failed: self.reloads[1],
+            last_reload_ok: self.reload_times[0],
+            last_reload_failed: self.reload_times[1],
+        })
     }
 
     /// Answer one control request.
@@ -180,7 +240,7 @@ impl Daemon {
             policy_source: self.source.clone(),
             policy: describe(&self.effective(&self.base), self.version),
             capacity: self.capacity,
-            tracked: self.limiter.tracked()?,
+            tracked: self.tracked(),
             passed_packets: t.passed().packets,
             dropped_packets: t.dropped().packets,
             uptime_secs: self.started.elapsed().as_secs(),

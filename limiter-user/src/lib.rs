@@ -5,6 +5,7 @@ pub mod cli;
 pub mod control;
 pub mod daemon;
 pub mod loader;
+pub mod metrics;
 pub mod pin;
 pub mod policy;
 pub mod replay;

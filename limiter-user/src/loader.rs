@@ -14,8 +14,8 @@ use aya::{
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, META_MAGIC, Meta, SCHEMA_VERSION,
-    maps, maps::MAX_OVERRIDES, programs,
+    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, META_MAGIC, Meta, Reason,
+    SCHEMA_VERSION, STAT_FAMILIES, maps, maps::MAX_OVERRIDES, programs, stat_index,
 };
 
 use crate::policy::CompiledOverrides;
@@ -366,10 +366,15 @@ impl Limiter {
         let a: PerCpuArray<&MapData, Counter> =
             PerCpuArray::try_from(self.map(maps::STATS)?).map_err(map_err(maps::STATS))?;
         let mut t = Totals::default();
-        for (i, slot) in (0u32..).zip(t.by_reason.iter_mut()) {
-            for c in a.get(&i, 0).map_err(map_err(maps::STATS))?.iter() {
-                slot.packets += c.packets;
-                slot.bytes += c.bytes;
+        for (r, reason) in Reason::ALL.iter().enumerate() {
+            for fam in 0..STAT_FAMILIES {
+                let idx = stat_index(*reason, u32::try_from(fam).expect("small"));
+                for c in a.get(&idx, 0).map_err(map_err(maps::STATS))?.iter() {
+                    for slot in [&mut t.by_reason[r], &mut t.by_family[r][fam]] {
+                        slot.packets += c.packets;
+                        slot.bytes += c.bytes;
+                    }
+                }
             }
         }
         Ok(t)
@@ -377,6 +382,14 @@ impl Limiter {
 
     fn buckets(&self) -> Result<HashMap<&MapData, BucketKey, BucketState>, LoadError> {
         HashMap::try_from(self.map(maps::BUCKETS)?).map_err(map_err(maps::BUCKETS))
+    }
+
+    /// Kernel id of the bucket map (for a second, independent handle).
+    pub fn buckets_map_id(&self) -> Result<u32, LoadError> {
+        match self.map(maps::BUCKETS)? {
+            aya::maps::Map::LruHashMap(md) => Ok(md.info().map_err(map_err(maps::BUCKETS))?.id()),
+            _ => Err(LoadError::MissingMap(maps::BUCKETS)),
+        }
     }
 
     /// Number of tracked prefixes (walks the map's keys).

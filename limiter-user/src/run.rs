@@ -31,6 +31,10 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     let policy = args.load_policy()?;
     // Validate before touching the kernel: a bad policy changes nothing.
     policy.compile(0)?;
+    let metrics_addr = match args.metrics.as_str() {
+        "off" => None,
+        a => Some(a.parse::<std::net::SocketAddr>().map_err(|e| anyhow::anyhow!("--metrics {a:?}: {e}"))?),
+    };
     let access = crate::control::server::Access { gid: args.socket_group.as_deref().map(resolve_group).transpose()? };
     raise_memlock();
     let (limiter, adopted) = if args.pin {
@@ -41,6 +45,7 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     // Versions continue from what a re-adopted data plane enforces.
     let version = limiter.active_config()?.map_or(0, |c| c.version);
     let capacity = limiter.capacity()?;
+    let limiter_map_id = limiter.buckets_map_id()?;
     let mut d = Daemon {
         limiter,
         iface: args.iface.clone(),
@@ -53,6 +58,9 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
         capacity,
         started: Instant::now(),
         last_reload: None,
+        reloads: [0; 2],
+        reload_times: [None; 2],
+        tracked: crate::daemon::spawn_tracker(limiter_map_id, Duration::from_secs(2)),
     };
     // Policy first, then attach: the program never runs without one.
     let summary = d.apply(policy, source_name(args))?;
@@ -61,21 +69,18 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     } else {
         (Some(d.limiter.attach(&args.iface, args.mode)?), false)
     };
-    say!("limiter: attached to {} ({}), {summary}, capacity {capacity}", args.iface, args.mode.label());
-    if args.pin {
-        say!(
-            "limiter: pinned in {}; {}; {}",
-            args.pin_dir.display(),
-            if adopted { "re-adopted pinned maps (buckets and counters kept)" } else { "new maps" },
-            if replaced { "replaced the program on the pinned link atomically" } else { "new link" },
-        );
-        if capacity != d.base.capacity {
-            say!("limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it");
-        }
-    }
+    announce(args, &d, &summary, adopted, replaced);
     let (calls_tx, mut calls) = tokio::sync::mpsc::channel(16);
     crate::control::server::listen(socket, access, calls_tx)?;
     say!("limiter: control socket {} (mode 0660)", socket.display());
+    let (scrape_tx, mut scrapes) = tokio::sync::mpsc::channel::<crate::metrics::ScrapeCall>(4);
+    if let Some(addr) = metrics_addr {
+        // Metrics are an aid; a busy port must not leave the interface unprotected.
+        match crate::metrics::serve(addr, scrape_tx).await {
+            Ok(bound) => say!("limiter: metrics on http://{bound}/metrics"),
+            Err(e) => say!("limiter: warning: metrics not served on {addr}: {e}"),
+        }
+    }
     notify_ready();
 
     let mut term = signal(SignalKind::terminate())?;
@@ -96,15 +101,42 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
                 }
                 let _ = reply.send(response);
             }
+            Some(reply) = scrapes.recv() => {
+                if let Ok(s) = d.snapshot() {
+                    let _ = reply.send(s);
+                }
+            }
             _ = tick.tick(), if args.status_interval > 0.0 => {
                 let now = d.limiter.totals()?;
-                let status = status_line(&now, &last, last_at.elapsed(), d.limiter.tracked()?, capacity);
+                let status = status_line(&now, &last, last_at.elapsed(), d.tracked(), capacity);
                 say!("{status} policy v{}", d.version);
                 (last, last_at) = (now, Instant::now());
             }
         }
     };
     let _ = std::fs::remove_file(socket);
+    stop(args, &mut d, link, why)
+}
+
+/// The lines printed once the program is attached.
+fn announce(args: &RunArgs, d: &Daemon, summary: &str, adopted: bool, replaced: bool) {
+    let capacity = d.capacity;
+    say!("limiter: attached to {} ({}), {summary}, capacity {capacity}", args.iface, args.mode.label());
+    if args.pin {
+        say!(
+            "limiter: pinned in {}; {}; {}",
+            args.pin_dir.display(),
+            if adopted { "re-adopted pinned maps (buckets and counters kept)" } else { "new maps" },
+            if replaced { "replaced the program on the pinned link atomically" } else { "new link" },
+        );
+        if capacity != d.base.capacity {
+            say!("limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it");
+        }
+    }
+}
+
+/// Detach (or leave pinned) and print the totals.
+fn stop(args: &RunArgs, d: &mut Daemon, link: Option<aya::programs::xdp::XdpLinkId>, why: &str) -> anyhow::Result<()> {
     let t = d.limiter.totals()?;
     let (passed, dropped) = (t.passed().packets, t.dropped().packets);
     if let Some(link) = link {

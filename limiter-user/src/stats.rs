@@ -2,10 +2,13 @@
 
 use limiter_common::{Counter, REASON_COUNT, Reason, Verdict};
 
-/// Packets and bytes per reason, summed over CPUs.
+/// Packets and bytes per reason (and per reason and stat family), summed
+/// over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
     pub by_reason: [Counter; REASON_COUNT],
+    /// `[reason][family]`, family 0 = not IP, 1 = IPv4, 2 = IPv6.
+    pub by_family: [[Counter; limiter_common::STAT_FAMILIES]; REASON_COUNT],
 }
 
 impl Totals {
@@ -38,6 +41,12 @@ impl Totals {
         for (o, e) in out.by_reason.iter_mut().zip(&earlier.by_reason) {
             o.packets = o.packets.saturating_sub(e.packets);
             o.bytes = o.bytes.saturating_sub(e.bytes);
+        }
+        for (of, ef) in out.by_family.iter_mut().zip(&earlier.by_family) {
+            for (o, e) in of.iter_mut().zip(ef) {
+                o.packets = o.packets.saturating_sub(e.packets);
+                o.bytes = o.bytes.saturating_sub(e.bytes);
+            }
         }
         out
     }

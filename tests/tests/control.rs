@@ -176,14 +176,28 @@ fn peers_that_are_not_root_or_in_the_group_are_refused() {
     thread::sleep(Duration::from_millis(10));
 }
 
-#[test]
-fn no_tcp_listener_is_opened() {
-    let r = start("nt", &[]);
+fn tcp_listeners(r: &Running) -> Vec<String> {
     let pid = r.daemon.0.id();
     // The daemon runs in the receiver namespace; list its sockets there.
     let ss = Command::new("ip").args(["netns", "exec", &r.net.b.name, "ss", "-Htlnp"]).output().unwrap();
-    let text = String::from_utf8_lossy(&ss.stdout);
-    assert!(!text.contains(&format!("pid={pid},")), "daemon listens on TCP: {text}");
+    String::from_utf8_lossy(&ss.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("pid={pid},")))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn no_tcp_control_listener_is_opened() {
+    // With metrics off: no TCP listener at all.
+    let r = start("nt", &["--metrics", "off"]);
+    assert_eq!(tcp_listeners(&r), Vec::<String>::new());
+    drop(r);
+    // By default the one TCP listener is the read-only /metrics on loopback.
+    let r = start("nm", &[]);
+    let l = tcp_listeners(&r);
+    assert_eq!(l.len(), 1, "{l:?}");
+    assert!(l[0].contains("127.0.0.1:9464"), "{l:?}");
 }
 
 #[test]

@@ -173,6 +173,23 @@ fn table() -> Vec<(&'static str, Frame, Reason)> {
     ]
 }
 
+/// Stat family the spec says a frame is counted under: the EtherType after
+/// at most two VLAN tags (1 IPv4, 2 IPv6, 0 anything else).
+fn documented_family(frame: &[u8]) -> usize {
+    let mut off = 12;
+    for _ in 0..2 {
+        match frame.get(off..off + 2) {
+            Some([0x81, 0x00] | [0x88, 0xa8]) => off += 4,
+            _ => break,
+        }
+    }
+    match frame.get(off..off + 2) {
+        Some([0x08, 0x00]) => 1,
+        Some([0x86, 0xdd]) => 2,
+        _ => 0,
+    }
+}
+
 #[test]
 fn fixture_table() {
     let mut l = kernel::open(&kernel::config(1_000_000, 1_000_000, false, 24, 56));
@@ -180,6 +197,8 @@ fn fixture_table() {
         let (action, delta) = kernel::run_at(&mut l, NOW, &f.bytes);
         assert_eq!(action, documented_action(reason), "{name}: action");
         assert_counted_once(&delta, reason, f.bytes.len(), name);
+        let fam = documented_family(&f.bytes);
+        assert_eq!(delta.by_family[reason as usize][fam].packets, 1, "{name}: family {fam}");
     }
 }
 

@@ -2,6 +2,9 @@
 //!
 //!   netload send SRC DST:PORT PPS SECS [PAYLOAD]   (PPS 0 = as fast as possible)
 //!   netload recv BIND:PORT SECS
+//!   netload spoof IFACE DST_MAC DST_IP:PORT COUNT  (COUNT distinct IPv4 sources
+//!                                                   in 198.18.0.0/15, raw frames)
+//!   netload get HOST:PORT PATH                     (HTTP GET, prints the body)
 //!
 //! `send` prints `sent N secs S`; `recv` prints `ready`, then after SECS one
 //! `from ADDR N` line per source and `total N`.
@@ -32,6 +35,8 @@ fn main() -> anyhow::Result<()> {
             )
         }
         ["recv", bind, secs] => recv(bind.parse().context("BIND:PORT")?, secs.parse().context("SECS")?),
+        ["spoof", iface, mac, dst, count] => spoof(iface, mac, dst.parse().context("DST_IP:PORT")?, count.parse()?),
+        ["get", addr, path] => get(addr, path),
         _ => bail!("usage: netload send SRC DST:PORT PPS SECS [PAYLOAD] | netload recv BIND:PORT SECS"),
     }
 }
@@ -94,4 +99,84 @@ fn recv(bind: SocketAddr, secs: f64) -> anyhow::Result<()> {
     }
     println!("total {}", counts.values().sum::<u64>());
     Ok(())
+}
+
+/// HTTP/1.0 GET; print the body.
+fn get(addr: &str, path: &str) -> anyhow::Result<()> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let (head, body) = resp.split_once("\r\n\r\n").context("no HTTP header end")?;
+    if !head.starts_with("HTTP/1.") || head.split_whitespace().nth(1).is_none_or(|c| c != "200") {
+        bail!("{}", head.lines().next().unwrap_or("no status"));
+    }
+    print!("{body}");
+    Ok(())
+}
+
+/// Send COUNT UDP frames, each from a different IPv4 source inside
+/// 198.18.0.0/15 (never the two veth addresses), out of IFACE as raw
+/// Ethernet frames. Bounded by COUNT (at most 131,000).
+fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<()> {
+    let std::net::IpAddr::V4(dst_ip) = dst.ip() else { bail!("IPv4 only") };
+    let mac: Vec<u8> =
+        mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>().context("DST_MAC")?;
+    anyhow::ensure!(mac.len() == 6, "DST_MAC must have 6 bytes");
+    let count = count.min(131_000);
+    let name = std::ffi::CString::new(iface)?;
+    // SAFETY: plain libc calls on values we own.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    anyhow::ensure!(ifindex != 0, "no interface {iface}");
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    anyhow::ensure!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = u16::try_from(libc::AF_PACKET)?;
+    addr.sll_ifindex = i32::try_from(ifindex)?;
+    addr.sll_halen = 6;
+    addr.sll_addr[..6].copy_from_slice(&mac);
+    let mut sent = 0u32;
+    for i in 0..count {
+        // 198.18.0.0/15 host i + 256 (skips 198.18.0.0/24, where the veth ends live).
+        let host = 256 + i;
+        let src = [198, 18 + u8::try_from(host >> 16)?, u8::try_from((host >> 8) & 0xff)?, u8::try_from(host & 0xff)?];
+        let frame = udp_frame(&mac, src, dst_ip.octets(), dst.port());
+        // SAFETY: frame and addr are valid for the lengths given.
+        let rc = unsafe {
+            libc::sendto(
+                fd,
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&raw const addr).cast(),
+                libc::socklen_t::try_from(size_of::<libc::sockaddr_ll>())?,
+            )
+        };
+        if rc > 0 {
+            sent += 1;
+        }
+    }
+    // SAFETY: closing our own fd.
+    unsafe { libc::close(fd) };
+    println!("sent {sent} secs 0");
+    Ok(())
+}
+
+fn udp_frame(dst_mac: &[u8], src: [u8; 4], dst: [u8; 4], port: u16) -> Vec<u8> {
+    let mut f = dst_mac.to_vec();
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x09, 0x08, 0x00]);
+    let mut ip = vec![0x45, 0, 0, 28 + 4, 0, 1, 0, 0, 64, 17, 0, 0];
+    ip.extend_from_slice(&src);
+    ip.extend_from_slice(&dst);
+    let sum = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum::<u32>();
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let csum = !u16::try_from((sum & 0xffff) + (sum >> 16)).unwrap_or(0xffff);
+    ip[10..12].copy_from_slice(&csum.to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&[0x30, 0x39]);
+    f.extend_from_slice(&port.to_be_bytes());
+    f.extend_from_slice(&[0, 12, 0, 0, 0xde, 0xad, 0xbe, 0xef]);
+    f
 }

@@ -1,0 +1,220 @@
+//! Prometheus metrics, collected at scrape time: each scrape asks the
+//! daemon for a snapshot of the kernel's counters and encodes it with
+//! prometheus-client. No label carries an address or a prefix, so the
+//! number of series is fixed by reasons, families and classes.
+
+use std::{convert::Infallible, net::SocketAddr};
+
+use http_body_util::Full;
+use hyper::{Request, Response, body::Bytes, service::service_fn};
+use hyper_util::rt::TokioIo;
+use limiter_common::{ClassCounters, Reason, STAT_FAMILIES, Verdict};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::stats::Totals;
+
+/// Default listen address of `/metrics`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+
+/// What one scrape reports.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub totals: Totals,
+    /// Class name and its counters, in class order.
+    pub classes: Vec<(String, ClassCounters)>,
+    pub policy_version: u64,
+    pub capacity: u32,
+    pub tracked: usize,
+    pub iface: String,
+    pub attach_mode: String,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+    pub last_reload_ok: Option<u64>,
+    pub last_reload_failed: Option<u64>,
+}
+
+const FAMILIES: [&str; STAT_FAMILIES] = ["none", "ipv4", "ipv6"];
+
+fn action(r: Reason) -> &'static str {
+    match (r, r.verdict()) {
+        (Reason::ShadowDropped, _) => "shadow_drop",
+        (_, Verdict::Pass) => "pass",
+        (_, Verdict::Drop) => "drop",
+    }
+}
+
+#[derive(Debug)]
+struct SnapshotCollector(Snapshot);
+
+impl SnapshotCollector {
+    fn counters(&self, enc: &mut DescriptorEncoder, name: &str, help: &str, bytes: bool) -> std::fmt::Result {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for r in Reason::ALL {
+            for (f, fam) in FAMILIES.iter().enumerate() {
+                let c = self.0.totals.by_family[r as usize][f];
+                let labels = [("action", action(r)), ("reason", r.label()), ("family", fam)];
+                ConstCounter::new(if bytes { c.bytes } else { c.packets }).encode(m.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
+        ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
+    }
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let s = &self.0;
+        let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.counters(&mut enc, "limiter_packets", "Packets by action, reason and address family.", false)?;
+        self.counters(&mut enc, "limiter_bytes", "Bytes (whole frames) by action, reason and address family.", true)?;
+        let mut m = enc.encode_descriptor(
+            "limiter_class_packets",
+            "Packets per rule class and action.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (name, c) in &s.classes {
+            for (act, n) in
+                [("pass", c.admitted.packets), ("drop", c.dropped.packets), ("shadow_drop", c.shadow.packets)]
+            {
+                ConstCounter::new(n).encode(m.encode_family(&[("class", name.as_str()), ("action", act)])?)?;
+            }
+        }
+        Self::gauge(
+            &mut enc,
+            "limiter_tracked_prefixes",
+            "Prefixes with a bucket (refreshed in the background).",
+            i(s.tracked as u64),
+        )?;
+        Self::gauge(
+            &mut enc,
+            "limiter_tracked_prefixes_capacity",
+            "Capacity of the bucket map.",
+            i64::from(s.capacity),
+        )?;
+        Self::gauge(
+            &mut enc,
+            "limiter_policy_version",
+            "Version of the policy the data plane enforces.",
+            i(s.policy_version),
+        )?;
+        let mut m =
+            enc.encode_descriptor("limiter_policy_reloads", "Policy applies by result.", None, MetricType::Counter)?;
+        for (result, n) in [("success", s.reloads_ok), ("failure", s.reloads_failed)] {
+            ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
+        }
+        for (name, help, t) in [
+            (
+                "limiter_policy_last_success_timestamp_seconds",
+                "Unix time of the last applied policy.",
+                s.last_reload_ok,
+            ),
+            (
+                "limiter_policy_last_failure_timestamp_seconds",
+                "Unix time of the last rejected policy.",
+                s.last_reload_failed,
+            ),
+        ] {
+            Self::gauge(&mut enc, name, help, i(t.unwrap_or(0)))?;
+        }
+        let mut m = enc.encode_descriptor(
+            "limiter_attached",
+            "1 while the program is attached to the interface in this mode.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(1i64)
+            .encode(m.encode_family(&[("interface", s.iface.as_str()), ("mode", s.attach_mode.as_str())])?)?;
+        let mut m = enc.encode_descriptor("limiter_build_info", "Build information.", None, MetricType::Gauge)?;
+        ConstGauge::new(1i64).encode(m.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
+        Ok(())
+    }
+}
+
+/// Encode one snapshot in the Prometheus text format.
+#[must_use]
+pub fn render(snapshot: Snapshot) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(SnapshotCollector(snapshot)));
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    out
+}
+
+/// A scrape's request for a snapshot, answered by the daemon loop.
+pub type ScrapeCall = oneshot::Sender<Snapshot>;
+
+/// Serve `GET /metrics` on `addr`; every scrape asks `snapshots` for fresh
+/// numbers. Returns the bound address.
+pub async fn serve(addr: SocketAddr, snapshots: mpsc::Sender<ScrapeCall>) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let snapshots = snapshots.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let snapshots = snapshots.clone();
+                    async move { Ok::<_, Infallible>(answer(req.uri().path(), &snapshots).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            });
+        }
+    });
+    Ok(bound)
+}
+
+async fn answer(path: &str, snapshots: &mpsc::Sender<ScrapeCall>) -> Response<Full<Bytes>> {
+    let reply = |code: u16, ctype: &str, body: String| {
+        Response::builder()
+            .status(code)
+            .header("content-type", ctype)
+            .body(Full::new(Bytes::from(body)))
+            .expect("static response parts are valid")
+    };
+    if path != "/metrics" {
+        return reply(404, "text/plain", "only /metrics is served here\n".into());
+    }
+    let (tx, rx) = oneshot::channel();
+    if snapshots.send(tx).await.is_err() {
+        return reply(503, "text/plain", "daemon is stopping\n".into());
+    }
+    match rx.await {
+        Ok(s) => reply(200, "application/openmetrics-text; version=1.0.0; charset=utf-8", render(s)),
+        Err(_) => reply(503, "text/plain", "no snapshot\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_prometheus_conventions_and_carry_no_addresses() {
+        let mut s = Snapshot { iface: "eth0".into(), attach_mode: "native".into(), ..Snapshot::default() };
+        s.totals.by_family[Reason::RateLimited as usize][1].packets = 7;
+        s.classes.push(("default".into(), ClassCounters::default()));
+        let text = render(s);
+        assert!(
+            text.contains(r#"limiter_packets_total{action="drop",reason="rate_limited",family="ipv4"} 7"#),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(name.starts_with("limiter_"), "{line}");
+            assert!(!line.contains("198.") && !line.contains('/'), "{line}");
+        }
+        let series = text.lines().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(series, 2 * 19 * 3 + 3 + 3 + 2 + 2 + 2 + 1 + 1, "series count is fixed");
+    }
+}
