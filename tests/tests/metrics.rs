@@ -128,3 +128,54 @@ fn one_hundred_thousand_spoofed_sources_add_no_series() {
     assert!(!after.contains("198.18.") && !after.contains("2001:"), "an address leaked into a label");
     assert_eq!(value(&after, "limiter_tracked_prefixes_capacity"), 262_144);
 }
+
+/// Metric names a query refers to: `limiter_...` identifiers.
+fn metric_names(query: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = query;
+    while let Some(i) = rest.find("limiter_") {
+        let tail = &rest[i..];
+        let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        out.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[test]
+fn every_dashboard_and_alert_query_names_an_exposed_metric() {
+    require_root();
+    let net = VethPair::new("dq");
+    let _d = daemon(&net, "dq", &[]);
+    let text = scrape(&net);
+    let exposed: Vec<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split_whitespace().next()).collect();
+    let is_exposed = |n: &str| exposed.iter().any(|e| *e == n || format!("{e}_total") == n);
+
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging");
+    let dash: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("grafana/limiter.json")).unwrap()).unwrap();
+    let mut queries: Vec<String> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap().to_owned()))
+        .collect();
+    queries.extend(
+        dash["templating"]["list"].as_array().unwrap().iter().filter_map(|v| v["query"].as_str()).map(str::to_owned),
+    );
+    let alerts = std::fs::read_to_string(root.join("prometheus/limiter-alerts.yml")).unwrap();
+    let alert_exprs: Vec<String> =
+        alerts.lines().filter_map(|l| l.trim().strip_prefix("expr:")).map(|e| e.trim().to_owned()).collect();
+    assert_eq!(alert_exprs.len(), 4, "drop rate, map fill, reload failures, not attached");
+    queries.extend(alert_exprs);
+
+    let mut checked = 0;
+    for q in &queries {
+        for name in metric_names(q) {
+            assert!(is_exposed(&name), "{name} (in {q}) is not exposed; exposed: {exposed:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 15, "only {checked} names checked");
+}
