@@ -37,6 +37,12 @@ pub mod maps {
     /// `ARRAY<ClassLimits>`, `2 * MAX_OVERRIDES` entries: the limits of
     /// override `n` of slot `s` are at `s * MAX_OVERRIDES + n - 1`.
     pub const OVR_LIMITS: &str = "OVR_LIMITS";
+    /// `RINGBUF` of [`crate::DropEvent`]: one in `Config::drop_sample` drops.
+    pub const DROP_EVENTS: &str = "DROP_EVENTS";
+    /// Size of [`DROP_EVENTS`] in bytes.
+    pub const DROP_EVENTS_BYTES: u32 = 1 << 18;
+    /// `PERCPU_ARRAY<u64>`, one entry: drops seen, for 1-in-N sampling.
+    pub const DROP_SAMPLER: &str = "DROP_SAMPLER";
     /// Overrides one policy may hold (both families together).
     pub const MAX_OVERRIDES: u32 = 131_072;
     /// `PERCPU_ARRAY<Counter>` indexed by
@@ -183,6 +189,11 @@ pub struct Config {
     pub n_matchers: u32,
     /// [`flags`] bits.
     pub flags: u32,
+    /// Emit one [`DropEvent`] per this many drops on a CPU (a power of
+    /// two; 0 = none). Feeds the top-offenders list.
+    pub drop_sample: u32,
+    /// Always zero (explicit padding).
+    pub pad: u32,
     /// Class 0 is the default class.
     pub classes: [ClassLimits; MAX_CLASSES],
     pub matchers: [Matcher; MAX_MATCHERS],
@@ -192,7 +203,7 @@ pub struct Config {
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -236,6 +247,15 @@ pub struct BucketState {
     pub resolved: u64,
 }
 
+/// A sampled drop, for the top-offenders list: which bucket, and why.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DropEvent {
+    pub key: BucketKey,
+    /// The [`Reason`] as its index.
+    pub reason: u32,
+}
+
 /// One slot of [`maps::CLASS_STATS`]: what a rule class did.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -256,7 +276,8 @@ pub struct Counter {
 
 const _: () = assert!(core::mem::size_of::<ClassLimits>() == 24);
 const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 24 + 24 * MAX_CLASSES + 8 * MAX_MATCHERS);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 24 * MAX_CLASSES + 8 * MAX_MATCHERS);
+const _: () = assert!(core::mem::size_of::<DropEvent>() == 24);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 20);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 48);
@@ -274,4 +295,5 @@ mod pod {
     unsafe impl aya::Pod for super::Meta {}
     unsafe impl aya::Pod for super::ClassCounters {}
     unsafe impl aya::Pod for super::ClassLimits {}
+    unsafe impl aya::Pod for super::DropEvent {}
 }

@@ -2,12 +2,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT,
     STAT_FAMILIES,
-    maps::{DEFAULT_BUCKET_CAPACITY, MAX_OVERRIDES},
+    maps::{DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES},
 };
 
 /// Written by: XDP (charging). Read by: XDP; userspace reads for status.
@@ -60,3 +60,12 @@ pub static OVR6_1: LpmTrie<[u32; 4], u32> = LpmTrie::with_max_entries(MAX_OVERRI
 /// bucket whose prefix has an override with its own rate.
 #[map(name = "OVR_LIMITS")]
 pub static OVR_LIMITS: Array<ClassLimits> = Array::with_max_entries(2 * MAX_OVERRIDES, 0);
+
+/// Written by: XDP, one in `Config::drop_sample` drops, never blocking
+/// (a full buffer loses the event). Read by: userspace, for `limiter top`.
+#[map(name = "DROP_EVENTS")]
+pub static DROP_EVENTS: RingBuf = RingBuf::with_byte_size(DROP_EVENTS_BYTES, 0);
+
+/// Written and read by: XDP, per CPU: drops seen, for 1-in-N sampling.
+#[map(name = "DROP_SAMPLER")]
+pub static DROP_SAMPLER: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);

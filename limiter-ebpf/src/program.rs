@@ -9,7 +9,8 @@ use aya_ebpf::{
     bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, maps::lpm_trie::Key, programs::XdpContext,
 };
 use limiter_common::{
-    BucketKey, BucketState, ClassLimits, Config, MAX_CLASSES, MAX_MATCHERS, Reason, Verdict, cost, family, flags, gcra,
+    BucketKey, BucketState, ClassLimits, Config, DropEvent, MAX_CLASSES, MAX_MATCHERS, Reason, Verdict, cost, family,
+    flags, gcra,
     maps::MAX_OVERRIDES,
     mode,
     prefix::{mask_v4, mask_v6},
@@ -18,7 +19,10 @@ use limiter_common::{
 };
 
 use crate::{
-    maps::{ACTIVE, BUCKETS, CLASS_STATS, CONFIG, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1, STATS, TEST_CLOCK},
+    maps::{
+        ACTIVE, BUCKETS, CLASS_STATS, CONFIG, DROP_EVENTS, DROP_SAMPLER, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1,
+        STATS, TEST_CLOCK,
+    },
     parse::{Source, parse},
 };
 
@@ -117,7 +121,27 @@ fn try_limiter(ctx: &XdpContext, fam: &mut u32, now: impl FnOnce() -> u64) -> Re
         }
     };
     count_class(ctx, class, reason);
+    if reason.verdict() == Verdict::Drop {
+        sample_drop(cfg, &key, reason);
+    }
     reason
+}
+
+/// One in `drop_sample` drops (per CPU) goes to the ring buffer for the
+/// top-offenders list. Drop path only; the admit path pays nothing.
+#[inline(always)]
+fn sample_drop(cfg: &Config, key: &BucketKey, reason: Reason) {
+    let every = u64::from(cfg.drop_sample);
+    let Some(n) = DROP_SAMPLER.get_ptr_mut(0) else { return };
+    // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+    let seen = unsafe {
+        *n += 1;
+        *n
+    };
+    if every == 0 || seen & (every - 1) != 0 {
+        return;
+    }
+    let _ = DROP_EVENTS.output(DropEvent { key: *key, reason: reason as u32 }, 0);
 }
 
 /// The bucket's cached override resolution, refreshed (one trie lookup and

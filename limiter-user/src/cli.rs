@@ -42,6 +42,19 @@ pub enum Command {
     /// policy version; runtime overrides stay until the daemon stops).
     #[command(subcommand)]
     Prefix(PrefixCommand),
+    /// Live view: pass and drop rates with sparklines, and the prefixes
+    /// with the most drops over the last 10 s (sampled; bounded memory).
+    Top {
+        /// Print once and exit (with --json: one JSON document).
+        #[arg(long)]
+        once: bool,
+        /// How many prefixes to show.
+        #[arg(short = 'n', long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=100))]
+        count: u16,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
     /// Run the real program offline over a capture (with the capture's own
     /// timestamps) and print verdict totals per source prefix: try a policy
     /// on recorded traffic before deploying it.

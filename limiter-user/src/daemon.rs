@@ -40,6 +40,11 @@ pub struct Daemon {
     pub reload_times: [Option<u64>; 2],
     /// Tracked prefixes, counted in the background by [`spawn_tracker`].
     pub tracked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Sampled drops and per-second totals for `limiter top`.
+    pub top: crate::top::Tracker,
+    pub drop_events: Option<aya::maps::RingBuf<aya::maps::MapData>>,
+    /// Totals at the last per-second tick.
+    pub last_tick: Option<crate::stats::Totals>,
 }
 
 /// Count the bucket map's entries every `every` on a thread of its own,
@@ -169,7 +174,55 @@ impl Daemon {
             Request::PrefixAllow { cidr } => self.change_prefix(&cidr, Some(OverrideAction::Allow)),
             Request::PrefixDeny { cidr } => self.change_prefix(&cidr, Some(OverrideAction::Deny)),
             Request::PrefixUnset { cidr } => self.change_prefix(&cidr, None),
+            Request::Top { n } => self.top_info(n),
         }
+    }
+
+    /// Move sampled drop events from the ring buffer into the tracker.
+    pub fn drain_drop_events(&mut self) {
+        let now = unix_now();
+        let Some(rb) = self.drop_events.as_mut() else { return };
+        while let Some(item) = rb.next() {
+            if item.len() >= std::mem::size_of::<limiter_common::DropEvent>() {
+                // SAFETY: the program writes whole DropEvents; read unaligned.
+                let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<limiter_common::DropEvent>()) };
+                self.top.record(now, ev.key);
+            }
+        }
+    }
+
+    /// Once a second: note packets passed and dropped for the sparkline.
+    pub fn tick_second(&mut self) -> Result<(), crate::loader::LoadError> {
+        let t = self.limiter.totals()?;
+        if let Some(last) = self.last_tick {
+            let d = t.since(&last);
+            self.top.tick(unix_now(), d.passed().packets, d.dropped().packets);
+        }
+        self.last_tick = Some(t);
+        Ok(())
+    }
+
+    fn top_info(&mut self, n: usize) -> Response {
+        self.drain_drop_events();
+        let names = self.base.class_names();
+        let offenders = self
+            .top
+            .offenders(unix_now(), n.min(100))
+            .into_iter()
+            .map(|(k, rate)| crate::control::Offender {
+                prefix: crate::top::cidr(&k),
+                class: names.get(usize::from(k.class)).map_or_else(|| k.class.to_string(), |s| (*s).to_owned()),
+                drops_per_sec: rate,
+            })
+            .collect();
+        let history = self.top.history();
+        Response::Top(crate::control::TopInfo {
+            window_secs: crate::top::WINDOW_SECS,
+            sample_every: crate::top::DROP_SAMPLE,
+            passed_per_sec: history.iter().map(|h| h.0).collect(),
+            dropped_per_sec: history.iter().map(|h| h.1).collect(),
+            offenders,
+        })
     }
 
     fn finish_apply(&mut self, result: Result<String, ApplyError>) -> Response {

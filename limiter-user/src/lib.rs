@@ -11,6 +11,7 @@ pub mod policy;
 pub mod replay;
 pub mod run;
 pub mod stats;
+pub mod top;
 pub mod verbs;
 
 /// The compiled XDP object, built by `build.rs` from `limiter-ebpf`.

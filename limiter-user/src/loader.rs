@@ -384,6 +384,11 @@ impl Limiter {
         HashMap::try_from(self.map(maps::BUCKETS)?).map_err(map_err(maps::BUCKETS))
     }
 
+    /// The sampled-drop ring buffer, taken out of the loader (once).
+    pub fn take_drop_events(&mut self) -> Option<aya::maps::RingBuf<MapData>> {
+        self.ebpf.take_map(maps::DROP_EVENTS).and_then(|m| aya::maps::RingBuf::try_from(m).ok())
+    }
+
     /// Kernel id of the bucket map (for a second, independent handle).
     pub fn buckets_map_id(&self) -> Result<u32, LoadError> {
         match self.map(maps::BUCKETS)? {

@@ -18,6 +18,7 @@ fn main() -> std::process::ExitCode {
         Command::Stats => verbs::stats(socket, json),
         Command::Policy(cmd) => verbs::policy(cmd, socket, json),
         Command::Prefix(cmd) => verbs::prefix(cmd, socket, json),
+        Command::Top { once, count, interval } => verbs::top(socket, json, *once, *count, *interval),
         Command::Replay { pcap, policy } => verbs::replay(pcap, policy.as_deref(), json),
         Command::Completions { shell } => {
             verbs::completions(*shell);

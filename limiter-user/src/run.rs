@@ -61,7 +61,11 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
         reloads: [0; 2],
         reload_times: [None; 2],
         tracked: crate::daemon::spawn_tracker(limiter_map_id, Duration::from_secs(2)),
+        top: crate::top::Tracker::default(),
+        drop_events: None,
+        last_tick: None,
     };
+    d.drop_events = d.limiter.take_drop_events();
     // Policy first, then attach: the program never runs without one.
     let summary = d.apply(policy, source_name(args))?;
     let (link, replaced) = if args.pin {
@@ -89,6 +93,8 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     let period = Duration::from_secs_f64(if args.status_interval > 0.0 { args.status_interval } else { 3600.0 });
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     let (mut last, mut last_at) = (d.limiter.totals()?, Instant::now());
+    let mut drain = tokio::time::interval(Duration::from_millis(200));
+    let mut second = tokio::time::interval(Duration::from_secs(1));
     let why = loop {
         tokio::select! {
             _ = term.recv() => break "SIGTERM",
@@ -101,6 +107,8 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
                 }
                 let _ = reply.send(response);
             }
+            _ = drain.tick() => d.drain_drop_events(),
+            _ = second.tick() => d.tick_second()?,
             Some(reply) = scrapes.recv() => {
                 if let Ok(s) = d.snapshot() {
                     let _ = reply.send(s);

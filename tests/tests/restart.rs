@@ -47,7 +47,7 @@ fn start_daemon(net: &VethPair, pins: &Path) -> (Guard, std::sync::mpsc::Receive
 fn drops(pins: &Path) -> u64 {
     let md = MapData::from_pin(pins.join(maps::STATS)).unwrap();
     let a: PerCpuArray<MapData, Counter> = PerCpuArray::try_from(Map::PerCpuArray(md)).unwrap();
-    a.get(&(Reason::RateLimited as u32), 0).unwrap().iter().map(|c| c.packets).sum()
+    a.get(&limiter_common::stat_index(Reason::RateLimited, 1), 0).unwrap().iter().map(|c| c.packets).sum()
 }
 
 fn flood_bucket(pins: &Path) -> BucketState {

@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
 /// (libstd-rust-web-dev-bpf) and is built on LLVM 22, which bpf-linker
 /// links against (llvm-22-dev). See ../shared/docs/toolchain.md.
 const APT_PACKAGES: &[&str] =
-    &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "iproute2", "util-linux", "systemd"];
+    &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "iproute2", "util-linux", "systemd", "tmux"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(Parser)]

@@ -39,6 +39,10 @@ pub enum Request {
     PrefixUnset {
         cidr: String,
     },
+    /// The `n` prefixes with the most drops recently.
+    Top {
+        n: usize,
+    },
 }
 
 /// What the daemon answers.
@@ -50,7 +54,28 @@ pub enum Response {
     Policy { version: u64, source: String, text: String },
     Prefixes { version: u64, entries: Vec<PrefixEntry> },
     Applied { version: u64, summary: String },
+    Top(TopInfo),
     Error { message: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopInfo {
+    /// Seconds the offender rates are averaged over.
+    pub window_secs: u64,
+    /// One drop in this many (per CPU) is sampled.
+    pub sample_every: u32,
+    /// Packets per second, one entry a second, oldest first.
+    pub passed_per_sec: Vec<u64>,
+    pub dropped_per_sec: Vec<u64>,
+    pub offenders: Vec<Offender>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offender {
+    pub prefix: String,
+    pub class: String,
+    /// Estimated from samples.
+    pub drops_per_sec: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -199,6 +199,7 @@ impl Policy {
             v4_prefix: *v4_prefix,
             v6_prefix: *v6_prefix,
             flags: flags::CONFIGURED,
+            drop_sample: crate::top::DROP_SAMPLE,
             ..Config::default()
         };
         cfg.classes[0] = default.to_kernel("")?;
