@@ -179,6 +179,9 @@ pub struct RunArgs {
     /// Directory on bpffs for the pins.
     #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR, requires = "pin")]
     pub pin_dir: std::path::PathBuf,
+    /// Log lines as JSON objects instead of text.
+    #[arg(long)]
+    pub log_json: bool,
     /// Address for Prometheus `/metrics` (HTTP), or `off`.
     #[arg(long, value_name = "ADDR", default_value = crate::metrics::DEFAULT_LISTEN)]
     pub metrics: String,

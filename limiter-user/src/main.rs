@@ -9,10 +9,13 @@ fn main() -> std::process::ExitCode {
     let cli = cli::parse();
     let (json, socket) = (cli.json, cli.socket.as_path());
     let res = match &cli.command {
-        Command::Run(args) => match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt.block_on(limiter::run::run(args, socket)),
-            Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),
-        },
+        Command::Run(args) => {
+            limiter::run::init_logging(args.log_json);
+            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt.block_on(limiter::run::run(args, socket)),
+                Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),
+            }
+        }
         Command::Unload(args) => limiter::run::unload(args, json),
         Command::Status => verbs::status(socket, json),
         Command::Stats => verbs::stats(socket, json),

@@ -17,13 +17,34 @@ use crate::{
     stats::Totals,
 };
 
-/// Print a line of daemon output. A closed or full stdout (a supervisor
-/// that went away) must never take enforcement down, so errors are ignored.
+/// One line of daemon output, through `tracing` (see [`init_logging`]).
 macro_rules! say {
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($t)*);
-    }};
+    ($($t:tt)*) => { tracing::info!($($t)*) };
+}
+
+/// Structured logs on stdout, text or JSON, level from `RUST_LOG`
+/// (default `info`). A closed stdout (a supervisor that went away) never
+/// takes enforcement down: the writer ignores write errors.
+pub fn init_logging(json: bool) {
+    use tracing_subscriber::{EnvFilter, fmt};
+    struct Lossy;
+    impl std::io::Write for Lossy {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let _ = std::io::stdout().write_all(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            let _ = std::io::stdout().flush();
+            Ok(())
+        }
+    }
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = fmt().with_env_filter(filter).with_target(false).with_ansi(false).with_writer(|| Lossy);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
 }
 
 /// Run the daemon until SIGINT or SIGTERM.
@@ -103,7 +124,7 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
             Some((req, reply)) = calls.recv() => {
                 let response = d.handle(req, || args.load_policy().map(|p| (p, source_name(args))));
                 if let crate::control::Response::Applied { summary, .. } = &response {
-                    say!("limiter: applied {summary}");
+                    say!(event = "policy_change", version = d.version, "limiter: applied {summary}");
                 }
                 let _ = reply.send(response);
             }
@@ -117,7 +138,7 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
             _ = tick.tick(), if args.status_interval > 0.0 => {
                 let now = d.limiter.totals()?;
                 let status = status_line(&now, &last, last_at.elapsed(), d.tracked(), capacity);
-                say!("{status} policy v{}", d.version);
+                say!(event = "status", version = d.version, "{status} policy v{}", d.version);
                 (last, last_at) = (now, Instant::now());
             }
         }
@@ -129,7 +150,16 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
 /// The lines printed once the program is attached.
 fn announce(args: &RunArgs, d: &Daemon, summary: &str, adopted: bool, replaced: bool) {
     let capacity = d.capacity;
-    say!("limiter: attached to {} ({}), {summary}, capacity {capacity}", args.iface, args.mode.label());
+    say!(
+        event = "attach",
+        iface = %args.iface,
+        mode = args.mode.label(),
+        version = d.version,
+        capacity,
+        "limiter: attached to {} ({}), {summary}, capacity {capacity}",
+        args.iface,
+        args.mode.label()
+    );
     if args.pin {
         say!(
             "limiter: pinned in {}; {}; {}",
@@ -149,7 +179,15 @@ fn stop(args: &RunArgs, d: &mut Daemon, link: Option<aya::programs::xdp::XdpLink
     let (passed, dropped) = (t.passed().packets, t.dropped().packets);
     if let Some(link) = link {
         d.limiter.detach(link)?;
-        say!("limiter: {why}: detached from {}; passed {passed} dropped {dropped} packets in total", args.iface);
+        say!(
+            event = "detach",
+            iface = %args.iface,
+            signal = why,
+            passed,
+            dropped,
+            "limiter: {why}: detached from {}; passed {passed} dropped {dropped} packets in total",
+            args.iface
+        );
     } else {
         say!(
             "limiter: {why}: stopping; XDP stays attached to {} and enforcing (pinned in {}; `limiter unload` removes it); passed {passed} dropped {dropped} packets in total",
@@ -171,12 +209,12 @@ fn reload(args: &RunArgs, d: &mut Daemon) {
     let result = args.load_policy().map_err(ApplyError::from).and_then(|p| d.apply(p, source.clone()));
     match result {
         Ok(summary) => {
-            say!("limiter: SIGHUP: applied {source}: {summary}");
+            say!(event = "reload", ok = true, version = d.version, source = %source, "limiter: SIGHUP: applied {source}: {summary}");
             d.note_reload(true, summary);
         }
         Err(e) => {
             let message = format!("rejected {source}: {e}; policy v{} keeps running", d.version);
-            say!("limiter: SIGHUP: {message}");
+            tracing::warn!(event = "reload", ok = false, version = d.version, source = %source, "limiter: SIGHUP: {message}");
             d.note_reload(false, message);
         }
     }

@@ -115,8 +115,30 @@ fn native_mode_on_a_driver_without_it_suggests_generic() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}");
     assert!(out.contains("attached to lo (generic)"), "{out}");
-    assert!(out.lines().any(|l| l.starts_with("passed ") && l.contains("tracked ")), "{out}");
+    assert!(out.lines().any(|l| l.contains(" INFO passed ") && l.contains("tracked ")), "{out}");
     assert!(out.contains("SIGINT: detached from lo"), "{out}");
+
+    // --log-json: one JSON object per line, with the event's fields.
+    let child = ns
+        .command(&bin)
+        .args(["run", "--iface", "lo", "--mode", "generic", "--log-json", "--metrics", "off", "--socket"])
+        .arg(limiter_tests::scenario::unique_socket("cli-json"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    let events: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    let attach = events.iter().find(|e| e["event"] == "attach").expect("an attach event");
+    assert_eq!(
+        (attach["iface"].as_str(), attach["mode"].as_str(), attach["version"].as_u64()),
+        (Some("lo"), Some("generic"), Some(1))
+    );
+    let detach = events.iter().find(|e| e["event"] == "detach").expect("a detach event");
+    assert_eq!(detach["signal"], "SIGTERM");
 }
 
 #[test]

@@ -39,5 +39,11 @@ fn flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing() {
     assert!(o.xdp_dropped <= missing, "xdp dropped {} > {missing} missing", o.xdp_dropped);
     assert!(o.xdp_dropped as f64 >= 0.99 * missing as f64, "xdp dropped {} of {missing}", o.xdp_dropped);
     assert!(o.xdp_passed >= o.conform_received + o.flood_received);
-    assert!(o.daemon_log.lines().any(|l| l.starts_with("passed ") && l.contains("rate_limited=")), "{}", o.daemon_log);
+    assert!(
+        o.daemon_log
+            .lines()
+            .any(|l| l.contains(" INFO passed ") && l.contains("rate_limited=") && l.contains("event=\"status\"")),
+        "{}",
+        o.daemon_log
+    );
 }
