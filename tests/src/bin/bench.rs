@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: the XDP program's cost side by side with a bare
 //! `XDP_DROP`, through BPF_PROG_TEST_RUN in one run, plus the verifier's
 //! processed-instruction count of each entry point. Ratios, not absolutes.
+#![allow(clippy::cast_precision_loss, reason = "measurements: tick counts far inside f64's exact range")]
 
 use std::{net::Ipv4Addr, time::Duration};
 
@@ -69,6 +70,8 @@ fn main() {
     println!();
     overrides_apply();
     println!();
+    scrape_at_one_million();
+    println!();
     println!("{:<44} {:>10}", "verifier, processed instructions", "insns");
     for p in [programs::BASELINE_DROP, programs::LIMITER, programs::LIMITER_TEST_CLOCK] {
         admit.load_program(p).unwrap();
@@ -101,4 +104,108 @@ fn overrides_apply() {
         l.apply(&cfg, &ovr).unwrap();
         println!("{label:<44} {:>10.3}", start.elapsed().as_secs_f64());
     }
+}
+
+/// Scrape latency and daemon CPU with 1,000,000 tracked prefixes. The
+/// buckets are inserted through the pinned map (data only, no traffic).
+fn scrape_at_one_million() {
+    use std::{
+        io::{Read as _, Write as _},
+        time::{Duration, Instant},
+    };
+
+    use limiter_common::{BucketKey, BucketState, family, maps};
+    use limiter_tests::{
+        netns::{B_IF, VethPair},
+        scenario,
+    };
+
+    let net = VethPair::new("bm");
+    let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/limiter-bench-{}", std::process::id()));
+    let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--pin", "--capacity", "1100000", "--status-interval", "0", "--pin-dir"])
+        .arg(&pins);
+    c.arg("--socket").arg(scenario::unique_socket("bench"));
+    let (daemon, rx) = scenario::spawn_lines(c).unwrap();
+    scenario::wait_for(&rx, "metrics on", Duration::from_secs(20), &mut String::new()).unwrap();
+    let pid = daemon.0.id();
+
+    let md = aya::maps::MapData::from_pin(pins.join(maps::BUCKETS)).unwrap();
+    let mut m: aya::maps::HashMap<_, BucketKey, BucketState> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(md)).unwrap();
+    let fill = Instant::now();
+    for i in 0..1_000_000u32 {
+        let key = BucketKey { family: family::IPV6, prefix_len: 128, class: 0, pad: 0, addr: [0x0200_0120, 0, 0, i] };
+        m.insert(key, BucketState::default(), 0).unwrap();
+    }
+    let fill = fill.elapsed();
+
+    // Scrape from a thread that joins the daemon's network namespace.
+    let ns = std::fs::File::open(format!("/run/netns/{}", net.b.name)).unwrap();
+    let (tracked, lat, cpu_idle, cpu_scraped) = std::thread::scope(|s| {
+        s.spawn(|| {
+            use std::os::fd::AsRawFd as _;
+            // SAFETY: setns on this thread only, with an open netns fd.
+            assert_eq!(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+            let scrape = || -> (Duration, String) {
+                let t = Instant::now();
+                let mut c = std::net::TcpStream::connect("127.0.0.1:9464").unwrap();
+                c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+                let mut body = String::new();
+                c.read_to_string(&mut body).unwrap();
+                (t.elapsed(), body)
+            };
+            let tracked = |b: &str| {
+                b.lines()
+                    .find_map(|l| l.strip_prefix("limiter_tracked_prefixes "))
+                    .map_or(0, |v| v.trim().parse::<u64>().unwrap_or(0))
+            };
+            let mut n = 0;
+            for _ in 0..60 {
+                n = tracked(&scrape().1);
+                if n >= 1_000_000 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            let cpu = || {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+                let f: Vec<u64> = stat
+                    .rsplit(')')
+                    .next()
+                    .unwrap()
+                    .split_whitespace()
+                    .skip(11)
+                    .take(2)
+                    .map(|x| x.parse().unwrap())
+                    .collect();
+                f[0] + f[1]
+            };
+            let hz = u32::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+            let window = Duration::from_secs(10);
+            let (c0, t0) = (cpu(), Instant::now());
+            std::thread::sleep(window);
+            let idle = (cpu() - c0) as f64 / f64::from(hz) / t0.elapsed().as_secs_f64();
+            let (c0, t0) = (cpu(), Instant::now());
+            let mut lat = Vec::new();
+            while t0.elapsed() < window {
+                lat.push(scrape().0);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            let scraped = (cpu() - c0) as f64 / f64::from(hz) / t0.elapsed().as_secs_f64();
+            lat.sort();
+            (n, lat, idle, scraped)
+        })
+        .join()
+        .unwrap()
+    });
+    drop(daemon);
+    let _ = limiter::pin::unload(&pins, false);
+    println!("{:<44} {:>10}", "metrics with 1,000,000 tracked prefixes", "");
+    println!("{:<44} {:>10.2}", "  buckets inserted through the pin (s)", fill.as_secs_f64());
+    println!("{:<44} {:>10}", "  limiter_tracked_prefixes reported", tracked);
+    println!("{:<44} {:>10.2}", "  scrape latency, median (ms)", lat[lat.len() / 2].as_secs_f64() * 1e3);
+    println!("{:<44} {:>10.2}", "  scrape latency, max (ms)", lat[lat.len() - 1].as_secs_f64() * 1e3);
+    println!("{:<44} {:>10.1}", "  daemon CPU, no scrapes (% of a core)", cpu_idle * 100.0);
+    println!("{:<44} {:>10.1}", "  daemon CPU, one scrape a second (%)", cpu_scraped * 100.0);
 }
