@@ -119,6 +119,72 @@ pub fn field(text: &str, prefix: &str, idx: usize) -> Option<u64> {
     text.lines().find(|l| l.starts_with(prefix))?.split_whitespace().nth(idx)?.parse().ok()
 }
 
+/// Traffic in flight between the namespaces of a [`VethPair`]: a receiver
+/// on `b`, and on `a` a conforming sender that brackets a flood by half a
+/// second on each side.
+pub struct Traffic {
+    recv: Guard,
+    recv_rx: mpsc::Receiver<String>,
+    conform: Guard,
+    flood: Guard,
+}
+
+/// What the senders sent and the receiver got, per source.
+#[derive(Clone, Debug, Default)]
+pub struct Delivered {
+    pub flood_sent: u64,
+    /// Flood duration as measured by its sender.
+    pub flood_secs: f64,
+    pub flood_got: u64,
+    pub conform_sent: u64,
+    pub conform_got: u64,
+}
+
+/// Start a receiver, the conforming sender (`conform_pps`) and, half a
+/// second later, a flood of `secs` seconds (`flood_pps`, 0 = flat out).
+pub fn start_traffic(
+    net: &VethPair,
+    netload: &Path,
+    flood_pps: u64,
+    conform_pps: u64,
+    secs: f64,
+) -> anyhow::Result<Traffic> {
+    let margin = 0.5;
+    let dst = format!("{B_ADDR}:{PORT}");
+    let mut recv = net.b.command(netload);
+    recv.args(["recv", &format!("0.0.0.0:{PORT}"), &format!("{}", secs + 6.0 * margin)]);
+    let (recv, recv_rx) = spawn_lines(recv)?;
+    wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut String::new())?;
+    let mut conform = net.a.command(netload);
+    conform.args(["send", CONFORM_SRC, &dst, &conform_pps.to_string(), &format!("{}", secs + 2.0 * margin)]);
+    let conform = Guard(conform.stdout(Stdio::piped()).spawn()?);
+    thread::sleep(Duration::from_secs_f64(margin));
+    let mut flood = net.a.command(netload);
+    flood.args(["send", FLOOD_SRC, &dst, &flood_pps.to_string(), &format!("{secs}")]);
+    let flood = Guard(flood.stdout(Stdio::piped()).spawn()?);
+    Ok(Traffic { recv, recv_rx, conform, flood })
+}
+
+impl Traffic {
+    /// Wait for the senders and the receiver, and collect their counts.
+    pub fn finish(self) -> anyhow::Result<Delivered> {
+        let Self { mut recv, recv_rx, conform, flood } = self;
+        let flood_out = wait_output(flood)?;
+        let conform_out = wait_output(conform)?;
+        if !recv.0.wait()?.success() {
+            bail!("receiver failed");
+        }
+        let recv_log: String = recv_rx.iter().map(|l| l + "\n").collect();
+        Ok(Delivered {
+            flood_sent: field(&flood_out, "sent", 1).context("flood sender output")?,
+            flood_secs: flood_out.split_whitespace().nth(3).and_then(|s| s.parse().ok()).context("flood secs")?,
+            flood_got: field(&recv_log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0),
+            conform_sent: field(&conform_out, "sent", 1).context("conforming sender output")?,
+            conform_got: field(&recv_log, &format!("from {CONFORM_SRC}"), 2).unwrap_or(0),
+        })
+    }
+}
+
 /// Run the scenario end to end.
 pub fn run(limiter: &Path, netload: &Path, f: &Flood) -> anyhow::Result<Outcome> {
     let net = VethPair::new("fl");
@@ -133,31 +199,8 @@ pub fn run(limiter: &Path, netload: &Path, f: &Flood) -> anyhow::Result<Outcome>
     let mut daemon_log = String::new();
     wait_for(&daemon_rx, "attached", Duration::from_secs(20), &mut daemon_log)?;
 
-    let dst = format!("{B_ADDR}:{PORT}");
-    let margin = 0.5;
-    let mut recv_cmd = net.b.command(netload);
-    recv_cmd.args(["recv", &format!("0.0.0.0:{PORT}"), &format!("{}", f.secs + 3.0 * margin + 1.0)]);
-    let (recv, recv_rx) = spawn_lines(recv_cmd)?;
-    let mut recv_log = String::new();
-    wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut recv_log)?;
-
-    // The conforming sender brackets the flood by `margin` on both sides.
-    let mut conform = net.a.command(netload);
-    conform.args(["send", CONFORM_SRC, &dst, &f.conform_pps.to_string(), &format!("{}", f.secs + 2.0 * margin)]);
-    let conform = Guard(conform.stdout(Stdio::piped()).spawn()?);
-    thread::sleep(Duration::from_secs_f64(margin));
-    let mut flood = net.a.command(netload);
-    flood.args(["send", FLOOD_SRC, &dst, &f.flood_pps.to_string(), &format!("{}", f.secs)]);
-    let flood = Guard(flood.stdout(Stdio::piped()).spawn()?);
-
-    let flood_out = wait_output(flood)?;
-    let conform_out = wait_output(conform)?;
-    let mut recv = recv;
-    let status = recv.0.wait()?;
-    if !status.success() {
-        bail!("receiver failed");
-    }
-    recv_log.extend(recv_rx.iter().map(|l| l + "\n"));
+    let traffic = start_traffic(&net, netload, f.flood_pps, f.conform_pps, f.secs)?;
+    let delivered = traffic.finish()?;
 
     // SIGTERM: the daemon detaches and prints its totals.
     // SAFETY: kill(2) on our own child's pid.
@@ -173,12 +216,13 @@ pub fn run(limiter: &Path, netload: &Path, f: &Flood) -> anyhow::Result<Outcome>
         it.by_ref().find(|w| *w == word)?;
         it.next()?.parse().ok()
     };
+    let Delivered { flood_sent, flood_secs, flood_got, conform_sent, conform_got } = delivered;
     Ok(Outcome {
-        flood_sent: field(&flood_out, "sent", 1).context("flood sender output")?,
-        flood_secs: flood_out.split_whitespace().nth(3).and_then(|s| s.parse().ok()).context("flood secs")?,
-        flood_received: field(&recv_log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0),
-        conform_sent: field(&conform_out, "sent", 1).context("conforming sender output")?,
-        conform_received: field(&recv_log, &format!("from {CONFORM_SRC}"), 2).unwrap_or(0),
+        flood_sent,
+        flood_secs,
+        flood_received: flood_got,
+        conform_sent,
+        conform_received: conform_got,
         xdp_passed: num_after("passed").context("passed total")?,
         xdp_dropped: num_after("dropped").context("dropped total")?,
         daemon_log,

@@ -3,12 +3,12 @@
 //! 100,000 spoofed sources does not add a single series.
 #![allow(clippy::cast_precision_loss, reason = "test measurements: counts far inside f64's exact range")]
 
-use std::{process::Stdio, thread, time::Duration};
+use std::{thread, time::Duration};
 
 use limiter_tests::{
     kernel::require_root,
     netns::{B_ADDR, B_IF, VethPair},
-    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, PORT, field, spawn_lines, unique_socket, wait_for},
+    scenario::{self, CONFORM_SRC, Delivered, FLOOD_SRC, Guard, PORT, spawn_lines, unique_socket, wait_for},
 };
 
 struct Daemon {
@@ -51,30 +51,13 @@ fn scraped_counters_match_the_traffic_of_a_real_flood() {
     net.add_source(FLOOD_SRC);
     net.add_source(CONFORM_SRC);
     let _d = daemon(&net, "mx", &["--rate", "1000", "--burst", "200"]);
-    let netload = env!("CARGO_BIN_EXE_netload");
-    let dst = format!("{B_ADDR}:{PORT}");
-    let mut recv = net.b.command(netload);
-    recv.args(["recv", &format!("0.0.0.0:{PORT}"), "5"]);
-    let (mut recv, rx) = spawn_lines(recv).unwrap();
-    wait_for(&rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
-    let conform =
-        net.a.command(netload).args(["send", CONFORM_SRC, &dst, "300", "3"]).stdout(Stdio::piped()).spawn().unwrap();
-    thread::sleep(Duration::from_millis(300));
-    let flood =
-        net.a.command(netload).args(["send", FLOOD_SRC, &dst, "0", "2"]).stdout(Stdio::piped()).spawn().unwrap();
+    let traffic = scenario::start_traffic(&net, env!("CARGO_BIN_EXE_netload").as_ref(), 0, 300, 2.0).unwrap();
     thread::sleep(Duration::from_secs(1));
     let mid = scrape(&net);
     assert!(value(&mid, RL4) > 1000, "scrape during the flood sees drops: {}", value(&mid, RL4));
 
-    let flood_out = scenario::wait_output(Guard(flood)).unwrap();
-    let conform_out = scenario::wait_output(Guard(conform)).unwrap();
-    assert!(recv.0.wait().unwrap().success());
-    let recv_log: String = rx.iter().map(|l| l + "\n").collect();
+    let Delivered { flood_sent, flood_got, conform_sent, conform_got, .. } = traffic.finish().unwrap();
     let text = scrape(&net);
-    let flood_sent = field(&flood_out, "sent", 1).unwrap();
-    let flood_got = field(&recv_log, &format!("from {FLOOD_SRC}"), 2).unwrap();
-    let conform_sent = field(&conform_out, "sent", 1).unwrap();
-    let conform_got = field(&recv_log, &format!("from {CONFORM_SRC}"), 2).unwrap();
     assert_eq!(conform_got, conform_sent);
     println!("flood sent {flood_sent} got {flood_got}; {RL4} {}; {AD4} {}", value(&text, RL4), value(&text, AD4));
 

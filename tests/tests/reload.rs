@@ -4,12 +4,12 @@
 //! conforming sender loses nothing throughout.
 #![allow(clippy::cast_precision_loss, reason = "test measurements: counts far inside f64's exact range")]
 
-use std::{process::Stdio, thread, time::Duration};
+use std::{thread, time::Duration};
 
 use limiter_tests::{
     kernel::require_root,
-    netns::{B_ADDR, B_IF, VethPair},
-    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, PORT, field, spawn_lines, wait_for},
+    netns::{B_IF, VethPair},
+    scenario::{self, CONFORM_SRC, Delivered, FLOOD_SRC, Guard, spawn_lines, wait_for},
 };
 
 fn hup(g: &Guard) {
@@ -37,27 +37,7 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     wait_for(&rx, "attached", Duration::from_secs(20), &mut log).unwrap();
     assert!(log.contains("policy v1: rate 1000"), "{log}");
 
-    let secs = 4.0;
-    let dst = format!("{B_ADDR}:{PORT}");
-    let mut recv = net.b.command(netload);
-    recv.args(["recv", &format!("0.0.0.0:{PORT}"), &format!("{}", secs + 3.0)]);
-    let (recv, recv_rx) = spawn_lines(recv).unwrap();
-    wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
-    let conform = net
-        .a
-        .command(netload)
-        .args(["send", CONFORM_SRC, &dst, "400", &format!("{}", secs + 1.0)])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    thread::sleep(Duration::from_millis(500));
-    let flood = net
-        .a
-        .command(netload)
-        .args(["send", FLOOD_SRC, &dst, "0", &format!("{secs}")])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let traffic = scenario::start_traffic(&net, netload.as_ref(), 0, 400, 4.0).unwrap();
 
     thread::sleep(Duration::from_secs(1));
     std::fs::write(&file, "# v2\nrate = 2000\nburst = 200\n").unwrap();
@@ -76,15 +56,8 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
         "{rejected}"
     );
 
-    let flood_out = scenario::wait_output(Guard(flood)).unwrap();
-    let conform_out = scenario::wait_output(Guard(conform)).unwrap();
-    let mut recv = recv;
-    assert!(recv.0.wait().unwrap().success());
-    let recv_log: String = recv_rx.iter().map(|l| l + "\n").collect();
-    let flood_secs: f64 = flood_out.split_whitespace().nth(3).unwrap().parse().unwrap();
-    let flood_got = field(&recv_log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0) as f64;
-    let conform_sent = field(&conform_out, "sent", 1).unwrap();
-    let conform_got = field(&recv_log, &format!("from {CONFORM_SRC}"), 2).unwrap_or(0);
+    let Delivered { flood_secs, flood_got, conform_sent, conform_got, .. } = traffic.finish().unwrap();
+    let flood_got = flood_got as f64;
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
     println!("flood got {flood_got} in {flood_secs:.3} s; conforming {conform_got}/{conform_sent}");

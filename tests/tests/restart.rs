@@ -5,7 +5,6 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Stdio,
     thread,
     time::Duration,
 };
@@ -14,8 +13,8 @@ use aya::maps::{HashMap, Map, MapData, PerCpuArray};
 use limiter_common::{BucketKey, BucketState, Counter, Reason, family, maps};
 use limiter_tests::{
     kernel::require_root,
-    netns::{B_ADDR, B_IF, VethPair},
-    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, PORT, field, spawn_lines, wait_for},
+    netns::{B_IF, VethPair},
+    scenario::{self, CONFORM_SRC, Delivered, FLOOD_SRC, Guard, spawn_lines, wait_for},
 };
 
 const RATE: u64 = 1000;
@@ -96,31 +95,12 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     net.add_source(CONFORM_SRC);
     let pins = Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-{}", std::process::id())));
     let netload = env!("CARGO_BIN_EXE_netload");
-    let dst = format!("{B_ADDR}:{PORT}");
     let secs = 6.0;
 
     let (mut daemon, _rx, log) = start_daemon(&net, &pins.0);
     assert!(log.contains("new maps; new link"), "{log}");
 
-    let mut recv = net.b.command(netload);
-    recv.args(["recv", &format!("0.0.0.0:{PORT}"), &format!("{}", secs + 3.0)]);
-    let (recv, recv_rx) = spawn_lines(recv).unwrap();
-    wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
-    let conform = net
-        .a
-        .command(netload)
-        .args(["send", CONFORM_SRC, &dst, "400", &format!("{}", secs + 1.0)])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    thread::sleep(Duration::from_millis(500));
-    let flood = net
-        .a
-        .command(netload)
-        .args(["send", FLOOD_SRC, &dst, "0", &format!("{secs}")])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let traffic = scenario::start_traffic(&net, netload.as_ref(), 0, 400, secs).unwrap();
 
     // Two seconds in: kill -9. The data plane must keep dropping.
     thread::sleep(Duration::from_secs(2));
@@ -135,16 +115,7 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     let (daemon, _rx2, log) = start_daemon(&net, &pins.0);
     assert!(log.contains("re-adopted pinned maps") && log.contains("replaced the program on the pinned link"), "{log}");
 
-    let flood_out = scenario::wait_output(Guard(flood)).unwrap();
-    let conform_out = scenario::wait_output(Guard(conform)).unwrap();
-    let mut recv = recv;
-    assert!(recv.0.wait().unwrap().success());
-    let recv_log: String = recv_rx.iter().map(|l| l + "\n").collect();
-    let flood_sent = field(&flood_out, "sent", 1).unwrap();
-    let flood_secs: f64 = flood_out.split_whitespace().nth(3).unwrap().parse().unwrap();
-    let flood_got = field(&recv_log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0);
-    let conform_sent = field(&conform_out, "sent", 1).unwrap();
-    let conform_got = field(&recv_log, &format!("from {CONFORM_SRC}"), 2).unwrap_or(0);
+    let Delivered { flood_sent, flood_secs, flood_got, conform_sent, conform_got } = traffic.finish().unwrap();
     println!("flood sent {flood_sent} got {flood_got} in {flood_secs:.3} s; conforming {conform_got}/{conform_sent}");
 
     // One allowance over the whole run: neither the crash nor the restart
