@@ -37,9 +37,16 @@ pub fn call(path: &Path, req: &Request) -> Result<Response, ClientError> {
     s.set_read_timeout(Some(Duration::from_secs(30))).map_err(io_err)?;
     let mut line = serde_json::to_string(req)?;
     line.push('\n');
-    s.write_all(line.as_bytes()).map_err(io_err)?;
+    // A daemon that refuses a peer answers at once and closes; the write
+    // may then fail with EPIPE while the refusal waits to be read.
+    let written = s.write_all(line.as_bytes());
     let mut answer = String::new();
-    BufReader::new(&s).read_line(&mut answer).map_err(io_err)?;
+    let read = BufReader::new(&s).read_line(&mut answer);
+    match (written, read) {
+        (_, Ok(n)) if n > 0 => {}
+        (Err(e), _) | (Ok(()), Err(e)) => return Err(io_err(e)),
+        (Ok(()), Ok(_)) => return Err(io_err(io::Error::new(io::ErrorKind::UnexpectedEof, "no answer"))),
+    }
     match serde_json::from_str::<Response>(&answer)? {
         Response::Error { message } => Err(ClientError::Refused(message)),
         r => Ok(r),
