@@ -40,7 +40,7 @@ fn main() -> anyhow::Result<()> {
         .arg(&target_dir)
         .env("RUSTC", &rustc)
         // Only these two crates may use unstable features.
-        .env("RUSTC_BOOTSTRAP", "aya_ebpf,limiter_ebpf")
+        .env("RUSTC_BOOTSTRAP", "aya_ebpf,aya_log_ebpf,limiter_ebpf")
         .env("CARGO_ENCODED_RUSTFLAGS", "-Cdebuginfo=2\x1f-Clink-arg=--btf");
     for (k, _) in env::vars() {
         // Outer-build settings that must not leak into the BPF build.

@@ -66,6 +66,7 @@ pub static OVR_LIMITS: Array<ClassLimits> = Array::with_max_entries(2 * MAX_OVER
 #[map(name = "DROP_EVENTS")]
 pub static DROP_EVENTS: RingBuf = RingBuf::with_byte_size(DROP_EVENTS_BYTES, 0);
 
-/// Written and read by: XDP, per CPU: drops seen, for 1-in-N sampling.
+/// Written and read by: XDP, per CPU: [0] drops seen, for 1-in-N
+/// sampling; [1] time of the last debug log line, to rate-limit it.
 #[map(name = "DROP_SAMPLER")]
-pub static DROP_SAMPLER: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+pub static DROP_SAMPLER: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);

@@ -8,6 +8,7 @@ use core::{
 use aya_ebpf::{
     bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, maps::lpm_trie::Key, programs::XdpContext,
 };
+use aya_log_ebpf::debug;
 use limiter_common::{
     BucketKey, BucketState, ClassLimits, Config, DropEvent, MAX_CLASSES, MAX_MATCHERS, Reason, Verdict, cost, family,
     flags, gcra,
@@ -122,15 +123,18 @@ fn try_limiter(ctx: &XdpContext, fam: &mut u32, now: impl FnOnce() -> u64) -> Re
     };
     count_class(ctx, class, reason);
     if reason.verdict() == Verdict::Drop {
-        sample_drop(cfg, &key, reason);
+        sample_drop(ctx, cfg, &key, reason, now);
     }
     reason
 }
 
 /// One in `drop_sample` drops (per CPU) goes to the ring buffer for the
 /// top-offenders list. Drop path only; the admit path pays nothing.
+/// A sampled drop is also logged through aya-log, at debug level only
+/// (off unless the daemon runs with debug logging) and at most once a
+/// second per CPU.
 #[inline(always)]
-fn sample_drop(cfg: &Config, key: &BucketKey, reason: Reason) {
+fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reason, now: u64) {
     let every = u64::from(cfg.drop_sample);
     let Some(n) = DROP_SAMPLER.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU slot, only this CPU's softirq writes it.
@@ -142,6 +146,17 @@ fn sample_drop(cfg: &Config, key: &BucketKey, reason: Reason) {
         return;
     }
     let _ = DROP_EVENTS.output(DropEvent { key: *key, reason: reason as u32 }, 0);
+    let Some(last) = DROP_SAMPLER.get_ptr_mut(1) else { return };
+    // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+    unsafe {
+        if now.wrapping_sub(*last) >= gcra::to_fixed(gcra::NS_PER_S) {
+            *last = now;
+            debug!(
+                ctx,
+                "sampled drop: family {} /{} class {} reason {}", key.family, key.prefix_len, key.class, reason as u32
+            );
+        }
+    }
 }
 
 /// The bucket's cached override resolution, refreshed (one trie lookup and

@@ -43,6 +43,8 @@ pub struct Daemon {
     /// Sampled drops and per-second totals for `limiter top`.
     pub top: crate::top::Tracker,
     pub drop_events: Option<aya::maps::RingBuf<aya::maps::MapData>>,
+    /// Forwards the program's aya-log lines (debug level only).
+    pub ebpf_log: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     /// Totals at the last per-second tick.
     pub last_tick: Option<crate::stats::Totals>,
 }
@@ -183,6 +185,9 @@ impl Daemon {
 
     /// Move sampled drop events from the ring buffer into the tracker.
     pub fn drain_drop_events(&mut self) {
+        if let Some(l) = self.ebpf_log.as_mut() {
+            l.flush();
+        }
         let now = unix_now();
         let Some(rb) = self.drop_events.as_mut() else { return };
         while let Some(item) = rb.next() {

@@ -114,6 +114,13 @@ pub struct Limiter {
     last_flip: Option<std::time::Instant>,
 }
 
+/// `AYA_LOG_LEVEL` for the program: its debug lines are compiled in but
+/// stay off unless the daemon itself logs at debug level.
+fn ebpf_log_level() -> u8 {
+    let debug = tracing::level_filters::LevelFilter::current() >= tracing::level_filters::LevelFilter::DEBUG;
+    if debug { aya_log::Level::Debug as u8 } else { aya_log::Level::Info as u8 }
+}
+
 fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> LoadError {
     move |source| LoadError::Map { map, source }
 }
@@ -122,8 +129,10 @@ impl Limiter {
     /// Load the object with a bucket map of `capacity` entries. Programs are
     /// verified lazily by [`Limiter::load_program`].
     pub fn open(capacity: u32) -> Result<Self, LoadError> {
+        let level = ebpf_log_level();
         let ebpf = EbpfLoader::new()
             .map_max_entries(maps::BUCKETS, capacity)
+            .override_global(aya_log::LEVEL, &level, true)
             .load(crate::OBJECT)
             .map_err(LoadError::Object)?;
         Ok(Self { ebpf, last_flip: None })
@@ -141,8 +150,10 @@ impl Limiter {
         let adopted = crate::pin::check(dir)?.is_some();
         let paths: Vec<(&'static str, PathBuf)> =
             crate::pin::PINNED_MAPS.iter().map(|(n, ..)| (*n, dir.join(n))).collect();
+        let level = ebpf_log_level();
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(maps::BUCKETS, capacity);
+        loader.override_global(aya_log::LEVEL, &level, true);
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
         }
@@ -382,6 +393,12 @@ impl Limiter {
 
     fn buckets(&self) -> Result<HashMap<&MapData, BucketKey, BucketState>, LoadError> {
         HashMap::try_from(self.map(maps::BUCKETS)?).map_err(map_err(maps::BUCKETS))
+    }
+
+    /// The eBPF log forwarder (aya-log into `log`, which `tracing` picks
+    /// up), taken out of the loader (once). `None` if it cannot start.
+    pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
+        aya_log::EbpfLogger::init(&mut self.ebpf).ok()
     }
 
     /// The sampled-drop ring buffer, taken out of the loader (once).

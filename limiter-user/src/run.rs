@@ -84,9 +84,11 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
         tracked: crate::daemon::spawn_tracker(limiter_map_id, Duration::from_secs(2)),
         top: crate::top::Tracker::default(),
         drop_events: None,
+        ebpf_log: None,
         last_tick: None,
     };
     d.drop_events = d.limiter.take_drop_events();
+    d.ebpf_log = d.limiter.take_logger();
     // Policy first, then attach: the program never runs without one.
     let summary = d.apply(policy, source_name(args))?;
     let (link, replaced) = if args.pin {
