@@ -43,6 +43,8 @@ pub mod maps {
     pub const DROP_EVENTS_BYTES: u32 = 1 << 18;
     /// `PERCPU_ARRAY<u64>`, one entry: drops seen, for 1-in-N sampling.
     pub const DROP_SAMPLER: &str = "DROP_SAMPLER";
+    /// `ARRAY<u64>`, one entry: GCRA state of the shared new-source budget.
+    pub const NEW_SOURCES: &str = "NEW_SOURCES";
     /// Overrides one policy may hold (both families together).
     pub const MAX_OVERRIDES: u32 = 131_072;
     /// `PERCPU_ARRAY<Counter>` indexed by
@@ -194,6 +196,10 @@ pub struct Config {
     pub drop_sample: u32,
     /// Always zero (explicit padding).
     pub pad: u32,
+    /// New-source budget: charge per bucket creation in 1/16 ns, and its
+    /// tolerance ([`gcra::unit_interval`], [`gcra::tau`]); 0 = unlimited.
+    pub new_unit: u64,
+    pub new_tau: u64,
     /// Class 0 is the default class.
     pub classes: [ClassLimits; MAX_CLASSES],
     pub matchers: [Matcher; MAX_MATCHERS],
@@ -203,7 +209,7 @@ pub struct Config {
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -276,7 +282,7 @@ pub struct Counter {
 
 const _: () = assert!(core::mem::size_of::<ClassLimits>() == 24);
 const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 24 * MAX_CLASSES + 8 * MAX_MATCHERS);
+const _: () = assert!(core::mem::size_of::<Config>() == 48 + 24 * MAX_CLASSES + 8 * MAX_MATCHERS);
 const _: () = assert!(core::mem::size_of::<DropEvent>() == 24);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 20);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);

@@ -76,10 +76,13 @@ reasons! {
     Allowed = 17 => Pass, "allowed";
     /// The source matches a `deny` override: always dropped.
     Denied = 18 => Drop, "denied";
+    /// The prefix has no bucket and the shared new-source budget is spent:
+    /// dropped without creating one.
+    NewSourceLimited = 19 => Drop, "new_source_limited";
 }
 
 /// Number of counter slots in `STATS`.
-pub const REASON_COUNT: usize = 19;
+pub const REASON_COUNT: usize = 20;
 
 impl Reason {
     /// The reason stored at `index`, if any.

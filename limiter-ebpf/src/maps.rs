@@ -70,3 +70,8 @@ pub static DROP_EVENTS: RingBuf = RingBuf::with_byte_size(DROP_EVENTS_BYTES, 0);
 /// sampling; [1] time of the last debug log line, to rate-limit it.
 #[map(name = "DROP_SAMPLER")]
 pub static DROP_SAMPLER: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+
+/// Written and read by: XDP, with compare-and-swap: the shared budget that
+/// packets of prefixes without a bucket draw on. Userspace only pins it.
+#[map(name = "NEW_SOURCES")]
+pub static NEW_SOURCES: Array<u64> = Array::with_max_entries(1, 0);

@@ -21,8 +21,8 @@ use limiter_common::{
 
 use crate::{
     maps::{
-        ACTIVE, BUCKETS, CLASS_STATS, CONFIG, DROP_EVENTS, DROP_SAMPLER, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1,
-        STATS, TEST_CLOCK,
+        ACTIVE, BUCKETS, CLASS_STATS, CONFIG, DROP_EVENTS, DROP_SAMPLER, NEW_SOURCES, OVR_LIMITS, OVR4_0, OVR4_1,
+        OVR6_0, OVR6_1, STATS, TEST_CLOCK,
     },
     parse::{Source, parse},
 };
@@ -116,6 +116,7 @@ fn try_limiter(ctx: &XdpContext, fam: &mut u32, now: impl FnOnce() -> u64) -> Re
             let resolved = (u64::from(version) << 32) | u64::from(res);
             let r = match bucket {
                 Some(p) => charge_existing(p, now, inc, limits.tau),
+                None if !new_source_admitted(cfg, now) => Reason::NewSourceLimited,
                 None => charge_new(&key, now, inc, limits.tau, resolved),
             };
             if r == Reason::RateLimited && limits.mode == mode::SHADOW { Reason::ShadowDropped } else { r }
@@ -276,6 +277,29 @@ fn bucket_key(src: &Source, cfg: &Config, class: u8) -> BucketKey {
             addr: mask_v6(src.addr, cfg.v6_prefix),
         }
     }
+}
+
+/// A prefix without a bucket draws one unit from the shared new-source
+/// budget before a bucket is created, so spoofed sources can neither churn
+/// the LRU nor each buy a fresh allowance faster than the budget allows.
+#[inline(always)]
+fn new_source_admitted(cfg: &Config, now: u64) -> bool {
+    if cfg.new_unit == 0 {
+        return true;
+    }
+    let Some(p) = NEW_SOURCES.get_ptr_mut(0) else { return true };
+    for _ in 0..MAX_CAS_RETRIES {
+        // SAFETY: a live map value; aligned 8-byte loads are single-copy atomic.
+        let cur = unsafe { read_volatile(p) };
+        let Some(new) = gcra::admit(cur, now, cfg.new_unit, cfg.new_tau) else { return false };
+        // SAFETY: as above; BPF_CMPXCHG on a map value.
+        let (_, swapped) =
+            unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, cur, new) };
+        if swapped {
+            return true;
+        }
+    }
+    false
 }
 
 /// First packet of a prefix: create its bucket (full, then charged).

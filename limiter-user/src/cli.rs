@@ -168,6 +168,13 @@ pub struct RunArgs {
     /// IPv6 source prefix length [default: 56].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=128))]
     pub v6_prefix: Option<u32>,
+    /// New prefixes admitted per second, shared by all sources (with
+    /// --new-source-burst) [default: unlimited].
+    #[arg(long, value_name = "N", requires = "new_source_burst")]
+    pub new_source_rate: Option<u64>,
+    /// Depth of the new-source budget.
+    #[arg(long, value_name = "N", requires = "new_source_rate")]
+    pub new_source_burst: Option<u64>,
     /// Tracked prefixes (LRU capacity) [default: 262144].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub capacity: Option<u32>,
@@ -217,6 +224,9 @@ impl RunArgs {
         p.v4_prefix = self.v4_prefix.unwrap_or(p.v4_prefix);
         p.v6_prefix = self.v6_prefix.unwrap_or(p.v6_prefix);
         p.capacity = self.capacity.unwrap_or(p.capacity);
+        if let (Some(r), Some(b)) = (self.new_source_rate, self.new_source_burst) {
+            p.new_sources = Some((r, b));
+        }
         if self.shadow {
             p.default.mode = Mode::Shadow;
             for c in &mut p.classes {

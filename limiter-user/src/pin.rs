@@ -20,10 +20,11 @@ use limiter_common::{
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// Maps pinned with the program, with their expected type and sizes.
-pub const PINNED_MAPS: [(&str, MapType, usize, usize); 11] = [
+pub const PINNED_MAPS: [(&str, MapType, usize, usize); 12] = [
     (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>()),
     (maps::CONFIG, MapType::Array, 4, size_of::<Config>()),
     (maps::ACTIVE, MapType::Array, 4, 4),
+    (maps::NEW_SOURCES, MapType::Array, 4, 8),
     (maps::OVR4[0], MapType::LpmTrie, 8, 4),
     (maps::OVR4[1], MapType::LpmTrie, 8, 4),
     (maps::OVR6[0], MapType::LpmTrie, 20, 4),

@@ -269,6 +269,9 @@ pub fn describe(p: &Policy, version: u64) -> String {
         let l = c.limit;
         let _ = write!(s, "; class {}: rate {} burst {} ({})", c.name, l.rate, l.burst, l.mode.label());
     }
+    if let Some((rate, burst)) = p.new_sources {
+        let _ = write!(s, "; new sources {rate}/s burst {burst}");
+    }
     if !p.overrides.is_empty() {
         let _ = write!(s, "; {} overrides", p.overrides.len());
     }

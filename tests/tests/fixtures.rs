@@ -34,7 +34,8 @@ fn documented_action(r: Reason) -> u32 {
         | Reason::Ipv6ExtTruncated
         | Reason::Ipv6ExtLimit
         | Reason::L4Truncated
-        | Reason::Denied => XDP_DROP,
+        | Reason::Denied
+        | Reason::NewSourceLimited => XDP_DROP,
     }
 }
 

@@ -37,6 +37,8 @@ struct Root {
     v4_prefix: Option<Spanned<u32>>,
     v6_prefix: Option<Spanned<u32>>,
     capacity: Option<Spanned<u32>>,
+    new_source_rate: Option<Spanned<u64>>,
+    new_source_burst: Option<Spanned<u64>>,
     #[serde(default, rename = "class")]
     classes: Vec<Spanned<ClassSpec>>,
     #[serde(default, rename = "override")]
@@ -106,7 +108,19 @@ pub fn parse(name: &str, text: &str, base: &Policy) -> Result<Policy, PolicyErro
 type Located<T> = Result<T, (PolicyError, usize)>;
 
 fn build(root: Root, base: &Policy) -> Located<Policy> {
-    let Root { mode, rate, burst, cost, v4_prefix, v6_prefix, capacity, classes, overrides } = root;
+    let Root {
+        mode,
+        rate,
+        burst,
+        cost,
+        v4_prefix,
+        v6_prefix,
+        capacity,
+        new_source_rate,
+        new_source_burst,
+        classes,
+        overrides,
+    } = root;
     let global_mode = opt(mode, "mode", parse_mode)?.unwrap_or(base.default.mode);
     let default = Limit {
         rate: rate.map_or(base.default.rate, Spanned::into_inner),
@@ -127,10 +141,21 @@ fn build(root: Root, base: &Policy) -> Located<Policy> {
             build_override(i, o.into_inner(), default, start)
         })
         .collect::<Located<Vec<_>>>()?;
+    let new_sources = match (new_source_rate, new_source_burst) {
+        (None, None) => base.new_sources,
+        (Some(r), Some(b)) => Some((r.into_inner(), b.into_inner())),
+        (Some(r), None) => {
+            return Err((bad("new_source_burst", "new_source_rate needs new_source_burst"), r.span().start));
+        }
+        (None, Some(b)) => {
+            return Err((bad("new_source_rate", "new_source_burst needs new_source_rate"), b.span().start));
+        }
+    };
     Ok(Policy {
         default,
         classes,
         overrides,
+        new_sources,
         v4_prefix: v4_prefix.map_or(base.v4_prefix, Spanned::into_inner),
         v6_prefix: v6_prefix.map_or(base.v6_prefix, Spanned::into_inner),
         capacity: capacity.map_or(base.capacity, Spanned::into_inner),
@@ -219,6 +244,9 @@ pub fn render(p: &Policy) -> String {
         p.v6_prefix,
         p.capacity
     );
+    if let Some((rate, burst)) = p.new_sources {
+        let _ = writeln!(s, "new_source_rate = {rate}\nnew_source_burst = {burst}");
+    }
     for c in &p.classes {
         let l = c.limit;
         let _ = write!(s, "\n[[class]]\nname = {:?}\nprotocol = \"{}\"\n", c.name, proto(c.protocol));
@@ -434,9 +462,11 @@ burst = 4000
     #[test]
     fn render_reads_back_to_the_same_policy() {
         let mut text = GOOD.to_owned();
+        text = format!("new_source_rate = 500\nnew_source_burst = 900\n{text}");
         text.push_str("\n[[override]]\ncidr = \"198.18.0.0/16\"\nrate = 5\nburst = 9\n\n[[override]]\ncidr = \"2001:2::/48\"\naction = \"deny\"\n");
         let p = parse("p.toml", &text, &Policy::default()).unwrap();
         assert_eq!(p.overrides.len(), 2);
+        assert_eq!(p.new_sources, Some((500, 900)));
         let again = parse("rendered", &render(&p), &Policy::default()).unwrap();
         assert_eq!(again, p);
     }

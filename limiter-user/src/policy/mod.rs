@@ -109,6 +109,10 @@ pub struct Policy {
     pub default: Limit,
     pub classes: Vec<Class>,
     pub overrides: Vec<Override>,
+    /// Shared budget of new prefixes: (rate per second, burst); `None` =
+    /// unlimited. Packets of prefixes without a bucket beyond it are
+    /// dropped as `new_source_limited`, without creating a bucket.
+    pub new_sources: Option<(u64, u64)>,
     pub v4_prefix: u32,
     pub v6_prefix: u32,
     /// Tracked prefixes (LRU capacity of the bucket map).
@@ -124,6 +128,7 @@ impl Default for Policy {
             default: Limit { rate: 1_000, burst: 2_000, cost: CostUnit::Packets, mode: Mode::Enforce },
             classes: Vec::new(),
             overrides: Vec::new(),
+            new_sources: None,
             v4_prefix: 24,
             v6_prefix: 56,
             capacity: limiter_common::maps::DEFAULT_BUCKET_CAPACITY,
@@ -181,7 +186,7 @@ impl Limit {
 impl Policy {
     /// Check every field and derive the data-plane config, stamped `version`.
     pub fn compile(&self, version: u64) -> Result<Config, PolicyError> {
-        let Self { default, classes, overrides, v4_prefix, v6_prefix, capacity } = self;
+        let Self { default, classes, overrides, new_sources, v4_prefix, v6_prefix, capacity } = self;
         if *v4_prefix > 32 {
             return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));
         }
@@ -203,6 +208,11 @@ impl Policy {
             ..Config::default()
         };
         cfg.classes[0] = default.to_kernel("")?;
+        if let Some((rate, burst)) = *new_sources {
+            let budget = Limit { rate, burst, cost: CostUnit::Packets, mode: Mode::Enforce };
+            let k = budget.to_kernel("new_source_")?;
+            (cfg.new_unit, cfg.new_tau) = (k.unit, k.tau);
+        }
         let mut n = 0;
         for (i, c) in classes.iter().enumerate() {
             let at = format!("class[{i}].");

@@ -3,7 +3,7 @@
 //!   netload send SRC DST:PORT PPS SECS [PAYLOAD]   (PPS 0 = as fast as possible)
 //!   netload recv BIND:PORT SECS
 //!   netload spoof IFACE DST_MAC DST_IP:PORT COUNT  (COUNT distinct IPv4 sources
-//!                                                   in 198.18.0.0/15, raw frames)
+//!                                                   in 198.18.4.0-198.19.255.255)
 //!   netload get HOST:PORT PATH                     (HTTP GET, prints the body)
 //!
 //! `send` prints `sent N secs S`; `recv` prints `ready`, then after SECS one
@@ -118,14 +118,15 @@ fn get(addr: &str, path: &str) -> anyhow::Result<()> {
 }
 
 /// Send COUNT UDP frames, each from a different IPv4 source inside
-/// 198.18.0.0/15 (never the two veth addresses), out of IFACE as raw
-/// Ethernet frames. Bounded by COUNT (at most 131,000).
+/// 198.18.0.0/15 but above 198.18.4.0 (never the veth addresses nor the
+/// fixed test sources in 198.18.1-3.x), out of IFACE as raw Ethernet
+/// frames. Bounded by COUNT (at most 130,000).
 fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<()> {
     let std::net::IpAddr::V4(dst_ip) = dst.ip() else { bail!("IPv4 only") };
     let mac: Vec<u8> =
         mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>().context("DST_MAC")?;
     anyhow::ensure!(mac.len() == 6, "DST_MAC must have 6 bytes");
-    let count = count.min(131_000);
+    let count = count.min(130_000);
     let name = std::ffi::CString::new(iface)?;
     // SAFETY: plain libc calls on values we own.
     let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
@@ -138,9 +139,10 @@ fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<
     addr.sll_halen = 6;
     addr.sll_addr[..6].copy_from_slice(&mac);
     let mut sent = 0u32;
+    let start = Instant::now();
     for i in 0..count {
-        // 198.18.0.0/15 host i + 256 (skips 198.18.0.0/24, where the veth ends live).
-        let host = 256 + i;
+        // 198.18.0.0/15 host i + 1024: from 198.18.4.0 on.
+        let host = 1024 + i;
         let src = [198, 18 + u8::try_from(host >> 16)?, u8::try_from((host >> 8) & 0xff)?, u8::try_from(host & 0xff)?];
         let frame = udp_frame(&mac, src, dst_ip.octets(), dst.port());
         // SAFETY: frame and addr are valid for the lengths given.
@@ -160,7 +162,7 @@ fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<
     }
     // SAFETY: closing our own fd.
     unsafe { libc::close(fd) };
-    println!("sent {sent} secs 0");
+    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
     Ok(())
 }
 
