@@ -200,6 +200,12 @@ pub struct Config {
     /// tolerance ([`gcra::unit_interval`], [`gcra::tau`]); 0 = unlimited.
     pub new_unit: u64,
     pub new_tau: u64,
+    /// Aggregate tier: a coarser prefix charged together with the fine
+    /// one (default class only). `agg_unit == 0` = off.
+    pub agg_unit: u64,
+    pub agg_tau: u64,
+    pub agg_v4_prefix: u32,
+    pub agg_v6_prefix: u32,
     /// Class 0 is the default class.
     pub classes: [ClassLimits; MAX_CLASSES],
     pub matchers: [Matcher; MAX_MATCHERS],
@@ -209,7 +215,7 @@ pub struct Config {
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -282,7 +288,7 @@ pub struct Counter {
 
 const _: () = assert!(core::mem::size_of::<ClassLimits>() == 24);
 const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 48 + 24 * MAX_CLASSES + 8 * MAX_MATCHERS);
+const _: () = assert!(core::mem::size_of::<Config>() == 72 + 24 * MAX_CLASSES + 8 * MAX_MATCHERS);
 const _: () = assert!(core::mem::size_of::<DropEvent>() == 24);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 20);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);

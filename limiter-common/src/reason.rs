@@ -79,10 +79,13 @@ reasons! {
     /// The prefix has no bucket and the shared new-source budget is spent:
     /// dropped without creating one.
     NewSourceLimited = 19 => Drop, "new_source_limited";
+    /// The prefix's own bucket admitted it, but its aggregate (coarser)
+    /// prefix's bucket did not; the fine charge was refunded.
+    AggregateLimited = 20 => Drop, "aggregate_limited";
 }
 
 /// Number of counter slots in `STATS`.
-pub const REASON_COUNT: usize = 20;
+pub const REASON_COUNT: usize = 21;
 
 impl Reason {
     /// The reason stored at `index`, if any.

@@ -108,17 +108,17 @@ fn try_limiter(ctx: &XdpContext, fam: &mut u32, now: impl FnOnce() -> u64) -> Re
                 Some(l) => l,
                 None => return Reason::NoConfig,
             };
-            let inc = if limits.cost == cost::BYTES {
-                (ctx.data_end() - ctx.data()) as u64 * limits.unit
-            } else {
-                limits.unit
-            };
+            let units = if limits.cost == cost::BYTES { (ctx.data_end() - ctx.data()) as u64 } else { 1 };
+            let inc = units * limits.unit;
             let resolved = (u64::from(version) << 32) | u64::from(res);
-            let r = match bucket {
+            let mut r = match bucket {
                 Some(p) => charge_existing(p, now, inc, limits.tau),
                 None if !new_source_admitted(cfg, now) => Reason::NewSourceLimited,
                 None => charge_new(&key, now, inc, limits.tau, resolved),
             };
+            if r == Reason::Admitted && class == 0 && cfg.agg_unit != 0 {
+                r = charge_aggregate(&src, cfg, &key, now, units, resolved, inc);
+            }
             if r == Reason::RateLimited && limits.mode == mode::SHADOW { Reason::ShadowDropped } else { r }
         }
     };
@@ -275,6 +275,69 @@ fn bucket_key(src: &Source, cfg: &Config, class: u8) -> BucketKey {
             class,
             pad: 0,
             addr: mask_v6(src.addr, cfg.v6_prefix),
+        }
+    }
+}
+
+/// The aggregate tier, charged after the fine bucket admitted the packet:
+/// a flood its own bucket refuses never reaches (and never drains) its
+/// aggregate. If the aggregate refuses, the fine charge is refunded, so a
+/// packet is charged to both tiers or to neither.
+#[inline(always)]
+fn charge_aggregate(
+    src: &Source,
+    cfg: &Config,
+    fine: &BucketKey,
+    now: u64,
+    units: u64,
+    resolved: u64,
+    fine_inc: u64,
+) -> Reason {
+    let agg = if src.family == family::IPV4 {
+        BucketKey {
+            family: family::IPV4,
+            prefix_len: cfg.agg_v4_prefix as u8,
+            class: 0,
+            pad: 0,
+            addr: [mask_v4(src.addr[0], cfg.agg_v4_prefix), 0, 0, 0],
+        }
+    } else {
+        BucketKey {
+            family: family::IPV6,
+            prefix_len: cfg.agg_v6_prefix as u8,
+            class: 0,
+            pad: 0,
+            addr: mask_v6(src.addr, cfg.agg_v6_prefix),
+        }
+    };
+    let inc = units * cfg.agg_unit;
+    let r = match BUCKETS.get_ptr_mut(&agg) {
+        Some(p) => charge_existing(p, now, inc, cfg.agg_tau),
+        None => charge_new(&agg, now, inc, cfg.agg_tau, resolved),
+    };
+    if r == Reason::Admitted {
+        return r;
+    }
+    if let Some(p) = BUCKETS.get_ptr_mut(fine) {
+        refund(p, fine_inc);
+    }
+    Reason::AggregateLimited
+}
+
+/// Give back a charge of `inc`: it was added to `tat` by this packet, so
+/// `tat >= inc` and subtracting it returns exactly what was taken.
+#[inline(always)]
+fn refund(p: *mut BucketState, inc: u64) {
+    for _ in 0..MAX_CAS_RETRIES {
+        // SAFETY: a live map value; aligned 8-byte loads are single-copy atomic.
+        let cur = unsafe { read_volatile(&raw const (*p).tat) };
+        let new = cur.saturating_sub(inc);
+        // SAFETY: as above; BPF_CMPXCHG on a map value.
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(&raw mut (*p).tat, cur, new)
+        };
+        if swapped {
+            return;
         }
     }
 }

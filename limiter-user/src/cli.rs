@@ -27,7 +27,7 @@ pub struct Cli {
 pub enum Command {
     /// Load the XDP program, attach it to an interface and enforce the policy
     /// until SIGINT or SIGTERM; SIGHUP re-reads the policy.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Detach a pinned limiter and remove its pins (maps too, unless
     /// --keep-maps).
     Unload(UnloadArgs),
@@ -175,6 +175,19 @@ pub struct RunArgs {
     /// Depth of the new-source budget.
     #[arg(long, value_name = "N", requires = "new_source_rate")]
     pub new_source_burst: Option<u64>,
+    /// Aggregate tier: units per second per coarser prefix, charged with
+    /// the fine one (with --aggregate-burst) [default: off].
+    #[arg(long, value_name = "N", requires = "aggregate_burst")]
+    pub aggregate_rate: Option<u64>,
+    /// Depth of each aggregate bucket.
+    #[arg(long, value_name = "N", requires = "aggregate_rate")]
+    pub aggregate_burst: Option<u64>,
+    /// Aggregate IPv4 prefix length [default: 16].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
+    pub aggregate_v4_prefix: Option<u32>,
+    /// Aggregate IPv6 prefix length [default: 40].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=128))]
+    pub aggregate_v6_prefix: Option<u32>,
     /// Tracked prefixes (LRU capacity) [default: 262144].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub capacity: Option<u32>,
@@ -226,6 +239,13 @@ impl RunArgs {
         p.capacity = self.capacity.unwrap_or(p.capacity);
         if let (Some(r), Some(b)) = (self.new_source_rate, self.new_source_burst) {
             p.new_sources = Some((r, b));
+        }
+        if let (Some(rate), Some(burst)) = (self.aggregate_rate, self.aggregate_burst) {
+            p.aggregate = Some(policy::Aggregate { rate, burst, v4_prefix: 16, v6_prefix: 40 });
+        }
+        if let Some(a) = p.aggregate.as_mut() {
+            a.v4_prefix = self.aggregate_v4_prefix.unwrap_or(a.v4_prefix);
+            a.v6_prefix = self.aggregate_v6_prefix.unwrap_or(a.v6_prefix);
         }
         if self.shadow {
             p.default.mode = Mode::Shadow;

@@ -272,6 +272,9 @@ pub fn describe(p: &Policy, version: u64) -> String {
     if let Some((rate, burst)) = p.new_sources {
         let _ = write!(s, "; new sources {rate}/s burst {burst}");
     }
+    if let Some(a) = p.aggregate {
+        let _ = write!(s, "; aggregate /{} and /{}: rate {} burst {}", a.v4_prefix, a.v6_prefix, a.rate, a.burst);
+    }
     if !p.overrides.is_empty() {
         let _ = write!(s, "; {} overrides", p.overrides.len());
     }

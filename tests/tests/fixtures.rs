@@ -35,7 +35,8 @@ fn documented_action(r: Reason) -> u32 {
         | Reason::Ipv6ExtLimit
         | Reason::L4Truncated
         | Reason::Denied
-        | Reason::NewSourceLimited => XDP_DROP,
+        | Reason::NewSourceLimited
+        | Reason::AggregateLimited => XDP_DROP,
     }
 }
 

@@ -39,6 +39,10 @@ struct Root {
     capacity: Option<Spanned<u32>>,
     new_source_rate: Option<Spanned<u64>>,
     new_source_burst: Option<Spanned<u64>>,
+    aggregate_rate: Option<Spanned<u64>>,
+    aggregate_burst: Option<Spanned<u64>>,
+    aggregate_v4_prefix: Option<Spanned<u32>>,
+    aggregate_v6_prefix: Option<Spanned<u32>>,
     #[serde(default, rename = "class")]
     classes: Vec<Spanned<ClassSpec>>,
     #[serde(default, rename = "override")]
@@ -118,6 +122,10 @@ fn build(root: Root, base: &Policy) -> Located<Policy> {
         capacity,
         new_source_rate,
         new_source_burst,
+        aggregate_rate,
+        aggregate_burst,
+        aggregate_v4_prefix,
+        aggregate_v6_prefix,
         classes,
         overrides,
     } = root;
@@ -151,11 +159,35 @@ fn build(root: Root, base: &Policy) -> Located<Policy> {
             return Err((bad("new_source_rate", "new_source_burst needs new_source_rate"), b.span().start));
         }
     };
+    let aggregate = match (aggregate_rate, aggregate_burst) {
+        (None, None) => {
+            if let Some(p) =
+                aggregate_v4_prefix.as_ref().map(Spanned::span).or(aggregate_v6_prefix.as_ref().map(Spanned::span))
+            {
+                return Err((
+                    bad("aggregate_rate", "aggregate prefixes need aggregate_rate and aggregate_burst"),
+                    p.start,
+                ));
+            }
+            base.aggregate
+        }
+        (Some(r), Some(b)) => Some(super::Aggregate {
+            rate: r.into_inner(),
+            burst: b.into_inner(),
+            v4_prefix: aggregate_v4_prefix.map_or(16, Spanned::into_inner),
+            v6_prefix: aggregate_v6_prefix.map_or(40, Spanned::into_inner),
+        }),
+        (Some(r), None) => {
+            return Err((bad("aggregate_burst", "aggregate_rate needs aggregate_burst"), r.span().start));
+        }
+        (None, Some(b)) => return Err((bad("aggregate_rate", "aggregate_burst needs aggregate_rate"), b.span().start)),
+    };
     Ok(Policy {
         default,
         classes,
         overrides,
         new_sources,
+        aggregate,
         v4_prefix: v4_prefix.map_or(base.v4_prefix, Spanned::into_inner),
         v6_prefix: v6_prefix.map_or(base.v6_prefix, Spanned::into_inner),
         capacity: capacity.map_or(base.capacity, Spanned::into_inner),
@@ -246,6 +278,13 @@ pub fn render(p: &Policy) -> String {
     );
     if let Some((rate, burst)) = p.new_sources {
         let _ = writeln!(s, "new_source_rate = {rate}\nnew_source_burst = {burst}");
+    }
+    if let Some(a) = p.aggregate {
+        let _ = writeln!(
+            s,
+            "aggregate_rate = {}\naggregate_burst = {}\naggregate_v4_prefix = {}\naggregate_v6_prefix = {}",
+            a.rate, a.burst, a.v4_prefix, a.v6_prefix
+        );
     }
     for c in &p.classes {
         let l = c.limit;
@@ -462,11 +501,14 @@ burst = 4000
     #[test]
     fn render_reads_back_to_the_same_policy() {
         let mut text = GOOD.to_owned();
-        text = format!("new_source_rate = 500\nnew_source_burst = 900\n{text}");
+        text = format!(
+            "new_source_rate = 500\nnew_source_burst = 900\naggregate_rate = 4000\naggregate_burst = 8000\n{text}"
+        );
         text.push_str("\n[[override]]\ncidr = \"198.18.0.0/16\"\nrate = 5\nburst = 9\n\n[[override]]\ncidr = \"2001:2::/48\"\naction = \"deny\"\n");
         let p = parse("p.toml", &text, &Policy::default()).unwrap();
         assert_eq!(p.overrides.len(), 2);
         assert_eq!(p.new_sources, Some((500, 900)));
+        assert_eq!(p.aggregate.map(|a| (a.rate, a.v4_prefix, a.v6_prefix)), Some((4000, 16, 40)));
         let again = parse("rendered", &render(&p), &Policy::default()).unwrap();
         assert_eq!(again, p);
     }

@@ -92,6 +92,19 @@ pub struct Override {
     pub action: OverrideAction,
 }
 
+/// The aggregate tier: a coarser prefix charged together with the fine
+/// one, so rotating addresses inside one network does not multiply its
+/// allowance. Applies to the default class, in its cost unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Aggregate {
+    pub rate: u64,
+    pub burst: u64,
+    /// Default 16; at most the IPv4 bucket prefix length.
+    pub v4_prefix: u32,
+    /// Default 40; at most the IPv6 bucket prefix length.
+    pub v6_prefix: u32,
+}
+
 /// Overrides in the form the kernel's tries and `OVR_LIMITS` take.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CompiledOverrides {
@@ -113,6 +126,8 @@ pub struct Policy {
     /// unlimited. Packets of prefixes without a bucket beyond it are
     /// dropped as `new_source_limited`, without creating a bucket.
     pub new_sources: Option<(u64, u64)>,
+    /// Off when `None`.
+    pub aggregate: Option<Aggregate>,
     pub v4_prefix: u32,
     pub v6_prefix: u32,
     /// Tracked prefixes (LRU capacity of the bucket map).
@@ -129,6 +144,7 @@ impl Default for Policy {
             classes: Vec::new(),
             overrides: Vec::new(),
             new_sources: None,
+            aggregate: None,
             v4_prefix: 24,
             v6_prefix: 56,
             capacity: limiter_common::maps::DEFAULT_BUCKET_CAPACITY,
@@ -186,7 +202,7 @@ impl Limit {
 impl Policy {
     /// Check every field and derive the data-plane config, stamped `version`.
     pub fn compile(&self, version: u64) -> Result<Config, PolicyError> {
-        let Self { default, classes, overrides, new_sources, v4_prefix, v6_prefix, capacity } = self;
+        let Self { default, classes, overrides, new_sources, aggregate, v4_prefix, v6_prefix, capacity } = self;
         if *v4_prefix > 32 {
             return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));
         }
@@ -208,6 +224,24 @@ impl Policy {
             ..Config::default()
         };
         cfg.classes[0] = default.to_kernel("")?;
+        if let Some(a) = aggregate {
+            if a.v4_prefix > *v4_prefix {
+                return Err(bad(
+                    "aggregate_v4_prefix",
+                    format!("/{} is finer than the bucket prefix /{v4_prefix}", a.v4_prefix),
+                ));
+            }
+            if a.v6_prefix > *v6_prefix {
+                return Err(bad(
+                    "aggregate_v6_prefix",
+                    format!("/{} is finer than the bucket prefix /{v6_prefix}", a.v6_prefix),
+                ));
+            }
+            let k = Limit { rate: a.rate, burst: a.burst, cost: default.cost, mode: Mode::Enforce }
+                .to_kernel("aggregate_")?;
+            (cfg.agg_unit, cfg.agg_tau, cfg.agg_v4_prefix, cfg.agg_v6_prefix) =
+                (k.unit, k.tau, a.v4_prefix, a.v6_prefix);
+        }
         if let Some((rate, burst)) = *new_sources {
             let budget = Limit { rate, burst, cost: CostUnit::Packets, mode: Mode::Enforce };
             let k = budget.to_kernel("new_source_")?;
