@@ -1,0 +1,21 @@
+//! The verifier's processed-instruction count of each entry point stays
+//! under a set budget: CI fails when the program grows past it. The hard
+//! kernel limit is 1,000,000; the goal is at most half of it, and the
+//! budget sits well below that so growth is noticed early.
+
+use limiter_common::programs;
+use limiter_tests::kernel;
+
+/// Raise it deliberately, with the reason in the commit, when it must grow.
+const VERIFIER_BUDGET: u32 = 150_000;
+
+#[test]
+fn every_entry_point_verifies_within_the_budget() {
+    let mut l = kernel::open(&kernel::config(1000, 2000, false, 24, 56));
+    for p in [programs::LIMITER, programs::LIMITER_TEST_CLOCK] {
+        l.load_program(p).unwrap();
+        let n = l.verified_instructions(p).unwrap().expect("kernel reports verified_insns (5.16+)");
+        println!("{p}: {n} processed instructions");
+        assert!(n <= VERIFIER_BUDGET, "{p}: {n} processed instructions > budget {VERIFIER_BUDGET}");
+    }
+}
