@@ -488,6 +488,24 @@ burst = 4000
                 "range",
             ),
             ("[[class]]\nname = \"a\"\nrate = 1\nburst = 1\ncolour = 1\n", 5, "class[0].colour", "unknown field"),
+            ("[[override]]\ncidr = \"198.18.5.7/24\"\naction = \"allow\"\n", 2, "override[0].cidr", "host bits"),
+            (
+                "[[override]]\ncidr = \"198.18.5.0/24\"\naction = \"allow\"\n[[override]]\ncidr = \"nonsense\"\naction = \"deny\"\n",
+                5,
+                "override[1].cidr",
+                "invalid",
+            ),
+            ("[[override]]\ncidr = \"198.18.5.0/24\"\naction = \"maybe\"\n", 3, "override[0].action", "allow"),
+            ("[[override]]\ncidr = \"198.18.5.0/24\"\nrate = 5\n", 1, "override[0].action", "both rate and burst"),
+            ("[[override]]\ncidr = \"198.18.5.0/25\"\naction = \"deny\"\n", 2, "override[0].cidr", "bucket prefix"),
+            ("new_source_rate = 5\n", 1, "new_source_burst", "needs"),
+            ("aggregate_v4_prefix = 12\n", 1, "aggregate_rate", "need"),
+            (
+                "v4_prefix = 16\naggregate_rate = 1\naggregate_burst = 1\naggregate_v4_prefix = 20\n",
+                4,
+                "aggregate_v4_prefix",
+                "finer",
+            ),
         ];
         for (text, line, field, problem) in cases {
             let e = err(text);
