@@ -16,7 +16,7 @@ fn main() -> std::process::ExitCode {
                 Err(e) => Err(anyhow::Error::from(e).context("starting the runtime")),
             }
         }
-        Command::Unload(args) => limiter::run::unload(args, json),
+        Command::Unload(args) => verbs::unload(args, json),
         Command::Status => verbs::status(socket, json),
         Command::Stats => verbs::stats(socket, json),
         Command::Policy(cmd) => verbs::policy(cmd, socket, json),

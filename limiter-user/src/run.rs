@@ -281,20 +281,6 @@ pub fn describe(p: &Policy, version: u64) -> String {
     s
 }
 
-/// `limiter unload`: remove the pins; the link goes with its last pin.
-pub fn unload(args: &crate::cli::UnloadArgs, json: bool) -> anyhow::Result<()> {
-    let removed = crate::pin::unload(&args.pin_dir, args.keep_maps)?;
-    if json {
-        let doc = serde_json::json!({ "pin_dir": args.pin_dir, "removed": removed, "kept_maps": args.keep_maps });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-    } else if removed.is_empty() {
-        println!("limiter: nothing pinned in {}", args.pin_dir.display());
-    } else {
-        println!("limiter: removed {} from {}", removed.join(", "), args.pin_dir.display());
-    }
-    Ok(())
-}
-
 /// `passed P (r/s) dropped D (r/s) tracked N/CAP`, plus nonzero drop reasons.
 #[must_use]
 pub fn status_line(now: &Totals, last: &Totals, dt: Duration, tracked: usize, capacity: u32) -> String {

@@ -22,6 +22,20 @@ fn ask(socket: &Path, req: &Request) -> anyhow::Result<Response> {
     Ok(client::call(socket, req)?)
 }
 
+/// `limiter unload`: remove the pins; the link goes with its last pin.
+pub fn unload(args: &crate::cli::UnloadArgs, json: bool) -> anyhow::Result<()> {
+    let removed = crate::pin::unload(&args.pin_dir, args.keep_maps)?;
+    if json {
+        let doc = serde_json::json!({ "pin_dir": args.pin_dir, "removed": removed, "kept_maps": args.keep_maps });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else if removed.is_empty() {
+        println!("limiter: nothing pinned in {}", args.pin_dir.display());
+    } else {
+        println!("limiter: removed {} from {}", removed.join(", "), args.pin_dir.display());
+    }
+    Ok(())
+}
+
 /// `limiter status`.
 pub fn status(socket: &Path, json: bool) -> anyhow::Result<()> {
     let Response::Status(s) = ask(socket, &Request::Status)? else { anyhow::bail!("unexpected answer") };
