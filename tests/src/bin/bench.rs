@@ -68,6 +68,8 @@ fn main() {
     println!("{:<44} {:>10.1} {:>12.2}", "limiter hit path (bucket exists, dropped)", drop, drop / bare);
     println!("goal: hit path at most 3x bare -> {}", if hit / bare <= 3.0 { "met" } else { "NOT met" });
     println!();
+    accuracy();
+    println!();
     working_sets();
     println!();
     overrides_apply();
@@ -273,4 +275,124 @@ fn working_sets() {
     let memlock: f64 = info.lines().find_map(|l| l.strip_prefix("memlock:")).unwrap().trim().parse().unwrap();
     let capacity = f64::from(l.capacity().unwrap());
     println!("{:<44} {:>10.1}", "bucket map memlock per prefix of capacity (B)", memlock / capacity);
+}
+
+/// Accuracy after the case study (seed 004): admitted over declared
+/// (burst + rate x 60 s, busiest 60 s window) for its three arrival
+/// patterns through the injected clock, false drops of conforming
+/// patterns, and one prefix flooded from both CPUs at once over a veth.
+fn accuracy() {
+    const T0: u64 = 1_000_000_000_000;
+    let frame = Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 10, 1), IPPROTO_UDP, 0, 0).udp().bytes;
+    let replay = |rate: u64, burst: u64, times_ms: &[u64]| -> Vec<u64> {
+        let mut l = kernel::open(&kernel::config(rate, burst, false, 24, 56));
+        times_ms
+            .iter()
+            .copied()
+            .filter(|t| {
+                l.set_test_clock(T0 + t * 1_000_000).unwrap();
+                l.test_run(programs::LIMITER_TEST_CLOCK, &frame, 1).unwrap().0 == kernel::XDP_PASS
+            })
+            .collect()
+    };
+    let busiest = |adm: &[u64]| {
+        let (mut best, mut j) = (0usize, 0usize);
+        for i in 0..adm.len() {
+            while adm[i] - adm[j] >= 60_000 {
+                j += 1;
+            }
+            best = best.max(i - j + 1);
+        }
+        best as f64
+    };
+    let uniform: Vec<u64> = (0..3600).map(|i| i * 50).collect();
+    let mut piled: Vec<u64> = [60_000u64, 120_000]
+        .iter()
+        .flat_map(|b| {
+            [(b - 5_000, 600u64), (*b, 600)].into_iter().flat_map(|(s, n)| (0..n).map(move |i| s + i * 5_000 / n))
+        })
+        .collect();
+    piled.sort_unstable();
+    let spaced: Vec<u64> = (0..3).flat_map(|k| (0..600u64).map(move |i| k * 60_000 + i * 5_000 / 600)).collect();
+    let at_rate: Vec<u64> = (0..1800).map(|i| i * 100).collect();
+    println!("{:<44} {:>10} {:>12}", "accuracy (rate 10/s, burst 60; seed 004)", "admitted", "x declared");
+    for (name, times) in
+        [("uniform at 2x the rate", &uniform), ("piled at the boundary", &piled), ("spaced at the limit", &spaced)]
+    {
+        let adm = replay(10, 60, times);
+        println!("{:<44} {:>10} {:>12.3}", name, adm.len(), busiest(&adm) / 660.0);
+    }
+    for (name, burst, times) in [
+        ("false drops: spaced at the limit, burst 600", 600, &spaced),
+        ("false drops: uniform at the rate, burst 1", 1, &at_rate),
+    ] {
+        let adm = replay(10, burst, times);
+        println!("{:<44} {:>10}", name, times.len() - adm.len());
+    }
+    two_cpu_flood();
+}
+
+/// One /24 flooded from both CPUs at once (two senders pinned with
+/// taskset, two-queue veth, so XDP charges the bucket concurrently);
+/// admitted over burst + rate x T, and a conforming /24's losses.
+fn two_cpu_flood() {
+    use std::{process::Stdio, time::Duration};
+
+    use limiter_tests::{
+        netns::{B_ADDR, B_IF, VethPair},
+        scenario,
+    };
+
+    let net = VethPair::new("ac");
+    for a in ["198.18.1.10", "198.18.1.11", scenario::CONFORM_SRC] {
+        net.add_source(a);
+    }
+    let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
+    c.args([
+        "run",
+        "--iface",
+        B_IF,
+        "--status-interval",
+        "0",
+        "--metrics",
+        "off",
+        "--rate",
+        "1000",
+        "--burst",
+        "200",
+        "--socket",
+    ]);
+    c.arg(scenario::unique_socket("acc"));
+    let (_daemon, rx) = scenario::spawn_lines(c).unwrap();
+    scenario::wait_for(&rx, "control socket", Duration::from_secs(20), &mut String::new()).unwrap();
+    let netload = scenario::locate_bin("netload").unwrap();
+    let dst = format!("{B_ADDR}:{}", scenario::PORT);
+    let mut recv = net.b.command(&netload);
+    recv.args(["recv", &format!("0.0.0.0:{}", scenario::PORT), "6"]);
+    let (mut recv, recv_rx) = scenario::spawn_lines(recv).unwrap();
+    scenario::wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
+    let send = |cpu: &str, src: &str, pps: &str, secs: &str| {
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", &net.a.name, "taskset", "-c", cpu]).arg(&netload).args(["send", src, &dst, pps, secs]);
+        scenario::Guard(c.stdout(Stdio::piped()).spawn().unwrap())
+    };
+    let conform = send("0", scenario::CONFORM_SRC, "400", "4");
+    std::thread::sleep(Duration::from_millis(500));
+    let (f0, f1) = (send("0", "198.18.1.10", "0", "3"), send("1", "198.18.1.11", "0", "3"));
+    let outs = [f0, f1, conform].map(|g| scenario::wait_output(g).unwrap());
+    assert!(recv.0.wait().unwrap().success());
+    let log: String = recv_rx.iter().map(|l| l + "\n").collect();
+    let got = |src: &str| scenario::field(&log, &format!("from {src}"), 2).unwrap_or(0);
+    let secs = |o: &str| o.split_whitespace().nth(3).unwrap().parse::<f64>().unwrap();
+    let sent_by = |o: &str| scenario::field(o, "sent", 1).unwrap();
+    let t = secs(&outs[0]).max(secs(&outs[1]));
+    let admitted = got("198.18.1.10") + got("198.18.1.11");
+    let declared = 200.0 + 1000.0 * t;
+    println!(
+        "{:<44} {:>10} {:>12.3}",
+        format!("one /24 from 2 CPUs ({} pkts sent)", sent_by(&outs[0]) + sent_by(&outs[1])),
+        admitted,
+        admitted as f64 / declared
+    );
+    println!("{:<44} {:>10}", "false drops: conforming /24 at 400/s", sent_by(&outs[2]) - got(scenario::CONFORM_SRC));
 }
