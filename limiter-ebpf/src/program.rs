@@ -92,7 +92,7 @@ fn try_limiter(ctx: &XdpContext, fam: &mut u32, now: impl FnOnce() -> u64) -> Re
         return Reason::NoConfig;
     }
     let class = classify(cfg, &src);
-    let key = bucket_key(&src, cfg, class as u8);
+    let key = prefix_key(&src, cfg.v4_prefix, cfg.v6_prefix, class as u8);
     let version = cfg.version as u32;
     let now = gcra::to_fixed(now());
     let bucket = BUCKETS.get_ptr_mut(&key);
@@ -258,24 +258,19 @@ fn count_class(ctx: &XdpContext, class: usize, reason: Reason) {
     slot.bytes += len;
 }
 
+/// The bucket key of `src` masked to the family's prefix length.
 #[inline(always)]
-fn bucket_key(src: &Source, cfg: &Config, class: u8) -> BucketKey {
+fn prefix_key(src: &Source, v4_len: u32, v6_len: u32, class: u8) -> BucketKey {
     if src.family == family::IPV4 {
         BucketKey {
             family: family::IPV4,
-            prefix_len: cfg.v4_prefix as u8,
+            prefix_len: v4_len as u8,
             class,
             pad: 0,
-            addr: [mask_v4(src.addr[0], cfg.v4_prefix), 0, 0, 0],
+            addr: [mask_v4(src.addr[0], v4_len), 0, 0, 0],
         }
     } else {
-        BucketKey {
-            family: family::IPV6,
-            prefix_len: cfg.v6_prefix as u8,
-            class,
-            pad: 0,
-            addr: mask_v6(src.addr, cfg.v6_prefix),
-        }
+        BucketKey { family: family::IPV6, prefix_len: v6_len as u8, class, pad: 0, addr: mask_v6(src.addr, v6_len) }
     }
 }
 
@@ -293,23 +288,7 @@ fn charge_aggregate(
     resolved: u64,
     fine_inc: u64,
 ) -> Reason {
-    let agg = if src.family == family::IPV4 {
-        BucketKey {
-            family: family::IPV4,
-            prefix_len: cfg.agg_v4_prefix as u8,
-            class: 0,
-            pad: 0,
-            addr: [mask_v4(src.addr[0], cfg.agg_v4_prefix), 0, 0, 0],
-        }
-    } else {
-        BucketKey {
-            family: family::IPV6,
-            prefix_len: cfg.agg_v6_prefix as u8,
-            class: 0,
-            pad: 0,
-            addr: mask_v6(src.addr, cfg.agg_v6_prefix),
-        }
-    };
+    let agg = prefix_key(src, cfg.agg_v4_prefix, cfg.agg_v6_prefix, 0);
     let inc = units * cfg.agg_unit;
     let r = match BUCKETS.get_ptr_mut(&agg) {
         Some(p) => charge_existing(p, now, inc, cfg.agg_tau),
@@ -328,18 +307,8 @@ fn charge_aggregate(
 /// `tat >= inc` and subtracting it returns exactly what was taken.
 #[inline(always)]
 fn refund(p: *mut BucketState, inc: u64) {
-    for _ in 0..MAX_CAS_RETRIES {
-        // SAFETY: a live map value; aligned 8-byte loads are single-copy atomic.
-        let cur = unsafe { read_volatile(&raw const (*p).tat) };
-        let new = cur.saturating_sub(inc);
-        // SAFETY: as above; BPF_CMPXCHG on a map value.
-        let (_, swapped) = unsafe {
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(&raw mut (*p).tat, cur, new)
-        };
-        if swapped {
-            return;
-        }
-    }
+    // SAFETY: p points to a live map value.
+    let _ = cas(unsafe { &raw mut (*p).tat }, |cur| Some(cur.saturating_sub(inc)));
 }
 
 /// A prefix without a bucket draws one unit from the shared new-source
@@ -351,18 +320,7 @@ fn new_source_admitted(cfg: &Config, now: u64) -> bool {
         return true;
     }
     let Some(p) = NEW_SOURCES.get_ptr_mut(0) else { return true };
-    for _ in 0..MAX_CAS_RETRIES {
-        // SAFETY: a live map value; aligned 8-byte loads are single-copy atomic.
-        let cur = unsafe { read_volatile(p) };
-        let Some(new) = gcra::admit(cur, now, cfg.new_unit, cfg.new_tau) else { return false };
-        // SAFETY: as above; BPF_CMPXCHG on a map value.
-        let (_, swapped) =
-            unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, cur, new) };
-        if swapped {
-            return true;
-        }
-    }
-    false
+    cas(p, |cur| gcra::admit(cur, now, cfg.new_unit, cfg.new_tau)) == Cas::Done
 }
 
 /// First packet of a prefix: create its bucket (full, then charged).
@@ -388,21 +346,39 @@ fn charge_new(key: &BucketKey, now: u64, inc: u64, tau: u64, resolved: u64) -> R
 /// times. CAS makes the update exact across CPUs: no race overshoot.
 #[inline(always)]
 fn charge_existing(p: *mut BucketState, now: u64, inc: u64, tau: u64) -> Reason {
+    // SAFETY: p points to a live map value.
+    match cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, inc, tau)) {
+        Cas::Done => Reason::Admitted,
+        Cas::Refused => Reason::RateLimited,
+        Cas::Contended => Reason::Contended,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cas {
+    Done,
+    /// `step` returned `None`: nothing was written.
+    Refused,
+    /// Other CPUs won `MAX_CAS_RETRIES` races in a row.
+    Contended,
+}
+
+/// Replace `*p` with `step(*p)` atomically, retrying a bounded number of
+/// times when another CPU changed it in between.
+#[inline(always)]
+fn cas(p: *mut u64, step: impl Fn(u64) -> Option<u64>) -> Cas {
     for _ in 0..MAX_CAS_RETRIES {
         // An atomic load crashes the BPF backend; a volatile 8-byte load is
         // single-copy atomic on the BPF ISA, which is all we need here.
-        // SAFETY: p points to a live map value for the duration of the program.
-        let cur = unsafe { read_volatile(&raw const (*p).tat) };
-        let Some(new) = gcra::admit(cur, now, inc, tau) else {
-            return Reason::RateLimited;
-        };
+        // SAFETY: callers pass a live map value.
+        let cur = unsafe { read_volatile(p) };
+        let Some(new) = step(cur) else { return Cas::Refused };
         // SAFETY: as above; BPF_CMPXCHG on a map value is verifier-approved.
-        let (_, swapped) = unsafe {
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(&raw mut (*p).tat, cur, new)
-        };
+        let (_, swapped) =
+            unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, cur, new) };
         if swapped {
-            return Reason::Admitted;
+            return Cas::Done;
         }
     }
-    Reason::Contended
+    Cas::Contended
 }
