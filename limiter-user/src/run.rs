@@ -49,6 +49,11 @@ pub fn init_logging(json: bool) {
 
 /// Run the daemon until SIGINT or SIGTERM.
 pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
+    // Handlers first: a signal that arrives during start-up is then handled
+    // (cleanly, once the loop runs) instead of killing the process.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let policy = args.load_policy()?;
     // Validate before touching the kernel: a bad policy changes nothing.
     policy.compile(0)?;
@@ -110,9 +115,6 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     }
     notify_ready();
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
     let period = Duration::from_secs_f64(if args.status_interval > 0.0 { args.status_interval } else { 3600.0 });
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     let (mut last, mut last_at) = (d.limiter.totals()?, Instant::now());
