@@ -5,7 +5,7 @@ use limiter::{
     policy::{CostUnit, Limit, Mode, Policy},
     stats::Totals,
 };
-use limiter_common::{Config, Reason, cost, programs};
+use limiter_common::{BucketKey, Config, Reason, cost, family, programs};
 
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
@@ -66,5 +66,44 @@ pub fn assert_counted_once(delta: &Totals, reason: Reason, len: usize, what: &st
         } else {
             assert_eq!((c.packets, c.bytes), (0, 0), "{what}: unexpected count under {}", r.label());
         }
+    }
+}
+
+/// Run one frame at `now`; return the one reason its counters moved under.
+pub fn reason_at(l: &mut Limiter, now_ns: u64, frame: &[u8]) -> Reason {
+    let (_, delta) = run_at(l, now_ns, frame);
+    Reason::ALL.into_iter().find(|r| delta.get(*r).packets == 1).expect("one reason counted")
+}
+
+/// Default-class bucket key of an IPv4 prefix (address already masked).
+#[must_use]
+pub fn v4_key(addr: [u8; 4], len: u8) -> BucketKey {
+    BucketKey { family: family::IPV4, prefix_len: len, class: 0, pad: 0, addr: [u32::from_ne_bytes(addr), 0, 0, 0] }
+}
+
+/// Default-class bucket key of an IPv6 prefix (address already masked).
+#[must_use]
+pub fn v6_key(addr: &str, len: u8) -> BucketKey {
+    let o = addr.parse::<std::net::Ipv6Addr>().expect("an IPv6 address").octets();
+    let addr = std::array::from_fn(|i| u32::from_ne_bytes([o[i * 4], o[i * 4 + 1], o[i * 4 + 2], o[i * 4 + 3]]));
+    BucketKey { family: family::IPV6, prefix_len: len, class: 0, pad: 0, addr }
+}
+
+/// A directory of this test process's own, removed on drop (also when the
+/// test fails).
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    #[must_use]
+    pub fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("limiter-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -51,11 +51,22 @@ pub struct Outcome {
     pub xdp_dropped: u64,
 }
 
-/// A child process killed (and reaped) on drop.
+/// A child process stopped (and reaped) on drop: SIGTERM first, so a
+/// daemon removes its control socket, SIGKILL if it is still there 2 s later.
 pub struct Guard(pub Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0.id()) {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        for _ in 0..100 {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

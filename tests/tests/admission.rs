@@ -3,9 +3,9 @@
 //! three arrival patterns of the case study in
 //! ../shared/seeds/004_f65a778df0b02115.txt.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::Ipv4Addr;
 
-use limiter_common::{BucketKey, Reason, family, gcra};
+use limiter_common::{BucketKey, Reason, gcra};
 use limiter_tests::{
     kernel::{self, XDP_DROP, XDP_PASS},
     packet::*,
@@ -29,19 +29,11 @@ fn reason_of(l: &mut limiter::loader::Limiter, now: u64, frame: &[u8]) -> Reason
 }
 
 fn key4(a: Ipv4Addr, len: u8) -> BucketKey {
-    BucketKey {
-        family: family::IPV4,
-        prefix_len: len,
-        class: 0,
-        pad: 0,
-        addr: [u32::from_ne_bytes(a.octets()), 0, 0, 0],
-    }
+    kernel::v4_key(a.octets(), len)
 }
 
 fn key6(a: &str, len: u8) -> BucketKey {
-    let o = a.parse::<Ipv6Addr>().unwrap().octets();
-    let addr = std::array::from_fn(|i| u32::from_ne_bytes(o[i * 4..i * 4 + 4].try_into().unwrap()));
-    BucketKey { family: family::IPV6, prefix_len: len, class: 0, pad: 0, addr }
+    kernel::v6_key(a, len)
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::net::Ipv4Addr;
 
 use limiter::policy::{Aggregate, CostUnit, Limit, Mode, Policy};
-use limiter_common::{BucketKey, Reason, family, gcra};
+use limiter_common::{Reason, gcra};
 use limiter_tests::{
     kernel,
     packet::{ETH_P_IP, Frame, IPPROTO_UDP},
@@ -27,12 +27,7 @@ fn open() -> limiter::loader::Limiter {
 }
 
 fn reasons(l: &mut limiter::loader::Limiter, a: [u8; 4], n: usize) -> Vec<Reason> {
-    (0..n)
-        .map(|_| {
-            let (_, d) = kernel::run_at(l, T0, &udp4(a));
-            Reason::ALL.into_iter().find(|r| d.get(*r).packets == 1).unwrap()
-        })
-        .collect()
+    (0..n).map(|_| kernel::reason_at(l, T0, &udp4(a))).collect()
 }
 
 fn count(v: &[Reason], r: Reason) -> usize {
@@ -51,13 +46,7 @@ fn a_refused_flood_does_not_drain_its_aggregate_and_refused_aggregates_refund() 
     // Now the /16 is spent: the next /24 is refused by the aggregate...
     assert_eq!(reasons(&mut l, [198, 18, 32, 1], 1), vec![Reason::AggregateLimited]);
     // ...and its own bucket got the charge back: still full.
-    let key = BucketKey {
-        family: family::IPV4,
-        prefix_len: 24,
-        class: 0,
-        pad: 0,
-        addr: [u32::from_ne_bytes([198, 18, 32, 0]), 0, 0, 0],
-    };
+    let key = kernel::v4_key([198, 18, 32, 0], 24);
     assert_eq!(l.bucket(&key).unwrap().unwrap().tat, gcra::to_fixed(T0), "fine charge not refunded");
     // Another /16 is not affected.
     assert_eq!(reasons(&mut l, [198, 19, 0, 1], 5), vec![Reason::Admitted; 5]);

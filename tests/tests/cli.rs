@@ -152,8 +152,8 @@ fn unknown_interface_is_one_clear_line() {
 
 #[test]
 fn policy_check_validates_offline() {
-    let dir = std::env::temp_dir().join(format!("limiter-check-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = limiter_tests::kernel::TempDir::new("check");
+    let dir = &tmp.0;
     let good = dir.join("good.toml");
     std::fs::write(
         &good,
@@ -181,5 +181,4 @@ fn policy_check_validates_offline() {
     let o = limiter(&["policy", "check", dir.join("missing.toml").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(stderr_lines(&o).len(), 1);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -26,7 +26,7 @@ struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let _ = self.daemon.0.kill();
+        // The daemon's Guard stops it (SIGTERM, so it removes its socket).
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

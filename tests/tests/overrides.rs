@@ -12,7 +12,7 @@ use limiter::{
     loader::Limiter,
     policy::{Class, CostUnit, Limit, Mode, Override, OverrideAction, Policy},
 };
-use limiter_common::{BucketKey, Reason, family};
+use limiter_common::Reason;
 use limiter_tests::{
     kernel,
     packet::{ETH_P_IP, ETH_P_IPV6, Frame, IPPROTO_TCP, IPPROTO_UDP},
@@ -51,12 +51,7 @@ fn reasons(l: &mut Limiter, f: &[u8], n: usize) -> Vec<Reason> {
 }
 
 fn reasons_at(l: &mut Limiter, now: u64, f: &[u8], n: usize) -> Vec<Reason> {
-    (0..n)
-        .map(|_| {
-            let (_, d) = kernel::run_at(l, now, f);
-            Reason::ALL.into_iter().find(|r| d.get(*r).packets == 1).unwrap()
-        })
-        .collect()
+    (0..n).map(|_| kernel::reason_at(l, now, f)).collect()
 }
 
 fn policy() -> Policy {
@@ -102,13 +97,7 @@ fn a_cached_resolution_is_revalidated_when_the_version_changes() {
     let f = udp4([198, 18, 6, 1]);
     assert_eq!(reasons(&mut l, &f, 1), vec![Reason::Denied]);
     // The bucket caches version 1's answer.
-    let key = BucketKey {
-        family: family::IPV4,
-        prefix_len: 24,
-        class: 0,
-        pad: 0,
-        addr: [u32::from_ne_bytes([198, 18, 6, 0]), 0, 0, 0],
-    };
+    let key = kernel::v4_key([198, 18, 6, 0], 24);
     let cached = l.bucket(&key).unwrap().expect("a bucket caches the resolution").resolved;
     assert_eq!(cached >> 32, 1);
     assert_eq!(u32::try_from(cached & 0xffff_ffff).unwrap(), limiter_common::resolution::DENY);

@@ -20,8 +20,8 @@ fn hup(g: &Guard) {
 #[test]
 fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     require_root();
-    let dir = std::env::temp_dir().join(format!("limiter-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = limiter_tests::kernel::TempDir::new("reload");
+    let dir = &tmp.0;
     let file = dir.join("policy.toml");
     std::fs::write(&file, "# v1\nrate = 1000\nburst = 200\n").unwrap();
 
@@ -59,7 +59,6 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     let Delivered { flood_secs, flood_got, conform_sent, conform_got, .. } = traffic.finish().unwrap();
     let flood_got = flood_got as f64;
     drop(daemon);
-    let _ = std::fs::remove_dir_all(&dir);
     println!("flood got {flood_got} in {flood_secs:.3} s; conforming {conform_got}/{conform_sent}");
 
     // Never unprotected: at most what v2 allows over the whole flood.

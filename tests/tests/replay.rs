@@ -71,8 +71,8 @@ fn row(j: &serde_json::Value, prefix: &str) -> [u64; 4] {
 #[test]
 fn replay_of_a_generated_capture_gives_the_expected_totals() {
     require_root();
-    let dir = std::env::temp_dir().join(format!("limiter-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = limiter_tests::kernel::TempDir::new("replay");
+    let dir = &tmp.0;
     let pcap = dir.join("t.pcap");
     write_pcap(&pcap, &capture());
     let enforce = dir.join("enforce.toml");
@@ -106,5 +106,4 @@ fn replay_of_a_generated_capture_gives_the_expected_totals() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1));
     assert!(err.lines().count() == 1 && err.contains("not a pcap file"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,7 +10,7 @@ use std::{
 };
 
 use aya::maps::{HashMap, Map, MapData, PerCpuArray};
-use limiter_common::{BucketKey, BucketState, Counter, Reason, family, maps};
+use limiter_common::{BucketKey, BucketState, Counter, Reason, maps};
 use limiter_tests::{
     kernel::require_root,
     netns::{B_IF, VethPair},
@@ -52,13 +52,7 @@ fn drops(pins: &Path) -> u64 {
 fn flood_bucket(pins: &Path) -> BucketState {
     let md = MapData::from_pin(pins.join(maps::BUCKETS)).unwrap();
     let m: HashMap<MapData, BucketKey, BucketState> = HashMap::try_from(Map::LruHashMap(md)).unwrap();
-    let key = BucketKey {
-        family: family::IPV4,
-        prefix_len: 24,
-        class: 0,
-        pad: 0,
-        addr: [u32::from_ne_bytes([198, 18, 1, 0]), 0, 0, 0],
-    };
+    let key = limiter_tests::kernel::v4_key([198, 18, 1, 0], 24);
     m.get(&key, 0).expect("flood prefix has a bucket")
 }
 
@@ -162,6 +156,8 @@ fn incompatible_pins_are_refused_not_reused() {
     // The old program is still the one attached: refusal changed nothing.
     let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
     assert!(String::from_utf8_lossy(&link.stdout).contains("xdp"));
+    // The daemon killed with -9 above could not remove its socket.
+    let _ = std::fs::remove_file(scenario::unique_socket(&net.b.name));
 }
 
 #[test]

@@ -37,13 +37,12 @@ fn the_unit_asks_for_least_privilege_and_reloads_by_sighup() {
 
 #[test]
 fn systemd_analyze_verifies_the_unit() {
-    let dir = std::env::temp_dir().join(format!("limiter-unit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = limiter_tests::kernel::TempDir::new("unit");
+    let dir = &tmp.0;
     let bin = scenario::locate_bin("limiter").unwrap();
     let path = dir.join("limiter@lo.service");
     std::fs::write(&path, unit().replace("/usr/local/bin/limiter", bin.to_str().unwrap())).unwrap();
     let o = Command::new("systemd-analyze").args(["verify", "--man=no"]).arg(&path).output().expect("systemd-analyze");
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
