@@ -133,13 +133,17 @@ impl Daemon {
         self.tracked.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Each class of the running policy by name, with its counters.
+    fn class_counters(&self) -> Result<Vec<(String, limiter_common::ClassCounters)>, crate::loader::LoadError> {
+        let per_class = self.limiter.class_totals()?;
+        Ok(self.base.class_names().iter().zip(per_class).map(|(n, c)| ((*n).to_owned(), c)).collect())
+    }
+
     /// Numbers for one metrics scrape, read from the kernel now.
     pub fn snapshot(&self) -> Result<crate::metrics::Snapshot, crate::loader::LoadError> {
-        let per_class = self.limiter.class_totals()?;
-        let names = self.base.class_names();
         Ok(crate::metrics::Snapshot {
             totals: self.limiter.totals()?,
-            classes: names.iter().zip(per_class).map(|(n, c)| ((*n).to_owned(), c)).collect(),
+            classes: self.class_counters()?,
             policy_version: self.version,
             capacity: self.capacity,
             tracked: self.tracked(),
@@ -323,13 +327,11 @@ impl Daemon {
                 }
             })
             .collect();
-        let per_class = self.limiter.class_totals()?;
-        let names = self.base.class_names();
-        let classes = names
-            .iter()
-            .zip(per_class)
-            .map(|(n, c)| ClassRow {
-                class: (*n).to_owned(),
+        let classes = self
+            .class_counters()?
+            .into_iter()
+            .map(|(class, c)| ClassRow {
+                class,
                 admitted: c.admitted.packets,
                 dropped: c.dropped.packets,
                 shadow_dropped: c.shadow.packets,

@@ -129,12 +129,23 @@ impl Limiter {
     /// Load the object with a bucket map of `capacity` entries. Programs are
     /// verified lazily by [`Limiter::load_program`].
     pub fn open(capacity: u32) -> Result<Self, LoadError> {
+        Self::load(capacity, None)
+    }
+
+    /// Load the object; with `pin_dir`, its maps are pinned there (and
+    /// pinned maps already there are re-adopted as they are).
+    fn load(capacity: u32, pin_dir: Option<&Path>) -> Result<Self, LoadError> {
         let level = ebpf_log_level();
-        let ebpf = EbpfLoader::new()
-            .map_max_entries(maps::BUCKETS, capacity)
-            .override_global(aya_log::LEVEL, &level, true)
-            .load(crate::OBJECT)
-            .map_err(LoadError::Object)?;
+        let paths: Vec<(&'static str, PathBuf)> = pin_dir
+            .map(|dir| crate::pin::PINNED_MAPS.iter().map(|(n, ..)| (*n, dir.join(n))).collect())
+            .unwrap_or_default();
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(maps::BUCKETS, capacity);
+        loader.override_global(aya_log::LEVEL, &level, true);
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let ebpf = loader.load(crate::OBJECT).map_err(LoadError::Object)?;
         Ok(Self { ebpf, last_flip: None })
     }
 
@@ -148,17 +159,7 @@ impl Limiter {
     pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, bool), LoadError> {
         crate::pin::ensure_dir(dir)?;
         let adopted = crate::pin::check(dir)?.is_some();
-        let paths: Vec<(&'static str, PathBuf)> =
-            crate::pin::PINNED_MAPS.iter().map(|(n, ..)| (*n, dir.join(n))).collect();
-        let level = ebpf_log_level();
-        let mut loader = EbpfLoader::new();
-        loader.map_max_entries(maps::BUCKETS, capacity);
-        loader.override_global(aya_log::LEVEL, &level, true);
-        for (name, path) in &paths {
-            loader.map_pin_path(name, path.as_path());
-        }
-        let ebpf = loader.load(crate::OBJECT).map_err(LoadError::Object)?;
-        let mut l = Self { ebpf, last_flip: None };
+        let mut l = Self::load(capacity, Some(dir))?;
         if !adopted {
             l.set_meta(&Meta { magic: META_MAGIC, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 })?;
         }

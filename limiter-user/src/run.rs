@@ -17,11 +17,6 @@ use crate::{
     stats::Totals,
 };
 
-/// One line of daemon output, through `tracing` (see [`init_logging`]).
-macro_rules! say {
-    ($($t:tt)*) => { tracing::info!($($t)*) };
-}
-
 /// Structured logs on stdout, text or JSON, level from `RUST_LOG`
 /// (default `info`). A closed stdout (a supervisor that went away) never
 /// takes enforcement down: the writer ignores write errors.
@@ -104,13 +99,13 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     announce(args, &d, &summary, adopted, replaced);
     let (calls_tx, mut calls) = tokio::sync::mpsc::channel(16);
     crate::control::server::listen(socket, access, calls_tx)?;
-    say!("limiter: control socket {} (mode 0660)", socket.display());
+    tracing::info!("limiter: control socket {} (mode 0660)", socket.display());
     let (scrape_tx, mut scrapes) = tokio::sync::mpsc::channel::<crate::metrics::ScrapeCall>(4);
     if let Some(addr) = metrics_addr {
         // Metrics are an aid; a busy port must not leave the interface unprotected.
         match crate::metrics::serve(addr, scrape_tx).await {
-            Ok(bound) => say!("limiter: metrics on http://{bound}/metrics"),
-            Err(e) => say!("limiter: warning: metrics not served on {addr}: {e}"),
+            Ok(bound) => tracing::info!("limiter: metrics on http://{bound}/metrics"),
+            Err(e) => tracing::info!("limiter: warning: metrics not served on {addr}: {e}"),
         }
     }
     notify_ready();
@@ -128,7 +123,7 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
             Some((req, reply)) = calls.recv() => {
                 let response = d.handle(req, || args.load_policy().map(|p| (p, source_name(args))));
                 if let crate::control::Response::Applied { summary, .. } = &response {
-                    say!(event = "policy_change", version = d.version, "limiter: applied {summary}");
+                    tracing::info!(event = "policy_change", version = d.version, "limiter: applied {summary}");
                 }
                 let _ = reply.send(response);
             }
@@ -142,7 +137,7 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
             _ = tick.tick(), if args.status_interval > 0.0 => {
                 let now = d.limiter.totals()?;
                 let status = status_line(&now, &last, last_at.elapsed(), d.tracked(), capacity);
-                say!(event = "status", version = d.version, "{status} policy v{}", d.version);
+                tracing::info!(event = "status", version = d.version, "{status} policy v{}", d.version);
                 (last, last_at) = (now, Instant::now());
             }
         }
@@ -154,7 +149,7 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
 /// The lines printed once the program is attached.
 fn announce(args: &RunArgs, d: &Daemon, summary: &str, adopted: bool, replaced: bool) {
     let capacity = d.capacity;
-    say!(
+    tracing::info!(
         event = "attach",
         iface = %args.iface,
         mode = args.mode.label(),
@@ -165,14 +160,16 @@ fn announce(args: &RunArgs, d: &Daemon, summary: &str, adopted: bool, replaced: 
         args.mode.label()
     );
     if args.pin {
-        say!(
+        tracing::info!(
             "limiter: pinned in {}; {}; {}",
             args.pin_dir.display(),
             if adopted { "re-adopted pinned maps (buckets and counters kept)" } else { "new maps" },
             if replaced { "replaced the program on the pinned link atomically" } else { "new link" },
         );
         if capacity != d.base.capacity {
-            say!("limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it");
+            tracing::info!(
+                "limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it"
+            );
         }
     }
 }
@@ -183,7 +180,7 @@ fn stop(args: &RunArgs, d: &mut Daemon, link: Option<aya::programs::xdp::XdpLink
     let (passed, dropped) = (t.passed().packets, t.dropped().packets);
     if let Some(link) = link {
         d.limiter.detach(link)?;
-        say!(
+        tracing::info!(
             event = "detach",
             iface = %args.iface,
             signal = why,
@@ -193,7 +190,7 @@ fn stop(args: &RunArgs, d: &mut Daemon, link: Option<aya::programs::xdp::XdpLink
             args.iface
         );
     } else {
-        say!(
+        tracing::info!(
             "limiter: {why}: stopping; XDP stays attached to {} and enforcing (pinned in {}; `limiter unload` removes it); passed {passed} dropped {dropped} packets in total",
             args.iface,
             args.pin_dir.display()
@@ -213,7 +210,7 @@ fn reload(args: &RunArgs, d: &mut Daemon) {
     let result = args.load_policy().map_err(ApplyError::from).and_then(|p| d.apply(p, source.clone()));
     match result {
         Ok(summary) => {
-            say!(event = "reload", ok = true, version = d.version, source = %source, "limiter: SIGHUP: applied {source}: {summary}");
+            tracing::info!(event = "reload", ok = true, version = d.version, source = %source, "limiter: SIGHUP: applied {source}: {summary}");
             d.note_reload(true, summary);
         }
         Err(e) => {
