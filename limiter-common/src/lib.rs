@@ -68,6 +68,12 @@ pub mod programs {
     pub const LIMITER_TEST_CLOCK: &str = "limiter_test_clock";
     /// Bench baseline: returns `XDP_DROP` and nothing else.
     pub const BASELINE_DROP: &str = "baseline_drop";
+    /// Bench receiver for the netfilter rows: returns `XDP_PASS`.
+    pub const BENCH_PASS: &str = "bench_pass";
+    /// Bench generator (live frames): returns `XDP_TX`.
+    pub const BENCH_TX: &str = "bench_tx";
+    /// Bench generator (live frames): random source in 198.19.0.0/16, `XDP_TX`.
+    pub const BENCH_TX_SPREAD: &str = "bench_tx_spread";
 }
 
 /// Address-family dimension of `STATS`: 0 = not IP (or unknown), 1 =

@@ -5,6 +5,8 @@
 #![cfg_attr(target_arch = "bpf", expect(internal_features, reason = "atomic_cxchg is the only RMW atomic on bpf"))]
 
 #[cfg(target_arch = "bpf")]
+mod bench;
+#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod parse;

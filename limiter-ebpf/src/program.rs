@@ -55,12 +55,6 @@ pub fn limiter_test_clock(ctx: XdpContext) -> u32 {
     finish(&ctx, reason, fam)
 }
 
-/// Bench baseline: the cheapest possible XDP program, for ratios.
-#[xdp]
-pub fn baseline_drop(_ctx: XdpContext) -> u32 {
-    xdp_action::XDP_DROP
-}
-
 /// Count the reason and turn it into the XDP action. Every path ends here.
 #[inline(always)]
 fn finish(ctx: &XdpContext, reason: Reason, fam: u32) -> u32 {

@@ -11,7 +11,7 @@ use aya::{
         Array, HashMap, MapData, PerCpuArray,
         lpm_trie::{Key, LpmTrie},
     },
-    programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
+    programs::{ProgramError, TestRun, TestRunAttrs, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, META_MAGIC, Meta, Reason,
@@ -253,8 +253,19 @@ impl Limiter {
 
     /// Attach the production entry point. The link lives as long as `self`.
     pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<XdpLinkId, LoadError> {
-        self.load_program(programs::LIMITER)?;
-        let prog = self.xdp(programs::LIMITER)?;
+        self.attach_program(programs::LIMITER, iface, mode)
+    }
+
+    /// Attach any entry point (the bench's receivers too). The link lives
+    /// as long as `self`.
+    pub fn attach_program(
+        &mut self,
+        name: &'static str,
+        iface: &str,
+        mode: AttachMode,
+    ) -> Result<XdpLinkId, LoadError> {
+        self.load_program(name)?;
+        let prog = self.xdp(name)?;
         prog.attach(iface, mode.xdp()).map_err(|source| match source {
             ProgramError::UnknownInterface { .. } => LoadError::NoInterface { iface: iface.into() },
             source if mode == AttachMode::Native => LoadError::NativeUnsupported { iface: iface.into(), source },
@@ -449,5 +460,35 @@ impl Limiter {
             .test_run(TestRunOptions { data_in: Some(data), repeat, ..TestRunOptions::new() })
             .map_err(|source| LoadError::TestRun { name, source })?;
         Ok((r.return_value, r.duration))
+    }
+
+    /// BPF_PROG_TEST_RUN in live-frames mode: the entry point runs `repeat`
+    /// times over copies of `frame` as if it had arrived on `ifindex` (in
+    /// the calling thread's network namespace), and frames it returns
+    /// `XDP_TX` for are really sent out of that interface. Returns the
+    /// kernel's mean duration per run.
+    pub fn test_run_live(
+        &mut self,
+        name: &'static str,
+        frame: &[u8],
+        ifindex: u32,
+        repeat: u32,
+    ) -> Result<Duration, LoadError> {
+        self.load_program(name)?;
+        let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
+        // rx_queue_index, egress_ifindex.
+        let ctx: Vec<u8> = [0, len, 0, ifindex, 0, 0].iter().flat_map(|w: &u32| w.to_ne_bytes()).collect();
+        let prog = self.xdp(name)?;
+        let r = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                ctx_in: Some(&ctx),
+                repeat,
+                attrs: TestRunAttrs::new().xdp_live_frames(64),
+                ..TestRunOptions::new()
+            })
+            .map_err(|source| LoadError::TestRun { name, source })?;
+        Ok(r.duration)
     }
 }

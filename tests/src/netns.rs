@@ -49,6 +49,24 @@ impl NetNs {
         c
     }
 
+    /// Run `f` on a thread of this process that has joined the namespace's
+    /// network (the rest of the process stays where it is). A panic in `f`
+    /// carries on in the caller.
+    pub fn run_in<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        use std::os::fd::AsRawFd as _;
+        let ns = std::fs::File::open(format!("/run/netns/{}", self.name)).expect("open the namespace");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: setns on this thread only, with an open netns fd.
+                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+        })
+    }
+
     /// A command that runs `prog` inside the namespace.
     #[must_use]
     pub fn command(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {

@@ -4,7 +4,8 @@
 //!   build  setup, then build every binary (release)
 //!   test   setup, fmt check, clippy, then every test (needs root)
 //!   demo   setup, then flood a limiter between two namespaces and report
-//!   bench  setup, then measure the XDP program (not part of `test`)
+//!   bench  setup (plus nftables, iptables), then measure the XDP program
+//!          side by side with its peers (not part of `test`)
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -19,6 +20,8 @@ use clap::{Parser, Subcommand};
 /// links against (llvm-22-dev). See ../shared/docs/toolchain.md.
 const APT_PACKAGES: &[&str] =
     &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "iproute2", "util-linux", "systemd", "tmux"];
+/// Only `bench` needs these: the netfilter peers of the system flood.
+const BENCH_PACKAGES: &[&str] = &["nftables", "iptables"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(Parser)]
@@ -42,8 +45,13 @@ enum Cmd {
     },
     /// Flood a limiter between two namespaces and print what passed and dropped.
     Demo,
-    /// Measure the XDP program side by side with a bare XDP_DROP.
-    Bench,
+    /// Measure the XDP program side by side with a bare XDP_DROP, nftables
+    /// and iptables.
+    Bench {
+        /// Run only these sections (hit, system, accuracy, working-sets,
+        /// overrides, metrics, verifier); all when none is given.
+        sections: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -67,10 +75,13 @@ fn main() -> anyhow::Result<()> {
             cargo(&["build", "--release", "--bins"])?;
             run(Command::new("target/release/demo"))
         }
-        Cmd::Bench => {
+        Cmd::Bench { sections } => {
             require_root()?;
+            install_missing(BENCH_PACKAGES)?;
             cargo(&["build", "--release", "--bins"])?;
-            run(Command::new("target/release/bench"))
+            let mut bench = Command::new("target/release/bench");
+            bench.args(sections);
+            run(bench)
         }
     }
 }
@@ -130,8 +141,8 @@ fn test_with_summary() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn setup() -> anyhow::Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !dpkg_installed(p)).collect();
+fn install_missing(packages: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !dpkg_installed(p)).collect();
     if !missing.is_empty() {
         eprintln!("xtask: installing {}", missing.join(" "));
         require_root()?;
@@ -140,6 +151,11 @@ fn setup() -> anyhow::Result<()> {
         args.extend(&missing);
         run(apt(&args))?;
     }
+    Ok(())
+}
+
+fn setup() -> anyhow::Result<()> {
+    install_missing(APT_PACKAGES)?;
     let have = Command::new("bpf-linker").arg("--version").output().ok().filter(|o| o.status.success());
     let current = have.is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION));
     if !current {

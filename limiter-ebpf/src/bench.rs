@@ -1,0 +1,68 @@
+//! Programs for `cargo xtask bench` only; the daemon never loads them.
+//!
+//! The system flood (bench b) uses BPF_PROG_TEST_RUN in live-frames mode
+//! as a NIC-like packet generator: the generator program runs once per
+//! frame inside the sender namespace and returns `XDP_TX`, which sends the
+//! frame out of the sender's veth; it reaches the receiving veth as an
+//! `xdp_frame`, with no socket buffer built unless the receiver's XDP
+//! program passes it. Frames persist between runs in live mode, so a
+//! rewrite here is what the next run starts from.
+
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_get_prandom_u32, macros::xdp, programs::XdpContext};
+
+/// Bench baseline: the cheapest possible XDP program, for ratios.
+#[xdp]
+pub fn baseline_drop(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_DROP
+}
+
+/// Receiver for the netfilter rows: a veth only accepts `xdp_frame`s when
+/// an XDP program is attached, so this one hands every frame to the stack.
+#[xdp]
+pub fn bench_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
+/// Generator: send the frame unchanged (a flood from one source).
+#[xdp]
+pub fn bench_tx(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_TX
+}
+
+/// Ethernet header, then the IPv4 header.
+const IP: usize = 14;
+const IP_HDR: usize = 20;
+
+/// Generator: give each frame a random IPv4 source in 198.19.0.0/16 (256
+/// /24 prefixes, 65,536 addresses), fix the header checksum and send it.
+/// The frame must be Ethernet + IPv4 without options.
+#[xdp]
+pub fn bench_tx_spread(ctx: XdpContext) -> u32 {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + IP + IP_HDR > end {
+        return xdp_action::XDP_ABORTED;
+    }
+    let ip = (start + IP) as *mut u8;
+    // SAFETY: a BPF helper with no arguments.
+    let [a, b, _, _] = unsafe { bpf_get_prandom_u32() }.to_le_bytes();
+    // SAFETY: every offset below is inside the 20 bytes checked above.
+    unsafe {
+        *ip.add(12) = 198;
+        *ip.add(13) = 19;
+        *ip.add(14) = a;
+        *ip.add(15) = b;
+        *ip.add(10) = 0;
+        *ip.add(11) = 0;
+        let mut sum = 0u32;
+        for i in 0..IP_HDR / 2 {
+            sum += u32::from(u16::from_be_bytes([*ip.add(2 * i), *ip.add(2 * i + 1)]));
+        }
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        #[expect(clippy::cast_possible_truncation, reason = "folded to 16 bits above")]
+        let [hi, lo] = (!(sum as u16)).to_be_bytes();
+        *ip.add(10) = hi;
+        *ip.add(11) = lo;
+    }
+    xdp_action::XDP_TX
+}

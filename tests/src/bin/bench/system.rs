@@ -1,0 +1,317 @@
+//! Bench b: a system flood over a veth pair, the XDP limiter side by side
+//! with the same per-/24 limit done by nftables and by iptables.
+//!
+//! Generator: BPF_PROG_TEST_RUN in live-frames mode from the sender
+//! namespace, on CPU 0 (see `limiter-ebpf/src/bench.rs`), so frames reach
+//! the receiving veth as `xdp_frame`s, as from a NIC, rather than as socket
+//! buffers the sender already paid for. The receiver's softirq runs on the
+//! same CPU. A conforming sender (a UDP socket, 400 packets/s from
+//! 198.18.2.10, also on CPU 0) runs through each flood.
+//!
+//! Every row gets a fresh namespace pair and its own filter. Cost is the
+//! whole machine's busy CPU time (all CPUs, from /proc/stat) over the
+//! flood, so the generator, the veth and the receiver's softirq are in
+//! every row alike; "drops per CPU-second" is what each filter dropped
+//! divided by that. The `XDP_DROP` row calibrates the generator: its cost
+//! per frame is subtracted in the "receiver only" column.
+
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use limiter::loader::{AttachMode, Limiter};
+use limiter_common::{Reason, programs};
+use limiter_tests::{
+    kernel,
+    netns::{A_IF, B_ADDR, B_IF, NetNs, VethPair},
+    packet::{ETH_P_IP, Frame, IPPROTO_UDP},
+    scenario,
+};
+
+const RATE: u64 = 1000;
+const BURST: u64 = 200;
+const SECS: f64 = 3.0;
+const CONFORM_PPS: u64 = 400;
+const ENTRIES: u32 = 262_144;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Filter {
+    /// Bare `XDP_DROP`: the generator's own cost.
+    Drop,
+    Limiter,
+    Nft,
+    /// iptables through its default (nf_tables) backend.
+    Iptables,
+    IptablesLegacy,
+}
+
+impl Filter {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Drop => "bare XDP_DROP (generator cost)",
+            Self::Limiter => "limiter (XDP)",
+            Self::Nft => "nftables netdev ingress meter",
+            Self::Iptables => "iptables raw hashlimit (nft backend)",
+            Self::IptablesLegacy => "iptables-legacy raw hashlimit",
+        }
+    }
+
+    fn netfilter(self) -> bool {
+        matches!(self, Self::Nft | Self::Iptables | Self::IptablesLegacy)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Shape {
+    /// Every frame from 198.18.1.10.
+    One,
+    /// A random source in 198.19.0.0/16 per frame: 256 /24s.
+    Spread,
+}
+
+struct Row {
+    filter: Filter,
+    frames: u64,
+    dropped: u64,
+    cpu_secs: f64,
+    conform_sent: u64,
+    conform_lost: u64,
+}
+
+/// Busy and total ticks of all CPUs.
+fn cpu_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
+    let v: Vec<u64> = stat.lines().next().unwrap().split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+    // user nice system idle iowait irq softirq steal (guest is in user).
+    let total: u64 = v.iter().take(8).sum();
+    (total - v[3] - v[4], total)
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("spawn");
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn nft_rules() -> String {
+    format!(
+        "table netdev bench {{
+  chain ingress {{
+    type filter hook ingress device \"{B_IF}\" priority 0; policy accept;
+    meta protocol ip meter per24 size {ENTRIES} {{ ip saddr and 255.255.255.0 limit rate over {RATE}/second burst {BURST} packets }} counter drop
+  }}
+}}
+"
+    )
+}
+
+fn iptables_rules(bin: &str, ns: &NetNs) {
+    run(ns.command(bin).args(["-t", "raw", "-A", "PREROUTING", "-m", "hashlimit", "--hashlimit-name", "per24"]).args(
+        [
+            "--hashlimit-mode",
+            "srcip",
+            "--hashlimit-srcmask",
+            "24",
+            "--hashlimit-upto",
+            &format!("{RATE}/second"),
+            "--hashlimit-burst",
+            &BURST.to_string(),
+            "--hashlimit-htable-size",
+            &ENTRIES.to_string(),
+            "--hashlimit-htable-max",
+            &ENTRIES.to_string(),
+            "-j",
+            "ACCEPT",
+        ],
+    ));
+    run(ns.command(bin).args(["-t", "raw", "-A", "PREROUTING", "-j", "DROP"]));
+}
+
+/// Packets the filter dropped, read from its own counters.
+fn dropped(filter: Filter, ns: &NetNs, xdp: &Limiter) -> u64 {
+    match filter {
+        Filter::Drop => 0,
+        Filter::Limiter => xdp.totals().expect("read STATS").get(Reason::RateLimited).packets,
+        Filter::Nft => {
+            let out = run(ns.command("nft").args(["list", "table", "netdev", "bench"]));
+            let after = out.split("counter packets ").nth(1).expect("nft counter");
+            after.split_whitespace().next().unwrap().parse().unwrap()
+        }
+        Filter::Iptables | Filter::IptablesLegacy => {
+            let bin = if filter == Filter::Iptables { "iptables" } else { "iptables-legacy" };
+            let out = run(ns.command(bin).args(["-t", "raw", "-L", "PREROUTING", "-n", "-v", "-x"]));
+            let l = out.lines().find(|l| l.split_whitespace().nth(2) == Some("DROP")).expect("DROP rule");
+            l.split_whitespace().next().unwrap().parse().unwrap()
+        }
+    }
+}
+
+fn one_row(filter: Filter, shape: Shape) -> Row {
+    let net = VethPair::new("sf");
+    net.a.ip(&format!("link set {A_IF} address 02:00:00:00:00:01"));
+    net.b.ip(&format!("link set {B_IF} address 02:00:00:00:00:02"));
+    net.add_source(scenario::CONFORM_SRC);
+
+    // The receiver: an XDP program on vb (the limiter, a bare drop, or a
+    // pass to the stack where netfilter waits).
+    let mut xdp = Limiter::open(ENTRIES).expect("load the XDP object");
+    xdp.apply_config(&kernel::config(RATE, BURST, false, 24, 56)).unwrap();
+    let prog = match filter {
+        Filter::Drop => programs::BASELINE_DROP,
+        Filter::Limiter => programs::LIMITER,
+        _ => programs::BENCH_PASS,
+    };
+    net.b.run_in(|| xdp.attach_program(prog, B_IF, AttachMode::Native).expect("attach to vb"));
+    match filter {
+        Filter::Nft => {
+            let mut c = net.b.command("nft");
+            c.args(["-f", "-"]).stdin(Stdio::piped());
+            let mut child = c.spawn().unwrap();
+            std::io::Write::write_all(&mut child.stdin.take().unwrap(), nft_rules().as_bytes()).unwrap();
+            assert!(child.wait().unwrap().success(), "nft rules refused:\n{}", nft_rules());
+        }
+        Filter::Iptables => iptables_rules("iptables", &net.b),
+        Filter::IptablesLegacy => iptables_rules("iptables-legacy", &net.b),
+        Filter::Drop | Filter::Limiter => {}
+    }
+
+    let netload = scenario::locate_bin("netload").unwrap();
+    let port = scenario::PORT;
+    let mut recv = net.b.command(&netload);
+    recv.args(["recv", &format!("0.0.0.0:{port}"), &format!("{}", SECS + 3.0)]);
+    let (mut recv, recv_rx) = scenario::spawn_lines(recv).unwrap();
+    scenario::wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
+    let mut conform = Command::new("ip");
+    conform.args(["netns", "exec", &net.a.name, "taskset", "-c", "0"]).arg(&netload).args([
+        "send",
+        scenario::CONFORM_SRC,
+        &format!("{B_ADDR}:{port}"),
+        &CONFORM_PPS.to_string(),
+        &format!("{}", SECS + 1.0),
+    ]);
+    let conform = scenario::Guard(conform.stdout(Stdio::piped()).spawn().unwrap());
+    std::thread::sleep(Duration::from_millis(500));
+
+    let ip = match shape {
+        Shape::One => std::net::Ipv4Addr::new(198, 18, 1, 10),
+        Shape::Spread => std::net::Ipv4Addr::new(198, 19, 0, 1),
+    };
+    let mut frame = Frame::eth(ETH_P_IP).ipv4(ip, IPPROTO_UDP, 0, 0).udp_to(port).payload(18).bytes;
+    finish_ipv4_udp(&mut frame);
+    let generator = match shape {
+        Shape::One => programs::BENCH_TX,
+        Shape::Spread => programs::BENCH_TX_SPREAD,
+    };
+    let (frames, cpu_secs, dropped_before) = net.a.run_in(|| {
+        pin_to_cpu0();
+        let mut g = Limiter::open(1024).expect("load the generator");
+        let ifindex = if_index(A_IF);
+        // Each call costs two RCU grace periods (the kernel swaps the XDP
+        // dispatcher in and out), idle time that would leave the receiver
+        // half idle: size one call to last about SECS from a short probe.
+        let probe = g.test_run_live(generator, &frame, ifindex, 1 << 20).expect("live-frames run");
+        #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "clamped to 1e6..=2e8")]
+        let repeat = (SECS / probe.as_secs_f64().max(1e-9)).clamp(1e6, 2e8) as u32;
+        let dropped_before = dropped(filter, &net.b, &xdp);
+        let b0 = cpu_ticks();
+        g.test_run_live(generator, &frame, ifindex, repeat).expect("live-frames run");
+        let b1 = cpu_ticks();
+        let frames = u64::from(repeat);
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        (frames, (b1.0 - b0.0) as f64 / hz, dropped_before)
+    });
+
+    let conform_out = scenario::wait_output(conform).unwrap();
+    assert!(recv.0.wait().unwrap().success(), "receiver failed");
+    let log: String = recv_rx.iter().map(|l| l + "\n").collect();
+    let conform_sent = scenario::field(&conform_out, "sent", 1).unwrap();
+    let conform_got = scenario::field(&log, &format!("from {}", scenario::CONFORM_SRC), 2).unwrap_or(0);
+    let dropped = dropped(filter, &net.b, &xdp) - dropped_before;
+    Row { filter, frames, dropped, cpu_secs, conform_sent, conform_lost: conform_sent.saturating_sub(conform_got) }
+}
+
+/// Fill in the IPv4 total length, UDP length and header checksum, so the
+/// receiving stack (where netfilter's IP hooks sit) accepts the frame.
+fn finish_ipv4_udp(frame: &mut [u8]) {
+    let ip_len = u16::try_from(frame.len() - 14).unwrap();
+    frame[16..18].copy_from_slice(&ip_len.to_be_bytes());
+    frame[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
+    let ip = &mut frame[14..34];
+    ip[10] = 0;
+    ip[11] = 0;
+    let mut sum: u32 = ip.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let c = !(u16::try_from(sum).unwrap());
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+}
+
+fn pin_to_cpu0() {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; affinity of this
+    // thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set), 0, "pin to CPU 0");
+    }
+}
+
+fn if_index(name: &str) -> u32 {
+    let c = std::ffi::CString::new(name).unwrap();
+    // SAFETY: a valid NUL-terminated name.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    assert!(i != 0, "no interface {name}");
+    i
+}
+
+pub fn system_flood() {
+    let filters = [Filter::Drop, Filter::Limiter, Filter::Nft, Filter::Iptables, Filter::IptablesLegacy];
+    for (shape, title) in [(Shape::One, "one /24 (198.18.1.10)"), (Shape::Spread, "random sources over 256 /24s")] {
+        let rows: Vec<Row> = filters.iter().map(|f| one_row(*f, shape)).collect();
+        print_rows(title, &rows);
+    }
+}
+
+fn print_rows(title: &str, rows: &[Row]) {
+    let per_frame = |r: &Row| r.cpu_secs / r.frames as f64;
+    let gen_cost = per_frame(&rows[0]);
+    let own = |r: &Row| (per_frame(r) - gen_cost).max(1e-12) * r.frames as f64;
+    let rate = |r: &Row| r.dropped as f64 / r.cpu_secs;
+    let rate_own = |r: &Row| r.dropped as f64 / own(r);
+    let best = |f: &dyn Fn(&Row) -> f64| rows.iter().filter(|r| r.filter.netfilter()).map(f).fold(0.0, f64::max);
+    let (best, best_own) = (best(&rate), best(&rate_own));
+    println!("system flood, {title}: {RATE}/s burst {BURST} per /24, {SECS} s a row, generator and softirq on CPU 0");
+    println!(
+        "{:<38} {:>9} {:>9} {:>7} {:>10} {:>7} {:>10} {:>7} {:>11}",
+        "receiver", "frames", "dropped", "CPU-s", "drops/CPUs", "x best", "recv-only", "x best", "conform lost"
+    );
+    for r in rows {
+        let (dr, dro) = if r.filter == Filter::Drop {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (format!("{:.2}M", rate(r) / 1e6), format!("{:.2}M", rate_own(r) / 1e6))
+        };
+        let x = |v: f64, b: f64| if r.filter == Filter::Drop { "-".into() } else { format!("{:.2}", v / b) };
+        println!(
+            "{:<38} {:>8.2}M {:>8.2}M {:>7.2} {:>10} {:>7} {:>10} {:>7} {:>11}",
+            r.filter.label(),
+            r.frames as f64 / 1e6,
+            r.dropped as f64 / 1e6,
+            r.cpu_secs,
+            dr,
+            x(rate(r), best),
+            dro,
+            x(rate_own(r), best_own),
+            if r.filter == Filter::Drop { "-".into() } else { format!("{}/{}", r.conform_lost, r.conform_sent) },
+        );
+    }
+    let lim = rows.iter().find(|r| r.filter == Filter::Limiter).unwrap();
+    println!(
+        "goal: limiter drops/CPU-s at least 5x the better netfilter peer -> {:.2}x end to end, {:.2}x receiver only",
+        rate(lim) / best,
+        rate_own(lim) / best_own
+    );
+}
