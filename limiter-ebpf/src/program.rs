@@ -194,7 +194,11 @@ fn limits_for(cfg: &Config, class: usize, slot: u32, res: u32) -> Option<&ClassL
     cfg.classes.get(class)
 }
 
-/// `allow` / `deny`: no charge; a bucket is kept only to cache the lookup.
+/// `allow` / `deny`: no charge. An allowed prefix gets a bucket only to
+/// cache the trie lookup. A denied one never does: a spoofed flood across a
+/// denied range would otherwise fill the LRU with buckets that hold no
+/// state and evict the buckets of real senders (which would then come back
+/// with a fresh allowance); it pays one trie lookup per packet instead.
 #[inline(always)]
 fn admit_listed(
     bucket: Option<*mut BucketState>,
@@ -204,7 +208,7 @@ fn admit_listed(
     res: u32,
     reason: Reason,
 ) -> Reason {
-    if bucket.is_none() {
+    if bucket.is_none() && res == resolution::ALLOW {
         let resolved = (u64::from(version) << 32) | u64::from(res);
         let _ = BUCKETS.insert(key, BucketState { tat: gcra::fresh_tat(now), resolved }, BPF_NOEXIST);
     }

@@ -92,24 +92,57 @@ fn most_specific_override_wins() {
 
 #[test]
 fn a_cached_resolution_is_revalidated_when_the_version_changes() {
+    // Version 1 without the /24 deny: the prefix falls under the /16.
     let mut p = policy();
+    p.overrides.retain(|o| o.net.to_string() != "198.18.6.0/24");
     let mut l = open(&p, 1);
     let f = udp4([198, 18, 6, 1]);
-    assert_eq!(reasons(&mut l, &f, 1), vec![Reason::Denied]);
+    assert_eq!(reasons(&mut l, &f, 4), vec![Reason::Admitted, Reason::Admitted, Reason::Admitted, Reason::RateLimited]);
     // The bucket caches version 1's answer.
     let key = kernel::v4_key([198, 18, 6, 0], 24);
     let cached = l.bucket(&key).unwrap().expect("a bucket caches the resolution").resolved;
     assert_eq!(cached >> 32, 1);
+    assert_ne!(u32::try_from(cached & 0xffff_ffff).unwrap(), limiter_common::resolution::DENY);
+    // Version 2 adds the deny: the same bucket now resolves to it.
+    let p2 = policy();
+    l.apply(&p2.compile(2).unwrap(), &p2.compile_overrides().unwrap()).unwrap();
+    assert_eq!(reasons(&mut l, &f, 2), vec![Reason::Denied, Reason::Denied]);
+    let cached = l.bucket(&key).unwrap().unwrap().resolved;
+    assert_eq!(cached >> 32, 2);
     assert_eq!(u32::try_from(cached & 0xffff_ffff).unwrap(), limiter_common::resolution::DENY);
-    // Version 2 drops the deny: the same bucket now falls under the /16.
-    p.overrides.retain(|o| o.net.to_string() != "198.18.6.0/24");
-    l.apply(&p.compile(2).unwrap(), &p.compile_overrides().unwrap()).unwrap();
-    assert_eq!(reasons(&mut l, &f, 4), vec![Reason::Admitted, Reason::Admitted, Reason::Admitted, Reason::RateLimited]);
-    assert_eq!(l.bucket(&key).unwrap().unwrap().resolved >> 32, 2);
-    // Version 3 brings it back, reusing the slot version 1 used.
-    p = policy();
+    // Version 3 drops it again, reusing the slot version 1 used; the bucket
+    // kept its charge (exhausted above), so the next packet is refused.
     l.apply(&p.compile(3).unwrap(), &p.compile_overrides().unwrap()).unwrap();
-    assert_eq!(reasons(&mut l, &f, 1), vec![Reason::Denied]);
+    assert_eq!(reasons(&mut l, &f, 1), vec![Reason::RateLimited]);
+    assert_eq!(l.bucket(&key).unwrap().unwrap().resolved >> 32, 3);
+}
+
+/// A spoofed flood across a denied range leaves no state behind: no bucket
+/// per prefix, so it cannot evict the buckets of real senders.
+#[test]
+fn denied_ranges_create_no_buckets() {
+    // Buckets per address (/32) and per /64, so a denied /16 or /56 holds
+    // many of them.
+    let p = Policy {
+        default: lim(1, 1),
+        overrides: vec![
+            ovr("198.19.0.0/16", OverrideAction::Deny),
+            ovr("2001:2:0:300::/56", OverrideAction::Deny),
+            ovr("198.18.5.0/24", OverrideAction::Allow),
+        ],
+        v4_prefix: 32,
+        v6_prefix: 64,
+        ..Policy::default()
+    };
+    let mut l = open(&p, 1);
+    for i in 0..200u8 {
+        assert_eq!(reasons(&mut l, &udp4([198, 19, i, 1]), 1), vec![Reason::Denied]);
+        assert_eq!(reasons(&mut l, &udp6(&format!("2001:2:0:3{i:02x}::1")), 1), vec![Reason::Denied]);
+    }
+    assert_eq!(l.tracked().unwrap(), 0, "denied packets created buckets");
+    // An allowed prefix still gets one, to cache its lookup.
+    assert_eq!(reasons(&mut l, &udp4([198, 18, 5, 1]), 1), vec![Reason::Allowed]);
+    assert_eq!(l.tracked().unwrap(), 1);
 }
 
 #[test]
