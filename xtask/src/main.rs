@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 const APT_PACKAGES: &[&str] =
     &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "iproute2", "util-linux", "systemd", "tmux"];
 /// Only `bench` needs these: the netfilter peers of the system flood.
-const BENCH_PACKAGES: &[&str] = &["nftables", "iptables"];
+const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(Parser)]

@@ -259,11 +259,12 @@ fn working_sets() {
         let [a, b, c, d] = (0x0a00_0000 + i).to_be_bytes();
         Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(a, b, c, d), IPPROTO_UDP, 0, 0).udp().payload(22).bytes
     };
-    let open = |capacity: u32| {
+    let open_with = |capacity: u32, new_sources: Option<(u64, u64)>| {
         let p = Policy {
             default: Limit { rate: limiter_common::gcra::MAX_RATE, burst: 1 << 40, ..Policy::default().default },
             v4_prefix: 32,
             capacity,
+            new_sources,
             ..Policy::default()
         };
         let mut l = limiter::loader::Limiter::open(capacity).unwrap();
@@ -273,6 +274,7 @@ fn working_sets() {
         }
         l
     };
+    let open = |capacity: u32| open_with(capacity, None);
     let mean = |l: &mut limiter::loader::Limiter, prog: &'static str, range: std::ops::Range<u32>| {
         let n = range.len();
         let total: Duration = range.map(|i| l.test_run(prog, &frame(i), 1).unwrap().1).sum();
@@ -288,11 +290,23 @@ fn working_sets() {
     let mut full = open(SET);
     let _fill = mean(&mut full, programs::LIMITER, 0..SET);
     let churn = mean(&mut full, programs::LIMITER, SET..2 * SET);
+    // The same churn with the new-source budget on and spent (1 new prefix
+    // a second): new sources are dropped without touching the LRU.
+    let mut budget = open_with(SET, Some((1, 1)));
+    let churn_budget = mean(&mut budget, programs::LIMITER, 2 * SET..3 * SET);
+    assert!(budget.tracked().unwrap() <= 2, "the spent budget still created buckets");
     assert!(tracked >= SET as usize, "working set not resident: {tracked}");
     println!("{:<44} {:>10} {:>12}", "one call per frame (repeat 1)", "ns/packet", "x bare drop");
     println!("{:<44} {:>10.1} {:>12.2}", "bare XDP_DROP", bare, 1.0);
     println!("{:<44} {:>10.1} {:>12.2}", "limiter, 262,144 prefixes, all hits", hits, hits / bare);
     println!("{:<44} {:>10.1} {:>12.2}", "limiter, churn (new source each, map full)", churn, churn / bare);
+    println!("{:<44} {:>10.1} {:>12.2}", "limiter, churn, new-source budget spent", churn_budget, churn_budget / bare);
+    println!("goal: 262,144 prefixes at most 8x -> {}", if hits / bare <= 8.0 { "met" } else { "NOT met" });
+    println!(
+        "goal: churn at most 5x -> {} (budget off), {} (budget on)",
+        if churn / bare <= 5.0 { "met" } else { "NOT met" },
+        if churn_budget / bare <= 5.0 { "met" } else { "NOT met" }
+    );
 
     // Kernel memory of the bucket map, from its memlock, per entry.
     let md = aya::maps::MapData::from_id(l.buckets_map_id().unwrap()).unwrap();
