@@ -191,7 +191,7 @@ pub struct Config {
     pub version: u64,
     /// IPv4 source prefix length, 0..=32.
     pub v4_prefix: u32,
-    /// IPv6 source prefix length, 0..=128.
+    /// IPv6 source prefix length, 0..=[`MAX_V6_BUCKET_PREFIX`].
     pub v6_prefix: u32,
     /// Matchers in use, `0..=MAX_MATCHERS`; the first that matches wins.
     pub n_matchers: u32,
@@ -221,7 +221,7 @@ pub struct Config {
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -237,6 +237,12 @@ pub struct Meta {
     pub pad: u32,
 }
 
+/// Finest IPv6 bucket prefix. A host holds a whole /64, so finer buckets
+/// would be bypassed by rotating addresses inside it; in exchange the key
+/// keeps 64 bits of address and is 12 bytes, which makes the hash lookup on
+/// every packet about a third cheaper than with the full 128 bits.
+pub const MAX_V6_BUCKET_PREFIX: u32 = 64;
+
 /// Key of [`maps::BUCKETS`]: family and source address masked to its prefix.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -249,8 +255,9 @@ pub struct BucketKey {
     pub class: u8,
     /// Always zero (explicit padding).
     pub pad: u8,
-    /// Masked address in network byte order; IPv4 uses `addr[0]` only.
-    pub addr: [u32; 4],
+    /// Masked address in network byte order: IPv4 in `addr[0]` (`addr[1]`
+    /// is zero), IPv6 its first 64 bits (see [`MAX_V6_BUCKET_PREFIX`]).
+    pub addr: [u32; 2],
 }
 
 /// Value of [`maps::BUCKETS`]: GCRA theoretical arrival time.
@@ -295,8 +302,8 @@ pub struct Counter {
 const _: () = assert!(core::mem::size_of::<ClassLimits>() == 24);
 const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
 const _: () = assert!(core::mem::size_of::<Config>() == 72 + 24 * MAX_CLASSES + 8 * MAX_MATCHERS);
-const _: () = assert!(core::mem::size_of::<DropEvent>() == 24);
-const _: () = assert!(core::mem::size_of::<BucketKey>() == 20);
+const _: () = assert!(core::mem::size_of::<DropEvent>() == 16);
+const _: () = assert!(core::mem::size_of::<BucketKey>() == 12);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 48);
 const _: () = assert!(core::mem::size_of::<Counter>() == 16);

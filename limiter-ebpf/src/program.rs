@@ -178,7 +178,7 @@ fn resolve(key: &BucketKey, slot: u32) -> u32 {
         let k = Key::new(32, key.addr[0]);
         if slot == 0 { OVR4_0.get(&k) } else { OVR4_1.get(&k) }
     } else {
-        let k = Key::new(128, key.addr);
+        let k = Key::new(128, [key.addr[0], key.addr[1], 0, 0]);
         if slot == 0 { OVR6_0.get(&k) } else { OVR6_1.get(&k) }
     };
     found.copied().unwrap_or(resolution::CLASS)
@@ -265,10 +265,13 @@ fn prefix_key(src: &Source, v4_len: u32, v6_len: u32, class: u8) -> BucketKey {
             prefix_len: v4_len as u8,
             class,
             pad: 0,
-            addr: [mask_v4(src.addr[0], v4_len), 0, 0, 0],
+            addr: [mask_v4(src.addr[0], v4_len), 0],
         }
     } else {
-        BucketKey { family: family::IPV6, prefix_len: v6_len as u8, class, pad: 0, addr: mask_v6(src.addr, v6_len) }
+        // v6_len <= MAX_V6_BUCKET_PREFIX (policy-checked): the first 64
+        // bits hold the whole prefix.
+        let [a, b, _, _] = mask_v6(src.addr, v6_len);
+        BucketKey { family: family::IPV6, prefix_len: v6_len as u8, class, pad: 0, addr: [a, b] }
     }
 }
 

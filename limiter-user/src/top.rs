@@ -87,12 +87,14 @@ impl Tracker {
 /// A bucket key as a CIDR string.
 #[must_use]
 pub fn cidr(k: &BucketKey) -> String {
-    let bytes: Vec<u8> = k.addr.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let [a, b] = k.addr.map(u32::to_ne_bytes);
     if k.family == family::IPV4 {
-        format!("{}/{}", Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]), k.prefix_len)
+        format!("{}/{}", Ipv4Addr::from(a), k.prefix_len)
     } else {
-        let a: [u8; 16] = bytes.try_into().expect("16 bytes");
-        format!("{}/{}", Ipv6Addr::from(a), k.prefix_len)
+        let mut o = [0u8; 16];
+        o[..4].copy_from_slice(&a);
+        o[4..8].copy_from_slice(&b);
+        format!("{}/{}", Ipv6Addr::from(o), k.prefix_len)
     }
 }
 
@@ -114,7 +116,7 @@ mod tests {
             prefix_len: 24,
             class: 0,
             pad: 0,
-            addr: [u32::from_ne_bytes([198, 18, last, 0]), 0, 0, 0],
+            addr: [u32::from_ne_bytes([198, 18, last, 0]), 0],
         }
     }
 

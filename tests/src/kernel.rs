@@ -78,7 +78,7 @@ pub fn reason_at(l: &mut Limiter, now_ns: u64, frame: &[u8]) -> Reason {
 /// Default-class bucket key of an IPv4 prefix (address already masked).
 #[must_use]
 pub fn v4_key(addr: [u8; 4], len: u8) -> BucketKey {
-    BucketKey { family: family::IPV4, prefix_len: len, class: 0, pad: 0, addr: [u32::from_ne_bytes(addr), 0, 0, 0] }
+    BucketKey { family: family::IPV4, prefix_len: len, class: 0, pad: 0, addr: [u32::from_ne_bytes(addr), 0] }
 }
 
 /// Default-class bucket key of an IPv6 prefix (address already masked).

@@ -4,7 +4,9 @@
 
 pub mod file;
 
-use limiter_common::{ClassLimits, Config, MAX_CLASSES, MAX_MATCHERS, Matcher, cost, flags, mode};
+use limiter_common::{
+    ClassLimits, Config, MAX_CLASSES, MAX_MATCHERS, MAX_V6_BUCKET_PREFIX, Matcher, cost, flags, mode,
+};
 
 /// Default location of the policy file.
 pub const DEFAULT_PATH: &str = "/etc/limiter/limiter.toml";
@@ -206,8 +208,14 @@ impl Policy {
         if *v4_prefix > 32 {
             return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));
         }
-        if *v6_prefix > 128 {
-            return Err(bad("v6_prefix", format!("{v6_prefix} is longer than 128")));
+        if *v6_prefix > MAX_V6_BUCKET_PREFIX {
+            return Err(bad(
+                "v6_prefix",
+                format!(
+                    "{v6_prefix} is longer than {MAX_V6_BUCKET_PREFIX} (a host holds a whole /64: finer buckets are \
+                     bypassed by rotating addresses)"
+                ),
+            ));
         }
         if *capacity == 0 {
             return Err(bad("capacity", "must be at least 1"));
@@ -417,7 +425,7 @@ mod tests {
             (Policy { default: Limit { cost: CostUnit::Bytes, burst: 1000, ..lim }, ..d.clone() }, "burst"),
             (Policy { default: Limit { burst: u64::MAX / 2, ..lim }, ..d.clone() }, "burst"),
             (Policy { v4_prefix: 33, ..d.clone() }, "v4_prefix"),
-            (Policy { v6_prefix: 129, ..d.clone() }, "v6_prefix"),
+            (Policy { v6_prefix: 65, ..d.clone() }, "v6_prefix"),
             (Policy { capacity: 0, ..d.clone() }, "capacity"),
             (with_class(|c| c.limit.rate = 0), "class[0].rate"),
             (with_class(|c| c.protocol = 17), "class[0].syn"),

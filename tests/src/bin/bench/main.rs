@@ -5,7 +5,7 @@
 
 mod system;
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::net::Ipv4Addr;
 
 use limiter::loader::Limiter;
 use limiter_common::programs;
@@ -14,23 +14,14 @@ use limiter_tests::{
     packet::{ETH_P_IP, Frame, IPPROTO_UDP},
 };
 
-const REPEAT: u32 = 2_000_000;
-const ROUNDS: usize = 7;
+const REPEAT: u32 = 1_000_000;
+const ROUNDS: usize = 15;
 
-fn median(mut v: Vec<Duration>) -> f64 {
-    v.sort_unstable();
-    v[v.len() / 2].as_secs_f64() * 1e9
-}
-
+/// One BPF_PROG_TEST_RUN call of `REPEAT` runs; the kernel's mean ns per run.
 fn measure(l: &mut Limiter, prog: &'static str, frame: &[u8], want: u32) -> f64 {
-    let runs = (0..ROUNDS)
-        .map(|_| {
-            let (action, d) = l.test_run(prog, frame, REPEAT).expect("BPF_PROG_TEST_RUN");
-            assert_eq!(action, want, "{prog}: unexpected action");
-            d
-        })
-        .collect();
-    median(runs)
+    let (action, d) = l.test_run(prog, frame, REPEAT).expect("BPF_PROG_TEST_RUN");
+    assert_eq!(action, want, "{prog}: unexpected action");
+    d.as_secs_f64() * 1e9
 }
 
 /// Sections in the order they print; `bench [SECTION...]` runs only those.
@@ -78,27 +69,29 @@ fn hit_path() {
         l.test_run(programs::LIMITER, &frame, 1).unwrap();
     }
 
-    let mut bare = Vec::new();
-    let mut hit = Vec::new();
-    let mut drop = Vec::new();
-    // Interleave rounds so drift on a noisy VM hits every row alike.
-    for _ in 0..3 {
-        bare.push(measure(&mut admit, programs::BASELINE_DROP, &frame, kernel::XDP_DROP));
-        hit.push(measure(&mut admit, programs::LIMITER, &frame, kernel::XDP_PASS));
-        drop.push(measure(&mut refuse, programs::LIMITER, &frame, kernel::XDP_DROP));
+    // Interleaved rounds, so drift on a noisy VM hits every row alike.
+    // Other load only ever adds time: the least disturbed round (the
+    // minimum) is the figure, the median is printed beside it.
+    let mut rows = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..ROUNDS {
+        rows[0].push(measure(&mut admit, programs::BASELINE_DROP, &frame, kernel::XDP_DROP));
+        rows[1].push(measure(&mut admit, programs::LIMITER, &frame, kernel::XDP_PASS));
+        rows[2].push(measure(&mut refuse, programs::LIMITER, &frame, kernel::XDP_DROP));
     }
-    let pick = |v: Vec<f64>| {
-        let mut v = v;
+    let [bare, hit, drop] = rows.map(|mut v| {
         v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (bare, hit, drop) = (pick(bare), pick(hit), pick(drop));
-
-    println!("BPF_PROG_TEST_RUN, {REPEAT} runs x {ROUNDS} rounds x 3, median, 64-byte UDP/IPv4 frame");
-    println!("{:<44} {:>10} {:>12}", "program", "ns/packet", "x bare drop");
-    println!("{:<44} {:>10.1} {:>12.2}", "bare XDP_DROP", bare, 1.0);
-    println!("{:<44} {:>10.1} {:>12.2}", "limiter hit path (bucket exists, admitted)", hit, hit / bare);
-    println!("{:<44} {:>10.1} {:>12.2}", "limiter hit path (bucket exists, dropped)", drop, drop / bare);
+        (v[0], v[v.len() / 2])
+    });
+    println!("BPF_PROG_TEST_RUN, {ROUNDS} interleaved rounds of {REPEAT} runs, 64-byte UDP/IPv4 frame");
+    println!("{:<44} {:>10} {:>12} {:>10}", "program", "ns/packet", "x bare drop", "median ns");
+    for (label, (min, med)) in [
+        ("bare XDP_DROP", bare),
+        ("limiter hit path (bucket exists, admitted)", hit),
+        ("limiter hit path (bucket exists, dropped)", drop),
+    ] {
+        println!("{label:<44} {min:>10.1} {:>12.2} {med:>10.1}", min / bare.0);
+    }
+    let (bare, hit) = (bare.0, hit.0);
     println!("goal: hit path at most 3x bare -> {}", if hit / bare <= 3.0 { "met" } else { "NOT met" });
 }
 
@@ -168,7 +161,7 @@ fn scrape_at_one_million() {
         aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(md)).unwrap();
     let fill = Instant::now();
     for i in 0..1_000_000u32 {
-        let key = BucketKey { family: family::IPV6, prefix_len: 128, class: 0, pad: 0, addr: [0x0200_0120, 0, 0, i] };
+        let key = BucketKey { family: family::IPV6, prefix_len: 64, class: 0, pad: 0, addr: [0x0200_0120, i] };
         m.insert(key, BucketState::default(), 0).unwrap();
     }
     let fill = fill.elapsed();
