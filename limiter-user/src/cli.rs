@@ -165,12 +165,12 @@ pub struct RunArgs {
     /// IPv4 source prefix length [default: 24].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
     pub v4_prefix: Option<u32>,
-    /// IPv6 source prefix length [default: 56].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=128))]
+    /// IPv6 source prefix length, at most 64 [default: 56].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
     pub v6_prefix: Option<u32>,
     /// New prefixes admitted per second, shared by all sources (with
-    /// --new-source-burst) [default: unlimited].
-    #[arg(long, value_name = "N", requires = "new_source_burst")]
+    /// --new-source-burst; 0 = unlimited) [default: 5000, burst 10000].
+    #[arg(long, value_name = "N")]
     pub new_source_rate: Option<u64>,
     /// Depth of the new-source budget.
     #[arg(long, value_name = "N", requires = "new_source_rate")]
@@ -186,7 +186,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
     pub aggregate_v4_prefix: Option<u32>,
     /// Aggregate IPv6 prefix length [default: 40].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=128))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
     pub aggregate_v6_prefix: Option<u32>,
     /// Tracked prefixes (LRU capacity) [default: 262144].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -237,8 +237,13 @@ impl RunArgs {
         p.v4_prefix = self.v4_prefix.unwrap_or(p.v4_prefix);
         p.v6_prefix = self.v6_prefix.unwrap_or(p.v6_prefix);
         p.capacity = self.capacity.unwrap_or(p.capacity);
-        if let (Some(r), Some(b)) = (self.new_source_rate, self.new_source_burst) {
-            p.new_sources = Some((r, b));
+        match (self.new_source_rate, self.new_source_burst) {
+            (Some(0), _) => p.new_sources = None,
+            (Some(r), Some(b)) => p.new_sources = Some((r, b)),
+            (Some(_), None) => {
+                return Err(policy::bad("new_source_burst", "--new-source-rate above 0 needs --new-source-burst"));
+            }
+            (None, _) => {}
         }
         if let (Some(rate), Some(burst)) = (self.aggregate_rate, self.aggregate_burst) {
             p.aggregate = Some(policy::Aggregate { rate, burst, v4_prefix: 16, v6_prefix: 40 });

@@ -82,8 +82,9 @@ fn scraped_counters_match_the_traffic_of_a_real_flood() {
 fn one_hundred_thousand_spoofed_sources_add_no_series() {
     require_root();
     let net = VethPair::new("sp");
-    // /32 buckets: every spoofed source is a prefix of its own.
-    let _d = daemon(&net, "sp", &["--v4-prefix", "32", "--rate", "100", "--burst", "10"]);
+    // /32 buckets: every spoofed source is a prefix of its own; no
+    // new-source budget, so every one of them gets a bucket.
+    let _d = daemon(&net, "sp", &["--v4-prefix", "32", "--rate", "100", "--burst", "10", "--new-source-rate", "0"]);
     let before = scrape(&net);
     let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
     let link = String::from_utf8_lossy(&link.stdout);

@@ -24,6 +24,30 @@ fn reason(l: &mut limiter::loader::Limiter, now: u64, f: &[u8]) -> Reason {
     kernel::reason_at(l, now, f)
 }
 
+/// The built-in policy has the budget on: at one instant exactly its
+/// burst of new prefixes gets a bucket; without it, every one does.
+#[test]
+fn the_built_in_policy_has_a_new_source_budget() {
+    let (_, burst) = limiter::policy::DEFAULT_NEW_SOURCES;
+    let burst = usize::try_from(burst).unwrap();
+    let addr = |i: usize| {
+        let [_, _, hi, lo] = u32::try_from(i).unwrap().to_be_bytes();
+        [198, 18, hi, lo]
+    };
+    let mut p = Policy { v4_prefix: 32, ..Policy::default() };
+    for (budget, want) in [(true, burst), (false, burst + 50)] {
+        if !budget {
+            p.new_sources = None;
+        }
+        // Room for every prefix (kernel::open's map holds 1,024).
+        let mut l = limiter::loader::Limiter::open(4 * 10_050).unwrap();
+        l.apply_config(&p.compile(1).unwrap()).unwrap();
+        let admitted = (0..burst + 50).filter(|i| reason(&mut l, T0, &udp4(addr(*i))) == Reason::Admitted).count();
+        assert_eq!(admitted, want, "budget {budget}");
+        assert_eq!(l.tracked().unwrap(), want, "budget {budget}");
+    }
+}
+
 #[test]
 fn new_prefixes_draw_on_a_shared_budget_and_old_ones_do_not() {
     let p = Policy {

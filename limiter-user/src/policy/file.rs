@@ -151,6 +151,8 @@ fn build(root: Root, base: &Policy) -> Located<Policy> {
         .collect::<Located<Vec<_>>>()?;
     let new_sources = match (new_source_rate, new_source_burst) {
         (None, None) => base.new_sources,
+        // 0 turns the budget off (the burst, if given, is moot).
+        (Some(r), _) if *r.get_ref() == 0 => None,
         (Some(r), Some(b)) => Some((r.into_inner(), b.into_inner())),
         (Some(r), None) => {
             return Err((bad("new_source_burst", "new_source_rate needs new_source_burst"), r.span().start));
@@ -276,8 +278,11 @@ pub fn render(p: &Policy) -> String {
         p.v6_prefix,
         p.capacity
     );
-    if let Some((rate, burst)) = p.new_sources {
-        let _ = writeln!(s, "new_source_rate = {rate}\nnew_source_burst = {burst}");
+    match p.new_sources {
+        Some((rate, burst)) => {
+            let _ = writeln!(s, "new_source_rate = {rate}\nnew_source_burst = {burst}");
+        }
+        None => s.push_str("new_source_rate = 0\n"),
     }
     if let Some(a) = p.aggregate {
         let _ = writeln!(
@@ -514,6 +519,16 @@ burst = 4000
             assert!(e.problem.contains(problem), "{text:?}: {e}");
             assert!(e.to_string().starts_with(&format!("p.toml:{line}: {field}: ")), "{e}");
         }
+    }
+
+    #[test]
+    fn the_new_source_budget_is_on_by_default_and_zero_turns_it_off() {
+        let d = parse("t.toml", "", &Policy::default()).unwrap();
+        assert_eq!(d.new_sources, Some(super::super::DEFAULT_NEW_SOURCES));
+        let off = parse("t.toml", "new_source_rate = 0\n", &Policy::default()).unwrap();
+        assert_eq!(off.new_sources, None);
+        // Rendered, an unlimited budget reads back as unlimited.
+        assert_eq!(parse("t.toml", &render(&off), &Policy::default()).unwrap().new_sources, None);
     }
 
     #[test]

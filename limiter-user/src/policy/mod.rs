@@ -117,6 +117,17 @@ pub struct CompiledOverrides {
     pub limits: Vec<ClassLimits>,
 }
 
+/// Default new-source budget: 5,000 new prefixes a second, burst 10,000.
+///
+/// On by default: without it every spoofed source is a new key with a
+/// fresh allowance, so a random-source flood passes whole and churns the
+/// LRU at several hundred ns a packet. A host's steady rate of prefixes
+/// it has not seen recently is far below 5,000 a second, and the burst
+/// absorbs a flash crowd; during a spoofed flood, new legitimate prefixes
+/// compete with the flood for the budget while prefixes that already have
+/// a bucket are not affected. `new_source_rate = 0` turns it off.
+pub const DEFAULT_NEW_SOURCES: (u64, u64) = (5_000, 10_000);
+
 /// A complete policy. [`Policy::default`] is the built-in one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
@@ -126,7 +137,8 @@ pub struct Policy {
     pub overrides: Vec<Override>,
     /// Shared budget of new prefixes: (rate per second, burst); `None` =
     /// unlimited. Packets of prefixes without a bucket beyond it are
-    /// dropped as `new_source_limited`, without creating a bucket.
+    /// dropped as `new_source_limited`, without creating a bucket. On by
+    /// default ([`DEFAULT_NEW_SOURCES`]).
     pub new_sources: Option<(u64, u64)>,
     /// Off when `None`.
     pub aggregate: Option<Aggregate>,
@@ -140,12 +152,13 @@ impl Default for Policy {
     /// 1,000 packets/s with a burst of 2,000 per IPv4 /24 and IPv6 /56,
     /// enforced, 262,144 tracked prefixes: generous for any one
     /// well-behaved network in front of a TLS edge, far below a flood.
+    /// New prefixes: 5,000 a second, burst 10,000, shared.
     fn default() -> Self {
         Self {
             default: Limit { rate: 1_000, burst: 2_000, cost: CostUnit::Packets, mode: Mode::Enforce },
             classes: Vec::new(),
             overrides: Vec::new(),
-            new_sources: None,
+            new_sources: Some(DEFAULT_NEW_SOURCES),
             aggregate: None,
             v4_prefix: 24,
             v6_prefix: 56,
