@@ -95,8 +95,8 @@ fn try_limiter(ctx: &XdpContext, fam: &mut u32, now: impl FnOnce() -> u64) -> Re
         None => resolve(&key, slot),
     };
     let reason = match res {
-        resolution::ALLOW => admit_listed(bucket, &key, now, version, res, Reason::Allowed),
-        resolution::DENY => admit_listed(bucket, &key, now, version, res, Reason::Denied),
+        resolution::ALLOW => admit_listed(bucket, cfg, &key, now, version, res, Reason::Allowed),
+        resolution::DENY => admit_listed(bucket, cfg, &key, now, version, res, Reason::Denied),
         _ => {
             let limits = match limits_for(cfg, class, slot, res) {
                 Some(l) => l,
@@ -195,20 +195,23 @@ fn limits_for(cfg: &Config, class: usize, slot: u32, res: u32) -> Option<&ClassL
 }
 
 /// `allow` / `deny`: no charge. An allowed prefix gets a bucket only to
-/// cache the trie lookup. A denied one never does: a spoofed flood across a
-/// denied range would otherwise fill the LRU with buckets that hold no
-/// state and evict the buckets of real senders (which would then come back
-/// with a fresh allowance); it pays one trie lookup per packet instead.
+/// cache the trie lookup, and only while the new-source budget admits it
+/// (the packet passes either way). A denied one never does. Otherwise a
+/// spoofed flood across a listed range would fill the LRU with buckets
+/// that hold no state and evict the buckets of real senders (which would
+/// then come back with a fresh allowance); without a bucket a packet pays
+/// one trie lookup instead.
 #[inline(always)]
 fn admit_listed(
     bucket: Option<*mut BucketState>,
+    cfg: &Config,
     key: &BucketKey,
     now: u64,
     version: u32,
     res: u32,
     reason: Reason,
 ) -> Reason {
-    if bucket.is_none() && res == resolution::ALLOW {
+    if bucket.is_none() && res == resolution::ALLOW && new_source_admitted(cfg, now) {
         let resolved = (u64::from(version) << 32) | u64::from(res);
         let _ = BUCKETS.insert(key, BucketState { tat: gcra::fresh_tat(now), resolved }, BPF_NOEXIST);
     }

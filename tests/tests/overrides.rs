@@ -145,6 +145,26 @@ fn denied_ranges_create_no_buckets() {
     assert_eq!(l.tracked().unwrap(), 1);
 }
 
+/// Spoofed sources inside an allowed range all pass, but get buckets only
+/// as fast as the new-source budget allows.
+#[test]
+fn allowed_ranges_create_buckets_within_the_new_source_budget() {
+    let p = Policy {
+        default: lim(1, 1),
+        overrides: vec![ovr("198.19.0.0/16", OverrideAction::Allow)],
+        new_sources: Some((10, 5)),
+        v4_prefix: 32,
+        ..Policy::default()
+    };
+    let mut l = open(&p, 1);
+    for i in 0..200u8 {
+        assert_eq!(reasons(&mut l, &udp4([198, 19, i, 1]), 1), vec![Reason::Allowed]);
+    }
+    assert_eq!(l.tracked().unwrap(), 5, "buckets beyond the budget's burst");
+    // A source that got a bucket keeps passing through it.
+    assert_eq!(reasons(&mut l, &udp4([198, 19, 0, 1]), 3), vec![Reason::Allowed; 3]);
+}
+
 #[test]
 fn one_hundred_thousand_overrides_apply_whole() {
     // Data only: these prefixes live in trie entries, no packet is sent.
