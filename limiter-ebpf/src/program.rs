@@ -40,8 +40,8 @@ const EEXIST: i32 = 17;
 /// to `rate * jiffy` units refused at the very edge of its allowance.
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
-    // SAFETY: a BPF helper with no arguments.
     let mut fam = 0;
+    // SAFETY: a BPF helper with no arguments.
     let reason = try_limiter(&ctx, &mut fam, || unsafe { bpf_ktime_get_coarse_ns() });
     finish(&ctx, reason, fam)
 }
@@ -111,7 +111,7 @@ fn try_limiter(ctx: &XdpContext, fam: &mut u32, now: impl FnOnce() -> u64) -> Re
                 None => charge_new(&key, now, inc, limits.tau, resolved),
             };
             if r == Reason::Admitted && class == 0 && cfg.agg_unit != 0 {
-                r = charge_aggregate(&src, cfg, &key, now, units, resolved, inc);
+                r = charge_aggregate(&src, cfg, bucket, &key, now, units, resolved, inc);
             }
             if r == Reason::RateLimited && limits.mode == mode::SHADOW { Reason::ShadowDropped } else { r }
         }
@@ -286,7 +286,8 @@ fn prefix_key(src: &Source, v4_len: u32, v6_len: u32, class: u8) -> BucketKey {
 fn charge_aggregate(
     src: &Source,
     cfg: &Config,
-    fine: &BucketKey,
+    fine: Option<*mut BucketState>,
+    fine_key: &BucketKey,
     now: u64,
     units: u64,
     resolved: u64,
@@ -301,7 +302,8 @@ fn charge_aggregate(
     if r == Reason::Admitted {
         return r;
     }
-    if let Some(p) = BUCKETS.get_ptr_mut(fine) {
+    // The fine bucket is looked up again only if this packet created it.
+    if let Some(p) = fine.or_else(|| BUCKETS.get_ptr_mut(fine_key)) {
         refund(p, fine_inc);
     }
     Reason::AggregateLimited

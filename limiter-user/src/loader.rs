@@ -193,12 +193,7 @@ impl Limiter {
     pub fn attach_pinned(&mut self, iface: &str, mode: AttachMode, dir: &Path) -> Result<bool, LoadError> {
         use aya::programs::links::{FdLink, PinnedLink};
 
-        let c = std::ffi::CString::new(iface).map_err(|_| LoadError::NoInterface { iface: iface.into() })?;
-        // SAFETY: valid NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
-        if ifindex == 0 {
-            return Err(LoadError::NoInterface { iface: iface.into() });
-        }
+        let ifindex = ifindex(iface)?;
         let mut meta = self.meta()?;
         let link_path = dir.join(crate::pin::LINK);
         if meta.ifindex != 0 && meta.ifindex != ifindex && link_path.exists() {
@@ -454,41 +449,43 @@ impl Limiter {
     /// BPF_PROG_TEST_RUN of one entry point over `data`, `repeat` times.
     /// Returns the XDP action and the kernel's mean duration per run.
     pub fn test_run(&mut self, name: &'static str, data: &[u8], repeat: u32) -> Result<(u32, Duration), LoadError> {
-        self.load_program(name)?;
-        let prog = self.xdp(name)?;
-        let r = prog
-            .test_run(TestRunOptions { data_in: Some(data), repeat, ..TestRunOptions::new() })
-            .map_err(|source| LoadError::TestRun { name, source })?;
-        Ok((r.return_value, r.duration))
+        self.run_with(name, TestRunOptions { data_in: Some(data), repeat, ..TestRunOptions::new() })
     }
 
     /// BPF_PROG_TEST_RUN in live-frames mode: the entry point runs `repeat`
-    /// times over copies of `frame` as if it had arrived on `ifindex` (in
-    /// the calling thread's network namespace), and frames it returns
-    /// `XDP_TX` for are really sent out of that interface. Returns the
-    /// kernel's mean duration per run.
+    /// times over copies of `frame` as if it had arrived on `iface` (in the
+    /// calling thread's network namespace), and frames it returns `XDP_TX`
+    /// for are really sent out of that interface. Returns the kernel's mean
+    /// duration per run.
     pub fn test_run_live(
         &mut self,
         name: &'static str,
         frame: &[u8],
-        ifindex: u32,
+        iface: &str,
         repeat: u32,
     ) -> Result<Duration, LoadError> {
-        self.load_program(name)?;
         let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
         // rx_queue_index, egress_ifindex.
-        let ctx: Vec<u8> = [0, len, 0, ifindex, 0, 0].iter().flat_map(|w: &u32| w.to_ne_bytes()).collect();
-        let prog = self.xdp(name)?;
-        let r = prog
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                ctx_in: Some(&ctx),
-                repeat,
-                attrs: TestRunAttrs::new().xdp_live_frames(64),
-                ..TestRunOptions::new()
-            })
-            .map_err(|source| LoadError::TestRun { name, source })?;
-        Ok(r.duration)
+        let ctx: Vec<u8> = [0, len, 0, ifindex(iface)?, 0, 0].iter().flat_map(|w: &u32| w.to_ne_bytes()).collect();
+        let attrs = TestRunAttrs::new().xdp_live_frames(64);
+        let opts = TestRunOptions { data_in: Some(frame), ctx_in: Some(&ctx), repeat, attrs, ..TestRunOptions::new() };
+        Ok(self.run_with(name, opts)?.1)
+    }
+
+    fn run_with(&mut self, name: &'static str, opts: TestRunOptions<'_>) -> Result<(u32, Duration), LoadError> {
+        self.load_program(name)?;
+        let r = self.xdp(name)?.test_run(opts).map_err(|source| LoadError::TestRun { name, source })?;
+        Ok((r.return_value, r.duration))
+    }
+}
+
+/// Index of `iface` in the calling thread's network namespace.
+fn ifindex(iface: &str) -> Result<u32, LoadError> {
+    let c = std::ffi::CString::new(iface).map_err(|_| LoadError::NoInterface { iface: iface.into() })?;
+    // SAFETY: valid NUL-terminated name.
+    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
+        0 => Err(LoadError::NoInterface { iface: iface.into() }),
+        i => Ok(i),
     }
 }

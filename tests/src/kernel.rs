@@ -17,12 +17,18 @@ pub fn require_root() {
     assert!(euid == 0, "kernel tests load BPF programs and need root: run `cargo xtask test` as root");
 }
 
-/// A private copy of the object (its own maps) with the test-clock entry
-/// point verified and `cfg` applied.
+/// A private copy of the object (its own maps, 1,024 buckets) with the
+/// test-clock entry point verified and `cfg` applied.
 #[must_use]
 pub fn open(cfg: &Config) -> Limiter {
+    open_with_capacity(cfg, 1024)
+}
+
+/// [`open`] with room for `capacity` buckets.
+#[must_use]
+pub fn open_with_capacity(cfg: &Config, capacity: u32) -> Limiter {
     require_root();
-    let mut l = Limiter::open(1024).expect("load the XDP object");
+    let mut l = Limiter::open(capacity).expect("load the XDP object");
     l.apply_config(cfg).expect("write CONFIG");
     l.load_program(programs::LIMITER_TEST_CLOCK).expect("verify limiter_test_clock");
     l

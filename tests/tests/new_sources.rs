@@ -40,8 +40,7 @@ fn the_built_in_policy_has_a_new_source_budget() {
             p.new_sources = None;
         }
         // Room for every prefix (kernel::open's map holds 1,024).
-        let mut l = limiter::loader::Limiter::open(4 * 10_050).unwrap();
-        l.apply_config(&p.compile(1).unwrap()).unwrap();
+        let mut l = kernel::open_with_capacity(&p.compile(1).unwrap(), 4 * 10_050);
         let admitted = (0..burst + 50).filter(|i| reason(&mut l, T0, &udp4(addr(*i))) == Reason::Admitted).count();
         assert_eq!(admitted, want, "budget {budget}");
         assert_eq!(l.tracked().unwrap(), want, "budget {budget}");

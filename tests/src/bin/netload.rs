@@ -144,7 +144,7 @@ fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<
         // 198.18.0.0/15 host i + 1024: from 198.18.4.0 on.
         let host = 1024 + i;
         let src = [198, 18 + u8::try_from(host >> 16)?, u8::try_from((host >> 8) & 0xff)?, u8::try_from(host & 0xff)?];
-        let frame = udp_frame(&mac, src, dst_ip.octets(), dst.port());
+        let frame = udp_frame(&mac, src, dst_ip, dst.port());
         // SAFETY: frame and addr are valid for the lengths given.
         let rc = unsafe {
             libc::sendto(
@@ -166,19 +166,10 @@ fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<
     Ok(())
 }
 
-fn udp_frame(dst_mac: &[u8], src: [u8; 4], dst: [u8; 4], port: u16) -> Vec<u8> {
-    let mut f = dst_mac.to_vec();
-    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x09, 0x08, 0x00]);
-    let mut ip = vec![0x45, 0, 0, 28 + 4, 0, 1, 0, 0, 64, 17, 0, 0];
-    ip.extend_from_slice(&src);
-    ip.extend_from_slice(&dst);
-    let sum = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum::<u32>();
-    let sum = (sum & 0xffff) + (sum >> 16);
-    let csum = !u16::try_from((sum & 0xffff) + (sum >> 16)).unwrap_or(0xffff);
-    ip[10..12].copy_from_slice(&csum.to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&[0x30, 0x39]);
-    f.extend_from_slice(&port.to_be_bytes());
-    f.extend_from_slice(&[0, 12, 0, 0, 0xde, 0xad, 0xbe, 0xef]);
-    f
+fn udp_frame(dst_mac: &[u8], src: [u8; 4], dst: std::net::Ipv4Addr, port: u16) -> Vec<u8> {
+    use limiter_tests::packet::{ETH_P_IP, Frame, IPPROTO_UDP};
+    let mut f = Frame::eth(ETH_P_IP).ipv4(src.into(), IPPROTO_UDP, 0, 0).udp_to(port).payload(4);
+    f.bytes[..6].copy_from_slice(dst_mac);
+    f.bytes[30..34].copy_from_slice(&dst.octets());
+    f.on_the_wire()
 }

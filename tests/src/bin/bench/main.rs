@@ -167,63 +167,55 @@ fn scrape_at_one_million() {
     let fill = fill.elapsed();
 
     // Scrape from a thread that joins the daemon's network namespace.
-    let ns = std::fs::File::open(format!("/run/netns/{}", net.b.name)).unwrap();
-    let (tracked, lat, cpu_idle, cpu_scraped) = std::thread::scope(|s| {
-        s.spawn(|| {
-            use std::os::fd::AsRawFd as _;
-            // SAFETY: setns on this thread only, with an open netns fd.
-            assert_eq!(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-            let scrape = || -> (Duration, String) {
-                let t = Instant::now();
-                let mut c = std::net::TcpStream::connect("127.0.0.1:9464").unwrap();
-                c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-                let mut body = String::new();
-                c.read_to_string(&mut body).unwrap();
-                (t.elapsed(), body)
-            };
-            let tracked = |b: &str| {
-                b.lines()
-                    .find_map(|l| l.strip_prefix("limiter_tracked_prefixes "))
-                    .map_or(0, |v| v.trim().parse::<u64>().unwrap_or(0))
-            };
-            let mut n = 0;
-            for _ in 0..60 {
-                n = tracked(&scrape().1);
-                if n >= 1_000_000 {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(500));
+    let (tracked, lat, cpu_idle, cpu_scraped) = net.b.run_in(|| {
+        let scrape = || -> (Duration, String) {
+            let t = Instant::now();
+            let mut c = std::net::TcpStream::connect("127.0.0.1:9464").unwrap();
+            c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut body = String::new();
+            c.read_to_string(&mut body).unwrap();
+            (t.elapsed(), body)
+        };
+        let tracked = |b: &str| {
+            b.lines()
+                .find_map(|l| l.strip_prefix("limiter_tracked_prefixes "))
+                .map_or(0, |v| v.trim().parse::<u64>().unwrap_or(0))
+        };
+        let mut n = 0;
+        for _ in 0..60 {
+            n = tracked(&scrape().1);
+            if n >= 1_000_000 {
+                break;
             }
-            let cpu = || {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-                let f: Vec<u64> = stat
-                    .rsplit(')')
-                    .next()
-                    .unwrap()
-                    .split_whitespace()
-                    .skip(11)
-                    .take(2)
-                    .map(|x| x.parse().unwrap())
-                    .collect();
-                f[0] + f[1]
-            };
-            let hz = u32::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
-            let window = Duration::from_secs(10);
-            let (c0, t0) = (cpu(), Instant::now());
-            std::thread::sleep(window);
-            let idle = (cpu() - c0) as f64 / f64::from(hz) / t0.elapsed().as_secs_f64();
-            let (c0, t0) = (cpu(), Instant::now());
-            let mut lat = Vec::new();
-            while t0.elapsed() < window {
-                lat.push(scrape().0);
-                std::thread::sleep(Duration::from_secs(1));
-            }
-            let scraped = (cpu() - c0) as f64 / f64::from(hz) / t0.elapsed().as_secs_f64();
-            lat.sort();
-            (n, lat, idle, scraped)
-        })
-        .join()
-        .unwrap()
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let cpu = || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            let f: Vec<u64> = stat
+                .rsplit(')')
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .map(|x| x.parse().unwrap())
+                .collect();
+            f[0] + f[1]
+        };
+        let hz = u32::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+        let window = Duration::from_secs(10);
+        let (c0, t0) = (cpu(), Instant::now());
+        std::thread::sleep(window);
+        let idle = (cpu() - c0) as f64 / f64::from(hz) / t0.elapsed().as_secs_f64();
+        let (c0, t0) = (cpu(), Instant::now());
+        let mut lat = Vec::new();
+        while t0.elapsed() < window {
+            lat.push(scrape().0);
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let scraped = (cpu() - c0) as f64 / f64::from(hz) / t0.elapsed().as_secs_f64();
+        lat.sort();
+        (n, lat, idle, scraped)
     });
     drop(daemon);
     let _ = limiter::pin::unload(&pins, false);
@@ -260,8 +252,7 @@ fn working_sets() {
             new_sources,
             ..Policy::default()
         };
-        let mut l = limiter::loader::Limiter::open(capacity).unwrap();
-        l.apply_config(&p.compile(1).unwrap()).unwrap();
+        let mut l = kernel::open_with_capacity(&p.compile(1).unwrap(), capacity);
         for prog in [programs::LIMITER, programs::BASELINE_DROP] {
             l.load_program(prog).unwrap();
         }

@@ -171,8 +171,7 @@ fn one_row(filter: Filter, shape: Shape) -> Row {
 
     // The receiver: an XDP program on vb (the limiter, a bare drop, or a
     // pass to the stack where netfilter waits).
-    let mut xdp = Limiter::open(ENTRIES).expect("load the XDP object");
-    xdp.apply_config(&kernel::config(RATE, BURST, false, 24, 56)).unwrap();
+    let mut xdp = kernel::open_with_capacity(&kernel::config(RATE, BURST, false, 24, 56), ENTRIES);
     let prog = match filter {
         Filter::Drop => programs::BASELINE_DROP,
         Filter::Limiter => programs::LIMITER,
@@ -213,8 +212,7 @@ fn one_row(filter: Filter, shape: Shape) -> Row {
         Shape::One => std::net::Ipv4Addr::new(198, 18, 1, 10),
         Shape::Spread => std::net::Ipv4Addr::new(198, 19, 0, 1),
     };
-    let mut frame = Frame::eth(ETH_P_IP).ipv4(ip, IPPROTO_UDP, 0, 0).udp_to(port).payload(18).bytes;
-    finish_ipv4_udp(&mut frame);
+    let frame = Frame::eth(ETH_P_IP).ipv4(ip, IPPROTO_UDP, 0, 0).udp_to(port).payload(18).on_the_wire();
     let generator = match shape {
         Shape::One => programs::BENCH_TX,
         Shape::Spread => programs::BENCH_TX_SPREAD,
@@ -222,16 +220,15 @@ fn one_row(filter: Filter, shape: Shape) -> Row {
     let (frames, received, dropped, cpu_secs) = net.a.run_in(|| {
         pin_to_cpu0();
         let mut g = Limiter::open(1024).expect("load the generator");
-        let ifindex = if_index(A_IF);
         // Each call costs two RCU grace periods (the kernel swaps the XDP
         // dispatcher in and out), idle time that would leave the receiver
         // half idle: size one call to last about SECS from a short probe.
-        let probe = g.test_run_live(generator, &frame, ifindex, 1 << 20).expect("live-frames run");
+        let probe = g.test_run_live(generator, &frame, A_IF, 1 << 20).expect("live-frames run");
         #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "clamped to 1e6..=2e8")]
         let repeat = (SECS / probe.as_secs_f64().max(1e-9)).clamp(1e6, 2e8) as u32;
         let (d0, r0) = (dropped(filter, &net.b, &xdp), veth_stat(&net.b, B_IF, "_xdp_packets"));
         let b0 = cpu0_busy_ticks();
-        g.test_run_live(generator, &frame, ifindex, repeat).expect("live-frames run");
+        g.test_run_live(generator, &frame, A_IF, repeat).expect("live-frames run");
         let b1 = cpu0_busy_ticks();
         let (d1, r1) = (dropped(filter, &net.b, &xdp), veth_stat(&net.b, B_IF, "_xdp_packets"));
         // SAFETY: sysconf has no preconditions.
@@ -255,23 +252,6 @@ fn one_row(filter: Filter, shape: Shape) -> Row {
     }
 }
 
-/// Fill in the IPv4 total length, UDP length and header checksum, so the
-/// receiving stack (where netfilter's IP hooks sit) accepts the frame.
-fn finish_ipv4_udp(frame: &mut [u8]) {
-    let ip_len = u16::try_from(frame.len() - 14).unwrap();
-    frame[16..18].copy_from_slice(&ip_len.to_be_bytes());
-    frame[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
-    let ip = &mut frame[14..34];
-    ip[10] = 0;
-    ip[11] = 0;
-    let mut sum: u32 = ip.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    let c = !(u16::try_from(sum).unwrap());
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
-}
-
 fn pin_to_cpu0() {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; affinity of this
     // thread only.
@@ -280,14 +260,6 @@ fn pin_to_cpu0() {
         libc::CPU_SET(0, &mut set);
         assert_eq!(libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set), 0, "pin to CPU 0");
     }
-}
-
-fn if_index(name: &str) -> u32 {
-    let c = std::ffi::CString::new(name).unwrap();
-    // SAFETY: a valid NUL-terminated name.
-    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    assert!(i != 0, "no interface {name}");
-    i
 }
 
 /// Rounds per row, interleaved so drift on a noisy VM hits every row
