@@ -45,6 +45,11 @@ pub mod maps {
     pub const DROP_SAMPLER: &str = "DROP_SAMPLER";
     /// `ARRAY<u64>`, one entry: GCRA state of the shared new-source budget.
     pub const NEW_SOURCES: &str = "NEW_SOURCES";
+    /// `PERCPU_ARRAY<crate::Refusal>`, [`REFUSAL_SLOTS`] entries: each
+    /// CPU's cache of buckets that refuse until a known time.
+    pub const REFUSALS: &str = "REFUSALS";
+    /// Entries of [`REFUSALS`] per CPU (a power of two).
+    pub const REFUSAL_SLOTS: u32 = 1024;
     /// Overrides one policy may hold (both families together).
     pub const MAX_OVERRIDES: u32 = 131_072;
     /// `PERCPU_ARRAY<Counter>` indexed by
@@ -272,6 +277,40 @@ pub struct BucketState {
     pub resolved: u64,
 }
 
+/// One entry of [`maps::REFUSALS`]: the bucket of `key` refuses every
+/// packet of the same cost until `until` (1/16 ns), under policy `version`.
+///
+/// A bucket's `tat` never decreases (refused packets leave it alone, and
+/// admitted ones raise it), so a refusal seen at `tat` holds for the same
+/// charge `inc` while `now < tat + inc - tau`: at most `inc` past the
+/// refusal. The program drops such packets from this per-CPU entry without
+/// touching the shared bucket. Entries are only made where `tat` cannot go
+/// down (packet cost, aggregate tier off: see the program).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refusal {
+    pub key: BucketKey,
+    /// Low 32 bits of [`Config::version`] when the refusal was seen.
+    pub version: u32,
+    pub until: u64,
+    /// 1 if the bucket's class is in shadow mode (the reason is
+    /// [`Reason::ShadowDropped`], else [`Reason::RateLimited`]).
+    pub shadow: u32,
+    /// Always zero (explicit padding).
+    pub pad: u32,
+}
+
+impl Refusal {
+    /// The [`maps::REFUSALS`] slot of `key`: a multiplicative hash of its
+    /// fields, top bits kept.
+    #[inline(always)]
+    #[must_use]
+    pub const fn slot(key: &BucketKey) -> u32 {
+        let h = key.addr[0] ^ key.addr[1].rotate_left(16) ^ ((key.class as u32) << 8 | key.prefix_len as u32);
+        h.wrapping_mul(0x9e37_79b1) >> (32 - maps::REFUSAL_SLOTS.trailing_zeros())
+    }
+}
+
 /// A sampled drop, for the top-offenders list: which bucket, and why.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -308,6 +347,8 @@ const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 48);
 const _: () = assert!(core::mem::size_of::<Counter>() == 16);
 const _: () = assert!(core::mem::size_of::<Meta>() == 16);
+const _: () = assert!(core::mem::size_of::<Refusal>() == 32);
+const _: () = assert!(maps::REFUSAL_SLOTS.is_power_of_two());
 
 #[cfg(feature = "user")]
 mod pod {
@@ -321,4 +362,5 @@ mod pod {
     unsafe impl aya::Pod for super::ClassCounters {}
     unsafe impl aya::Pod for super::ClassLimits {}
     unsafe impl aya::Pod for super::DropEvent {}
+    unsafe impl aya::Pod for super::Refusal {}
 }

@@ -5,9 +5,9 @@ use aya_ebpf::{
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT,
+    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT, Refusal,
     STAT_FAMILIES,
-    maps::{DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES},
+    maps::{DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES, REFUSAL_SLOTS},
 };
 
 /// Written by: XDP (charging). Read by: XDP; userspace reads for status.
@@ -75,3 +75,9 @@ pub static DROP_SAMPLER: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 /// packets of prefixes without a bucket draw on. Userspace only pins it.
 #[map(name = "NEW_SOURCES")]
 pub static NEW_SOURCES: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Written and read by: XDP, per CPU: buckets seen refusing, and until
+/// when (see `limiter_common::Refusal`). A flood of one prefix is dropped
+/// from here without touching the shared bucket. Userspace never reads it.
+#[map(name = "REFUSALS")]
+pub static REFUSALS: PerCpuArray<Refusal> = PerCpuArray::with_max_entries(REFUSAL_SLOTS, 0);

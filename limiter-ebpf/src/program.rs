@@ -10,8 +10,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use limiter_common::{
-    BucketKey, BucketState, ClassLimits, Config, DropEvent, MAX_CLASSES, MAX_MATCHERS, Reason, Verdict, cost, family,
-    flags, gcra,
+    BucketKey, BucketState, ClassLimits, Config, DropEvent, MAX_CLASSES, MAX_MATCHERS, Reason, Refusal, Verdict, cost,
+    family, flags, gcra,
     maps::MAX_OVERRIDES,
     mode,
     prefix::{mask_v4, mask_v6},
@@ -22,7 +22,7 @@ use limiter_common::{
 use crate::{
     maps::{
         ACTIVE, BUCKETS, CLASS_STATS, CONFIG, DROP_EVENTS, DROP_SAMPLER, NEW_SOURCES, OVR_LIMITS, OVR4_0, OVR4_1,
-        OVR6_0, OVR6_1, STATS, TEST_CLOCK,
+        OVR6_0, OVR6_1, REFUSALS, STATS, TEST_CLOCK,
     },
     parse::{Source, parse},
 };
@@ -89,38 +89,94 @@ fn try_limiter(ctx: &XdpContext, fam: &mut u32, now: impl FnOnce() -> u64) -> Re
     let key = prefix_key(&src, cfg.v4_prefix, cfg.v6_prefix, class as u8);
     let version = cfg.version as u32;
     let now = gcra::to_fixed(now());
-    let bucket = BUCKETS.get_ptr_mut(&key);
-    let res = match bucket {
-        Some(p) => cached_resolution(p, &key, slot, version),
-        None => resolve(&key, slot),
-    };
-    let reason = match res {
-        resolution::ALLOW => admit_listed(bucket, cfg, &key, now, version, res, Reason::Allowed),
-        resolution::DENY => admit_listed(bucket, cfg, &key, now, version, res, Reason::Denied),
-        _ => {
-            let limits = match limits_for(cfg, class, slot, res) {
-                Some(l) => l,
-                None => return Reason::NoConfig,
-            };
-            let units = if limits.cost == cost::BYTES { (ctx.data_end() - ctx.data()) as u64 } else { 1 };
-            let inc = units * limits.unit;
-            let resolved = (u64::from(version) << 32) | u64::from(res);
-            let mut r = match bucket {
-                Some(p) => charge_existing(p, now, inc, limits.tau),
-                None if !new_source_admitted(cfg, now) => Reason::NewSourceLimited,
-                None => charge_new(&key, now, inc, limits.tau, resolved),
-            };
-            if r == Reason::Admitted && class == 0 && cfg.agg_unit != 0 {
-                r = charge_aggregate(&src, cfg, bucket, &key, now, units, resolved, inc);
-            }
-            if r == Reason::RateLimited && limits.mode == mode::SHADOW { Reason::ShadowDropped } else { r }
-        }
+    let refusal = REFUSALS.get_ptr_mut(Refusal::slot(&key));
+    let reason = match still_refused(refusal, &key, version, now) {
+        Some(r) => r,
+        None => match charge(ctx, cfg, &src, class, &key, slot, version, now, refusal) {
+            Some(r) => r,
+            None => return Reason::NoConfig,
+        },
     };
     count_class(ctx, class, reason);
     if reason.verdict() == Verdict::Drop {
         sample_drop(ctx, cfg, &key, reason, now);
     }
     reason
+}
+
+/// The reason a packet of `key` gets from its bucket (and the aggregate
+/// tier); `None` if the policy names limits that are not there.
+#[inline(always)]
+#[expect(clippy::too_many_arguments, reason = "one call site, inlined: the packet's whole context")]
+fn charge(
+    ctx: &XdpContext,
+    cfg: &Config,
+    src: &Source,
+    class: usize,
+    key: &BucketKey,
+    slot: u32,
+    version: u32,
+    now: u64,
+    refusal: Option<*mut Refusal>,
+) -> Option<Reason> {
+    let bucket = BUCKETS.get_ptr_mut(key);
+    let res = match bucket {
+        Some(p) => cached_resolution(p, key, slot, version),
+        None => resolve(key, slot),
+    };
+    Some(match res {
+        resolution::ALLOW => admit_listed(bucket, cfg, key, now, version, res, Reason::Allowed),
+        resolution::DENY => admit_listed(bucket, cfg, key, now, version, res, Reason::Denied),
+        _ => {
+            let limits = limits_for(cfg, class, slot, res)?;
+            let units = if limits.cost == cost::BYTES { (ctx.data_end() - ctx.data()) as u64 } else { 1 };
+            let inc = units * limits.unit;
+            let resolved = (u64::from(version) << 32) | u64::from(res);
+            let shadow = limits.mode == mode::SHADOW;
+            let mut r = match bucket {
+                // SAFETY: p points to a live map value.
+                Some(p) => match cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, inc, limits.tau)) {
+                    Cas::Refused(seen) => {
+                        // Only where tat cannot go down: a packet's cost
+                        // is fixed, and no aggregate refund lowers tat.
+                        if limits.cost != cost::BYTES && cfg.agg_unit == 0 {
+                            let until = seen.saturating_add(inc).saturating_sub(limits.tau);
+                            remember_refusal(refusal, key, version, until, shadow);
+                        }
+                        Reason::RateLimited
+                    }
+                    c => c.reason(),
+                },
+                None if !new_source_admitted(cfg, now) => Reason::NewSourceLimited,
+                None => charge_new(key, now, inc, limits.tau, resolved),
+            };
+            if r == Reason::Admitted && class == 0 && cfg.agg_unit != 0 {
+                r = charge_aggregate(src, cfg, bucket, key, now, units, resolved, inc);
+            }
+            if r == Reason::RateLimited && shadow { Reason::ShadowDropped } else { r }
+        }
+    })
+}
+
+/// The cached refusal of `key`, if this CPU saw its bucket refuse under
+/// this policy and `now` is still before the end of that refusal.
+#[inline(always)]
+fn still_refused(entry: Option<*mut Refusal>, key: &BucketKey, version: u32, now: u64) -> Option<Reason> {
+    let e = entry?;
+    // SAFETY: per-CPU slot, only this CPU's softirq touches it.
+    let e = unsafe { &*e };
+    if now >= e.until || e.version != version || e.key != *key {
+        return None;
+    }
+    Some(if e.shadow != 0 { Reason::ShadowDropped } else { Reason::RateLimited })
+}
+
+#[inline(always)]
+fn remember_refusal(entry: Option<*mut Refusal>, key: &BucketKey, version: u32, until: u64, shadow: bool) {
+    if let Some(e) = entry {
+        // SAFETY: per-CPU slot, only this CPU's softirq touches it.
+        unsafe { *e = Refusal { key: *key, version, until, shadow: u32::from(shadow), pad: 0 } };
+    }
 }
 
 /// One in `drop_sample` drops (per CPU) goes to the ring buffer for the
@@ -326,7 +382,7 @@ fn new_source_admitted(cfg: &Config, now: u64) -> bool {
         return true;
     }
     let Some(p) = NEW_SOURCES.get_ptr_mut(0) else { return true };
-    cas(p, |cur| gcra::admit(cur, now, cfg.new_unit, cfg.new_tau)) == Cas::Done
+    matches!(cas(p, |cur| gcra::admit(cur, now, cfg.new_unit, cfg.new_tau)), Cas::Done)
 }
 
 /// First packet of a prefix: create its bucket (full, then charged).
@@ -353,18 +409,14 @@ fn charge_new(key: &BucketKey, now: u64, inc: u64, tau: u64, resolved: u64) -> R
 #[inline(always)]
 fn charge_existing(p: *mut BucketState, now: u64, inc: u64, tau: u64) -> Reason {
     // SAFETY: p points to a live map value.
-    match cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, inc, tau)) {
-        Cas::Done => Reason::Admitted,
-        Cas::Refused => Reason::RateLimited,
-        Cas::Contended => Reason::Contended,
-    }
+    cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, inc, tau)).reason()
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Cas {
     Done,
-    /// `step` returned `None`: nothing was written.
-    Refused,
+    /// `step` returned `None` for the value seen: nothing was written.
+    Refused(u64),
     /// Other CPUs won `MAX_CAS_RETRIES` races in a row.
     Contended,
 }
@@ -378,7 +430,7 @@ fn cas(p: *mut u64, step: impl Fn(u64) -> Option<u64>) -> Cas {
         // single-copy atomic on the BPF ISA, which is all we need here.
         // SAFETY: callers pass a live map value.
         let cur = unsafe { read_volatile(p) };
-        let Some(new) = step(cur) else { return Cas::Refused };
+        let Some(new) = step(cur) else { return Cas::Refused(cur) };
         // SAFETY: as above; BPF_CMPXCHG on a map value is verifier-approved.
         let (_, swapped) =
             unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, cur, new) };
@@ -387,4 +439,16 @@ fn cas(p: *mut u64, step: impl Fn(u64) -> Option<u64>) -> Cas {
         }
     }
     Cas::Contended
+}
+
+impl Cas {
+    /// The reason a bucket charge gives.
+    #[inline(always)]
+    fn reason(self) -> Reason {
+        match self {
+            Cas::Done => Reason::Admitted,
+            Cas::Refused(_) => Reason::RateLimited,
+            Cas::Contended => Reason::Contended,
+        }
+    }
 }

@@ -112,8 +112,10 @@ fn byte_cost_charges_the_frame_length() {
     assert_eq!(reason_of(&mut l, T0, &big), Reason::Admitted);
     assert_eq!(reason_of(&mut l, T0, &big), Reason::Admitted);
     assert_eq!(reason_of(&mut l, T0, &small), Reason::RateLimited);
-    // 42 ms later exactly 42 bytes of credit exist.
+    // 42 ms later exactly 42 bytes of credit exist: not enough for a big
+    // frame, whose refusal must not hold back the small one.
     assert_eq!(reason_of(&mut l, T0 + 41_000_000, &small), Reason::RateLimited);
+    assert_eq!(reason_of(&mut l, T0 + 42_000_000, &big), Reason::RateLimited);
     assert_eq!(reason_of(&mut l, T0 + 42_000_000, &small), Reason::Admitted);
 }
 
