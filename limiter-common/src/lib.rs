@@ -75,6 +75,8 @@ pub mod programs {
     pub const BASELINE_DROP: &str = "baseline_drop";
     /// Bench receiver for the netfilter rows: returns `XDP_PASS`.
     pub const BENCH_PASS: &str = "bench_pass";
+    /// Bench floor: clock, shared LRU hit, compare-and-swap, one counter.
+    pub const BENCH_FLOOR: &str = "bench_floor";
     /// Bench generator (live frames): returns `XDP_TX`.
     pub const BENCH_TX: &str = "bench_tx";
     /// Bench generator (live frames): random source in 198.19.0.0/16, `XDP_TX`.

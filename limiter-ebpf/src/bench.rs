@@ -8,11 +8,53 @@
 //! program passes it. Frames persist between runs in live mode, so a
 //! rewrite here is what the next run starts from.
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_get_prandom_u32, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_coarse_ns},
+    macros::xdp,
+    programs::XdpContext,
+};
+use limiter_common::{BucketKey, family, gcra};
+
+use crate::{
+    maps::{BUCKETS, STATS},
+    program::{Cas, cas},
+};
 
 /// Bench baseline: the cheapest possible XDP program, for ratios.
 #[xdp]
 pub fn baseline_drop(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_DROP
+}
+
+/// The bucket [`bench_floor`] charges: 198.18.5.0/24, class 0, the prefix
+/// of the bench's hit-path frame (the bench creates it first).
+const FLOOR_KEY: BucketKey = BucketKey {
+    family: family::IPV4,
+    prefix_len: 24,
+    class: 0,
+    pad: 0,
+    addr: [u32::from_ne_bytes([198, 18, 5, 0]), 0],
+};
+
+/// Bench floor: what any exact bucket shared by all CPUs costs per packet
+/// whatever else a program does, with nothing else: read the coarse clock,
+/// look the bucket up in the shared LRU map, charge it with one
+/// compare-and-swap, count the packet in one per-CPU counter. No parsing,
+/// no policy, a fixed key.
+#[xdp]
+pub fn bench_floor(_ctx: XdpContext) -> u32 {
+    // SAFETY: a BPF helper with no arguments.
+    let now = gcra::to_fixed(unsafe { bpf_ktime_get_coarse_ns() });
+    let Some(p) = BUCKETS.get_ptr_mut(&FLOOR_KEY) else { return xdp_action::XDP_ABORTED };
+    // SAFETY: p points to a live map value.
+    if cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, 1, u64::MAX >> 2)) != Cas::Done {
+        return xdp_action::XDP_ABORTED;
+    }
+    if let Some(c) = STATS.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+        unsafe { (*c).packets += 1 };
+    }
     xdp_action::XDP_DROP
 }
 

@@ -413,7 +413,7 @@ fn charge_existing(p: *mut BucketState, now: u64, inc: u64, tau: u64) -> Reason 
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Cas {
+pub(crate) enum Cas {
     Done,
     /// `step` returned `None` for the value seen: nothing was written.
     Refused(u64),
@@ -424,7 +424,7 @@ enum Cas {
 /// Replace `*p` with `step(*p)` atomically, retrying a bounded number of
 /// times when another CPU changed it in between.
 #[inline(always)]
-fn cas(p: *mut u64, step: impl Fn(u64) -> Option<u64>) -> Cas {
+pub(crate) fn cas(p: *mut u64, step: impl Fn(u64) -> Option<u64>) -> Cas {
     for _ in 0..MAX_CAS_RETRIES {
         // An atomic load crashes the BPF backend; a volatile 8-byte load is
         // single-copy atomic on the BPF ISA, which is all we need here.
