@@ -326,6 +326,8 @@ pub struct DropEvent {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassCounters {
+    /// Passed: admitted, allowed, or let through when no bucket could be
+    /// made (reported as `action="pass"`).
     pub admitted: Counter,
     pub dropped: Counter,
     /// Would have been dropped; passed because the class is in shadow mode.

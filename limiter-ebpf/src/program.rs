@@ -305,10 +305,11 @@ fn count_class(ctx: &XdpContext, class: usize, reason: Reason) {
     let len = (ctx.data_end() - ctx.data()) as u64;
     // SAFETY: per-CPU slot, only this CPU's softirq writes it.
     let slot = unsafe {
-        match reason {
-            Reason::Admitted | Reason::Allowed => &mut (*c).admitted,
-            Reason::ShadowDropped => &mut (*c).shadow,
-            _ => &mut (*c).dropped,
+        match (reason, reason.verdict()) {
+            (Reason::ShadowDropped, _) => &mut (*c).shadow,
+            // Also a bucket that could not be inserted: it fails open.
+            (_, Verdict::Pass) => &mut (*c).admitted,
+            (_, Verdict::Drop) => &mut (*c).dropped,
         }
     };
     slot.packets += 1;
