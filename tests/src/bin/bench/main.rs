@@ -16,6 +16,8 @@ use limiter_tests::{
 
 const REPEAT: u32 = 1_000_000;
 const ROUNDS: usize = 15;
+/// Interleaved rounds of the working-set rows (262,144 calls each).
+const WS_ROUNDS: u32 = 9;
 
 /// One BPF_PROG_TEST_RUN call of `REPEAT` runs; the kernel's mean ns per run.
 fn measure(l: &mut Limiter, prog: &'static str, frame: &[u8], want: u32) -> f64 {
@@ -283,21 +285,32 @@ fn working_sets() {
     };
     // Room to spare: an LRU map evicts before it is exactly full.
     let mut l = open(2 * SET);
-    let bare = mean(&mut l, programs::BASELINE_DROP, 0..SET);
     let _warm = mean(&mut l, programs::LIMITER, 0..SET);
     let tracked = l.tracked().unwrap();
-    let hits = mean(&mut l, programs::LIMITER, 0..SET);
+    assert!(tracked >= SET as usize, "working set not resident: {tracked}");
     // Churn: a full map of SET entries, every frame a new source.
     let mut full = open(SET);
     let _fill = mean(&mut full, programs::LIMITER, 0..SET);
-    let churn = mean(&mut full, programs::LIMITER, SET..2 * SET);
     // The same churn with the new-source budget on and spent (1 new prefix
     // a second): new sources are dropped without touching the LRU.
     let mut budget = open_with(SET, Some((1, 1)));
-    let churn_budget = mean(&mut budget, programs::LIMITER, 2 * SET..3 * SET);
-    assert!(budget.tracked().unwrap() <= 2, "the spent budget still created buckets");
-    assert!(tracked >= SET as usize, "working set not resident: {tracked}");
-    println!("{:<44} {:>10} {:>12}", "one call per frame (repeat 1)", "ns/packet", "x bare drop");
+    let started = std::time::Instant::now();
+    // Interleaved rounds, as for the hit path: the per-call overhead of
+    // BPF_PROG_TEST_RUN (in every row) drifts on this VM; each row's least
+    // disturbed round is its figure. Churn rounds each use fresh sources.
+    let mut rows = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    for r in 0..WS_ROUNDS {
+        let fresh = |k: u32| (k * WS_ROUNDS + r + 1) * SET..(k * WS_ROUNDS + r + 2) * SET;
+        rows[0].push(mean(&mut l, programs::BASELINE_DROP, 0..SET));
+        rows[1].push(mean(&mut l, programs::LIMITER, 0..SET));
+        rows[2].push(mean(&mut full, programs::LIMITER, fresh(0)));
+        rows[3].push(mean(&mut budget, programs::LIMITER, fresh(1)));
+    }
+    let [bare, hits, churn, churn_budget] = rows.map(|v| v.into_iter().fold(f64::INFINITY, f64::min));
+    // 1 a second, burst 1: at most 1 + elapsed seconds of new buckets.
+    let allowed = 2 + usize::try_from(started.elapsed().as_secs()).unwrap_or(usize::MAX - 2);
+    assert!(budget.tracked().unwrap() <= allowed, "the spent budget still created buckets");
+    println!("{:<44} {:>10} {:>12}", format!("one call per frame, {WS_ROUNDS} rounds"), "ns/packet", "x bare drop");
     println!("{:<44} {:>10.1} {:>12.2}", "bare XDP_DROP", bare, 1.0);
     println!("{:<44} {:>10.1} {:>12.2}", "limiter, 262,144 prefixes, all hits", hits, hits / bare);
     println!("{:<44} {:>10.1} {:>12.2}", "limiter, churn (new source each, map full)", churn, churn / bare);
