@@ -114,6 +114,20 @@ impl VethPair {
         Self { a, b }
     }
 
+    /// Drop counters of both ends (`ip -s link`), for failure messages: a
+    /// conforming packet lost with the sender's TX `dropped` up was lost
+    /// to a full veth ring before any XDP program saw it.
+    #[must_use]
+    pub fn link_counters(&self) -> String {
+        [(&self.a, A_IF), (&self.b, B_IF)]
+            .iter()
+            .map(|(ns, dev)| {
+                let o = ns.command("ip").args(["-s", "link", "show", "dev", dev]).output();
+                o.map_or_else(|e| format!("{dev}: {e}"), |o| String::from_utf8_lossy(&o.stdout).into_owned())
+            })
+            .collect()
+    }
+
     /// Give the sender one more source address (a /32 on `va`).
     pub fn add_source(&self, addr: &str) {
         self.a.ip(&format!("addr add {addr}/32 dev {A_IF}"));

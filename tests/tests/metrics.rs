@@ -58,7 +58,7 @@ fn scraped_counters_match_the_traffic_of_a_real_flood() {
 
     let Delivered { flood_sent, flood_got, conform_sent, conform_got, .. } = traffic.finish().unwrap();
     let text = scrape(&net);
-    assert_eq!(conform_got, conform_sent);
+    assert_eq!(conform_got, conform_sent, "conforming packets lost; links:\n{}", net.link_counters());
     println!("flood sent {flood_sent} got {flood_got}; {RL4} {}; {AD4} {}", value(&text, RL4), value(&text, AD4));
 
     // Tolerance: a busy veth ring may shed up to 1% of the flood before XDP

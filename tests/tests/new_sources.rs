@@ -128,7 +128,7 @@ fn a_flood_of_100k_spoofed_sources_stays_within_the_budget() {
     let bound = burst as f64 + rate as f64 * (spoof_secs + 0.018);
     assert!(spoofed_got as f64 <= bound, "admitted {spoofed_got} spoofed > budget {bound:.0}");
     assert!(spoofed_got >= burst, "the budget's burst was not used: {spoofed_got}");
-    assert_eq!(conform_got, conform_sent, "the conforming sender lost packets");
+    assert_eq!(conform_got, conform_sent, "the conforming sender lost packets; links:\n{}", net.link_counters());
     // Refused sources create no state: tracked stays near what was admitted.
     assert!(tracked <= spoofed_got + 4 && tracked <= 65_536, "tracked {tracked}");
 }

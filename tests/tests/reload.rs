@@ -67,5 +67,5 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     // And v2 really took over: more than v1 alone would have let through.
     let v1_only = 200.0 + 1000.0 * flood_secs * 1.01 + 10.0;
     assert!(flood_got > v1_only, "flood got {flood_got}: v2 never applied?");
-    assert_eq!(conform_got, conform_sent, "conforming packets lost during reloads");
+    assert_eq!(conform_got, conform_sent, "conforming packets lost during reloads; links:\n{}", net.link_counters());
 }

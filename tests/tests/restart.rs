@@ -121,7 +121,12 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     let bound = BURST as f64 + RATE as f64 * flood_secs + RATE as f64 * 0.01 + 0.01 * RATE as f64 * flood_secs;
     assert!((flood_got as f64) <= bound, "flood got {flood_got} > {bound:.0}");
     assert!(flood_sent as f64 >= 10.0 * bound, "flood too weak: {flood_sent}");
-    assert_eq!(conform_got, conform_sent, "conforming packets lost across kill -9 and restart");
+    assert_eq!(
+        conform_got,
+        conform_sent,
+        "conforming packets lost across kill -9 and restart; links:\n{}",
+        net.link_counters()
+    );
 
     clean_restart_keeps_the_bucket_and_unload_removes_all(&net, &pins.0, daemon);
 }
