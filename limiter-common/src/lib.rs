@@ -48,6 +48,11 @@ pub mod maps {
     /// `PERCPU_ARRAY<crate::Refusal>`, [`REFUSAL_SLOTS`] entries: each
     /// CPU's cache of buckets that refuse until a known time.
     pub const REFUSALS: &str = "REFUSALS";
+    /// `HASH<crate::RuntimeKey, crate::RuntimeOverride>`, up to
+    /// [`MAX_OVERRIDES`] entries, allocated as used: the overrides set at
+    /// run time (`limiter prefix ...`), pinned so that a restarted daemon
+    /// puts them back. Written and read by userspace only.
+    pub const RUNTIME: &str = "RUNTIME";
     /// Entries of [`REFUSALS`] per CPU (a power of two).
     pub const REFUSAL_SLOTS: u32 = 1024;
     /// Overrides one policy may hold (both families together).
@@ -228,7 +233,7 @@ pub struct Config {
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 9;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -313,6 +318,43 @@ impl Refusal {
     }
 }
 
+/// Key of [`maps::RUNTIME`]: one overridden network.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeKey {
+    /// [`family::IPV4`] (address in the first 4 bytes) or [`family::IPV6`].
+    pub family: u8,
+    pub prefix_len: u8,
+    /// Always zero (explicit padding).
+    pub pad: [u8; 2],
+    pub addr: [u8; 16],
+}
+
+/// Value of [`maps::RUNTIME`]: what `limiter prefix` set for a network.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeOverride {
+    /// [`runtime_action`] code.
+    pub action: u32,
+    /// [`cost`] and [`mode`] of a `LIMIT` (zero otherwise).
+    pub cost: u32,
+    pub mode: u32,
+    /// Always zero (explicit padding).
+    pub pad: u32,
+    /// Rate and burst of a `LIMIT` (zero otherwise).
+    pub rate: u64,
+    pub burst: u64,
+}
+
+/// [`RuntimeOverride::action`] codes.
+pub mod runtime_action {
+    /// The policy file's override for this network is removed.
+    pub const UNSET: u32 = 0;
+    pub const LIMIT: u32 = 1;
+    pub const ALLOW: u32 = 2;
+    pub const DENY: u32 = 3;
+}
+
 /// A sampled drop, for the top-offenders list: which bucket, and why.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -352,6 +394,8 @@ const _: () = assert!(core::mem::size_of::<ClassCounters>() == 48);
 const _: () = assert!(core::mem::size_of::<Counter>() == 16);
 const _: () = assert!(core::mem::size_of::<Meta>() == 16);
 const _: () = assert!(core::mem::size_of::<Refusal>() == 32);
+const _: () = assert!(core::mem::size_of::<RuntimeKey>() == 20);
+const _: () = assert!(core::mem::size_of::<RuntimeOverride>() == 32);
 const _: () = assert!(maps::REFUSAL_SLOTS.is_power_of_two());
 
 #[cfg(feature = "user")]
@@ -367,4 +411,6 @@ mod pod {
     unsafe impl aya::Pod for super::ClassLimits {}
     unsafe impl aya::Pod for super::DropEvent {}
     unsafe impl aya::Pod for super::Refusal {}
+    unsafe impl aya::Pod for super::RuntimeKey {}
+    unsafe impl aya::Pod for super::RuntimeOverride {}
 }

@@ -1,12 +1,13 @@
 //! Every map of the program. Capacities of `BUCKETS` are set by the loader.
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT, Refusal,
-    STAT_FAMILIES,
+    RuntimeKey, RuntimeOverride, STAT_FAMILIES,
     maps::{DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES, REFUSAL_SLOTS},
 };
 
@@ -55,6 +56,12 @@ pub static OVR4_1: LpmTrie<u32, u32> = LpmTrie::with_max_entries(MAX_OVERRIDES, 
 pub static OVR6_0: LpmTrie<[u32; 4], u32> = LpmTrie::with_max_entries(MAX_OVERRIDES, 0);
 #[map(name = "OVR6_1")]
 pub static OVR6_1: LpmTrie<[u32; 4], u32> = LpmTrie::with_max_entries(MAX_OVERRIDES, 0);
+
+/// Written by: userspace, on every `limiter prefix` change. Read by:
+/// userspace, at start, to put runtime overrides back. The program never
+/// touches it; it is here so that it is pinned with the rest.
+#[map(name = "RUNTIME")]
+pub static RUNTIME: HashMap<RuntimeKey, RuntimeOverride> = HashMap::with_max_entries(MAX_OVERRIDES, BPF_F_NO_PREALLOC);
 
 /// Written by: userspace, with the tries. Read by: XDP, per packet of a
 /// bucket whose prefix has an override with its own rate.

@@ -39,7 +39,8 @@ pub enum Command {
     #[command(subcommand)]
     Policy(PolicyCommand),
     /// Per-prefix overrides of the running policy (each change is a new
-    /// policy version; runtime overrides stay until the daemon stops).
+    /// policy version; a daemon run with `--pin` puts them back when it
+    /// restarts, otherwise they last until it stops).
     #[command(subcommand)]
     Prefix(PrefixCommand),
     /// Live view: pass and drop rates with sparklines, and the prefixes

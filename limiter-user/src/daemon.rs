@@ -8,12 +8,12 @@ use std::{
 };
 
 use ipnet::IpNet;
-use limiter_common::Reason;
+use limiter_common::{Reason, maps};
 
 use crate::{
     control::{ClassRow, PrefixEntry, ReasonRow, ReloadInfo, Request, Response, StatsInfo, StatusInfo},
     loader::{AttachMode, Limiter},
-    policy::{Limit, Override, OverrideAction, Policy, PolicyError, file},
+    policy::{Limit, Override, OverrideAction, Policy, PolicyError, file, runtime},
     run::describe,
 };
 
@@ -257,19 +257,54 @@ impl Daemon {
             Ok(n) => n,
             Err(e) => return Response::Error { message: format!("{cidr:?} is not a CIDR: {e}") },
         };
-        if action.is_none() && !self.runtime.contains_key(&net) && !self.base.overrides.iter().any(|o| o.net == net) {
+        let in_file = self.base.overrides.iter().any(|o| o.net == net);
+        if action.is_none() && !self.runtime.contains_key(&net) && !in_file {
             return Response::Error { message: format!("{net} has no override") };
         }
-        let previous = self.runtime.insert(net, action);
+        // Unsetting a runtime-only override forgets it; unsetting the
+        // file's is an entry of its own (the file's override is removed).
+        let entry = if action.is_none() && !in_file { None } else { Some(action) };
+        let previous = self.runtime.get(&net).copied();
+        // Recorded in the pinned RUNTIME map first, so a daemon that dies
+        // right after the apply still puts it back when it restarts.
+        if let Err(e) = self.record(net, entry) {
+            return self.finish_apply(Err(e.into()));
+        }
         let (base, source) = (self.base.clone(), self.source.clone());
         let result = self.apply(base, source);
-        if result.is_err() {
-            match previous {
-                Some(p) => self.runtime.insert(net, p),
-                None => self.runtime.remove(&net),
-            };
+        if result.is_err()
+            && let Err(e) = self.record(net, previous)
+        {
+            tracing::info!("limiter: warning: runtime override of {net} not restored in {}: {e}", maps::RUNTIME);
         }
         self.finish_apply(result)
+    }
+
+    /// Set (`Some`) or forget (`None`) the runtime entry of `net`, in the
+    /// pinned `RUNTIME` map and then in memory.
+    #[expect(clippy::option_option, reason = "an entry of `runtime`, whose values are optional themselves")]
+    fn record(&mut self, net: IpNet, entry: Option<Option<OverrideAction>>) -> Result<(), crate::loader::LoadError> {
+        let value = entry.map(|a| runtime::value(a.as_ref()));
+        self.limiter.set_runtime_override(&runtime::key(&net), value.as_ref())?;
+        match entry {
+            Some(a) => self.runtime.insert(net, a),
+            None => self.runtime.remove(&net),
+        };
+        Ok(())
+    }
+
+    /// Put back the overrides a previous daemon set at run time (kept in
+    /// the pinned `RUNTIME` map). Returns how many; entries this build
+    /// cannot read are skipped with a warning.
+    pub fn restore_runtime_overrides(&mut self) -> Result<usize, crate::loader::LoadError> {
+        for (k, v) in self.limiter.runtime_overrides()? {
+            if let Some((net, action)) = runtime::decode(&k, &v) {
+                self.runtime.insert(net, action);
+            } else {
+                tracing::info!("limiter: warning: skipped an unreadable entry of {}: {k:?}", maps::RUNTIME);
+            }
+        }
+        Ok(self.runtime.len())
     }
 
     fn prefixes(&self) -> Vec<PrefixEntry> {

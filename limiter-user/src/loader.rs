@@ -15,7 +15,7 @@ use aya::{
 };
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, META_MAGIC, Meta, Reason,
-    SCHEMA_VERSION, STAT_FAMILIES, maps, maps::MAX_OVERRIDES, programs, stat_index,
+    RuntimeKey, RuntimeOverride, SCHEMA_VERSION, STAT_FAMILIES, maps, maps::MAX_OVERRIDES, programs, stat_index,
 };
 
 use crate::policy::CompiledOverrides;
@@ -433,6 +433,27 @@ impl Limiter {
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(map_err(maps::BUCKETS)(e)),
         }
+    }
+
+    /// Every entry of the `RUNTIME` map (overrides set at run time).
+    pub fn runtime_overrides(&self) -> Result<Vec<(RuntimeKey, RuntimeOverride)>, LoadError> {
+        let m: HashMap<&MapData, RuntimeKey, RuntimeOverride> =
+            HashMap::try_from(self.map(maps::RUNTIME)?).map_err(map_err(maps::RUNTIME))?;
+        m.iter().map(|r| r.map_err(map_err(maps::RUNTIME))).collect()
+    }
+
+    /// Record (`Some`) or forget (`None`) one runtime override.
+    pub fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError> {
+        let mut m: HashMap<&mut MapData, RuntimeKey, RuntimeOverride> =
+            HashMap::try_from(self.map_mut(maps::RUNTIME)?).map_err(map_err(maps::RUNTIME))?;
+        match value {
+            Some(v) => m.insert(key, v, 0),
+            None => match m.remove(key) {
+                Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                r => r,
+            },
+        }
+        .map_err(map_err(maps::RUNTIME))
     }
 
     /// Forget every tracked prefix.

@@ -1,7 +1,8 @@
 //! Pinning under bpffs, so the data plane outlives the daemon (invariant 5).
 //!
 //! Layout of a pin directory (default [`DEFAULT_PIN_DIR`]):
-//! `BUCKETS`, `CONFIG`, `STATS`, `META` (maps), `prog` (the program) and
+//! `BUCKETS`, `CONFIG`, `STATS`, `META`, `RUNTIME` (the overrides set at
+//! run time) and the other maps of [`PINNED_MAPS`], `prog` (the program) and
 //! `link` (the XDP link). A restarted daemon checks `META` and every map's
 //! type and sizes before re-adopting anything, so an incompatible pin is
 //! refused with a clear message instead of being silently reused.
@@ -14,13 +15,14 @@ use std::{
 
 use aya::maps::{Array, Map, MapData, MapType};
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, META_MAGIC, Meta, SCHEMA_VERSION, maps,
+    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, META_MAGIC, Meta, RuntimeKey, RuntimeOverride,
+    SCHEMA_VERSION, maps,
 };
 
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// Maps pinned with the program, with their expected type and sizes.
-pub const PINNED_MAPS: [(&str, MapType, usize, usize); 12] = [
+pub const PINNED_MAPS: [(&str, MapType, usize, usize); 13] = [
     (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>()),
     (maps::CONFIG, MapType::Array, 4, size_of::<Config>()),
     (maps::ACTIVE, MapType::Array, 4, 4),
@@ -33,6 +35,7 @@ pub const PINNED_MAPS: [(&str, MapType, usize, usize); 12] = [
     (maps::CLASS_STATS, MapType::PerCpuArray, 4, size_of::<ClassCounters>()),
     (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>()),
     (maps::META, MapType::Array, 4, size_of::<Meta>()),
+    (maps::RUNTIME, MapType::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>()),
 ];
 /// File names of the pinned link and program inside the pin directory.
 pub const LINK: &str = "link";

@@ -90,7 +90,7 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     d.drop_events = d.limiter.take_drop_events();
     d.ebpf_log = d.limiter.take_logger();
     // Policy first, then attach: the program never runs without one.
-    let summary = d.apply(policy, source_name(args))?;
+    let summary = first_apply(&mut d, args, policy)?;
     let (link, replaced) = if args.pin {
         (None, d.limiter.attach_pinned(&args.iface, args.mode, &args.pin_dir)?)
     } else {
@@ -144,6 +144,26 @@ pub async fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     };
     let _ = std::fs::remove_file(socket);
     stop(args, &mut d, link, why)
+}
+
+/// Apply the first policy: the file's (or the built-in one), with the
+/// overrides a previous daemon set at run time put back over it (they are
+/// part of the policy the pinned data plane enforces).
+fn first_apply(d: &mut Daemon, args: &RunArgs, policy: Policy) -> anyhow::Result<String> {
+    let restored = d.restore_runtime_overrides()?;
+    if restored > 0 {
+        tracing::info!(
+            "limiter: {restored} runtime override(s) put back from {} (`limiter prefix list` shows them)",
+            args.pin_dir.join(limiter_common::maps::RUNTIME).display()
+        );
+    }
+    match d.apply(policy, source_name(args)) {
+        Ok(s) => Ok(s),
+        Err(e) if restored > 0 => anyhow::bail!(
+            "{e} (the policy with {restored} runtime override(s) put back from the pins; the pinned program keeps enforcing the last policy)"
+        ),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The lines printed once the program is attached.

@@ -3,6 +3,7 @@
 //! no policy file exists. `file` reads the TOML form.
 
 pub mod file;
+pub mod runtime;
 
 use limiter_common::{
     ClassLimits, Config, MAX_CLASSES, MAX_MATCHERS, MAX_V6_BUCKET_PREFIX, Matcher, cost, flags, mode,

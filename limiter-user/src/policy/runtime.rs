@@ -1,0 +1,112 @@
+//! Overrides set at run time (`limiter prefix ...`) as entries of the
+//! pinned `RUNTIME` map, so that a restarted daemon puts them back: an
+//! operator's `deny` must outlive an upgrade or a crash of the daemon just
+//! as the data plane does (invariant 5).
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use limiter_common::{RuntimeKey, RuntimeOverride, cost, family, mode, runtime_action};
+
+use super::{CostUnit, Limit, Mode, OverrideAction};
+
+/// The map key of `net`.
+#[must_use]
+pub fn key(net: &IpNet) -> RuntimeKey {
+    let mut addr = [0; 16];
+    let fam = match net.addr() {
+        IpAddr::V4(a) => {
+            addr[..4].copy_from_slice(&a.octets());
+            family::IPV4
+        }
+        IpAddr::V6(a) => {
+            addr = a.octets();
+            family::IPV6
+        }
+    };
+    RuntimeKey { family: fam, prefix_len: net.prefix_len(), pad: [0; 2], addr }
+}
+
+/// The map value of a runtime override (`None`: the file's is removed).
+#[must_use]
+pub fn value(action: Option<&OverrideAction>) -> RuntimeOverride {
+    let code = |action| RuntimeOverride { action, ..RuntimeOverride::default() };
+    match action {
+        None => code(runtime_action::UNSET),
+        Some(OverrideAction::Allow) => code(runtime_action::ALLOW),
+        Some(OverrideAction::Deny) => code(runtime_action::DENY),
+        Some(OverrideAction::Limit(l)) => RuntimeOverride {
+            action: runtime_action::LIMIT,
+            cost: match l.cost {
+                CostUnit::Packets => cost::PACKETS,
+                CostUnit::Bytes => cost::BYTES,
+            },
+            mode: match l.mode {
+                Mode::Enforce => mode::ENFORCE,
+                Mode::Shadow => mode::SHADOW,
+            },
+            pad: 0,
+            rate: l.rate,
+            burst: l.burst,
+        },
+    }
+}
+
+/// A map entry back as a network and its override; `None` for an entry
+/// this build does not understand (it is skipped, and said so).
+#[must_use]
+pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>)> {
+    let addr = match k.family {
+        family::IPV4 => IpAddr::from([k.addr[0], k.addr[1], k.addr[2], k.addr[3]]),
+        family::IPV6 => IpAddr::from(k.addr),
+        _ => return None,
+    };
+    let net = IpNet::new(addr, k.prefix_len).ok()?;
+    let action = match v.action {
+        runtime_action::UNSET => None,
+        runtime_action::ALLOW => Some(OverrideAction::Allow),
+        runtime_action::DENY => Some(OverrideAction::Deny),
+        runtime_action::LIMIT => Some(OverrideAction::Limit(Limit {
+            rate: v.rate,
+            burst: v.burst,
+            cost: if v.cost == cost::BYTES { CostUnit::Bytes } else { CostUnit::Packets },
+            mode: if v.mode == mode::SHADOW { Mode::Shadow } else { Mode::Enforce },
+        })),
+        _ => return None,
+    };
+    Some((net, action))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_of_override_round_trips() {
+        let limit = |cost, mode| OverrideAction::Limit(Limit { rate: 7, burst: 1 << 40, cost, mode });
+        let cases: [(&str, Option<OverrideAction>); 6] = [
+            ("198.18.1.0/24", Some(OverrideAction::Deny)),
+            ("2001:2::/48", Some(OverrideAction::Allow)),
+            ("198.18.0.0/15", None),
+            ("0.0.0.0/0", Some(limit(CostUnit::Packets, Mode::Enforce))),
+            ("2001:2:0:1::/64", Some(limit(CostUnit::Bytes, Mode::Shadow))),
+            ("198.19.255.255/32", Some(limit(CostUnit::Bytes, Mode::Enforce))),
+        ];
+        for (cidr, action) in cases {
+            let net: IpNet = cidr.parse().unwrap();
+            let back = decode(&key(&net), &value(action.as_ref()));
+            assert_eq!(back, Some((net, action)), "{cidr}");
+        }
+    }
+
+    #[test]
+    fn entries_of_another_build_are_skipped() {
+        let net: IpNet = "198.18.1.0/24".parse().unwrap();
+        let bad_action = RuntimeOverride { action: 99, ..value(None) };
+        assert_eq!(decode(&key(&net), &bad_action), None);
+        let bad_family = RuntimeKey { family: 9, ..key(&net) };
+        assert_eq!(decode(&bad_family, &value(None)), None);
+        let bad_len = RuntimeKey { prefix_len: 33, ..key(&net) };
+        assert_eq!(decode(&bad_len, &value(None)), None);
+    }
+}
