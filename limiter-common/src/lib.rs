@@ -80,6 +80,8 @@ pub mod programs {
     pub const BASELINE_DROP: &str = "baseline_drop";
     /// Bench receiver for the netfilter rows: returns `XDP_PASS`.
     pub const BENCH_PASS: &str = "bench_pass";
+    /// Bench receiver: read the IPv4 source address, then `XDP_DROP`.
+    pub const BENCH_TOUCH_DROP: &str = "bench_touch_drop";
     /// Bench floor: clock, shared LRU hit, compare-and-swap, one counter.
     pub const BENCH_FLOOR: &str = "bench_floor";
     /// Bench generator (live frames): returns `XDP_TX`.
