@@ -117,6 +117,7 @@ fn verifier() {
         programs::LIMITER,
         programs::LIMITER_TEST_CLOCK,
         programs::BENCH_FLOOR,
+        programs::BENCH_TOUCH_DROP,
         programs::BENCH_TX_SPREAD,
     ] {
         l.load_program(p).unwrap();
