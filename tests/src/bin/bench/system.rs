@@ -117,8 +117,15 @@ struct Row {
     conform_lost: u64,
 }
 
+/// The cells every table starts with: receiver, sent, received, dropped.
+fn head(r: &Row) -> String {
+    let m = |n: u64| n as f64 / 1e6;
+    format!("{:<38} {:>7.2}M {:>7.2}M {:>7.2}M", r.filter.label(), m(r.frames), m(r.received), m(r.dropped))
+}
+
+/// Conforming packets lost of those sent ("-" where the receiver drops all).
 fn conform(r: &Row) -> String {
-    format!("{}/{}", r.conform_lost, r.conform_sent)
+    if r.filter.drops_all() { "-".into() } else { format!("{}/{}", r.conform_lost, r.conform_sent) }
 }
 
 /// Busy ticks of CPU 0 (the generator) and CPU 1 (the receiver).
@@ -379,19 +386,8 @@ fn print_own_cpu(title: &str, rows: &[Row]) {
         "receiver", "sent", "received", "dropped", "recv-s", "drops/CPUs", "x best", "gen-s", "conform"
     );
     for r in rows {
-        let conform = if r.filter.drops_all() { "-".into() } else { conform(r) };
-        println!(
-            "{:<38} {:>7.2}M {:>7.2}M {:>7.2}M {:>7.2} {:>9.2}M {:>6.2} {:>7.2} {:>8}",
-            r.filter.label(),
-            r.frames as f64 / 1e6,
-            r.received as f64 / 1e6,
-            r.dropped as f64 / 1e6,
-            r.cpu_secs,
-            rate(r) / 1e6,
-            rate(r) / best,
-            r.gen_secs,
-            conform,
-        );
+        let (c, g) = (r.cpu_secs, r.gen_secs);
+        println!("{} {c:>7.2} {:>9.2}M {:>6.2} {g:>7.2} {:>8}", head(r), rate(r) / 1e6, rate(r) / best, conform(r));
     }
     let lim = rows.iter().find(|r| r.filter == Filter::Limiter).unwrap();
     let touch = rows.iter().find(|r| r.filter == Filter::TouchDrop).unwrap();
@@ -427,20 +423,8 @@ fn print_same_cpu(title: &str, rows: &[Row]) {
         let bare = r.filter.drops_all();
         let own_rate = if bare { "-".into() } else { format!("{:.2}M", rate_own(r) / 1e6) };
         let own_x = if bare { "-".into() } else { format!("{:.2}", rate_own(r) / best_own) };
-        let conform = if r.filter.drops_all() { "-".into() } else { conform(r) };
-        println!(
-            "{:<38} {:>7.2}M {:>7.2}M {:>7.2}M {:>6.2} {:>9.2}M {:>6.2} {:>10} {:>6} {:>8}",
-            r.filter.label(),
-            r.frames as f64 / 1e6,
-            r.received as f64 / 1e6,
-            r.dropped as f64 / 1e6,
-            r.cpu_secs,
-            rate(r) / 1e6,
-            rate(r) / best,
-            own_rate,
-            own_x,
-            conform,
-        );
+        let (c, x) = (r.cpu_secs, rate(r) / best);
+        println!("{} {c:>6.2} {:>9.2}M {x:>6.2} {own_rate:>10} {own_x:>6} {:>8}", head(r), rate(r) / 1e6, conform(r));
     }
     let lim = rows.iter().find(|r| r.filter == Filter::Limiter).unwrap();
     println!(
