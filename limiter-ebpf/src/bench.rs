@@ -18,7 +18,7 @@ use limiter_common::{BucketKey, family, gcra};
 
 use crate::{
     maps::{BUCKETS, STATS},
-    program::{Cas, cas},
+    program::{Cas, charge_existing},
 };
 
 /// Bench baseline: the cheapest possible XDP program, for ratios.
@@ -47,8 +47,7 @@ pub fn bench_floor(_ctx: XdpContext) -> u32 {
     // SAFETY: a BPF helper with no arguments.
     let now = gcra::to_fixed(unsafe { bpf_ktime_get_coarse_ns() });
     let Some(p) = BUCKETS.get_ptr_mut(&FLOOR_KEY) else { return xdp_action::XDP_ABORTED };
-    // SAFETY: p points to a live map value.
-    if cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, 1, u64::MAX >> 2)) != Cas::Done {
+    if charge_existing(p, now, 1, u64::MAX >> 2) != Cas::Done {
         return xdp_action::XDP_ABORTED;
     }
     if let Some(c) = STATS.get_ptr_mut(0) {

@@ -89,7 +89,9 @@ fn try_limiter(ctx: &XdpContext, fam: &mut u32, now: impl FnOnce() -> u64) -> Re
     let key = prefix_key(&src, cfg.v4_prefix, cfg.v6_prefix, class as u8);
     let version = cfg.version as u32;
     let now = gcra::to_fixed(now());
-    let refusal = REFUSALS.get_ptr_mut(Refusal::slot(&key));
+    // The cache is kept only while no aggregate refund can lower a tat
+    // (see `limiter_common::Refusal`); otherwise it is not even probed.
+    let refusal = if cfg.agg_unit == 0 { REFUSALS.get_ptr_mut(Refusal::slot(&key)) } else { None };
     let reason = match still_refused(refusal, &key, version, now) {
         Some(r) => r,
         None => match charge(ctx, cfg, &src, class, &key, slot, version, now, refusal) {
@@ -134,19 +136,18 @@ fn charge(
             let resolved = (u64::from(version) << 32) | u64::from(res);
             let shadow = limits.mode == mode::SHADOW;
             let mut r = match bucket {
-                // SAFETY: p points to a live map value.
-                Some(p) => match cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, inc, limits.tau)) {
-                    Cas::Refused(seen) => {
-                        // Only where tat cannot go down: a packet's cost
-                        // is fixed, and no aggregate refund lowers tat.
-                        if limits.cost != cost::BYTES && cfg.agg_unit == 0 {
-                            let until = seen.saturating_add(inc).saturating_sub(limits.tau);
-                            remember_refusal(refusal, key, version, until, shadow);
-                        }
-                        Reason::RateLimited
+                Some(p) => {
+                    let c = charge_existing(p, now, inc, limits.tau);
+                    // A smaller packet may fit where this one did not:
+                    // only packet-cost refusals hold for the next packet.
+                    if let Cas::Refused(seen) = c
+                        && limits.cost != cost::BYTES
+                    {
+                        let until = seen.saturating_add(inc).saturating_sub(limits.tau);
+                        remember_refusal(refusal, key, version, until, shadow);
                     }
-                    c => c.reason(),
-                },
+                    c.reason()
+                }
                 None if !new_source_admitted(cfg, now) => Reason::NewSourceLimited,
                 None => charge_new(key, now, inc, limits.tau, resolved),
             };
@@ -353,7 +354,7 @@ fn charge_aggregate(
     let agg = prefix_key(src, cfg.agg_v4_prefix, cfg.agg_v6_prefix, 0);
     let inc = units * cfg.agg_unit;
     let r = match BUCKETS.get_ptr_mut(&agg) {
-        Some(p) => charge_existing(p, now, inc, cfg.agg_tau),
+        Some(p) => charge_existing(p, now, inc, cfg.agg_tau).reason(),
         None => charge_new(&agg, now, inc, cfg.agg_tau, resolved),
     };
     if r == Reason::Admitted {
@@ -398,7 +399,7 @@ fn charge_new(key: &BucketKey, now: u64, inc: u64, tau: u64, resolved: u64) -> R
         Ok(()) => reason,
         // Another CPU created it between our lookup and insert: charge that one.
         Err(e) if e == -EEXIST => match BUCKETS.get_ptr_mut(key) {
-            Some(p) => charge_existing(p, now, inc, tau),
+            Some(p) => charge_existing(p, now, inc, tau).reason(),
             None => Reason::BucketInsertFailed,
         },
         Err(_) => Reason::BucketInsertFailed,
@@ -408,9 +409,9 @@ fn charge_new(key: &BucketKey, now: u64, inc: u64, tau: u64, resolved: u64) -> R
 /// One GCRA step applied with compare-and-swap, retried a bounded number of
 /// times. CAS makes the update exact across CPUs: no race overshoot.
 #[inline(always)]
-fn charge_existing(p: *mut BucketState, now: u64, inc: u64, tau: u64) -> Reason {
+pub(crate) fn charge_existing(p: *mut BucketState, now: u64, inc: u64, tau: u64) -> Cas {
     // SAFETY: p points to a live map value.
-    cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, inc, tau)).reason()
+    cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, inc, tau))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -425,7 +426,7 @@ pub(crate) enum Cas {
 /// Replace `*p` with `step(*p)` atomically, retrying a bounded number of
 /// times when another CPU changed it in between.
 #[inline(always)]
-pub(crate) fn cas(p: *mut u64, step: impl Fn(u64) -> Option<u64>) -> Cas {
+fn cas(p: *mut u64, step: impl Fn(u64) -> Option<u64>) -> Cas {
     for _ in 0..MAX_CAS_RETRIES {
         // An atomic load crashes the BPF backend; a volatile 8-byte load is
         // single-copy atomic on the BPF ISA, which is all we need here.

@@ -456,17 +456,6 @@ impl Limiter {
         .map_err(map_err(maps::RUNTIME))
     }
 
-    /// Forget every tracked prefix.
-    pub fn clear_buckets(&mut self) -> Result<(), LoadError> {
-        let mut m: HashMap<&mut MapData, BucketKey, BucketState> =
-            HashMap::try_from(self.map_mut(maps::BUCKETS)?).map_err(map_err(maps::BUCKETS))?;
-        let keys: Vec<BucketKey> = m.keys().filter_map(Result::ok).collect();
-        for k in keys {
-            m.remove(&k).map_err(map_err(maps::BUCKETS))?;
-        }
-        Ok(())
-    }
-
     /// BPF_PROG_TEST_RUN of one entry point over `data`, `repeat` times.
     /// Returns the XDP action and the kernel's mean duration per run.
     pub fn test_run(&mut self, name: &'static str, data: &[u8], repeat: u32) -> Result<(u32, Duration), LoadError> {

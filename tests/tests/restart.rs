@@ -23,6 +23,23 @@ const BURST: u64 = 2000;
 /// Removes the test's pins even when the test fails.
 struct Pins(PathBuf);
 
+impl Pins {
+    /// A pin directory of this test process's own.
+    fn new(tag: &str) -> Self {
+        Self(PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}-{}", std::process::id())))
+    }
+}
+
+/// A veth pair whose sender has the flood and the conforming source, and
+/// a pin directory, both named after `tag`.
+fn flood_setup(tag: &str) -> (VethPair, Pins) {
+    require_root();
+    let net = VethPair::new(tag);
+    net.add_source(FLOOD_SRC);
+    net.add_source(CONFORM_SRC);
+    (net, Pins::new(tag))
+}
+
 impl Drop for Pins {
     fn drop(&mut self) {
         let _ = limiter::pin::unload(&self.0, false);
@@ -83,11 +100,7 @@ fn clean_restart_keeps_the_bucket_and_unload_removes_all(net: &VethPair, pins: &
 
 #[test]
 fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
-    require_root();
-    let net = VethPair::new("rs");
-    net.add_source(FLOOD_SRC);
-    net.add_source(CONFORM_SRC);
-    let pins = Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-{}", std::process::id())));
+    let (net, pins) = flood_setup("rs");
     let netload = env!("CARGO_BIN_EXE_netload");
     let secs = 6.0;
 
@@ -135,7 +148,7 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
 fn incompatible_pins_are_refused_not_reused() {
     require_root();
     let net = VethPair::new("ic");
-    let pins = Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-ic-{}", std::process::id())));
+    let pins = Pins::new("ic");
     let (mut daemon, _rx, _) = start_daemon(&net, &pins.0);
     daemon.0.kill().unwrap();
     daemon.0.wait().unwrap();
@@ -173,7 +186,7 @@ fn incompatible_pins_are_refused_not_reused() {
 fn unload_keep_maps_detaches_but_a_later_run_re_adopts_the_maps() {
     require_root();
     let net = VethPair::new("km");
-    let pins = Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-km-{}", std::process::id())));
+    let pins = Pins::new("km");
     let (daemon, _rx, log) = start_daemon(&net, &pins.0);
     assert!(log.contains("new maps"), "{log}");
     drop(daemon);
@@ -211,11 +224,7 @@ fn cli(net: &VethPair, args: &[&str]) -> serde_json::Value {
 /// which would lift an operator's `deny` in the middle of an attack.
 #[test]
 fn runtime_overrides_survive_kill_9_and_restart() {
-    require_root();
-    let net = VethPair::new("ro");
-    net.add_source(FLOOD_SRC);
-    net.add_source(CONFORM_SRC);
-    let pins = Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-ro-{}", std::process::id())));
+    let (net, pins) = flood_setup("ro");
     let (mut daemon, _rx, _) = start_daemon(&net, &pins.0);
     cli(&net, &["prefix", "deny", "198.18.1.0/24"]);
     cli(&net, &["prefix", "set", "198.18.2.0/24", "--rate", "5000", "--burst", "5000"]);

@@ -31,6 +31,21 @@ impl CostUnit {
             Self::Bytes => "bytes",
         }
     }
+
+    /// The data plane's [`cost`] code.
+    #[must_use]
+    pub fn code(self) -> u32 {
+        match self {
+            Self::Packets => cost::PACKETS,
+            Self::Bytes => cost::BYTES,
+        }
+    }
+
+    /// Back from [`CostUnit::code`]; `None` for a code this build lacks.
+    #[must_use]
+    pub fn from_code(code: u32) -> Option<Self> {
+        [Self::Packets, Self::Bytes].into_iter().find(|c| c.code() == code)
+    }
 }
 
 /// Whether a class drops what exceeds its allowance or only counts it.
@@ -48,6 +63,21 @@ impl Mode {
             Self::Enforce => "enforce",
             Self::Shadow => "shadow",
         }
+    }
+
+    /// The data plane's [`mode`] code.
+    #[must_use]
+    pub fn code(self) -> u32 {
+        match self {
+            Self::Enforce => mode::ENFORCE,
+            Self::Shadow => mode::SHADOW,
+        }
+    }
+
+    /// Back from [`Mode::code`]; `None` for a code this build lacks.
+    #[must_use]
+    pub fn from_code(code: u32) -> Option<Self> {
+        [Self::Enforce, Self::Shadow].into_iter().find(|m| m.code() == code)
     }
 }
 
@@ -202,15 +232,7 @@ impl Limit {
                 format!("{burst} is below {min_burst}, the least a bucket of {unit} must hold"),
             ));
         }
-        let cost = match cost {
-            CostUnit::Packets => cost::PACKETS,
-            CostUnit::Bytes => cost::BYTES,
-        };
-        let mode = match mode {
-            Mode::Enforce => mode::ENFORCE,
-            Mode::Shadow => mode::SHADOW,
-        };
-        ClassLimits::new(rate, burst, cost, mode)
+        ClassLimits::new(rate, burst, cost.code(), mode.code())
             .ok_or_else(|| bad(format!("{at}burst"), format!("{burst} is too large for rate {rate}")))
     }
 }

@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use limiter_common::{RuntimeKey, RuntimeOverride, cost, family, mode, runtime_action};
+use limiter_common::{RuntimeKey, RuntimeOverride, family, runtime_action};
 
 use super::{CostUnit, Limit, Mode, OverrideAction};
 
@@ -37,14 +37,8 @@ pub fn value(action: Option<&OverrideAction>) -> RuntimeOverride {
         Some(OverrideAction::Deny) => code(runtime_action::DENY),
         Some(OverrideAction::Limit(l)) => RuntimeOverride {
             action: runtime_action::LIMIT,
-            cost: match l.cost {
-                CostUnit::Packets => cost::PACKETS,
-                CostUnit::Bytes => cost::BYTES,
-            },
-            mode: match l.mode {
-                Mode::Enforce => mode::ENFORCE,
-                Mode::Shadow => mode::SHADOW,
-            },
+            cost: l.cost.code(),
+            mode: l.mode.code(),
             pad: 0,
             rate: l.rate,
             burst: l.burst,
@@ -69,8 +63,8 @@ pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<Over
         runtime_action::LIMIT => Some(OverrideAction::Limit(Limit {
             rate: v.rate,
             burst: v.burst,
-            cost: if v.cost == cost::BYTES { CostUnit::Bytes } else { CostUnit::Packets },
-            mode: if v.mode == mode::SHADOW { Mode::Shadow } else { Mode::Enforce },
+            cost: CostUnit::from_code(v.cost)?,
+            mode: Mode::from_code(v.mode)?,
         })),
         _ => return None,
     };
