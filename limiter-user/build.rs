@@ -1,10 +1,16 @@
 //! Builds the XDP object (limiter-ebpf) for `bpfel-unknown-none` so that a
-//! plain `cargo build` yields a working `limiter` binary.
+//! plain `cargo build` yields a working `limiter` binary; with the
+//! `testing` feature also the bench object (limiter-ebpf's `bench`
+//! feature: the production programs plus the bench's own).
 //!
-//! Route (see ../shared/docs/toolchain.md): Debian's `rustc-web` ships a
-//! precompiled `core` for the BPF targets, so no nightly and no build-std:
-//! the nested cargo runs with `RUSTC=/usr/bin/rustc` and links with
-//! `bpf-linker`. Override the compiler with `LIMITER_BPF_RUSTC`.
+//! Route: Debian's `rustc-web` ships a precompiled `core` for the BPF
+//! targets, so no nightly and no build-std: the nested cargo runs with
+//! `RUSTC=/usr/bin/rustc` and links with `bpf-linker` (see README,
+//! "Building on other distributions"). Override the compiler with
+//! `LIMITER_BPF_RUSTC`. `LIMITER_BUILD_SKIP=1` skips the eBPF build and
+//! embeds empty objects (for `cargo check`, docs and IDEs on machines
+//! without the toolchain; such a binary cannot load anything). The eBPF
+//! compiler's warnings are passed on as `cargo:warning` lines.
 
 use std::{
     env,
@@ -13,6 +19,8 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+
+const OBJECTS: [(&str, &[&str]); 2] = [("limiter.bpf.o", &[]), ("limiter-bench.bpf.o", &["--features", "bench"])];
 
 fn main() -> anyhow::Result<()> {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
@@ -24,24 +32,46 @@ fn main() -> anyhow::Result<()> {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=LIMITER_BPF_RUSTC");
+    println!("cargo:rerun-if-env-changed=LIMITER_BUILD_SKIP");
+    let bench = env::var_os("CARGO_FEATURE_TESTING").is_some();
+    let wanted = if bench { &OBJECTS[..] } else { &OBJECTS[..1] };
 
+    if env::var("LIMITER_BUILD_SKIP").is_ok_and(|v| v == "1" || v == "true") {
+        println!("cargo:warning=LIMITER_BUILD_SKIP: the XDP object is empty; this binary cannot load it");
+        for (name, _) in wanted {
+            std::fs::write(out_dir.join(name), []).with_context(|| format!("writing {name}"))?;
+        }
+        return Ok(());
+    }
     let rustc = env::var("LIMITER_BPF_RUSTC").unwrap_or_else(|_| "/usr/bin/rustc".into());
     if !Path::new(&rustc).exists() {
         bail!("{rustc} not found: the eBPF object needs Debian's rustc-web; run `cargo xtask setup`");
     }
     // A target dir of its own: the outer cargo holds the lock on ours.
     let target_dir = root.join("target").join("bpf");
+    for (name, features) in wanted {
+        build_object(root, &rustc, &target_dir, features)?;
+        let obj = target_dir.join("bpfel-unknown-none/release/limiter-ebpf");
+        std::fs::copy(&obj, out_dir.join(name)).with_context(|| format!("copying {}", obj.display()))?;
+    }
+    Ok(())
+}
+
+/// `cargo build` of limiter-ebpf for the BPF target with `features`.
+fn build_object(root: &Path, rustc: &str, target_dir: &Path, features: &[&str]) -> anyhow::Result<()> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root.join("limiter-ebpf"))
         .args(["build", "--release", "--locked", "--target", "bpfel-unknown-none", "-p", "limiter-ebpf"])
+        .args(features)
         .args(["--config", "target.bpfel-unknown-none.linker=\"bpf-linker\""])
         .arg("--target-dir")
-        .arg(&target_dir)
-        .env("RUSTC", &rustc)
-        // Only these two crates may use unstable features.
+        .arg(target_dir)
+        .env("RUSTC", rustc)
+        // Only these crates may use unstable features.
         .env("RUSTC_BOOTSTRAP", "aya_ebpf,aya_log_ebpf,limiter_ebpf")
-        .env("CARGO_ENCODED_RUSTFLAGS", "-Cdebuginfo=2\x1f-Clink-arg=--btf");
+        .env("CARGO_ENCODED_RUSTFLAGS", "-Cdebuginfo=2\x1f-Clink-arg=--btf")
+        .env("CARGO_TERM_COLOR", "never");
     for (k, _) in env::vars() {
         // Outer-build settings that must not leak into the BPF build.
         if k.starts_with("CARGO_FEATURE_")
@@ -60,11 +90,30 @@ fn main() -> anyhow::Result<()> {
             cmd.env_remove(&k);
         }
     }
-    let status = cmd.status().context("running cargo for limiter-ebpf")?;
-    if !status.success() {
-        bail!("building limiter-ebpf failed (is bpf-linker installed? `cargo xtask setup`)");
+    let out = cmd.output().context("running cargo for limiter-ebpf")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    relay_warnings(&stderr);
+    if !out.status.success() {
+        eprintln!("{stderr}");
+        bail!("building limiter-ebpf {features:?} failed (is bpf-linker installed? `cargo xtask setup`)");
     }
-    let obj = target_dir.join("bpfel-unknown-none/release/limiter-ebpf");
-    std::fs::copy(&obj, out_dir.join("limiter.bpf.o")).with_context(|| format!("copying {}", obj.display()))?;
     Ok(())
+}
+
+/// Each compiler warning as one `cargo:warning` line: the message and
+/// where it points.
+fn relay_warnings(stderr: &str) {
+    let mut lines = stderr.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(msg) = line.strip_prefix("warning: ") else { continue };
+        // Cargo's own tally ("`limiter-ebpf` (bin ...) generated 2 warnings").
+        if msg.contains("generated ") && msg.contains(" warning") {
+            continue;
+        }
+        let at = lines.peek().and_then(|l| l.trim_start().strip_prefix("--> ")).map(str::to_owned);
+        match at {
+            Some(at) => println!("cargo:warning=limiter-ebpf: {msg} ({at})"),
+            None => println!("cargo:warning=limiter-ebpf: {msg}"),
+        }
+    }
 }

@@ -11,10 +11,30 @@
 #![expect(clippy::inline_always, reason = "hot-path helpers shared with the XDP program")]
 
 pub mod gcra;
+pub mod packet;
 pub mod prefix;
 pub mod reason;
+pub mod rules;
 
-pub use reason::{REASON_COUNT, Reason, Verdict};
+pub use reason::{Action, REASON_COUNT, Reason, Verdict};
+
+/// `a == b`, usable in constants: the XDP program asserts at compile time
+/// that each map's symbol is spelled as in [`maps`].
+#[must_use]
+pub const fn same_name(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
 
 /// Map names, one spelling for both sides.
 pub mod maps {
@@ -68,6 +88,11 @@ pub mod maps {
     pub const META: &str = "META";
     /// Default capacity of [`BUCKETS`] (tracked prefixes).
     pub const DEFAULT_BUCKET_CAPACITY: u32 = 1 << 18;
+    /// Largest capacity of [`BUCKETS`] a policy may ask for: 16 Mi
+    /// prefixes, about 1.6 GB of kernel memory at 96 B each. The kernel
+    /// refuses far larger LRU maps only when the daemon starts; the
+    /// policy check refuses them up front.
+    pub const MAX_BUCKET_CAPACITY: u32 = 1 << 24;
 }
 
 /// Program (entry point) names in the object.
@@ -88,6 +113,9 @@ pub mod programs {
     pub const BENCH_TX: &str = "bench_tx";
     /// Bench generator (live frames): random source in 198.19.0.0/16, `XDP_TX`.
     pub const BENCH_TX_SPREAD: &str = "bench_tx_spread";
+    /// Entry points of the production object; the others are in the bench
+    /// object only (limiter-ebpf's `bench` feature).
+    pub const PRODUCTION: [&str; 2] = [LIMITER, LIMITER_TEST_CLOCK];
 }
 
 /// Address-family dimension of `STATS`: 0 = not IP (or unknown), 1 =
@@ -231,6 +259,10 @@ pub struct Config {
     pub matchers: [Matcher; MAX_MATCHERS],
 }
 
+/// Default of [`Config::drop_sample`]: one drop in 64 per CPU is sampled
+/// for the top-offenders list.
+pub const DROP_SAMPLE: u32 = 64;
+
 /// "LIMT": marks a [`Meta`] written by this project.
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
@@ -310,6 +342,18 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// The reason a packet of `key` gets from this cached refusal, if the
+    /// entry is `key`'s, was seen under policy `version` and still holds
+    /// at `now`.
+    #[inline(always)]
+    #[must_use]
+    pub fn holds(&self, key: &BucketKey, version: u32, now: u64) -> Option<Reason> {
+        if now >= self.until || self.version != version || self.key != *key {
+            return None;
+        }
+        Some(if self.shadow != 0 { Reason::ShadowDropped } else { Reason::RateLimited })
+    }
+
     /// The [`maps::REFUSALS`] slot of `key`: a multiplicative hash of its
     /// fields, top bits kept.
     #[inline(always)]
@@ -378,12 +422,60 @@ pub struct ClassCounters {
     pub shadow: Counter,
 }
 
+impl ClassCounters {
+    /// What was counted under `action`.
+    #[must_use]
+    pub const fn get(&self, action: Action) -> Counter {
+        match action {
+            Action::Pass => self.admitted,
+            Action::Drop => self.dropped,
+            Action::ShadowDrop => self.shadow,
+        }
+    }
+
+    /// The slot of `action`.
+    #[inline(always)]
+    pub fn slot(&mut self, action: Action) -> &mut Counter {
+        match action {
+            Action::Pass => &mut self.admitted,
+            Action::Drop => &mut self.dropped,
+            Action::ShadowDrop => &mut self.shadow,
+        }
+    }
+}
+
+impl core::ops::AddAssign for ClassCounters {
+    fn add_assign(&mut self, o: Self) {
+        self.admitted += o.admitted;
+        self.dropped += o.dropped;
+        self.shadow += o.shadow;
+    }
+}
+
 /// One slot of [`maps::STATS`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counter {
     pub packets: u64,
     pub bytes: u64,
+}
+
+impl Counter {
+    /// `self - earlier` (counters only grow; saturates at zero).
+    #[must_use]
+    pub const fn since(self, earlier: Counter) -> Counter {
+        Counter {
+            packets: self.packets.saturating_sub(earlier.packets),
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+        }
+    }
+}
+
+impl core::ops::AddAssign for Counter {
+    fn add_assign(&mut self, o: Self) {
+        self.packets += o.packets;
+        self.bytes += o.bytes;
+    }
 }
 
 const _: () = assert!(core::mem::size_of::<ClassLimits>() == 24);

@@ -8,6 +8,43 @@ pub enum Verdict {
     Drop,
 }
 
+impl Verdict {
+    /// `pass` or `drop`.
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Drop => "drop",
+        }
+    }
+}
+
+/// What a reason means to an operator: passed, dropped, or passed although
+/// it would have been dropped (shadow mode). The one place this category
+/// is decided: per-class counters in the kernel, metrics labels, the status
+/// line and `limiter stats` all read it from [`Reason::action`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Pass,
+    Drop,
+    ShadowDrop,
+}
+
+impl Action {
+    /// All actions, in label order.
+    pub const ALL: [Action; 3] = [Action::Pass, Action::Drop, Action::ShadowDrop];
+
+    /// `pass`, `drop` or `shadow_drop` (the metrics label).
+    #[must_use]
+    pub const fn label(self) -> &'static str {
+        match self {
+            Action::Pass => "pass",
+            Action::Drop => "drop",
+            Action::ShadowDrop => "shadow_drop",
+        }
+    }
+}
+
 macro_rules! reasons {
     ($( $(#[doc = $doc:literal])* $name:ident = $val:literal => $verdict:ident, $label:literal; )*) => {
         /// Index into `STATS`. The discriminants are the ABI.
@@ -88,6 +125,17 @@ reasons! {
 pub const REASON_COUNT: usize = 21;
 
 impl Reason {
+    /// The action category of this reason (see [`Action`]).
+    #[inline(always)]
+    #[must_use]
+    pub const fn action(self) -> Action {
+        match (self, self.verdict()) {
+            (Reason::ShadowDropped, _) => Action::ShadowDrop,
+            (_, Verdict::Pass) => Action::Pass,
+            (_, Verdict::Drop) => Action::Drop,
+        }
+    }
+
     /// The reason stored at `index`, if any.
     #[must_use]
     pub const fn from_index(index: u32) -> Option<Reason> {
@@ -113,6 +161,19 @@ mod tests {
             assert_eq!(Reason::from_index(u32::try_from(i).unwrap()), Some(*r));
         }
         assert_eq!(Reason::from_index(u32::try_from(REASON_COUNT).unwrap()), None);
+    }
+
+    #[test]
+    fn only_shadow_dropped_passes_as_a_would_be_drop() {
+        for r in Reason::ALL {
+            let expected = match r.verdict() {
+                _ if r == Reason::ShadowDropped => Action::ShadowDrop,
+                Verdict::Pass => Action::Pass,
+                Verdict::Drop => Action::Drop,
+            };
+            assert_eq!(r.action(), expected, "{r:?}");
+        }
+        assert_eq!(Reason::ShadowDropped.verdict(), Verdict::Pass);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Programs for `cargo xtask bench` only; the daemon never loads them.
+//! Programs for `cargo xtask bench` only, built into the bench object (the
+//! `bench` feature); the production object never holds them.
 //!
 //! The system flood (bench b) uses BPF_PROG_TEST_RUN in live-frames mode
 //! as a NIC-like packet generator: the generator program runs once per
@@ -17,8 +18,8 @@ use aya_ebpf::{
 use limiter_common::{BucketKey, family, gcra};
 
 use crate::{
+    charge::{Cas, charge_existing},
     maps::{BUCKETS, STATS},
-    program::{Cas, charge_existing},
 };
 
 /// Bench baseline: the cheapest possible XDP program, for ratios.
@@ -46,7 +47,7 @@ const FLOOR_KEY: BucketKey = BucketKey {
 pub fn bench_floor(_ctx: XdpContext) -> u32 {
     // SAFETY: a BPF helper with no arguments.
     let now = gcra::to_fixed(unsafe { bpf_ktime_get_coarse_ns() });
-    let Some(p) = BUCKETS.get_ptr_mut(&FLOOR_KEY) else { return xdp_action::XDP_ABORTED };
+    let Some(p) = BUCKETS.get_ptr_mut(FLOOR_KEY) else { return xdp_action::XDP_ABORTED };
     if charge_existing(p, now, 1, u64::MAX >> 2) != Cas::Done {
         return xdp_action::XDP_ABORTED;
     }

@@ -1,15 +1,26 @@
 //! The XDP flood guard: charge each IP packet to its source prefix's token
-//! bucket and drop what exceeds it. See `limiter-common` for the arithmetic.
+//! bucket and drop what exceeds it. The parser, rule classes, prefix
+//! masking and GCRA arithmetic are pure code in `limiter-common`; this
+//! crate is the glue over the maps: `charge` (buckets, overrides, budgets),
+//! `count` (counters, the refusal cache, drop sampling). See
+//! `docs/design.md` for the invariants cited in comments.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
 #![cfg_attr(target_arch = "bpf", expect(internal_features, reason = "atomic_cxchg is the only RMW atomic on bpf"))]
+// Every helper is inlined into the entry points: a BPF-to-BPF call would
+// lose the verifier's knowledge of packet bounds and cost a call each.
+#![cfg_attr(target_arch = "bpf", expect(clippy::inline_always, reason = "hot-path helpers of the XDP program"))]
+// `#[xdp]` entry points take their context by value.
+#![cfg_attr(target_arch = "bpf", expect(clippy::needless_pass_by_value, reason = "the #[xdp] signature"))]
 
-#[cfg(target_arch = "bpf")]
+#[cfg(all(target_arch = "bpf", feature = "bench"))]
 mod bench;
 #[cfg(target_arch = "bpf")]
-mod maps;
+mod charge;
 #[cfg(target_arch = "bpf")]
-mod parse;
+mod count;
+#[cfg(target_arch = "bpf")]
+mod maps;
 #[cfg(target_arch = "bpf")]
 mod program;
 

@@ -1,12 +1,12 @@
-//! The `limiter` command line.
+//! The `limiter` command line: clap types only. `cmd` carries them out.
+
+use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use std::path::{Path, PathBuf};
-
 use crate::{
-    loader::AttachMode,
-    policy::{self, CostUnit, Mode, Policy, PolicyError},
+    dataplane::{AttachMode, pin::DEFAULT_PIN_DIR},
+    policy::CostUnit,
 };
 
 /// XDP edge flood guard: per-source-prefix token buckets enforced at the driver.
@@ -134,7 +134,7 @@ pub struct UnloadArgs {
     #[arg(long)]
     pub keep_maps: bool,
     /// Directory on bpffs holding the pins.
-    #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR)]
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
     pub pin_dir: std::path::PathBuf,
 }
 
@@ -198,7 +198,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub pin: bool,
     /// Directory on bpffs for the pins.
-    #[arg(long, value_name = "DIR", default_value = crate::pin::DEFAULT_PIN_DIR, requires = "pin")]
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR, requires = "pin")]
     pub pin_dir: std::path::PathBuf,
     /// Log lines as JSON objects instead of text.
     #[arg(long)]
@@ -213,54 +213,6 @@ pub struct RunArgs {
     /// Seconds between status lines (0 = none).
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub status_interval: f64,
-}
-
-impl RunArgs {
-    /// The policy file in force: `--policy`, else the default path if a
-    /// file is there, else none (built-in policy).
-    #[must_use]
-    pub fn policy_source(&self) -> Option<PathBuf> {
-        self.policy.clone().or_else(|| Path::new(policy::DEFAULT_PATH).is_file().then(|| policy::DEFAULT_PATH.into()))
-    }
-
-    /// The policy to enforce: the file (or the built-in policy) with the
-    /// flags given applied over it.
-    pub fn load_policy(&self) -> Result<Policy, PolicyError> {
-        let base = match self.policy_source() {
-            Some(path) => policy::file::load(&path, &Policy::default())?,
-            None => Policy::default(),
-        };
-        let mut p = base;
-        let d = &mut p.default;
-        d.rate = self.rate.unwrap_or(d.rate);
-        d.burst = self.burst.unwrap_or(d.burst);
-        d.cost = self.cost.unwrap_or(d.cost);
-        p.v4_prefix = self.v4_prefix.unwrap_or(p.v4_prefix);
-        p.v6_prefix = self.v6_prefix.unwrap_or(p.v6_prefix);
-        p.capacity = self.capacity.unwrap_or(p.capacity);
-        match (self.new_source_rate, self.new_source_burst) {
-            (Some(0), _) => p.new_sources = None,
-            (Some(r), Some(b)) => p.new_sources = Some((r, b)),
-            (Some(_), None) => {
-                return Err(policy::bad("new_source_burst", "--new-source-rate above 0 needs --new-source-burst"));
-            }
-            (None, _) => {}
-        }
-        if let (Some(rate), Some(burst)) = (self.aggregate_rate, self.aggregate_burst) {
-            p.aggregate = Some(policy::Aggregate { rate, burst, v4_prefix: 16, v6_prefix: 40 });
-        }
-        if let Some(a) = p.aggregate.as_mut() {
-            a.v4_prefix = self.aggregate_v4_prefix.unwrap_or(a.v4_prefix);
-            a.v6_prefix = self.aggregate_v6_prefix.unwrap_or(a.v6_prefix);
-        }
-        if self.shadow {
-            p.default.mode = Mode::Shadow;
-            for c in &mut p.classes {
-                c.limit.mode = Mode::Shadow;
-            }
-        }
-        Ok(p)
-    }
 }
 
 /// Parse arguments; on a usage error print one line and exit with status 2.

@@ -1,18 +1,26 @@
-//! Userspace of the XDP flood guard: policy, loader, counters and the
-//! `limiter` command. The binary in `main.rs` is a thin shell over this.
+//! Userspace of the XDP flood guard, one room per responsibility; a room
+//! only uses rooms listed above it (see docs/design.md):
+//!
+//! - `policy`: the model, the file, the overlay, the one compile;
+//! - `dataplane`: loading, attaching, pinning, typed maps, counters;
+//! - `control`: the control-socket protocol, server and client;
+//! - `metrics`, `top`, `replay`: Prometheus, top offenders, offline replay;
+//! - `daemon`: the running daemon;
+//! - `cli` and `cmd`: the command line and its verbs.
+//!
+//! The binary in `main.rs` is a thin shell over `cmd`.
+
+pub mod policy;
+
+pub mod dataplane;
+
+pub mod control;
+
+pub mod metrics;
+pub mod replay;
+pub mod top;
+
+pub mod daemon;
 
 pub mod cli;
-pub mod control;
-pub mod daemon;
-pub mod loader;
-pub mod metrics;
-pub mod pin;
-pub mod policy;
-pub mod replay;
-pub mod run;
-pub mod stats;
-pub mod top;
-pub mod verbs;
-
-/// The compiled XDP object, built by `build.rs` from `limiter-ebpf`.
-pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));
+pub mod cmd;

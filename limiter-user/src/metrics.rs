@@ -8,7 +8,7 @@ use std::{convert::Infallible, net::SocketAddr};
 use http_body_util::Full;
 use hyper::{Request, Response, body::Bytes, service::service_fn};
 use hyper_util::rt::TokioIo;
-use limiter_common::{ClassCounters, Reason, STAT_FAMILIES, Verdict};
+use limiter_common::{Action, ClassCounters, Reason, STAT_FAMILIES};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _},
@@ -17,7 +17,7 @@ use prometheus_client::{
 };
 use tokio::sync::{mpsc, oneshot};
 
-use crate::stats::Totals;
+use crate::dataplane::Totals;
 
 /// Default listen address of `/metrics`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
@@ -41,14 +41,6 @@ pub struct Snapshot {
 
 const FAMILIES: [&str; STAT_FAMILIES] = ["none", "ipv4", "ipv6"];
 
-fn action(r: Reason) -> &'static str {
-    match (r, r.verdict()) {
-        (Reason::ShadowDropped, _) => "shadow_drop",
-        (_, Verdict::Pass) => "pass",
-        (_, Verdict::Drop) => "drop",
-    }
-}
-
 #[derive(Debug)]
 struct SnapshotCollector(Snapshot);
 
@@ -58,7 +50,7 @@ impl SnapshotCollector {
         for r in Reason::ALL {
             for (f, fam) in FAMILIES.iter().enumerate() {
                 let c = self.0.totals.by_family[r as usize][f];
-                let labels = [("action", action(r)), ("reason", r.label()), ("family", fam)];
+                let labels = [("action", r.action().label()), ("reason", r.label()), ("family", fam)];
                 ConstCounter::new(if bytes { c.bytes } else { c.packets }).encode(m.encode_family(&labels)?)?;
             }
         }
@@ -83,10 +75,9 @@ impl Collector for SnapshotCollector {
             MetricType::Counter,
         )?;
         for (name, c) in &s.classes {
-            for (act, n) in
-                [("pass", c.admitted.packets), ("drop", c.dropped.packets), ("shadow_drop", c.shadow.packets)]
-            {
-                ConstCounter::new(n).encode(m.encode_family(&[("class", name.as_str()), ("action", act)])?)?;
+            for a in Action::ALL {
+                let labels = [("class", name.as_str()), ("action", a.label())];
+                ConstCounter::new(c.get(a).packets).encode(m.encode_family(&labels)?)?;
             }
         }
         Self::gauge(

@@ -2,16 +2,15 @@
 //! the capture's own timestamps fed through the injected clock, and total
 //! the verdicts per source prefix. Nothing is attached to any interface.
 
-use std::{
-    collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    path::Path,
-};
+use std::{collections::BTreeMap, path::Path};
 
-use limiter_common::{Reason, programs};
+use limiter_common::{Reason, packet, rules::bucket_key};
 use serde::Serialize;
 
-use crate::{loader::Limiter, policy::Policy};
+use crate::{
+    dataplane::{DataPlane, xdp_action},
+    policy::Policy,
+};
 
 /// One frame of a capture.
 pub struct Frame {
@@ -83,56 +82,38 @@ pub struct PrefixTotals {
     pub shadow_dropped: u64,
 }
 
-/// The source prefix a frame is charged to, by the policy's prefix lengths.
+/// The source prefix a frame is charged to, by the policy's prefix
+/// lengths: the program's own parser and key, run on the host.
 fn prefix_of(data: &[u8], p: &Policy) -> String {
-    let be16 = |i: usize| data.get(i..i + 2).map(|b| u16::from_be_bytes([b[0], b[1]]));
-    let mut off = 12;
-    let mut proto = be16(off);
-    for _ in 0..2 {
-        if !matches!(proto, Some(0x8100 | 0x88a8)) {
-            break;
-        }
-        off += 4;
-        proto = be16(off);
+    let mut fam = 0;
+    match packet::parse(data, &mut fam) {
+        Ok(src) => crate::top::cidr(&bucket_key(&src, p.v4_prefix, p.v6_prefix, 0)),
+        Err(Reason::NonIp) => "non-ip".into(),
+        Err(_) => "malformed".into(),
     }
-    let l3 = off + 2;
-    let addr = match proto {
-        Some(0x0800) => data.get(l3 + 12..l3 + 16).map(|b| IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))),
-        Some(0x86dd) => {
-            data.get(l3 + 8..l3 + 24).map(|b| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(b).expect("16 bytes"))))
-        }
-        Some(_) => return "non-ip".into(),
-        None => None,
-    };
-    let Some(addr) = addr else { return "malformed".into() };
-    let len = if addr.is_ipv4() { p.v4_prefix } else { p.v6_prefix };
-    ipnet::IpNet::new(addr, u8::try_from(len).unwrap_or(0))
-        .map_or_else(|_| "malformed".into(), |n| n.trunc().to_string())
 }
 
 /// Replay `frames` through a private copy of the program under `policy`.
 pub fn replay(policy: &Policy, frames: &[Frame]) -> anyhow::Result<Vec<PrefixTotals>> {
-    const XDP_PASS: u32 = 2;
     // Timestamps start one second in: time 0 is not special, but a bucket
     // should never look created before the clock started.
     const BASE_NS: u64 = 1_000_000_000;
-    let mut l = Limiter::open(policy.capacity)?;
-    l.apply(&policy.compile(1)?, &policy.compile_overrides()?)?;
-    l.load_program(programs::LIMITER_TEST_CLOCK)?;
+    let compiled = policy.compile(1)?;
+    let mut l = DataPlane::open(policy.capacity)?;
+    l.maps.apply(&compiled)?;
     let mut out: BTreeMap<String, PrefixTotals> = BTreeMap::new();
     for f in frames {
         let prefix = prefix_of(&f.data, policy);
         let row = out.entry(prefix.clone()).or_insert_with(|| PrefixTotals { prefix, ..PrefixTotals::default() });
         row.packets += 1;
-        l.set_test_clock(BASE_NS + f.t_ns)?;
-        let shadow_before = l.totals()?.get(Reason::ShadowDropped).packets;
+        let shadow_before = l.maps.totals()?.get(Reason::ShadowDropped).packets;
         // The kernel refuses frames shorter than an Ethernet header.
-        let Ok((action, _)) = l.test_run(programs::LIMITER_TEST_CLOCK, &f.data, 1) else {
+        let Ok(action) = l.run_at(BASE_NS + f.t_ns, &f.data) else {
             row.dropped += 1;
             continue;
         };
-        if action == XDP_PASS {
-            if l.totals()?.get(Reason::ShadowDropped).packets > shadow_before {
+        if action == xdp_action::XDP_PASS {
+            if l.maps.totals()?.get(Reason::ShadowDropped).packets > shadow_before {
                 row.shadow_dropped += 1;
             }
             row.passed += 1;

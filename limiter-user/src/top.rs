@@ -18,7 +18,7 @@ pub const MAX_KEYS: usize = 1_000;
 /// Seconds of pass/drop history kept for sparklines.
 pub const HISTORY_SECS: usize = 60;
 /// One drop in this many (per CPU) is sampled.
-pub const DROP_SAMPLE: u32 = 64;
+pub const DROP_SAMPLE: u32 = limiter_common::DROP_SAMPLE;
 
 /// Aggregated drop samples and per-second totals.
 #[derive(Debug, Default)]

@@ -1,14 +1,11 @@
 //! The real XDP object, loaded for BPF_PROG_TEST_RUN.
 
+pub use limiter::dataplane::xdp_action::{XDP_DROP, XDP_PASS};
 use limiter::{
-    loader::Limiter,
-    policy::{CostUnit, Limit, Mode, Policy},
-    stats::Totals,
+    dataplane::{DataPlane, Totals},
+    policy::{Compiled, CostUnit, Limit, Mode, Policy},
 };
-use limiter_common::{BucketKey, Config, Reason, cost, family, programs};
-
-pub const XDP_DROP: u32 = 1;
-pub const XDP_PASS: u32 = 2;
+use limiter_common::{BucketKey, Reason, cost, family, programs};
 
 /// Panic with a clear message unless running as root.
 pub fn require_root() {
@@ -17,26 +14,37 @@ pub fn require_root() {
     assert!(euid == 0, "kernel tests load BPF programs and need root: run `cargo xtask test` as root");
 }
 
-/// A private copy of the object (its own maps, 1,024 buckets) with the
-/// test-clock entry point verified and `cfg` applied.
+/// A private copy of the production object (its own maps, 1,024 buckets)
+/// with the test-clock entry point verified and `c` applied.
 #[must_use]
-pub fn open(cfg: &Config) -> Limiter {
-    open_with_capacity(cfg, 1024)
+pub fn open(c: &Compiled) -> DataPlane {
+    open_with_capacity(c, 1024)
 }
 
 /// [`open`] with room for `capacity` buckets.
 #[must_use]
-pub fn open_with_capacity(cfg: &Config, capacity: u32) -> Limiter {
+pub fn open_with_capacity(c: &Compiled, capacity: u32) -> DataPlane {
     require_root();
-    let mut l = Limiter::open(capacity).expect("load the XDP object");
-    l.apply_config(cfg).expect("write CONFIG");
+    ready(DataPlane::open(capacity).expect("load the XDP object"), c)
+}
+
+/// [`open_with_capacity`] of the bench object (the production programs
+/// and the bench's own).
+#[must_use]
+pub fn open_bench(c: &Compiled, capacity: u32) -> DataPlane {
+    require_root();
+    ready(DataPlane::open_bench(capacity).expect("load the bench object"), c)
+}
+
+fn ready(mut l: DataPlane, c: &Compiled) -> DataPlane {
+    l.maps.apply(c).expect("write CONFIG");
     l.load_program(programs::LIMITER_TEST_CLOCK).expect("verify limiter_test_clock");
     l
 }
 
-/// Config from limits, validated the way the daemon validates them.
+/// A policy from limits, compiled the way the daemon compiles it.
 #[must_use]
-pub fn config(rate: u64, burst: u64, bytes: bool, v4: u32, v6: u32) -> Config {
+pub fn config(rate: u64, burst: u64, bytes: bool, v4: u32, v6: u32) -> Compiled {
     let policy = Policy {
         default: Limit {
             rate,
@@ -50,17 +58,17 @@ pub fn config(rate: u64, burst: u64, bytes: bool, v4: u32, v6: u32) -> Config {
         ..Policy::default()
     };
     let c = policy.compile(1).expect("valid test policy");
-    assert_eq!(c.classes[0].cost, if bytes { cost::BYTES } else { cost::PACKETS });
+    assert_eq!(c.config.classes[0].cost, if bytes { cost::BYTES } else { cost::PACKETS });
     c
 }
 
 /// Run one frame through the test-clock entry point at `now_ns`; return
 /// the XDP action and the counter deltas it caused.
-pub fn run_at(l: &mut Limiter, now_ns: u64, frame: &[u8]) -> (u32, Totals) {
+pub fn run_at(l: &mut DataPlane, now_ns: u64, frame: &[u8]) -> (u32, Totals) {
     l.set_test_clock(now_ns).expect("set TEST_CLOCK");
-    let before = l.totals().expect("read STATS");
+    let before = l.maps.totals().expect("read STATS");
     let (action, _) = l.test_run(programs::LIMITER_TEST_CLOCK, frame, 1).expect("BPF_PROG_TEST_RUN");
-    (action, l.totals().expect("read STATS").since(&before))
+    (action, l.maps.totals().expect("read STATS").since(&before))
 }
 
 /// Assert the deltas are exactly one packet of `len` bytes under `reason`.
@@ -76,7 +84,7 @@ pub fn assert_counted_once(delta: &Totals, reason: Reason, len: usize, what: &st
 }
 
 /// Run one frame at `now`; return the one reason its counters moved under.
-pub fn reason_at(l: &mut Limiter, now_ns: u64, frame: &[u8]) -> Reason {
+pub fn reason_at(l: &mut DataPlane, now_ns: u64, frame: &[u8]) -> Reason {
     let (_, delta) = run_at(l, now_ns, frame);
     Reason::ALL.into_iter().find(|r| delta.get(*r).packets == 1).expect("one reason counted")
 }

@@ -1,7 +1,7 @@
 //! Admission through the real compiled program with injected time
 //! (`limiter_test_clock`): prefix keys, byte cost, clock handling, and the
-//! three arrival patterns of the case study in
-//! ../shared/seeds/004_f65a778df0b02115.txt.
+//! three arrival patterns of the accuracy case study (docs/design.md,
+//! "The accuracy reference").
 
 use std::net::Ipv4Addr;
 
@@ -21,7 +21,7 @@ fn udp6(src: &str) -> Vec<u8> {
     Frame::eth(ETH_P_IPV6).ipv6(src.parse().unwrap(), IPPROTO_UDP).udp().bytes
 }
 
-fn reason_of(l: &mut limiter::loader::Limiter, now: u64, frame: &[u8]) -> Reason {
+fn reason_of(l: &mut limiter::dataplane::DataPlane, now: u64, frame: &[u8]) -> Reason {
     let (action, delta) = kernel::run_at(l, now, frame);
     let r = Reason::ALL.into_iter().find(|r| delta.get(*r).packets == 1).expect("one reason counted");
     assert_eq!(action, if r == Reason::Admitted { XDP_PASS } else { XDP_DROP }, "{r:?}");
@@ -55,7 +55,7 @@ fn sources_share_a_bucket_exactly_when_they_share_a_prefix() {
         assert_eq!(reason_of(&mut l, T0, &frame), want, "{name}");
     }
     // The map holds exactly the masked prefixes.
-    assert_eq!(l.tracked().unwrap(), 6);
+    assert_eq!(l.tracked(), 6);
     for k in [
         key4(Ipv4Addr::new(198, 18, 5, 0), 24),
         key4(Ipv4Addr::new(198, 18, 6, 0), 24),
@@ -122,7 +122,7 @@ fn byte_cost_charges_the_frame_length() {
 #[test]
 fn no_config_passes_and_is_counted() {
     kernel::require_root();
-    let mut l = limiter::loader::Limiter::open(16).unwrap();
+    let mut l = limiter::dataplane::DataPlane::open(16).unwrap();
     let f = udp4(Ipv4Addr::new(198, 18, 9, 1), 0);
     let (action, delta) = kernel::run_at(&mut l, T0, &f);
     assert_eq!(action, XDP_PASS);

@@ -17,7 +17,7 @@ fn udp4(a: [u8; 4]) -> Vec<u8> {
     Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::from(a), IPPROTO_UDP, 0, 0).udp().bytes
 }
 
-fn open() -> limiter::loader::Limiter {
+fn open() -> limiter::dataplane::DataPlane {
     let p = Policy {
         default: Limit { rate: 1, burst: 5, cost: CostUnit::Packets, mode: Mode::Enforce },
         aggregate: Some(Aggregate { rate: 1, burst: 8, v4_prefix: 16, v6_prefix: 40 }),
@@ -26,7 +26,7 @@ fn open() -> limiter::loader::Limiter {
     kernel::open(&p.compile(1).unwrap())
 }
 
-fn reasons(l: &mut limiter::loader::Limiter, a: [u8; 4], n: usize) -> Vec<Reason> {
+fn reasons(l: &mut limiter::dataplane::DataPlane, a: [u8; 4], n: usize) -> Vec<Reason> {
     (0..n).map(|_| kernel::reason_at(l, T0, &udp4(a))).collect()
 }
 

@@ -3,8 +3,8 @@
 use std::net::Ipv4Addr;
 
 use limiter::{
-    loader::Limiter,
-    policy::{Class, CostUnit, Limit, Mode, Policy},
+    dataplane::DataPlane,
+    policy::{Class, CostUnit, Limit, Mode, Policy, Protocol},
 };
 use limiter_common::Reason;
 use limiter_tests::{
@@ -24,10 +24,16 @@ fn policy(mode: Mode) -> Policy {
     Policy {
         default: lim(1, 3, mode),
         classes: vec![
-            Class { name: "https-syn".into(), protocol: 6, ports: vec![(443, 443)], syn: true, limit: lim(1, 1, mode) },
+            Class {
+                name: "https-syn".into(),
+                protocol: Protocol::Tcp,
+                ports: vec![(443, 443)],
+                syn: true,
+                limit: lim(1, 1, mode),
+            },
             Class {
                 name: "quic".into(),
-                protocol: 17,
+                protocol: Protocol::Udp,
                 ports: vec![(443, 443), (8443, 8443)],
                 syn: false,
                 limit: lim(1, 2, mode),
@@ -45,7 +51,7 @@ fn udp(dport: u16) -> Vec<u8> {
     Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 20, 1), IPPROTO_UDP, 0, 0).udp_to(dport).bytes
 }
 
-fn reason(l: &mut Limiter, f: &[u8]) -> Reason {
+fn reason(l: &mut DataPlane, f: &[u8]) -> Reason {
     kernel::reason_at(l, T0, f)
 }
 
@@ -67,11 +73,11 @@ fn each_class_has_its_own_budget_per_prefix() {
     for (what, f, want) in seq {
         assert_eq!(reason(&mut l, &f), want, "{what}");
     }
-    let c = l.class_totals().unwrap();
+    let c = l.maps.class_totals().unwrap();
     let got: Vec<(u64, u64)> = c[..3].iter().map(|x| (x.admitted.packets, x.dropped.packets)).collect();
     assert_eq!(got, vec![(3, 2), (1, 1), (2, 1)], "per-class admitted/dropped");
     // Three classes, one prefix: three buckets.
-    assert_eq!(l.tracked().unwrap(), 3);
+    assert_eq!(l.tracked(), 3);
 }
 
 #[test]
@@ -82,7 +88,7 @@ fn a_fragment_without_ports_goes_to_the_default_class() {
         assert_eq!(reason(&mut l, &frag), Reason::Admitted);
     }
     assert_eq!(reason(&mut l, &frag), Reason::RateLimited);
-    assert_eq!(l.class_totals().unwrap()[0].admitted.packets, 3);
+    assert_eq!(l.maps.class_totals().unwrap()[0].admitted.packets, 3);
 }
 
 /// A deterministic mix of classes, sources and gaps (xorshift).
@@ -128,14 +134,14 @@ fn shadow_counts_equal_the_drops_enforce_makes_on_the_same_traffic() {
         assert_eq!(e != XDP_PASS, flagged, "packet {i}");
         dropped += u64::from(flagged);
     }
-    let (et, st) = (enforce.totals().unwrap(), shadow.totals().unwrap());
+    let (et, st) = (enforce.maps.totals().unwrap(), shadow.maps.totals().unwrap());
     assert!(dropped > 100, "the traffic should exceed the limits: {dropped}");
     assert_eq!(et.get(Reason::RateLimited).packets, dropped);
     assert_eq!(st.get(Reason::ShadowDropped).packets, dropped);
     assert_eq!(st.get(Reason::RateLimited).packets, 0);
     assert_eq!(et.get(Reason::Admitted).packets, st.get(Reason::Admitted).packets);
     // And class by class.
-    let (ec, sc) = (enforce.class_totals().unwrap(), shadow.class_totals().unwrap());
+    let (ec, sc) = (enforce.maps.class_totals().unwrap(), shadow.maps.class_totals().unwrap());
     for k in 0..3 {
         assert_eq!(ec[k].dropped.packets, sc[k].shadow.packets, "class {k}");
         assert_eq!(ec[k].admitted.packets, sc[k].admitted.packets, "class {k}");

@@ -9,8 +9,8 @@ use std::{
 };
 
 use limiter::{
-    loader::Limiter,
-    policy::{Class, CostUnit, Limit, Mode, Override, OverrideAction, Policy},
+    dataplane::DataPlane,
+    policy::{Class, CostUnit, Limit, Mode, Override, OverrideAction, Policy, Protocol},
 };
 use limiter_common::Reason;
 use limiter_tests::{
@@ -40,24 +40,30 @@ fn udp6(a: &str) -> Vec<u8> {
     Frame::eth(ETH_P_IPV6).ipv6(a.parse::<Ipv6Addr>().unwrap(), IPPROTO_UDP).udp().bytes
 }
 
-fn open(p: &Policy, version: u64) -> Limiter {
+fn open(p: &Policy, version: u64) -> DataPlane {
     let mut l = kernel::open(&p.compile(version).unwrap());
-    l.apply(&p.compile(version).unwrap(), &p.compile_overrides().unwrap()).unwrap();
+    l.maps.apply(&p.compile(version).unwrap()).unwrap();
     l
 }
 
-fn reasons(l: &mut Limiter, f: &[u8], n: usize) -> Vec<Reason> {
+fn reasons(l: &mut DataPlane, f: &[u8], n: usize) -> Vec<Reason> {
     reasons_at(l, T0, f, n)
 }
 
-fn reasons_at(l: &mut Limiter, now: u64, f: &[u8], n: usize) -> Vec<Reason> {
+fn reasons_at(l: &mut DataPlane, now: u64, f: &[u8], n: usize) -> Vec<Reason> {
     (0..n).map(|_| kernel::reason_at(l, now, f)).collect()
 }
 
 fn policy() -> Policy {
     Policy {
         default: lim(1, 1),
-        classes: vec![Class { name: "syn".into(), protocol: 6, ports: vec![(443, 443)], syn: true, limit: lim(1, 2) }],
+        classes: vec![Class {
+            name: "syn".into(),
+            protocol: Protocol::Tcp,
+            ports: vec![(443, 443)],
+            syn: true,
+            limit: lim(1, 2),
+        }],
         overrides: vec![
             ovr("198.18.0.0/16", OverrideAction::Limit(lim(1, 3))),
             ovr("198.18.5.0/24", OverrideAction::Allow),
@@ -86,7 +92,7 @@ fn most_specific_override_wins() {
     for (what, f, want) in cases {
         assert_eq!(reasons(&mut l, &f, want.len()), want, "{what}");
     }
-    let c = l.class_totals().unwrap();
+    let c = l.maps.class_totals().unwrap();
     assert_eq!((c[1].admitted.packets, c[1].dropped.packets), (2, 3), "syn class: 2 admitted, 1 limited + 2 denied");
 }
 
@@ -105,14 +111,14 @@ fn a_cached_resolution_is_revalidated_when_the_version_changes() {
     assert_ne!(u32::try_from(cached & 0xffff_ffff).unwrap(), limiter_common::resolution::DENY);
     // Version 2 adds the deny: the same bucket now resolves to it.
     let p2 = policy();
-    l.apply(&p2.compile(2).unwrap(), &p2.compile_overrides().unwrap()).unwrap();
+    l.maps.apply(&p2.compile(2).unwrap()).unwrap();
     assert_eq!(reasons(&mut l, &f, 2), vec![Reason::Denied, Reason::Denied]);
     let cached = l.bucket(&key).unwrap().unwrap().resolved;
     assert_eq!(cached >> 32, 2);
     assert_eq!(u32::try_from(cached & 0xffff_ffff).unwrap(), limiter_common::resolution::DENY);
     // Version 3 drops it again, reusing the slot version 1 used; the bucket
     // kept its charge (exhausted above), so the next packet is refused.
-    l.apply(&p.compile(3).unwrap(), &p.compile_overrides().unwrap()).unwrap();
+    l.maps.apply(&p.compile(3).unwrap()).unwrap();
     assert_eq!(reasons(&mut l, &f, 1), vec![Reason::RateLimited]);
     assert_eq!(l.bucket(&key).unwrap().unwrap().resolved >> 32, 3);
 }
@@ -139,10 +145,10 @@ fn denied_ranges_create_no_buckets() {
         assert_eq!(reasons(&mut l, &udp4([198, 19, i, 1]), 1), vec![Reason::Denied]);
         assert_eq!(reasons(&mut l, &udp6(&format!("2001:2:0:3{i:02x}::1")), 1), vec![Reason::Denied]);
     }
-    assert_eq!(l.tracked().unwrap(), 0, "denied packets created buckets");
+    assert_eq!(l.tracked(), 0, "denied packets created buckets");
     // An allowed prefix still gets one, to cache its lookup.
     assert_eq!(reasons(&mut l, &udp4([198, 18, 5, 1]), 1), vec![Reason::Allowed]);
-    assert_eq!(l.tracked().unwrap(), 1);
+    assert_eq!(l.tracked(), 1);
 }
 
 /// Spoofed sources inside an allowed range all pass, but get buckets only
@@ -160,7 +166,7 @@ fn allowed_ranges_create_buckets_within_the_new_source_budget() {
     for i in 0..200u8 {
         assert_eq!(reasons(&mut l, &udp4([198, 19, i, 1]), 1), vec![Reason::Allowed]);
     }
-    assert_eq!(l.tracked().unwrap(), 5, "buckets beyond the budget's burst");
+    assert_eq!(l.tracked(), 5, "buckets beyond the budget's burst");
     // A source that got a bucket keeps passing through it.
     assert_eq!(reasons(&mut l, &udp4([198, 19, 0, 1]), 3), vec![Reason::Allowed; 3]);
 }
@@ -181,9 +187,9 @@ fn one_hundred_thousand_overrides_apply_whole() {
     let mut lim_map = kernel::open(&make(2).compile(1).unwrap());
     for (version, burst) in [(1u64, 2u64), (2, 3), (3, 4)] {
         let p = make(burst);
-        let (cfg, ovr) = (p.compile(version).unwrap(), p.compile_overrides().unwrap());
+        let compiled = p.compile(version).unwrap();
         let start = Instant::now();
-        lim_map.apply(&cfg, &ovr).unwrap();
+        lim_map.maps.apply(&compiled).unwrap();
         println!("applied {count} overrides as v{version} in {:.3} s", start.elapsed().as_secs_f64());
         // Spot checks across the range: each /24 has its own override burst.
         for i in [0, 1, 4_999, 65_535, 65_536, count - 1] {

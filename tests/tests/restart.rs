@@ -42,7 +42,7 @@ fn flood_setup(tag: &str) -> (VethPair, Pins) {
 
 impl Drop for Pins {
     fn drop(&mut self) {
-        let _ = limiter::pin::unload(&self.0, false);
+        let _ = limiter::dataplane::pin::unload(&self.0, false);
     }
 }
 

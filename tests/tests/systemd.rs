@@ -73,7 +73,7 @@ fn exec_start_runs_as_written_and_notifies_ready() {
     let mut log = String::new();
     wait_for(&rx, "control socket", Duration::from_secs(5), &mut log).unwrap();
     drop::<Guard>(daemon);
-    let _ = limiter::pin::unload(&pin_dir, false);
+    let _ = limiter::dataplane::pin::unload(&pin_dir, false);
     let _ = std::fs::remove_file(&notify_path);
     assert_eq!(&buf[..n], b"READY=1\n");
     assert!(log.contains("pinned in"), "{log}");

@@ -19,3 +19,25 @@ fn every_entry_point_verifies_within_the_budget() {
         assert!(n <= VERIFIER_BUDGET, "{p}: {n} processed instructions > budget {VERIFIER_BUDGET}");
     }
 }
+
+/// The bench's programs are built into their own object; the production
+/// object the daemon embeds holds only the limiter's entry points.
+#[test]
+fn the_production_object_holds_no_bench_program() {
+    let mut l = kernel::open(&kernel::config(1000, 2000, false, 24, 56));
+    for p in [
+        programs::BASELINE_DROP,
+        programs::BENCH_PASS,
+        programs::BENCH_FLOOR,
+        programs::BENCH_TOUCH_DROP,
+        programs::BENCH_TX,
+        programs::BENCH_TX_SPREAD,
+    ] {
+        let e = l.load_program(p).expect_err(p);
+        assert!(e.to_string().contains("missing from the object"), "{p}: {e}");
+    }
+    let mut bench = kernel::open_bench(&kernel::config(1000, 2000, false, 24, 56), 1024);
+    for p in [programs::BASELINE_DROP, programs::BENCH_FLOOR, programs::LIMITER] {
+        bench.load_program(p).unwrap();
+    }
+}

@@ -17,9 +17,18 @@ use clap::{Parser, Subcommand};
 
 /// Debian packages: rustc-web ships precompiled `core` for the BPF target
 /// (libstd-rust-web-dev-bpf) and is built on LLVM 22, which bpf-linker
-/// links against (llvm-22-dev). See ../shared/docs/toolchain.md.
-const APT_PACKAGES: &[&str] =
-    &["rustc-web", "libstd-rust-web-dev-bpf", "llvm-22-dev", "iproute2", "util-linux", "systemd", "tmux"];
+/// links against (llvm-22-dev); rust-web-clippy is the clippy of that same
+/// compiler, which lints the eBPF crate for its own target.
+const APT_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "libstd-rust-web-dev-bpf",
+    "llvm-22-dev",
+    "rust-web-clippy",
+    "iproute2",
+    "util-linux",
+    "systemd",
+    "tmux",
+];
 /// Only `bench` needs these: the netfilter peers of the system flood.
 const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -65,6 +74,7 @@ fn main() -> anyhow::Result<()> {
             if !no_lint {
                 cargo(&["fmt", "--all", "--", "--check"])?;
                 cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
+                clippy_ebpf()?;
             }
             // Integration tests run the `limiter` binary itself.
             cargo(&["build", "--bins"])?;
@@ -84,6 +94,20 @@ fn main() -> anyhow::Result<()> {
             run(bench)
         }
     }
+}
+
+/// Clippy over the eBPF crate for its own target (production and bench
+/// programs), with Debian's clippy, which matches the compiler that builds
+/// it (host clippy never sees this code: it is `cfg(target_arch = "bpf")`).
+fn clippy_ebpf() -> anyhow::Result<()> {
+    let mut c = Command::new("/usr/bin/cargo-clippy");
+    c.current_dir("limiter-ebpf")
+        .args(["clippy", "--release", "--locked", "--target", "bpfel-unknown-none", "--features", "bench"])
+        .args(["--target-dir", "../target/bpf-clippy", "--", "-D", "warnings"])
+        .env("RUSTC", "/usr/bin/rustc")
+        .env("RUSTC_BOOTSTRAP", "aya_ebpf,aya_log_ebpf,limiter_ebpf")
+        .env_remove("RUSTFLAGS");
+    run(c)
 }
 
 fn require_root() -> anyhow::Result<()> {

@@ -1,4 +1,4 @@
-//! Asking the daemon over the control socket.
+//! Asking the daemon over the control socket: one typed call per request.
 
 use std::{
     io::{self, BufRead as _, BufReader, Write as _},
@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use super::{Request, Response};
+use super::{Applied, PolicyText, PrefixList, Request, Response, StatsInfo, StatusInfo, TopInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -27,6 +27,55 @@ pub enum ClientError {
     Decode(#[from] serde_json::Error),
     #[error("{0}")]
     Refused(String),
+    #[error("the daemon answered {got} to {asked}")]
+    Unexpected { asked: &'static str, got: &'static str },
+}
+
+/// A client of the daemon at one socket path.
+#[derive(Clone, Copy, Debug)]
+pub struct Client<'a> {
+    path: &'a Path,
+}
+
+impl<'a> Client<'a> {
+    #[must_use]
+    pub fn new(path: &'a Path) -> Self {
+        Self { path }
+    }
+
+    /// Send `req` and keep the answer `pick` accepts; anything else is
+    /// [`ClientError::Unexpected`].
+    fn ask<T>(&self, asked: &'static str, req: &Request, pick: fn(Response) -> Option<T>) -> Result<T, ClientError> {
+        let r = call(self.path, req)?;
+        let got = r.kind();
+        pick(r).ok_or(ClientError::Unexpected { asked, got })
+    }
+
+    pub fn status(&self) -> Result<StatusInfo, ClientError> {
+        self.ask("status", &Request::Status, |r| if let Response::Status(s) = r { Some(s) } else { None })
+    }
+
+    pub fn stats(&self) -> Result<StatsInfo, ClientError> {
+        self.ask("stats", &Request::Stats, |r| if let Response::Stats(s) = r { Some(s) } else { None })
+    }
+
+    pub fn policy_show(&self) -> Result<PolicyText, ClientError> {
+        self.ask("policy show", &Request::PolicyShow, |r| if let Response::Policy(p) = r { Some(p) } else { None })
+    }
+
+    pub fn prefix_list(&self) -> Result<PrefixList, ClientError> {
+        self.ask("prefix list", &Request::PrefixList, |r| if let Response::Prefixes(p) = r { Some(p) } else { None })
+    }
+
+    pub fn top(&self, n: usize) -> Result<TopInfo, ClientError> {
+        self.ask("top", &Request::Top { n }, |r| if let Response::Top(t) = r { Some(t) } else { None })
+    }
+
+    /// A request that makes a new policy version (`policy apply`, `prefix
+    /// set|allow|deny|unset`).
+    pub fn change(&self, req: &Request) -> Result<Applied, ClientError> {
+        self.ask("a policy change", req, |r| if let Response::Applied(a) = r { Some(a) } else { None })
+    }
 }
 
 /// Send one request and wait for its answer. A daemon-side error becomes

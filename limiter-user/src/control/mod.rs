@@ -51,11 +51,49 @@ pub enum Request {
 pub enum Response {
     Status(StatusInfo),
     Stats(StatsInfo),
-    Policy { version: u64, source: String, text: String },
-    Prefixes { version: u64, entries: Vec<PrefixEntry> },
-    Applied { version: u64, summary: String },
+    Policy(PolicyText),
+    Prefixes(PrefixList),
+    Applied(Applied),
     Top(TopInfo),
     Error { message: String },
+}
+
+/// The policy in force, as a policy file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyText {
+    pub version: u64,
+    pub source: String,
+    pub text: String,
+}
+
+/// The overrides in force.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefixList {
+    pub version: u64,
+    pub entries: Vec<PrefixEntry>,
+}
+
+/// A policy version applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    pub version: u64,
+    pub summary: String,
+}
+
+impl Response {
+    /// The `kind` tag of this answer.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Response::Status(_) => "status",
+            Response::Stats(_) => "stats",
+            Response::Policy(_) => "policy",
+            Response::Prefixes(_) => "prefixes",
+            Response::Applied(_) => "applied",
+            Response::Top(_) => "top",
+            Response::Error { .. } => "error",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,5 +189,9 @@ mod tests {
             assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), r);
         }
         assert_eq!(serde_json::to_string(&Request::Stats).unwrap(), r#"{"cmd":"stats"}"#);
+        // Struct variants are flattened into the tagged object.
+        let a = Response::Applied(Applied { version: 3, summary: "s".into() });
+        assert_eq!(serde_json::to_string(&a).unwrap(), r#"{"kind":"applied","version":3,"summary":"s"}"#);
+        assert_eq!(serde_json::from_str::<Response>(&serde_json::to_string(&a).unwrap()).unwrap(), a);
     }
 }

@@ -1,5 +1,7 @@
 //! The policy file (TOML). Unknown fields are refused, and every error
-//! names the file, the line and the field.
+//! names the file, the line and the field. Reading only builds the model;
+//! [`Policy::compile`] validates it, and [`Origin::locate`] puts the file
+//! and line on what compile finds. Locating is one pass over the text.
 //!
 //! ```toml
 //! mode = "enforce"        # or "shadow": default mode of every class
@@ -20,23 +22,75 @@
 //! mode = "shadow"         # optional, per class
 //! ```
 
+mod locate;
+mod render;
+
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, de};
 use toml::Spanned;
 
-use super::{Class, CostUnit, Limit, Mode, Override, OverrideAction, Policy, PolicyError, bad};
+use super::{
+    Aggregate, Class, Compiled, CostUnit, DEFAULT_AGGREGATE_PREFIXES, Limit, Mode, Override, OverrideAction, Policy,
+    PolicyError, Protocol, bad,
+};
+
+/// Largest policy file read: 131,072 overrides take about 8 MB.
+pub const MAX_FILE_BYTES: u64 = 32 << 20;
+
+/// A policy as read, with where it came from.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub policy: Policy,
+    pub origin: Origin,
+}
+
+/// Where a policy came from: errors that [`Policy::compile`] finds later
+/// are located in it.
+#[derive(Clone, Debug)]
+pub enum Origin {
+    BuiltIn,
+    /// A file (or text named like one), kept until the policy is applied.
+    File {
+        name: String,
+        text: String,
+    },
+}
+
+impl Origin {
+    /// The file's name, or `built-in policy`.
+    #[must_use]
+    pub fn name(&self) -> String {
+        match self {
+            Origin::BuiltIn => "built-in policy".into(),
+            Origin::File { name, .. } => name.clone(),
+        }
+    }
+}
+
+impl Loaded {
+    /// The built-in policy.
+    #[must_use]
+    pub fn built_in() -> Self {
+        Self { policy: Policy::default(), origin: Origin::BuiltIn }
+    }
+
+    /// Validate offline (`limiter policy check`): compile, errors located.
+    pub fn check(&self) -> Result<Compiled, PolicyError> {
+        self.policy.compile(0).map_err(|e| self.origin.locate(e, &self.policy))
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Root {
-    mode: Option<Spanned<String>>,
-    rate: Option<Spanned<u64>>,
-    burst: Option<Spanned<u64>>,
-    cost: Option<Spanned<String>>,
-    v4_prefix: Option<Spanned<u32>>,
-    v6_prefix: Option<Spanned<u32>>,
-    capacity: Option<Spanned<u32>>,
+    mode: Option<Spanned<Mode>>,
+    rate: Option<u64>,
+    burst: Option<u64>,
+    cost: Option<CostUnit>,
+    v4_prefix: Option<u32>,
+    v6_prefix: Option<u32>,
+    capacity: Option<u32>,
     new_source_rate: Option<Spanned<u64>>,
     new_source_burst: Option<Spanned<u64>>,
     aggregate_rate: Option<Spanned<u64>>,
@@ -44,7 +98,7 @@ struct Root {
     aggregate_v4_prefix: Option<Spanned<u32>>,
     aggregate_v6_prefix: Option<Spanned<u32>>,
     #[serde(default, rename = "class")]
-    classes: Vec<Spanned<ClassSpec>>,
+    classes: Vec<ClassSpec>,
     #[serde(default, rename = "override")]
     overrides: Vec<Spanned<OverrideSpec>>,
 }
@@ -53,65 +107,120 @@ struct Root {
 #[serde(deny_unknown_fields)]
 struct OverrideSpec {
     cidr: Spanned<String>,
-    action: Option<Spanned<String>>,
-    rate: Option<Spanned<u64>>,
-    burst: Option<Spanned<u64>>,
-    mode: Option<Spanned<String>>,
+    action: Option<ListAction>,
+    rate: Option<u64>,
+    burst: Option<u64>,
+    mode: Option<Mode>,
+}
+
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ListAction {
+    Allow,
+    Deny,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ClassSpec {
-    name: Spanned<String>,
-    protocol: Option<Spanned<String>>,
-    ports: Option<Spanned<Vec<PortSpec>>>,
-    syn: Option<Spanned<bool>>,
-    rate: Spanned<u64>,
-    burst: Spanned<u64>,
-    cost: Option<Spanned<String>>,
-    mode: Option<Spanned<String>>,
+    name: String,
+    #[serde(default)]
+    protocol: Protocol,
+    #[serde(default)]
+    ports: Vec<PortSpec>,
+    #[serde(default)]
+    syn: bool,
+    rate: u64,
+    burst: u64,
+    cost: Option<CostUnit>,
+    mode: Option<Mode>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum PortSpec {
-    Port(u16),
-    Range(String),
+/// A port (`443`) or an inclusive range (`"8000-8080"`), checked as read.
+struct PortSpec(u16, u16);
+
+impl<'de> Deserialize<'de> for PortSpec {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = PortSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a port 1..=65535 or a \"low-high\" range")
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<PortSpec, E> {
+                let p = u16::try_from(n).ok().filter(|p| *p > 0).ok_or_else(|| E::custom(not_a_port(&n)))?;
+                Ok(PortSpec(p, p))
+            }
+            fn visit_str<E: de::Error>(self, r: &str) -> Result<PortSpec, E> {
+                let (a, b) =
+                    r.split_once('-').ok_or_else(|| E::custom(format!("{r:?} is not a \"low-high\" range")))?;
+                let num =
+                    |x: &str| x.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| E::custom(not_a_port(&x)));
+                let (lo, hi) = (num(a)?, num(b)?);
+                if lo > hi {
+                    return Err(E::custom(format!("range {lo}-{hi} is empty")));
+                }
+                Ok(PortSpec(lo, hi))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
-/// Read and validate a policy file. `base` supplies what the file leaves
-/// out (normally [`Policy::default`]).
-pub fn load(path: &Path, base: &Policy) -> Result<Policy, PolicyError> {
+fn not_a_port(v: &dyn std::fmt::Display) -> String {
+    format!("{v} is not a port (1..=65535)")
+}
+
+/// Read a policy file: a regular file of at most [`MAX_FILE_BYTES`] (a
+/// FIFO or a device would block or never end).
+pub fn read(path: &Path) -> Result<Loaded, PolicyError> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| PolicyError {
-        field: "(file)".into(),
-        problem: e.to_string(),
-        location: Some((name.clone(), 0)),
-    })?;
-    parse(&name, &text, base)
+    let fail = |problem: String| PolicyError { field: "(file)".into(), problem, location: Some((name.clone(), 0)) };
+    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(fail("not a regular file".into()));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(fail(format!("{} bytes, more than the {MAX_FILE_BYTES} a policy may have", meta.len())));
+    }
+    let mut text = String::new();
+    let file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
+    // Bounded even if the file grows between the check and the read.
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_FILE_BYTES + 1), &mut text)
+        .map_err(|e| fail(e.to_string()))?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(fail(format!("more than the {MAX_FILE_BYTES} bytes a policy may have")));
+    }
+    parse(&name, text)
 }
 
-/// Parse and validate policy text; `name` is used in error messages.
-pub fn parse(name: &str, text: &str, base: &Policy) -> Result<Policy, PolicyError> {
+/// Parse policy text; `name` is used in error messages. What the text
+/// leaves out takes [`Policy::default`].
+pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
     let locate =
-        |e: PolicyError, offset: usize| PolicyError { location: Some((name.to_owned(), line_of(text, offset))), ..e };
-    let root: Root = toml::from_str(text).map_err(|e| {
+        |e: PolicyError, offset: usize| PolicyError { location: Some((name.to_owned(), line_of(&text, offset))), ..e };
+    let root: Root = toml::from_str(&text).map_err(|e| {
         let offset = e.span().map_or(0, |s| s.start);
-        let field = field_at(text, offset);
+        let field = field_at(&text, line_of(&text, offset));
         locate(bad(field, e.message().trim().to_owned()), offset)
     })?;
-    let policy = build(root, base).map_err(|(e, offset)| locate(e, offset))?;
-    // Whole-policy checks name the field; point at its first mention.
-    policy.compile(0).map_err(|e| {
-        let offset = find_field(text, &e.field);
-        locate(e, offset)
-    })?;
-    Ok(policy)
+    let policy = build(root).map_err(|(e, offset)| locate(e, offset))?;
+    Ok(Loaded { policy, origin: Origin::File { name: name.to_owned(), text } })
 }
 
 type Located<T> = Result<T, (PolicyError, usize)>;
 
-fn build(root: Root, base: &Policy) -> Located<Policy> {
+/// Both of a pair or neither: `Ok(None)`, `Ok(Some(..))`, or the missing one.
+fn pair<T>(a: Option<Spanned<T>>, b: Option<Spanned<T>>, names: [&str; 2]) -> Located<Option<(T, T)>> {
+    match (a, b) {
+        (None, None) => Ok(None),
+        (Some(a), Some(b)) => Ok(Some((a.into_inner(), b.into_inner()))),
+        (Some(a), None) => Err((bad(names[1], format!("{} needs {}", names[0], names[1])), a.span().start)),
+        (None, Some(b)) => Err((bad(names[0], format!("{} needs {}", names[1], names[0])), b.span().start)),
+    }
+}
+
+fn build(root: Root) -> Located<Policy> {
     let Root {
         mode,
         rate,
@@ -129,426 +238,86 @@ fn build(root: Root, base: &Policy) -> Located<Policy> {
         classes,
         overrides,
     } = root;
-    let global_mode = opt(mode, "mode", parse_mode)?.unwrap_or(base.default.mode);
+    let base = Policy::default();
+    let global_mode = mode.map_or(base.default.mode, Spanned::into_inner);
     let default = Limit {
-        rate: rate.map_or(base.default.rate, Spanned::into_inner),
-        burst: burst.map_or(base.default.burst, Spanned::into_inner),
-        cost: opt(cost, "cost", parse_cost)?.unwrap_or(base.default.cost),
+        rate: rate.unwrap_or(base.default.rate),
+        burst: burst.unwrap_or(base.default.burst),
+        cost: cost.unwrap_or(base.default.cost),
         mode: global_mode,
     };
-    let classes = classes
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| build_class(i, c.into_inner(), global_mode))
-        .collect::<Located<Vec<_>>>()?;
-    let overrides = overrides
-        .into_iter()
-        .enumerate()
-        .map(|(i, o)| {
-            let start = o.span().start;
-            build_override(i, o.into_inner(), default, start)
-        })
-        .collect::<Located<Vec<_>>>()?;
+    let classes = classes.into_iter().map(|c| build_class(c, global_mode)).collect();
+    let overrides =
+        overrides.into_iter().enumerate().map(|(i, o)| build_override(i, o, default)).collect::<Located<Vec<_>>>()?;
+    // 0 turns the budget off (the burst, if given, is moot).
     let new_sources = match (new_source_rate, new_source_burst) {
-        (None, None) => base.new_sources,
-        // 0 turns the budget off (the burst, if given, is moot).
         (Some(r), _) if *r.get_ref() == 0 => None,
-        (Some(r), Some(b)) => Some((r.into_inner(), b.into_inner())),
-        (Some(r), None) => {
-            return Err((bad("new_source_burst", "new_source_rate needs new_source_burst"), r.span().start));
-        }
-        (None, Some(b)) => {
-            return Err((bad("new_source_rate", "new_source_burst needs new_source_rate"), b.span().start));
-        }
+        (None, None) => base.new_sources,
+        (r, b) => pair(r, b, ["new_source_rate", "new_source_burst"])?,
     };
-    let aggregate = match (aggregate_rate, aggregate_burst) {
-        (None, None) => {
-            if let Some(p) =
-                aggregate_v4_prefix.as_ref().map(Spanned::span).or(aggregate_v6_prefix.as_ref().map(Spanned::span))
-            {
-                return Err((
-                    bad("aggregate_rate", "aggregate prefixes need aggregate_rate and aggregate_burst"),
-                    p.start,
-                ));
-            }
-            base.aggregate
-        }
-        (Some(r), Some(b)) => Some(super::Aggregate {
-            rate: r.into_inner(),
-            burst: b.into_inner(),
-            v4_prefix: aggregate_v4_prefix.map_or(16, Spanned::into_inner),
-            v6_prefix: aggregate_v6_prefix.map_or(40, Spanned::into_inner),
-        }),
-        (Some(r), None) => {
-            return Err((bad("aggregate_burst", "aggregate_rate needs aggregate_burst"), r.span().start));
-        }
-        (None, Some(b)) => return Err((bad("aggregate_rate", "aggregate_burst needs aggregate_rate"), b.span().start)),
-    };
+    if aggregate_rate.is_none()
+        && aggregate_burst.is_none()
+        && let Some(p) = aggregate_v4_prefix.as_ref().or(aggregate_v6_prefix.as_ref())
+    {
+        return Err((
+            bad("aggregate_rate", "aggregate prefixes need aggregate_rate and aggregate_burst"),
+            p.span().start,
+        ));
+    }
+    let (v4_default, v6_default) = DEFAULT_AGGREGATE_PREFIXES;
+    let aggregate =
+        pair(aggregate_rate, aggregate_burst, ["aggregate_rate", "aggregate_burst"])?.map(|(rate, burst)| Aggregate {
+            rate,
+            burst,
+            v4_prefix: aggregate_v4_prefix.map_or(v4_default, Spanned::into_inner),
+            v6_prefix: aggregate_v6_prefix.map_or(v6_default, Spanned::into_inner),
+        });
     Ok(Policy {
         default,
         classes,
         overrides,
         new_sources,
         aggregate,
-        v4_prefix: v4_prefix.map_or(base.v4_prefix, Spanned::into_inner),
-        v6_prefix: v6_prefix.map_or(base.v6_prefix, Spanned::into_inner),
-        capacity: capacity.map_or(base.capacity, Spanned::into_inner),
+        v4_prefix: v4_prefix.unwrap_or(base.v4_prefix),
+        v6_prefix: v6_prefix.unwrap_or(base.v6_prefix),
+        capacity: capacity.unwrap_or(base.capacity),
     })
 }
 
-fn build_class(i: usize, c: ClassSpec, global_mode: Mode) -> Located<Class> {
-    let at = |f: &str| format!("class[{i}].{f}");
+fn build_class(c: ClassSpec, global_mode: Mode) -> Class {
     let ClassSpec { name, protocol, ports, syn, rate, burst, cost, mode } = c;
-    let protocol = opt(protocol, &at("protocol"), parse_protocol)?.unwrap_or(0);
-    let ports = match ports {
-        None => Vec::new(),
-        Some(p) => {
-            let start = p.span().start;
-            p.into_inner()
-                .into_iter()
-                .map(|s| parse_port(&s).map_err(|e| (bad(at("ports"), e), start)))
-                .collect::<Located<_>>()?
-        }
-    };
-    Ok(Class {
-        name: name.into_inner(),
+    Class {
+        name,
         protocol,
-        ports,
-        syn: syn.is_some_and(Spanned::into_inner),
-        limit: Limit {
-            rate: rate.into_inner(),
-            burst: burst.into_inner(),
-            cost: opt(cost, &at("cost"), parse_cost)?.unwrap_or(CostUnit::Packets),
-            mode: opt(mode, &at("mode"), parse_mode)?.unwrap_or(global_mode),
-        },
-    })
+        ports: ports.into_iter().map(|PortSpec(lo, hi)| (lo, hi)).collect(),
+        syn,
+        limit: Limit { rate, burst, cost: cost.unwrap_or(CostUnit::Packets), mode: mode.unwrap_or(global_mode) },
+    }
 }
 
-fn build_override(i: usize, o: OverrideSpec, default: Limit, start: usize) -> Located<Override> {
-    let at = |f: &str| format!("override[{i}].{f}");
-    let OverrideSpec { cidr, action, rate, burst, mode } = o;
-    let cidr_at = cidr.span().start;
+fn build_override(i: usize, o: Spanned<OverrideSpec>, default: Limit) -> Located<Override> {
+    let start = o.span().start;
+    let OverrideSpec { cidr, action, rate, burst, mode } = o.into_inner();
     let net = cidr
         .get_ref()
         .parse::<ipnet::IpNet>()
-        .map_err(|e| (bad(at("cidr"), format!("{:?}: {e}", cidr.get_ref())), cidr_at))?;
+        .map_err(|e| (bad(format!("override[{i}].cidr"), format!("{:?}: {e}", cidr.get_ref())), cidr.span().start))?;
     let action = match (action, rate, burst) {
-        (Some(a), None, None) => {
-            let a_at = a.span().start;
-            match a.get_ref().as_str() {
-                "allow" => OverrideAction::Allow,
-                "deny" => OverrideAction::Deny,
-                other => {
-                    return Err((bad(at("action"), format!("{other:?} is not \"allow\" or \"deny\"")), a_at));
-                }
-            }
+        (Some(ListAction::Allow), None, None) => OverrideAction::Allow,
+        (Some(ListAction::Deny), None, None) => OverrideAction::Deny,
+        (None, Some(rate), Some(burst)) => {
+            OverrideAction::Limit(Limit { rate, burst, cost: default.cost, mode: mode.unwrap_or(default.mode) })
         }
-        (None, Some(r), Some(b)) => OverrideAction::Limit(Limit {
-            rate: r.into_inner(),
-            burst: b.into_inner(),
-            cost: default.cost,
-            mode: opt(mode, &at("mode"), parse_mode)?.unwrap_or(default.mode),
-        }),
         _ => {
-            return Err((bad(at("action"), "give either action = \"allow\"/\"deny\" or both rate and burst"), start));
+            let problem = "give either action = \"allow\"/\"deny\" or both rate and burst";
+            return Err((bad(format!("override[{i}].action"), problem), start));
         }
     };
     Ok(Override { net, action })
 }
 
-/// The policy as a policy file that [`parse`] reads back to the same policy.
-#[must_use]
-pub fn render(p: &Policy) -> String {
-    use std::fmt::Write as _;
-    let proto = |n: u8| match n {
-        0 => "any",
-        1 => "icmp",
-        6 => "tcp",
-        17 => "udp",
-        _ => "icmpv6",
-    };
-    let d = p.default;
-    let mut s = format!(
-        "mode = \"{}\"\nrate = {}\nburst = {}\ncost = \"{}\"\nv4_prefix = {}\nv6_prefix = {}\ncapacity = {}\n",
-        d.mode.label(),
-        d.rate,
-        d.burst,
-        d.cost.label(),
-        p.v4_prefix,
-        p.v6_prefix,
-        p.capacity
-    );
-    match p.new_sources {
-        Some((rate, burst)) => {
-            let _ = writeln!(s, "new_source_rate = {rate}\nnew_source_burst = {burst}");
-        }
-        None => s.push_str("new_source_rate = 0\n"),
-    }
-    if let Some(a) = p.aggregate {
-        let _ = writeln!(
-            s,
-            "aggregate_rate = {}\naggregate_burst = {}\naggregate_v4_prefix = {}\naggregate_v6_prefix = {}",
-            a.rate, a.burst, a.v4_prefix, a.v6_prefix
-        );
-    }
-    for c in &p.classes {
-        let l = c.limit;
-        let _ = write!(s, "\n[[class]]\nname = {:?}\nprotocol = \"{}\"\n", c.name, proto(c.protocol));
-        if !c.ports.is_empty() {
-            let ports: Vec<String> = c
-                .ports
-                .iter()
-                .map(|&(lo, hi)| if lo == hi { lo.to_string() } else { format!("\"{lo}-{hi}\"") })
-                .collect();
-            let _ = writeln!(s, "ports = [{}]", ports.join(", "));
-        }
-        if c.syn {
-            s.push_str("syn = true\n");
-        }
-        let _ = writeln!(
-            s,
-            "rate = {}\nburst = {}\ncost = \"{}\"\nmode = \"{}\"",
-            l.rate,
-            l.burst,
-            l.cost.label(),
-            l.mode.label()
-        );
-    }
-    for o in &p.overrides {
-        let _ = write!(s, "\n[[override]]\ncidr = \"{}\"\n", o.net);
-        match o.action {
-            OverrideAction::Allow => s.push_str("action = \"allow\"\n"),
-            OverrideAction::Deny => s.push_str("action = \"deny\"\n"),
-            OverrideAction::Limit(l) => {
-                let _ = writeln!(s, "rate = {}\nburst = {}\nmode = \"{}\"", l.rate, l.burst, l.mode.label());
-            }
-        }
-    }
-    s
-}
-
-/// Convert an optional string field, locating a bad value.
-fn opt<T>(v: Option<Spanned<String>>, field: &str, f: fn(&str) -> Result<T, String>) -> Located<Option<T>> {
-    v.map(|s| {
-        let start = s.span().start;
-        f(s.get_ref()).map_err(|e| (bad(field, e), start))
-    })
-    .transpose()
-}
-
-fn parse_mode(s: &str) -> Result<Mode, String> {
-    match s {
-        "enforce" => Ok(Mode::Enforce),
-        "shadow" => Ok(Mode::Shadow),
-        _ => Err(format!("{s:?} is not \"enforce\" or \"shadow\"")),
-    }
-}
-
-fn parse_cost(s: &str) -> Result<CostUnit, String> {
-    match s {
-        "packets" => Ok(CostUnit::Packets),
-        "bytes" => Ok(CostUnit::Bytes),
-        _ => Err(format!("{s:?} is not \"packets\" or \"bytes\"")),
-    }
-}
-
-fn parse_protocol(s: &str) -> Result<u8, String> {
-    match s {
-        "any" => Ok(0),
-        "icmp" => Ok(1),
-        "tcp" => Ok(6),
-        "udp" => Ok(17),
-        "icmpv6" => Ok(58),
-        _ => Err(format!("{s:?} is not one of tcp, udp, icmp, icmpv6, any")),
-    }
-}
-
-fn parse_port(p: &PortSpec) -> Result<(u16, u16), String> {
-    let (lo, hi) = match p {
-        PortSpec::Port(n) => (*n, *n),
-        PortSpec::Range(r) => {
-            let (a, b) = r.split_once('-').ok_or_else(|| format!("{r:?} is not a port or a \"low-high\" range"))?;
-            let num = |x: &str| x.trim().parse::<u16>().map_err(|_| format!("{r:?}: {x:?} is not a port number"));
-            (num(a)?, num(b)?)
-        }
-    };
-    if lo == 0 || lo > hi {
-        return Err(format!("{lo}-{hi} is not a range of ports 1..=65535"));
-    }
-    Ok((lo, hi))
-}
-
-/// 1-based line of a byte offset.
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].matches('\n').count() + 1
-}
-
-/// Field path (e.g. `class[1].rate`) of the key on the line holding `offset`.
-fn field_at(text: &str, offset: usize) -> String {
-    let line_no = line_of(text, offset);
-    let mut table = String::new();
-    let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for (n, line) in text.lines().enumerate() {
-        let t = line.trim();
-        if n + 1 == line_no {
-            let key = t.split_once('=').map_or(t, |(k, _)| k).trim();
-            return if table.is_empty() { key.to_owned() } else { format!("{table}.{key}") };
-        }
-        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.split_once("]]")).map(|(n, _)| n.trim().to_owned()) {
-            let i = counts.entry(name.clone()).or_insert(0);
-            table = format!("{name}[{i}]");
-            *i += 1;
-        } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.split_once(']')).map(|(n, _)| n.trim().to_owned())
-        {
-            table = name;
-        }
-    }
-    "(document)".into()
-}
-
-/// Offset of the first line whose field path is `field` (or its table).
-fn find_field(text: &str, field: &str) -> usize {
-    let mut offset = 0;
-    let mut fallback = None;
-    for line in text.split_inclusive('\n') {
-        let path = field_at(text, offset);
-        if path == field {
-            return offset;
-        }
-        if fallback.is_none() && field.starts_with(&path) && !path.is_empty() {
-            fallback = Some(offset);
-        }
-        offset += line.len();
-    }
-    fallback.unwrap_or(0)
-}
+use self::locate::{field_at, line_of};
+pub use self::render::render;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const GOOD: &str = r#"
-mode = "enforce"
-rate = 500
-burst = 1000
-v6_prefix = 48
-
-[[class]]
-name = "https-syn"
-protocol = "tcp"
-ports = [443, "8000-8080"]
-syn = true
-rate = 20
-burst = 40
-mode = "shadow"
-
-[[class]]
-name = "quic"
-protocol = "udp"
-ports = [443]
-rate = 2000
-burst = 4000
-"#;
-
-    fn err(text: &str) -> PolicyError {
-        parse("p.toml", text, &Policy::default()).unwrap_err()
-    }
-
-    #[test]
-    fn a_full_policy_parses() {
-        let p = parse("p.toml", GOOD, &Policy::default()).unwrap();
-        assert_eq!((p.default.rate, p.default.burst, p.v6_prefix, p.v4_prefix), (500, 1000, 48, 24));
-        assert_eq!(p.classes.len(), 2);
-        assert_eq!(p.classes[0].ports, vec![(443, 443), (8000, 8080)]);
-        assert_eq!((p.classes[0].syn, p.classes[0].limit.mode), (true, Mode::Shadow));
-        assert_eq!((p.classes[1].protocol, p.classes[1].limit.mode), (17, Mode::Enforce));
-    }
-
-    #[test]
-    fn errors_name_file_line_and_field() {
-        let cases = [
-            ("rate = 10\nbursty = 3\n", 2, "bursty", "unknown field"),
-            ("rate = \"fast\"\n", 1, "rate", "invalid type"),
-            ("rate = -5\n", 1, "rate", ""),
-            ("mode = \"loud\"\n", 1, "mode", "enforce"),
-            ("rate = 0\n", 1, "rate", "outside"),
-            ("v4_prefix = 40\n", 1, "v4_prefix", "longer than 32"),
-            (
-                "[[class]]\nname = \"a\"\nrate = 1\nburst = 1\nprotocol = \"sctp\"\n",
-                5,
-                "class[0].protocol",
-                "not one of",
-            ),
-            ("[[class]]\nname = \"a\"\nrate = 1\nburst = 1\nsyn = true\n", 5, "class[0].syn", "tcp"),
-            (
-                "[[class]]\nname = \"a\"\nrate = 1\nburst = 1\n[[class]]\nname = \"b\"\nrate = 0\nburst = 1\n",
-                7,
-                "class[1].rate",
-                "outside",
-            ),
-            (
-                "[[class]]\nname = \"a\"\nprotocol = \"udp\"\nports = [\"9-3\"]\nrate = 1\nburst = 1\n",
-                4,
-                "class[0].ports",
-                "range",
-            ),
-            ("[[class]]\nname = \"a\"\nrate = 1\nburst = 1\ncolour = 1\n", 5, "class[0].colour", "unknown field"),
-            ("[[override]]\ncidr = \"198.18.5.7/24\"\naction = \"allow\"\n", 2, "override[0].cidr", "host bits"),
-            (
-                "[[override]]\ncidr = \"198.18.5.0/24\"\naction = \"allow\"\n[[override]]\ncidr = \"nonsense\"\naction = \"deny\"\n",
-                5,
-                "override[1].cidr",
-                "invalid",
-            ),
-            ("[[override]]\ncidr = \"198.18.5.0/24\"\naction = \"maybe\"\n", 3, "override[0].action", "allow"),
-            ("[[override]]\ncidr = \"198.18.5.0/24\"\nrate = 5\n", 1, "override[0].action", "both rate and burst"),
-            ("[[override]]\ncidr = \"198.18.5.0/25\"\naction = \"deny\"\n", 2, "override[0].cidr", "bucket prefix"),
-            ("new_source_rate = 5\n", 1, "new_source_burst", "needs"),
-            ("aggregate_v4_prefix = 12\n", 1, "aggregate_rate", "need"),
-            (
-                "v4_prefix = 16\naggregate_rate = 1\naggregate_burst = 1\naggregate_v4_prefix = 20\n",
-                4,
-                "aggregate_v4_prefix",
-                "finer",
-            ),
-        ];
-        for (text, line, field, problem) in cases {
-            let e = err(text);
-            assert_eq!(e.location, Some(("p.toml".into(), line)), "{text:?}: {e}");
-            assert_eq!(e.field, field, "{text:?}: {e}");
-            assert!(e.problem.contains(problem), "{text:?}: {e}");
-            assert!(e.to_string().starts_with(&format!("p.toml:{line}: {field}: ")), "{e}");
-        }
-    }
-
-    #[test]
-    fn the_new_source_budget_is_on_by_default_and_zero_turns_it_off() {
-        let d = parse("t.toml", "", &Policy::default()).unwrap();
-        assert_eq!(d.new_sources, Some(super::super::DEFAULT_NEW_SOURCES));
-        let off = parse("t.toml", "new_source_rate = 0\n", &Policy::default()).unwrap();
-        assert_eq!(off.new_sources, None);
-        // Rendered, an unlimited budget reads back as unlimited.
-        assert_eq!(parse("t.toml", &render(&off), &Policy::default()).unwrap().new_sources, None);
-    }
-
-    #[test]
-    fn render_reads_back_to_the_same_policy() {
-        let mut text = GOOD.to_owned();
-        text = format!(
-            "new_source_rate = 500\nnew_source_burst = 900\naggregate_rate = 4000\naggregate_burst = 8000\n{text}"
-        );
-        text.push_str("\n[[override]]\ncidr = \"198.18.0.0/16\"\nrate = 5\nburst = 9\n\n[[override]]\ncidr = \"2001:2::/48\"\naction = \"deny\"\n");
-        let p = parse("p.toml", &text, &Policy::default()).unwrap();
-        assert_eq!(p.overrides.len(), 2);
-        assert_eq!(p.new_sources, Some((500, 900)));
-        assert_eq!(p.aggregate.map(|a| (a.rate, a.v4_prefix, a.v6_prefix)), Some((4000, 16, 40)));
-        let again = parse("rendered", &render(&p), &Policy::default()).unwrap();
-        assert_eq!(again, p);
-    }
-
-    #[test]
-    fn missing_file_is_an_error_with_its_path() {
-        let e = load(Path::new("/nonexistent/limiter.toml"), &Policy::default()).unwrap_err();
-        assert!(e.to_string().starts_with("/nonexistent/limiter.toml:"), "{e}");
-    }
-}
+mod tests;

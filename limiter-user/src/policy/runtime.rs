@@ -1,7 +1,7 @@
 //! Overrides set at run time (`limiter prefix ...`) as entries of the
 //! pinned `RUNTIME` map, so that a restarted daemon puts them back: an
 //! operator's `deny` must outlive an upgrade or a crash of the daemon just
-//! as the data plane does (invariant 5).
+//! as the data plane does (invariant 5, docs/design.md).
 
 use std::net::IpAddr;
 
@@ -37,8 +37,8 @@ pub fn value(action: Option<&OverrideAction>) -> RuntimeOverride {
         Some(OverrideAction::Deny) => code(runtime_action::DENY),
         Some(OverrideAction::Limit(l)) => RuntimeOverride {
             action: runtime_action::LIMIT,
-            cost: l.cost.code(),
-            mode: l.mode.code(),
+            cost: l.cost.into(),
+            mode: l.mode.into(),
             pad: 0,
             rate: l.rate,
             burst: l.burst,
@@ -63,8 +63,8 @@ pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<Over
         runtime_action::LIMIT => Some(OverrideAction::Limit(Limit {
             rate: v.rate,
             burst: v.burst,
-            cost: CostUnit::from_code(v.cost)?,
-            mode: Mode::from_code(v.mode)?,
+            cost: CostUnit::try_from(v.cost).ok()?,
+            mode: Mode::try_from(v.mode).ok()?,
         })),
         _ => return None,
     };

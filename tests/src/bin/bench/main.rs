@@ -7,7 +7,7 @@ mod system;
 
 use std::net::Ipv4Addr;
 
-use limiter::loader::Limiter;
+use limiter::dataplane::DataPlane;
 use limiter_common::programs;
 use limiter_tests::{
     kernel,
@@ -20,7 +20,7 @@ const ROUNDS: usize = 15;
 const WS_ROUNDS: u32 = 9;
 
 /// One BPF_PROG_TEST_RUN call of `REPEAT` runs; the kernel's mean ns per run.
-fn measure(l: &mut Limiter, prog: &'static str, frame: &[u8], want: u32) -> f64 {
+fn measure(l: &mut DataPlane, prog: &'static str, frame: &[u8], want: u32) -> f64 {
     let (action, d) = l.test_run(prog, frame, REPEAT).expect("BPF_PROG_TEST_RUN");
     assert_eq!(action, want, "{prog}: unexpected action");
     d.as_secs_f64() * 1e9
@@ -63,9 +63,9 @@ fn hit_path() {
     // Source 198.18.5.1: `bench_floor` charges this frame's /24 bucket.
     let frame = Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 5, 1), IPPROTO_UDP, 0, 0).udp().payload(22).bytes;
     // Admit path: a rate so high the bucket never empties.
-    let mut admit = kernel::open(&kernel::config(limiter_common::gcra::MAX_RATE, 1 << 40, false, 24, 56));
+    let mut admit = kernel::open_bench(&kernel::config(limiter_common::gcra::MAX_RATE, 1 << 40, false, 24, 56), 1024);
     // Drop path: one packet of allowance, then everything is refused.
-    let mut refuse = kernel::open(&kernel::config(1, 1, false, 24, 56));
+    let mut refuse = kernel::open_bench(&kernel::config(1, 1, false, 24, 56), 1024);
     for l in [&mut admit, &mut refuse] {
         for p in [programs::LIMITER, programs::BASELINE_DROP, programs::BENCH_FLOOR] {
             l.load_program(p).unwrap();
@@ -110,7 +110,7 @@ fn hit_path() {
 
 /// Processed instructions of each entry point (goal: at most 500,000).
 fn verifier() {
-    let mut l = kernel::open(&kernel::config(1, 1, false, 24, 56));
+    let mut l = kernel::open_bench(&kernel::config(1, 1, false, 24, 56), 1024);
     println!("{:<44} {:>10}", "verifier, processed instructions", "insns");
     for p in [
         programs::BASELINE_DROP,
@@ -145,9 +145,9 @@ fn overrides_apply() {
     for (version, label) in [(2u64, "into an empty slot"), (3, "first flip back"), (4, "replacing 100,000 older ones")]
     {
         let p = make(version * 10);
-        let (cfg, ovr) = (p.compile(version).unwrap(), p.compile_overrides().unwrap());
+        let compiled = p.compile(version).unwrap();
         let start = std::time::Instant::now();
-        l.apply(&cfg, &ovr).unwrap();
+        l.maps.apply(&compiled).unwrap();
         println!("{label:<44} {:>10.3}", start.elapsed().as_secs_f64());
     }
 }
@@ -238,7 +238,7 @@ fn scrape_at_one_million() {
         (n, lat, idle, scraped)
     });
     drop(daemon);
-    let _ = limiter::pin::unload(&pins, false);
+    let _ = limiter::dataplane::pin::unload(&pins, false);
     println!("{:<44} {:>10}", "metrics with 1,000,000 tracked prefixes", "");
     println!("{:<44} {:>10.2}", "  buckets inserted through the pin (s)", fill.as_secs_f64());
     println!("{:<44} {:>10}", "  limiter_tracked_prefixes reported", tracked);
@@ -272,14 +272,14 @@ fn working_sets() {
             new_sources,
             ..Policy::default()
         };
-        let mut l = kernel::open_with_capacity(&p.compile(1).unwrap(), capacity);
+        let mut l = kernel::open_bench(&p.compile(1).unwrap(), capacity);
         for prog in [programs::LIMITER, programs::BASELINE_DROP] {
             l.load_program(prog).unwrap();
         }
         l
     };
     let open = |capacity: u32| open_with(capacity, None);
-    let mean = |l: &mut limiter::loader::Limiter, prog: &'static str, range: std::ops::Range<u32>| {
+    let mean = |l: &mut limiter::dataplane::DataPlane, prog: &'static str, range: std::ops::Range<u32>| {
         let n = range.len();
         let total: Duration = range.map(|i| l.test_run(prog, &frame(i), 1).unwrap().1).sum();
         total.as_secs_f64() * 1e9 / n as f64
@@ -287,7 +287,7 @@ fn working_sets() {
     // Room to spare: an LRU map evicts before it is exactly full.
     let mut l = open(2 * SET);
     let _warm = mean(&mut l, programs::LIMITER, 0..SET);
-    let tracked = l.tracked().unwrap();
+    let tracked = l.tracked();
     assert!(tracked >= SET as usize, "working set not resident: {tracked}");
     // Churn: a full map of SET entries, every frame a new source.
     let mut full = open(SET);
@@ -310,7 +310,7 @@ fn working_sets() {
     let [bare, hits, churn, churn_budget] = rows.map(|v| v.into_iter().fold(f64::INFINITY, f64::min));
     // 1 a second, burst 1: at most 1 + elapsed seconds of new buckets.
     let allowed = 2 + usize::try_from(started.elapsed().as_secs()).unwrap_or(usize::MAX - 2);
-    assert!(budget.tracked().unwrap() <= allowed, "the spent budget still created buckets");
+    assert!(budget.tracked() <= allowed, "the spent budget still created buckets");
     println!("{:<44} {:>10} {:>12}", format!("one call per frame, {WS_ROUNDS} rounds"), "ns/packet", "x bare drop");
     println!("{:<44} {:>10.1} {:>12.2}", "bare XDP_DROP", bare, 1.0);
     println!("{:<44} {:>10.1} {:>12.2}", "limiter, 262,144 prefixes, all hits", hits, hits / bare);
@@ -324,18 +324,18 @@ fn working_sets() {
     );
 
     // Kernel memory of the bucket map, from its memlock, per entry.
-    let md = aya::maps::MapData::from_id(l.buckets_map_id().unwrap()).unwrap();
+    let md = aya::maps::MapData::from_id(l.buckets_map_id()).unwrap();
     let fd = {
         use std::os::fd::{AsFd as _, AsRawFd as _};
         md.fd().as_fd().as_raw_fd()
     };
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
     let memlock: f64 = info.lines().find_map(|l| l.strip_prefix("memlock:")).unwrap().trim().parse().unwrap();
-    let capacity = f64::from(l.capacity().unwrap());
+    let capacity = f64::from(l.capacity());
     println!("{:<44} {:>10.1}", "bucket map memlock per prefix of capacity (B)", memlock / capacity);
 }
 
-/// Accuracy after the case study (seed 004): admitted over declared
+/// Accuracy after the case study (docs/design.md): admitted over declared
 /// (burst + rate x 60 s, busiest 60 s window) for its three arrival
 /// patterns through the injected clock, false drops of conforming
 /// patterns, and one prefix flooded from both CPUs at once over a veth.
@@ -373,7 +373,7 @@ fn accuracy() {
     piled.sort_unstable();
     let spaced: Vec<u64> = (0..3).flat_map(|k| (0..600u64).map(move |i| k * 60_000 + i * 5_000 / 600)).collect();
     let at_rate: Vec<u64> = (0..1800).map(|i| i * 100).collect();
-    println!("{:<44} {:>10} {:>12}", "accuracy (rate 10/s, burst 60; seed 004)", "admitted", "x declared");
+    println!("{:<44} {:>10} {:>12}", "accuracy (rate 10/s, burst 60; case study)", "admitted", "x declared");
     for (name, times) in
         [("uniform at 2x the rate", &uniform), ("piled at the boundary", &piled), ("spaced at the limit", &spaced)]
     {

@@ -34,7 +34,7 @@ use std::{
     time::Duration,
 };
 
-use limiter::loader::{AttachMode, Limiter};
+use limiter::dataplane::{AttachMode, DataPlane};
 use limiter_common::{Reason, programs};
 use limiter_tests::{
     kernel,
@@ -212,10 +212,10 @@ fn veth_stat(ns: &NetNs, iface: &str, suffix: &str) -> u64 {
 }
 
 /// Packets the filter dropped, read from its own counters.
-fn dropped(filter: Filter, ns: &NetNs, xdp: &Limiter) -> u64 {
+fn dropped(filter: Filter, ns: &NetNs, xdp: &DataPlane) -> u64 {
     match filter {
         Filter::Drop | Filter::TouchDrop => veth_stat(ns, B_IF, "_xdp_drops"),
-        Filter::Limiter => xdp.totals().expect("read STATS").get(Reason::RateLimited).packets,
+        Filter::Limiter => xdp.maps.totals().expect("read STATS").get(Reason::RateLimited).packets,
         Filter::Nft => {
             let out = run(ns.command("nft").args(["list", "table", "netdev", "bench"]));
             let after = out.split("counter packets ").nth(1).expect("nft counter");
@@ -238,14 +238,14 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
 
     // The receiver: an XDP program on vb (the limiter, a bare drop, or a
     // pass to the stack where netfilter waits).
-    let mut xdp = kernel::open_with_capacity(&kernel::config(RATE, BURST, false, 24, 56), ENTRIES);
+    let mut xdp = kernel::open_bench(&kernel::config(RATE, BURST, false, 24, 56), ENTRIES);
     let prog = match filter {
         Filter::Drop => programs::BASELINE_DROP,
         Filter::TouchDrop => programs::BENCH_TOUCH_DROP,
         Filter::Limiter => programs::LIMITER,
         _ => programs::BENCH_PASS,
     };
-    net.b.run_in(|| xdp.attach_program(prog, B_IF, AttachMode::Native).expect("attach to vb"));
+    net.b.run_in(|| xdp.attach_entry(prog, B_IF, AttachMode::Native).expect("attach to vb"));
     if place == Place::OwnCpu {
         receiver_on_cpu1(&net.b);
     }
@@ -290,7 +290,7 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
     };
     let (frames, received, dropped, [gen_secs, cpu_secs]) = net.a.run_in(|| {
         pin_to_cpu(0, 0);
-        let mut g = Limiter::open(1024).expect("load the generator");
+        let mut g = DataPlane::open_bench(1024).expect("load the generator");
         // Each call costs two RCU grace periods (the kernel swaps the XDP
         // dispatcher in and out), idle time that would leave the receiver
         // half idle: size one call to last about SECS from a short probe.

@@ -1,4 +1,5 @@
-//! Pinning under bpffs, so the data plane outlives the daemon (invariant 5).
+//! Pinning under bpffs, so the data plane outlives the daemon (invariant 5,
+//! docs/design.md).
 //!
 //! Layout of a pin directory (default [`DEFAULT_PIN_DIR`]):
 //! `BUCKETS`, `CONFIG`, `STATS`, `META`, `RUNTIME` (the overrides set at

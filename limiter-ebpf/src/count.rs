@@ -1,0 +1,94 @@
+//! What every packet leaves behind: its reason's counter (per CPU, so no
+//! atomics in softirq), its class's counter, a 1-in-N sample of drops for
+//! the top-offenders list, and this CPU's cache of refusing buckets.
+
+use aya_ebpf::programs::XdpContext;
+use aya_log_ebpf::debug;
+use limiter_common::{BucketKey, Config, DropEvent, Reason, Refusal, gcra, stat_index};
+
+use crate::maps::{CLASS_STATS, DROP_EVENTS, DROP_SAMPLER, REFUSALS, STATS};
+
+/// Count one packet of `len` bytes under `reason` and stat family `fam`.
+#[inline(always)]
+pub fn count_reason(reason: Reason, fam: u32, len: u64) {
+    if let Some(c) = STATS.get_ptr_mut(stat_index(reason, fam)) {
+        // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += len;
+        }
+    }
+}
+
+/// Count one packet of `class` under its reason's action.
+#[inline(always)]
+#[expect(clippy::cast_possible_truncation, reason = "class < MAX_CLASSES")]
+pub fn count_class(class: usize, reason: Reason, len: u64) {
+    let Some(c) = CLASS_STATS.get_ptr_mut(class as u32) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+    let slot = unsafe { (*c).slot(reason.action()) };
+    slot.packets += 1;
+    slot.bytes += len;
+}
+
+/// This CPU's `REFUSALS` entry for a bucket key, if the cache is in use.
+pub struct RefusalCache(Option<*mut Refusal>);
+
+impl RefusalCache {
+    /// The entry `key` maps to; `None` when `usable` is false (the cache
+    /// only holds where a bucket's tat cannot go down).
+    #[inline(always)]
+    pub fn probe(key: &BucketKey, usable: bool) -> Self {
+        Self(if usable { REFUSALS.get_ptr_mut(Refusal::slot(key)) } else { None })
+    }
+
+    /// The cached refusal of `key`, if this CPU saw its bucket refuse under
+    /// this policy and `now` is still before the end of that refusal.
+    #[inline(always)]
+    pub fn holds(&self, key: &BucketKey, version: u32, now: u64) -> Option<Reason> {
+        // SAFETY: per-CPU slot, only this CPU's softirq touches it.
+        self.0.and_then(|e| unsafe { &*e }.holds(key, version, now))
+    }
+
+    /// Remember that `key`'s bucket refuses until `until`.
+    #[inline(always)]
+    pub fn remember(&self, key: &BucketKey, version: u32, until: u64, shadow: bool) {
+        if let Some(e) = self.0 {
+            // SAFETY: per-CPU slot, only this CPU's softirq touches it.
+            unsafe { *e = Refusal { key: *key, version, until, shadow: u32::from(shadow), pad: 0 } };
+        }
+    }
+}
+
+/// One in `drop_sample` drops (per CPU) goes to the ring buffer for the
+/// top-offenders list. Drop path only; the admit path pays nothing.
+/// A sampled drop is also logged through aya-log, at debug level only
+/// (off unless the daemon runs with debug logging) and at most once a
+/// second per CPU.
+#[inline(always)]
+pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reason, now: u64) {
+    let every = u64::from(cfg.drop_sample);
+    let Some(n) = DROP_SAMPLER.get_ptr_mut(0) else { return };
+    // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+    let seen = unsafe {
+        *n += 1;
+        *n
+    };
+    if every == 0 || seen & (every - 1) != 0 {
+        return;
+    }
+    let _ = DROP_EVENTS.output(DropEvent { key: *key, reason: reason as u32 }, 0);
+    let Some(last) = DROP_SAMPLER.get_ptr_mut(1) else { return };
+    // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+    unsafe {
+        if now.wrapping_sub(*last) >= gcra::to_fixed(gcra::NS_PER_S) {
+            *last = now;
+            debug!(
+                ctx,
+                "sampled drop: family {} /{} class {} reason {}", key.family, key.prefix_len, key.class, reason as u32
+            );
+        }
+    }
+}

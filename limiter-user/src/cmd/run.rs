@@ -1,0 +1,68 @@
+//! `limiter run`: the daemon, until SIGINT or SIGTERM.
+
+use std::{path::Path, time::Duration};
+
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    cli::RunArgs,
+    daemon::{Daemon, Settings, init_logging},
+    policy::Overlay,
+};
+
+pub fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
+    init_logging(args.log_json);
+    let settings = settings(args, socket)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        // Handlers first: a signal that arrives during start-up is then
+        // handled (cleanly, once the loop runs) instead of killing the process.
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let daemon = Daemon::start(settings).await?;
+        daemon
+            .run(async move {
+                tokio::select! {
+                    _ = term.recv() => "SIGTERM",
+                    _ = int.recv() => "SIGINT",
+                }
+            })
+            .await
+    })
+}
+
+fn settings(args: &RunArgs, socket: &Path) -> anyhow::Result<Settings> {
+    let metrics = match args.metrics.as_str() {
+        "off" => None,
+        a => Some(a.parse().map_err(|e| anyhow::anyhow!("--metrics {a:?}: {e}"))?),
+    };
+    Ok(Settings {
+        iface: args.iface.clone(),
+        mode: args.mode,
+        pin_dir: args.pin.then(|| args.pin_dir.clone()),
+        socket: socket.to_path_buf(),
+        socket_group: args.socket_group.clone(),
+        metrics,
+        status_interval: (args.status_interval > 0.0).then(|| Duration::from_secs_f64(args.status_interval)),
+        policy: args.policy.clone(),
+        overlay: overlay(args),
+    })
+}
+
+/// The limit flags as a typed overlay over the policy file.
+fn overlay(a: &RunArgs) -> Overlay {
+    Overlay {
+        rate: a.rate,
+        burst: a.burst,
+        cost: a.cost,
+        v4_prefix: a.v4_prefix,
+        v6_prefix: a.v6_prefix,
+        capacity: a.capacity,
+        new_source_rate: a.new_source_rate,
+        new_source_burst: a.new_source_burst,
+        aggregate: a.aggregate_rate.zip(a.aggregate_burst),
+        aggregate_v4_prefix: a.aggregate_v4_prefix,
+        aggregate_v6_prefix: a.aggregate_v6_prefix,
+        shadow: a.shadow,
+    }
+}

@@ -1,0 +1,19 @@
+//! `limiter stats`.
+
+use crate::control::client::Client;
+
+pub fn stats(client: Client, json: bool) -> anyhow::Result<()> {
+    let s = client.stats()?;
+    if json {
+        return super::print_json(&s);
+    }
+    println!("{:<22} {:<8} {:>14} {:>16}", "reason", "verdict", "packets", "bytes");
+    for r in &s.reasons {
+        println!("{:<22} {:<8} {:>14} {:>16}", r.reason, r.verdict, r.packets, r.bytes);
+    }
+    println!("\n{:<22} {:>14} {:>14} {:>14}", "class", "admitted", "dropped", "shadow_dropped");
+    for c in &s.classes {
+        println!("{:<22} {:>14} {:>14} {:>14}", c.class, c.admitted, c.dropped, c.shadow_dropped);
+    }
+    Ok(())
+}

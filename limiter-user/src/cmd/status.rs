@@ -1,0 +1,30 @@
+//! `limiter status`.
+
+use std::fmt::Write as _;
+
+use crate::control::client::Client;
+
+pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
+    let s = client.status()?;
+    if json {
+        return super::print_json(&s);
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "interface       {} ({})", s.iface, s.attach_mode);
+    let _ = writeln!(out, "pinned          {}", s.pin_dir.as_deref().unwrap_or("no"));
+    let _ = writeln!(out, "policy          v{} from {}", s.policy_version, s.policy_source);
+    let _ =
+        writeln!(out, "                {}", s.policy.trim_start_matches(&format!("policy v{}: ", s.policy_version)));
+    let _ = writeln!(out, "tracked         {}/{}", s.tracked, s.capacity);
+    let _ = writeln!(out, "packets         {} passed, {} dropped", s.passed_packets, s.dropped_packets);
+    let _ = writeln!(out, "uptime          {} s", s.uptime_secs);
+    match &s.last_reload {
+        Some(r) => {
+            let ok = if r.ok { "ok" } else { "FAILED" };
+            let _ = writeln!(out, "last reload     {ok} at {}: {}", r.unix_time, r.message);
+        }
+        None => out.push_str("last reload     none\n"),
+    }
+    print!("{out}");
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! The daemon's policy logic against in-memory maps: what reaches the
+//! kernel, in what order, and what survives a failure or a restart.
+
+use limiter_common::resolution;
+
+use super::*;
+use crate::{
+    dataplane::FakeMaps,
+    policy::{Limit, compile::COMPILES, file},
+};
+
+fn loaded(text: &str) -> Loaded {
+    file::parse("p.toml", text.to_owned()).unwrap()
+}
+
+const FILE: &str = "rate = 500\nburst = 900\n\n[[override]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n\n[[override]]\ncidr = \"198.18.2.0/24\"\naction = \"allow\"\n";
+
+fn started(maps: &mut FakeMaps) -> Enforcer {
+    let mut e = Enforcer::new(0, 1024);
+    e.apply(maps, loaded(FILE)).unwrap();
+    e
+}
+
+/// Trie codes of the last applied policy's IPv4 overrides, by third octet.
+fn v4_codes(maps: &FakeMaps) -> Vec<(u8, u32)> {
+    let last = maps.applied.last().unwrap();
+    last.overrides.v4.iter().map(|(_, addr, code)| (addr.to_ne_bytes()[2], *code)).collect()
+}
+
+#[test]
+fn an_apply_compiles_once_and_writes_one_version() {
+    let mut maps = FakeMaps::default();
+    COMPILES.with(|c| c.set(0));
+    let mut e = started(&mut maps);
+    assert_eq!(COMPILES.with(std::cell::Cell::get), 1, "start-up apply");
+    e.change_prefix(&mut maps, "198.18.3.0/24", Some(OverrideAction::Deny)).unwrap();
+    assert_eq!(COMPILES.with(std::cell::Cell::get), 2, "one more for a prefix change");
+    e.apply(&mut maps, loaded(FILE)).unwrap();
+    assert_eq!(COMPILES.with(std::cell::Cell::get), 3, "one more for a reload");
+    assert_eq!(maps.applied.iter().map(|c| c.config.version).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(e.version(), 3);
+    assert_eq!(
+        maps.applied[0].config.classes[0],
+        Limit { rate: 500, burst: 900, ..Policy::default().default }.to_kernel("").unwrap()
+    );
+}
+
+#[test]
+fn a_bad_policy_changes_nothing_and_names_its_line() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps);
+    let err = e.apply(&mut maps, loaded("rate = 0\n")).unwrap_err();
+    assert_eq!(err.to_string(), "p.toml:1: rate: 0 is outside 1..=16000000000");
+    assert_eq!((maps.applied.len(), e.version(), e.base().default.rate), (1, 1, 500));
+}
+
+#[test]
+fn a_kernel_failure_leaves_version_and_runtime_record_as_they_were() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps);
+    maps.fail_apply = true;
+    let err = e.change_prefix(&mut maps, "198.18.3.0/24", Some(OverrideAction::Deny)).unwrap_err();
+    assert!(matches!(err, ApplyError::Load(_)), "{err}");
+    assert_eq!(e.version(), 1);
+    assert!(maps.runtime.is_empty(), "the record is taken back when the apply fails");
+    assert_eq!(e.prefixes().len(), 2);
+    // A failed record applies nothing at all.
+    maps.fail_runtime = true;
+    assert!(e.change_prefix(&mut maps, "198.18.3.0/24", Some(OverrideAction::Deny)).is_err());
+    assert_eq!((maps.applied.len(), e.version()), (1, 1));
+}
+
+#[test]
+fn runtime_overrides_replace_file_ones_in_place_and_unset_removes_them() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps);
+    e.change_prefix(&mut maps, "198.18.1.0/24", Some(OverrideAction::Allow)).unwrap();
+    e.change_prefix(&mut maps, "198.18.0.0/16", Some(OverrideAction::Deny)).unwrap();
+    assert_eq!(v4_codes(&maps), [(1, resolution::ALLOW), (2, resolution::ALLOW), (0, resolution::DENY)]);
+    e.change_prefix(&mut maps, "198.18.2.0/24", None).unwrap();
+    assert_eq!(v4_codes(&maps), [(1, resolution::ALLOW), (0, resolution::DENY)]);
+    let origins: Vec<_> = e.prefixes().into_iter().map(|p| (p.cidr, p.origin)).collect();
+    assert_eq!(origins, [("198.18.1.0/24".into(), "runtime".into()), ("198.18.0.0/16".into(), "runtime".into())]);
+    let err = e.change_prefix(&mut maps, "198.18.9.0/24", None).unwrap_err();
+    assert_eq!(err.to_string(), "198.18.9.0/24 has no override");
+    assert!(e.change_prefix(&mut maps, "nonsense", None).unwrap_err().to_string().contains("not a CIDR"));
+}
+
+#[test]
+fn a_restarted_daemon_puts_runtime_overrides_back_over_the_file() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps);
+    e.change_prefix(&mut maps, "198.18.3.0/24", Some(OverrideAction::Deny)).unwrap();
+    e.change_prefix(&mut maps, "198.18.2.0/24", None).unwrap();
+    let limit = Limit { rate: 5, burst: 9, ..Policy::default().default };
+    e.change_prefix(&mut maps, "198.18.4.0/24", Some(OverrideAction::Limit(limit))).unwrap();
+    e.change_prefix(&mut maps, "198.18.4.0/24", None).unwrap();
+    let before = e.prefixes();
+    // A new daemon over the same (pinned) maps, version continued.
+    let mut again = Enforcer::new(maps.active_config().unwrap().unwrap().version, 1024);
+    assert_eq!(again.restore(&maps).unwrap(), 2, "the deny and the file override's removal");
+    again.apply(&mut maps, loaded(FILE)).unwrap();
+    assert_eq!(again.prefixes(), before);
+    assert_eq!(again.version(), 6);
+}
+
+#[test]
+fn an_error_of_a_runtime_override_says_so() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps);
+    // /25 is finer than the /24 buckets.
+    let err = e.change_prefix(&mut maps, "198.18.3.0/25", Some(OverrideAction::Deny)).unwrap_err();
+    assert!(err.to_string().contains("198.18.3.0/25 is longer than the bucket prefix /24"), "{err}");
+    assert_eq!(e.prefixes().len(), 2);
+    assert!(maps.runtime.is_empty());
+}

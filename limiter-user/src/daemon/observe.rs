@@ -1,0 +1,143 @@
+//! What the daemon observes while it runs: tracked prefixes (counted on a
+//! thread of its own), sampled drops and per-second totals for `limiter
+//! top`, the program's own log lines, and the periodic status line.
+
+use std::{
+    fmt::Write as _,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use aya::maps::{MapData, RingBuf};
+use limiter_common::{Action, BucketKey, BucketState, DropEvent, Reason};
+
+use crate::{dataplane::Totals, top::Tracker};
+
+pub(super) fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The observing side of the daemon.
+pub(super) struct Observer {
+    /// Tracked prefixes, counted in the background by [`spawn_counter`].
+    tracked: Arc<AtomicUsize>,
+    /// Sampled drops and per-second totals for `limiter top`.
+    pub top: Tracker,
+    drop_events: Option<RingBuf<MapData>>,
+    /// Forwards the program's aya-log lines (debug level only).
+    ebpf_log: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// Totals at the last per-second tick.
+    last_tick: Option<Totals>,
+}
+
+impl Observer {
+    pub fn new(
+        buckets_map_id: u32,
+        drop_events: Option<RingBuf<MapData>>,
+        ebpf_log: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    ) -> Self {
+        Self {
+            tracked: spawn_counter(buckets_map_id, Duration::from_secs(2)),
+            top: Tracker::default(),
+            drop_events,
+            ebpf_log,
+            last_tick: None,
+        }
+    }
+
+    /// Tracked prefixes as last counted in the background.
+    pub fn tracked(&self) -> usize {
+        self.tracked.load(Ordering::Relaxed)
+    }
+
+    /// Move sampled drop events from the ring buffer into the tracker.
+    pub fn drain_drop_events(&mut self) {
+        if let Some(l) = self.ebpf_log.as_mut() {
+            l.flush();
+        }
+        let now = unix_now();
+        let Some(rb) = self.drop_events.as_mut() else { return };
+        while let Some(item) = rb.next() {
+            if item.len() >= std::mem::size_of::<DropEvent>() {
+                // SAFETY: the program writes whole DropEvents; read unaligned.
+                let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<DropEvent>()) };
+                self.top.record(now, ev.key);
+            }
+        }
+    }
+
+    /// Once a second: note packets passed and dropped for the sparkline.
+    pub fn tick_second(&mut self, t: &Totals) {
+        if let Some(last) = self.last_tick {
+            let d = t.since(&last);
+            self.top.tick(unix_now(), d.passed().packets, d.dropped().packets);
+        }
+        self.last_tick = Some(*t);
+    }
+}
+
+/// Count the bucket map's entries on a thread of its own, with its own
+/// map handle, so a walk of a million keys never blocks the daemon loop, a
+/// scrape or a status line. It walks every `every`, or every 20 walk
+/// durations when walks get long, so counting stays under ~5% of a core;
+/// the count is that old at most.
+fn spawn_counter(map_id: u32, every: Duration) -> Arc<AtomicUsize> {
+    let count = Arc::new(AtomicUsize::new(0));
+    let out = Arc::clone(&count);
+    std::thread::spawn(move || {
+        let Ok(md) = MapData::from_id(map_id) else { return };
+        let Ok(m) = aya::maps::HashMap::<_, BucketKey, BucketState>::try_from(aya::maps::Map::LruHashMap(md)) else {
+            return;
+        };
+        loop {
+            let start = std::time::Instant::now();
+            count.store(m.keys().flatten().count(), Ordering::Relaxed);
+            std::thread::sleep(every.max(start.elapsed() * 20));
+        }
+    });
+    out
+}
+
+/// `passed P (r/s) dropped D (r/s) tracked N/CAP`, plus each reason seen
+/// that did not pass (drops and shadow drops).
+#[must_use]
+pub fn status_line(now: &Totals, last: &Totals, dt: Duration, tracked: usize, capacity: u32) -> String {
+    let d = now.since(last);
+    let secs = dt.as_secs_f64().max(1e-9);
+    #[expect(clippy::cast_precision_loss, reason = "display only")]
+    let rate = |n: u64| n as f64 / secs;
+    let mut line = format!(
+        "passed {} ({:.0}/s) dropped {} ({:.0}/s) tracked {tracked}/{capacity}",
+        now.passed().packets,
+        rate(d.passed().packets),
+        now.dropped().packets,
+        rate(d.dropped().packets),
+    );
+    for r in Reason::ALL {
+        let c = now.get(r);
+        if r.action() != Action::Pass && c.packets > 0 {
+            let _ = write!(line, " {}={}", r.label(), c.packets);
+        }
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use limiter_common::Counter;
+
+    use super::*;
+
+    #[test]
+    fn the_status_line_lists_what_did_not_pass() {
+        let mut now = Totals::default();
+        now.add(Reason::Admitted, 1, Counter { packets: 10, bytes: 0 });
+        now.add(Reason::RateLimited, 1, Counter { packets: 4, bytes: 0 });
+        now.add(Reason::ShadowDropped, 2, Counter { packets: 3, bytes: 0 });
+        let line = status_line(&now, &Totals::default(), Duration::from_secs(1), 5, 9);
+        assert_eq!(line, "passed 13 (13/s) dropped 4 (4/s) tracked 5/9 rate_limited=4 shadow_dropped=3");
+    }
+}

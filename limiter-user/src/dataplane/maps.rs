@@ -1,0 +1,189 @@
+//! Typed handles on every map userspace reads or writes, taken out of the
+//! loaded object once (a missing or mistyped map fails the load with its
+//! name), and the operations on them.
+
+use std::time::{Duration, Instant};
+
+use aya::{
+    Ebpf, Pod,
+    maps::{
+        Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues,
+        lpm_trie::{Key, LpmTrie},
+    },
+};
+use limiter_common::{
+    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, Reason, RuntimeKey,
+    RuntimeOverride, STAT_FAMILIES, flags, maps, maps::MAX_OVERRIDES, stat_index,
+};
+
+use super::{LoadError, counters::Totals};
+use crate::policy::Compiled;
+
+/// A map operation's error, named.
+pub(crate) trait Named<T> {
+    fn on(self, map: &'static str) -> Result<T, LoadError>;
+}
+
+impl<T> Named<T> for Result<T, MapError> {
+    fn on(self, map: &'static str) -> Result<T, LoadError> {
+        self.map_err(|source| LoadError::Map { map, source })
+    }
+}
+
+fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError> {
+    T::try_from(ebpf.take_map(name).ok_or(LoadError::MissingMap(name))?).on(name)
+}
+
+/// Sum of one per-CPU slot over every CPU: the one way counters are added.
+pub(crate) fn sum_cpus<T: Pod + Default + std::ops::AddAssign>(values: &PerCpuValues<T>) -> T {
+    values.iter().fold(T::default(), |mut acc, v| {
+        acc += *v;
+        acc
+    })
+}
+
+/// The maps, typed.
+pub struct Maps {
+    config: Array<MapData, Config>,
+    active: Array<MapData, u32>,
+    ovr4: [LpmTrie<MapData, u32, u32>; 2],
+    ovr6: [LpmTrie<MapData, [u32; 4], u32>; 2],
+    ovr_limits: Array<MapData, ClassLimits>,
+    stats: PerCpuArray<MapData, Counter>,
+    class_stats: PerCpuArray<MapData, ClassCounters>,
+    meta: Array<MapData, Meta>,
+    runtime: HashMap<MapData, RuntimeKey, RuntimeOverride>,
+    #[cfg_attr(not(feature = "testing"), expect(dead_code, reason = "read by the testing helpers"))]
+    pub(crate) buckets: HashMap<MapData, BucketKey, BucketState>,
+    pub(crate) test_clock: Array<MapData, u64>,
+    /// Capacity and kernel id of `BUCKETS` (a re-adopted map keeps the
+    /// capacity it was created with).
+    pub(crate) bucket_capacity: u32,
+    pub(crate) buckets_id: u32,
+    last_flip: Option<Instant>,
+}
+
+impl Maps {
+    /// Take every map out of a loaded object.
+    pub(crate) fn take(ebpf: &mut Ebpf) -> Result<Self, LoadError> {
+        let info = match ebpf.map(maps::BUCKETS) {
+            Some(Map::LruHashMap(md)) => md.info().on(maps::BUCKETS)?,
+            _ => return Err(LoadError::MissingMap(maps::BUCKETS)),
+        };
+        Ok(Self {
+            config: take(ebpf, maps::CONFIG)?,
+            active: take(ebpf, maps::ACTIVE)?,
+            ovr4: [take(ebpf, maps::OVR4[0])?, take(ebpf, maps::OVR4[1])?],
+            ovr6: [take(ebpf, maps::OVR6[0])?, take(ebpf, maps::OVR6[1])?],
+            ovr_limits: take(ebpf, maps::OVR_LIMITS)?,
+            stats: take(ebpf, maps::STATS)?,
+            class_stats: take(ebpf, maps::CLASS_STATS)?,
+            meta: take(ebpf, maps::META)?,
+            runtime: take(ebpf, maps::RUNTIME)?,
+            buckets: take(ebpf, maps::BUCKETS)?,
+            test_clock: take(ebpf, maps::TEST_CLOCK)?,
+            bucket_capacity: info.max_entries(),
+            buckets_id: info.id(),
+            last_flip: None,
+        })
+    }
+
+    pub(crate) fn meta(&self) -> Result<Meta, LoadError> {
+        self.meta.get(&0, 0).on(maps::META)
+    }
+
+    pub(crate) fn set_meta(&mut self, m: &Meta) -> Result<(), LoadError> {
+        self.meta.set(0, m, 0).on(maps::META)
+    }
+
+    /// Switch the data plane to `c` atomically: fill the idle slot's
+    /// override tries and limits and its `CONFIG` entry, then flip
+    /// `ACTIVE` (one 4-byte store). A packet reads `ACTIVE` and then its
+    /// slot within well under a microsecond, so the slot it may still be
+    /// reading is only rewritten after a settle time.
+    pub fn apply(&mut self, c: &Compiled) -> Result<(), LoadError> {
+        const SETTLE: Duration = Duration::from_millis(2);
+        if let Some(t) = self.last_flip {
+            std::thread::sleep(SETTLE.saturating_sub(t.elapsed()));
+        }
+        let next = 1 - self.active_slot()?;
+        let slot = next as usize;
+        let (name4, name6) = (maps::OVR4[slot], maps::OVR6[slot]);
+        let t4 = &mut self.ovr4[slot];
+        let old: Vec<Key<u32>> = t4.keys().filter_map(Result::ok).collect();
+        for k in &old {
+            t4.remove(k).on(name4)?;
+        }
+        for &(plen, addr, code) in &c.overrides.v4 {
+            t4.insert(&Key::new(plen, addr), code, 0).on(name4)?;
+        }
+        let t6 = &mut self.ovr6[slot];
+        let old: Vec<Key<[u32; 4]>> = t6.keys().filter_map(Result::ok).collect();
+        for k in &old {
+            t6.remove(k).on(name6)?;
+        }
+        for &(plen, addr, code) in &c.overrides.v6 {
+            t6.insert(&Key::new(plen, addr), code, 0).on(name6)?;
+        }
+        for (i, l) in (0u32..).zip(&c.overrides.limits) {
+            self.ovr_limits.set(next * MAX_OVERRIDES + i, l, 0).on(maps::OVR_LIMITS)?;
+        }
+        self.config.set(next, c.config, 0).on(maps::CONFIG)?;
+        self.active.set(0, next, 0).on(maps::ACTIVE)?;
+        self.last_flip = Some(Instant::now());
+        Ok(())
+    }
+
+    fn active_slot(&self) -> Result<u32, LoadError> {
+        Ok(self.active.get(&0, 0).on(maps::ACTIVE)? & 1)
+    }
+
+    /// The config the data plane enforces now, if any was applied.
+    pub fn active_config(&self) -> Result<Option<Config>, LoadError> {
+        let c = self.config.get(&self.active_slot()?, 0).on(maps::CONFIG)?;
+        Ok((c.flags & flags::CONFIGURED != 0).then_some(c))
+    }
+
+    /// Counters per reason and family, summed over CPUs.
+    pub fn totals(&self) -> Result<Totals, LoadError> {
+        let mut t = Totals::default();
+        for reason in Reason::ALL {
+            for fam in 0..STAT_FAMILIES {
+                let idx = stat_index(reason, u32::try_from(fam).expect("small"));
+                t.add(reason, fam, sum_cpus(&self.stats.get(&idx, 0).on(maps::STATS)?));
+            }
+        }
+        Ok(t)
+    }
+
+    /// Per-class counters summed over CPUs.
+    pub fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError> {
+        let mut out = [ClassCounters::default(); MAX_CLASSES];
+        for (i, slot) in (0u32..).zip(out.iter_mut()) {
+            *slot = sum_cpus(&self.class_stats.get(&i, 0).on(maps::CLASS_STATS)?);
+        }
+        Ok(out)
+    }
+
+    /// Every entry of the `RUNTIME` map (overrides set at run time).
+    pub fn runtime_overrides(&self) -> Result<Vec<(RuntimeKey, RuntimeOverride)>, LoadError> {
+        self.runtime.iter().map(|r| r.on(maps::RUNTIME)).collect()
+    }
+
+    /// Record (`Some`) or forget (`None`) one runtime override.
+    pub fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError> {
+        match value {
+            Some(v) => self.runtime.insert(key, v, 0),
+            None => match self.runtime.remove(key) {
+                Err(MapError::KeyNotFound) => Ok(()),
+                r => r,
+            },
+        }
+        .on(maps::RUNTIME)
+    }
+
+    /// Set the injected clock read by the test entry point.
+    pub fn set_test_clock(&mut self, now_ns: u64) -> Result<(), LoadError> {
+        self.test_clock.set(0, now_ns, 0).on(maps::TEST_CLOCK)
+    }
+}

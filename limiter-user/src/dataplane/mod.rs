@@ -1,0 +1,302 @@
+//! The data plane as userspace sees it: the XDP object loaded (and its
+//! maps pinned, with `--pin`), attached to an interface, and its maps
+//! behind typed handles (`maps`). The daemon writes policy through the
+//! [`PolicyMaps`] trait, which an in-memory fake also implements so the
+//! daemon's logic is tested on the host.
+
+pub mod counters;
+pub mod maps;
+pub mod pin;
+mod port;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{MapData, RingBuf},
+    programs::{ProgramError, TestRun as _, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
+};
+/// XDP actions (`XDP_PASS`, `XDP_DROP`, ...) as the kernel defines them.
+pub use aya_ebpf_bindings::bindings::xdp_action;
+use limiter_common::{META_MAGIC, Meta, SCHEMA_VERSION, maps as names, programs};
+
+#[cfg(any(test, feature = "testing"))]
+pub use self::port::FakeMaps;
+pub use self::{counters::Totals, maps::Maps, port::PolicyMaps};
+
+/// The production object, built by `build.rs` from `limiter-ebpf`.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));
+
+/// What went wrong loading, attaching or touching the maps.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the XDP object")]
+    Object(#[source] aya::EbpfError),
+    #[error("program {0} missing from the object")]
+    MissingProgram(&'static str),
+    #[error("map {0} missing from the object")]
+    MissingMap(&'static str),
+    #[error("loading program {name} into the kernel (verifier)")]
+    Verify {
+        name: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("interface {iface} does not exist")]
+    NoInterface { iface: String },
+    #[error(
+        "attaching to {iface} in native mode failed; the driver may not support native XDP, retry with --mode generic"
+    )]
+    NativeUnsupported {
+        iface: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("attaching to {iface} in {mode} mode")]
+    Attach {
+        iface: String,
+        mode: AttachMode,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("detaching from the interface")]
+    Detach(#[source] ProgramError),
+    #[error("map {map}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error(transparent)]
+    Pin(#[from] pin::PinError),
+    #[error("pinned state in {dir} belongs to interface index {pinned}, not {iface}")]
+    OtherInterface { dir: String, pinned: u32, iface: String },
+    #[error("pinning {what}")]
+    PinObject {
+        what: &'static str,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error("re-adopting the pinned link")]
+    Adopt(#[source] aya::programs::links::LinkError),
+    #[error("replacing the program on the pinned link")]
+    Replace(#[source] ProgramError),
+    #[error("test run of {name}")]
+    TestRun {
+        name: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+}
+
+/// How the program is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// In the driver (XDP_FLAGS_DRV_MODE): the fast path.
+    Native,
+    /// In the generic network stack (XDP_FLAGS_SKB_MODE): works everywhere.
+    Generic,
+}
+
+impl AttachMode {
+    fn xdp(self) -> XdpMode {
+        match self {
+            Self::Native => XdpMode::Driver,
+            Self::Generic => XdpMode::Skb,
+        }
+    }
+}
+
+impl std::fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Native => "native",
+            Self::Generic => "generic",
+        })
+    }
+}
+
+/// A loaded XDP object and its maps.
+pub struct DataPlane {
+    ebpf: Ebpf,
+    pub maps: Maps,
+    drop_events: Option<RingBuf<MapData>>,
+}
+
+/// `AYA_LOG_LEVEL` for the program: its debug lines are compiled in but
+/// stay off unless the daemon itself logs at debug level.
+fn ebpf_log_level() -> u8 {
+    let debug = tracing::level_filters::LevelFilter::current() >= tracing::level_filters::LevelFilter::DEBUG;
+    if debug { aya_log::Level::Debug as u8 } else { aya_log::Level::Info as u8 }
+}
+
+impl DataPlane {
+    /// Load the production object with a bucket map of `capacity` entries.
+    /// Programs are verified lazily by [`DataPlane::load_program`].
+    pub fn open(capacity: u32) -> Result<Self, LoadError> {
+        Self::load(OBJECT, capacity, None)
+    }
+
+    /// Load `object`; with `pin_dir`, its maps are pinned there (and pinned
+    /// maps already there are re-adopted as they are).
+    fn load(object: &[u8], capacity: u32, pin_dir: Option<&Path>) -> Result<Self, LoadError> {
+        let level = ebpf_log_level();
+        let paths: Vec<(&'static str, PathBuf)> =
+            pin_dir.map(|dir| pin::PINNED_MAPS.iter().map(|(n, ..)| (*n, dir.join(n))).collect()).unwrap_or_default();
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(names::BUCKETS, capacity);
+        loader.override_global(aya_log::LEVEL, &level, true);
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(object).map_err(LoadError::Object)?;
+        let maps = Maps::take(&mut ebpf)?;
+        let drop_events = ebpf.take_map(names::DROP_EVENTS).and_then(|m| RingBuf::try_from(m).ok());
+        Ok(Self { ebpf, maps, drop_events })
+    }
+
+    /// Load the object with its maps pinned in `dir`, re-adopting pinned
+    /// maps (buckets, counters and config kept) after checking they match
+    /// this build's schema. Returns the data plane and whether maps were
+    /// adopted.
+    pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, bool), LoadError> {
+        pin::ensure_dir(dir)?;
+        let adopted = pin::check(dir)?.is_some();
+        let mut d = Self::load(OBJECT, capacity, Some(dir))?;
+        if !adopted {
+            d.maps.set_meta(&Meta { magic: META_MAGIC, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 })?;
+        }
+        Ok((d, adopted))
+    }
+
+    fn xdp(&mut self, name: &'static str) -> Result<&mut Xdp, LoadError> {
+        self.ebpf.program_mut(name).and_then(|p| p.try_into().ok()).ok_or(LoadError::MissingProgram(name))
+    }
+
+    /// Capacity of the bucket map in use.
+    #[must_use]
+    pub fn capacity(&self) -> u32 {
+        self.maps.bucket_capacity
+    }
+
+    /// Kernel id of the bucket map (for a second, independent handle).
+    #[must_use]
+    pub fn buckets_map_id(&self) -> u32 {
+        self.maps.buckets_id
+    }
+
+    /// Attach with the link and program pinned in `dir`. If a link is
+    /// pinned already, this build's program replaces the old one on it
+    /// atomically (`bpf_link_update`): no moment without enforcement.
+    /// Returns `true` when an existing link was re-adopted.
+    pub fn attach_pinned(&mut self, iface: &str, mode: AttachMode, dir: &Path) -> Result<bool, LoadError> {
+        use aya::programs::links::{FdLink, PinnedLink};
+
+        let ifindex = ifindex(iface)?;
+        let mut meta = self.maps.meta()?;
+        let link_path = dir.join(pin::LINK);
+        if meta.ifindex != 0 && meta.ifindex != ifindex && link_path.exists() {
+            return Err(LoadError::OtherInterface {
+                dir: dir.display().to_string(),
+                pinned: meta.ifindex,
+                iface: iface.into(),
+            });
+        }
+        self.load_program(programs::LIMITER)?;
+        let replaced = if link_path.exists() {
+            let pinned = PinnedLink::from_pin(&link_path).map_err(LoadError::Adopt)?;
+            let link = aya::programs::xdp::XdpLink::try_from(FdLink::from(pinned)).map_err(LoadError::Adopt)?;
+            self.xdp(programs::LIMITER)?.attach_to_link(link).map_err(LoadError::Replace)?;
+            true
+        } else {
+            let id = self.attach(iface, mode)?;
+            let link = self.xdp(programs::LIMITER)?.take_link(id).map_err(|source| LoadError::Attach {
+                iface: iface.into(),
+                mode,
+                source,
+            })?;
+            let fd_link = FdLink::try_from(link).map_err(LoadError::Adopt)?;
+            fd_link.pin(&link_path).map_err(|source| LoadError::PinObject { what: "link", source })?;
+            false
+        };
+        let prog_path = dir.join(pin::PROG);
+        let _ = std::fs::remove_file(&prog_path);
+        self.xdp(programs::LIMITER)?
+            .pin(&prog_path)
+            .map_err(|source| LoadError::PinObject { what: "program", source })?;
+        meta.ifindex = ifindex;
+        self.maps.set_meta(&meta)?;
+        Ok(replaced)
+    }
+
+    /// Run the verifier on one entry point (idempotent).
+    pub fn load_program(&mut self, name: &'static str) -> Result<(), LoadError> {
+        let prog = self.xdp(name)?;
+        if prog.fd().is_ok() {
+            return Ok(());
+        }
+        prog.load().map_err(|source| LoadError::Verify { name, source })
+    }
+
+    /// Attach the production entry point. The link lives as long as `self`.
+    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<XdpLinkId, LoadError> {
+        self.attach_program(programs::LIMITER, iface, mode)
+    }
+
+    /// Attach an entry point; the link lives as long as `self`.
+    fn attach_program(&mut self, name: &'static str, iface: &str, mode: AttachMode) -> Result<XdpLinkId, LoadError> {
+        self.load_program(name)?;
+        let prog = self.xdp(name)?;
+        prog.attach(iface, mode.xdp()).map_err(|source| match source {
+            ProgramError::UnknownInterface { .. } => LoadError::NoInterface { iface: iface.into() },
+            source if mode == AttachMode::Native => LoadError::NativeUnsupported { iface: iface.into(), source },
+            source => LoadError::Attach { iface: iface.into(), mode, source },
+        })
+    }
+
+    /// Detach a link made by [`DataPlane::attach`].
+    pub fn detach(&mut self, link: XdpLinkId) -> Result<(), LoadError> {
+        self.xdp(programs::LIMITER)?.detach(link).map_err(LoadError::Detach)
+    }
+
+    /// The eBPF log forwarder (aya-log into `log`, which `tracing` picks
+    /// up). `None` if it cannot start.
+    pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
+        aya_log::EbpfLogger::init(&mut self.ebpf).ok()
+    }
+
+    /// The sampled-drop ring buffer, taken out (once).
+    pub fn take_drop_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.drop_events.take()
+    }
+
+    /// Run one frame through the injected-clock entry point at `now_ns`
+    /// (offline: `limiter replay`). Returns the XDP action.
+    pub fn run_at(&mut self, now_ns: u64, frame: &[u8]) -> Result<u32, LoadError> {
+        self.maps.set_test_clock(now_ns)?;
+        let opts = TestRunOptions { data_in: Some(frame), repeat: 1, ..TestRunOptions::new() };
+        Ok(self.run_with(programs::LIMITER_TEST_CLOCK, opts)?.0)
+    }
+
+    fn run_with(
+        &mut self,
+        name: &'static str,
+        opts: TestRunOptions<'_>,
+    ) -> Result<(u32, std::time::Duration), LoadError> {
+        self.load_program(name)?;
+        let r = self.xdp(name)?.test_run(opts).map_err(|source| LoadError::TestRun { name, source })?;
+        Ok((r.return_value, r.duration))
+    }
+}
+
+/// Index of `iface` in the calling thread's network namespace.
+fn ifindex(iface: &str) -> Result<u32, LoadError> {
+    let c = std::ffi::CString::new(iface).map_err(|_| LoadError::NoInterface { iface: iface.into() })?;
+    // SAFETY: valid NUL-terminated name.
+    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
+        0 => Err(LoadError::NoInterface { iface: iface.into() }),
+        i => Ok(i),
+    }
+}

@@ -1,0 +1,85 @@
+//! Test and bench helpers (the `testing` feature): the bench object, which
+//! holds the production programs and the bench's own; BPF_PROG_TEST_RUN
+//! of any entry point, also in live-frames mode; attaching any entry
+//! point; reading one bucket. Not part of the production API.
+
+use std::time::Duration;
+
+use aya::programs::{TestRunAttrs, TestRunOptions, xdp::XdpLinkId};
+use limiter_common::{BucketKey, BucketState, Config, maps as names};
+
+use super::{AttachMode, DataPlane, LoadError, ifindex, maps::Named as _};
+use crate::policy::{Compiled, CompiledOverrides};
+
+/// The bench object: limiter-ebpf built with its `bench` feature.
+pub static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-bench.bpf.o"));
+
+impl DataPlane {
+    /// Load the bench object (production programs plus the bench's).
+    pub fn open_bench(capacity: u32) -> Result<Self, LoadError> {
+        Self::load(BENCH_OBJECT, capacity, None)
+    }
+
+    /// Switch to `cfg` with no overrides.
+    pub fn apply_config(&mut self, cfg: &Config) -> Result<(), LoadError> {
+        self.maps.apply(&Compiled { config: *cfg, overrides: CompiledOverrides::default() })
+    }
+
+    /// Attach any entry point (the bench's receivers too).
+    pub fn attach_entry(&mut self, name: &'static str, iface: &str, mode: AttachMode) -> Result<XdpLinkId, LoadError> {
+        self.attach_program(name, iface, mode)
+    }
+
+    /// Instructions the verifier processed for a loaded entry point.
+    pub fn verified_instructions(&mut self, name: &'static str) -> Result<Option<u32>, LoadError> {
+        let info = self.xdp(name)?.info().map_err(|source| LoadError::Verify { name, source })?;
+        Ok(info.verified_instruction_count())
+    }
+
+    /// Set the injected clock read by the test entry point.
+    pub fn set_test_clock(&mut self, now_ns: u64) -> Result<(), LoadError> {
+        self.maps.set_test_clock(now_ns)
+    }
+
+    /// BPF_PROG_TEST_RUN of one entry point over `data`, `repeat` times.
+    /// Returns the XDP action and the kernel's mean duration per run.
+    pub fn test_run(&mut self, name: &'static str, data: &[u8], repeat: u32) -> Result<(u32, Duration), LoadError> {
+        self.run_with(name, TestRunOptions { data_in: Some(data), repeat, ..TestRunOptions::new() })
+    }
+
+    /// BPF_PROG_TEST_RUN in live-frames mode: the entry point runs `repeat`
+    /// times over copies of `frame` as if it had arrived on `iface` (in the
+    /// calling thread's network namespace), and frames it returns `XDP_TX`
+    /// for are really sent out of that interface. Returns the kernel's mean
+    /// duration per run.
+    pub fn test_run_live(
+        &mut self,
+        name: &'static str,
+        frame: &[u8],
+        iface: &str,
+        repeat: u32,
+    ) -> Result<Duration, LoadError> {
+        let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
+        // rx_queue_index, egress_ifindex.
+        let ctx: Vec<u8> = [0, len, 0, ifindex(iface)?, 0, 0].iter().flat_map(|w: &u32| w.to_ne_bytes()).collect();
+        let attrs = TestRunAttrs::new().xdp_live_frames(64);
+        let opts = TestRunOptions { data_in: Some(frame), ctx_in: Some(&ctx), repeat, attrs, ..TestRunOptions::new() };
+        Ok(self.run_with(name, opts)?.1)
+    }
+
+    /// Number of tracked prefixes (walks the map's keys).
+    #[must_use]
+    pub fn tracked(&self) -> usize {
+        self.maps.buckets.keys().flatten().count()
+    }
+
+    /// One bucket's state, if tracked.
+    pub fn bucket(&self, key: &BucketKey) -> Result<Option<BucketState>, LoadError> {
+        match self.maps.buckets.get(key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e).on(names::BUCKETS),
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! A policy back as a policy file.
+
+use std::fmt::Write as _;
+
+use crate::policy::{OverrideAction, Policy};
+
+/// The policy as a policy file that [`parse`] reads back to the same policy.
+#[must_use]
+pub fn render(p: &Policy) -> String {
+    let d = p.default;
+    let mut s = format!(
+        "mode = \"{}\"\nrate = {}\nburst = {}\ncost = \"{}\"\nv4_prefix = {}\nv6_prefix = {}\ncapacity = {}\n",
+        d.mode, d.rate, d.burst, d.cost, p.v4_prefix, p.v6_prefix, p.capacity
+    );
+    match p.new_sources {
+        Some((rate, burst)) => {
+            let _ = writeln!(s, "new_source_rate = {rate}\nnew_source_burst = {burst}");
+        }
+        None => s.push_str("new_source_rate = 0\n"),
+    }
+    if let Some(a) = p.aggregate {
+        let _ = writeln!(
+            s,
+            "aggregate_rate = {}\naggregate_burst = {}\naggregate_v4_prefix = {}\naggregate_v6_prefix = {}",
+            a.rate, a.burst, a.v4_prefix, a.v6_prefix
+        );
+    }
+    for c in &p.classes {
+        let l = c.limit;
+        let _ = write!(s, "\n[[class]]\nname = {:?}\nprotocol = \"{}\"\n", c.name, c.protocol);
+        if !c.ports.is_empty() {
+            let ports: Vec<String> = c
+                .ports
+                .iter()
+                .map(|&(lo, hi)| if lo == hi { lo.to_string() } else { format!("\"{lo}-{hi}\"") })
+                .collect();
+            let _ = writeln!(s, "ports = [{}]", ports.join(", "));
+        }
+        if c.syn {
+            s.push_str("syn = true\n");
+        }
+        let _ = writeln!(s, "rate = {}\nburst = {}\ncost = \"{}\"\nmode = \"{}\"", l.rate, l.burst, l.cost, l.mode);
+    }
+    for o in &p.overrides {
+        let _ = write!(s, "\n[[override]]\ncidr = \"{}\"\n", o.net);
+        match o.action {
+            OverrideAction::Allow => s.push_str("action = \"allow\"\n"),
+            OverrideAction::Deny => s.push_str("action = \"deny\"\n"),
+            OverrideAction::Limit(l) => {
+                let _ = writeln!(s, "rate = {}\nburst = {}\nmode = \"{}\"", l.rate, l.burst, l.mode);
+            }
+        }
+    }
+    s
+}

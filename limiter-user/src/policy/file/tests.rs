@@ -1,0 +1,180 @@
+use super::*;
+
+const GOOD: &str = r#"
+mode = "enforce"
+rate = 500
+burst = 1000
+v6_prefix = 48
+
+[[class]]
+name = "https-syn"
+protocol = "tcp"
+ports = [443, "8000-8080"]
+syn = true
+rate = 20
+burst = 40
+mode = "shadow"
+
+[[class]]
+name = "quic"
+protocol = "udp"
+ports = [443]
+rate = 2000
+burst = 4000
+"#;
+
+fn load(text: &str) -> Result<Loaded, PolicyError> {
+    parse("p.toml", text.to_owned())
+}
+
+/// Parse and compile, as `limiter policy check` does.
+fn err(text: &str) -> PolicyError {
+    match load(text) {
+        Ok(l) => l.check().unwrap_err(),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn a_full_policy_parses() {
+    let p = load(GOOD).unwrap().policy;
+    assert_eq!((p.default.rate, p.default.burst, p.v6_prefix, p.v4_prefix), (500, 1000, 48, 24));
+    assert_eq!(p.classes.len(), 2);
+    assert_eq!(p.classes[0].ports, vec![(443, 443), (8000, 8080)]);
+    assert_eq!((p.classes[0].syn, p.classes[0].limit.mode), (true, Mode::Shadow));
+    assert_eq!((p.classes[1].protocol, p.classes[1].limit.mode), (Protocol::Udp, Mode::Enforce));
+}
+
+#[test]
+fn errors_name_file_line_and_field() {
+    let cases = [
+        ("rate = 10\nbursty = 3\n", 2, "bursty", "unknown field"),
+        ("rate = \"fast\"\n", 1, "rate", "invalid type"),
+        ("rate = -5\n", 1, "rate", ""),
+        ("mode = \"loud\"\n", 1, "mode", "enforce"),
+        ("rate = 0\n", 1, "rate", "outside"),
+        ("v4_prefix = 40\n", 1, "v4_prefix", "longer than 32"),
+        ("capacity = 4294967295\n", 1, "capacity", "outside"),
+        ("[[class]]\nname = \"a\"\nrate = 1\nburst = 1\nprotocol = \"sctp\"\n", 5, "class[0].protocol", "one of"),
+        ("[[class]]\nname = \"a\"\nrate = 1\nburst = 1\nsyn = true\n", 5, "class[0].syn", "tcp"),
+        (
+            "[[class]]\nname = \"a\"\nrate = 1\nburst = 1\n[[class]]\nname = \"b\"\nrate = 0\nburst = 1\n",
+            7,
+            "class[1].rate",
+            "outside",
+        ),
+        (
+            "[[class]]\nname = \"a\"\nprotocol = \"udp\"\nports = [\"9-3\"]\nrate = 1\nburst = 1\n",
+            4,
+            "class[0].ports",
+            "range",
+        ),
+        (
+            "[[class]]\nname = \"a\"\nprotocol = \"udp\"\nports = [65536]\nrate = 1\nburst = 1\n",
+            4,
+            "class[0].ports",
+            "65536 is not a port (1..=65535)",
+        ),
+        ("[[class]]\nname = \"a\"\nrate = 1\nburst = 1\ncolour = 1\n", 5, "class[0].colour", "unknown field"),
+        ("[[override]]\ncidr = \"198.18.5.7/24\"\naction = \"allow\"\n", 2, "override[0].cidr", "host bits"),
+        (
+            "[[override]]\ncidr = \"198.18.5.0/24\"\naction = \"allow\"\n[[override]]\ncidr = \"nonsense\"\naction = \"deny\"\n",
+            5,
+            "override[1].cidr",
+            "invalid",
+        ),
+        ("[[override]]\ncidr = \"198.18.5.0/24\"\naction = \"maybe\"\n", 3, "override[0].action", "allow"),
+        ("[[override]]\ncidr = \"198.18.5.0/24\"\nrate = 5\n", 1, "override[0].action", "both rate and burst"),
+        ("[[override]]\ncidr = \"198.18.5.0/25\"\naction = \"deny\"\n", 2, "override[0].cidr", "bucket prefix"),
+        (
+            "[[override]]\ncidr = \"198.18.5.0/24\"\naction = \"deny\"\n[[override]]\ncidr = \"198.18.5.0/24\"\naction = \"allow\"\n",
+            5,
+            "override[1].cidr",
+            "twice",
+        ),
+        ("new_source_rate = 5\n", 1, "new_source_burst", "needs"),
+        ("aggregate_v4_prefix = 12\n", 1, "aggregate_rate", "need"),
+        (
+            "v4_prefix = 16\naggregate_rate = 1\naggregate_burst = 1\naggregate_v4_prefix = 20\n",
+            4,
+            "aggregate_v4_prefix",
+            "finer",
+        ),
+    ];
+    for (text, line, field, problem) in cases {
+        let e = err(text);
+        assert_eq!(e.location, Some(("p.toml".into(), line)), "{text:?}: {e}");
+        assert_eq!(e.field, field, "{text:?}: {e}");
+        assert!(e.problem.contains(problem), "{text:?}: {e}");
+        assert!(e.to_string().starts_with(&format!("p.toml:{line}: {field}: ")), "{e}");
+    }
+}
+
+#[test]
+fn an_error_in_a_policy_with_runtime_overrides_points_at_the_file_or_says_run_time() {
+    let text = "[[override]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n\n[[override]]\ncidr = \"198.18.9.0/24\"\nrate = 0\nburst = 5\n";
+    let l = load(text).unwrap();
+    // At run time the first file override was removed: the bad one is now
+    // override[0] of the applied policy, but it is the file's override[1].
+    let mut applied = l.policy.clone();
+    applied.overrides.remove(0);
+    let e = l.origin.locate(applied.compile(1).unwrap_err(), &applied);
+    assert_eq!((e.field.as_str(), e.location.clone()), ("override[1].rate", Some(("p.toml".into(), 7))), "{e}");
+    // One added at run time is said to be so.
+    let mut applied = l.policy.clone();
+    applied.overrides[1] = Override { net: "198.18.77.0/25".parse().unwrap(), action: OverrideAction::Deny };
+    let e = l.origin.locate(applied.compile(1).unwrap_err(), &applied);
+    assert!(e.problem.contains("198.18.77.0/25 was set at run time"), "{e}");
+}
+
+#[test]
+fn locating_the_last_of_many_overrides_is_linear() {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    for i in 0..131_071u32 {
+        let _ = write!(text, "[[override]]\ncidr = \"10.{}.{}.0/24\"\naction = \"deny\"\n", i >> 8 & 255, i & 255);
+    }
+    text.push_str("[[override]]\ncidr = \"10.0.0.0/24\"\naction = \"deny\"\n");
+    let start = std::time::Instant::now();
+    let e = err(&text);
+    assert_eq!(e.field, "override[131071].cidr", "{e}");
+    assert_eq!(e.location.map(|l| l.1), Some(131_071 * 3 + 2));
+    // Quadratic location took minutes here; linear takes well under one
+    // second even in a debug build on a slow machine.
+    assert!(start.elapsed() < std::time::Duration::from_secs(10), "{:?}", start.elapsed());
+}
+
+#[test]
+fn the_new_source_budget_is_on_by_default_and_zero_turns_it_off() {
+    let d = load("").unwrap().policy;
+    assert_eq!(d.new_sources, Some(super::super::DEFAULT_NEW_SOURCES));
+    let off = load("new_source_rate = 0\n").unwrap().policy;
+    assert_eq!(off.new_sources, None);
+    // Rendered, an unlimited budget reads back as unlimited.
+    assert_eq!(load(&render(&off)).unwrap().policy.new_sources, None);
+}
+
+#[test]
+fn render_reads_back_to_the_same_policy() {
+    let mut text = GOOD.to_owned();
+    text =
+        format!("new_source_rate = 500\nnew_source_burst = 900\naggregate_rate = 4000\naggregate_burst = 8000\n{text}");
+    text.push_str("\n[[override]]\ncidr = \"198.18.0.0/16\"\nrate = 5\nburst = 9\n\n[[override]]\ncidr = \"2001:2::/48\"\naction = \"deny\"\n\n[[class]]\nname = \"ping\"\nprotocol = \"icmp\"\nrate = 3\nburst = 3\n");
+    let p = load(&text).unwrap().policy;
+    assert_eq!(p.overrides.len(), 2);
+    assert_eq!(p.new_sources, Some((500, 900)));
+    assert_eq!(p.aggregate.map(|a| (a.rate, a.v4_prefix, a.v6_prefix)), Some((4000, 16, 40)));
+    let again = parse("rendered", render(&p)).unwrap().policy;
+    assert_eq!(again, p);
+    assert_eq!(again.classes[2].protocol, Protocol::Icmp);
+}
+
+#[test]
+fn only_regular_files_of_bounded_size_are_read() {
+    let e = read(Path::new("/nonexistent/limiter.toml")).unwrap_err();
+    assert!(e.to_string().starts_with("/nonexistent/limiter.toml:"), "{e}");
+    let e = read(Path::new("/dev/zero")).unwrap_err();
+    assert!(e.problem.contains("not a regular file"), "{e}");
+    let e = read(Path::new("/tmp")).unwrap_err();
+    assert!(e.problem.contains("not a regular file"), "{e}");
+}
