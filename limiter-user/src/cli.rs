@@ -130,6 +130,10 @@ pub enum PrefixCommand {
 /// Arguments of `limiter unload`.
 #[derive(Debug, Args)]
 pub struct UnloadArgs {
+    /// Unload even while a daemon serves the pin directory (it will put
+    /// back what is removed under it: stop it first to remove protection).
+    #[arg(long)]
+    pub force: bool,
     /// Keep the pinned maps (buckets, counters, config) for a later `run --pin`.
     #[arg(long)]
     pub keep_maps: bool,

@@ -10,6 +10,7 @@
 //!
 //! The binary in `main.rs` is a thin shell over `cmd`.
 
+pub mod listen;
 pub mod policy;
 
 pub mod dataplane;

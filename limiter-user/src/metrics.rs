@@ -3,10 +3,10 @@
 //! prometheus-client. No label carries an address or a prefix, so the
 //! number of series is fixed by reasons, families and classes.
 
-use std::{convert::Infallible, net::SocketAddr};
+use std::{convert::Infallible, net::SocketAddr, time::Duration};
 
 use http_body_util::Full;
-use hyper::{Request, Response, body::Bytes, service::service_fn};
+use hyper::{Method, Request, Response, body::Bytes, service::service_fn};
 use hyper_util::rt::TokioIo;
 use limiter_common::{Action, ClassCounters, Reason, STAT_FAMILIES};
 use prometheus_client::{
@@ -33,6 +33,10 @@ pub struct Snapshot {
     pub tracked: usize,
     pub iface: String,
     pub attach_mode: String,
+    /// The program is on the interface (checked every second).
+    pub attached: bool,
+    /// Times a lost link or pin was put back.
+    pub reattaches: u64,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
     pub last_reload_ok: Option<u64>,
@@ -123,8 +127,14 @@ impl Collector for SnapshotCollector {
             None,
             MetricType::Gauge,
         )?;
-        ConstGauge::new(1i64)
+        ConstGauge::new(i64::from(s.attached))
             .encode(m.encode_family(&[("interface", s.iface.as_str()), ("mode", s.attach_mode.as_str())])?)?;
+        ConstCounter::new(s.reattaches).encode(enc.encode_descriptor(
+            "limiter_reattaches",
+            "Times the daemon found its XDP link or pin gone and put it back.",
+            None,
+            MetricType::Counter,
+        )?)?;
         let mut m = enc.encode_descriptor("limiter_build_info", "Build information.", None, MetricType::Gauge)?;
         ConstGauge::new(1i64).encode(m.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
         Ok(())
@@ -145,27 +155,38 @@ pub fn render(snapshot: Snapshot) -> String {
 /// A scrape's request for a snapshot, answered by the daemon loop.
 pub type ScrapeCall = oneshot::Sender<Snapshot>;
 
+/// Scrapers served at once; more are closed at accept.
+pub const MAX_CONNS: usize = 32;
+/// A request's headers must arrive this fast (also bounds an idle
+/// keep-alive connection).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// No connection lives longer than this; scrapers reconnect.
+const CONN_LIFETIME: Duration = Duration::from_mins(1);
+
 /// Serve `GET /metrics` on `addr`; every scrape asks `snapshots` for fresh
 /// numbers. Returns the bound address.
 pub async fn serve(addr: SocketAddr, snapshots: mpsc::Sender<ScrapeCall>) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let snapshots = snapshots.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let snapshots = snapshots.clone();
-                    async move { Ok::<_, Infallible>(answer(req.uri().path(), &snapshots).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+    crate::listen::spawn("metrics", listener, MAX_CONNS, move |stream| {
+        let snapshots = snapshots.clone();
+        async move {
+            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let snapshots = snapshots.clone();
+                async move { Ok::<_, Infallible>(answer(req.method(), req.uri().path(), &snapshots).await) }
             });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(16 << 10)
+                .serve_connection(TokioIo::new(stream), svc);
+            let _ = tokio::time::timeout(CONN_LIFETIME, conn).await;
         }
     });
     Ok(bound)
 }
 
-async fn answer(path: &str, snapshots: &mpsc::Sender<ScrapeCall>) -> Response<Full<Bytes>> {
+async fn answer(method: &Method, path: &str, snapshots: &mpsc::Sender<ScrapeCall>) -> Response<Full<Bytes>> {
     let reply = |code: u16, ctype: &str, body: String| {
         Response::builder()
             .status(code)
@@ -175,6 +196,11 @@ async fn answer(path: &str, snapshots: &mpsc::Sender<ScrapeCall>) -> Response<Fu
     };
     if path != "/metrics" {
         return reply(404, "text/plain", "only /metrics is served here\n".into());
+    }
+    if method != Method::GET && method != Method::HEAD {
+        let mut r = reply(405, "text/plain", "only GET\n".into());
+        r.headers_mut().insert("allow", hyper::header::HeaderValue::from_static("GET, HEAD"));
+        return r;
     }
     let (tx, rx) = oneshot::channel();
     if snapshots.send(tx).await.is_err() {
@@ -208,8 +234,8 @@ mod tests {
         let series = text.lines().filter(|l| !l.starts_with('#')).count();
         // packets and bytes: every reason x 3 families each; one class x 3
         // actions; tracked, capacity, version; reloads x 2 results; two
-        // reload timestamps; attached; build_info.
+        // reload timestamps; attached; reattaches; build_info.
         let reasons = limiter_common::REASON_COUNT;
-        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1, "series count is fixed");
+        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 1, "series count is fixed");
     }
 }

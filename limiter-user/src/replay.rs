@@ -1,21 +1,43 @@
 //! `limiter replay`: run the real XDP program over a capture, offline, with
 //! the capture's own timestamps fed through the injected clock, and total
 //! the verdicts per source prefix. Nothing is attached to any interface.
+//!
+//! The capture is read as a stream (the header is checked before anything
+//! else; memory stays within a bounded window of frames), and every frame
+//! is charged its original length (a frame cut by the capture's snap
+//! length is padded with zeros back to it). Out-of-order stamps (captures
+//! from several queues interleave) are put back in order within a window
+//! of [`WINDOW_FRAMES`] frames or [`WINDOW_BYTES`] bytes; a frame later
+//! than that is replayed at the latest time already replayed, since the
+//! data plane's clock never goes back, and counted as late.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{self, BufReader, Read},
+    path::Path,
+};
 
 use limiter_common::{Reason, packet, rules::bucket_key};
 use serde::Serialize;
 
 use crate::{
     dataplane::{DataPlane, xdp_action},
-    policy::Policy,
+    policy::{Mode, OverrideAction, Policy},
 };
+
+/// Largest frame a capture may claim (pcap's largest snap length).
+pub const MAX_FRAME: u32 = 262_144;
+/// Frames held back to put out-of-order stamps in order.
+pub const WINDOW_FRAMES: usize = 4096;
+/// Bytes held back at most for the same.
+pub const WINDOW_BYTES: usize = 16 << 20;
 
 /// One frame of a capture.
 pub struct Frame {
-    /// Nanoseconds since the first frame.
+    /// Capture timestamp in nanoseconds.
     pub t_ns: u64,
+    /// The captured bytes, padded with zeros to the original length.
     pub data: Vec<u8>,
 }
 
@@ -25,51 +47,105 @@ pub enum PcapError {
     Read {
         path: String,
         #[source]
-        source: std::io::Error,
+        source: io::Error,
     },
     #[error("{path}: not a pcap file (magic {magic:#010x}; pcapng is not supported, convert with `editcap -F pcap`)")]
     Magic { path: String, magic: u32 },
-    #[error("{path}: link type {0} is not Ethernet (1)", .linktype)]
+    #[error("{path}: link type {linktype} is not Ethernet (1)")]
     LinkType { path: String, linktype: u32 },
     #[error("{path}: record at byte {offset} is cut short")]
-    Truncated { path: String, offset: usize },
+    Truncated { path: String, offset: u64 },
+    #[error("{path}: record at byte {offset} claims {len} bytes (at most {MAX_FRAME})")]
+    BadLength { path: String, offset: u64, len: u32 },
 }
 
-/// Read a classic pcap file (either byte order, micro- or nanosecond
-/// timestamps, Ethernet link type).
-pub fn read_pcap(path: &Path) -> Result<Vec<Frame>, PcapError> {
-    let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| PcapError::Read { path: name.clone(), source })?;
-    let truncated = |offset| PcapError::Truncated { path: name.clone(), offset };
-    let magic_le = bytes.get(..4).map_or(0, |m| u32::from_le_bytes(m.try_into().expect("4 bytes")));
-    let (big, nanos) = match magic_le {
-        0xa1b2_c3d4 => (false, false),
-        0xa1b2_3c4d => (false, true),
-        0xd4c3_b2a1 => (true, false),
-        0x4d3c_b2a1 => (true, true),
-        magic => return Err(PcapError::Magic { path: name, magic }),
-    };
-    let head = bytes.get(..24).ok_or_else(|| truncated(0))?;
-    let u32_at = |b: &[u8], i: usize| {
-        let w: [u8; 4] = b[i..i + 4].try_into().expect("4 bytes");
-        if big { u32::from_be_bytes(w) } else { u32::from_le_bytes(w) }
-    };
-    let linktype = u32_at(head, 20);
-    if linktype != 1 {
-        return Err(PcapError::LinkType { path: name, linktype });
+/// A classic pcap file (either byte order, micro- or nanosecond
+/// timestamps, Ethernet link type), read one frame at a time.
+pub struct Pcap<R> {
+    r: R,
+    path: String,
+    big_endian: bool,
+    nanos: bool,
+    offset: u64,
+}
+
+impl Pcap<BufReader<File>> {
+    /// Open `path` and check its header (nothing else is read yet).
+    pub fn open(path: &Path) -> Result<Self, PcapError> {
+        let name = path.display().to_string();
+        let f = File::open(path).map_err(|source| PcapError::Read { path: name.clone(), source })?;
+        Self::new(BufReader::new(f), name)
     }
-    let mut frames = Vec::new();
-    let (mut off, mut first) = (24, None);
-    while off < bytes.len() {
-        let rec = bytes.get(off..off + 16).ok_or_else(|| truncated(off))?;
-        let (sec, frac, len) = (u64::from(u32_at(rec, 0)), u64::from(u32_at(rec, 4)), u32_at(rec, 8) as usize);
-        let data = bytes.get(off + 16..off + 16 + len).ok_or_else(|| truncated(off))?.to_vec();
-        let t = sec * 1_000_000_000 + if nanos { frac } else { frac * 1_000 };
-        let t0 = *first.get_or_insert(t);
-        frames.push(Frame { t_ns: t.saturating_sub(t0), data });
-        off += 16 + len;
+}
+
+impl<R: Read> Pcap<R> {
+    /// Read and check the 24-byte header of `r`.
+    pub fn new(mut r: R, path: String) -> Result<Self, PcapError> {
+        let mut head = [0u8; 24];
+        let got = read_full(&mut r, &mut head).map_err(|source| PcapError::Read { path: path.clone(), source })?;
+        let magic = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+        let (big_endian, nanos) = match magic {
+            0xa1b2_c3d4 => (false, false),
+            0xa1b2_3c4d => (false, true),
+            0xd4c3_b2a1 => (true, false),
+            0x4d3c_b2a1 => (true, true),
+            _ if got < 4 => return Err(PcapError::Truncated { path, offset: 0 }),
+            magic => return Err(PcapError::Magic { path, magic }),
+        };
+        if got < head.len() {
+            return Err(PcapError::Truncated { path, offset: 0 });
+        }
+        let p = Self { r, path, big_endian, nanos, offset: 24 };
+        let linktype = p.word(&head, 20);
+        if linktype != 1 {
+            return Err(PcapError::LinkType { path: p.path, linktype });
+        }
+        Ok(p)
     }
-    Ok(frames)
+
+    fn word(&self, b: &[u8], i: usize) -> u32 {
+        let w = [b[i], b[i + 1], b[i + 2], b[i + 3]];
+        if self.big_endian { u32::from_be_bytes(w) } else { u32::from_le_bytes(w) }
+    }
+
+    /// The next frame, `None` at the end of the file.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, PcapError> {
+        let read_err = |path: &str, source| PcapError::Read { path: path.to_owned(), source };
+        let mut rec = [0u8; 16];
+        match read_full(&mut self.r, &mut rec).map_err(|e| read_err(&self.path, e))? {
+            0 => return Ok(None),
+            16 => {}
+            _ => return Err(PcapError::Truncated { path: self.path.clone(), offset: self.offset }),
+        }
+        let (sec, frac) = (u64::from(self.word(&rec, 0)), u64::from(self.word(&rec, 4)));
+        let (incl, orig) = (self.word(&rec, 8), self.word(&rec, 12));
+        if incl > MAX_FRAME || orig > MAX_FRAME {
+            return Err(PcapError::BadLength { path: self.path.clone(), offset: self.offset, len: incl.max(orig) });
+        }
+        let mut data = vec![0u8; incl as usize];
+        if read_full(&mut self.r, &mut data).map_err(|e| read_err(&self.path, e))? < data.len() {
+            return Err(PcapError::Truncated { path: self.path.clone(), offset: self.offset });
+        }
+        // Charged as sent: the bytes the capture left out are zeros.
+        data.resize(orig.max(incl) as usize, 0);
+        self.offset += 16 + u64::from(incl);
+        let t_ns = sec * 1_000_000_000 + if self.nanos { frac } else { frac * 1_000 };
+        Ok(Some(Frame { t_ns, data }))
+    }
+}
+
+/// Read until `buf` is full or the stream ends; how much was read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// Verdict totals of one source prefix (or `non-ip` / `malformed`).
@@ -80,6 +156,44 @@ pub struct PrefixTotals {
     pub passed: u64,
     pub dropped: u64,
     pub shadow_dropped: u64,
+}
+
+/// What a replay found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub frames: u64,
+    /// Frames stamped earlier than a frame before them in the file.
+    pub reordered: u64,
+    /// Of those, frames beyond the window: replayed at the latest time
+    /// already replayed instead of their own.
+    pub late: u64,
+    pub prefixes: Vec<PrefixTotals>,
+}
+
+/// Frames put back in timestamp order within a bounded window.
+#[derive(Default)]
+struct InOrder {
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64, Vec<u8>)>>,
+    bytes: usize,
+    seq: u64,
+}
+
+impl InOrder {
+    fn push(&mut self, f: Frame) {
+        self.bytes += f.data.len();
+        self.seq += 1;
+        self.heap.push(std::cmp::Reverse((f.t_ns, self.seq, f.data)));
+    }
+
+    /// The earliest frame held, once the window is full (or `all`).
+    fn pop(&mut self, all: bool) -> Option<Frame> {
+        if !all && self.heap.len() <= WINDOW_FRAMES && self.bytes <= WINDOW_BYTES {
+            return None;
+        }
+        let std::cmp::Reverse((t_ns, _, data)) = self.heap.pop()?;
+        self.bytes -= data.len();
+        Some(Frame { t_ns, data })
+    }
 }
 
 /// The source prefix a frame is charged to, by the policy's prefix
@@ -93,35 +207,156 @@ fn prefix_of(data: &[u8], p: &Policy) -> String {
     }
 }
 
-/// Replay `frames` through a private copy of the program under `policy`.
-pub fn replay(policy: &Policy, frames: &[Frame]) -> anyhow::Result<Vec<PrefixTotals>> {
+/// Whether any part of `p` is in shadow mode (only then is a passed frame
+/// checked for being a shadow drop).
+fn has_shadow(p: &Policy) -> bool {
+    p.default.mode == Mode::Shadow
+        || p.classes.iter().any(|c| c.limit.mode == Mode::Shadow)
+        || p.overrides.iter().any(|o| matches!(o.action, OverrideAction::Limit(l) if l.mode == Mode::Shadow))
+}
+
+/// One frame through the program at `now`, counted under its prefix.
+fn run_frame<'a>(
+    l: &mut DataPlane,
+    policy: &Policy,
+    shadow: bool,
+    now: u64,
+    data: &[u8],
+    out: &'a mut BTreeMap<String, PrefixTotals>,
+) -> anyhow::Result<&'a mut PrefixTotals> {
+    let prefix = prefix_of(data, policy);
+    let row = out.entry(prefix.clone()).or_insert_with(|| PrefixTotals { prefix, ..PrefixTotals::default() });
+    row.packets += 1;
+    let shadow_before = if shadow { l.maps.counters.reason_packets(Reason::ShadowDropped)? } else { 0 };
+    // The kernel refuses frames shorter than an Ethernet header.
+    let Ok(action) = l.run_at(now, data) else {
+        row.dropped += 1;
+        return Ok(row);
+    };
+    if action == xdp_action::XDP_PASS {
+        if shadow && l.maps.counters.reason_packets(Reason::ShadowDropped)? > shadow_before {
+            row.shadow_dropped += 1;
+        }
+        row.passed += 1;
+    } else {
+        row.dropped += 1;
+    }
+    Ok(row)
+}
+
+/// Replay the frames of `pcap` through a private copy of the program
+/// under `policy`.
+pub fn replay<R: Read>(policy: &Policy, pcap: &mut Pcap<R>) -> anyhow::Result<Report> {
     // Timestamps start one second in: time 0 is not special, but a bucket
     // should never look created before the clock started.
     const BASE_NS: u64 = 1_000_000_000;
     let compiled = policy.compile(1)?;
     let mut l = DataPlane::open(policy.capacity)?;
     l.maps.apply(&compiled)?;
+    let shadow = has_shadow(policy);
     let mut out: BTreeMap<String, PrefixTotals> = BTreeMap::new();
-    for f in frames {
-        let prefix = prefix_of(&f.data, policy);
-        let row = out.entry(prefix.clone()).or_insert_with(|| PrefixTotals { prefix, ..PrefixTotals::default() });
-        row.packets += 1;
-        let shadow_before = l.maps.totals()?.get(Reason::ShadowDropped).packets;
-        // The kernel refuses frames shorter than an Ethernet header.
-        let Ok(action) = l.run_at(BASE_NS + f.t_ns, &f.data) else {
-            row.dropped += 1;
-            continue;
-        };
-        if action == xdp_action::XDP_PASS {
-            if l.maps.totals()?.get(Reason::ShadowDropped).packets > shadow_before {
-                row.shadow_dropped += 1;
+    let mut report = Report::default();
+    let (mut window, mut newest) = (InOrder::default(), 0);
+    let (mut first, mut now) = (None, BASE_NS);
+    let mut more = true;
+    while more {
+        match pcap.next_frame()? {
+            Some(f) => {
+                report.frames += 1;
+                if f.t_ns < newest {
+                    report.reordered += 1;
+                }
+                newest = newest.max(f.t_ns);
+                window.push(f);
             }
-            row.passed += 1;
-        } else {
-            row.dropped += 1;
+            None => more = false,
+        }
+        while let Some(f) = window.pop(!more) {
+            let t0 = *first.get_or_insert(f.t_ns);
+            let t = BASE_NS + f.t_ns.saturating_sub(t0);
+            if t < now {
+                report.late += 1;
+            }
+            now = now.max(t);
+            run_frame(&mut l, policy, shadow, now, &f.data, &mut out)?;
         }
     }
     let mut rows: Vec<PrefixTotals> = out.into_values().collect();
     rows.sort_by(|a, b| b.dropped.cmp(&a.dropped).then(b.packets.cmp(&a.packets)).then(a.prefix.cmp(&b.prefix)));
-    Ok(rows)
+    report.prefixes = rows;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(records: &[(u32, u32, u32, &[u8])]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for w in [0xa1b2_c3d4u32, 0x0004_0002, 0, 0, 65_535, 1] {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        for (sec, incl, orig, data) in records {
+            for w in [*sec, 0, *incl, *orig] {
+                b.extend_from_slice(&w.to_le_bytes());
+            }
+            b.extend_from_slice(data);
+        }
+        b
+    }
+
+    #[test]
+    fn a_cut_frame_is_padded_to_its_original_length() {
+        let b = file(&[(1, 4, 1500, &[1, 2, 3, 4])]);
+        let mut p = Pcap::new(b.as_slice(), "t".into()).unwrap();
+        let f = p.next_frame().unwrap().unwrap();
+        assert_eq!((f.t_ns, f.data.len(), &f.data[..5]), (1_000_000_000, 1500, &[1, 2, 3, 4, 0][..]));
+        assert!(p.next_frame().unwrap().is_none());
+    }
+
+    #[test]
+    fn the_header_is_checked_before_anything_else_is_read() {
+        // A reader that fails after the header: a bad magic is found first.
+        struct Header(Vec<u8>);
+        impl Read for Header {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                if self.0.is_empty() {
+                    return Err(io::Error::other("read past the header"));
+                }
+                let n = buf.len().min(self.0.len());
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0.drain(..n);
+                Ok(n)
+            }
+        }
+        let e = Pcap::new(Header(vec![7; 24]), "t".into()).err().unwrap();
+        assert!(matches!(e, PcapError::Magic { magic: 0x0707_0707, .. }), "{e}");
+    }
+
+    #[test]
+    fn the_window_puts_frames_back_in_order_and_stays_bounded() {
+        let mut w = InOrder::default();
+        for t in [5, 1, 3] {
+            w.push(Frame { t_ns: t, data: vec![0; 10] });
+        }
+        assert!(w.pop(false).is_none(), "held while the window has room");
+        let order: Vec<u64> = std::iter::from_fn(|| w.pop(true)).map(|f| f.t_ns).collect();
+        assert_eq!(order, [1, 3, 5]);
+        for t in 0..=WINDOW_FRAMES as u64 {
+            w.push(Frame { t_ns: t, data: Vec::new() });
+        }
+        assert_eq!(w.pop(false).map(|f| f.t_ns), Some(0), "a full window gives up its earliest");
+        w.push(Frame { t_ns: 1, data: vec![0; WINDOW_BYTES + 1] });
+        assert!(w.pop(false).is_some(), "too many bytes held: one goes");
+    }
+
+    #[test]
+    fn hostile_lengths_and_cut_records_are_refused() {
+        let b = file(&[(1, 4, MAX_FRAME + 1, &[1, 2, 3, 4])]);
+        assert!(matches!(Pcap::new(b.as_slice(), "t".into()).unwrap().next_frame(), Err(PcapError::BadLength { .. })));
+        let mut b = file(&[(1, 8, 8, &[1, 2, 3, 4, 5, 6, 7, 8])]);
+        b.truncate(b.len() - 3);
+        let e = Pcap::new(b.as_slice(), "t".into()).unwrap().next_frame().err().unwrap();
+        assert!(matches!(e, PcapError::Truncated { offset: 24, .. }), "{e}");
+    }
 }

@@ -6,3 +6,4 @@ pub mod kernel;
 pub mod netns;
 pub mod packet;
 pub mod scenario;
+pub mod seccomp;

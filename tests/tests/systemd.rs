@@ -78,3 +78,41 @@ fn exec_start_runs_as_written_and_notifies_ready() {
     assert_eq!(&buf[..n], b"READY=1\n");
     assert!(log.contains("pinned in"), "{log}");
 }
+
+/// The daemon under the unit's `RestrictAddressFamilies=` (a seccomp filter
+/// equivalent to systemd's, since PID 1 here is not systemd) serves
+/// `/metrics`; the filter is shown to bite by the families the unit had
+/// before, under which the TCP listener cannot be made.
+#[test]
+fn under_the_units_address_families_metrics_are_served() {
+    require_root();
+    let unit = unit();
+    let families = limiter_tests::seccomp::families(value(&unit, "RestrictAddressFamilies"));
+    for (label, allowed, served) in [
+        ("the unit's", families, true),
+        ("AF_UNIX AF_NETLINK only", limiter_tests::seccomp::families("AF_UNIX AF_NETLINK"), false),
+    ] {
+        let net = VethPair::new("sdaf");
+        let socket = scenario::unique_socket("sdaf");
+        let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
+        c.args(["run", "--iface", B_IF, "--status-interval", "0", "--socket"]).arg(&socket);
+        limiter_tests::seccomp::restrict_address_families(&mut c, &allowed);
+        let (daemon, rx) = spawn_lines(c).unwrap();
+        let mut log = String::new();
+        wait_for(&rx, "control socket", Duration::from_secs(20), &mut log).unwrap();
+        let _ = wait_for(&rx, "metrics", Duration::from_secs(5), &mut log);
+        if served {
+            let o = net
+                .b
+                .command(env!("CARGO_BIN_EXE_netload"))
+                .args(["get", "127.0.0.1:9464", "/metrics"])
+                .output()
+                .unwrap();
+            let body = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success() && body.contains("limiter_attached"), "{label}: {log}\n{body}");
+        } else {
+            assert!(log.contains("metrics not served"), "{label}: the filter did not bite: {log}");
+        }
+        drop::<Guard>(daemon);
+    }
+}

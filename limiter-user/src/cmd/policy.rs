@@ -13,9 +13,14 @@ pub fn policy(cmd: &PolicyCommand, client: Client, json: bool) -> anyhow::Result
         PolicyCommand::Check { file } => {
             let loaded = file::read(file).context("invalid policy")?;
             loaded.check().context("invalid policy")?;
+            let warnings = loaded.policy.warnings();
+            for w in &warnings {
+                eprintln!("warning: {w}");
+            }
             let summary = loaded.policy.summary(0).body();
             if json {
-                return super::print_json(&serde_json::json!({ "file": file, "valid": true, "summary": summary }));
+                let doc = serde_json::json!({ "file": file, "valid": true, "summary": summary, "warnings": warnings });
+                return super::print_json(&doc);
             }
             println!("{}: valid; {summary}", file.display());
             Ok(())

@@ -6,7 +6,7 @@ use anyhow::Context as _;
 
 use crate::{
     policy::{self, Loaded},
-    replay::{read_pcap, replay as run_replay},
+    replay::{Pcap, replay as run_replay},
 };
 
 pub fn replay(pcap: &Path, policy_file: Option<&Path>, json: bool) -> anyhow::Result<()> {
@@ -15,14 +15,23 @@ pub fn replay(pcap: &Path, policy_file: Option<&Path>, json: bool) -> anyhow::Re
         None => Loaded::built_in(),
     };
     loaded.check().context("invalid policy")?;
-    let frames = read_pcap(pcap)?;
-    let rows = run_replay(&loaded.policy, &frames)?;
+    let report = run_replay(&loaded.policy, &mut Pcap::open(pcap)?)?;
     if json {
-        return super::print_json(&serde_json::json!({ "frames": frames.len(), "prefixes": rows }));
+        return super::print_json(&report);
     }
     println!("{:<44} {:>10} {:>10} {:>10} {:>14}", "prefix", "packets", "passed", "dropped", "shadow_dropped");
-    for r in &rows {
+    for r in &report.prefixes {
         println!("{:<44} {:>10} {:>10} {:>10} {:>14}", r.prefix, r.packets, r.passed, r.dropped, r.shadow_dropped);
+    }
+    if report.reordered > 0 {
+        println!(
+            "{} of {} frames were stamped earlier than a frame before them: put back in order within {} frames; {} \
+             later than that were replayed at the latest time already replayed (the data plane's clock never goes back)",
+            report.reordered,
+            report.frames,
+            crate::replay::WINDOW_FRAMES,
+            report.late
+        );
     }
     Ok(())
 }

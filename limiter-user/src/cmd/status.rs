@@ -11,6 +11,14 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     }
     let mut out = String::new();
     let _ = writeln!(out, "interface       {} ({})", s.iface, s.attach_mode);
+    match &s.detached_reason {
+        None => {
+            let _ = writeln!(out, "attached        yes ({} re-attachments since start)", s.reattaches);
+        }
+        Some(why) => {
+            let _ = writeln!(out, "attached        NO, NOT ENFORCING: {why}");
+        }
+    }
     let _ = writeln!(out, "pinned          {}", s.pin_dir.as_deref().unwrap_or("no"));
     let _ = writeln!(out, "policy          v{} from {}", s.policy_version, s.policy_source);
     let _ =

@@ -3,7 +3,7 @@
 use crate::{cli::UnloadArgs, dataplane::pin};
 
 pub fn unload(args: &UnloadArgs, json: bool) -> anyhow::Result<()> {
-    let removed = pin::unload(&args.pin_dir, args.keep_maps)?;
+    let removed = pin::unload_checked(&args.pin_dir, args.keep_maps, args.force)?;
     if json {
         let doc = serde_json::json!({ "pin_dir": args.pin_dir, "removed": removed, "kept_maps": args.keep_maps });
         return super::print_json(&doc);

@@ -9,6 +9,9 @@ use std::{
 
 use super::{Applied, PolicyText, PrefixList, Request, Response, StatsInfo, StatusInfo, TopInfo};
 
+/// How long a client waits for the daemon's answer.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot reach the daemon at {path} (is `limiter run` running?)")]
@@ -17,6 +20,8 @@ pub enum ClientError {
         #[source]
         source: io::Error,
     },
+    #[error("the daemon at {path} did not answer within {} s", .after.as_secs_f64())]
+    Timeout { path: PathBuf, after: Duration },
     #[error("talking to the daemon at {path}")]
     Io {
         path: PathBuf,
@@ -81,9 +86,17 @@ impl<'a> Client<'a> {
 /// Send one request and wait for its answer. A daemon-side error becomes
 /// [`ClientError::Refused`].
 pub fn call(path: &Path, req: &Request) -> Result<Response, ClientError> {
-    let io_err = |source| ClientError::Io { path: path.into(), source };
+    call_within(path, req, ANSWER_TIMEOUT)
+}
+
+fn call_within(path: &Path, req: &Request, after: Duration) -> Result<Response, ClientError> {
+    let io_err = |source: io::Error| match source.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ClientError::Timeout { path: path.into(), after },
+        _ => ClientError::Io { path: path.into(), source },
+    };
     let mut s = UnixStream::connect(path).map_err(|source| ClientError::Connect { path: path.into(), source })?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(io_err)?;
+    s.set_read_timeout(Some(after)).map_err(io_err)?;
+    s.set_write_timeout(Some(after)).map_err(io_err)?;
     let mut line = serde_json::to_string(req)?;
     line.push('\n');
     // A daemon that refuses a peer answers at once and closes; the write
@@ -99,5 +112,25 @@ pub fn call(path: &Path, req: &Request) -> Result<Response, ClientError> {
     match serde_json::from_str::<Response>(&answer)? {
         Response::Error { message } => Err(ClientError::Refused(message)),
         r => Ok(r),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_daemon_that_never_answers_is_reported_as_such() {
+        let dir = std::env::temp_dir().join(format!("limiter-client-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("mute.sock");
+        let _ = std::fs::remove_file(&path);
+        // Accepts, reads, never answers.
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+        let e = call_within(&path, &Request::Status, Duration::from_millis(300)).unwrap_err();
+        assert_eq!(e.to_string(), format!("the daemon at {} did not answer within 0.3 s", path.display()));
+        drop(held.join());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -120,6 +120,12 @@ pub struct Offender {
 pub struct StatusInfo {
     pub iface: String,
     pub attach_mode: String,
+    /// Whether the program is on the interface now (checked every second).
+    pub attached: bool,
+    /// Why not, when it is not.
+    pub detached_reason: Option<String>,
+    /// Times the daemon put back a lost link or pin since it started.
+    pub reattaches: u64,
     pub pin_dir: Option<String>,
     pub policy_version: u64,
     pub policy_source: String,

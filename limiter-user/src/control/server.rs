@@ -1,21 +1,39 @@
-//! Listening side of the control socket.
+//! Listening side of the control socket, hardened against its own users:
+//! one daemon per socket path (a lock file beside it), never deleting a
+//! path that is not a socket or not ours, at most [`MAX_CONNS`] clients at
+//! once, a deadline on every read and write, and a cap on a request line.
 
 use std::{
+    fs::File,
     io,
-    os::unix::fs::PermissionsExt as _,
+    os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
 };
 
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
-    net::{UnixListener, UnixStream},
-    sync::{mpsc, oneshot},
+    net::{UnixListener, UnixStream, unix::OwnedWriteHalf},
+    sync::{Semaphore, mpsc, oneshot},
 };
 
 use super::{Request, Response};
 
 /// A request from a client, with the channel for its answer.
 pub type Call = (Request, oneshot::Sender<Response>);
+
+/// Clients served at once; more are closed at accept.
+pub const MAX_CONNS: usize = 64;
+/// A request line (a whole policy file fits: see `policy::file::MAX_FILE_BYTES`).
+pub const MAX_LINE: usize = 40 << 20;
+/// Lines longer than this need the one large-request slot, so at most one
+/// client at a time holds a big buffer.
+const SMALL_LINE: usize = 1 << 20;
+/// A request line must be complete this long after the connection opened
+/// or the last answer; an answer must be taken this fast.
+pub const READ_DEADLINE: Duration = Duration::from_secs(10);
+const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -25,6 +43,16 @@ pub enum ServerError {
         #[source]
         source: io::Error,
     },
+    #[error("{path} is served by another running limiter daemon (its lock {lock} is held)")]
+    InUse { path: PathBuf, lock: PathBuf },
+    #[error("locking {path}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} exists and is not a socket; refusing to replace it (choose another --socket)")]
+    NotASocket { path: PathBuf },
     #[error("binding the control socket {path}")]
     Bind {
         path: PathBuf,
@@ -45,30 +73,77 @@ pub struct Access {
     pub gid: Option<u32>,
 }
 
-/// Bind `path` with mode 0660 (group `access.gid` if any) and forward
-/// authorised requests to `calls`. A stale socket file is replaced.
-pub fn listen(path: &Path, access: Access, calls: mpsc::Sender<Call>) -> Result<(), ServerError> {
+/// The control socket, bound and locked, not yet served. Dropping it
+/// removes the socket file if it is still the one bound here.
+pub struct Bound {
+    path: PathBuf,
+    listener: Option<UnixListener>,
+    /// (device, inode) of the socket file bound here.
+    id: (u64, u64),
+    _lock: File,
+    access: Access,
+}
+
+/// Lock `path` for this daemon (`PATH.lock`, flock) and bind it with mode
+/// 0660 (group `access.gid` if any). A stale socket left by a daemon that
+/// died is replaced; a live daemon's socket, or a path that is not a
+/// socket, is refused.
+pub fn bind(path: &Path, access: Access) -> Result<Bound, ServerError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|source| ServerError::Dir { path: dir.into(), source })?;
     }
-    let _ = std::fs::remove_file(path);
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock_path = PathBuf::from(lock_path);
+    let lock = crate::dataplane::pin::lock_exclusive(&lock_path, true).map_err(|e| match e {
+        Some(source) => ServerError::Lock { path: lock_path.clone(), source },
+        None => ServerError::InUse { path: path.into(), lock: lock_path.clone() },
+    })?;
+    match std::fs::symlink_metadata(path) {
+        // We hold the lock: nobody serves it; a daemon that died left it.
+        Ok(m) if m.file_type().is_socket() => {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(_) => return Err(ServerError::NotASocket { path: path.into() }),
+        Err(_) => {}
+    }
     let listener = UnixListener::bind(path).map_err(|source| ServerError::Bind { path: path.into(), source })?;
     let perms = |source| ServerError::Perms { path: path.into(), source };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(perms)?;
+    let meta = std::fs::metadata(path).map_err(perms)?;
     // Created with our own group already when systemd runs us with
     // `Group=`; chown (which needs CAP_CHOWN) only when it differs.
-    if let Some(gid) = access.gid {
-        use std::os::unix::fs::MetadataExt as _;
-        if std::fs::metadata(path).map_err(perms)?.gid() != gid {
-            std::os::unix::fs::chown(path, None, Some(gid)).map_err(perms)?;
+    if let Some(gid) = access.gid
+        && meta.gid() != gid
+    {
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(perms)?;
+    }
+    Ok(Bound { path: path.into(), listener: Some(listener), id: (meta.dev(), meta.ino()), _lock: lock, access })
+}
+
+impl Bound {
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serve authorised requests to `calls`.
+    pub fn serve(&mut self, calls: mpsc::Sender<Call>) {
+        let Some(listener) = self.listener.take() else { return };
+        let (access, big) = (self.access, Arc::new(Semaphore::new(1)));
+        crate::listen::spawn("control socket", listener, MAX_CONNS, move |stream| {
+            serve(stream, access, calls.clone(), Arc::clone(&big))
+        });
+    }
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        // Only our own socket: another daemon may have replaced it since.
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id) {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(serve(stream, access, calls.clone()));
-        }
-    });
-    Ok(())
 }
 
 /// Whether the peer is root or in the allowed group (primary or
@@ -99,18 +174,32 @@ fn supplementary_groups(pid: i32) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-async fn serve(stream: UnixStream, access: Access, calls: mpsc::Sender<Call>) {
+async fn serve(stream: UnixStream, access: Access, calls: mpsc::Sender<Call>, big: Arc<Semaphore>) {
     let verdict = authorised(&stream, access);
     let (read, mut write) = stream.into_split();
     if let Err(message) = verdict {
         let _ = write_line(&mut write, &Response::Error { message }).await;
         return;
     }
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let response = match serde_json::from_str::<Request>(&line) {
+    let mut reader = BufReader::new(read);
+    loop {
+        let line = match tokio::time::timeout(READ_DEADLINE, read_line(&mut reader, &big)).await {
+            Ok(Ok(Some(line))) => line,
+            Ok(Ok(None)) => return,
+            Ok(Err(message)) => {
+                let _ = write_line(&mut write, &Response::Error { message }).await;
+                return;
+            }
+            Err(_) => {
+                let message = format!("no complete request within {} s", READ_DEADLINE.as_secs());
+                let _ = write_line(&mut write, &Response::Error { message }).await;
+                return;
+            }
+        };
+        let response = match serde_json::from_slice::<Request>(&line) {
             Err(e) => Response::Error { message: format!("bad request: {e}") },
             Ok(req) => {
+                drop(line);
                 let (tx, rx) = oneshot::channel();
                 if calls.send((req, tx)).await.is_err() {
                     return;
@@ -124,8 +213,48 @@ async fn serve(stream: UnixStream, access: Access, calls: mpsc::Sender<Call>) {
     }
 }
 
-async fn write_line(w: &mut tokio::net::unix::OwnedWriteHalf, r: &Response) -> io::Result<()> {
-    let mut line = serde_json::to_string(r).map_err(io::Error::other)?;
-    line.push('\n');
-    w.write_all(line.as_bytes()).await
+/// One request line without its newline; `None` at a clean end of the
+/// stream. Longer than [`SMALL_LINE`] needs the large-request slot; longer
+/// than [`MAX_LINE`] is refused.
+async fn read_line(
+    r: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+    big: &Arc<Semaphore>,
+) -> Result<Option<Vec<u8>>, String> {
+    let mut line = Vec::new();
+    let mut permit = None;
+    loop {
+        let avail = r.fill_buf().await.map_err(|e| format!("reading the request: {e}"))?;
+        if avail.is_empty() {
+            return if line.is_empty() { Ok(None) } else { Err("the request ended without a newline".into()) };
+        }
+        let (chunk, done) = match avail.iter().position(|b| *b == b'\n') {
+            Some(i) => (&avail[..i], true),
+            None => (avail, false),
+        };
+        if line.len() + chunk.len() > MAX_LINE {
+            return Err(format!("request longer than {MAX_LINE} bytes"));
+        }
+        if line.len() + chunk.len() > SMALL_LINE && permit.is_none() {
+            permit = Some(
+                Arc::clone(big)
+                    .try_acquire_owned()
+                    .map_err(|_| "another large request is being read; retry".to_owned())?,
+            );
+        }
+        line.extend_from_slice(chunk);
+        let used = chunk.len() + usize::from(done);
+        r.consume(used);
+        if done {
+            return Ok(Some(line));
+        }
+    }
+}
+
+async fn write_line(w: &mut OwnedWriteHalf, r: &Response) -> io::Result<()> {
+    let mut line = serde_json::to_vec(r).map_err(io::Error::other)?;
+    line.push(b'\n');
+    match tokio::time::timeout(WRITE_DEADLINE, w.write_all(&line)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "the client does not read its answer")),
+    }
 }

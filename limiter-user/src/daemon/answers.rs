@@ -1,92 +1,76 @@
 //! The daemon's answers to control requests and metrics scrapes.
 
 use limiter_common::{Action, Reason};
+use tokio::sync::oneshot;
 
-use super::{ApplyError, Daemon, observe::unix_now};
+use super::{
+    Daemon,
+    changes::{Change, Queued},
+    observe::unix_now,
+};
 use crate::{
     control::{
-        Applied, ClassRow, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo, StatusInfo,
-        TopInfo,
+        ClassRow, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo, StatusInfo, TopInfo,
     },
-    dataplane::{LoadError, PolicyMaps as _},
+    dataplane::{Health, LoadError},
     metrics::Snapshot,
-    policy::{Limit, OverrideAction, file},
+    policy::file,
     top,
 };
 
 impl Daemon {
-    /// Answer one control request.
-    pub(super) fn answer(&mut self, req: Request) -> Response {
+    /// Take one control request: answer it now, start the change it asks
+    /// for, or queue it while a change has the policy state.
+    pub(super) fn handle(&mut self, req: Request, reply: oneshot::Sender<Response>) {
+        if let Some(change) = Change::of(&req) {
+            return self.change(change, Some(reply));
+        }
         let fail = |e: &dyn std::fmt::Display| Response::Error { message: e.to_string() };
-        match req {
+        let response = match req {
             Request::Status => self.status().unwrap_or_else(|e| fail(&e)),
             Request::Stats => self.stats().unwrap_or_else(|e| fail(&e)),
-            Request::PolicyShow => Response::Policy(PolicyText {
-                version: self.policy.version(),
-                source: self.policy.source().to_owned(),
-                text: file::render(&self.policy.effective(self.policy.base())),
-            }),
-            Request::PolicyApply { name, text } => {
-                let loaded = match text {
-                    Some(t) => file::parse(&name, t),
-                    None => self.settings.load_policy(),
-                };
-                let result = loaded.map_err(ApplyError::from).and_then(|l| self.policy.apply(&mut self.dp, l));
-                self.finish_change(result)
-            }
-            Request::PrefixList => {
-                Response::Prefixes(PrefixList { version: self.policy.version(), entries: self.policy.prefixes() })
-            }
-            Request::PrefixSet { cidr, rate, burst } => {
-                let d = self.policy.base().default;
-                let limit = Limit { rate, burst, cost: d.cost, mode: d.mode };
-                self.change_prefix(&cidr, Some(OverrideAction::Limit(limit)))
-            }
-            Request::PrefixAllow { cidr } => self.change_prefix(&cidr, Some(OverrideAction::Allow)),
-            Request::PrefixDeny { cidr } => self.change_prefix(&cidr, Some(OverrideAction::Deny)),
-            Request::PrefixUnset { cidr } => self.change_prefix(&cidr, None),
             Request::Top { n } => self.top_info(n),
-        }
-    }
-
-    fn change_prefix(&mut self, cidr: &str, action: Option<OverrideAction>) -> Response {
-        let result = self.policy.change_prefix(&mut self.dp, cidr, action);
-        self.finish_change(result)
-    }
-
-    /// Log and record a policy change; the answer to its client.
-    fn finish_change(&mut self, result: Result<String, ApplyError>) -> Response {
-        let version = self.policy.version();
-        match result {
-            Ok(summary) => {
-                tracing::info!(event = "policy_change", version, "limiter: applied {summary}");
-                self.note_reload(true, summary.clone());
-                Response::Applied(Applied { version, summary })
+            Request::PolicyShow | Request::PrefixList => {
+                let Some((policy, _)) = &self.policy else {
+                    return self.enqueue(Queued::Call(req, reply));
+                };
+                if matches!(req, Request::PolicyShow) {
+                    Response::Policy(PolicyText {
+                        version: policy.version(),
+                        source: policy.source().to_owned(),
+                        text: file::render(&policy.effective(policy.base())),
+                    })
+                } else {
+                    Response::Prefixes(PrefixList { version: policy.version(), entries: policy.prefixes() })
+                }
             }
-            Err(e) => {
-                let message = format!("{e}; policy v{version} keeps running");
-                self.note_reload(false, message.clone());
-                Response::Error { message }
-            }
-        }
+            Request::PolicyApply { .. }
+            | Request::PrefixSet { .. }
+            | Request::PrefixAllow { .. }
+            | Request::PrefixDeny { .. }
+            | Request::PrefixUnset { .. } => unreachable!("changes are taken above"),
+        };
+        let _ = reply.send(response);
     }
 
     /// Each class of the running policy by name, with its counters.
     fn class_counters(&self) -> Result<Vec<(String, limiter_common::ClassCounters)>, LoadError> {
-        let per_class = self.dp.class_totals()?;
-        Ok(self.policy.base().class_names().iter().zip(per_class).map(|(n, c)| ((*n).to_owned(), c)).collect())
+        let per_class = self.dp.maps.class_totals()?;
+        Ok(self.view.class_names.iter().cloned().zip(per_class).collect())
     }
 
     /// Numbers for one metrics scrape, read from the kernel now.
     pub(super) fn snapshot(&self) -> Result<Snapshot, LoadError> {
         Ok(Snapshot {
-            totals: self.dp.totals()?,
+            totals: self.dp.maps.totals()?,
             classes: self.class_counters()?,
-            policy_version: self.policy.version(),
+            policy_version: self.view.version,
             capacity: self.dp.capacity(),
             tracked: self.observer.tracked(),
             iface: self.settings.iface.clone(),
             attach_mode: self.settings.mode.to_string(),
+            attached: self.watch.health == Health::Attached,
+            reattaches: self.watch.repairs,
             reloads_ok: self.reloads.count[0],
             reloads_failed: self.reloads.count[1],
             last_reload_ok: self.reloads.at[0],
@@ -95,15 +79,20 @@ impl Daemon {
     }
 
     fn status(&self) -> Result<Response, LoadError> {
-        let t = self.dp.totals()?;
-        let version = self.policy.version();
+        let t = self.dp.maps.totals()?;
         Ok(Response::Status(StatusInfo {
             iface: self.settings.iface.clone(),
             attach_mode: self.settings.mode.to_string(),
+            attached: self.watch.health == Health::Attached,
+            detached_reason: match &self.watch.health {
+                Health::Attached => None,
+                Health::Detached(why) => Some(why.clone()),
+            },
+            reattaches: self.watch.repairs,
             pin_dir: self.settings.pin_dir.as_ref().map(|p| p.display().to_string()),
-            policy_version: version,
-            policy_source: self.policy.source().to_owned(),
-            policy: self.policy.effective(self.policy.base()).summary(version).to_string(),
+            policy_version: self.view.version,
+            policy_source: self.view.source.clone(),
+            policy: self.view.summary.clone(),
             capacity: self.dp.capacity(),
             tracked: self.observer.tracked(),
             passed_packets: t.passed().packets,
@@ -114,7 +103,7 @@ impl Daemon {
     }
 
     fn stats(&self) -> Result<Response, LoadError> {
-        let t = self.dp.totals()?;
+        let t = self.dp.maps.totals()?;
         let reasons = Reason::ALL
             .iter()
             .map(|r| {
@@ -142,7 +131,7 @@ impl Daemon {
 
     fn top_info(&mut self, n: usize) -> Response {
         self.observer.drain_drop_events();
-        let names = self.policy.base().class_names();
+        let names = &self.view.class_names;
         let offenders = self
             .observer
             .top
@@ -150,7 +139,7 @@ impl Daemon {
             .into_iter()
             .map(|(k, rate)| Offender {
                 prefix: top::cidr(&k),
-                class: names.get(usize::from(k.class)).map_or_else(|| k.class.to_string(), |s| (*s).to_owned()),
+                class: names.get(usize::from(k.class)).cloned().unwrap_or_else(|| k.class.to_string()),
                 drops_per_sec: rate,
             })
             .collect();

@@ -16,7 +16,7 @@ use limiter_common::maps::RUNTIME;
 use crate::{
     control::PrefixEntry,
     dataplane::{LoadError, PolicyMaps},
-    policy::{Loaded, Origin, Override, OverrideAction, Policy, PolicyError, runtime},
+    policy::{Compiled, Loaded, Origin, Override, OverrideAction, Policy, PolicyError, runtime},
 };
 
 /// Why a change was refused: the policy (nothing changed), the kernel,
@@ -101,6 +101,21 @@ impl Enforcer {
         self.install(maps, loaded.policy, source, &loaded.origin)
     }
 
+    /// [`Enforcer::apply`] of a policy already compiled by
+    /// [`Loaded::check`]: that compilation is used as it is when no runtime
+    /// override changes the policy (the start of a daemon with nothing to
+    /// put back), else the effective policy is compiled.
+    pub fn apply_checked(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        loaded: Loaded,
+        checked: Compiled,
+    ) -> Result<String, ApplyError> {
+        let source = loaded.origin.name();
+        let reuse = self.runtime.is_empty().then_some(checked);
+        self.install_with(maps, loaded.policy, source, &loaded.origin, reuse)
+    }
+
     fn install(
         &mut self,
         maps: &mut impl PolicyMaps,
@@ -108,10 +123,30 @@ impl Enforcer {
         source: String,
         origin: &Origin,
     ) -> Result<String, ApplyError> {
+        self.install_with(maps, base, source, origin, None)
+    }
+
+    fn install_with(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        base: Policy,
+        source: String,
+        origin: &Origin,
+        compiled: Option<Compiled>,
+    ) -> Result<String, ApplyError> {
         let next = self.version + 1;
         let p = self.effective(&base);
-        let compiled = p.compile(next).map_err(|e| origin.locate(e, &p))?;
+        let compiled = match compiled {
+            Some(mut c) => {
+                c.config.version = next;
+                c
+            }
+            None => p.compile(next).map_err(|e| origin.locate(e, &p))?,
+        };
         maps.apply(&compiled)?;
+        for w in p.warnings() {
+            tracing::warn!(event = "policy_warning", version = next, "limiter: policy v{next}: {w}");
+        }
         let mut summary = p.summary(next).to_string();
         if p.capacity != self.capacity {
             let _ = write!(summary, "; capacity stays {} until a restart", self.capacity);
@@ -179,6 +214,37 @@ impl Enforcer {
             }
         }
         Ok(self.runtime.len())
+    }
+
+    /// Drop restored runtime overrides that `base` cannot hold (a /24
+    /// deny under a policy whose buckets are now /16, a limit no longer
+    /// valid), from memory and from the `RUNTIME` map, so that they cannot
+    /// keep a restarted daemon from starting. Returns each one with why.
+    pub fn drop_unfit(&mut self, maps: &mut impl PolicyMaps, base: &Policy) -> Vec<String> {
+        let unfit: Vec<(IpNet, String)> = self
+            .runtime
+            .iter()
+            .filter_map(|(net, action)| {
+                let bucket = if net.addr().is_ipv4() { base.v4_prefix } else { base.v6_prefix };
+                if u32::from(net.prefix_len()) > bucket {
+                    return Some((*net, format!("finer than the policy's /{bucket} buckets")));
+                }
+                match action {
+                    Some(OverrideAction::Limit(l)) => l.to_kernel("").err().map(|e| (*net, e.to_string())),
+                    _ => None,
+                }
+            })
+            .collect();
+        unfit
+            .into_iter()
+            .map(|(net, why)| {
+                if let Err(e) = self.record(maps, net, None) {
+                    tracing::warn!("limiter: {net} not removed from {RUNTIME}: {e}");
+                    self.runtime.remove(&net);
+                }
+                format!("{net} ({why})")
+            })
+            .collect()
     }
 
     /// The overrides in force, with where each came from.

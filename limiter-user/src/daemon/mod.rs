@@ -4,6 +4,7 @@
 //! shutdown future resolves.
 
 mod answers;
+mod changes;
 mod enforcer;
 mod observe;
 mod os;
@@ -14,26 +15,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::programs::xdp::XdpLinkId;
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     sync::mpsc,
 };
 
+use self::{
+    changes::{Change, Changes},
+    observe::{Observer, status_line},
+    os::{notify_ready, raise_memlock, resolve_group},
+};
 pub use self::{
     enforcer::{ApplyError, Enforcer},
     os::init_logging,
 };
-use self::{
-    observe::{Observer, status_line},
-    os::{notify_ready, raise_memlock, resolve_group},
-};
 use crate::{
     control::{
         ReloadInfo,
-        server::{self, Access, Call},
+        server::{self, Access, Bound, Call},
     },
-    dataplane::{AttachMode, DataPlane, PolicyMaps as _},
+    dataplane::{AttachMode, Attachment, DataPlane, Health, PolicyMaps as _, maps::Tables},
     metrics::{self, ScrapeCall},
     policy::{self, Loaded, Overlay, PolicyError},
 };
@@ -78,13 +79,38 @@ struct Reloads {
     at: [Option<u64>; 2],
 }
 
+/// Whether the program is on its interface, as last checked.
+#[derive(Debug)]
+struct Watch {
+    health: Health,
+    /// Times the daemon put back a lost link or pin.
+    repairs: u64,
+}
+
+/// What the loop shows of the policy, kept while a change has it away.
+#[derive(Debug, Default)]
+struct View {
+    version: u64,
+    source: String,
+    /// The effective policy's summary line.
+    summary: String,
+    /// Class names by index (0 = `default`).
+    class_names: Vec<String>,
+}
+
 /// A running daemon.
 pub struct Daemon {
     settings: Settings,
     dp: DataPlane,
-    policy: Enforcer,
-    /// The XDP link when not pinned (detached on exit).
-    link: Option<XdpLinkId>,
+    /// The policy state and the tables it writes; `None` while a change
+    /// runs off the loop (see `changes`).
+    policy: Option<(Enforcer, Tables)>,
+    view: View,
+    changes: Changes,
+    attachment: Attachment,
+    watch: Watch,
+    /// The control socket (removed on drop if still ours).
+    socket: Bound,
     started: Instant,
     reloads: Reloads,
     observer: Observer,
@@ -101,8 +127,17 @@ impl Daemon {
         // First: a SIGHUP during start-up is then handled once the loop
         // runs instead of killing the process.
         let hup = signal(SignalKind::hangup())?;
+        crate::listen::raise_nofile();
         let loaded = settings.load_policy()?;
+        // Validated before anything is touched: a bad policy changes
+        // nothing (invariant 6). The first apply reuses this compilation
+        // unless runtime overrides are put back over it.
+        let checked = loaded.check()?;
         let access = Access { gid: settings.socket_group.as_deref().map(resolve_group).transpose()? };
+        // Before touching the kernel: an interface that exists (no pins
+        // left behind for a typo), and one daemon per socket.
+        crate::dataplane::ifindex(&settings.iface)?;
+        let mut socket = server::bind(&settings.socket, access)?;
         raise_memlock();
         let capacity = loaded.policy.capacity;
         let (mut dp, adopted) = match &settings.pin_dir {
@@ -112,19 +147,25 @@ impl Daemon {
         // Versions continue from what a re-adopted data plane enforces.
         let version = dp.active_config()?.map_or(0, |c| c.version);
         let mut policy = Enforcer::new(version, dp.capacity());
-        let summary = first_apply(&mut policy, &mut dp, &settings, loaded)?;
-        let (link, replaced) = match &settings.pin_dir {
-            Some(dir) => (None, dp.attach_pinned(&settings.iface, settings.mode, dir)?),
-            None => (Some(dp.attach(&settings.iface, settings.mode)?), false),
+        let summary = first_apply(&mut policy, &mut dp, &settings, loaded, checked)?;
+        let (attachment, replaced) = match &settings.pin_dir {
+            Some(dir) => dp.attach_pinned(&settings.iface, settings.mode, dir)?,
+            None => (dp.attach(&settings.iface, settings.mode)?, false),
         };
         let observer = Observer::new(dp.buckets_map_id(), dp.take_drop_events(), dp.take_logger());
         let (calls_tx, calls) = mpsc::channel(16);
         let (scrape_tx, scrapes) = mpsc::channel(4);
-        let d = Self {
+        socket.serve(calls_tx);
+        let tables = dp.maps.take_tables().expect("the policy tables are ours at start");
+        let mut d = Self {
             settings,
             dp,
-            policy,
-            link,
+            policy: Some((policy, tables)),
+            view: View::default(),
+            changes: Changes::default(),
+            attachment,
+            watch: Watch { health: Health::Attached, repairs: 0 },
+            socket,
             started: Instant::now(),
             reloads: Reloads::default(),
             observer,
@@ -132,9 +173,9 @@ impl Daemon {
             calls,
             scrapes,
         };
+        d.refresh_view();
         d.announce(&summary, adopted, replaced);
-        server::listen(&d.settings.socket, access, calls_tx)?;
-        tracing::info!("limiter: control socket {} (mode 0660)", d.settings.socket.display());
+        tracing::info!("limiter: control socket {} (mode 0660)", d.socket.path().display());
         if let Some(addr) = d.settings.metrics {
             // Metrics are an aid; a busy port must not leave the interface unprotected.
             match metrics::serve(addr, scrape_tx).await {
@@ -152,34 +193,41 @@ impl Daemon {
     pub async fn run(mut self, shutdown: impl Future<Output = &'static str>) -> anyhow::Result<()> {
         let period = self.settings.status_interval.unwrap_or(Duration::from_hours(1));
         let mut status = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        let (mut last, mut last_at) = (self.dp.totals()?, Instant::now());
+        let (mut last, mut last_at) = (self.dp.maps.totals()?, Instant::now());
         let mut drain = tokio::time::interval(Duration::from_millis(200));
         let mut second = tokio::time::interval(Duration::from_secs(1));
         tokio::pin!(shutdown);
         let why = loop {
             tokio::select! {
                 why = &mut shutdown => break why,
-                _ = self.hup.recv() => self.reload(),
-                Some((req, reply)) = self.calls.recv() => {
-                    let _ = reply.send(self.answer(req));
+                _ = self.hup.recv() => self.change(Change::Reload, None),
+                Some((req, reply)) = self.calls.recv() => self.handle(req, reply),
+                done = async { self.changes.running.as_mut().expect("guarded").await }, if self.changes.running.is_some() => {
+                    self.changes.running = None;
+                    match done {
+                        Ok(done) => self.finished(done),
+                        Err(_) => anyhow::bail!("a policy change thread died; the data plane keeps its last policy"),
+                    }
                 }
                 _ = drain.tick() => self.observer.drain_drop_events(),
-                _ = second.tick() => self.observer.tick_second(&self.dp.totals()?),
+                _ = second.tick() => {
+                    self.observer.tick_second(&self.dp.maps.totals()?);
+                    self.check_attachment();
+                }
                 Some(reply) = self.scrapes.recv() => {
                     if let Ok(s) = self.snapshot() {
                         let _ = reply.send(s);
                     }
                 }
                 _ = status.tick(), if self.settings.status_interval.is_some() => {
-                    let now = self.dp.totals()?;
+                    let now = self.dp.maps.totals()?;
                     let line = status_line(&now, &last, last_at.elapsed(), self.observer.tracked(), self.dp.capacity());
-                    let version = self.policy.version();
+                    let version = self.view.version;
                     tracing::info!(event = "status", version, "{line} policy v{version}");
                     (last, last_at) = (now, Instant::now());
                 }
             }
         };
-        let _ = std::fs::remove_file(&self.settings.socket);
         self.stop(why)
     }
 
@@ -190,7 +238,7 @@ impl Daemon {
             event = "attach",
             iface = %s.iface,
             mode = %s.mode,
-            version = self.policy.version(),
+            version = self.view.version,
             capacity,
             "limiter: attached to {} ({}), {summary}, capacity {capacity}",
             s.iface,
@@ -203,7 +251,7 @@ impl Daemon {
                 if adopted { "re-adopted pinned maps (buckets and counters kept)" } else { "new maps" },
                 if replaced { "replaced the program on the pinned link atomically" } else { "new link" },
             );
-            if capacity != self.policy.base().capacity {
+            if self.policy.as_ref().is_some_and(|(p, _)| capacity != p.base().capacity) {
                 tracing::info!(
                     "limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it"
                 );
@@ -211,48 +259,66 @@ impl Daemon {
         }
     }
 
-    /// Detach (or leave pinned) and print the totals.
-    fn stop(mut self, why: &str) -> anyhow::Result<()> {
-        let t = self.dp.totals()?;
+    /// Detach (or leave pinned) and print the totals. The socket goes when
+    /// `self` does.
+    fn stop(self, why: &str) -> anyhow::Result<()> {
+        let t = self.dp.maps.totals()?;
         let (passed, dropped) = (t.passed().packets, t.dropped().packets);
-        let iface = self.settings.iface.clone();
-        if let Some(link) = self.link.take() {
-            self.dp.detach(link)?;
-            tracing::info!(
+        let iface = &self.settings.iface;
+        match self.attachment.pin_dir() {
+            Some(dir) if self.attachment.is_pinned() => tracing::info!(
+                "limiter: {why}: stopping; XDP stays attached to {iface} and enforcing (pinned in {}; `limiter unload` removes it); passed {passed} dropped {dropped} packets in total",
+                dir.display()
+            ),
+            _ => tracing::info!(
                 event = "detach",
                 iface = %iface,
                 signal = why,
                 passed,
                 dropped,
                 "limiter: {why}: detached from {iface}; passed {passed} dropped {dropped} packets in total"
-            );
-        } else if let Some(dir) = &self.settings.pin_dir {
-            tracing::info!(
-                "limiter: {why}: stopping; XDP stays attached to {iface} and enforcing (pinned in {}; `limiter unload` removes it); passed {passed} dropped {dropped} packets in total",
-                dir.display()
-            );
+            ),
         }
+        // Dropping an unpinned attachment detaches it.
+        drop(self.attachment);
         Ok(())
     }
 
-    /// SIGHUP: re-read and apply the policy as the next version, all or
-    /// nothing. A rejected policy is reported and the running one stays.
-    fn reload(&mut self) {
-        let result = self.settings.load_policy().map_err(ApplyError::from).and_then(|l| {
-            let source = l.origin.name();
-            self.policy.apply(&mut self.dp, l).map(|s| (s, source))
-        });
-        let version = self.policy.version();
-        match result {
-            Ok((summary, source)) => {
-                tracing::info!(event = "reload", ok = true, version, source = %source, "limiter: SIGHUP: applied {source}: {summary}");
-                self.note_reload(true, summary);
+    /// Once a second: is the program still on its interface (and pinned)?
+    /// If not, say so (metrics and status too) and put it back.
+    fn check_attachment(&mut self) {
+        let health = self.attachment.health();
+        if let Health::Detached(why) = &health {
+            if self.watch.health == Health::Attached {
+                tracing::error!(event = "detached", iface = %self.settings.iface, "limiter: NOT ENFORCING: {why}");
             }
-            Err(e) => {
-                let message = format!("rejected: {e}; policy v{version} keeps running");
-                tracing::warn!(event = "reload", ok = false, version, "limiter: SIGHUP: {message}");
-                self.note_reload(false, message);
+            match self.dp.repair(&mut self.attachment) {
+                Ok(done) => {
+                    self.watch.repairs += 1;
+                    tracing::warn!(event = "reattached", iface = %self.settings.iface, "limiter: {done}");
+                    self.watch.health = self.attachment.health();
+                    return;
+                }
+                Err(e) if self.watch.health == Health::Attached => {
+                    let e = anyhow::Error::from(e);
+                    tracing::error!("limiter: cannot attach again yet (retrying every second): {e:#}");
+                }
+                Err(_) => {}
             }
+        }
+        self.watch.health = health;
+    }
+
+    /// Show the policy state in force (after start and each change).
+    fn refresh_view(&mut self) {
+        if let Some((p, _)) = &self.policy {
+            let effective = p.effective(p.base());
+            self.view = View {
+                version: p.version(),
+                source: p.source().to_owned(),
+                summary: effective.summary(p.version()).to_string(),
+                class_names: effective.class_names().into_iter().map(str::to_owned).collect(),
+            };
         }
     }
 
@@ -269,8 +335,19 @@ impl Daemon {
 /// Apply the first policy: the file's (or the built-in one), with the
 /// overrides a previous daemon set at run time put back over it (they are
 /// part of the policy the pinned data plane enforces).
-fn first_apply(policy: &mut Enforcer, dp: &mut DataPlane, s: &Settings, loaded: Loaded) -> anyhow::Result<String> {
+fn first_apply(
+    policy: &mut Enforcer,
+    dp: &mut DataPlane,
+    s: &Settings,
+    loaded: Loaded,
+    checked: crate::policy::Compiled,
+) -> anyhow::Result<String> {
     let restored = policy.restore(dp)?;
+    let unfit = policy.drop_unfit(dp, &loaded.policy);
+    for u in &unfit {
+        tracing::warn!("limiter: dropped the runtime override of {u}; the policy in force cannot hold it");
+    }
+    let restored = restored - unfit.len();
     if restored > 0
         && let Some(dir) = &s.pin_dir
     {
@@ -279,7 +356,7 @@ fn first_apply(policy: &mut Enforcer, dp: &mut DataPlane, s: &Settings, loaded: 
             dir.join(limiter_common::maps::RUNTIME).display()
         );
     }
-    match policy.apply(dp, loaded) {
+    match policy.apply_checked(dp, loaded, checked) {
         Ok(s) => Ok(s),
         Err(e) if restored > 0 => anyhow::bail!(
             "{e} (the policy with {restored} runtime override(s) put back from the pins; the pinned program keeps enforcing the last policy)"

@@ -42,25 +42,38 @@ pub(crate) fn sum_cpus<T: Pod + Default + std::ops::AddAssign>(values: &PerCpuVa
     })
 }
 
-/// The maps, typed.
+/// The maps, typed: the policy tables the daemon writes, and the counters
+/// it reads.
 pub struct Maps {
+    /// `None` while the daemon has them away on a policy change.
+    pub(crate) tables: Option<Tables>,
+    pub counters: Counters,
+}
+
+/// What a policy is written to: both `CONFIG` slots, `ACTIVE`, the
+/// override tries and limits, the runtime record, `META`, `TEST_CLOCK`.
+pub struct Tables {
     config: Array<MapData, Config>,
     active: Array<MapData, u32>,
     ovr4: [LpmTrie<MapData, u32, u32>; 2],
     ovr6: [LpmTrie<MapData, [u32; 4], u32>; 2],
     ovr_limits: Array<MapData, ClassLimits>,
-    stats: PerCpuArray<MapData, Counter>,
-    class_stats: PerCpuArray<MapData, ClassCounters>,
     meta: Array<MapData, Meta>,
     runtime: HashMap<MapData, RuntimeKey, RuntimeOverride>,
+    test_clock: Array<MapData, u64>,
+    last_flip: Option<Instant>,
+}
+
+/// What the program counts: per reason, per class, and its buckets.
+pub struct Counters {
+    stats: PerCpuArray<MapData, Counter>,
+    class_stats: PerCpuArray<MapData, ClassCounters>,
     #[cfg_attr(not(feature = "testing"), expect(dead_code, reason = "read by the testing helpers"))]
     pub(crate) buckets: HashMap<MapData, BucketKey, BucketState>,
-    pub(crate) test_clock: Array<MapData, u64>,
     /// Capacity and kernel id of `BUCKETS` (a re-adopted map keeps the
     /// capacity it was created with).
     pub(crate) bucket_capacity: u32,
     pub(crate) buckets_id: u32,
-    last_flip: Option<Instant>,
 }
 
 impl Maps {
@@ -70,24 +83,55 @@ impl Maps {
             Some(Map::LruHashMap(md)) => md.info().on(maps::BUCKETS)?,
             _ => return Err(LoadError::MissingMap(maps::BUCKETS)),
         };
-        Ok(Self {
+        let tables = Tables {
             config: take(ebpf, maps::CONFIG)?,
             active: take(ebpf, maps::ACTIVE)?,
             ovr4: [take(ebpf, maps::OVR4[0])?, take(ebpf, maps::OVR4[1])?],
             ovr6: [take(ebpf, maps::OVR6[0])?, take(ebpf, maps::OVR6[1])?],
             ovr_limits: take(ebpf, maps::OVR_LIMITS)?,
-            stats: take(ebpf, maps::STATS)?,
-            class_stats: take(ebpf, maps::CLASS_STATS)?,
             meta: take(ebpf, maps::META)?,
             runtime: take(ebpf, maps::RUNTIME)?,
-            buckets: take(ebpf, maps::BUCKETS)?,
             test_clock: take(ebpf, maps::TEST_CLOCK)?,
+            last_flip: None,
+        };
+        let counters = Counters {
+            stats: take(ebpf, maps::STATS)?,
+            class_stats: take(ebpf, maps::CLASS_STATS)?,
+            buckets: take(ebpf, maps::BUCKETS)?,
             bucket_capacity: info.max_entries(),
             buckets_id: info.id(),
-            last_flip: None,
-        })
+        };
+        Ok(Self { tables: Some(tables), counters })
     }
 
+    /// The policy tables. Panics if they were taken away.
+    pub fn tables(&mut self) -> &mut Tables {
+        self.tables.as_mut().expect("the policy tables are taken (a daemon owns them)")
+    }
+
+    /// Take the policy tables away (the daemon moves them to a worker
+    /// thread for each policy change).
+    pub fn take_tables(&mut self) -> Option<Tables> {
+        self.tables.take()
+    }
+
+    /// See [`Tables::apply`].
+    pub fn apply(&mut self, c: &Compiled) -> Result<(), LoadError> {
+        self.tables().apply(c)
+    }
+
+    /// See [`Counters::totals`].
+    pub fn totals(&self) -> Result<Totals, LoadError> {
+        self.counters.totals()
+    }
+
+    /// See [`Counters::class_totals`].
+    pub fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError> {
+        self.counters.class_totals()
+    }
+}
+
+impl Tables {
     pub(crate) fn meta(&self) -> Result<Meta, LoadError> {
         self.meta.get(&0, 0).on(maps::META)
     }
@@ -144,27 +188,6 @@ impl Maps {
         Ok((c.flags & flags::CONFIGURED != 0).then_some(c))
     }
 
-    /// Counters per reason and family, summed over CPUs.
-    pub fn totals(&self) -> Result<Totals, LoadError> {
-        let mut t = Totals::default();
-        for reason in Reason::ALL {
-            for fam in 0..STAT_FAMILIES {
-                let idx = stat_index(reason, u32::try_from(fam).expect("small"));
-                t.add(reason, fam, sum_cpus(&self.stats.get(&idx, 0).on(maps::STATS)?));
-            }
-        }
-        Ok(t)
-    }
-
-    /// Per-class counters summed over CPUs.
-    pub fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError> {
-        let mut out = [ClassCounters::default(); MAX_CLASSES];
-        for (i, slot) in (0u32..).zip(out.iter_mut()) {
-            *slot = sum_cpus(&self.class_stats.get(&i, 0).on(maps::CLASS_STATS)?);
-        }
-        Ok(out)
-    }
-
     /// Every entry of the `RUNTIME` map (overrides set at run time).
     pub fn runtime_overrides(&self) -> Result<Vec<(RuntimeKey, RuntimeOverride)>, LoadError> {
         self.runtime.iter().map(|r| r.on(maps::RUNTIME)).collect()
@@ -185,5 +208,38 @@ impl Maps {
     /// Set the injected clock read by the test entry point.
     pub fn set_test_clock(&mut self, now_ns: u64) -> Result<(), LoadError> {
         self.test_clock.set(0, now_ns, 0).on(maps::TEST_CLOCK)
+    }
+}
+
+impl Counters {
+    /// Packets counted under one reason (all families), summed over CPUs.
+    pub fn reason_packets(&self, reason: Reason) -> Result<u64, LoadError> {
+        let mut n = 0;
+        for fam in 0..STAT_FAMILIES {
+            let idx = stat_index(reason, u32::try_from(fam).expect("small"));
+            n += sum_cpus(&self.stats.get(&idx, 0).on(maps::STATS)?).packets;
+        }
+        Ok(n)
+    }
+
+    /// Counters per reason and family, summed over CPUs.
+    pub fn totals(&self) -> Result<Totals, LoadError> {
+        let mut t = Totals::default();
+        for reason in Reason::ALL {
+            for fam in 0..STAT_FAMILIES {
+                let idx = stat_index(reason, u32::try_from(fam).expect("small"));
+                t.add(reason, fam, sum_cpus(&self.stats.get(&idx, 0).on(maps::STATS)?));
+            }
+        }
+        Ok(t)
+    }
+
+    /// Per-class counters summed over CPUs.
+    pub fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError> {
+        let mut out = [ClassCounters::default(); MAX_CLASSES];
+        for (i, slot) in (0u32..).zip(out.iter_mut()) {
+            *slot = sum_cpus(&self.class_stats.get(&i, 0).on(maps::CLASS_STATS)?);
+        }
+        Ok(out)
     }
 }

@@ -4,6 +4,7 @@
 //! [`PolicyMaps`] trait, which an in-memory fake also implements so the
 //! daemon's logic is tested on the host.
 
+mod attach;
 pub mod counters;
 pub mod maps;
 pub mod pin;
@@ -24,7 +25,12 @@ use limiter_common::{META_MAGIC, Meta, SCHEMA_VERSION, maps as names, programs};
 
 #[cfg(any(test, feature = "testing"))]
 pub use self::port::FakeMaps;
-pub use self::{counters::Totals, maps::Maps, port::PolicyMaps};
+pub use self::{
+    attach::{Attachment, Health},
+    counters::Totals,
+    maps::Maps,
+    port::PolicyMaps,
+};
 
 /// The production object, built by `build.rs` from `limiter-ebpf`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));
@@ -47,6 +53,14 @@ pub enum LoadError {
     #[error("interface {iface} does not exist")]
     NoInterface { iface: String },
     #[error(
+        "{iface} already has an XDP program attached (another limiter, or another tool); remove it first (`limiter unload --pin-dir DIR`, or `ip link set dev {iface} xdp off`)"
+    )]
+    Busy {
+        iface: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error(
         "attaching to {iface} in native mode failed; the driver may not support native XDP, retry with --mode generic"
     )]
     NativeUnsupported {
@@ -61,8 +75,6 @@ pub enum LoadError {
         #[source]
         source: ProgramError,
     },
-    #[error("detaching from the interface")]
-    Detach(#[source] ProgramError),
     #[error("map {map}")]
     Map {
         map: &'static str,
@@ -123,6 +135,9 @@ pub struct DataPlane {
     ebpf: Ebpf,
     pub maps: Maps,
     drop_events: Option<RingBuf<MapData>>,
+    /// The pin directory's lock, held while this data plane lives (never
+    /// read: the lock lives as long as the file).
+    pin_lock: Option<std::fs::File>,
 }
 
 /// `AYA_LOG_LEVEL` for the program: its debug lines are compiled in but
@@ -154,7 +169,7 @@ impl DataPlane {
         let mut ebpf = loader.load(object).map_err(LoadError::Object)?;
         let maps = Maps::take(&mut ebpf)?;
         let drop_events = ebpf.take_map(names::DROP_EVENTS).and_then(|m| RingBuf::try_from(m).ok());
-        Ok(Self { ebpf, maps, drop_events })
+        Ok(Self { ebpf, maps, drop_events, pin_lock: None })
     }
 
     /// Load the object with its maps pinned in `dir`, re-adopting pinned
@@ -163,10 +178,12 @@ impl DataPlane {
     /// adopted.
     pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, bool), LoadError> {
         pin::ensure_dir(dir)?;
+        let lock = pin::lock_dir(dir)?;
         let adopted = pin::check(dir)?.is_some();
         let mut d = Self::load(OBJECT, capacity, Some(dir))?;
+        d.pin_lock = Some(lock);
         if !adopted {
-            d.maps.set_meta(&Meta { magic: META_MAGIC, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 })?;
+            d.maps.tables().set_meta(&Meta { magic: META_MAGIC, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 })?;
         }
         Ok((d, adopted))
     }
@@ -178,57 +195,13 @@ impl DataPlane {
     /// Capacity of the bucket map in use.
     #[must_use]
     pub fn capacity(&self) -> u32 {
-        self.maps.bucket_capacity
+        self.maps.counters.bucket_capacity
     }
 
     /// Kernel id of the bucket map (for a second, independent handle).
     #[must_use]
     pub fn buckets_map_id(&self) -> u32 {
-        self.maps.buckets_id
-    }
-
-    /// Attach with the link and program pinned in `dir`. If a link is
-    /// pinned already, this build's program replaces the old one on it
-    /// atomically (`bpf_link_update`): no moment without enforcement.
-    /// Returns `true` when an existing link was re-adopted.
-    pub fn attach_pinned(&mut self, iface: &str, mode: AttachMode, dir: &Path) -> Result<bool, LoadError> {
-        use aya::programs::links::{FdLink, PinnedLink};
-
-        let ifindex = ifindex(iface)?;
-        let mut meta = self.maps.meta()?;
-        let link_path = dir.join(pin::LINK);
-        if meta.ifindex != 0 && meta.ifindex != ifindex && link_path.exists() {
-            return Err(LoadError::OtherInterface {
-                dir: dir.display().to_string(),
-                pinned: meta.ifindex,
-                iface: iface.into(),
-            });
-        }
-        self.load_program(programs::LIMITER)?;
-        let replaced = if link_path.exists() {
-            let pinned = PinnedLink::from_pin(&link_path).map_err(LoadError::Adopt)?;
-            let link = aya::programs::xdp::XdpLink::try_from(FdLink::from(pinned)).map_err(LoadError::Adopt)?;
-            self.xdp(programs::LIMITER)?.attach_to_link(link).map_err(LoadError::Replace)?;
-            true
-        } else {
-            let id = self.attach(iface, mode)?;
-            let link = self.xdp(programs::LIMITER)?.take_link(id).map_err(|source| LoadError::Attach {
-                iface: iface.into(),
-                mode,
-                source,
-            })?;
-            let fd_link = FdLink::try_from(link).map_err(LoadError::Adopt)?;
-            fd_link.pin(&link_path).map_err(|source| LoadError::PinObject { what: "link", source })?;
-            false
-        };
-        let prog_path = dir.join(pin::PROG);
-        let _ = std::fs::remove_file(&prog_path);
-        self.xdp(programs::LIMITER)?
-            .pin(&prog_path)
-            .map_err(|source| LoadError::PinObject { what: "program", source })?;
-        meta.ifindex = ifindex;
-        self.maps.set_meta(&meta)?;
-        Ok(replaced)
+        self.maps.counters.buckets_id
     }
 
     /// Run the verifier on one entry point (idempotent).
@@ -240,25 +213,20 @@ impl DataPlane {
         prog.load().map_err(|source| LoadError::Verify { name, source })
     }
 
-    /// Attach the production entry point. The link lives as long as `self`.
-    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<XdpLinkId, LoadError> {
-        self.attach_program(programs::LIMITER, iface, mode)
-    }
-
     /// Attach an entry point; the link lives as long as `self`.
     fn attach_program(&mut self, name: &'static str, iface: &str, mode: AttachMode) -> Result<XdpLinkId, LoadError> {
         self.load_program(name)?;
         let prog = self.xdp(name)?;
         prog.attach(iface, mode.xdp()).map_err(|source| match source {
             ProgramError::UnknownInterface { .. } => LoadError::NoInterface { iface: iface.into() },
+            ProgramError::SyscallError(ref e)
+                if matches!(e.io_error.raw_os_error(), Some(libc::EBUSY | libc::EEXIST)) =>
+            {
+                LoadError::Busy { iface: iface.into(), source }
+            }
             source if mode == AttachMode::Native => LoadError::NativeUnsupported { iface: iface.into(), source },
             source => LoadError::Attach { iface: iface.into(), mode, source },
         })
-    }
-
-    /// Detach a link made by [`DataPlane::attach`].
-    pub fn detach(&mut self, link: XdpLinkId) -> Result<(), LoadError> {
-        self.xdp(programs::LIMITER)?.detach(link).map_err(LoadError::Detach)
     }
 
     /// The eBPF log forwarder (aya-log into `log`, which `tracing` picks
@@ -275,7 +243,7 @@ impl DataPlane {
     /// Run one frame through the injected-clock entry point at `now_ns`
     /// (offline: `limiter replay`). Returns the XDP action.
     pub fn run_at(&mut self, now_ns: u64, frame: &[u8]) -> Result<u32, LoadError> {
-        self.maps.set_test_clock(now_ns)?;
+        self.maps.tables().set_test_clock(now_ns)?;
         let opts = TestRunOptions { data_in: Some(frame), repeat: 1, ..TestRunOptions::new() };
         Ok(self.run_with(programs::LIMITER_TEST_CLOCK, opts)?.0)
     }
@@ -292,7 +260,7 @@ impl DataPlane {
 }
 
 /// Index of `iface` in the calling thread's network namespace.
-fn ifindex(iface: &str) -> Result<u32, LoadError> {
+pub fn ifindex(iface: &str) -> Result<u32, LoadError> {
     let c = std::ffi::CString::new(iface).map_err(|_| LoadError::NoInterface { iface: iface.into() })?;
     // SAFETY: valid NUL-terminated name.
     match unsafe { libc::if_nametoindex(c.as_ptr()) } {

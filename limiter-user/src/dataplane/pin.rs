@@ -10,6 +10,7 @@
 
 use std::{
     ffi::CString,
+    fs::File,
     io,
     path::{Path, PathBuf},
 };
@@ -44,6 +45,18 @@ pub const PROG: &str = "prog";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PinError {
+    #[error(
+        "{path} is not on a bpf filesystem in this mount namespace, which is not the host's (started with `ip netns exec`?): pins made here would vanish with the process; use `nsenter --net=/run/netns/NAME` or mount bpffs in the host namespace"
+    )]
+    PrivateMounts { path: PathBuf },
+    #[error("{path} is in use by another running limiter daemon (it holds the directory's lock)")]
+    InUse { path: PathBuf },
+    #[error("locking {path}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("mounting bpffs at {path}")]
     Mount {
         path: PathBuf,
@@ -78,11 +91,27 @@ pub enum PinError {
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
+/// Whether this process has a mount namespace of its own, as under `ip
+/// netns exec` (which unshares it in place, then execs): a bpffs mounted
+/// there dies with the process. Compared with PID 1's, or, where that is
+/// hidden (a container), with the parent's.
+fn private_mount_namespace() -> bool {
+    let ns = |p: &str| std::fs::read_link(p).ok();
+    let Some(own) = ns("/proc/self/ns/mnt") else { return false };
+    let parent = std::os::unix::process::parent_id();
+    ns("/proc/1/ns/mnt").or_else(|| ns(&format!("/proc/{parent}/ns/mnt"))).is_some_and(|other| other != own)
+}
+
 /// Make sure `dir` exists on a bpffs, mounting one at /sys/fs/bpf if the
-/// machine has none (it is not mounted by default everywhere).
+/// machine has none (it is not mounted by default everywhere). In a mount
+/// namespace of its own nothing is mounted: pins there would not outlive
+/// the process, and the daemon would claim protection that is not there.
 pub fn ensure_dir(dir: &Path) -> Result<(), PinError> {
     let root = Path::new("/sys/fs/bpf");
     if dir.starts_with(root) && !is_bpffs(root) {
+        if private_mount_namespace() {
+            return Err(PinError::PrivateMounts { path: root.into() });
+        }
         let c = |s: &str| CString::new(s).expect("no NUL");
         let (src, target, fstype) = (c("bpf"), c("/sys/fs/bpf"), c("bpf"));
         // SAFETY: valid NUL-terminated strings; no data argument.
@@ -151,6 +180,68 @@ pub fn check(dir: &Path) -> Result<Option<Meta>, PinError> {
         });
     }
     Ok(Some(m))
+}
+
+/// Take an exclusive, non-blocking `flock` on `path` (a directory, or a
+/// lock file made if `create`). `Err(None)`: another process holds it.
+pub fn lock_exclusive(path: &Path, create: bool) -> Result<File, Option<io::Error>> {
+    use std::os::{fd::AsRawFd as _, unix::fs::OpenOptionsExt as _};
+    let file = if create {
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(path)
+    } else {
+        File::open(path)
+    }
+    .map_err(Some)?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err((e.kind() != io::ErrorKind::WouldBlock).then_some(e));
+    }
+    Ok(file)
+}
+
+/// Lock a pin directory for this process (held while the file lives): one
+/// daemon per pin directory, and `limiter unload` knows when one runs.
+pub fn lock_dir(dir: &Path) -> Result<File, PinError> {
+    lock_exclusive(dir, false).map_err(|e| match e {
+        Some(source) => PinError::Lock { path: dir.into(), source },
+        None => PinError::InUse { path: dir.into() },
+    })
+}
+
+/// Why `limiter unload` did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum UnloadError {
+    #[error(transparent)]
+    Pin(#[from] PinError),
+    #[error(
+        "a running limiter daemon serves {dir}; stop it first (it re-attaches what is removed under it), or use --force"
+    )]
+    DaemonRunning { dir: PathBuf },
+}
+
+/// `limiter unload`: refuse while a daemon serves `dir` unless `force`,
+/// and say so when `dir` is not on bpffs here (rather than "nothing
+/// pinned" about pins this mount namespace cannot see).
+pub fn unload_checked(dir: &Path, keep_maps: bool, force: bool) -> Result<Vec<String>, UnloadError> {
+    let root = Path::new("/sys/fs/bpf");
+    let on_bpffs = is_bpffs(dir) || (dir.starts_with(root) && is_bpffs(root));
+    if !on_bpffs {
+        return Err(if private_mount_namespace() {
+            PinError::PrivateMounts { path: dir.into() }
+        } else {
+            PinError::NotBpffs { path: dir.into() }
+        }
+        .into());
+    }
+    let _lock = match lock_dir(dir) {
+        Ok(l) => Some(l),
+        Err(PinError::InUse { .. }) if !force => return Err(UnloadError::DaemonRunning { dir: dir.into() }),
+        // --force, or nothing there to lock (nothing pinned).
+        Err(PinError::InUse { .. } | PinError::Lock { .. }) => None,
+        Err(e) => return Err(e.into()),
+    };
+    Ok(unload(dir, keep_maps)?)
 }
 
 /// Remove the pinned link and program (detaching it), and the maps unless

@@ -3,9 +3,9 @@
 //! daemon's policy logic (apply, runtime overrides, restore after a
 //! restart) is tested on the host without root.
 
-use limiter_common::{ClassCounters, Config, MAX_CLASSES, RuntimeKey, RuntimeOverride};
+use limiter_common::{Config, RuntimeKey, RuntimeOverride};
 
-use super::{DataPlane, LoadError, Totals};
+use super::{DataPlane, LoadError, maps::Tables};
 use crate::policy::Compiled;
 
 /// What the daemon reads and writes in the data plane.
@@ -18,30 +18,35 @@ pub trait PolicyMaps {
     fn runtime_overrides(&self) -> Result<Vec<(RuntimeKey, RuntimeOverride)>, LoadError>;
     /// Record (`Some`) or forget (`None`) one runtime override.
     fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError>;
-    /// Counters per reason, summed over CPUs.
-    fn totals(&self) -> Result<Totals, LoadError>;
-    /// Counters per class, summed over CPUs.
-    fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError>;
+}
+
+impl PolicyMaps for Tables {
+    fn apply(&mut self, c: &Compiled) -> Result<(), LoadError> {
+        Tables::apply(self, c)
+    }
+    fn active_config(&self) -> Result<Option<Config>, LoadError> {
+        Tables::active_config(self)
+    }
+    fn runtime_overrides(&self) -> Result<Vec<(RuntimeKey, RuntimeOverride)>, LoadError> {
+        Tables::runtime_overrides(self)
+    }
+    fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError> {
+        Tables::set_runtime_override(self, key, value)
+    }
 }
 
 impl PolicyMaps for DataPlane {
     fn apply(&mut self, c: &Compiled) -> Result<(), LoadError> {
-        self.maps.apply(c)
+        self.maps.tables().apply(c)
     }
     fn active_config(&self) -> Result<Option<Config>, LoadError> {
-        self.maps.active_config()
+        self.maps.tables.as_ref().map_or(Ok(None), Tables::active_config)
     }
     fn runtime_overrides(&self) -> Result<Vec<(RuntimeKey, RuntimeOverride)>, LoadError> {
-        self.maps.runtime_overrides()
+        self.maps.tables.as_ref().map_or(Ok(Vec::new()), Tables::runtime_overrides)
     }
     fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError> {
-        self.maps.set_runtime_override(key, value)
-    }
-    fn totals(&self) -> Result<Totals, LoadError> {
-        self.maps.totals()
-    }
-    fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError> {
-        self.maps.class_totals()
+        self.maps.tables().set_runtime_override(key, value)
     }
 }
 
@@ -53,8 +58,6 @@ pub struct FakeMaps {
     /// Every policy applied, in order.
     pub applied: Vec<Compiled>,
     pub runtime: std::collections::BTreeMap<[u8; 20], (RuntimeKey, RuntimeOverride)>,
-    pub totals: Totals,
-    pub classes: [ClassCounters; MAX_CLASSES],
     /// Fail the next `apply` (as a full map or a vanished pin would).
     pub fail_apply: bool,
     /// Fail the next runtime write.
@@ -99,11 +102,5 @@ impl PolicyMaps for FakeMaps {
             None => self.runtime.remove(&runtime_id(key)),
         };
         Ok(())
-    }
-    fn totals(&self) -> Result<Totals, LoadError> {
-        Ok(self.totals)
-    }
-    fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError> {
-        Ok(self.classes)
     }
 }

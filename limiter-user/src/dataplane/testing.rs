@@ -38,7 +38,7 @@ impl DataPlane {
 
     /// Set the injected clock read by the test entry point.
     pub fn set_test_clock(&mut self, now_ns: u64) -> Result<(), LoadError> {
-        self.maps.set_test_clock(now_ns)
+        self.maps.tables().set_test_clock(now_ns)
     }
 
     /// BPF_PROG_TEST_RUN of one entry point over `data`, `repeat` times.
@@ -71,12 +71,12 @@ impl DataPlane {
     /// Number of tracked prefixes (walks the map's keys).
     #[must_use]
     pub fn tracked(&self) -> usize {
-        self.maps.buckets.keys().flatten().count()
+        self.maps.counters.buckets.keys().flatten().count()
     }
 
     /// One bucket's state, if tracked.
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<BucketState>, LoadError> {
-        match self.maps.buckets.get(key, 0) {
+        match self.maps.counters.buckets.get(key, 0) {
             Ok(v) => Ok(Some(v)),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(e).on(names::BUCKETS),

@@ -115,6 +115,27 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// What is valid but probably not meant: a prefix length 0 (every
+    /// source in one bucket) or an override that denies every source.
+    #[must_use]
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        for (field, len, fam) in [("v4_prefix", self.v4_prefix, "IPv4"), ("v6_prefix", self.v6_prefix, "IPv6")] {
+            if len == 0 {
+                w.push(format!("{field} = 0: every {fam} source shares one bucket"));
+            }
+        }
+        for (i, o) in self.overrides.iter().enumerate() {
+            if o.net.prefix_len() == 0 && o.action == OverrideAction::Deny {
+                let fam = if o.net.addr().is_ipv4() { "IPv4" } else { "IPv6" };
+                w.push(format!("override[{i}] denies every {fam} source ({})", o.net));
+            }
+        }
+        w
+    }
+}
+
 fn compile_classes(classes: &[super::Class], config: &mut Config) -> Result<(), PolicyError> {
     if classes.len() > MAX_CLASSES - 1 {
         return Err(bad("class", format!("{} classes, at most {} fit", classes.len(), MAX_CLASSES - 1)));

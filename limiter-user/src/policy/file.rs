@@ -84,6 +84,8 @@ impl Loaded {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Root {
+    /// A file that sets nothing is refused unless it says this.
+    allow_empty: Option<bool>,
     mode: Option<Spanned<Mode>>,
     rate: Option<u64>,
     burst: Option<u64>,
@@ -204,8 +206,52 @@ pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
         let field = field_at(&text, line_of(&text, offset));
         locate(bad(field, e.message().trim().to_owned()), offset)
     })?;
+    if root.sets_nothing() && root.allow_empty != Some(true) {
+        let problem = "the file sets nothing, which would replace the running policy with the built-in default (a \
+                       truncated file?); write `allow_empty = true` if that is meant";
+        return Err(locate(bad("(document)", problem), 0));
+    }
     let policy = build(root).map_err(|(e, offset)| locate(e, offset))?;
     Ok(Loaded { policy, origin: Origin::File { name: name.to_owned(), text } })
+}
+
+impl Root {
+    /// Whether nothing but `allow_empty` is set.
+    fn sets_nothing(&self) -> bool {
+        let Self {
+            allow_empty: _,
+            mode,
+            rate,
+            burst,
+            cost,
+            v4_prefix,
+            v6_prefix,
+            capacity,
+            new_source_rate,
+            new_source_burst,
+            aggregate_rate,
+            aggregate_burst,
+            aggregate_v4_prefix,
+            aggregate_v6_prefix,
+            classes,
+            overrides,
+        } = self;
+        mode.is_none()
+            && rate.is_none()
+            && burst.is_none()
+            && cost.is_none()
+            && v4_prefix.is_none()
+            && v6_prefix.is_none()
+            && capacity.is_none()
+            && new_source_rate.is_none()
+            && new_source_burst.is_none()
+            && aggregate_rate.is_none()
+            && aggregate_burst.is_none()
+            && aggregate_v4_prefix.is_none()
+            && aggregate_v6_prefix.is_none()
+            && classes.is_empty()
+            && overrides.is_empty()
+    }
 }
 
 type Located<T> = Result<T, (PolicyError, usize)>;
@@ -222,6 +268,7 @@ fn pair<T>(a: Option<Spanned<T>>, b: Option<Spanned<T>>, names: [&str; 2]) -> Lo
 
 fn build(root: Root) -> Located<Policy> {
     let Root {
+        allow_empty: _,
         mode,
         rate,
         burst,

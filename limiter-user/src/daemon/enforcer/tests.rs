@@ -46,6 +46,29 @@ fn an_apply_compiles_once_and_writes_one_version() {
 }
 
 #[test]
+fn a_start_with_nothing_to_put_back_reuses_the_check() {
+    let mut maps = FakeMaps::default();
+    let l = loaded(FILE);
+    COMPILES.with(|c| c.set(0));
+    let checked = l.check().unwrap();
+    let mut e = Enforcer::new(4, 1024);
+    e.apply_checked(&mut maps, l, checked.clone()).unwrap();
+    assert_eq!(COMPILES.with(std::cell::Cell::get), 1, "the check is the only compile");
+    assert_eq!(maps.applied[0].config.version, 5, "stamped with the next version");
+    assert_eq!(maps.applied[0].overrides, checked.overrides);
+    // With runtime overrides to put back, the effective policy is compiled.
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps);
+    e.change_prefix(&mut maps, "198.18.3.0/24", Some(OverrideAction::Deny)).unwrap();
+    let mut restarted = Enforcer::new(e.version(), 1024);
+    restarted.restore(&maps).unwrap();
+    let l = loaded(FILE);
+    let checked = l.check().unwrap();
+    restarted.apply_checked(&mut maps, l, checked).unwrap();
+    assert_eq!(v4_codes(&maps).len(), 3, "the runtime deny is in the applied policy");
+}
+
+#[test]
 fn a_bad_policy_changes_nothing_and_names_its_line() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps);
@@ -113,4 +136,21 @@ fn an_error_of_a_runtime_override_says_so() {
     assert!(err.to_string().contains("198.18.3.0/25 is longer than the bucket prefix /24"), "{err}");
     assert_eq!(e.prefixes().len(), 2);
     assert!(maps.runtime.is_empty());
+}
+
+#[test]
+fn runtime_overrides_that_no_longer_fit_are_dropped_at_restart() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps);
+    e.change_prefix(&mut maps, "198.18.3.0/24", Some(OverrideAction::Deny)).unwrap();
+    e.change_prefix(&mut maps, "198.18.0.0/16", Some(OverrideAction::Allow)).unwrap();
+    // Restarted with /16 buckets: the /24 deny cannot be held any more.
+    let coarse = loaded("v4_prefix = 16\n");
+    let mut again = Enforcer::new(e.version(), 1024);
+    assert_eq!(again.restore(&maps).unwrap(), 2);
+    let dropped = again.drop_unfit(&mut maps, &coarse.policy);
+    assert_eq!(dropped, ["198.18.3.0/24 (finer than the policy's /16 buckets)"]);
+    again.apply(&mut maps, coarse).unwrap();
+    assert_eq!(again.prefixes().len(), 1, "the /16 allow stays");
+    assert_eq!(maps.runtime.len(), 1, "the unfit one is gone from the record too");
 }

@@ -132,9 +132,10 @@ fn locating_the_last_of_many_overrides_is_linear() {
     use std::fmt::Write as _;
     let mut text = String::new();
     for i in 0..131_071u32 {
-        let _ = write!(text, "[[override]]\ncidr = \"10.{}.{}.0/24\"\naction = \"deny\"\n", i >> 8 & 255, i & 255);
+        let [_, a, b, c] = i.to_be_bytes();
+        let _ = write!(text, "[[override]]\ncidr = \"{}.{b}.{c}.0/24\"\naction = \"deny\"\n", 100 + a);
     }
-    text.push_str("[[override]]\ncidr = \"10.0.0.0/24\"\naction = \"deny\"\n");
+    text.push_str("[[override]]\ncidr = \"100.0.0.0/24\"\naction = \"deny\"\n");
     let start = std::time::Instant::now();
     let e = err(&text);
     assert_eq!(e.field, "override[131071].cidr", "{e}");
@@ -145,8 +146,28 @@ fn locating_the_last_of_many_overrides_is_linear() {
 }
 
 #[test]
+fn a_file_that_sets_nothing_is_refused_unless_it_says_so() {
+    for text in ["", "# just a comment\n\n", "   \n"] {
+        let e = load(text).unwrap_err();
+        assert_eq!(e.field, "(document)", "{text:?}");
+        assert!(e.problem.contains("allow_empty = true"), "{e}");
+    }
+    assert_eq!(load("allow_empty = true\n").unwrap().policy, Policy::default());
+}
+
+#[test]
+fn policies_that_cover_everything_are_warned_about() {
+    let p = load("v4_prefix = 0\n[[override]]\ncidr = \"::/0\"\naction = \"deny\"\n").unwrap().policy;
+    let w = p.warnings();
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(w[0].contains("every IPv4 source shares one bucket"), "{w:?}");
+    assert!(w[1].contains("override[0] denies every IPv6 source"), "{w:?}");
+    assert!(Policy::default().warnings().is_empty());
+}
+
+#[test]
 fn the_new_source_budget_is_on_by_default_and_zero_turns_it_off() {
-    let d = load("").unwrap().policy;
+    let d = load("allow_empty = true\n").unwrap().policy;
     assert_eq!(d.new_sources, Some(super::super::DEFAULT_NEW_SOURCES));
     let off = load("new_source_rate = 0\n").unwrap().policy;
     assert_eq!(off.new_sources, None);

@@ -1,0 +1,211 @@
+//! Policy changes off the event loop. A change (apply a file, re-read the
+//! policy, add or remove an override) can take seconds with 131,072
+//! overrides: it runs on a blocking thread with the policy state and the
+//! policy tables moved there, while the loop keeps serving status,
+//! metrics, signals and other clients. Requests that need the policy state
+//! meanwhile wait in a bounded queue, in order.
+
+use std::collections::VecDeque;
+
+use tokio::sync::oneshot;
+
+use super::{ApplyError, Daemon, Enforcer, Settings};
+use crate::{
+    control::{Applied, Request, Response},
+    dataplane::maps::Tables,
+    policy::{Limit, OverrideAction, file},
+};
+
+/// Requests waiting for the policy state; more are refused at once.
+const MAX_QUEUED: usize = 64;
+
+/// A change of policy.
+#[derive(Debug)]
+pub(super) enum Change {
+    /// `policy apply`: text sent by the client, or re-read the daemon's own.
+    Apply { name: String, text: Option<String> },
+    /// SIGHUP.
+    Reload,
+    /// `prefix set|allow|deny|unset`: the CIDR, and what to do with it
+    /// (`None` = unset; a limit takes the default class's cost and mode).
+    Prefix { cidr: String, action: Option<PrefixAction> },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) enum PrefixAction {
+    Limit { rate: u64, burst: u64 },
+    Allow,
+    Deny,
+}
+
+/// What waits for the policy state.
+pub(super) enum Queued {
+    Call(Request, oneshot::Sender<Response>),
+    Reload,
+}
+
+/// A finished change, with the state it had away.
+pub(super) struct Done {
+    enforcer: Enforcer,
+    tables: Tables,
+    change: Change,
+    reply: Option<oneshot::Sender<Response>>,
+    result: Result<String, ApplyError>,
+}
+
+/// Carry out `change` (on a blocking thread).
+fn run(change: &Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -> Result<String, ApplyError> {
+    match change {
+        Change::Apply { name, text: Some(text) } => e.apply(t, file::parse(name, text.clone())?),
+        Change::Apply { text: None, .. } | Change::Reload => e.apply(t, settings.load_policy()?),
+        Change::Prefix { cidr, action } => {
+            let action = action.map(|a| match a {
+                PrefixAction::Limit { rate, burst } => {
+                    let d = e.base().default;
+                    OverrideAction::Limit(Limit { rate, burst, cost: d.cost, mode: d.mode })
+                }
+                PrefixAction::Allow => OverrideAction::Allow,
+                PrefixAction::Deny => OverrideAction::Deny,
+            });
+            e.change_prefix(t, cidr, action)
+        }
+    }
+}
+
+impl Change {
+    /// The change a request asks for, if it is one.
+    pub(super) fn of(req: &Request) -> Option<Change> {
+        let prefix = |cidr: &String, action| Some(Change::Prefix { cidr: cidr.clone(), action });
+        match req {
+            Request::PolicyApply { name, text } => Some(Change::Apply { name: name.clone(), text: text.clone() }),
+            Request::PrefixSet { cidr, rate, burst } => {
+                prefix(cidr, Some(PrefixAction::Limit { rate: *rate, burst: *burst }))
+            }
+            Request::PrefixAllow { cidr } => prefix(cidr, Some(PrefixAction::Allow)),
+            Request::PrefixDeny { cidr } => prefix(cidr, Some(PrefixAction::Deny)),
+            Request::PrefixUnset { cidr } => prefix(cidr, None),
+            _ => None,
+        }
+    }
+}
+
+/// The daemon's side of changes.
+#[derive(Default)]
+pub(super) struct Changes {
+    /// The change running off the loop, if any.
+    pub running: Option<oneshot::Receiver<Done>>,
+    pub queue: VecDeque<Queued>,
+}
+
+impl Daemon {
+    /// Start `change` on a blocking thread, or queue it behind the one
+    /// running.
+    pub(super) fn change(&mut self, change: Change, reply: Option<oneshot::Sender<Response>>) {
+        let Some((mut enforcer, mut tables)) = self.policy.take() else {
+            let queued = match (change, reply) {
+                (Change::Reload, _) => Queued::Reload,
+                (c, Some(reply)) => Queued::Call(c.into_request(), reply),
+                (_, None) => return,
+            };
+            return self.enqueue(queued);
+        };
+        let settings = self.settings.clone();
+        let (tx, rx) = oneshot::channel();
+        tokio::task::spawn_blocking(move || {
+            let result = run(&change, &mut enforcer, &mut tables, &settings);
+            let _ = tx.send(Done { enforcer, tables, change, reply, result });
+        });
+        self.changes.running = Some(rx);
+    }
+
+    /// Queue a request until the policy state is back; refuse past the cap.
+    pub(super) fn enqueue(&mut self, q: Queued) {
+        if matches!(q, Queued::Reload) && self.changes.queue.iter().any(|q| matches!(q, Queued::Reload)) {
+            return;
+        }
+        if self.changes.queue.len() >= MAX_QUEUED {
+            if let Queued::Call(_, reply) = q {
+                let message = format!("{MAX_QUEUED} requests already wait for a policy change to finish; retry");
+                let _ = reply.send(Response::Error { message });
+            }
+            return;
+        }
+        self.changes.queue.push_back(q);
+    }
+
+    /// A change finished: take the state back, report, and go on with
+    /// what waited for it until the next change starts.
+    pub(super) fn finished(&mut self, done: Done) {
+        let Done { enforcer, tables, change, reply, result } = done;
+        self.policy = Some((enforcer, tables));
+        self.refresh_view();
+        let response = match change {
+            Change::Reload => {
+                self.report_reload(result);
+                None
+            }
+            _ => Some(self.finish_change(result)),
+        };
+        if let (Some(reply), Some(r)) = (reply, response) {
+            let _ = reply.send(r);
+        }
+        while self.changes.running.is_none()
+            && let Some(q) = self.changes.queue.pop_front()
+        {
+            match q {
+                Queued::Reload => self.change(Change::Reload, None),
+                Queued::Call(req, reply) => self.handle(req, reply),
+            }
+        }
+    }
+
+    /// Log and record a policy change; the answer to its client.
+    fn finish_change(&mut self, result: Result<String, ApplyError>) -> Response {
+        let version = self.view.version;
+        match result {
+            Ok(summary) => {
+                tracing::info!(event = "policy_change", version, "limiter: applied {summary}");
+                self.note_reload(true, summary.clone());
+                Response::Applied(Applied { version, summary })
+            }
+            Err(e) => {
+                let message = format!("{e}; policy v{version} keeps running");
+                tracing::warn!(event = "policy_change", ok = false, version, "limiter: refused: {message}");
+                self.note_reload(false, message.clone());
+                Response::Error { message }
+            }
+        }
+    }
+
+    /// SIGHUP's outcome.
+    fn report_reload(&mut self, result: Result<String, ApplyError>) {
+        let (version, source) = (self.view.version, self.view.source.clone());
+        match result {
+            Ok(summary) => {
+                tracing::info!(event = "reload", ok = true, version, source = %source, "limiter: SIGHUP: applied {source}: {summary}");
+                self.note_reload(true, summary);
+            }
+            Err(e) => {
+                let message = format!("rejected: {e}; policy v{version} keeps running");
+                tracing::warn!(event = "reload", ok = false, version, "limiter: SIGHUP: {message}");
+                self.note_reload(false, message);
+            }
+        }
+    }
+}
+
+impl Change {
+    /// Back to the request it came from (to queue it as one).
+    fn into_request(self) -> Request {
+        match self {
+            Change::Apply { name, text } => Request::PolicyApply { name, text },
+            Change::Reload => Request::PolicyApply { name: String::new(), text: None },
+            Change::Prefix { cidr, action } => match action {
+                None => Request::PrefixUnset { cidr },
+                Some(PrefixAction::Allow) => Request::PrefixAllow { cidr },
+                Some(PrefixAction::Deny) => Request::PrefixDeny { cidr },
+                Some(PrefixAction::Limit { rate, burst }) => Request::PrefixSet { cidr, rate, burst },
+            },
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The program's attachment to its interface, watched: the daemon keeps a
+//! descriptor of its own on the XDP link and reads the link's interface
+//! from `/proc/self/fdinfo` (0 once the link lost it: interface deleted,
+//! `bpftool link detach`), and checks that a pinned link is still pinned
+//! (`limiter unload --force`). What is lost is put back: a new link, or
+//! the pin again. Until then the daemon reports itself detached; it never
+//! claims protection that is not there.
+
+use std::path::{Path, PathBuf};
+
+use aya::programs::links::{FdLink, PinnedLink};
+use limiter_common::programs;
+
+use super::{AttachMode, DataPlane, LoadError, ifindex, pin};
+
+/// The program on its interface.
+pub struct Attachment {
+    /// Our own descriptor on the link (`None` once lost). Unpinned,
+    /// dropping it detaches.
+    link: Option<FdLink>,
+    /// The descriptor number of `link` (aya does not expose it).
+    fd: Option<i32>,
+    iface: String,
+    mode: AttachMode,
+    /// The pin directory, when the link is pinned there.
+    pin_dir: Option<PathBuf>,
+}
+
+/// What a check of the attachment found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    Attached,
+    /// Not enforcing, and why.
+    Detached(String),
+}
+
+impl Attachment {
+    /// Interface index the link is attached to (0 = none); `None` when the
+    /// kernel does not say.
+    fn link_ifindex(&self) -> Option<u32> {
+        let (Some(_), Some(fd)) = (&self.link, self.fd) else { return Some(0) };
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+        fdinfo_field(&info, "ifindex")
+    }
+
+    fn new(link: FdLink, iface: &str, mode: AttachMode, pin_dir: Option<PathBuf>) -> Self {
+        let mut a = Self { link: None, fd: None, iface: iface.into(), mode, pin_dir };
+        a.set_link(link);
+        a
+    }
+
+    fn set_link(&mut self, link: FdLink) {
+        self.fd = link.info().ok().and_then(|i| descriptor_of(i.id()));
+        self.link = Some(link);
+    }
+
+    fn link_pin(&self) -> Option<PathBuf> {
+        self.pin_dir.as_ref().map(|d| d.join(pin::LINK))
+    }
+
+    /// Whether the program is attached (and pinned, if it should be).
+    #[must_use]
+    pub fn health(&self) -> Health {
+        if self.link_ifindex() == Some(0) {
+            return Health::Detached(format!(
+                "the XDP link lost {} (interface gone, or detached by another tool)",
+                self.iface
+            ));
+        }
+        if let Some(p) = self.link_pin()
+            && !p.exists()
+        {
+            return Health::Detached(format!("the link's pin {} was removed", p.display()));
+        }
+        Health::Attached
+    }
+
+    /// The pin directory, if pinned.
+    #[must_use]
+    pub fn pin_dir(&self) -> Option<&Path> {
+        self.pin_dir.as_deref()
+    }
+
+    /// Whether the link is pinned now (so it outlives this process).
+    #[must_use]
+    pub fn is_pinned(&self) -> bool {
+        self.link_pin().is_some_and(|p| p.exists())
+    }
+}
+
+impl DataPlane {
+    /// Attach the production entry point with a link of its own (not
+    /// pinned: it is detached when the attachment is dropped).
+    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<Attachment, LoadError> {
+        let link = self.new_link(iface, mode)?;
+        Ok(Attachment::new(link, iface, mode, None))
+    }
+
+    fn new_link(&mut self, iface: &str, mode: AttachMode) -> Result<FdLink, LoadError> {
+        let id = self.attach_program(programs::LIMITER, iface, mode)?;
+        let link = self.xdp(programs::LIMITER)?.take_link(id).map_err(|source| LoadError::Attach {
+            iface: iface.into(),
+            mode,
+            source,
+        })?;
+        FdLink::try_from(link).map_err(LoadError::Adopt)
+    }
+
+    /// Attach with the link and program pinned in `dir`. If a link is
+    /// pinned already, this build's program replaces the old one on it
+    /// atomically (`bpf_link_update`): no moment without enforcement.
+    /// Returns the attachment and whether an existing link was re-adopted.
+    pub fn attach_pinned(
+        &mut self,
+        iface: &str,
+        mode: AttachMode,
+        dir: &Path,
+    ) -> Result<(Attachment, bool), LoadError> {
+        let ifindex = ifindex(iface)?;
+        let mut meta = self.maps.tables().meta()?;
+        let link_path = dir.join(pin::LINK);
+        if meta.ifindex != 0 && meta.ifindex != ifindex && link_path.exists() {
+            return Err(LoadError::OtherInterface {
+                dir: dir.display().to_string(),
+                pinned: meta.ifindex,
+                iface: iface.into(),
+            });
+        }
+        self.load_program(programs::LIMITER)?;
+        let replaced = link_path.exists();
+        if replaced {
+            let pinned = PinnedLink::from_pin(&link_path).map_err(LoadError::Adopt)?;
+            let link = aya::programs::xdp::XdpLink::try_from(FdLink::from(pinned)).map_err(LoadError::Adopt)?;
+            self.xdp(programs::LIMITER)?.attach_to_link(link).map_err(LoadError::Replace)?;
+        } else {
+            self.pin_new_link(iface, mode, &link_path)?;
+        }
+        let prog_path = dir.join(pin::PROG);
+        let _ = std::fs::remove_file(&prog_path);
+        self.xdp(programs::LIMITER)?
+            .pin(&prog_path)
+            .map_err(|source| LoadError::PinObject { what: "program", source })?;
+        meta.ifindex = ifindex;
+        self.maps.tables().set_meta(&meta)?;
+        let link = FdLink::from(PinnedLink::from_pin(&link_path).map_err(LoadError::Adopt)?);
+        Ok((Attachment::new(link, iface, mode, Some(dir.into())), replaced))
+    }
+
+    fn pin_new_link(&mut self, iface: &str, mode: AttachMode, link_path: &Path) -> Result<(), LoadError> {
+        let link = self.new_link(iface, mode)?;
+        link.pin(link_path).map_err(|source| LoadError::PinObject { what: "link", source })?;
+        Ok(())
+    }
+
+    /// Put back what the attachment lost: a new link if the old one lost
+    /// its interface, the pin if only the pin is gone. Returns what was
+    /// done; an error while the interface is still missing.
+    pub fn repair(&mut self, a: &mut Attachment) -> Result<String, LoadError> {
+        let (iface, mode) = (a.iface.clone(), a.mode);
+        match (a.link_ifindex() == Some(0), a.link_pin()) {
+            (true, None) => {
+                a.set_link(self.new_link(&iface, mode)?);
+                Ok(format!("attached to {iface} again with a new link"))
+            }
+            (true, Some(pin)) => {
+                let _ = std::fs::remove_file(&pin);
+                self.pin_new_link(&iface, mode, &pin)?;
+                a.set_link(FdLink::from(PinnedLink::from_pin(&pin).map_err(LoadError::Adopt)?));
+                Ok(format!("attached to {iface} again with a new link, pinned at {}", pin.display()))
+            }
+            (false, Some(pin)) => {
+                // Our descriptor kept the link alive: pin it again. If that
+                // fails the descriptor is gone too, and the next repair
+                // makes a new link.
+                let Some(link) = a.link.take() else { return Ok("nothing to repair".into()) };
+                let pinned = link.pin(&pin).map_err(|source| LoadError::PinObject { what: "link", source })?;
+                a.set_link(FdLink::from(pinned));
+                Ok(format!("pinned the link again at {}", pin.display()))
+            }
+            (false, None) => Ok("nothing to repair".into()),
+        }
+    }
+}
+
+/// A numeric field of an fdinfo text.
+fn fdinfo_field(info: &str, name: &str) -> Option<u32> {
+    info.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).and_then(|v| v.trim().parse().ok())
+}
+
+/// A descriptor of this process on the BPF link `id`.
+fn descriptor_of(id: u32) -> Option<i32> {
+    std::fs::read_dir("/proc/self/fdinfo").ok()?.flatten().find_map(|e| {
+        let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+        let info = std::fs::read_to_string(e.path()).ok()?;
+        (fdinfo_field(&info, "link_id") == Some(id)).then_some(fd)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fdinfo_field;
+
+    #[test]
+    fn fdinfo_fields_are_read_by_name() {
+        let info = "pos:\t0\nlink_type:\txdp\nlink_id:\t112\nprog_id:\t408\nifindex:\t3\n";
+        assert_eq!(fdinfo_field(info, "ifindex"), Some(3));
+        assert_eq!(fdinfo_field(info, "link_id"), Some(112));
+        assert_eq!(fdinfo_field(info, "missing"), None);
+    }
+}

@@ -1,0 +1,167 @@
+//! The accept loop every listener of the daemon runs (control socket,
+//! `/metrics`): an accept error (descriptors exhausted, a signal) is logged
+//! at most every 10 s and retried after a back-off, never the end of the
+//! loop; at most `max_conns` connections are served at once and the excess
+//! is closed at once, never queued, so a flood of clients cannot hold the
+//! daemon's descriptors or memory.
+
+use std::{
+    future::Future,
+    io,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    net::{TcpListener, UnixListener},
+    sync::Semaphore,
+};
+
+/// Something that accepts connections.
+pub trait Accept: Send + 'static {
+    type Stream: Send + 'static;
+    fn accept(&self) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+}
+
+impl Accept for UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn accept(&self) -> io::Result<Self::Stream> {
+        UnixListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
+impl Accept for TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn accept(&self) -> io::Result<Self::Stream> {
+        TcpListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
+/// First and longest pause after a failed accept.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
+/// Accept errors are logged at most this often (with how many were not).
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Accept on `listener` for ever, handing each connection to `handle` on a
+/// task of its own, which holds the connection's slot until it ends.
+pub fn spawn<L, F, Fut>(name: &'static str, listener: L, max_conns: usize, handle: F)
+where
+    L: Accept,
+    F: Fn(L::Stream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(max_conns));
+    tokio::spawn(async move {
+        let mut backoff = BACKOFF.0;
+        let mut errors = ErrorLog::default();
+        let mut refused = ErrorLog::default();
+        loop {
+            match listener.accept().await {
+                Ok(stream) => {
+                    backoff = BACKOFF.0;
+                    if let Ok(permit) = Arc::clone(&slots).try_acquire_owned() {
+                        let served = handle(stream);
+                        tokio::spawn(async move {
+                            served.await;
+                            drop(permit);
+                        });
+                    } else {
+                        // Closed at once: the client sees its connection end.
+                        drop(stream);
+                        refused.note(|n| {
+                            tracing::warn!(
+                                "limiter: {name}: {max_conns} connections in use; closed {n} more at accept"
+                            );
+                        });
+                    }
+                }
+                Err(e) => {
+                    errors.note(|n| tracing::warn!("limiter: {name}: accept failed ({n} times since last said): {e}"));
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF.1);
+                }
+            }
+        }
+    });
+}
+
+/// Counts events and says so at most every [`LOG_EVERY`].
+#[derive(Default)]
+struct ErrorLog {
+    last: Option<Instant>,
+    unsaid: u64,
+}
+
+impl ErrorLog {
+    fn note(&mut self, say: impl FnOnce(u64)) {
+        self.unsaid += 1;
+        if self.last.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+            say(self.unsaid);
+            self.last = Some(Instant::now());
+            self.unsaid = 0;
+        }
+    }
+}
+
+/// Raise this process's descriptor limit to its hard limit: more room
+/// before accept fails, at no cost until used.
+pub fn raise_nofile() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain syscalls on a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_said_once_per_period_with_a_count() {
+        let mut log = ErrorLog::default();
+        let mut said = Vec::new();
+        for _ in 0..1000 {
+            log.note(|n| said.push(n));
+        }
+        assert_eq!(said, [1], "the first is said at once, the rest wait for the period");
+        log.last = Some(Instant::now().checked_sub(LOG_EVERY).unwrap());
+        log.note(|n| said.push(n));
+        assert_eq!(said, [1, 1000]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn connections_past_the_cap_are_closed_at_once() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let dir = std::env::temp_dir().join(format!("limiter-listen-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("s.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        // Each served connection holds its slot until the client closes.
+        spawn("test", listener, 2, |mut s: tokio::net::UnixStream| async move {
+            let _ = s.write_all(b"hi").await;
+            let mut b = [0; 1];
+            let _ = s.read(&mut b).await;
+        });
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
+            let mut b = [0; 2];
+            c.read_exact(&mut b).await.unwrap();
+            held.push(c);
+        }
+        let mut third = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let mut b = [0; 2];
+        let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut b)).await.unwrap().unwrap();
+        assert_eq!(n, 0, "the third connection is closed without an answer");
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut fourth = tokio::net::UnixStream::connect(&path).await.unwrap();
+        fourth.read_exact(&mut b).await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
