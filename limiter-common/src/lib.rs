@@ -385,8 +385,9 @@ pub struct RuntimeOverride {
     /// [`cost`] and [`mode`] of a `LIMIT` (zero otherwise).
     pub cost: u32,
     pub mode: u32,
-    /// Always zero (explicit padding).
-    pub pad: u32,
+    /// Unix time (seconds) at which the override expires; 0 = never.
+    /// (Was padding, always 0: records of earlier daemons never expire.)
+    pub expires: u32,
     /// Rate and burst of a `LIMIT` (zero otherwise).
     pub rate: u64,
     pub burst: u64,

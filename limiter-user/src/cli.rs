@@ -109,16 +109,40 @@ pub enum PrefixCommand {
         /// Bucket depth in units.
         #[arg(long)]
         burst: u64,
+        /// Expire after this long (e.g. 10m, 1h; survives a restart with
+        /// --pin) [default: never].
+        #[arg(long, value_name = "DURATION", value_parser = ttl)]
+        ttl: Option<u64>,
     },
     /// Never limit a prefix.
     Allow {
         /// The prefix.
         cidr: String,
+        /// Expire after this long [default: never].
+        #[arg(long, value_name = "DURATION", value_parser = ttl)]
+        ttl: Option<u64>,
     },
     /// Always drop a prefix.
     Deny {
         /// The prefix.
         cidr: String,
+        /// Expire after this long [default: never].
+        #[arg(long, value_name = "DURATION", value_parser = ttl)]
+        ttl: Option<u64>,
+    },
+    /// Deny (or allow) every prefix of a file as one version, all or
+    /// nothing: one CIDR per line, `#` comments and blank lines allowed
+    /// (as FireHOL netsets are written); `-` reads standard input.
+    Load {
+        /// The file of prefixes to deny.
+        #[arg(long, value_name = "FILE", conflicts_with = "allow", required_unless_present = "allow")]
+        deny: Option<PathBuf>,
+        /// The file of prefixes to allow.
+        #[arg(long, value_name = "FILE")]
+        allow: Option<PathBuf>,
+        /// Expire after this long [default: never].
+        #[arg(long, value_name = "DURATION", value_parser = ttl)]
+        ttl: Option<u64>,
     },
     /// Remove a prefix's override.
     Unset {
@@ -217,6 +241,15 @@ pub struct RunArgs {
     /// Seconds between status lines (0 = none).
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub status_interval: f64,
+}
+
+/// A `--ttl` in whole seconds, at least one.
+fn ttl(s: &str) -> Result<u64, String> {
+    let d = crate::policy::forward::parse_duration(s)?;
+    if d.as_secs() == 0 {
+        return Err("a ttl must be at least 1s".into());
+    }
+    Ok(d.as_secs())
 }
 
 /// Parse arguments; on a usage error print one line and exit with status 2.

@@ -4,6 +4,7 @@
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `control`: the control-socket protocol, server and client;
+//! - `forward`: the forwarder to the tenant layer (PROXY protocol);
 //! - `metrics`, `top`, `replay`: Prometheus, top offenders, offline replay;
 //! - `daemon`: the running daemon;
 //! - `cli` and `cmd`: the command line and its verbs.
@@ -17,6 +18,7 @@ pub mod dataplane;
 
 pub mod control;
 
+pub mod forward;
 pub mod metrics;
 pub mod replay;
 pub mod top;

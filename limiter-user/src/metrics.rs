@@ -37,6 +37,7 @@ pub struct Snapshot {
     pub attached: bool,
     /// Times a lost link or pin was put back.
     pub reattaches: u64,
+    pub forwards: Vec<crate::control::ForwardInfo>,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
     pub last_reload_ok: Option<u64>,
@@ -56,6 +57,66 @@ impl SnapshotCollector {
                 let c = self.0.totals.by_family[r as usize][f];
                 let labels = [("action", r.action().label()), ("reason", r.label()), ("family", fam)];
                 ConstCounter::new(if bytes { c.bytes } else { c.packets }).encode(m.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Per forwarder (labels bounded by the policy: forwarder names and
+    /// upstream addresses it declares).
+    fn forwards(enc: &mut DescriptorEncoder, forwards: &[crate::control::ForwardInfo]) -> std::fmt::Result {
+        let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let mut m =
+            enc.encode_descriptor("limiter_forward_connections_active", "Connections open.", None, MetricType::Gauge)?;
+        for f in forwards {
+            ConstGauge::new(i(f.active)).encode(m.encode_family(&[("listener", f.name.as_str())])?)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "limiter_forward_connections",
+            "Connections by outcome: forwarded (ended after being spliced), shed (closed at accept), upstream_failed.",
+            None,
+            MetricType::Counter,
+        )?;
+        for f in forwards {
+            let shed: u64 = f.shed.iter().map(|(_, n)| n).sum();
+            for (outcome, n) in [
+                ("forwarded", f.completed.saturating_sub(f.upstream_failed)),
+                ("shed", shed),
+                ("upstream_failed", f.upstream_failed),
+            ] {
+                ConstCounter::new(n)
+                    .encode(m.encode_family(&[("listener", f.name.as_str()), ("outcome", outcome)])?)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "limiter_forward_shed",
+            "Connections closed at accept, by reason.",
+            None,
+            MetricType::Counter,
+        )?;
+        for f in forwards {
+            for (reason, n) in &f.shed {
+                ConstCounter::new(*n)
+                    .encode(m.encode_family(&[("listener", f.name.as_str()), ("reason", reason.as_str())])?)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "limiter_forward_upstream_up",
+            "1 while an upstream is in service.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for f in forwards {
+            for (addr, up) in &f.upstreams {
+                ConstGauge::new(i64::from(*up))
+                    .encode(m.encode_family(&[("listener", f.name.as_str()), ("upstream", addr.as_str())])?)?;
+            }
+        }
+        let mut m =
+            enc.encode_descriptor("limiter_forward_bytes", "Bytes spliced, by direction.", None, MetricType::Counter)?;
+        for f in forwards {
+            for (dir, n) in [("to_upstream", f.bytes_up), ("to_client", f.bytes_down)] {
+                ConstCounter::new(n).encode(m.encode_family(&[("listener", f.name.as_str()), ("direction", dir)])?)?;
             }
         }
         Ok(())
@@ -135,6 +196,7 @@ impl Collector for SnapshotCollector {
             None,
             MetricType::Counter,
         )?)?;
+        Self::forwards(&mut enc, &s.forwards)?;
         let mut m = enc.encode_descriptor("limiter_build_info", "Build information.", None, MetricType::Gauge)?;
         ConstGauge::new(1i64).encode(m.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
         Ok(())
@@ -215,6 +277,28 @@ async fn answer(method: &Method, path: &str, snapshots: &mpsc::Sender<ScrapeCall
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_forwarder_has_its_series_labelled_by_name() {
+        let f = crate::control::ForwardInfo {
+            name: "https".into(),
+            active: 3,
+            shed: vec![("max_connections".into(), 9)],
+            upstreams: vec![("127.0.0.1:8443".into(), true)],
+            bytes_up: 5,
+            ..Default::default()
+        };
+        let text = render(Snapshot { forwards: vec![f], ..Snapshot::default() });
+        for line in [
+            r#"limiter_forward_connections_active{listener="https"} 3"#,
+            r#"limiter_forward_shed_total{listener="https",reason="max_connections"} 9"#,
+            r#"limiter_forward_connections_total{listener="https",outcome="shed"} 9"#,
+            r#"limiter_forward_upstream_up{listener="https",upstream="127.0.0.1:8443"} 1"#,
+            r#"limiter_forward_bytes_total{listener="https",direction="to_upstream"} 5"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+    }
 
     #[test]
     fn names_follow_prometheus_conventions_and_carry_no_addresses() {

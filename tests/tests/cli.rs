@@ -59,7 +59,7 @@ fn invalid_policy_values_are_refused_with_the_field_named() {
 
 #[test]
 fn help_works_on_every_verb() {
-    let verbs: [&[&str]; 18] = [
+    let verbs: [&[&str]; 19] = [
         &[],
         &["run"],
         &["unload"],
@@ -75,6 +75,7 @@ fn help_works_on_every_verb() {
         &["prefix", "allow"],
         &["prefix", "deny"],
         &["prefix", "unset"],
+        &["prefix", "load"],
         &["replay"],
         &["completions"],
         &["man"],

@@ -239,3 +239,60 @@ fn the_daemon_survives_its_stdout_going_away() {
     assert_eq!(j["policy_version"].as_u64(), Some(2), "{j}");
     drop(daemon);
 }
+
+/// A penalty with a TTL drops its prefix in XDP at once and is lifted on
+/// time, by the daemon, with no one to undo it.
+#[test]
+fn a_penalty_with_a_ttl_drops_the_prefix_until_it_expires() {
+    let r = start("ttl", &[]);
+    assert_eq!(delivered(&r, 50), 50);
+    let o = cli(&r.socket, &["prefix", "deny", "198.18.1.0/24", "--ttl", "4s"]);
+    ok(&o);
+    let t0 = std::time::Instant::now();
+    let j = json(&cli(&r.socket, &["prefix", "list", "--json"]));
+    let entry = j["overrides"].as_array().unwrap().iter().find(|e| e["cidr"] == "198.18.1.0/24").unwrap().clone();
+    assert!(entry["expires_in_secs"].as_u64().is_some_and(|s| s <= 4), "{entry}");
+    assert_eq!(delivered(&r, 50), 0, "the penalty did not drop the prefix");
+    // Lifted on time: gone from the list between 4 and 6 s after it was set.
+    let lifted = loop {
+        let j = json(&cli(&r.socket, &["prefix", "list", "--json"]));
+        let present = j["overrides"].as_array().unwrap().iter().any(|e| e["cidr"] == "198.18.1.0/24");
+        if !present || t0.elapsed() > Duration::from_secs(10) {
+            break t0.elapsed();
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    println!("a 4 s penalty was lifted {lifted:?} after it was set");
+    assert!(lifted >= Duration::from_secs(3) && lifted <= Duration::from_secs(6), "{lifted:?}");
+    assert_eq!(delivered(&r, 50), 50, "the prefix is still dropped after its penalty expired");
+}
+
+/// `prefix load --deny FILE`: 100,000 lines in one version, all or
+/// nothing, and a bad line named by its number.
+#[test]
+fn a_bulk_load_applies_all_or_nothing_and_names_the_bad_line() {
+    use std::fmt::Write as _;
+    let r = start("bulk", &[]);
+    let mut text = String::from("# a FireHOL-style netset\n\n");
+    for i in 0..100_000u32 {
+        let [_, a, b, c] = i.to_be_bytes();
+        let _ = writeln!(text, "{}.{b}.{c}.0/24", 100 + a);
+    }
+    let file = r.dir.join("deny.netset");
+    std::fs::write(&file, &text).unwrap();
+    let start = std::time::Instant::now();
+    let o = cli(&r.socket, &["prefix", "load", "--deny", file.to_str().unwrap()]);
+    let took = start.elapsed();
+    ok(&o);
+    println!("prefix load of 100,000 lines: {took:?} (debug build)");
+    let j = json(&cli(&r.socket, &["prefix", "list", "--json"]));
+    assert_eq!(j["overrides"].as_array().unwrap().len(), 100_001, "100,000 plus the file's one");
+    // A bad line: refused with its number, nothing changes.
+    let bad = r.dir.join("bad.netset");
+    std::fs::write(&bad, "# comment\n198.18.20.0/24\n\n198.18.21.7/24\n").unwrap();
+    let o = cli(&r.socket, &["prefix", "load", "--deny", bad.to_str().unwrap()]);
+    let err = one_error_line(&o);
+    assert!(err.contains(&format!("{}:4: 198.18.21.7/24 has host bits set", bad.display())), "{err}");
+    let j2 = json(&cli(&r.socket, &["prefix", "list", "--json"]));
+    assert_eq!(j2["version"], j["version"], "a refused load made a version");
+}

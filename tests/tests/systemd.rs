@@ -35,6 +35,17 @@ fn the_unit_asks_for_least_privilege_and_reloads_by_sighup() {
     assert!(value(&u, "ExecStart").contains(" --pin "), "the service must pin");
 }
 
+/// The forwarding drop-in adds exactly CAP_NET_BIND_SERVICE to the unit.
+#[test]
+fn the_forwarding_drop_in_adds_only_the_bind_capability() {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/forward.conf");
+    let drop_in = std::fs::read_to_string(p).expect("packaging/forward.conf");
+    let u = unit();
+    for key in ["CapabilityBoundingSet", "AmbientCapabilities"] {
+        assert_eq!(value(&drop_in, key), format!("{} CAP_NET_BIND_SERVICE", value(&u, key)), "{key}");
+    }
+}
+
 #[test]
 fn systemd_analyze_verifies_the_unit() {
     let tmp = limiter_tests::kernel::TempDir::new("unit");

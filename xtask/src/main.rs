@@ -28,6 +28,9 @@ const APT_PACKAGES: &[&str] = &[
     "util-linux",
     "systemd",
     "tmux",
+    // Peers of the forwarder's tests: the tenant layer behind it.
+    "haproxy",
+    "nginx-light",
 ];
 /// Only `bench` needs these: the netfilter peers of the system flood.
 const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool"];

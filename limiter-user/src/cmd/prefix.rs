@@ -1,4 +1,4 @@
-//! `limiter prefix list|set|allow|deny|unset`.
+//! `limiter prefix list|set|allow|deny|unset|load`.
 
 use crate::{
     cli::PrefixCommand,
@@ -8,14 +8,62 @@ use crate::{
 pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result<()> {
     let req = match cmd {
         PrefixCommand::List => return list(client, json),
-        PrefixCommand::Set { cidr, rate, burst } => {
-            Request::PrefixSet { cidr: cidr.clone(), rate: *rate, burst: *burst }
+        PrefixCommand::Set { cidr, rate, burst, ttl } => {
+            Request::PrefixSet { cidr: cidr.clone(), rate: *rate, burst: *burst, ttl_secs: *ttl }
         }
-        PrefixCommand::Allow { cidr } => Request::PrefixAllow { cidr: cidr.clone() },
-        PrefixCommand::Deny { cidr } => Request::PrefixDeny { cidr: cidr.clone() },
+        PrefixCommand::Allow { cidr, ttl } => Request::PrefixAllow { cidr: cidr.clone(), ttl_secs: *ttl },
+        PrefixCommand::Deny { cidr, ttl } => Request::PrefixDeny { cidr: cidr.clone(), ttl_secs: *ttl },
         PrefixCommand::Unset { cidr } => Request::PrefixUnset { cidr: cidr.clone() },
+        PrefixCommand::Load { deny, allow, ttl } => return load(client, deny.as_deref(), allow.as_deref(), *ttl, json),
     };
     super::policy::print_applied(&client.change(&req)?, json)
+}
+
+/// `prefix load`: read the file (or stdin), send the CIDRs, and name the
+/// line of an entry the daemon refuses.
+fn load(
+    client: Client,
+    deny: Option<&std::path::Path>,
+    allow: Option<&std::path::Path>,
+    ttl: Option<u64>,
+    json: bool,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let (path, action) = match (deny, allow) {
+        (Some(p), _) => (p, "deny"),
+        (None, Some(p)) => (p, "allow"),
+        (None, None) => anyhow::bail!("give --deny FILE or --allow FILE"),
+    };
+    let name = path.display().to_string();
+    let text = if name == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {name}"))?
+    };
+    let (cidrs, lines): (Vec<String>, Vec<usize>) = text
+        .lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let l = l.split('#').next().unwrap_or("").trim();
+            (!l.is_empty()).then(|| (l.to_owned(), i + 1))
+        })
+        .unzip();
+    let req = Request::PrefixLoad { cidrs, action: action.into(), ttl_secs: ttl };
+    match client.change(&req) {
+        Ok(a) => super::policy::print_applied(&a, json),
+        Err(crate::control::client::ClientError::Refused(m)) => {
+            // "entry N: ..." names the Nth CIDR: say its line instead.
+            let located = m
+                .strip_prefix("entry ")
+                .and_then(|r| r.split_once(": "))
+                .and_then(|(n, rest)| Some((lines.get(n.parse::<usize>().ok()?)?, rest)));
+            match located {
+                Some((line, rest)) => anyhow::bail!("{name}:{line}: {rest}"),
+                None => anyhow::bail!("{m}"),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn list(client: Client, json: bool) -> anyhow::Result<()> {
@@ -23,10 +71,11 @@ fn list(client: Client, json: bool) -> anyhow::Result<()> {
     if json {
         return super::print_json(&serde_json::json!({ "version": l.version, "overrides": l.entries }));
     }
-    println!("{:<44} {:<7} {:>12} {:>12} {:<8}", "prefix", "action", "rate", "burst", "origin");
+    println!("{:<44} {:<7} {:>12} {:>12} {:<8} {:>10}", "prefix", "action", "rate", "burst", "origin", "expires in");
     for e in &l.entries {
         let num = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |n| n.to_string());
-        println!("{:<44} {:<7} {:>12} {:>12} {:<8}", e.cidr, e.action, num(e.rate), num(e.burst), e.origin);
+        let ttl = e.expires_in_secs.map_or_else(|| "never".to_owned(), |s| format!("{s} s"));
+        println!("{:<44} {:<7} {:>12} {:>12} {:<8} {:>10}", e.cidr, e.action, num(e.rate), num(e.burst), e.origin, ttl);
     }
     Ok(())
 }

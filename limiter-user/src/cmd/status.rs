@@ -26,6 +26,23 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     let _ = writeln!(out, "tracked         {}/{}", s.tracked, s.capacity);
     let _ = writeln!(out, "packets         {} passed, {} dropped", s.passed_packets, s.dropped_packets);
     let _ = writeln!(out, "uptime          {} s", s.uptime_secs);
+    for f in &s.forwards {
+        let up = f.upstreams.iter().filter(|u| u.1).count();
+        let shed: u64 = f.shed.iter().map(|x| x.1).sum();
+        let _ = writeln!(
+            out,
+            "forward         {} on {}: {} open, {} accepted, {} shed, upstreams {up}/{} in service",
+            f.name,
+            f.listening.join(" "),
+            f.active,
+            f.accepted,
+            shed,
+            f.upstreams.len()
+        );
+        for e in &f.bind_errors {
+            let _ = writeln!(out, "                NOT LISTENING: {e}");
+        }
+    }
     match &s.last_reload {
         Some(r) => {
             let ok = if r.ok { "ok" } else { "FAILED" };

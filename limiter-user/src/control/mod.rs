@@ -29,12 +29,27 @@ pub enum Request {
         cidr: String,
         rate: u64,
         burst: u64,
+        /// Expire after this many seconds (`None`: never).
+        #[serde(default)]
+        ttl_secs: Option<u64>,
     },
     PrefixAllow {
         cidr: String,
+        #[serde(default)]
+        ttl_secs: Option<u64>,
     },
     PrefixDeny {
         cidr: String,
+        #[serde(default)]
+        ttl_secs: Option<u64>,
+    },
+    /// Allow or deny every CIDR of `cidrs` as one version, all or nothing.
+    PrefixLoad {
+        cidrs: Vec<String>,
+        /// `allow` or `deny`.
+        action: String,
+        #[serde(default)]
+        ttl_secs: Option<u64>,
     },
     PrefixUnset {
         cidr: String,
@@ -126,6 +141,9 @@ pub struct StatusInfo {
     pub detached_reason: Option<String>,
     /// Times the daemon put back a lost link or pin since it started.
     pub reattaches: u64,
+    /// The forwarders to the tenant layer.
+    #[serde(default)]
+    pub forwards: Vec<ForwardInfo>,
     pub pin_dir: Option<String>,
     pub policy_version: u64,
     pub policy_source: String,
@@ -136,6 +154,26 @@ pub struct StatusInfo {
     pub dropped_packets: u64,
     pub uptime_secs: u64,
     pub last_reload: Option<ReloadInfo>,
+}
+
+/// A forwarder's state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardInfo {
+    pub name: String,
+    pub listening: Vec<String>,
+    pub bind_errors: Vec<String>,
+    pub active: u64,
+    pub accepted: u64,
+    pub completed: u64,
+    /// (reason, connections closed at accept).
+    pub shed: Vec<(String, u64)>,
+    /// Connections closed because every upstream failed.
+    pub upstream_failed: u64,
+    pub upstream_connect_failures: u64,
+    /// (address, in service).
+    pub upstreams: Vec<(String, bool)>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,6 +214,9 @@ pub struct PrefixEntry {
     pub burst: Option<u64>,
     /// `file` or `runtime`.
     pub origin: String,
+    /// Seconds until a runtime override expires (`None`: never).
+    #[serde(default)]
+    pub expires_in_secs: Option<u64>,
 }
 
 #[cfg(test)]
@@ -187,7 +228,7 @@ mod tests {
         let reqs = [
             Request::Status,
             Request::PolicyApply { name: "x.toml".into(), text: Some("rate = 1\n".into()) },
-            Request::PrefixSet { cidr: "198.18.0.0/16".into(), rate: 5, burst: 10 },
+            Request::PrefixSet { cidr: "198.18.0.0/16".into(), rate: 5, burst: 10, ttl_secs: Some(600) },
         ];
         for r in reqs {
             let line = serde_json::to_string(&r).unwrap();

@@ -48,7 +48,8 @@ impl Daemon {
             | Request::PrefixSet { .. }
             | Request::PrefixAllow { .. }
             | Request::PrefixDeny { .. }
-            | Request::PrefixUnset { .. } => unreachable!("changes are taken above"),
+            | Request::PrefixUnset { .. }
+            | Request::PrefixLoad { .. } => unreachable!("changes are taken above"),
         };
         let _ = reply.send(response);
     }
@@ -71,6 +72,7 @@ impl Daemon {
             attach_mode: self.settings.mode.to_string(),
             attached: self.watch.health == Health::Attached,
             reattaches: self.watch.repairs,
+            forwards: self.forwards.reports(),
             reloads_ok: self.reloads.count[0],
             reloads_failed: self.reloads.count[1],
             last_reload_ok: self.reloads.at[0],
@@ -89,6 +91,7 @@ impl Daemon {
                 Health::Detached(why) => Some(why.clone()),
             },
             reattaches: self.watch.repairs,
+            forwards: self.forwards.reports(),
             pin_dir: self.settings.pin_dir.as_ref().map(|p| p.display().to_string()),
             policy_version: self.view.version,
             policy_source: self.view.source.clone(),

@@ -27,8 +27,13 @@ pub(super) enum Change {
     /// SIGHUP.
     Reload,
     /// `prefix set|allow|deny|unset`: the CIDR, and what to do with it
-    /// (`None` = unset; a limit takes the default class's cost and mode).
-    Prefix { cidr: String, action: Option<PrefixAction> },
+    /// (`None` = unset; a limit takes the default class's cost and mode),
+    /// for `ttl` seconds (`None`: until unset).
+    Prefix { cidr: String, action: Option<PrefixAction>, ttl: Option<u64> },
+    /// `prefix load`: allow or deny every CIDR, all or nothing.
+    Load { cidrs: Vec<String>, deny: bool, ttl: Option<u64> },
+    /// Runtime overrides whose time is up.
+    Expire,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -58,7 +63,11 @@ fn run(change: &Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -
     match change {
         Change::Apply { name, text: Some(text) } => e.apply(t, file::parse(name, text.clone())?),
         Change::Apply { text: None, .. } | Change::Reload => e.apply(t, settings.load_policy()?),
-        Change::Prefix { cidr, action } => {
+        Change::Load { cidrs, deny, ttl } => {
+            e.load(t, cidrs, if *deny { OverrideAction::Deny } else { OverrideAction::Allow }, *ttl)
+        }
+        Change::Expire => e.expire(t, super::enforcer::unix_now()).unwrap_or_else(|| Ok("nothing expired".into())),
+        Change::Prefix { cidr, action, ttl } => {
             let action = action.map(|a| match a {
                 PrefixAction::Limit { rate, burst } => {
                     let d = e.base().default;
@@ -67,7 +76,7 @@ fn run(change: &Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -
                 PrefixAction::Allow => OverrideAction::Allow,
                 PrefixAction::Deny => OverrideAction::Deny,
             });
-            e.change_prefix(t, cidr, action)
+            e.change_prefix(t, cidr, action, *ttl)
         }
     }
 }
@@ -75,15 +84,19 @@ fn run(change: &Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -
 impl Change {
     /// The change a request asks for, if it is one.
     pub(super) fn of(req: &Request) -> Option<Change> {
-        let prefix = |cidr: &String, action| Some(Change::Prefix { cidr: cidr.clone(), action });
+        let prefix =
+            |cidr: &String, action, ttl: &Option<u64>| Some(Change::Prefix { cidr: cidr.clone(), action, ttl: *ttl });
         match req {
             Request::PolicyApply { name, text } => Some(Change::Apply { name: name.clone(), text: text.clone() }),
-            Request::PrefixSet { cidr, rate, burst } => {
-                prefix(cidr, Some(PrefixAction::Limit { rate: *rate, burst: *burst }))
+            Request::PrefixSet { cidr, rate, burst, ttl_secs } => {
+                prefix(cidr, Some(PrefixAction::Limit { rate: *rate, burst: *burst }), ttl_secs)
             }
-            Request::PrefixAllow { cidr } => prefix(cidr, Some(PrefixAction::Allow)),
-            Request::PrefixDeny { cidr } => prefix(cidr, Some(PrefixAction::Deny)),
-            Request::PrefixUnset { cidr } => prefix(cidr, None),
+            Request::PrefixAllow { cidr, ttl_secs } => prefix(cidr, Some(PrefixAction::Allow), ttl_secs),
+            Request::PrefixDeny { cidr, ttl_secs } => prefix(cidr, Some(PrefixAction::Deny), ttl_secs),
+            Request::PrefixUnset { cidr } => prefix(cidr, None, &None),
+            Request::PrefixLoad { cidrs, action, ttl_secs } => {
+                Some(Change::Load { cidrs: cidrs.clone(), deny: action == "deny", ttl: *ttl_secs })
+            }
             _ => None,
         }
     }
@@ -102,10 +115,12 @@ impl Daemon {
     /// running.
     pub(super) fn change(&mut self, change: Change, reply: Option<oneshot::Sender<Response>>) {
         let Some((mut enforcer, mut tables)) = self.policy.take() else {
+            // An expiry is retried by the next tick; a change without a
+            // client to answer (only SIGHUP) is queued as a reload.
             let queued = match (change, reply) {
                 (Change::Reload, _) => Queued::Reload,
+                (Change::Expire, _) | (_, None) => return,
                 (c, Some(reply)) => Queued::Call(c.into_request(), reply),
-                (_, None) => return,
             };
             return self.enqueue(queued);
         };
@@ -142,6 +157,20 @@ impl Daemon {
         let response = match change {
             Change::Reload => {
                 self.report_reload(result);
+                None
+            }
+            Change::Expire => {
+                match result {
+                    Ok(summary) => {
+                        tracing::info!(
+                            event = "policy_change",
+                            version = self.view.version,
+                            "limiter: runtime override(s) expired: applied {summary}"
+                        );
+                        self.note_reload(true, summary);
+                    }
+                    Err(e) => tracing::warn!("limiter: expiring runtime overrides failed (retried): {e}"),
+                }
                 None
             }
             _ => Some(self.finish_change(result)),
@@ -200,12 +229,17 @@ impl Change {
         match self {
             Change::Apply { name, text } => Request::PolicyApply { name, text },
             Change::Reload => Request::PolicyApply { name: String::new(), text: None },
-            Change::Prefix { cidr, action } => match action {
+            Change::Prefix { cidr, action, ttl } => match action {
                 None => Request::PrefixUnset { cidr },
-                Some(PrefixAction::Allow) => Request::PrefixAllow { cidr },
-                Some(PrefixAction::Deny) => Request::PrefixDeny { cidr },
-                Some(PrefixAction::Limit { rate, burst }) => Request::PrefixSet { cidr, rate, burst },
+                Some(PrefixAction::Allow) => Request::PrefixAllow { cidr, ttl_secs: ttl },
+                Some(PrefixAction::Deny) => Request::PrefixDeny { cidr, ttl_secs: ttl },
+                Some(PrefixAction::Limit { rate, burst }) => Request::PrefixSet { cidr, rate, burst, ttl_secs: ttl },
             },
+            Change::Load { cidrs, deny, ttl } => {
+                Request::PrefixLoad { cidrs, action: if deny { "deny" } else { "allow" }.into(), ttl_secs: ttl }
+            }
+            // Never queued (see `change`).
+            Change::Expire => Request::PrefixList,
         }
     }
 }

@@ -29,6 +29,17 @@ pub enum ApplyError {
     Load(#[from] LoadError),
     #[error("{0}")]
     Request(String),
+    /// Entry `index` of a bulk load (0-based) is refused; nothing changed.
+    #[error("entry {index}: {message}")]
+    Entry { index: usize, message: String },
+}
+
+/// An override set at run time: `None` removes a file override.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuntimeEntry {
+    pub action: Option<OverrideAction>,
+    /// Unix time (seconds) it expires; `None` = never.
+    pub expires: Option<u64>,
 }
 
 /// The policy state of a running daemon.
@@ -40,11 +51,13 @@ pub struct Enforcer {
     source: String,
     /// Overrides set at run time: `Some` adds or replaces, `None` removes
     /// a file override. Merged over `base` on every apply.
-    runtime: BTreeMap<IpNet, Option<OverrideAction>>,
+    runtime: BTreeMap<IpNet, RuntimeEntry>,
     /// Version the data plane enforces.
     version: u64,
     /// Capacity of the bucket map in use (fixed until a restart).
     capacity: u32,
+    /// The kernel form of the policy in force, once one was applied.
+    config: Option<limiter_common::Config>,
 }
 
 impl Enforcer {
@@ -52,12 +65,25 @@ impl Enforcer {
     /// 0) with a bucket map of `capacity`.
     #[must_use]
     pub fn new(version: u64, capacity: u32) -> Self {
-        Self { base: Policy::default(), source: String::new(), runtime: BTreeMap::new(), version, capacity }
+        Self {
+            base: Policy::default(),
+            source: String::new(),
+            runtime: BTreeMap::new(),
+            version,
+            capacity,
+            config: None,
+        }
     }
 
     #[must_use]
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The kernel form of the policy in force.
+    #[must_use]
+    pub fn config(&self) -> Option<&limiter_common::Config> {
+        self.config.as_ref()
     }
 
     #[must_use]
@@ -82,14 +108,14 @@ impl Enforcer {
             .iter()
             .filter_map(|o| match self.runtime.get(&o.net) {
                 None => Some(*o),
-                Some(a) => a.map(|action| Override { net: o.net, action }),
+                Some(e) => e.action.map(|action| Override { net: o.net, action }),
             })
             .collect();
         p.overrides.extend(
             self.runtime
                 .iter()
                 .filter(|(net, _)| !in_file.contains(net))
-                .filter_map(|(net, a)| a.map(|action| Override { net: *net, action })),
+                .filter_map(|(net, e)| e.action.map(|action| Override { net: *net, action })),
         );
         p
     }
@@ -144,6 +170,7 @@ impl Enforcer {
             None => p.compile(next).map_err(|e| origin.locate(e, &p))?,
         };
         maps.apply(&compiled)?;
+        self.config = Some(compiled.config);
         for w in p.warnings() {
             tracing::warn!(event = "policy_warning", version = next, "limiter: policy v{next}: {w}");
         }
@@ -155,12 +182,14 @@ impl Enforcer {
         Ok(summary)
     }
 
-    /// Add, replace or remove (`None`) one override as a new version.
+    /// Add, replace or remove (`None`) one override as a new version; a
+    /// `ttl` makes it expire (see [`Enforcer::expire`]).
     pub fn change_prefix(
         &mut self,
         maps: &mut impl PolicyMaps,
         cidr: &str,
         action: Option<OverrideAction>,
+        ttl: Option<u64>,
     ) -> Result<String, ApplyError> {
         let net = cidr.parse::<IpNet>().map_err(|e| ApplyError::Request(format!("{cidr:?} is not a CIDR: {e}")))?;
         let in_file = self.base.overrides.iter().any(|o| o.net == net);
@@ -169,34 +198,55 @@ impl Enforcer {
         }
         // Unsetting a runtime-only override forgets it; unsetting the
         // file's is an entry of its own (the file's override is removed).
-        let entry = if action.is_none() && !in_file { None } else { Some(action) };
-        let previous = self.runtime.get(&net).copied();
+        let expires = ttl.map(|t| unix_now() + t);
+        let entry = if action.is_none() && !in_file { None } else { Some(RuntimeEntry { action, expires }) };
+        self.change_entries(maps, &[(net, entry)])
+    }
+
+    /// Record `changes` (`None` forgets an entry) and apply, all or
+    /// nothing: on any failure the records are put back as they were.
+    fn change_entries(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        changes: &[(IpNet, Option<RuntimeEntry>)],
+    ) -> Result<String, ApplyError> {
+        let previous: Vec<(IpNet, Option<RuntimeEntry>)> =
+            changes.iter().map(|(net, _)| (*net, self.runtime.get(net).copied())).collect();
         // Recorded in the pinned RUNTIME map first, so a daemon that dies
-        // right after the apply still puts it back when it restarts.
-        self.record(maps, net, entry)?;
-        let (base, source) = (self.base.clone(), self.source.clone());
-        let result = self.install(maps, base, source, &Origin::BuiltIn);
-        if result.is_err()
-            && let Err(e) = self.record(maps, net, previous)
-        {
-            tracing::warn!("limiter: runtime override of {net} not restored in {RUNTIME}: {e}");
+        // right after the apply still puts them back when it restarts.
+        let mut done = 0;
+        let mut result = Ok(());
+        for (net, entry) in changes {
+            if let Err(e) = self.record(maps, *net, *entry) {
+                result = Err(ApplyError::from(e));
+                break;
+            }
+            done += 1;
+        }
+        let result = result.and_then(|()| {
+            let (base, source) = (self.base.clone(), self.source.clone());
+            self.install(maps, base, source, &Origin::BuiltIn)
+        });
+        if result.is_err() {
+            for (net, entry) in previous.iter().take(done).rev() {
+                if let Err(e) = self.record(maps, *net, *entry) {
+                    tracing::warn!("limiter: runtime override of {net} not restored in {RUNTIME}: {e}");
+                }
+            }
         }
         result
     }
 
     /// Set (`Some`) or forget (`None`) the runtime entry of `net`, in the
     /// `RUNTIME` map and then in memory.
-    #[expect(clippy::option_option, reason = "an entry of `runtime`, whose values are optional themselves")]
-    fn record(
-        &mut self,
-        maps: &mut impl PolicyMaps,
-        net: IpNet,
-        entry: Option<Option<OverrideAction>>,
-    ) -> Result<(), LoadError> {
-        let value = entry.map(|a| runtime::value(a.as_ref()));
+    fn record(&mut self, maps: &mut impl PolicyMaps, net: IpNet, entry: Option<RuntimeEntry>) -> Result<(), LoadError> {
+        let value = entry.map(|e| {
+            let expires = e.expires.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX));
+            runtime::value(e.action.as_ref(), expires)
+        });
         maps.set_runtime_override(&runtime::key(&net), value.as_ref())?;
         match entry {
-            Some(a) => self.runtime.insert(net, a),
+            Some(e) => self.runtime.insert(net, e),
             None => self.runtime.remove(&net),
         };
         Ok(())
@@ -207,44 +257,14 @@ impl Enforcer {
     /// cannot read are skipped with a warning.
     pub fn restore(&mut self, maps: &impl PolicyMaps) -> Result<usize, LoadError> {
         for (k, v) in maps.runtime_overrides()? {
-            if let Some((net, action)) = runtime::decode(&k, &v) {
-                self.runtime.insert(net, action);
+            if let Some((net, action, expires)) = runtime::decode(&k, &v) {
+                let expires = (expires != 0).then_some(u64::from(expires));
+                self.runtime.insert(net, RuntimeEntry { action, expires });
             } else {
                 tracing::warn!("limiter: skipped an unreadable entry of {RUNTIME}: {k:?}");
             }
         }
         Ok(self.runtime.len())
-    }
-
-    /// Drop restored runtime overrides that `base` cannot hold (a /24
-    /// deny under a policy whose buckets are now /16, a limit no longer
-    /// valid), from memory and from the `RUNTIME` map, so that they cannot
-    /// keep a restarted daemon from starting. Returns each one with why.
-    pub fn drop_unfit(&mut self, maps: &mut impl PolicyMaps, base: &Policy) -> Vec<String> {
-        let unfit: Vec<(IpNet, String)> = self
-            .runtime
-            .iter()
-            .filter_map(|(net, action)| {
-                let bucket = if net.addr().is_ipv4() { base.v4_prefix } else { base.v6_prefix };
-                if u32::from(net.prefix_len()) > bucket {
-                    return Some((*net, format!("finer than the policy's /{bucket} buckets")));
-                }
-                match action {
-                    Some(OverrideAction::Limit(l)) => l.to_kernel("").err().map(|e| (*net, e.to_string())),
-                    _ => None,
-                }
-            })
-            .collect();
-        unfit
-            .into_iter()
-            .map(|(net, why)| {
-                if let Err(e) = self.record(maps, net, None) {
-                    tracing::warn!("limiter: {net} not removed from {RUNTIME}: {e}");
-                    self.runtime.remove(&net);
-                }
-                format!("{net} ({why})")
-            })
-            .collect()
     }
 
     /// The overrides in force, with where each came from.
@@ -259,17 +279,26 @@ impl Enforcer {
                     OverrideAction::Allow => ("allow", None, None),
                     OverrideAction::Deny => ("deny", None, None),
                 };
+                let rt = self.runtime.get(&o.net);
                 PrefixEntry {
                     cidr: o.net.to_string(),
                     action: action.into(),
                     rate,
                     burst,
-                    origin: if self.runtime.contains_key(&o.net) { "runtime" } else { "file" }.into(),
+                    origin: if rt.is_some() { "runtime" } else { "file" }.into(),
+                    expires_in_secs: rt.and_then(|e| e.expires).map(|t| t.saturating_sub(unix_now())),
                 }
             })
             .collect()
     }
 }
 
+/// Seconds since the Unix epoch.
+#[must_use]
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+mod bulk;
 #[cfg(test)]
 mod tests;

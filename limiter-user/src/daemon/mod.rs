@@ -8,6 +8,7 @@ mod changes;
 mod enforcer;
 mod observe;
 mod os;
+mod watch;
 
 use std::{
     net::SocketAddr,
@@ -35,6 +36,7 @@ use crate::{
         server::{self, Access, Bound, Call},
     },
     dataplane::{AttachMode, Attachment, DataPlane, Health, PolicyMaps as _, maps::Tables},
+    forward,
     metrics::{self, ScrapeCall},
     policy::{self, Loaded, Overlay, PolicyError},
 };
@@ -109,6 +111,8 @@ pub struct Daemon {
     changes: Changes,
     attachment: Attachment,
     watch: Watch,
+    /// The forwarders to the tenant layer.
+    forwards: forward::Manager,
     /// The control socket (removed on drop if still ours).
     socket: Bound,
     started: Instant,
@@ -157,6 +161,7 @@ impl Daemon {
         let (scrape_tx, scrapes) = mpsc::channel(4);
         socket.serve(calls_tx);
         let tables = dp.maps.take_tables().expect("the policy tables are ours at start");
+        let forwards = forward::Manager::new(dp.buckets_map_id());
         let mut d = Self {
             settings,
             dp,
@@ -165,6 +170,7 @@ impl Daemon {
             changes: Changes::default(),
             attachment,
             watch: Watch { health: Health::Attached, repairs: 0 },
+            forwards,
             socket,
             started: Instant::now(),
             reloads: Reloads::default(),
@@ -213,6 +219,7 @@ impl Daemon {
                 _ = second.tick() => {
                     self.observer.tick_second(&self.dp.maps.totals()?);
                     self.check_attachment();
+                    self.expire_overrides();
                 }
                 Some(reply) = self.scrapes.recv() => {
                     if let Ok(s) = self.snapshot() {
@@ -228,6 +235,7 @@ impl Daemon {
                 }
             }
         };
+        self.forwards.drain_all().await;
         self.stop(why)
     }
 
@@ -284,32 +292,8 @@ impl Daemon {
         Ok(())
     }
 
-    /// Once a second: is the program still on its interface (and pinned)?
-    /// If not, say so (metrics and status too) and put it back.
-    fn check_attachment(&mut self) {
-        let health = self.attachment.health();
-        if let Health::Detached(why) = &health {
-            if self.watch.health == Health::Attached {
-                tracing::error!(event = "detached", iface = %self.settings.iface, "limiter: NOT ENFORCING: {why}");
-            }
-            match self.dp.repair(&mut self.attachment) {
-                Ok(done) => {
-                    self.watch.repairs += 1;
-                    tracing::warn!(event = "reattached", iface = %self.settings.iface, "limiter: {done}");
-                    self.watch.health = self.attachment.health();
-                    return;
-                }
-                Err(e) if self.watch.health == Health::Attached => {
-                    let e = anyhow::Error::from(e);
-                    tracing::error!("limiter: cannot attach again yet (retrying every second): {e:#}");
-                }
-                Err(_) => {}
-            }
-        }
-        self.watch.health = health;
-    }
-
     /// Show the policy state in force (after start and each change).
+    /// and run the forwarders it declares.
     fn refresh_view(&mut self) {
         if let Some((p, _)) = &self.policy {
             let effective = p.effective(p.base());
@@ -319,6 +303,8 @@ impl Daemon {
                 summary: effective.summary(p.version()).to_string(),
                 class_names: effective.class_names().into_iter().map(str::to_owned).collect(),
             };
+            let ctx = forward::Context { version: p.version(), config: p.config().copied().unwrap_or_default() };
+            self.forwards.update(&p.base().forwards, ctx);
         }
     }
 

@@ -66,7 +66,9 @@ impl Policy {
     pub fn compile(&self, version: u64) -> Result<Compiled, PolicyError> {
         #[cfg(test)]
         COMPILES.with(|c| c.set(c.get() + 1));
-        let Self { default, classes, overrides, new_sources, aggregate, v4_prefix, v6_prefix, capacity } = self;
+        let Self { default, classes, overrides, new_sources, aggregate, v4_prefix, v6_prefix, capacity, forwards } =
+            self;
+        super::forward::check(forwards)?;
         if *v4_prefix > 32 {
             return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));
         }

@@ -23,11 +23,12 @@
 //! ```
 
 mod locate;
+mod ports;
 mod render;
 
 use std::path::Path;
 
-use serde::{Deserialize, de};
+use serde::Deserialize;
 use toml::Spanned;
 
 use super::{
@@ -103,6 +104,8 @@ struct Root {
     classes: Vec<ClassSpec>,
     #[serde(default, rename = "override")]
     overrides: Vec<Spanned<OverrideSpec>>,
+    #[serde(default, rename = "forward")]
+    forwards: Vec<super::forward::Forward>,
 }
 
 #[derive(Deserialize)]
@@ -136,41 +139,6 @@ struct ClassSpec {
     burst: u64,
     cost: Option<CostUnit>,
     mode: Option<Mode>,
-}
-
-/// A port (`443`) or an inclusive range (`"8000-8080"`), checked as read.
-struct PortSpec(u16, u16);
-
-impl<'de> Deserialize<'de> for PortSpec {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = PortSpec;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a port 1..=65535 or a \"low-high\" range")
-            }
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<PortSpec, E> {
-                let p = u16::try_from(n).ok().filter(|p| *p > 0).ok_or_else(|| E::custom(not_a_port(&n)))?;
-                Ok(PortSpec(p, p))
-            }
-            fn visit_str<E: de::Error>(self, r: &str) -> Result<PortSpec, E> {
-                let (a, b) =
-                    r.split_once('-').ok_or_else(|| E::custom(format!("{r:?} is not a \"low-high\" range")))?;
-                let num =
-                    |x: &str| x.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| E::custom(not_a_port(&x)));
-                let (lo, hi) = (num(a)?, num(b)?);
-                if lo > hi {
-                    return Err(E::custom(format!("range {lo}-{hi} is empty")));
-                }
-                Ok(PortSpec(lo, hi))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-fn not_a_port(v: &dyn std::fmt::Display) -> String {
-    format!("{v} is not a port (1..=65535)")
 }
 
 /// Read a policy file: a regular file of at most [`MAX_FILE_BYTES`] (a
@@ -235,6 +203,7 @@ impl Root {
             aggregate_v6_prefix,
             classes,
             overrides,
+            forwards,
         } = self;
         mode.is_none()
             && rate.is_none()
@@ -251,6 +220,7 @@ impl Root {
             && aggregate_v6_prefix.is_none()
             && classes.is_empty()
             && overrides.is_empty()
+            && forwards.is_empty()
     }
 }
 
@@ -284,7 +254,9 @@ fn build(root: Root) -> Located<Policy> {
         aggregate_v6_prefix,
         classes,
         overrides,
+        mut forwards,
     } = root;
+    super::forward::name_defaults(&mut forwards);
     let base = Policy::default();
     let global_mode = mode.map_or(base.default.mode, Spanned::into_inner);
     let default = Limit {
@@ -328,6 +300,7 @@ fn build(root: Root) -> Located<Policy> {
         v4_prefix: v4_prefix.unwrap_or(base.v4_prefix),
         v6_prefix: v6_prefix.unwrap_or(base.v6_prefix),
         capacity: capacity.unwrap_or(base.capacity),
+        forwards,
     })
 }
 
@@ -363,8 +336,11 @@ fn build_override(i: usize, o: Spanned<OverrideSpec>, default: Limit) -> Located
     Ok(Override { net, action })
 }
 
-use self::locate::{field_at, line_of};
 pub use self::render::render;
+use self::{
+    locate::{field_at, line_of},
+    ports::PortSpec,
+};
 
 #[cfg(test)]
 mod tests;

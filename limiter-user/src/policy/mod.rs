@@ -5,6 +5,7 @@
 
 pub mod compile;
 pub mod file;
+pub mod forward;
 pub mod overlay;
 pub mod runtime;
 
@@ -215,6 +216,8 @@ pub struct Policy {
     pub v6_prefix: u32,
     /// Tracked prefixes (LRU capacity of the bucket map).
     pub capacity: u32,
+    /// Forwarders to the tenant layer (none by default).
+    pub forwards: Vec<forward::Forward>,
 }
 
 impl Default for Policy {
@@ -232,6 +235,7 @@ impl Default for Policy {
             v4_prefix: 24,
             v6_prefix: 56,
             capacity: limiter_common::maps::DEFAULT_BUCKET_CAPACITY,
+            forwards: Vec::new(),
         }
     }
 }
@@ -287,6 +291,9 @@ impl fmt::Display for Summary<'_> {
         if !p.overrides.is_empty() {
             write!(f, "; {} overrides", p.overrides.len())?;
         }
+        if !p.forwards.is_empty() {
+            write!(f, "; {} forwarders", p.forwards.len())?;
+        }
         Ok(())
     }
 }
@@ -308,42 +315,4 @@ pub(crate) fn bad(field: impl Into<String>, problem: impl Into<String>) -> Polic
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// serde (the file) and clap (the command line) derive their names from
-    /// the same variants; they must agree, and codes must round-trip.
-    #[test]
-    fn each_enum_has_one_spelling_and_round_trips_through_its_code() {
-        fn check<T: ValueEnum + Serialize + std::fmt::Debug>() {
-            for v in T::value_variants() {
-                let serde = serde_json::to_value(v).unwrap();
-                assert_eq!(serde.as_str(), Some(name_of(v).as_str()), "{v:?}");
-            }
-        }
-        check::<CostUnit>();
-        check::<Mode>();
-        check::<Protocol>();
-        for c in CostUnit::value_variants() {
-            assert_eq!(CostUnit::try_from(u32::from(*c)), Ok(*c));
-        }
-        for m in Mode::value_variants() {
-            assert_eq!(Mode::try_from(u32::from(*m)), Ok(*m));
-        }
-        assert_eq!(Mode::try_from(7), Err(7));
-        assert_eq!(Protocol::Icmpv6.to_string(), "icmpv6");
-        assert_eq!(u8::from(Protocol::Udp), 17);
-    }
-
-    #[test]
-    fn the_summary_names_every_part() {
-        let p = Policy {
-            aggregate: Some(Aggregate { rate: 4, burst: 8, v4_prefix: 16, v6_prefix: 40 }),
-            ..Policy::default()
-        };
-        let s = p.summary(3).to_string();
-        assert!(s.starts_with("policy v3: rate 1000 packets/s burst 2000 per IPv4 /24 and IPv6 /56 (enforce)"), "{s}");
-        assert!(s.contains("; new sources 5000/s burst 10000; aggregate /16 and /40: rate 4 burst 8"), "{s}");
-        assert_eq!(p.summary(3).body(), s.trim_start_matches("policy v3: "));
-    }
-}
+mod tests;

@@ -27,9 +27,14 @@ pub fn key(net: &IpNet) -> RuntimeKey {
     RuntimeKey { family: fam, prefix_len: net.prefix_len(), pad: [0; 2], addr }
 }
 
-/// The map value of a runtime override (`None`: the file's is removed).
+/// The map value of a runtime override (`None`: the file's is removed),
+/// expiring at Unix time `expires` (0 = never).
 #[must_use]
-pub fn value(action: Option<&OverrideAction>) -> RuntimeOverride {
+pub fn value(action: Option<&OverrideAction>, expires: u32) -> RuntimeOverride {
+    RuntimeOverride { expires, ..value_of(action) }
+}
+
+fn value_of(action: Option<&OverrideAction>) -> RuntimeOverride {
     let code = |action| RuntimeOverride { action, ..RuntimeOverride::default() };
     match action {
         None => code(runtime_action::UNSET),
@@ -39,17 +44,18 @@ pub fn value(action: Option<&OverrideAction>) -> RuntimeOverride {
             action: runtime_action::LIMIT,
             cost: l.cost.into(),
             mode: l.mode.into(),
-            pad: 0,
+            expires: 0,
             rate: l.rate,
             burst: l.burst,
         },
     }
 }
 
-/// A map entry back as a network and its override; `None` for an entry
-/// this build does not understand (it is skipped, and said so).
+/// A map entry back as a network, its override and when it expires (0 =
+/// never); `None` for an entry this build does not understand (it is
+/// skipped, and said so).
 #[must_use]
-pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>)> {
+pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>, u32)> {
     let addr = match k.family {
         family::IPV4 => IpAddr::from([k.addr[0], k.addr[1], k.addr[2], k.addr[3]]),
         family::IPV6 => IpAddr::from(k.addr),
@@ -68,7 +74,7 @@ pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<Over
         })),
         _ => return None,
     };
-    Some((net, action))
+    Some((net, action, v.expires))
 }
 
 #[cfg(test)]
@@ -88,19 +94,19 @@ mod tests {
         ];
         for (cidr, action) in cases {
             let net: IpNet = cidr.parse().unwrap();
-            let back = decode(&key(&net), &value(action.as_ref()));
-            assert_eq!(back, Some((net, action)), "{cidr}");
+            let back = decode(&key(&net), &value(action.as_ref(), 1_900_000_000));
+            assert_eq!(back, Some((net, action, 1_900_000_000)), "{cidr}");
         }
     }
 
     #[test]
     fn entries_of_another_build_are_skipped() {
         let net: IpNet = "198.18.1.0/24".parse().unwrap();
-        let bad_action = RuntimeOverride { action: 99, ..value(None) };
+        let bad_action = RuntimeOverride { action: 99, ..value(None, 0) };
         assert_eq!(decode(&key(&net), &bad_action), None);
         let bad_family = RuntimeKey { family: 9, ..key(&net) };
-        assert_eq!(decode(&bad_family, &value(None)), None);
+        assert_eq!(decode(&bad_family, &value(None, 0)), None);
         let bad_len = RuntimeKey { prefix_len: 33, ..key(&net) };
-        assert_eq!(decode(&bad_len, &value(None)), None);
+        assert_eq!(decode(&bad_len, &value(None, 0)), None);
     }
 }

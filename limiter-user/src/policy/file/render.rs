@@ -51,5 +51,27 @@ pub fn render(p: &Policy) -> String {
             }
         }
     }
+    for f in &p.forwards {
+        let list = |v: &[std::net::SocketAddr]| v.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
+        let _ = write!(
+            s,
+            "\n[[forward]]\nname = {:?}\nlisten = [{}]\nupstreams = [{}]\nbalance = \"{}\"\nproxy_protocol = \"{}\"\n",
+            f.name,
+            list(&f.listen),
+            list(&f.upstreams),
+            crate::policy::forward::spelling(&f.balance),
+            crate::policy::forward::spelling(&f.proxy_protocol),
+        );
+        let ms = |d: std::time::Duration| format!("{}ms", d.as_millis());
+        let _ = writeln!(
+            s,
+            "max_connections = {}\nmax_connections_per_prefix = {}\nconnect_timeout = \"{}\"\nidle_timeout = \"{}\"\ndrain_timeout = \"{}\"",
+            f.max_connections,
+            f.max_connections_per_prefix,
+            ms(f.connect_timeout),
+            ms(f.idle_timeout),
+            ms(f.drain_timeout)
+        );
+    }
     s
 }

@@ -1,0 +1,89 @@
+//! Changes of many runtime overrides at once: a bulk load, the overrides
+//! whose time is up, and those a restarted daemon's policy cannot hold.
+
+use std::collections::HashSet;
+
+use ipnet::IpNet;
+
+use super::{ApplyError, Enforcer, RUNTIME, RuntimeEntry, unix_now};
+use crate::{
+    dataplane::PolicyMaps,
+    policy::{OverrideAction, Policy},
+};
+
+impl Enforcer {
+    /// Set `action` on every CIDR of `cidrs` as one new version, all or
+    /// nothing: a bad entry is refused with its index and nothing changes.
+    pub fn load(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        cidrs: &[String],
+        action: OverrideAction,
+        ttl: Option<u64>,
+    ) -> Result<String, ApplyError> {
+        let expires = ttl.map(|t| unix_now() + t);
+        let mut changes = Vec::with_capacity(cidrs.len());
+        let mut seen = HashSet::with_capacity(cidrs.len());
+        for (index, c) in cidrs.iter().enumerate() {
+            let refuse = |message: String| ApplyError::Entry { index, message };
+            let net = c.trim().parse::<IpNet>().map_err(|e| refuse(format!("{c:?} is not a CIDR: {e}")))?;
+            if net.trunc() != net {
+                return Err(refuse(format!("{net} has host bits set (did you mean {}?)", net.trunc())));
+            }
+            let bucket = if net.addr().is_ipv4() { self.base.v4_prefix } else { self.base.v6_prefix };
+            if u32::from(net.prefix_len()) > bucket {
+                return Err(refuse(format!("{net} is longer than the bucket prefix /{bucket}")));
+            }
+            if !seen.insert(net) {
+                return Err(refuse(format!("{net} is listed twice")));
+            }
+            changes.push((net, Some(RuntimeEntry { action: Some(action), expires })));
+        }
+        self.change_entries(maps, &changes)
+    }
+
+    /// Forget the runtime overrides whose time is up at `now` (Unix
+    /// seconds), as one new version; `None` when none is.
+    pub fn expire(&mut self, maps: &mut impl PolicyMaps, now: u64) -> Option<Result<String, ApplyError>> {
+        let due: Vec<(IpNet, Option<RuntimeEntry>)> =
+            self.runtime.iter().filter(|(_, e)| e.expires.is_some_and(|t| t <= now)).map(|(n, _)| (*n, None)).collect();
+        (!due.is_empty()).then(|| self.change_entries(maps, &due))
+    }
+
+    /// The earliest expiry of a runtime override, if any.
+    #[must_use]
+    pub fn next_expiry(&self) -> Option<u64> {
+        self.runtime.values().filter_map(|e| e.expires).min()
+    }
+
+    /// Drop restored runtime overrides that `base` cannot hold (a /24
+    /// deny under a policy whose buckets are now /16, a limit no longer
+    /// valid), from memory and from the `RUNTIME` map, so that they cannot
+    /// keep a restarted daemon from starting. Returns each one with why.
+    pub fn drop_unfit(&mut self, maps: &mut impl PolicyMaps, base: &Policy) -> Vec<String> {
+        let unfit: Vec<(IpNet, String)> = self
+            .runtime
+            .iter()
+            .filter_map(|(net, action)| {
+                let bucket = if net.addr().is_ipv4() { base.v4_prefix } else { base.v6_prefix };
+                if u32::from(net.prefix_len()) > bucket {
+                    return Some((*net, format!("finer than the policy's /{bucket} buckets")));
+                }
+                match action.action {
+                    Some(OverrideAction::Limit(l)) => l.to_kernel("").err().map(|e| (*net, e.to_string())),
+                    _ => None,
+                }
+            })
+            .collect();
+        unfit
+            .into_iter()
+            .map(|(net, why)| {
+                if let Err(e) = self.record(maps, net, None) {
+                    tracing::warn!("limiter: {net} not removed from {RUNTIME}: {e}");
+                    self.runtime.remove(&net);
+                }
+                format!("{net} ({why})")
+            })
+            .collect()
+    }
+}

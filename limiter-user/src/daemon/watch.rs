@@ -1,0 +1,42 @@
+//! What the daemon checks every second besides its counters: that its
+//! program is still on its interface (and pinned), and which runtime
+//! overrides have expired.
+
+use super::{Daemon, changes::Change, enforcer};
+use crate::dataplane::Health;
+
+impl Daemon {
+    /// Once a second: start forgetting runtime overrides whose time is up
+    /// (when no other change runs; it is one change for all of them).
+    pub(super) fn expire_overrides(&mut self) {
+        let due = self.policy.as_ref().and_then(|(p, _)| p.next_expiry()).is_some_and(|t| t <= enforcer::unix_now());
+        if due && self.changes.running.is_none() {
+            self.change(Change::Expire, None);
+        }
+    }
+
+    /// Once a second: is the program still on its interface (and pinned)?
+    /// If not, say so (metrics and status too) and put it back.
+    pub(super) fn check_attachment(&mut self) {
+        let health = self.attachment.health();
+        if let Health::Detached(why) = &health {
+            if self.watch.health == Health::Attached {
+                tracing::error!(event = "detached", iface = %self.settings.iface, "limiter: NOT ENFORCING: {why}");
+            }
+            match self.dp.repair(&mut self.attachment) {
+                Ok(done) => {
+                    self.watch.repairs += 1;
+                    tracing::warn!(event = "reattached", iface = %self.settings.iface, "limiter: {done}");
+                    self.watch.health = self.attachment.health();
+                    return;
+                }
+                Err(e) if self.watch.health == Health::Attached => {
+                    let e = anyhow::Error::from(e);
+                    tracing::error!("limiter: cannot attach again yet (retrying every second): {e:#}");
+                }
+                Err(_) => {}
+            }
+        }
+        self.watch.health = health;
+    }
+}

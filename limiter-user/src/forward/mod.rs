@@ -1,0 +1,269 @@
+//! The forwarder to the tenant layer: what survives XDP is accepted on a
+//! public address, shed at declared caps at accept time, and spliced to an
+//! upstream behind a PROXY protocol header carrying the client's address
+//! and this limiter's verdict (`proxy`). `upstream` keeps passive health
+//! and balancing, `serve` the accept loop and the copy, and [`Manager`]
+//! starts, replaces and drains forwarders as policies change.
+
+pub mod proxy;
+pub mod serve;
+pub mod upstream;
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use limiter_common::{BucketKey, BucketState, Config, gcra, mode, packet, resolution, rules};
+use tokio::sync::{Semaphore, watch};
+
+use self::{proxy::Verdict, serve::Shed, upstream::Upstreams};
+use crate::{control::ForwardInfo as Report, policy::forward::Forward};
+
+/// What a forwarder needs of the policy in force.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    pub version: u64,
+    /// The kernel form of the policy (classes, prefix lengths).
+    pub config: Config,
+}
+
+/// Counters of one forwarder, read at scrape time.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub accepted: AtomicU64,
+    pub active: AtomicU64,
+    pub completed: AtomicU64,
+    pub shed: [AtomicU64; 3],
+    /// Connections closed because every upstream failed.
+    pub upstream_failed: AtomicU64,
+    pub upstream_connect_failures: AtomicU64,
+    pub accept_errors: AtomicU64,
+    pub bytes_up: AtomicU64,
+    pub bytes_down: AtomicU64,
+}
+
+/// What the tasks of one forwarder share.
+pub struct Shared {
+    pub cfg: Forward,
+    pub stats: Arc<Stats>,
+    pub upstreams: Upstreams,
+    pub slots: Arc<Semaphore>,
+    pub prefixes: serve::PrefixCounts,
+    pub ctx: watch::Receiver<Arc<Context>>,
+    pub buckets: Option<Arc<Mutex<BpfHashMap<MapData, BucketKey, BucketState>>>>,
+    pub next_id: AtomicU64,
+    /// Turned true when the drain timeout ran out: connections end.
+    pub kill: watch::Sender<bool>,
+}
+
+/// A running forwarder.
+struct Running {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    listening: Vec<SocketAddr>,
+    bind_errors: Vec<String>,
+}
+
+/// Every forwarder of the policy in force.
+pub struct Manager {
+    running: Vec<Running>,
+    ctx: watch::Sender<Arc<Context>>,
+    buckets: Option<Arc<Mutex<BpfHashMap<MapData, BucketKey, BucketState>>>>,
+    /// Forwarders replaced or removed, still draining.
+    draining: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Manager {
+    /// `buckets_map_id`: the bucket map, read for the allowance left.
+    #[must_use]
+    pub fn new(buckets_map_id: u32) -> Self {
+        let buckets = MapData::from_id(buckets_map_id)
+            .ok()
+            .and_then(|md| BpfHashMap::try_from(aya::maps::Map::LruHashMap(md)).ok())
+            .map(|m| Arc::new(Mutex::new(m)));
+        Self {
+            running: Vec::new(),
+            ctx: watch::Sender::new(Arc::new(Context::default())),
+            buckets,
+            draining: Vec::new(),
+        }
+    }
+
+    /// Run exactly `forwards` under `ctx`: unchanged ones keep running,
+    /// changed and removed ones stop accepting and drain, new ones start.
+    pub fn update(&mut self, forwards: &[Forward], ctx: Context) {
+        self.ctx.send_replace(Arc::new(ctx));
+        let (keep, gone): (Vec<Running>, Vec<Running>) =
+            std::mem::take(&mut self.running).into_iter().partition(|r| forwards.contains(&r.shared.cfg));
+        self.running = keep;
+        for r in gone {
+            tracing::info!("limiter: forward {}: stops accepting, draining", r.shared.cfg.name);
+            self.draining.push(tokio::spawn(drain(r)));
+        }
+        for f in forwards {
+            if !self.running.iter().any(|r| &r.shared.cfg == f) {
+                let r = self.start(f.clone());
+                self.running.push(r);
+            }
+        }
+    }
+
+    fn start(&self, cfg: Forward) -> Running {
+        let (stop, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            upstreams: Upstreams::new(&cfg.upstreams, cfg.balance),
+            slots: serve::slots(&cfg),
+            stats: Arc::new(Stats::default()),
+            prefixes: Mutex::new(HashMap::new()),
+            ctx: self.ctx.subscribe(),
+            buckets: self.buckets.clone(),
+            next_id: AtomicU64::new(1),
+            kill: watch::Sender::new(false),
+            cfg,
+        });
+        let (mut listening, mut bind_errors) = (Vec::new(), Vec::new());
+        for addr in &shared.cfg.listen {
+            match bind(*addr) {
+                Ok(l) => {
+                    listening.push(*addr);
+                    tokio::spawn(serve::accept_loop(l, Arc::clone(&shared), stop.subscribe()));
+                }
+                Err(e) => {
+                    tracing::error!("limiter: forward {}: cannot listen on {addr}: {e}", shared.cfg.name);
+                    bind_errors.push(format!("{addr}: {e}"));
+                }
+            }
+        }
+        tracing::info!(
+            "limiter: forward {}: listening on {listening:?}, {} upstream(s), PROXY {:?}, at most {} connections",
+            shared.cfg.name,
+            shared.cfg.upstreams.len(),
+            shared.cfg.proxy_protocol,
+            shared.cfg.max_connections
+        );
+        Running { shared, stop, listening, bind_errors }
+    }
+
+    /// Stop accepting everywhere and let connections finish, each
+    /// forwarder up to its drain timeout.
+    pub async fn drain_all(&mut self) {
+        for r in std::mem::take(&mut self.running) {
+            self.draining.push(tokio::spawn(drain(r)));
+        }
+        for h in std::mem::take(&mut self.draining) {
+            let _ = h.await;
+        }
+    }
+
+    /// Each forwarder's state.
+    #[must_use]
+    pub fn reports(&self) -> Vec<Report> {
+        self.running.iter().map(report).collect()
+    }
+}
+
+/// The listening socket: address reuse, so a restarted daemon binds at once.
+fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let s = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    s.set_reuseaddr(true)?;
+    s.bind(addr)?;
+    // A bounded accept backlog: beyond it the kernel refuses.
+    s.listen(1024)
+}
+
+async fn drain(r: Running) {
+    let _ = r.stop.send(true);
+    let deadline = Instant::now() + r.shared.cfg.drain_timeout;
+    while r.shared.stats.active.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let left = r.shared.stats.active.load(Ordering::Relaxed);
+    if left > 0 {
+        tracing::warn!("limiter: forward {}: drain timeout; closing {left} connection(s)", r.shared.cfg.name);
+        let _ = r.shared.kill.send(true);
+    } else {
+        tracing::info!("limiter: forward {}: drained", r.shared.cfg.name);
+    }
+}
+
+fn report(r: &Running) -> Report {
+    let s = &r.shared.stats;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    Report {
+        name: r.shared.cfg.name.clone(),
+        listening: r.listening.iter().map(ToString::to_string).collect(),
+        bind_errors: r.bind_errors.clone(),
+        active: load(&s.active),
+        accepted: load(&s.accepted),
+        completed: load(&s.completed),
+        shed: Shed::ALL.iter().map(|w| (w.label().to_owned(), s.shed_count(*w))).collect(),
+        upstream_failed: load(&s.upstream_failed),
+        upstream_connect_failures: load(&s.upstream_connect_failures),
+        upstreams: r.shared.upstreams.list.iter().map(|u| (u.addr.to_string(), u.up())).collect(),
+        bytes_up: load(&s.bytes_up),
+        bytes_down: load(&s.bytes_down),
+    }
+}
+
+/// This limiter's verdict on a connection from `peer` to `port`: the class
+/// its SYN was charged to, the prefix, and what is left of its allowance.
+fn verdict(f: &Shared, peer: SocketAddr, port: u16) -> Verdict {
+    let ctx = f.ctx.borrow().clone();
+    let cfg = &ctx.config;
+    let (family, prefix) = serve::prefix_of(peer, &ctx);
+    let mut src = packet::Source {
+        family,
+        proto: packet::IPPROTO_TCP,
+        port_known: 1,
+        syn: 1,
+        dport: port,
+        ..packet::Source::default()
+    };
+    for (i, w) in prefix.chunks(4).enumerate() {
+        src.addr[i] = u32::from_ne_bytes(w.try_into().expect("4 bytes"));
+    }
+    let class = rules::classify(cfg, &src);
+    let key = rules::bucket_key(&src, cfg.v4_prefix, cfg.v6_prefix, u8::try_from(class).unwrap_or(0));
+    let limits = cfg.classes[class];
+    Verdict {
+        policy_version: ctx.version,
+        class: u8::try_from(class).unwrap_or(0),
+        shadow: limits.mode == mode::SHADOW,
+        family,
+        prefix_len: key.prefix_len,
+        prefix,
+        remaining: remaining(f, &key, &limits),
+    }
+}
+
+/// Units left in `key`'s bucket now (a full bucket when there is none);
+/// `u64::MAX` when an override decides (allow, or limits of its own).
+fn remaining(f: &Shared, key: &BucketKey, limits: &limiter_common::ClassLimits) -> u64 {
+    if limits.unit == 0 {
+        return u64::MAX;
+    }
+    let burst = limits.tau / limits.unit;
+    let Some(map) = &f.buckets else { return u64::MAX };
+    let Ok(state) = map.lock().expect("not poisoned").get(key, 0) else { return burst };
+    if state.resolved & u64::from(u32::MAX) != u64::from(resolution::CLASS) {
+        return u64::MAX;
+    }
+    let now = gcra::to_fixed(coarse_now_ns());
+    let debt = state.tat.saturating_sub(now);
+    limits.tau.saturating_sub(debt) / limits.unit
+}
+
+/// CLOCK_MONOTONIC_COARSE in ns: the clock the data plane charges with.
+fn coarse_now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime into a struct we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}

@@ -1,0 +1,255 @@
+//! One listening address of a forwarder: accept, shed at the caps at once
+//! (never queued), connect an upstream (another if it fails), send the
+//! PROXY header, and copy both ways with bounded buffers, half-close and
+//! an idle timeout.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{TcpListener, TcpStream},
+    sync::{OwnedSemaphorePermit, Semaphore, watch},
+};
+
+use super::{Context, Shared, Stats, proxy};
+use crate::policy::forward::{Forward, ProxyProtocol};
+
+/// Bytes buffered per direction of a connection.
+const BUF: usize = 16 << 10;
+
+/// Why a connection was closed at accept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shed {
+    MaxConnections,
+    MaxPerPrefix,
+    NoUpstream,
+}
+
+impl Shed {
+    pub const ALL: [Shed; 3] = [Shed::MaxConnections, Shed::MaxPerPrefix, Shed::NoUpstream];
+
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Shed::MaxConnections => "max_connections",
+            Shed::MaxPerPrefix => "max_connections_per_prefix",
+            Shed::NoUpstream => "no_upstream",
+        }
+    }
+}
+
+/// A source prefix: family byte and masked address.
+pub type PrefixKey = (u8, [u8; 16]);
+/// Connections open per source prefix.
+pub type PrefixCounts = Mutex<HashMap<PrefixKey, usize>>;
+
+/// Accept on `listener` until `stop` turns true.
+pub async fn accept_loop(listener: TcpListener, f: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.changed() => return,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                f.stats.accept_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("limiter: forward {}: accept failed: {e}", f.cfg.name);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(10);
+        f.stats.accepted.fetch_add(1, Ordering::Relaxed);
+        match admit(&f, peer) {
+            Ok((slot, prefix)) => {
+                let f = Arc::clone(&f);
+                tokio::spawn(async move {
+                    f.stats.active.fetch_add(1, Ordering::Relaxed);
+                    serve(stream, peer, &f).await;
+                    f.stats.active.fetch_sub(1, Ordering::Relaxed);
+                    release(&f.prefixes, prefix);
+                    drop(slot);
+                });
+            }
+            Err(why) => {
+                // Closed at once: an RST-free close, before any work.
+                drop(stream);
+                f.stats.shed[why as usize].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The caps, at accept: a global slot and one of the prefix's.
+fn admit(f: &Shared, peer: SocketAddr) -> Result<(OwnedSemaphorePermit, Option<PrefixKey>), Shed> {
+    let slot = Arc::clone(&f.slots).try_acquire_owned().map_err(|_| Shed::MaxConnections)?;
+    if !f.upstreams.list.iter().any(super::upstream::Upstream::up) {
+        return Err(Shed::NoUpstream);
+    }
+    let cap = f.cfg.max_connections_per_prefix;
+    if cap == 0 {
+        return Ok((slot, None));
+    }
+    let ctx = f.ctx.borrow().clone();
+    let key = prefix_of(peer, &ctx);
+    let mut counts = f.prefixes.lock().expect("not poisoned");
+    let n = counts.entry(key).or_insert(0);
+    if *n >= cap {
+        return Err(Shed::MaxPerPrefix);
+    }
+    *n += 1;
+    Ok((slot, Some(key)))
+}
+
+fn release(counts: &PrefixCounts, key: Option<PrefixKey>) {
+    let Some(key) = key else { return };
+    let mut c = counts.lock().expect("not poisoned");
+    if let Some(n) = c.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            c.remove(&key);
+        }
+    }
+}
+
+/// The source prefix of `peer` by the policy's prefix lengths.
+#[must_use]
+pub fn prefix_of(peer: SocketAddr, ctx: &Context) -> PrefixKey {
+    use limiter_common::prefix::{mask_v4, mask_v6};
+    let mut out = [0u8; 16];
+    match peer.ip().to_canonical() {
+        std::net::IpAddr::V4(a) => {
+            let m = mask_v4(u32::from_ne_bytes(a.octets()), ctx.config.v4_prefix);
+            out[..4].copy_from_slice(&m.to_ne_bytes());
+            (4, out)
+        }
+        std::net::IpAddr::V6(a) => {
+            let o = a.octets();
+            let words =
+                std::array::from_fn(|i| u32::from_ne_bytes([o[i * 4], o[i * 4 + 1], o[i * 4 + 2], o[i * 4 + 3]]));
+            for (chunk, w) in out.chunks_mut(4).zip(mask_v6(words, ctx.config.v6_prefix)) {
+                chunk.copy_from_slice(&w.to_ne_bytes());
+            }
+            (6, out)
+        }
+    }
+}
+
+/// One accepted connection to its end.
+async fn serve(client: TcpStream, peer: SocketAddr, f: &Shared) {
+    let Ok(local) = client.local_addr() else { return };
+    let mut tried = Vec::new();
+    let (upstream, index) = loop {
+        let Some(i) = f.upstreams.pick(&tried) else {
+            f.stats.upstream_failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        tried.push(i);
+        let u = &f.upstreams.list[i];
+        if let Ok(Ok(s)) = tokio::time::timeout(f.cfg.connect_timeout, TcpStream::connect(u.addr)).await {
+            u.succeeded();
+            break (s, i);
+        }
+        u.failed();
+        f.stats.upstream_connect_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("limiter: forward {}: upstream {} failed; out of service for a while", f.cfg.name, u.addr);
+    };
+    let u = &f.upstreams.list[index];
+    u.active.fetch_add(1, Ordering::Relaxed);
+    let header = match f.cfg.proxy_protocol {
+        ProxyProtocol::Off => Vec::new(),
+        ProxyProtocol::V1 => proxy::v1(peer, local),
+        ProxyProtocol::V2 => {
+            let id = f.next_id.fetch_add(1, Ordering::Relaxed);
+            proxy::v2(peer, local, id, &super::verdict(f, peer, local.port()))
+        }
+    };
+    let _ = splice(client, upstream, &header, f).await;
+    u.active.fetch_sub(1, Ordering::Relaxed);
+    f.stats.completed.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Copy both ways until both sides are done, the connection has been idle
+/// for the idle timeout, or the forwarder is told to stop its
+/// connections (the drain timeout ran out).
+async fn splice(client: TcpStream, mut upstream: TcpStream, header: &[u8], f: &Shared) -> std::io::Result<()> {
+    upstream.write_all(header).await?;
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    let (cr, cw) = client.into_split();
+    let (ur, uw) = upstream.into_split();
+    let last = AtomicU64::new(0);
+    let start = Instant::now();
+    let idle = f.cfg.idle_timeout;
+    let mut kill = f.kill.subscribe();
+    let up = pump(cr, uw, &f.stats.bytes_up, &last, start, idle);
+    let down = pump(ur, cw, &f.stats.bytes_down, &last, start, idle);
+    tokio::select! {
+        _ = async { tokio::join!(up, down) } => {}
+        _ = kill.changed() => {}
+    }
+    Ok(())
+}
+
+/// One direction: read, write, and on end of stream pass the half-close
+/// on. Stops when neither direction has moved for `idle`.
+async fn pump(
+    mut r: tokio::net::tcp::OwnedReadHalf,
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    bytes: &AtomicU64,
+    last: &AtomicU64,
+    start: Instant,
+    idle: Duration,
+) {
+    let mut buf = vec![0u8; BUF];
+    loop {
+        let n = match tokio::time::timeout(idle, r.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => n,
+            Err(_) => {
+                // Idle here; the other direction may still be busy.
+                let since = millis(start).saturating_sub(last.load(Ordering::Relaxed));
+                if Duration::from_millis(since) >= idle {
+                    break;
+                }
+                continue;
+            }
+        };
+        if w.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        bytes.fetch_add(n as u64, Ordering::Relaxed);
+        last.store(millis(start), Ordering::Relaxed);
+    }
+    let _ = w.shutdown().await;
+}
+
+/// Milliseconds since `start`.
+fn millis(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The counters of one forwarder.
+impl Stats {
+    #[must_use]
+    pub fn shed_count(&self, why: Shed) -> u64 {
+        self.shed[why as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// Slots of a forwarder's global cap.
+#[must_use]
+pub fn slots(cfg: &Forward) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(cfg.max_connections))
+}

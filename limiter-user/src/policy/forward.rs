@@ -1,0 +1,209 @@
+//! `[[forward]]` sections: the daemon accepts what XDP let through on a
+//! public address and splices each connection to the tenant layer behind
+//! a PROXY protocol header, shedding at declared caps at accept time.
+//!
+//! ```toml
+//! [[forward]]
+//! name = "https"
+//! listen = ["198.18.0.2:443", "[2001:2::2]:443"]
+//! upstreams = ["127.0.0.1:8443", "127.0.0.1:8444"]
+//! balance = "round_robin"          # or "least_connections"
+//! proxy_protocol = "v2"            # or "v1", "off"
+//! max_connections = 10000
+//! max_connections_per_prefix = 200 # per source prefix, the policy's lengths
+//! connect_timeout = "2s"
+//! idle_timeout = "60s"
+//! drain_timeout = "10s"
+//! ```
+
+use std::{net::SocketAddr, time::Duration};
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::{PolicyError, bad};
+
+/// How a forwarder picks an upstream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    #[default]
+    RoundRobin,
+    LeastConnections,
+}
+
+/// The header that tells the upstream who the client is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyProtocol {
+    #[default]
+    V2,
+    V1,
+    Off,
+}
+
+/// One forwarder.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Forward {
+    /// Names it in metrics and status (bounded by the policy, never by
+    /// traffic); default `forward[N]`.
+    #[serde(default)]
+    pub name: String,
+    pub listen: Vec<SocketAddr>,
+    pub upstreams: Vec<SocketAddr>,
+    #[serde(default)]
+    pub balance: Balance,
+    #[serde(default)]
+    pub proxy_protocol: ProxyProtocol,
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
+    /// 0 = no per-prefix cap.
+    #[serde(default)]
+    pub max_connections_per_prefix: usize,
+    #[serde(default = "defaults::connect", deserialize_with = "duration")]
+    pub connect_timeout: Duration,
+    #[serde(default = "defaults::idle", deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    #[serde(default = "defaults::drain", deserialize_with = "duration")]
+    pub drain_timeout: Duration,
+}
+
+/// The name serde gives a unit variant (the one spelling of the file).
+#[must_use]
+pub fn spelling(v: &impl Serialize) -> String {
+    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// Defaults of a `[[forward]]` section.
+pub mod defaults {
+    use std::time::Duration;
+
+    #[must_use]
+    pub const fn max_connections() -> usize {
+        10_000
+    }
+    #[must_use]
+    pub const fn connect() -> Duration {
+        Duration::from_secs(2)
+    }
+    #[must_use]
+    pub const fn idle() -> Duration {
+        Duration::from_mins(1)
+    }
+    #[must_use]
+    pub const fn drain() -> Duration {
+        Duration::from_secs(10)
+    }
+}
+
+/// `"250ms"`, `"2s"`, `"10m"`, `"1h"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration like \"250ms\", \"2s\", \"10m\""))?;
+    let d = match unit.trim() {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("{s:?}: the unit must be ms, s, m or h")),
+    };
+    Ok(d)
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+/// Most forwarders in one policy, and listen addresses in one forwarder.
+pub const MAX_FORWARDS: usize = 16;
+pub const MAX_LISTEN: usize = 16;
+pub const MAX_UPSTREAMS: usize = 64;
+
+/// Names default to `forward[N]`.
+pub fn name_defaults(forwards: &mut [Forward]) {
+    for (i, f) in forwards.iter_mut().enumerate() {
+        if f.name.is_empty() {
+            f.name = format!("forward[{i}]");
+        }
+    }
+}
+
+/// Check the forwarders.
+pub fn check(forwards: &[Forward]) -> Result<(), PolicyError> {
+    if forwards.len() > MAX_FORWARDS {
+        return Err(bad("forward", format!("{} forwarders, at most {MAX_FORWARDS}", forwards.len())));
+    }
+    let mut seen_listen = std::collections::HashSet::new();
+    let mut seen_names = std::collections::HashSet::new();
+    for (i, f) in forwards.iter().enumerate() {
+        let at = |field: &str| format!("forward[{i}].{field}");
+        if !seen_names.insert(f.name.clone()) {
+            return Err(bad(at("name"), format!("{:?} is used twice", f.name)));
+        }
+        if f.listen.is_empty() || f.listen.len() > MAX_LISTEN {
+            return Err(bad(at("listen"), format!("give 1 to {MAX_LISTEN} addresses")));
+        }
+        for a in &f.listen {
+            if !seen_listen.insert(*a) {
+                return Err(bad(at("listen"), format!("{a} is listened on twice")));
+            }
+        }
+        if f.upstreams.is_empty() || f.upstreams.len() > MAX_UPSTREAMS {
+            return Err(bad(at("upstreams"), format!("give 1 to {MAX_UPSTREAMS} addresses")));
+        }
+        if f.max_connections == 0 {
+            return Err(bad(at("max_connections"), "must be at least 1"));
+        }
+        if f.max_connections_per_prefix > f.max_connections {
+            return Err(bad(at("max_connections_per_prefix"), "is above max_connections"));
+        }
+        for (field, d) in [("connect_timeout", f.connect_timeout), ("drain_timeout", f.drain_timeout)] {
+            if d.is_zero() {
+                return Err(bad(at(field), "must be above 0"));
+            }
+        }
+        if f.idle_timeout.is_zero() {
+            return Err(bad(at("idle_timeout"), "must be above 0"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(text: &str) -> Result<Vec<Forward>, PolicyError> {
+        #[derive(Deserialize)]
+        struct Doc {
+            forward: Vec<Forward>,
+        }
+        let mut f = toml::from_str::<Doc>(text).map_err(|e| bad("forward", e.to_string()))?.forward;
+        name_defaults(&mut f);
+        check(&f)?;
+        Ok(f)
+    }
+
+    #[test]
+    fn durations_read_with_their_unit() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_mins(10)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("fast").is_err());
+    }
+
+    #[test]
+    fn a_forwarder_gets_defaults_and_bad_fields_are_named() {
+        let f = one("[[forward]]\nlisten = [\"198.18.0.2:443\"]\nupstreams = [\"127.0.0.1:8443\"]\n").unwrap();
+        assert_eq!(f[0].name, "forward[0]");
+        assert_eq!((f[0].proxy_protocol, f[0].balance), (ProxyProtocol::V2, Balance::RoundRobin));
+        assert_eq!((f[0].max_connections, f[0].connect_timeout), (10_000, Duration::from_secs(2)));
+        let e = one("[[forward]]\nlisten = []\nupstreams = [\"127.0.0.1:1\"]\n").unwrap_err();
+        assert_eq!(e.field, "forward[0].listen");
+        let e = one("[[forward]]\nlisten = [\"198.18.0.2:1\"]\nupstreams = [\"127.0.0.1:1\"]\nmax_connections = 5\nmax_connections_per_prefix = 6\n").unwrap_err();
+        assert_eq!(e.field, "forward[0].max_connections_per_prefix");
+    }
+}
