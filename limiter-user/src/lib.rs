@@ -5,6 +5,7 @@
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `control`: the control-socket protocol, server and client;
 //! - `forward`: the forwarder to the tenant layer (PROXY protocol);
+//! - `feedback`: the tenant layer's penalties over HTTP;
 //! - `metrics`, `top`, `replay`: Prometheus, top offenders, offline replay;
 //! - `daemon`: the running daemon;
 //! - `cli` and `cmd`: the command line and its verbs.
@@ -18,6 +19,7 @@ pub mod dataplane;
 
 pub mod control;
 
+pub mod feedback;
 pub mod forward;
 pub mod metrics;
 pub mod replay;

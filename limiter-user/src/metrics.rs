@@ -38,6 +38,8 @@ pub struct Snapshot {
     /// Times a lost link or pin was put back.
     pub reattaches: u64,
     pub forwards: Vec<crate::control::ForwardInfo>,
+    /// Feedback decisions: applied, shadow, then refusals by reason.
+    pub feedback: [u64; 6],
     pub reloads_ok: u64,
     pub reloads_failed: u64,
     pub last_reload_ok: Option<u64>,
@@ -197,6 +199,17 @@ impl Collector for SnapshotCollector {
             MetricType::Counter,
         )?)?;
         Self::forwards(&mut enc, &s.forwards)?;
+        let mut m = enc.encode_descriptor(
+            "limiter_feedback_decisions",
+            "Penalties from the tenant layer by result: applied, shadow, or refused by the governor and why.",
+            None,
+            MetricType::Counter,
+        )?;
+        let results =
+            ["applied", "shadow", "refused_bad_request", "refused_too_wide", "refused_ttl_too_long", "refused_cap"];
+        for (result, n) in results.iter().zip(s.feedback) {
+            ConstCounter::new(n).encode(m.encode_family(&[("result", *result)])?)?;
+        }
         let mut m = enc.encode_descriptor("limiter_build_info", "Build information.", None, MetricType::Gauge)?;
         ConstGauge::new(1i64).encode(m.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
         Ok(())
@@ -318,8 +331,9 @@ mod tests {
         let series = text.lines().filter(|l| !l.starts_with('#')).count();
         // packets and bytes: every reason x 3 families each; one class x 3
         // actions; tracked, capacity, version; reloads x 2 results; two
-        // reload timestamps; attached; reattaches; build_info.
+        // reload timestamps; attached; reattaches; 6 feedback results;
+        // build_info.
         let reasons = limiter_common::REASON_COUNT;
-        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 1, "series count is fixed");
+        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 6 + 1, "series count is fixed");
     }
 }

@@ -43,6 +43,13 @@ pub enum Request {
         #[serde(default)]
         ttl_secs: Option<u64>,
     },
+    /// A penalty from the tenant layer's feedback: deny `cidr` for
+    /// `ttl_secs`, under the governor.
+    Penalty {
+        cidr: String,
+        ttl_secs: u64,
+        reason: String,
+    },
     /// Allow or deny every CIDR of `cidrs` as one version, all or nothing.
     PrefixLoad {
         cidrs: Vec<String>,
@@ -217,6 +224,9 @@ pub struct PrefixEntry {
     /// Seconds until a runtime override expires (`None`: never).
     #[serde(default)]
     pub expires_in_secs: Option<u64>,
+    /// Why the tenant layer asked for it (feedback only).
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 #[cfg(test)]

@@ -49,7 +49,8 @@ impl Daemon {
             | Request::PrefixAllow { .. }
             | Request::PrefixDeny { .. }
             | Request::PrefixUnset { .. }
-            | Request::PrefixLoad { .. } => unreachable!("changes are taken above"),
+            | Request::PrefixLoad { .. }
+            | Request::Penalty { .. } => unreachable!("changes are taken above"),
         };
         let _ = reply.send(response);
     }
@@ -73,6 +74,7 @@ impl Daemon {
             attached: self.watch.health == Health::Attached,
             reattaches: self.watch.repairs,
             forwards: self.forwards.reports(),
+            feedback: self.view.feedback,
             reloads_ok: self.reloads.count[0],
             reloads_failed: self.reloads.count[1],
             last_reload_ok: self.reloads.at[0],

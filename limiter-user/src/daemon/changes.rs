@@ -34,6 +34,8 @@ pub(super) enum Change {
     Load { cidrs: Vec<String>, deny: bool, ttl: Option<u64> },
     /// Runtime overrides whose time is up.
     Expire,
+    /// A penalty from the tenant layer (under the governor).
+    Penalty { cidr: String, ttl: u64, reason: String },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -67,6 +69,7 @@ fn run(change: &Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -
             e.load(t, cidrs, if *deny { OverrideAction::Deny } else { OverrideAction::Allow }, *ttl)
         }
         Change::Expire => e.expire(t, super::enforcer::unix_now()).unwrap_or_else(|| Ok("nothing expired".into())),
+        Change::Penalty { cidr, ttl, reason } => e.penalize(t, cidr, *ttl, reason),
         Change::Prefix { cidr, action, ttl } => {
             let action = action.map(|a| match a {
                 PrefixAction::Limit { rate, burst } => {
@@ -94,6 +97,9 @@ impl Change {
             Request::PrefixAllow { cidr, ttl_secs } => prefix(cidr, Some(PrefixAction::Allow), ttl_secs),
             Request::PrefixDeny { cidr, ttl_secs } => prefix(cidr, Some(PrefixAction::Deny), ttl_secs),
             Request::PrefixUnset { cidr } => prefix(cidr, None, &None),
+            Request::Penalty { cidr, ttl_secs, reason } => {
+                Some(Change::Penalty { cidr: cidr.clone(), ttl: *ttl_secs, reason: reason.clone() })
+            }
             Request::PrefixLoad { cidrs, action, ttl_secs } => {
                 Some(Change::Load { cidrs: cidrs.clone(), deny: action == "deny", ttl: *ttl_secs })
             }
@@ -240,6 +246,7 @@ impl Change {
             }
             // Never queued (see `change`).
             Change::Expire => Request::PrefixList,
+            Change::Penalty { cidr, ttl, reason } => Request::Penalty { cidr, ttl_secs: ttl, reason },
         }
     }
 }

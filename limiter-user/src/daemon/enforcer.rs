@@ -32,6 +32,9 @@ pub enum ApplyError {
     /// Entry `index` of a bulk load (0-based) is refused; nothing changed.
     #[error("entry {index}: {message}")]
     Entry { index: usize, message: String },
+    /// The feedback governor refused a penalty (`refusal`: its label).
+    #[error("governor: {refusal}: {message}")]
+    Governor { refusal: &'static str, message: String },
 }
 
 /// An override set at run time: `None` removes a file override.
@@ -40,6 +43,8 @@ pub struct RuntimeEntry {
     pub action: Option<OverrideAction>,
     /// Unix time (seconds) it expires; `None` = never.
     pub expires: Option<u64>,
+    /// Set by the tenant layer's feedback (else by an operator).
+    pub feedback: bool,
 }
 
 /// The policy state of a running daemon.
@@ -58,6 +63,8 @@ pub struct Enforcer {
     capacity: u32,
     /// The kernel form of the policy in force, once one was applied.
     config: Option<limiter_common::Config>,
+    /// What the feedback governor decided (see `feedback.rs`).
+    pub(super) governor: feedback::Governed,
 }
 
 impl Enforcer {
@@ -72,6 +79,7 @@ impl Enforcer {
             version,
             capacity,
             config: None,
+            governor: feedback::Governed::default(),
         }
     }
 
@@ -199,7 +207,8 @@ impl Enforcer {
         // Unsetting a runtime-only override forgets it; unsetting the
         // file's is an entry of its own (the file's override is removed).
         let expires = ttl.map(|t| unix_now() + t);
-        let entry = if action.is_none() && !in_file { None } else { Some(RuntimeEntry { action, expires }) };
+        let entry =
+            if action.is_none() && !in_file { None } else { Some(RuntimeEntry { action, expires, feedback: false }) };
         self.change_entries(maps, &[(net, entry)])
     }
 
@@ -242,7 +251,7 @@ impl Enforcer {
     fn record(&mut self, maps: &mut impl PolicyMaps, net: IpNet, entry: Option<RuntimeEntry>) -> Result<(), LoadError> {
         let value = entry.map(|e| {
             let expires = e.expires.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX));
-            runtime::value(e.action.as_ref(), expires)
+            runtime::value(e.action.as_ref(), expires, e.feedback)
         });
         maps.set_runtime_override(&runtime::key(&net), value.as_ref())?;
         match entry {
@@ -257,9 +266,9 @@ impl Enforcer {
     /// cannot read are skipped with a warning.
     pub fn restore(&mut self, maps: &impl PolicyMaps) -> Result<usize, LoadError> {
         for (k, v) in maps.runtime_overrides()? {
-            if let Some((net, action, expires)) = runtime::decode(&k, &v) {
+            if let Some((net, action, expires, feedback)) = runtime::decode(&k, &v) {
                 let expires = (expires != 0).then_some(u64::from(expires));
-                self.runtime.insert(net, RuntimeEntry { action, expires });
+                self.runtime.insert(net, RuntimeEntry { action, expires, feedback });
             } else {
                 tracing::warn!("limiter: skipped an unreadable entry of {RUNTIME}: {k:?}");
             }
@@ -267,9 +276,22 @@ impl Enforcer {
         Ok(self.runtime.len())
     }
 
-    /// The overrides in force, with where each came from.
+    /// What the feedback governor decided since the daemon started.
+    #[must_use]
+    pub fn governed(&self) -> &feedback::Governed {
+        &self.governor
+    }
+
+    /// The overrides in force, with where each came from, then the
+    /// feedback's shadow decisions.
     #[must_use]
     pub fn prefixes(&self) -> Vec<PrefixEntry> {
+        let mut list = self.enforced();
+        list.extend(self.governor.shadow_entries());
+        list
+    }
+
+    fn enforced(&self) -> Vec<PrefixEntry> {
         self.effective(&self.base)
             .overrides
             .iter()
@@ -285,8 +307,14 @@ impl Enforcer {
                     action: action.into(),
                     rate,
                     burst,
-                    origin: if rt.is_some() { "runtime" } else { "file" }.into(),
+                    origin: match rt {
+                        Some(e) if e.feedback => "feedback",
+                        Some(_) => "runtime",
+                        None => "file",
+                    }
+                    .into(),
                     expires_in_secs: rt.and_then(|e| e.expires).map(|t| t.saturating_sub(unix_now())),
+                    reason: self.governor.reasons.get(&o.net).cloned(),
                 }
             })
             .collect()
@@ -300,5 +328,6 @@ pub fn unix_now() -> u64 {
 }
 
 mod bulk;
+mod feedback;
 #[cfg(test)]
 mod tests;

@@ -98,6 +98,8 @@ struct View {
     summary: String,
     /// Class names by index (0 = `default`).
     class_names: Vec<String>,
+    /// Feedback decisions: applied, shadow, then refusals by reason.
+    feedback: [u64; 6],
 }
 
 /// A running daemon.
@@ -159,6 +161,22 @@ impl Daemon {
         let observer = Observer::new(dp.buckets_map_id(), dp.take_drop_events(), dp.take_logger());
         let (calls_tx, calls) = mpsc::channel(16);
         let (scrape_tx, scrapes) = mpsc::channel(4);
+        let feedback = policy.base().feedback.clone();
+        if let Some(f) = &feedback {
+            let token = std::fs::read_to_string(&f.token_file)
+                .map_err(|e| anyhow::anyhow!("feedback token {}: {e}", f.token_file.display()))?;
+            let token = token.trim().to_owned();
+            anyhow::ensure!(token.len() >= 16, "feedback token {}: at least 16 characters", f.token_file.display());
+            let bound = crate::feedback::serve(f.listen, token, calls_tx.clone()).await?;
+            tracing::info!(
+                "limiter: feedback on http://{bound}/v1/penalties (governor: at most {} denied, /{} or /{} at widest, TTL at most {} s{})",
+                f.max_denied,
+                f.min_v4_prefix,
+                f.min_v6_prefix,
+                f.max_ttl.as_secs(),
+                if f.shadow { ", shadow" } else { "" }
+            );
+        }
         socket.serve(calls_tx);
         let tables = dp.maps.take_tables().expect("the policy tables are ours at start");
         let forwards = forward::Manager::new(dp.buckets_map_id());
@@ -302,6 +320,10 @@ impl Daemon {
                 source: p.source().to_owned(),
                 summary: effective.summary(p.version()).to_string(),
                 class_names: effective.class_names().into_iter().map(str::to_owned).collect(),
+                feedback: {
+                    let g = p.governed();
+                    [g.applied, g.shadowed, g.refused[0], g.refused[1], g.refused[2], g.refused[3]]
+                },
             };
             let ctx = forward::Context { version: p.version(), config: p.config().copied().unwrap_or_default() };
             self.forwards.update(&p.base().forwards, ctx);

@@ -66,9 +66,22 @@ impl Policy {
     pub fn compile(&self, version: u64) -> Result<Compiled, PolicyError> {
         #[cfg(test)]
         COMPILES.with(|c| c.set(c.get() + 1));
-        let Self { default, classes, overrides, new_sources, aggregate, v4_prefix, v6_prefix, capacity, forwards } =
-            self;
+        let Self {
+            default,
+            classes,
+            overrides,
+            new_sources,
+            aggregate,
+            v4_prefix,
+            v6_prefix,
+            capacity,
+            forwards,
+            feedback,
+        } = self;
         super::forward::check(forwards)?;
+        if let Some(f) = feedback {
+            super::feedback::check(f)?;
+        }
         if *v4_prefix > 32 {
             return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));
         }

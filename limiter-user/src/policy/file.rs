@@ -106,6 +106,7 @@ struct Root {
     overrides: Vec<Spanned<OverrideSpec>>,
     #[serde(default, rename = "forward")]
     forwards: Vec<super::forward::Forward>,
+    feedback: Option<super::feedback::Feedback>,
 }
 
 #[derive(Deserialize)]
@@ -204,6 +205,7 @@ impl Root {
             classes,
             overrides,
             forwards,
+            feedback,
         } = self;
         mode.is_none()
             && rate.is_none()
@@ -221,6 +223,7 @@ impl Root {
             && classes.is_empty()
             && overrides.is_empty()
             && forwards.is_empty()
+            && feedback.is_none()
     }
 }
 
@@ -255,6 +258,7 @@ fn build(root: Root) -> Located<Policy> {
         classes,
         overrides,
         mut forwards,
+        feedback,
     } = root;
     super::forward::name_defaults(&mut forwards);
     let base = Policy::default();
@@ -301,6 +305,7 @@ fn build(root: Root) -> Located<Policy> {
         v6_prefix: v6_prefix.unwrap_or(base.v6_prefix),
         capacity: capacity.unwrap_or(base.capacity),
         forwards,
+        feedback,
     })
 }
 

@@ -4,6 +4,7 @@
 //! runtime overrides in the pinned `RUNTIME` map (`runtime`).
 
 pub mod compile;
+pub mod feedback;
 pub mod file;
 pub mod forward;
 pub mod overlay;
@@ -218,6 +219,8 @@ pub struct Policy {
     pub capacity: u32,
     /// Forwarders to the tenant layer (none by default).
     pub forwards: Vec<forward::Forward>,
+    /// The feedback endpoint and its governor (off by default).
+    pub feedback: Option<feedback::Feedback>,
 }
 
 impl Default for Policy {
@@ -236,6 +239,7 @@ impl Default for Policy {
             v6_prefix: 56,
             capacity: limiter_common::maps::DEFAULT_BUCKET_CAPACITY,
             forwards: Vec::new(),
+            feedback: None,
         }
     }
 }

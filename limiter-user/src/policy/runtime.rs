@@ -27,11 +27,16 @@ pub fn key(net: &IpNet) -> RuntimeKey {
     RuntimeKey { family: fam, prefix_len: net.prefix_len(), pad: [0; 2], addr }
 }
 
+/// Set in [`RuntimeOverride::action`] when the override came from the
+/// tenant layer's feedback (not an operator).
+pub const FROM_FEEDBACK: u32 = 0x100;
+
 /// The map value of a runtime override (`None`: the file's is removed),
 /// expiring at Unix time `expires` (0 = never).
 #[must_use]
-pub fn value(action: Option<&OverrideAction>, expires: u32) -> RuntimeOverride {
-    RuntimeOverride { expires, ..value_of(action) }
+pub fn value(action: Option<&OverrideAction>, expires: u32, feedback: bool) -> RuntimeOverride {
+    let v = value_of(action);
+    RuntimeOverride { expires, action: v.action | if feedback { FROM_FEEDBACK } else { 0 }, ..v }
 }
 
 fn value_of(action: Option<&OverrideAction>) -> RuntimeOverride {
@@ -51,18 +56,18 @@ fn value_of(action: Option<&OverrideAction>) -> RuntimeOverride {
     }
 }
 
-/// A map entry back as a network, its override and when it expires (0 =
-/// never); `None` for an entry this build does not understand (it is
-/// skipped, and said so).
+/// A map entry back as a network, its override, when it expires (0 =
+/// never) and whether it came from feedback; `None` for an entry this
+/// build does not understand (it is skipped, and said so).
 #[must_use]
-pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>, u32)> {
+pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>, u32, bool)> {
     let addr = match k.family {
         family::IPV4 => IpAddr::from([k.addr[0], k.addr[1], k.addr[2], k.addr[3]]),
         family::IPV6 => IpAddr::from(k.addr),
         _ => return None,
     };
     let net = IpNet::new(addr, k.prefix_len).ok()?;
-    let action = match v.action {
+    let action = match v.action & !FROM_FEEDBACK {
         runtime_action::UNSET => None,
         runtime_action::ALLOW => Some(OverrideAction::Allow),
         runtime_action::DENY => Some(OverrideAction::Deny),
@@ -74,7 +79,7 @@ pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<Over
         })),
         _ => return None,
     };
-    Some((net, action, v.expires))
+    Some((net, action, v.expires, v.action & FROM_FEEDBACK != 0))
 }
 
 #[cfg(test)]
@@ -94,19 +99,19 @@ mod tests {
         ];
         for (cidr, action) in cases {
             let net: IpNet = cidr.parse().unwrap();
-            let back = decode(&key(&net), &value(action.as_ref(), 1_900_000_000));
-            assert_eq!(back, Some((net, action, 1_900_000_000)), "{cidr}");
+            let back = decode(&key(&net), &value(action.as_ref(), 1_900_000_000, true));
+            assert_eq!(back, Some((net, action, 1_900_000_000, true)), "{cidr}");
         }
     }
 
     #[test]
     fn entries_of_another_build_are_skipped() {
         let net: IpNet = "198.18.1.0/24".parse().unwrap();
-        let bad_action = RuntimeOverride { action: 99, ..value(None, 0) };
+        let bad_action = RuntimeOverride { action: 99, ..value(None, 0, false) };
         assert_eq!(decode(&key(&net), &bad_action), None);
         let bad_family = RuntimeKey { family: 9, ..key(&net) };
-        assert_eq!(decode(&bad_family, &value(None, 0)), None);
+        assert_eq!(decode(&bad_family, &value(None, 0, false)), None);
         let bad_len = RuntimeKey { prefix_len: 33, ..key(&net) };
-        assert_eq!(decode(&bad_len, &value(None, 0)), None);
+        assert_eq!(decode(&bad_len, &value(None, 0, false)), None);
     }
 }

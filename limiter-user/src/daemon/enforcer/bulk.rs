@@ -37,7 +37,7 @@ impl Enforcer {
             if !seen.insert(net) {
                 return Err(refuse(format!("{net} is listed twice")));
             }
-            changes.push((net, Some(RuntimeEntry { action: Some(action), expires })));
+            changes.push((net, Some(RuntimeEntry { action: Some(action), expires, feedback: false })));
         }
         self.change_entries(maps, &changes)
     }
@@ -45,15 +45,19 @@ impl Enforcer {
     /// Forget the runtime overrides whose time is up at `now` (Unix
     /// seconds), as one new version; `None` when none is.
     pub fn expire(&mut self, maps: &mut impl PolicyMaps, now: u64) -> Option<Result<String, ApplyError>> {
+        self.governor.expire_shadow(now);
         let due: Vec<(IpNet, Option<RuntimeEntry>)> =
             self.runtime.iter().filter(|(_, e)| e.expires.is_some_and(|t| t <= now)).map(|(n, _)| (*n, None)).collect();
+        for (net, _) in &due {
+            self.governor.reasons.remove(net);
+        }
         (!due.is_empty()).then(|| self.change_entries(maps, &due))
     }
 
     /// The earliest expiry of a runtime override, if any.
     #[must_use]
     pub fn next_expiry(&self) -> Option<u64> {
-        self.runtime.values().filter_map(|e| e.expires).min()
+        self.runtime.values().filter_map(|e| e.expires).chain(self.governor.next_shadow_expiry()).min()
     }
 
     /// Drop restored runtime overrides that `base` cannot hold (a /24

@@ -73,5 +73,18 @@ pub fn render(p: &Policy) -> String {
             ms(f.drain_timeout)
         );
     }
+    if let Some(f) = &p.feedback {
+        let _ = write!(
+            s,
+            "\n[feedback]\nlisten = \"{}\"\ntoken_file = {:?}\nmax_denied = {}\nmin_v4_prefix = {}\nmin_v6_prefix = {}\nmax_ttl = \"{}s\"\nshadow = {}\n",
+            f.listen,
+            f.token_file.display().to_string(),
+            f.max_denied,
+            f.min_v4_prefix,
+            f.min_v6_prefix,
+            f.max_ttl.as_secs(),
+            f.shadow
+        );
+    }
     s
 }

@@ -1,0 +1,108 @@
+//! Penalties from the tenant layer, under the governor of the policy's
+//! `[feedback]` section: a deny with a TTL, refused past the cap, wider
+//! than the minimum prefix length or longer than the longest TTL; in
+//! shadow mode only listed and logged.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ipnet::IpNet;
+
+use super::{ApplyError, Enforcer, RuntimeEntry, unix_now};
+use crate::{
+    control::PrefixEntry,
+    dataplane::PolicyMaps,
+    policy::{OverrideAction, feedback::Refusal},
+};
+
+/// What the governor decided, since the daemon started.
+#[derive(Clone, Debug, Default)]
+pub struct Governed {
+    /// Why each feedback override was asked for (kept in memory).
+    pub reasons: HashMap<IpNet, String>,
+    /// Shadow decisions: listed and logged, not enforced (expiry, reason).
+    pub shadow: BTreeMap<IpNet, (u64, String)>,
+    pub applied: u64,
+    pub shadowed: u64,
+    /// Refusals, by [`Refusal`] in its `ALL` order.
+    pub refused: [u64; 4],
+}
+
+impl Governed {
+    pub(super) fn expire_shadow(&mut self, now: u64) {
+        self.shadow.retain(|_, (t, _)| *t > now);
+    }
+
+    pub(super) fn next_shadow_expiry(&self) -> Option<u64> {
+        self.shadow.values().map(|(t, _)| *t).min()
+    }
+
+    /// The shadow decisions as list entries.
+    #[must_use]
+    pub fn shadow_entries(&self) -> Vec<PrefixEntry> {
+        let now = unix_now();
+        self.shadow
+            .iter()
+            .map(|(net, (t, why))| PrefixEntry {
+                cidr: net.to_string(),
+                action: "deny".into(),
+                rate: None,
+                burst: None,
+                origin: "feedback (shadow)".into(),
+                expires_in_secs: Some(t.saturating_sub(now)),
+                reason: Some(why.clone()),
+            })
+            .collect()
+    }
+}
+
+impl Enforcer {
+    /// Deny `cidr` for `ttl` seconds at the tenant layer's request, if the
+    /// governor allows it.
+    pub fn penalize(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        cidr: &str,
+        ttl: u64,
+        reason: &str,
+    ) -> Result<String, ApplyError> {
+        let Some(g) = self.base.feedback.clone() else {
+            return Err(ApplyError::Request("feedback is not configured ([feedback] in the policy)".into()));
+        };
+        let refuse = |this: &mut Self, r: Refusal, why: String| {
+            this.governor.refused[r as usize] += 1;
+            tracing::warn!(event = "feedback", decision = "refused", cidr, reason = %reason, "limiter: governor refused a penalty: {why}");
+            Err(ApplyError::Governor { refusal: r.label(), message: why })
+        };
+        let net = match cidr.parse::<IpNet>() {
+            Ok(n) if n.trunc() == n => n,
+            _ => return refuse(self, Refusal::BadRequest, format!("{cidr:?} is not a CIDR without host bits")),
+        };
+        let bucket = if net.addr().is_ipv4() { self.base.v4_prefix } else { self.base.v6_prefix };
+        if u32::from(net.prefix_len()) > bucket {
+            return refuse(self, Refusal::BadRequest, format!("{net} is finer than the bucket prefix /{bucket}"));
+        }
+        let denied = self.runtime.iter().filter(|(n, e)| e.feedback && **n != net).count();
+        if let Err(r) = g.govern(&net, ttl, denied) {
+            let why = match r {
+                Refusal::TooWide => format!("{net} is wider than the governor allows"),
+                Refusal::TtlTooLong => format!("a TTL of {ttl} s is past the governor's {} s", g.max_ttl.as_secs()),
+                Refusal::Cap => format!("{} prefixes are denied by feedback already (max_denied)", g.max_denied),
+                Refusal::BadRequest => "a penalty needs a TTL".into(),
+            };
+            return refuse(self, r, why);
+        }
+        let expires = unix_now() + ttl;
+        if g.shadow {
+            self.governor.shadow.insert(net, (expires, reason.to_owned()));
+            self.governor.shadowed += 1;
+            tracing::info!(event = "feedback", decision = "shadow", cidr = %net, ttl, reason = %reason, "limiter: feedback (shadow): would deny {net} for {ttl} s: {reason}");
+            return Ok(format!("shadow: {net} would be denied for {ttl} s (not enforced)"));
+        }
+        let entry = RuntimeEntry { action: Some(OverrideAction::Deny), expires: Some(expires), feedback: true };
+        let summary = self.change_entries(maps, &[(net, Some(entry))])?;
+        self.governor.reasons.insert(net, reason.to_owned());
+        self.governor.applied += 1;
+        tracing::info!(event = "feedback", decision = "applied", cidr = %net, ttl, reason = %reason, "limiter: feedback: denied {net} for {ttl} s: {reason}");
+        Ok(summary)
+    }
+}

@@ -1,0 +1,139 @@
+//! The feedback endpoint: the tenant layer pushes penalties back over
+//! HTTP on a loopback address, with a bearer token:
+//!
+//! ```text
+//! curl -s -H "Authorization: Bearer $(cat /etc/limiter/feedback.token)" \
+//!      -d '{"prefix":"198.18.5.0/24","ttl":"10m","reason":"credential stuffing"}' \
+//!      http://127.0.0.1:9465/v1/penalties
+//! ```
+//!
+//! `POST /v1/penalties` answers 200 with the policy version, 403 without
+//! the token, 422 (`bad_request`, `too_wide`, `ttl_too_long`) or 429
+//! (`cap`) when the governor refuses; `GET /v1/penalties` lists what
+//! feedback decided, with reasons and time left. Every penalty becomes an
+//! ordinary runtime override with a TTL, applied by the daemon's one
+//! change machinery; the listener has the bounds of every listener.
+
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::{Method, Request, Response, StatusCode, body::Bytes, service::service_fn};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::control::{Request as Call, Response as Answer, server::Call as Sent};
+
+/// Clients at once; a penalty body's largest size.
+const MAX_CONNS: usize = 16;
+const MAX_BODY: usize = 16 << 10;
+
+/// A penalty as posted.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Penalty {
+    prefix: String,
+    /// Only `deny` (the default).
+    #[serde(default)]
+    action: Option<String>,
+    /// `"10m"`, `"1h"`, ...
+    ttl: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// Serve on `addr`, with `token` as the bearer token, sending penalties to
+/// the daemon through `calls`. Returns the bound address.
+pub async fn serve(addr: SocketAddr, token: String, calls: mpsc::Sender<Sent>) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let token: Arc<str> = Arc::from(token);
+    crate::listen::spawn("feedback", listener, MAX_CONNS, move |stream| {
+        let (calls, token) = (calls.clone(), Arc::clone(&token));
+        async move {
+            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let (calls, token) = (calls.clone(), Arc::clone(&token));
+                async move { Ok::<_, Infallible>(answer(req, &token, &calls).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(5))
+                .serve_connection(TokioIo::new(stream), svc);
+            let _ = tokio::time::timeout(Duration::from_secs(30), conn).await;
+        }
+    });
+    Ok(bound)
+}
+
+fn reply(code: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(format!("{body}\n"))))
+        .expect("static response parts are valid")
+}
+
+/// Constant-time comparison of the presented token.
+fn authorised(req: &Request<hyper::body::Incoming>, token: &str) -> bool {
+    let presented =
+        req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    presented
+        .is_some_and(|p| p.len() == token.len() && p.bytes().zip(token.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0)
+}
+
+async fn ask(calls: &mpsc::Sender<Sent>, call: Call) -> Option<Answer> {
+    let (tx, rx) = oneshot::channel();
+    calls.send((call, tx)).await.ok()?;
+    rx.await.ok()
+}
+
+async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::Sender<Sent>) -> Response<Full<Bytes>> {
+    let fail = |code, message: &str| reply(code, &serde_json::json!({ "error": message }));
+    if req.uri().path() != "/v1/penalties" {
+        return fail(StatusCode::NOT_FOUND, "only /v1/penalties is served here");
+    }
+    if !authorised(&req, token) {
+        return fail(StatusCode::FORBIDDEN, "a valid bearer token is needed");
+    }
+    match *req.method() {
+        Method::GET => match ask(calls, Call::PrefixList).await {
+            Some(Answer::Prefixes(l)) => {
+                let mine: Vec<_> = l.entries.into_iter().filter(|e| e.origin.starts_with("feedback")).collect();
+                reply(StatusCode::OK, &serde_json::json!({ "version": l.version, "penalties": mine }))
+            }
+            _ => fail(StatusCode::SERVICE_UNAVAILABLE, "the daemon did not answer"),
+        },
+        Method::POST => {
+            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => return fail(StatusCode::PAYLOAD_TOO_LARGE, "at most 16 KiB"),
+            };
+            let p: Penalty = match serde_json::from_slice(&body) {
+                Ok(p) => p,
+                Err(e) => return fail(StatusCode::UNPROCESSABLE_ENTITY, &format!("bad_request: {e}")),
+            };
+            if p.action.as_deref().is_some_and(|a| a != "deny") {
+                return fail(StatusCode::UNPROCESSABLE_ENTITY, "bad_request: only \"deny\" penalties are taken");
+            }
+            let ttl = match crate::policy::forward::parse_duration(&p.ttl) {
+                Ok(d) => d.as_secs(),
+                Err(e) => return fail(StatusCode::UNPROCESSABLE_ENTITY, &format!("bad_request: {e}")),
+            };
+            match ask(calls, Call::Penalty { cidr: p.prefix, ttl_secs: ttl, reason: p.reason }).await {
+                Some(Answer::Applied(a)) => {
+                    reply(StatusCode::OK, &serde_json::json!({ "version": a.version, "summary": a.summary }))
+                }
+                Some(Answer::Error { message }) => {
+                    let code = if message.contains("governor: cap") {
+                        StatusCode::TOO_MANY_REQUESTS
+                    } else {
+                        StatusCode::UNPROCESSABLE_ENTITY
+                    };
+                    fail(code, &message)
+                }
+                _ => fail(StatusCode::SERVICE_UNAVAILABLE, "the daemon did not answer"),
+            }
+        }
+        _ => fail(StatusCode::METHOD_NOT_ALLOWED, "GET or POST"),
+    }
+}

@@ -1,0 +1,157 @@
+//! `[feedback]`: the tenant layer's way to push penalties back without a
+//! shell (`POST /v1/penalties` on localhost, with a bearer token), under
+//! a governor that caps what automation may do.
+//!
+//! ```toml
+//! [feedback]
+//! listen = "127.0.0.1:9465"                  # loopback only
+//! token_file = "/etc/limiter/feedback.token" # the bearer token, one line
+//! max_denied = 1000                          # prefixes denied by feedback at once
+//! min_v4_prefix = 16                         # nothing wider from a tenant
+//! min_v6_prefix = 32
+//! max_ttl = "1h"                             # every penalty expires, at most this late
+//! shadow = false                             # true: decisions are listed and logged, not enforced
+//! ```
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use serde::{Deserialize, Deserializer};
+
+use super::{PolicyError, bad, forward::parse_duration};
+
+/// The feedback endpoint and its governor.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Feedback {
+    pub listen: SocketAddr,
+    pub token_file: PathBuf,
+    #[serde(default = "defaults::max_denied")]
+    pub max_denied: usize,
+    #[serde(default = "defaults::min_v4")]
+    pub min_v4_prefix: u8,
+    #[serde(default = "defaults::min_v6")]
+    pub min_v6_prefix: u8,
+    #[serde(default = "defaults::max_ttl", deserialize_with = "duration")]
+    pub max_ttl: Duration,
+    #[serde(default)]
+    pub shadow: bool,
+}
+
+mod defaults {
+    use std::time::Duration;
+
+    pub const fn max_denied() -> usize {
+        1000
+    }
+    pub const fn min_v4() -> u8 {
+        16
+    }
+    pub const fn min_v6() -> u8 {
+        32
+    }
+    pub const fn max_ttl() -> Duration {
+        Duration::from_hours(1)
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    parse_duration(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
+/// Check the section (the token file is read when the daemon starts).
+pub fn check(f: &Feedback) -> Result<(), PolicyError> {
+    if !f.listen.ip().is_loopback() {
+        return Err(bad("feedback.listen", format!("{} is not a loopback address", f.listen.ip())));
+    }
+    if f.max_denied == 0 {
+        return Err(bad("feedback.max_denied", "must be at least 1"));
+    }
+    if f.min_v4_prefix > 32 || f.min_v6_prefix > 128 {
+        return Err(bad("feedback.min_v4_prefix", "longer than the address"));
+    }
+    if f.max_ttl.as_secs() == 0 {
+        return Err(bad("feedback.max_ttl", "must be at least 1s"));
+    }
+    Ok(())
+}
+
+/// Why the governor refused a penalty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a CIDR, or no TTL.
+    BadRequest,
+    /// Wider than the minimum prefix length allows.
+    TooWide,
+    /// A TTL past `max_ttl`.
+    TtlTooLong,
+    /// `max_denied` prefixes are denied by feedback already.
+    Cap,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 4] = [Refusal::BadRequest, Refusal::TooWide, Refusal::TtlTooLong, Refusal::Cap];
+
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::BadRequest => "bad_request",
+            Refusal::TooWide => "too_wide",
+            Refusal::TtlTooLong => "ttl_too_long",
+            Refusal::Cap => "cap",
+        }
+    }
+}
+
+impl Feedback {
+    /// The governor's check of one penalty on `net` for `ttl` seconds,
+    /// `denied` prefixes being denied by feedback now (this one not
+    /// counted if it is among them: a refresh).
+    pub fn govern(&self, net: &ipnet::IpNet, ttl: u64, denied: usize) -> Result<(), Refusal> {
+        let min = if net.addr().is_ipv4() { self.min_v4_prefix } else { self.min_v6_prefix };
+        if net.prefix_len() < min {
+            return Err(Refusal::TooWide);
+        }
+        if ttl == 0 {
+            return Err(Refusal::BadRequest);
+        }
+        if ttl > self.max_ttl.as_secs() {
+            return Err(Refusal::TtlTooLong);
+        }
+        if denied >= self.max_denied {
+            return Err(Refusal::Cap);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn governor() -> Feedback {
+        Feedback {
+            listen: "127.0.0.1:9465".parse().unwrap(),
+            token_file: "/dev/null".into(),
+            max_denied: 2,
+            min_v4_prefix: 16,
+            min_v6_prefix: 32,
+            max_ttl: Duration::from_mins(10),
+            shadow: false,
+        }
+    }
+
+    #[test]
+    fn the_governor_refuses_wide_prefixes_long_ttls_and_past_its_cap() {
+        let g = governor();
+        let net = |s: &str| s.parse::<ipnet::IpNet>().unwrap();
+        assert_eq!(g.govern(&net("198.18.5.0/24"), 60, 0), Ok(()));
+        assert_eq!(g.govern(&net("198.0.0.0/8"), 60, 0), Err(Refusal::TooWide));
+        assert_eq!(g.govern(&net("2001:2::/16"), 60, 0), Err(Refusal::TooWide));
+        assert_eq!(g.govern(&net("198.18.5.0/24"), 601, 0), Err(Refusal::TtlTooLong));
+        assert_eq!(g.govern(&net("198.18.5.0/24"), 0, 0), Err(Refusal::BadRequest));
+        assert_eq!(g.govern(&net("198.18.5.0/24"), 60, 2), Err(Refusal::Cap));
+        let mut far = g.clone();
+        far.listen = "198.18.0.2:9465".parse().unwrap();
+        assert_eq!(check(&far).unwrap_err().field, "feedback.listen");
+    }
+}

@@ -1,0 +1,178 @@
+//! Feedback from the tenant layer over HTTP, under the governor: a posted
+//! penalty drops its prefix in XDP at once and expires on time; the
+//! governor refuses past its cap, too wide a prefix and too long a TTL,
+//! counts each refusal, and in shadow mode only lists and logs.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use limiter_tests::{
+    kernel::{TempDir, require_root},
+    netns::{B_ADDR, B_IF, VethPair},
+    scenario::{self, FLOOD_SRC, Guard, PORT, field, spawn_lines, unique_socket, wait_for},
+};
+
+const TOKEN: &str = "feedback-test-token-0123456789";
+
+struct Running {
+    net: VethPair,
+    _daemon: Guard,
+    _log: std::sync::mpsc::Receiver<String>,
+    _tmp: TempDir,
+}
+
+fn start(tag: &str, shadow: bool) -> Running {
+    require_root();
+    let net = VethPair::new(tag);
+    net.add_source(FLOOD_SRC);
+    let tmp = TempDir::new(tag);
+    let token = tmp.0.join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let policy = tmp.0.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "rate = 1000\nburst = 2000\n\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"{}\"\nmax_denied = 1\nmin_v4_prefix = 16\nmax_ttl = \"1m\"\nshadow = {shadow}\n",
+            token.display()
+        ),
+    )
+    .unwrap();
+    let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"])
+        .arg(&policy)
+        .arg("--socket")
+        .arg(unique_socket(tag));
+    let (daemon, log) = spawn_lines(c).unwrap();
+    let mut seen = String::new();
+    wait_for(&log, "metrics on", Duration::from_secs(20), &mut seen).unwrap();
+    assert!(seen.contains("feedback on http://127.0.0.1:9465/v1/penalties"), "{seen}");
+    Running { net, _daemon: daemon, _log: log, _tmp: tmp }
+}
+
+/// An HTTP request to the daemon's loopback, from its namespace: the
+/// status code and the body.
+fn http(r: &Running, port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    if let Some(t) = token {
+        req = req + "Authorization: Bearer " + t + "\r\n";
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    let out = r.net.b.run_in(move || {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    });
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+}
+
+fn post(r: &Running, body: &str) -> (u16, String) {
+    http(r, 9465, "POST", "/v1/penalties", Some(TOKEN), body)
+}
+
+/// Send `n` UDP packets from FLOOD_SRC in a second; how many arrived.
+fn delivered(r: &Running, n: u64) -> u64 {
+    let netload = env!("CARGO_BIN_EXE_netload");
+    let mut recv = r.net.b.command(netload);
+    recv.args(["recv", &format!("0.0.0.0:{PORT}"), "2"]);
+    let (mut recv, rx) = spawn_lines(recv).unwrap();
+    wait_for(&rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
+    let send = r
+        .net
+        .a
+        .command(netload)
+        .args(["send", FLOOD_SRC, &format!("{B_ADDR}:{PORT}"), &n.to_string(), "1"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(send.success());
+    assert!(recv.0.wait().unwrap().success());
+    let log: String = rx.iter().map(|l| l + "\n").collect();
+    field(&log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0)
+}
+
+#[test]
+fn a_penalty_drops_its_prefix_at_once_and_the_governor_holds() {
+    let r = start("fb", false);
+    assert_eq!(delivered(&r, 50), 50);
+    let (code, _) = http(&r, 9465, "POST", "/v1/penalties", None, r#"{"prefix":"198.18.1.0/24","ttl":"3s"}"#);
+    assert_eq!(code, 403, "no token");
+    let (code, _) = http(&r, 9465, "POST", "/v1/penalties", Some("wrong-token-0123456789abc"), "{}");
+    assert_eq!(code, 403, "wrong token");
+
+    let (code, body) = post(&r, r#"{"prefix":"198.18.1.0/24","ttl":"3s","reason":"credential stuffing"}"#);
+    let set_at = Instant::now();
+    assert_eq!(code, 200, "{body}");
+    // In XDP at once: the very next packets are dropped.
+    assert_eq!(delivered(&r, 50), 0, "the penalty did not drop the prefix");
+    let (code, list) = http(&r, 9465, "GET", "/v1/penalties", Some(TOKEN), "");
+    assert_eq!(code, 200);
+    let j: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let p = &j["penalties"][0];
+    assert_eq!(
+        (p["cidr"].as_str(), p["origin"].as_str(), p["reason"].as_str()),
+        (Some("198.18.1.0/24"), Some("feedback"), Some("credential stuffing")),
+        "{j}"
+    );
+    assert!(p["expires_in_secs"].as_u64().is_some_and(|s| s <= 3), "{j}");
+
+    // The governor: past its cap (1), too wide, too long.
+    let (code, body) = post(&r, r#"{"prefix":"198.18.2.0/24","ttl":"3s"}"#);
+    assert_eq!(code, 429, "{body}");
+    assert!(body.contains("governor: cap"), "{body}");
+    let (code, body) = post(&r, r#"{"prefix":"198.0.0.0/8","ttl":"3s"}"#);
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("governor: too_wide"), "{body}");
+    let (code, body) = post(&r, r#"{"prefix":"198.18.1.0/24","ttl":"2h"}"#);
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("governor: ttl_too_long"), "{body}");
+    let (code, _) = post(&r, r#"{"prefix":"not a prefix","ttl":"3s"}"#);
+    assert_eq!(code, 422);
+    let (code, _) =
+        post(&r, &format!("{{\"prefix\":\"198.18.1.0/24\",\"ttl\":\"3s\",\"reason\":\"{}\"}}", "x".repeat(20_000)));
+    assert_eq!(code, 413, "an oversized body");
+
+    // Expired on time: traffic passes again, the list is empty.
+    while set_at.elapsed() < Duration::from_secs(5) {
+        let (_, list) = http(&r, 9465, "GET", "/v1/penalties", Some(TOKEN), "");
+        if !list.contains("198.18.1.0/24") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let lifted = set_at.elapsed();
+    println!("a 3 s penalty from feedback was lifted {lifted:?} after it was posted");
+    assert!(lifted >= Duration::from_secs(2) && lifted < Duration::from_secs(5), "{lifted:?}");
+    assert_eq!(delivered(&r, 50), 50);
+    // Each decision counted.
+    let (_, m) = http(&r, 9464, "GET", "/metrics", None, "");
+    for line in [
+        r#"limiter_feedback_decisions_total{result="applied"} 1"#,
+        r#"limiter_feedback_decisions_total{result="refused_cap"} 1"#,
+        r#"limiter_feedback_decisions_total{result="refused_too_wide"} 1"#,
+        r#"limiter_feedback_decisions_total{result="refused_ttl_too_long"} 1"#,
+        r#"limiter_feedback_decisions_total{result="refused_bad_request"} 1"#,
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line} not in metrics");
+    }
+}
+
+#[test]
+fn in_shadow_mode_a_penalty_is_listed_and_not_enforced() {
+    let r = start("fbsh", true);
+    let (code, body) = post(&r, r#"{"prefix":"198.18.1.0/24","ttl":"30s","reason":"probing"}"#);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("shadow"), "{body}");
+    assert_eq!(delivered(&r, 50), 50, "a shadow penalty dropped traffic");
+    let (_, list) = http(&r, 9465, "GET", "/v1/penalties", Some(TOKEN), "");
+    assert!(list.contains("feedback (shadow)") && list.contains("probing"), "{list}");
+}
