@@ -32,8 +32,9 @@ const APT_PACKAGES: &[&str] = &[
     "haproxy",
     "nginx-light",
 ];
-/// Only `bench` needs these: the netfilter peers of the system flood.
-const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool"];
+/// Only `bench` needs these: the netfilter peers of the system flood, and
+/// nginx's stream module for the forwarder's peers.
+const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool", "libnginx-mod-stream"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(Parser)]
@@ -61,7 +62,7 @@ enum Cmd {
     /// and iptables.
     Bench {
         /// Run only these sections (hit, system, accuracy, working-sets,
-        /// overrides, metrics, verifier); all when none is given.
+        /// overrides, metrics, verifier, forward); all when none is given.
         sections: Vec<String>,
     },
 }

@@ -67,7 +67,9 @@ pub struct Shared {
 struct Running {
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
-    listening: Vec<SocketAddr>,
+    /// Its listening sockets, handed over to its successor on the same
+    /// address when the policy changes (no rebind: no gap, no reset).
+    listeners: Vec<(SocketAddr, Arc<tokio::net::TcpListener>)>,
     bind_errors: Vec<String>,
 }
 
@@ -103,19 +105,22 @@ impl Manager {
         let (keep, gone): (Vec<Running>, Vec<Running>) =
             std::mem::take(&mut self.running).into_iter().partition(|r| forwards.contains(&r.shared.cfg));
         self.running = keep;
-        for r in gone {
+        let mut handed = HashMap::new();
+        for mut r in gone {
             tracing::info!("limiter: forward {}: stops accepting, draining", r.shared.cfg.name);
+            let _ = r.stop.send(true);
+            handed.extend(r.listeners.drain(..));
             self.draining.push(tokio::spawn(drain(r)));
         }
         for f in forwards {
             if !self.running.iter().any(|r| &r.shared.cfg == f) {
-                let r = self.start(f.clone());
+                let r = self.start(f.clone(), &mut handed);
                 self.running.push(r);
             }
         }
     }
 
-    fn start(&self, cfg: Forward) -> Running {
+    fn start(&self, cfg: Forward, handed: &mut HashMap<SocketAddr, Arc<tokio::net::TcpListener>>) -> Running {
         let (stop, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             upstreams: Upstreams::new(&cfg.upstreams, cfg.balance),
@@ -128,11 +133,11 @@ impl Manager {
             kill: watch::Sender::new(false),
             cfg,
         });
-        let (mut listening, mut bind_errors) = (Vec::new(), Vec::new());
+        let (mut listeners, mut bind_errors) = (Vec::new(), Vec::new());
         for addr in &shared.cfg.listen {
-            match bind(*addr) {
+            match handed.remove(addr).map_or_else(|| bind(*addr).map(Arc::new), Ok) {
                 Ok(l) => {
-                    listening.push(*addr);
+                    listeners.push((*addr, Arc::clone(&l)));
                     tokio::spawn(serve::accept_loop(l, Arc::clone(&shared), stop.subscribe()));
                 }
                 Err(e) => {
@@ -141,6 +146,7 @@ impl Manager {
                 }
             }
         }
+        let listening: Vec<SocketAddr> = listeners.iter().map(|(a, _)| *a).collect();
         tracing::info!(
             "limiter: forward {}: listening on {listening:?}, {} upstream(s), PROXY {:?}, at most {} connections",
             shared.cfg.name,
@@ -148,7 +154,7 @@ impl Manager {
             shared.cfg.proxy_protocol,
             shared.cfg.max_connections
         );
-        Running { shared, stop, listening, bind_errors }
+        Running { shared, stop, listeners, bind_errors }
     }
 
     /// Stop accepting everywhere and let connections finish, each
@@ -198,7 +204,7 @@ fn report(r: &Running) -> Report {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     Report {
         name: r.shared.cfg.name.clone(),
-        listening: r.listening.iter().map(ToString::to_string).collect(),
+        listening: r.listeners.iter().map(|(a, _)| a.to_string()).collect(),
         bind_errors: r.bind_errors.clone(),
         active: load(&s.active),
         accepted: load(&s.accepted),

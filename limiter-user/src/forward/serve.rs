@@ -52,7 +52,7 @@ pub type PrefixKey = (u8, [u8; 16]);
 pub type PrefixCounts = Mutex<HashMap<PrefixKey, usize>>;
 
 /// Accept on `listener` until `stop` turns true.
-pub async fn accept_loop(listener: TcpListener, f: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(10);
     loop {
         let accepted = tokio::select! {

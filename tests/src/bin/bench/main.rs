@@ -3,6 +3,7 @@
 //! processed-instruction count of each entry point. Ratios, not absolutes.
 #![allow(clippy::cast_precision_loss, reason = "measurements: tick counts far inside f64's exact range")]
 
+mod forward;
 mod system;
 
 use std::net::Ipv4Addr;
@@ -27,7 +28,7 @@ fn measure(l: &mut DataPlane, prog: &'static str, frame: &[u8], want: u32) -> f6
 }
 
 /// Sections in the order they print; `bench [SECTION...]` runs only those.
-const SECTIONS: [(&str, fn()); 7] = [
+const SECTIONS: [(&str, fn()); 8] = [
     ("hit", hit_path),
     ("system", system::system_flood),
     ("accuracy", accuracy),
@@ -35,6 +36,7 @@ const SECTIONS: [(&str, fn()); 7] = [
     ("overrides", overrides_apply),
     ("metrics", scrape_at_one_million),
     ("verifier", verifier),
+    ("forward", forward::forward),
 ];
 
 fn main() {

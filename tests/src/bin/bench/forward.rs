@@ -1,0 +1,376 @@
+//! Bench `forward`: the limiter's forwarder side by side with haproxy
+//! (`mode tcp`, `send-proxy-v2`) and nginx (`stream`, `proxy_protocol
+//! on`, which sends version 1), each pinned to CPU 0, with the same client and upstream pinned to
+//! CPU 1, all on the loopback of one namespace: new connections a second,
+//! bytes a second on long transfers, latency of a small request (median
+//! and p99), and for the limiter the CPU cost of a connection refused at
+//! its cap.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use limiter::forward::proxy::parse_v2;
+use limiter_tests::{
+    netns::{B_IF, NetNs, VethPair},
+    scenario::{self, Guard, spawn_lines, unique_socket, wait_for},
+};
+
+const UPSTREAM: u16 = 7100;
+const SECS: f64 = 2.0;
+const BULK: usize = 32 << 20;
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set);
+    }
+}
+
+/// Join the network namespace `name` on this thread.
+fn enter(name: &str) {
+    let f = std::fs::File::open(format!("/run/netns/{name}")).unwrap();
+    // SAFETY: setns on this thread only.
+    assert_eq!(unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) }, 0);
+}
+
+/// The upstream on CPU 1: after the PROXY header, `c` gets one byte
+/// back, `r` 100 bytes, `l` a long transfer; each then waits for the
+/// client to close.
+fn upstream(ns: &NetNs, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    let name = ns.name.clone();
+    thread::spawn(move || {
+        enter(&name);
+        pin_to_cpu(1);
+        let l = TcpListener::bind(("127.0.0.1", UPSTREAM)).unwrap();
+        l.set_nonblocking(true).unwrap();
+        while !stop.load(Ordering::Relaxed) {
+            let Ok((mut c, _)) = l.accept() else {
+                thread::sleep(Duration::from_micros(200));
+                continue;
+            };
+            thread::spawn(move || {
+                pin_to_cpu(1);
+                c.set_nonblocking(false).unwrap();
+                let mut buf = Vec::with_capacity(256);
+                let mut chunk = [0u8; 256];
+                let op = loop {
+                    // PROXY v2 (the limiter, haproxy) or v1 (nginx stream).
+                    let header = parse_v2(&buf).map(|p| p.len).or_else(|| {
+                        buf.starts_with(b"PROXY ").then(|| buf.windows(2).position(|w| w == b"\r\n").map(|i| i + 2))?
+                    });
+                    if let Some(len) = header
+                        && buf.len() > len
+                    {
+                        break buf[len];
+                    }
+                    match c.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                };
+                let reply = match op {
+                    b'r' => vec![b'r'; 100],
+                    b'l' => vec![b'l'; BULK],
+                    _ => vec![b'k'],
+                };
+                let _ = c.write_all(&reply);
+                let _ = c.shutdown(std::net::Shutdown::Write);
+                let _ = c.read(&mut chunk);
+            });
+        }
+    })
+}
+
+/// One request of kind `op` through `port`: connect, send, read `want`
+/// bytes, close with a reset (no TIME_WAIT on the client).
+fn once(port: u16, op: u8, want: usize) -> Option<usize> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    s.write_all(&[op]).ok()?;
+    let mut got = 0;
+    let mut buf = vec![0u8; 64 << 10];
+    while got < want {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    reset_on_close(&s);
+    (got >= want).then_some(got)
+}
+
+/// Close with a reset: no TIME_WAIT left on the client side.
+fn reset_on_close(s: &TcpStream) {
+    let l = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: setsockopt on a descriptor we own, with a valid struct.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(s),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const l).cast(),
+            u32::try_from(size_of::<libc::linger>()).unwrap_or(8),
+        );
+    }
+}
+
+/// Connections a second with 16 clients on CPU 1.
+fn conn_rate(ns: &NetNs, port: u16) -> f64 {
+    ns.run_in(|| {
+        let done = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        thread::scope(|s| {
+            for _ in 0..16 {
+                let done = Arc::clone(&done);
+                s.spawn(move || {
+                    pin_to_cpu(1);
+                    while start.elapsed().as_secs_f64() < SECS {
+                        if once(port, b'c', 1).is_some() {
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    })
+}
+
+/// Bytes a second over 4 long transfers at once.
+fn throughput(ns: &NetNs, port: u16) -> f64 {
+    ns.run_in(|| {
+        let start = Instant::now();
+        let bytes: usize = thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(move || {
+                        pin_to_cpu(1);
+                        once(port, b'l', BULK).unwrap_or(0)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        bytes as f64 / start.elapsed().as_secs_f64()
+    })
+}
+
+/// Median and p99 of up to 1,000 small requests (at most `SECS`), one at
+/// a time, in µs; and how many failed.
+fn latency(ns: &NetNs, port: u16) -> (f64, f64, usize) {
+    ns.run_in(|| {
+        pin_to_cpu(1);
+        let start = Instant::now();
+        let (mut v, mut failed) = (Vec::new(), 0);
+        while v.len() + failed < 1000 && start.elapsed().as_secs_f64() < SECS {
+            let t = Instant::now();
+            match once(port, b'r', 100) {
+                Some(_) => v.push(t.elapsed().as_secs_f64() * 1e6),
+                None => failed += 1,
+            }
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: usize| v.get(v.len() * q / 100).copied().unwrap_or(f64::NAN);
+        (at(50), at(99), failed)
+    })
+}
+
+fn wait_port(ns: &NetNs, port: u16) {
+    let up = ns.run_in(|| {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return true;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
+    assert!(up, "nothing listens on {port}");
+}
+
+/// CPU time (user + system) of `pid` in seconds.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+struct Row {
+    name: &'static str,
+    conns: f64,
+    bytes: f64,
+    p50: f64,
+    p99: f64,
+}
+
+fn measure(name: &'static str, ns: &NetNs, port: u16) -> Row {
+    wait_port(ns, port);
+    eprintln!("bench forward: {name}: connections...");
+    let conns = conn_rate(ns, port);
+    eprintln!("bench forward: {name}: long transfers...");
+    let bytes = throughput(ns, port);
+    eprintln!("bench forward: {name}: latency...");
+    let (p50, p99, failed) = latency(ns, port);
+    if failed > 0 {
+        eprintln!("bench forward: {name}: {failed} small requests failed");
+    }
+    Row { name, conns, bytes, p50, p99 }
+}
+
+pub fn forward() {
+    let net = VethPair::new("bfw");
+    for (k, v) in [("net.ipv4.tcp_tw_reuse", "1"), ("net.ipv4.ip_local_port_range", "1024 65000")] {
+        let _ = net.b.command("sysctl").args(["-q", "-w", &format!("{k}={v}")]).status();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let up = upstream(&net.b, Arc::clone(&stop));
+    let tmp = limiter_tests::kernel::TempDir::new("bfw");
+    let dir = &tmp.0;
+    let mut rows = Vec::new();
+
+    // The limiter, PROXY v2, on CPU 0.
+    let policy = dir.join("policy.toml");
+    let fwd = |max: u32| {
+        format!(
+            "rate = 1000000\nburst = 1000000\n[[forward]]\nname = \"bench\"\nlisten = [\"127.0.0.1:7101\"]\nupstreams = [\"127.0.0.1:{UPSTREAM}\"]\nmax_connections = {max}\n"
+        )
+    };
+    std::fs::write(&policy, fwd(20_000)).unwrap();
+    let socket = unique_socket("bfw");
+    let mut c = Command::new("taskset");
+    c.args(["-c", "0", "nsenter", &format!("--net=/run/netns/{}", net.b.name)])
+        .arg(scenario::locate_bin("limiter").unwrap())
+        .args(["run", "--iface", B_IF, "--metrics", "off", "--status-interval", "0", "--policy"])
+        .arg(&policy)
+        .arg("--socket")
+        .arg(&socket);
+    let (daemon, log) = spawn_lines(c).unwrap();
+    wait_for(&log, "listening on", Duration::from_secs(20), &mut String::new()).unwrap();
+    rows.push(measure("limiter (PROXY v2)", &net.b, 7101));
+    let (refused, refused_us) = refusal_cost(&net, &policy, &socket, daemon.0.id(), &fwd(1));
+    drop::<Guard>(daemon);
+
+    rows.push(haproxy(&net, dir));
+    rows.push(nginx(&net, dir));
+    stop.store(true, Ordering::Relaxed);
+    let _ = up.join();
+
+    println!("forwarders on CPU 0, client and upstream on CPU 1, loopback, {SECS} s a row");
+    println!("{:<36} {:>12} {:>12} {:>10} {:>10}", "forwarder", "conns/s", "MB/s", "p50 us", "p99 us");
+    for r in &rows {
+        println!("{:<36} {:>12.0} {:>12.0} {:>10.0} {:>10.0}", r.name, r.conns, r.bytes / 1e6, r.p50, r.p99);
+    }
+    println!("limiter, a connection refused at the cap: {refused_us:.1} us of daemon CPU ({refused} refused)");
+    let (l, h) = (&rows[0], &rows[1]);
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!(
+        "goal: conns/s at least haproxy's -> {} ({:.2}x); bytes/s at least 90% of haproxy's -> {} ({:.2}x)",
+        verdict(l.conns >= h.conns),
+        l.conns / h.conns,
+        verdict(l.bytes >= 0.9 * h.bytes),
+        l.bytes / h.bytes
+    );
+}
+
+/// haproxy, mode tcp, send-proxy-v2, one thread on CPU 0.
+fn haproxy(net: &VethPair, dir: &std::path::Path) -> Row {
+    let cfg = dir.join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n  nbthread 1\n  maxconn 8000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\nfrontend fe\n  bind 127.0.0.1:7102\n  default_backend be\nbackend be\n  server s 127.0.0.1:{UPSTREAM} send-proxy-v2\n"
+        ),
+    )
+    .unwrap();
+    let mut c = Command::new("taskset");
+    c.args(["-c", "0", "nsenter", &format!("--net=/run/netns/{}", net.b.name), "haproxy", "-db", "-f"]).arg(&cfg);
+    let haproxy = Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let row = measure("haproxy 2.6 (send-proxy-v2)", &net.b, 7102);
+    drop(haproxy);
+    row
+}
+
+/// nginx stream, proxy_protocol on, one worker on CPU 0.
+fn nginx(net: &VethPair, dir: &std::path::Path) -> Row {
+    let conf = dir.join("nginx.conf");
+    let d = dir.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\ndaemon off;\nmaster_process off;\nworker_processes 1;\nerror_log /dev/null;\npid {d}/nginx.pid;\nevents {{ worker_connections 8000; }}\nstream {{\n  server {{\n    listen 127.0.0.1:7103;\n    proxy_pass 127.0.0.1:{UPSTREAM};\n    proxy_protocol on;\n  }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let mut c = Command::new("taskset");
+    c.args(["-c", "0", "nsenter", &format!("--net=/run/netns/{}", net.b.name), "nginx", "-c"])
+        .arg(&conf)
+        .arg("-p")
+        .arg(dir);
+    let nginx = Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let row = measure("nginx 1.22 stream (PROXY v1)", &net.b, 7103);
+    drop(nginx);
+    row
+}
+
+/// The limiter's CPU per connection refused at its cap: a cap of 1
+/// (applied as a new policy), one connection held, 16 clients.
+fn refusal_cost(
+    net: &VethPair,
+    policy: &std::path::Path,
+    socket: &std::path::Path,
+    pid: u32,
+    capped: &str,
+) -> (u64, f64) {
+    std::fs::write(policy, capped).unwrap();
+    let apply = Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["policy", "apply"])
+        .arg(policy)
+        .arg("--socket")
+        .arg(socket)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(apply.success());
+    wait_port(&net.b, 7101);
+    let held = net.b.run_in(|| {
+        let mut s = TcpStream::connect(("127.0.0.1", 7101)).unwrap();
+        s.write_all(b"c").unwrap();
+        s
+    });
+    thread::sleep(Duration::from_millis(100));
+    let cpu0 = cpu_secs(pid);
+    let refused = net.b.run_in(|| {
+        let n = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        thread::scope(|s| {
+            for _ in 0..16 {
+                let n = Arc::clone(&n);
+                s.spawn(move || {
+                    pin_to_cpu(1);
+                    while start.elapsed().as_secs_f64() < SECS {
+                        if once(7101, b'c', 1).is_none() {
+                            n.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        n.load(Ordering::Relaxed)
+    });
+    let refused_us = (cpu_secs(pid) - cpu0) * 1e6 / refused.max(1) as f64;
+    drop(held);
+    (refused, refused_us)
+}
