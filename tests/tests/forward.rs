@@ -345,3 +345,32 @@ fn sigterm_drains_connections_in_flight() {
     stop.store(true, Ordering::Relaxed);
     up.join().unwrap();
 }
+
+/// A reload that changes a forwarder on the same address keeps it
+/// listening: the new forwarder takes over the old one's socket (before,
+/// the rebind failed with "address in use" and the forwarder stopped
+/// listening).
+#[test]
+fn a_changed_forwarder_keeps_listening_across_a_reload() {
+    let s = setup("fwrl", &forward(8443, &[9107], "max_connections = 100"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let up = tlv_upstream(&s.net.b, 9107, Duration::ZERO, Arc::clone(&stop), Arc::default());
+    thread::sleep(Duration::from_millis(200));
+    assert!(request(&s.net.a, 8443, "").contains("\"src\""));
+    let policy = s.tmp.0.join("policy.toml");
+    let text = std::fs::read_to_string(&policy).unwrap().replace("max_connections = 100", "max_connections = 50");
+    std::fs::write(&policy, text).unwrap();
+    let o = Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["policy", "apply", "--socket"])
+        .arg(&s.socket)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    thread::sleep(Duration::from_millis(200));
+    let j = status(&s);
+    assert_eq!(j["forwards"][0]["bind_errors"].as_array().map(Vec::len), Some(0), "{j}");
+    assert_eq!(j["forwards"][0]["listening"][0], format!("{FRONT}:8443"), "{j}");
+    assert!(request(&s.net.a, 8443, "").contains("\"src\""), "not served after the reload");
+    stop.store(true, Ordering::Relaxed);
+    up.join().unwrap();
+}
