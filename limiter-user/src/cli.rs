@@ -245,7 +245,7 @@ pub struct RunArgs {
 
 /// A `--ttl` in whole seconds, at least one.
 fn ttl(s: &str) -> Result<u64, String> {
-    let d = crate::policy::forward::parse_duration(s)?;
+    let d = crate::policy::parse_duration(s)?;
     if d.as_secs() == 0 {
         return Err("a ttl must be at least 1s".into());
     }

@@ -115,7 +115,7 @@ async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::
             if p.action.as_deref().is_some_and(|a| a != "deny") {
                 return fail(StatusCode::UNPROCESSABLE_ENTITY, "bad_request: only \"deny\" penalties are taken");
             }
-            let ttl = match crate::policy::forward::parse_duration(&p.ttl) {
+            let ttl = match crate::policy::parse_duration(&p.ttl) {
                 Ok(d) => d.as_secs(),
                 Err(e) => return fail(StatusCode::UNPROCESSABLE_ENTITY, &format!("bad_request: {e}")),
             };

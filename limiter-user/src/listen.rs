@@ -38,7 +38,7 @@ impl Accept for TcpListener {
 }
 
 /// First and longest pause after a failed accept.
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
+pub(crate) const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 /// Accept errors are logged at most this often (with how many were not).
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -87,13 +87,13 @@ where
 
 /// Counts events and says so at most every [`LOG_EVERY`].
 #[derive(Default)]
-struct ErrorLog {
+pub(crate) struct ErrorLog {
     last: Option<Instant>,
     unsaid: u64,
 }
 
 impl ErrorLog {
-    fn note(&mut self, say: impl FnOnce(u64)) {
+    pub(crate) fn note(&mut self, say: impl FnOnce(u64)) {
         self.unsaid += 1;
         if self.last.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
             say(self.unsaid);

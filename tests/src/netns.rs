@@ -67,6 +67,22 @@ impl NetNs {
         })
     }
 
+    /// Whether something listens on 127.0.0.1:`port` in the namespace
+    /// within 10 s.
+    #[must_use]
+    pub fn listens_on(&self, port: u16) -> bool {
+        self.run_in(|| {
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_secs(10) {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            false
+        })
+    }
+
     /// A command that runs `prog` inside the namespace.
     #[must_use]
     pub fn command(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {

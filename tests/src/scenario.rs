@@ -252,3 +252,25 @@ pub fn wait_output(g: Guard) -> anyhow::Result<String> {
     }
     Ok(out)
 }
+
+/// Send `n` UDP packets from `src` (an address of `net`'s sender) to the
+/// receiver within a second; how many arrived.
+#[must_use]
+pub fn delivered(net: &VethPair, src: &str, n: u64) -> u64 {
+    let netload = locate_bin("netload").expect("netload");
+    let mut recv = net.b.command(&netload);
+    recv.args(["recv", &format!("0.0.0.0:{PORT}"), "2"]);
+    let (mut recv, rx) = spawn_lines(recv).expect("start netload recv");
+    wait_for(&rx, "ready", Duration::from_secs(10), &mut String::new()).expect("netload recv ready");
+    let send = net
+        .a
+        .command(&netload)
+        .args(["send", src, &format!("{B_ADDR}:{PORT}"), &n.to_string(), "1"])
+        .stdout(Stdio::null())
+        .status()
+        .expect("netload send");
+    assert!(send.success());
+    assert!(recv.0.wait().expect("netload recv").success());
+    let log: String = rx.iter().map(|l| l + "\n").collect();
+    field(&log, &format!("from {src}"), 2).unwrap_or(0)
+}

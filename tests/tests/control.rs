@@ -11,8 +11,8 @@ use std::{
 
 use limiter_tests::{
     kernel::require_root,
-    netns::{B_ADDR, B_IF, VethPair},
-    scenario::{self, FLOOD_SRC, Guard, PORT, field, spawn_lines, unique_socket, wait_for},
+    netns::{B_IF, VethPair},
+    scenario::{self, FLOOD_SRC, Guard, spawn_lines, unique_socket, wait_for},
 };
 
 struct Running {
@@ -69,26 +69,9 @@ fn one_error_line(o: &Output) -> String {
     err
 }
 
-/// Send `n` UDP packets from FLOOD_SRC, slowly; return how many arrived.
+/// Send `n` UDP packets from FLOOD_SRC in a second; how many arrived.
 fn delivered(r: &Running, n: u64) -> u64 {
-    let netload = env!("CARGO_BIN_EXE_netload");
-    let mut recv = r.net.b.command(netload);
-    recv.args(["recv", &format!("0.0.0.0:{PORT}"), "2"]);
-    let (mut recv, rx) = spawn_lines(recv).unwrap();
-    wait_for(&rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
-    let pps = n; // one second of sending
-    let send = r
-        .net
-        .a
-        .command(netload)
-        .args(["send", FLOOD_SRC, &format!("{B_ADDR}:{PORT}"), &pps.to_string(), "1"])
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(send.success());
-    assert!(recv.0.wait().unwrap().success());
-    let log: String = rx.iter().map(|l| l + "\n").collect();
-    field(&log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0)
+    scenario::delivered(&r.net, FLOOD_SRC, n)
 }
 
 #[test]

@@ -6,14 +6,13 @@
 use std::{
     io::{Read as _, Write as _},
     net::TcpStream,
-    process::Stdio,
     time::{Duration, Instant},
 };
 
 use limiter_tests::{
     kernel::{TempDir, require_root},
-    netns::{B_ADDR, B_IF, VethPair},
-    scenario::{self, FLOOD_SRC, Guard, PORT, field, spawn_lines, unique_socket, wait_for},
+    netns::{B_IF, VethPair},
+    scenario::{self, FLOOD_SRC, Guard, spawn_lines, unique_socket, wait_for},
 };
 
 const TOKEN: &str = "feedback-test-token-0123456789";
@@ -81,23 +80,7 @@ fn post(r: &Running, body: &str) -> (u16, String) {
 
 /// Send `n` UDP packets from FLOOD_SRC in a second; how many arrived.
 fn delivered(r: &Running, n: u64) -> u64 {
-    let netload = env!("CARGO_BIN_EXE_netload");
-    let mut recv = r.net.b.command(netload);
-    recv.args(["recv", &format!("0.0.0.0:{PORT}"), "2"]);
-    let (mut recv, rx) = spawn_lines(recv).unwrap();
-    wait_for(&rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
-    let send = r
-        .net
-        .a
-        .command(netload)
-        .args(["send", FLOOD_SRC, &format!("{B_ADDR}:{PORT}"), &n.to_string(), "1"])
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(send.success());
-    assert!(recv.0.wait().unwrap().success());
-    let log: String = rx.iter().map(|l| l + "\n").collect();
-    field(&log, &format!("from {FLOOD_SRC}"), 2).unwrap_or(0)
+    scenario::delivered(&r.net, FLOOD_SRC, n)
 }
 
 #[test]

@@ -92,17 +92,7 @@ fn request(ns: &NetNs, port: u16, req: &str) -> String {
 
 /// Wait until something listens on 127.0.0.1:`port` in `ns`.
 fn wait_listening(ns: &NetNs, port: u16) {
-    let up = ns.run_in(|| {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return true;
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        false
-    });
-    assert!(up, "nothing listens on 127.0.0.1:{port}");
+    assert!(ns.listens_on(port), "nothing listens on 127.0.0.1:{port}");
 }
 
 fn status(s: &Setup) -> serde_json::Value {

@@ -45,10 +45,11 @@ pub(super) enum PrefixAction {
     Deny,
 }
 
-/// What waits for the policy state.
+/// What waits for the policy state: a request that reads it, or a change
+/// (with its client, if any).
 pub(super) enum Queued {
     Call(Request, oneshot::Sender<Response>),
-    Reload,
+    Change(Change, Option<oneshot::Sender<Response>>),
 }
 
 /// A finished change, with the state it had away.
@@ -121,14 +122,11 @@ impl Daemon {
     /// running.
     pub(super) fn change(&mut self, change: Change, reply: Option<oneshot::Sender<Response>>) {
         let Some((mut enforcer, mut tables)) = self.policy.take() else {
-            // An expiry is retried by the next tick; a change without a
-            // client to answer (only SIGHUP) is queued as a reload.
-            let queued = match (change, reply) {
-                (Change::Reload, _) => Queued::Reload,
-                (Change::Expire, _) | (_, None) => return,
-                (c, Some(reply)) => Queued::Call(c.into_request(), reply),
-            };
-            return self.enqueue(queued);
+            // An expiry is retried by the next tick.
+            if !matches!(change, Change::Expire) {
+                self.enqueue(Queued::Change(change, reply));
+            }
+            return;
         };
         let settings = self.settings.clone();
         let (tx, rx) = oneshot::channel();
@@ -141,11 +139,12 @@ impl Daemon {
 
     /// Queue a request until the policy state is back; refuse past the cap.
     pub(super) fn enqueue(&mut self, q: Queued) {
-        if matches!(q, Queued::Reload) && self.changes.queue.iter().any(|q| matches!(q, Queued::Reload)) {
+        let reload = |q: &Queued| matches!(q, Queued::Change(Change::Reload, _));
+        if reload(&q) && self.changes.queue.iter().any(reload) {
             return;
         }
         if self.changes.queue.len() >= MAX_QUEUED {
-            if let Queued::Call(_, reply) = q {
+            if let Queued::Call(_, reply) | Queued::Change(_, Some(reply)) = q {
                 let message = format!("{MAX_QUEUED} requests already wait for a policy change to finish; retry");
                 let _ = reply.send(Response::Error { message });
             }
@@ -188,7 +187,7 @@ impl Daemon {
             && let Some(q) = self.changes.queue.pop_front()
         {
             match q {
-                Queued::Reload => self.change(Change::Reload, None),
+                Queued::Change(c, reply) => self.change(c, reply),
                 Queued::Call(req, reply) => self.handle(req, reply),
             }
         }
@@ -225,28 +224,6 @@ impl Daemon {
                 tracing::warn!(event = "reload", ok = false, version, "limiter: SIGHUP: {message}");
                 self.note_reload(false, message);
             }
-        }
-    }
-}
-
-impl Change {
-    /// Back to the request it came from (to queue it as one).
-    fn into_request(self) -> Request {
-        match self {
-            Change::Apply { name, text } => Request::PolicyApply { name, text },
-            Change::Reload => Request::PolicyApply { name: String::new(), text: None },
-            Change::Prefix { cidr, action, ttl } => match action {
-                None => Request::PrefixUnset { cidr },
-                Some(PrefixAction::Allow) => Request::PrefixAllow { cidr, ttl_secs: ttl },
-                Some(PrefixAction::Deny) => Request::PrefixDeny { cidr, ttl_secs: ttl },
-                Some(PrefixAction::Limit { rate, burst }) => Request::PrefixSet { cidr, rate, burst, ttl_secs: ttl },
-            },
-            Change::Load { cidrs, deny, ttl } => {
-                Request::PrefixLoad { cidrs, action: if deny { "deny" } else { "allow" }.into(), ttl_secs: ttl }
-            }
-            // Never queued (see `change`).
-            Change::Expire => Request::PrefixList,
-            Change::Penalty { cidr, ttl, reason } => Request::Penalty { cidr, ttl_secs: ttl, reason },
         }
     }
 }

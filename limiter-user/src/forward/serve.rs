@@ -53,7 +53,8 @@ pub type PrefixCounts = Mutex<HashMap<PrefixKey, usize>>;
 
 /// Accept on `listener` until `stop` turns true.
 pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: watch::Receiver<bool>) {
-    let mut backoff = Duration::from_millis(10);
+    use crate::listen::{BACKOFF, ErrorLog};
+    let (mut backoff, mut errors) = (BACKOFF.0, ErrorLog::default());
     loop {
         let accepted = tokio::select! {
             _ = stop.changed() => return,
@@ -63,13 +64,15 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
             Ok(a) => a,
             Err(e) => {
                 f.stats.accept_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!("limiter: forward {}: accept failed: {e}", f.cfg.name);
+                errors.note(|n| {
+                    tracing::warn!("limiter: forward {}: accept failed ({n} times since last said): {e}", f.cfg.name);
+                });
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                backoff = (backoff * 2).min(BACKOFF.1);
                 continue;
             }
         };
-        backoff = Duration::from_millis(10);
+        backoff = BACKOFF.0;
         f.stats.accepted.fetch_add(1, Ordering::Relaxed);
         match admit(&f, peer) {
             Ok((slot, prefix)) => {

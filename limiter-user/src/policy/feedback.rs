@@ -15,9 +15,9 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
-use super::{PolicyError, bad, forward::parse_duration};
+use super::{PolicyError, bad, duration};
 
 /// The feedback endpoint and its governor.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -52,10 +52,6 @@ mod defaults {
     pub const fn max_ttl() -> Duration {
         Duration::from_hours(1)
     }
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    parse_duration(&String::deserialize(d)?).map_err(serde::de::Error::custom)
 }
 
 /// Check the section (the token file is read when the daemon starts).

@@ -82,7 +82,7 @@ impl Loaded {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct Root {
     /// A file that sets nothing is refused unless it says this.
@@ -109,7 +109,7 @@ struct Root {
     feedback: Option<super::feedback::Feedback>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct OverrideSpec {
     cidr: Spanned<String>,
@@ -119,14 +119,14 @@ struct OverrideSpec {
     mode: Option<Mode>,
 }
 
-#[derive(Clone, Copy, Deserialize)]
+#[derive(Clone, Copy, Deserialize, PartialEq)]
 #[serde(rename_all = "lowercase")]
 enum ListAction {
     Allow,
     Deny,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct ClassSpec {
     name: String,
@@ -187,43 +187,7 @@ pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
 impl Root {
     /// Whether nothing but `allow_empty` is set.
     fn sets_nothing(&self) -> bool {
-        let Self {
-            allow_empty: _,
-            mode,
-            rate,
-            burst,
-            cost,
-            v4_prefix,
-            v6_prefix,
-            capacity,
-            new_source_rate,
-            new_source_burst,
-            aggregate_rate,
-            aggregate_burst,
-            aggregate_v4_prefix,
-            aggregate_v6_prefix,
-            classes,
-            overrides,
-            forwards,
-            feedback,
-        } = self;
-        mode.is_none()
-            && rate.is_none()
-            && burst.is_none()
-            && cost.is_none()
-            && v4_prefix.is_none()
-            && v6_prefix.is_none()
-            && capacity.is_none()
-            && new_source_rate.is_none()
-            && new_source_burst.is_none()
-            && aggregate_rate.is_none()
-            && aggregate_burst.is_none()
-            && aggregate_v4_prefix.is_none()
-            && aggregate_v6_prefix.is_none()
-            && classes.is_empty()
-            && overrides.is_empty()
-            && forwards.is_empty()
-            && feedback.is_none()
+        *self == Root { allow_empty: self.allow_empty, ..Root::default() }
     }
 }
 

@@ -18,7 +18,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 use super::{PolicyError, bad};
 
@@ -60,18 +60,12 @@ pub struct Forward {
     /// 0 = no per-prefix cap.
     #[serde(default)]
     pub max_connections_per_prefix: usize,
-    #[serde(default = "defaults::connect", deserialize_with = "duration")]
+    #[serde(default = "defaults::connect", deserialize_with = "super::duration")]
     pub connect_timeout: Duration,
-    #[serde(default = "defaults::idle", deserialize_with = "duration")]
+    #[serde(default = "defaults::idle", deserialize_with = "super::duration")]
     pub idle_timeout: Duration,
-    #[serde(default = "defaults::drain", deserialize_with = "duration")]
+    #[serde(default = "defaults::drain", deserialize_with = "super::duration")]
     pub drain_timeout: Duration,
-}
-
-/// The name serde gives a unit variant (the one spelling of the file).
-#[must_use]
-pub fn spelling(v: &impl Serialize) -> String {
-    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
 /// Defaults of a `[[forward]]` section.
@@ -94,27 +88,6 @@ pub mod defaults {
     pub const fn drain() -> Duration {
         Duration::from_secs(10)
     }
-}
-
-/// `"250ms"`, `"2s"`, `"10m"`, `"1h"`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration like \"250ms\", \"2s\", \"10m\""))?;
-    let d = match unit.trim() {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("{s:?}: the unit must be ms, s, m or h")),
-    };
-    Ok(d)
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
 /// Most forwarders in one policy, and listen addresses in one forwarder.
@@ -175,6 +148,7 @@ pub fn check(forwards: &[Forward]) -> Result<(), PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::parse_duration;
 
     fn one(text: &str) -> Result<Vec<Forward>, PolicyError> {
         #[derive(Deserialize)]

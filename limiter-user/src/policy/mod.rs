@@ -13,11 +13,12 @@ pub mod runtime;
 use std::{
     fmt,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use clap::ValueEnum;
 use limiter_common::{cost, mode, packet};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 pub use self::{
     compile::{Compiled, CompiledOverrides},
@@ -53,6 +54,33 @@ pub fn resolve_path(given: Option<&Path>) -> Option<PathBuf> {
 /// (one table: the variant names, shared by serde and clap).
 fn name_of<T: ValueEnum>(v: &T) -> String {
     v.to_possible_value().map_or_else(String::new, |p| p.get_name().to_owned())
+}
+
+/// `"250ms"`, `"2s"`, `"10m"`, `"1h"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration like \"250ms\", \"2s\", \"10m\""))?;
+    let d = match unit.trim() {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("{s:?}: the unit must be ms, s, m or h")),
+    };
+    Ok(d)
+}
+
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+/// The name serde gives a unit variant (the one spelling of the file).
+#[must_use]
+pub fn spelling(v: &impl Serialize) -> String {
+    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
 /// What one admitted packet costs.

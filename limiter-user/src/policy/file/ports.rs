@@ -3,6 +3,7 @@
 use serde::{Deserialize, de};
 
 /// A port (`443`) or an inclusive range (`"8000-8080"`), checked as read.
+#[derive(PartialEq)]
 pub(super) struct PortSpec(pub u16, pub u16);
 
 impl<'de> Deserialize<'de> for PortSpec {

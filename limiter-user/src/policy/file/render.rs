@@ -59,8 +59,8 @@ pub fn render(p: &Policy) -> String {
             f.name,
             list(&f.listen),
             list(&f.upstreams),
-            crate::policy::forward::spelling(&f.balance),
-            crate::policy::forward::spelling(&f.proxy_protocol),
+            crate::policy::spelling(&f.balance),
+            crate::policy::spelling(&f.proxy_protocol),
         );
         let ms = |d: std::time::Duration| format!("{}ms", d.as_millis());
         let _ = writeln!(

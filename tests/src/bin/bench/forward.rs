@@ -187,17 +187,7 @@ fn latency(ns: &NetNs, port: u16) -> (f64, f64, usize) {
 }
 
 fn wait_port(ns: &NetNs, port: u16) {
-    let up = ns.run_in(|| {
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(10) {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return true;
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        false
-    });
-    assert!(up, "nothing listens on {port}");
+    assert!(ns.listens_on(port), "nothing listens on {port}");
 }
 
 /// CPU time (user + system) of `pid` in seconds.
