@@ -27,6 +27,8 @@ use limiter_tests::{
 
 const CLIENT: &str = "198.18.5.10";
 const FRONT: &str = "198.18.0.2";
+const CLIENT6: &str = "2001:2::10";
+const FRONT6: &str = "2001:2::2";
 
 /// A client namespace whose connections come from 198.18.5.10, a daemon
 /// namespace, and the daemon with `forwards` in its policy.
@@ -54,6 +56,8 @@ fn setup(tag: &str, forwards: &str) -> Setup {
     let net = VethPair::new(tag);
     net.add_source(CLIENT);
     net.a.ip(&format!("route replace 198.18.0.0/24 dev va src {CLIENT}"));
+    net.a.ip(&format!("addr add {CLIENT6}/64 dev va nodad"));
+    net.b.ip(&format!("addr add {FRONT6}/64 dev {B_IF} nodad"));
     let tmp = TempDir::new(tag);
     let policy = tmp.0.join("policy.toml");
     let text = format!(
@@ -363,4 +367,92 @@ fn a_changed_forwarder_keeps_listening_across_a_reload() {
     assert!(request(&s.net.a, 8443, "").contains("\"src\""), "not served after the reload");
     stop.store(true, Ordering::Relaxed);
     up.join().unwrap();
+}
+
+/// An upstream in `ns` on `port` that reads the PROXY v2 header, then
+/// echoes every byte back until the client's half-close, then closes its
+/// side. Each connection's header source is sent on `sources`.
+fn echo_upstream(ns: &NetNs, port: u16, sources: std::sync::mpsc::Sender<String>) -> thread::JoinHandle<()> {
+    let path = format!("/run/netns/{}", ns.name);
+    thread::spawn(move || {
+        let f = std::fs::File::open(path).unwrap();
+        // SAFETY: setns on this thread only.
+        assert_eq!(unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) }, 0);
+        let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        for c in l.incoming().take(3) {
+            let mut c = c.unwrap();
+            let sources = sources.clone();
+            thread::spawn(move || {
+                c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let mut buf = Vec::new();
+                let mut chunk = vec![0u8; 64 << 10];
+                let p = loop {
+                    if let Some(p) = parse_v2(&buf) {
+                        break p;
+                    }
+                    let n = c.read(&mut chunk).unwrap();
+                    assert!(n > 0, "closed before a PROXY v2 header");
+                    buf.extend_from_slice(&chunk[..n]);
+                };
+                let _ = sources.send(p.src.to_string());
+                c.write_all(&buf[p.len..]).unwrap();
+                loop {
+                    match c.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => c.write_all(&chunk[..n]).unwrap(),
+                    }
+                }
+                c.shutdown(Shutdown::Write).unwrap();
+            });
+        }
+    })
+}
+
+/// Send `len` pseudo-random bytes to `to` from the client namespace,
+/// half-close, and read everything back: true when the echo is exact.
+fn echo_round_trip(ns: &NetNs, to: std::net::SocketAddr, len: usize) -> bool {
+    let data: Vec<u8> = (0..len).map(|i| (i.wrapping_mul(2_654_435_761) >> 13).to_le_bytes()[0]).collect();
+    ns.run_in(move || {
+        let c = TcpStream::connect(to).expect("connect through the forwarder");
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut w = c.try_clone().unwrap();
+        let sent = data.clone();
+        let writer = thread::spawn(move || {
+            w.write_all(&sent).unwrap();
+            w.shutdown(Shutdown::Write).unwrap();
+        });
+        let mut back = Vec::with_capacity(len);
+        let _ = (&c).read_to_end(&mut back);
+        writer.join().unwrap();
+        back.len() == data.len() && back == data
+    })
+}
+
+/// Both ways of copying (`splice(2)` and a user-space buffer) move 8 MiB
+/// each way intact, pass the client's half-close on, and carry the
+/// connection's end back; one forwarder listens on IPv6 and the PROXY
+/// header gives the client's IPv6 address.
+#[test]
+fn long_transfers_arrive_intact_by_splice_and_by_buffer_over_ipv4_and_ipv6() {
+    let forwards = format!(
+        "[[forward]]\nname = \"spliced\"\nlisten = [\"{FRONT}:8443\", \"[{FRONT6}]:8443\"]\nupstreams = [\"127.0.0.1:9110\"]\ncopy = \"splice\"\n\n[[forward]]\nname = \"buffered\"\nlisten = [\"{FRONT}:8444\"]\nupstreams = [\"127.0.0.1:9110\"]\ncopy = \"buffer\"\n"
+    );
+    let s = setup("fwcp", &forwards);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let up = echo_upstream(&s.net.b, 9110, tx);
+    thread::sleep(Duration::from_millis(200));
+    let len = 8 << 20;
+    let v4: std::net::SocketAddr = format!("{FRONT}:8443").parse().unwrap();
+    let v6: std::net::SocketAddr = format!("[{FRONT6}]:8443").parse().unwrap();
+    let buffered: std::net::SocketAddr = format!("{FRONT}:8444").parse().unwrap();
+    for to in [v4, v6, buffered] {
+        assert!(echo_round_trip(&s.net.a, to, len), "8 MiB through {to} did not come back intact");
+        let src = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let want = if to.is_ipv6() { format!("[{CLIENT6}]:") } else { format!("{CLIENT}:") };
+        assert!(src.starts_with(&want), "through {to}: the PROXY header says {src}, want {want}...");
+    }
+    up.join().unwrap();
+    let j = status(&s);
+    let bytes: u64 = (0..2).map(|i| j["forwards"][i]["bytes_up"].as_u64().unwrap_or(0)).sum();
+    assert!(bytes >= 3 * len as u64, "bytes counted up: {bytes}\n{j}");
 }

@@ -5,6 +5,7 @@
 //! and balancing, `serve` the accept loop and the copy, and [`Manager`]
 //! starts, replaces and drains forwarders as policies change.
 
+pub mod copy;
 pub mod proxy;
 pub mod serve;
 pub mod upstream;

@@ -6,24 +6,21 @@
 use std::{
     collections::HashMap,
     net::SocketAddr,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::{Duration, Instant},
+    sync::{Arc, Mutex, atomic::Ordering},
 };
 
 use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    io::AsyncWriteExt as _,
     net::{TcpListener, TcpStream},
     sync::{OwnedSemaphorePermit, Semaphore, watch},
 };
 
-use super::{Context, Shared, Stats, proxy};
+use super::{
+    Context, Shared, Stats,
+    copy::{Activity, pump},
+    proxy,
+};
 use crate::policy::forward::{Forward, ProxyProtocol};
-
-/// Bytes buffered per direction of a connection.
-const BUF: usize = 16 << 10;
 
 /// Why a connection was closed at accept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,55 +189,15 @@ async fn splice(client: TcpStream, mut upstream: TcpStream, header: &[u8], f: &S
     let _ = upstream.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (ur, uw) = upstream.into_split();
-    let last = AtomicU64::new(0);
-    let start = Instant::now();
-    let idle = f.cfg.idle_timeout;
+    let act = Activity::new(f.cfg.idle_timeout);
     let mut kill = f.kill.subscribe();
-    let up = pump(cr, uw, &f.stats.bytes_up, &last, start, idle);
-    let down = pump(ur, cw, &f.stats.bytes_down, &last, start, idle);
+    let up = pump(f.cfg.copy, cr, uw, &f.stats.bytes_up, &act);
+    let down = pump(f.cfg.copy, ur, cw, &f.stats.bytes_down, &act);
     tokio::select! {
         _ = async { tokio::join!(up, down) } => {}
         _ = kill.changed() => {}
     }
     Ok(())
-}
-
-/// One direction: read, write, and on end of stream pass the half-close
-/// on. Stops when neither direction has moved for `idle`.
-async fn pump(
-    mut r: tokio::net::tcp::OwnedReadHalf,
-    mut w: tokio::net::tcp::OwnedWriteHalf,
-    bytes: &AtomicU64,
-    last: &AtomicU64,
-    start: Instant,
-    idle: Duration,
-) {
-    let mut buf = vec![0u8; BUF];
-    loop {
-        let n = match tokio::time::timeout(idle, r.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => break,
-            Ok(Ok(n)) => n,
-            Err(_) => {
-                // Idle here; the other direction may still be busy.
-                let since = millis(start).saturating_sub(last.load(Ordering::Relaxed));
-                if Duration::from_millis(since) >= idle {
-                    break;
-                }
-                continue;
-            }
-        };
-        if w.write_all(&buf[..n]).await.is_err() {
-            break;
-        }
-        bytes.fetch_add(n as u64, Ordering::Relaxed);
-        last.store(millis(start), Ordering::Relaxed);
-    }
-    let _ = w.shutdown().await;
-}
-
-/// Milliseconds since `start`.
-fn millis(start: Instant) -> u64 {
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The counters of one forwarder.

@@ -41,6 +41,18 @@ pub enum ProxyProtocol {
     Off,
 }
 
+/// How a forwarder moves bytes between a client and its upstream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Copy {
+    /// `splice(2)` through a pipe per direction: the bytes stay in the
+    /// kernel (4 more descriptors a connection).
+    #[default]
+    Splice,
+    /// `read`/`write` through a 16 KiB buffer per direction.
+    Buffer,
+}
+
 /// One forwarder.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -66,6 +78,8 @@ pub struct Forward {
     pub idle_timeout: Duration,
     #[serde(default = "defaults::drain", deserialize_with = "super::duration")]
     pub drain_timeout: Duration,
+    #[serde(default)]
+    pub copy: Copy,
 }
 
 /// Defaults of a `[[forward]]` section.
