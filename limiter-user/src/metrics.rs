@@ -39,7 +39,9 @@ pub struct Snapshot {
     pub reattaches: u64,
     pub forwards: Vec<crate::control::ForwardInfo>,
     /// Feedback decisions: applied, shadow, then refusals by reason.
-    pub feedback: [u64; 6],
+    /// Feedback decisions (applied, shadow, refusals by reason), then
+    /// escalations decided.
+    pub feedback: [u64; 7],
     pub reloads_ok: u64,
     pub reloads_failed: u64,
     pub last_reload_ok: Option<u64>,
@@ -210,6 +212,13 @@ impl Collector for SnapshotCollector {
         for (result, n) in results.iter().zip(s.feedback) {
             ConstCounter::new(n).encode(m.encode_family(&[("result", *result)])?)?;
         }
+        let m = enc.encode_descriptor(
+            "limiter_escalations",
+            "Prefixes the daemon's automatic escalation asked to deny (then governed like any penalty).",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(s.feedback[6]).encode(m)?;
         let mut m = enc.encode_descriptor("limiter_build_info", "Build information.", None, MetricType::Gauge)?;
         ConstGauge::new(1i64).encode(m.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
         Ok(())
@@ -332,8 +341,8 @@ mod tests {
         // packets and bytes: every reason x 3 families each; one class x 3
         // actions; tracked, capacity, version; reloads x 2 results; two
         // reload timestamps; attached; reattaches; 6 feedback results;
-        // build_info.
+        // escalations; build_info.
         let reasons = limiter_common::REASON_COUNT;
-        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 6 + 1, "series count is fixed");
+        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 6 + 1 + 1, "series count is fixed");
     }
 }

@@ -6,6 +6,7 @@
 use std::{
     io::{Read as _, Write as _},
     net::TcpStream,
+    process::Stdio,
     time::{Duration, Instant},
 };
 
@@ -20,11 +21,17 @@ const TOKEN: &str = "feedback-test-token-0123456789";
 struct Running {
     net: VethPair,
     _daemon: Guard,
-    _log: std::sync::mpsc::Receiver<String>,
+    log: std::sync::mpsc::Receiver<String>,
     _tmp: TempDir,
 }
 
 fn start(tag: &str, shadow: bool) -> Running {
+    start_with(tag, shadow, "")
+}
+
+/// Like [`start`], with `extra` appended to the `[feedback]` section's
+/// table (for example a `[feedback.escalate]` table).
+fn start_with(tag: &str, shadow: bool, extra: &str) -> Running {
     require_root();
     let net = VethPair::new(tag);
     net.add_source(FLOOD_SRC);
@@ -35,7 +42,7 @@ fn start(tag: &str, shadow: bool) -> Running {
     std::fs::write(
         &policy,
         format!(
-            "rate = 1000\nburst = 2000\n\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"{}\"\nmax_denied = 1\nmin_v4_prefix = 16\nmax_ttl = \"1m\"\nshadow = {shadow}\n",
+            "rate = 1000\nburst = 2000\n\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"{}\"\nmax_denied = 1\nmin_v4_prefix = 16\nmax_ttl = \"1m\"\nshadow = {shadow}\n{extra}",
             token.display()
         ),
     )
@@ -49,7 +56,7 @@ fn start(tag: &str, shadow: bool) -> Running {
     let mut seen = String::new();
     wait_for(&log, "metrics on", Duration::from_secs(20), &mut seen).unwrap();
     assert!(seen.contains("feedback on http://127.0.0.1:9465/v1/penalties"), "{seen}");
-    Running { net, _daemon: daemon, _log: log, _tmp: tmp }
+    Running { net, _daemon: daemon, log, _tmp: tmp }
 }
 
 /// An HTTP request to the daemon's loopback, from its namespace: the
@@ -158,4 +165,61 @@ fn in_shadow_mode_a_penalty_is_listed_and_not_enforced() {
     assert_eq!(delivered(&r, 50), 50, "a shadow penalty dropped traffic");
     let (_, list) = http(&r, 9465, "GET", "/v1/penalties", Some(TOKEN), "");
     assert!(list.contains("feedback (shadow)") && list.contains("probing"), "{list}");
+}
+
+/// Automatic escalation: a prefix rate-limited at about 7,000 drops/s for
+/// 2 s is denied by the daemon itself (origin "escalation", under the
+/// governor); a source under its rate is not; the deny drops in XDP.
+#[test]
+fn a_prefix_dropped_above_the_threshold_long_enough_is_escalated_to_a_deny() {
+    let r = start_with(
+        "fbes",
+        false,
+        "\n[feedback.escalate]\ndrops_per_sec = 2000\nsustained = \"2s\"\ndeny_for = \"30s\"\n",
+    );
+    let netload = scenario::locate_bin("netload").unwrap();
+    let dst = format!("{}:{}", limiter_tests::netns::B_ADDR, scenario::PORT);
+    r.net.add_source(scenario::CONFORM_SRC);
+    // The flood: 8,000/s against a rate of 1,000/s; the other source at
+    // 500/s stays under its rate.
+    let flood = Guard(
+        r.net.a.command(&netload).args(["send", FLOOD_SRC, &dst, "8000", "8"]).stdout(Stdio::null()).spawn().unwrap(),
+    );
+    let calm = Guard(
+        r.net
+            .a
+            .command(&netload)
+            .args(["send", scenario::CONFORM_SRC, &dst, "500", "8"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let start = Instant::now();
+    let mut list = String::new();
+    while start.elapsed() < Duration::from_secs(8) {
+        (_, list) = http(&r, 9465, "GET", "/v1/penalties", Some(TOKEN), "");
+        if list.contains("198.18.1.0/24") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after = start.elapsed();
+    println!("escalated {after:?} after the flood began (sustained = 2 s)");
+    let j: serde_json::Value = serde_json::from_str(&list).expect(&list);
+    let p = &j["penalties"][0];
+    let log: String = r.log.try_iter().map(|l| l + "\n").collect();
+    assert_eq!((p["cidr"].as_str(), p["origin"].as_str()), (Some("198.18.1.0/24"), Some("escalation")), "{j}\n{log}");
+    assert!(p["reason"].as_str().is_some_and(|r| r.starts_with("escalation: about ")), "{j}");
+    assert!(p["expires_in_secs"].as_u64().is_some_and(|s| (25..=30).contains(&s)), "{j}");
+    assert!(after >= Duration::from_secs(2) && after < Duration::from_secs(6), "{after:?}");
+    drop(flood);
+    drop(calm);
+    assert_eq!(delivered(&r, 50), 0, "the escalated deny does not drop the prefix");
+    assert_eq!(scenario::delivered(&r.net, scenario::CONFORM_SRC, 50), 50);
+    let (_, list) = http(&r, 9465, "GET", "/v1/penalties", Some(TOKEN), "");
+    assert!(!list.contains("198.18.2.0/24"), "a source under its rate was escalated: {list}");
+    let (_, m) = http(&r, 9464, "GET", "/metrics", None, "");
+    for line in ["limiter_escalations_total 1", r#"limiter_feedback_decisions_total{result="applied"} 1"#] {
+        assert!(m.lines().any(|l| l == line), "{line} not in metrics");
+    }
 }

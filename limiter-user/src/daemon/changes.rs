@@ -13,7 +13,7 @@ use super::{ApplyError, Daemon, Enforcer, Settings};
 use crate::{
     control::{Applied, Request, Response},
     dataplane::maps::Tables,
-    policy::{Limit, OverrideAction, file},
+    policy::{Limit, OverrideAction, file, runtime::SetBy},
 };
 
 /// Requests waiting for the policy state; more are refused at once.
@@ -34,8 +34,9 @@ pub(super) enum Change {
     Load { cidrs: Vec<String>, deny: bool, ttl: Option<u64> },
     /// Runtime overrides whose time is up.
     Expire,
-    /// A penalty from the tenant layer (under the governor).
-    Penalty { cidr: String, ttl: u64, reason: String },
+    /// A penalty from the tenant layer or the daemon's escalation (under
+    /// the governor).
+    Penalty { cidr: String, ttl: u64, reason: String, by: SetBy },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -70,7 +71,7 @@ fn run(change: &Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -
             e.load(t, cidrs, if *deny { OverrideAction::Deny } else { OverrideAction::Allow }, *ttl)
         }
         Change::Expire => e.expire(t, super::enforcer::unix_now()).unwrap_or_else(|| Ok("nothing expired".into())),
-        Change::Penalty { cidr, ttl, reason } => e.penalize(t, cidr, *ttl, reason),
+        Change::Penalty { cidr, ttl, reason, by } => e.penalize(t, cidr, *ttl, reason, *by),
         Change::Prefix { cidr, action, ttl } => {
             let action = action.map(|a| match a {
                 PrefixAction::Limit { rate, burst } => {
@@ -98,9 +99,12 @@ impl Change {
             Request::PrefixAllow { cidr, ttl_secs } => prefix(cidr, Some(PrefixAction::Allow), ttl_secs),
             Request::PrefixDeny { cidr, ttl_secs } => prefix(cidr, Some(PrefixAction::Deny), ttl_secs),
             Request::PrefixUnset { cidr } => prefix(cidr, None, &None),
-            Request::Penalty { cidr, ttl_secs, reason } => {
-                Some(Change::Penalty { cidr: cidr.clone(), ttl: *ttl_secs, reason: reason.clone() })
-            }
+            Request::Penalty { cidr, ttl_secs, reason } => Some(Change::Penalty {
+                cidr: cidr.clone(),
+                ttl: *ttl_secs,
+                reason: reason.clone(),
+                by: SetBy::Feedback,
+            }),
             Request::PrefixLoad { cidrs, action, ttl_secs } => {
                 Some(Change::Load { cidrs: cidrs.clone(), deny: action == "deny", ttl: *ttl_secs })
             }

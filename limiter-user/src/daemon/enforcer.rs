@@ -16,7 +16,10 @@ use limiter_common::maps::RUNTIME;
 use crate::{
     control::PrefixEntry,
     dataplane::{LoadError, PolicyMaps},
-    policy::{Compiled, Loaded, Origin, Override, OverrideAction, Policy, PolicyError, runtime},
+    policy::{
+        Compiled, Loaded, Origin, Override, OverrideAction, Policy, PolicyError,
+        runtime::{self, SetBy},
+    },
 };
 
 /// Why a change was refused: the policy (nothing changed), the kernel,
@@ -43,8 +46,8 @@ pub struct RuntimeEntry {
     pub action: Option<OverrideAction>,
     /// Unix time (seconds) it expires; `None` = never.
     pub expires: Option<u64>,
-    /// Set by the tenant layer's feedback (else by an operator).
-    pub feedback: bool,
+    /// Who set it.
+    pub origin: SetBy,
 }
 
 /// The policy state of a running daemon.
@@ -207,8 +210,11 @@ impl Enforcer {
         // Unsetting a runtime-only override forgets it; unsetting the
         // file's is an entry of its own (the file's override is removed).
         let expires = ttl.map(|t| unix_now() + t);
-        let entry =
-            if action.is_none() && !in_file { None } else { Some(RuntimeEntry { action, expires, feedback: false }) };
+        let entry = if action.is_none() && !in_file {
+            None
+        } else {
+            Some(RuntimeEntry { action, expires, origin: SetBy::Operator })
+        };
         self.change_entries(maps, &[(net, entry)])
     }
 
@@ -251,7 +257,7 @@ impl Enforcer {
     fn record(&mut self, maps: &mut impl PolicyMaps, net: IpNet, entry: Option<RuntimeEntry>) -> Result<(), LoadError> {
         let value = entry.map(|e| {
             let expires = e.expires.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX));
-            runtime::value(e.action.as_ref(), expires, e.feedback)
+            runtime::value(e.action.as_ref(), expires, e.origin)
         });
         maps.set_runtime_override(&runtime::key(&net), value.as_ref())?;
         match entry {
@@ -266,9 +272,9 @@ impl Enforcer {
     /// cannot read are skipped with a warning.
     pub fn restore(&mut self, maps: &impl PolicyMaps) -> Result<usize, LoadError> {
         for (k, v) in maps.runtime_overrides()? {
-            if let Some((net, action, expires, feedback)) = runtime::decode(&k, &v) {
+            if let Some((net, action, expires, origin)) = runtime::decode(&k, &v) {
                 let expires = (expires != 0).then_some(u64::from(expires));
-                self.runtime.insert(net, RuntimeEntry { action, expires, feedback });
+                self.runtime.insert(net, RuntimeEntry { action, expires, origin });
             } else {
                 tracing::warn!("limiter: skipped an unreadable entry of {RUNTIME}: {k:?}");
             }
@@ -307,12 +313,7 @@ impl Enforcer {
                     action: action.into(),
                     rate,
                     burst,
-                    origin: match rt {
-                        Some(e) if e.feedback => "feedback",
-                        Some(_) => "runtime",
-                        None => "file",
-                    }
-                    .into(),
+                    origin: rt.map_or("file", |e| e.origin.label()).into(),
                     expires_in_secs: rt.and_then(|e| e.expires).map(|t| t.saturating_sub(unix_now())),
                     reason: self.governor.reasons.get(&o.net).cloned(),
                 }

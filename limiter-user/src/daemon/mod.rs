@@ -6,6 +6,7 @@
 mod answers;
 mod changes;
 mod enforcer;
+mod escalate;
 mod observe;
 mod os;
 mod watch;
@@ -98,8 +99,11 @@ struct View {
     summary: String,
     /// Class names by index (0 = `default`).
     class_names: Vec<String>,
-    /// Feedback decisions: applied, shadow, then refusals by reason.
-    feedback: [u64; 6],
+    /// Feedback decisions: applied, shadow, then refusals by reason, then
+    /// escalations decided.
+    feedback: [u64; 7],
+    /// The escalation rule in force, if any.
+    escalate: Option<crate::policy::feedback::Escalate>,
 }
 
 /// A running daemon.
@@ -238,6 +242,7 @@ impl Daemon {
                     self.observer.tick_second(&self.dp.maps.totals()?);
                     self.check_attachment();
                     self.expire_overrides();
+                    self.escalate();
                 }
                 Some(reply) = self.scrapes.recv() => {
                     if let Ok(s) = self.snapshot() {
@@ -322,8 +327,9 @@ impl Daemon {
                 class_names: effective.class_names().into_iter().map(str::to_owned).collect(),
                 feedback: {
                     let g = p.governed();
-                    [g.applied, g.shadowed, g.refused[0], g.refused[1], g.refused[2], g.refused[3]]
+                    [g.applied, g.shadowed, g.refused[0], g.refused[1], g.refused[2], g.refused[3], g.escalations]
                 },
+                escalate: p.base().feedback.as_ref().and_then(|f| f.escalate),
             };
             let ctx = forward::Context { version: p.version(), config: p.config().copied().unwrap_or_default() };
             self.forwards.update(&p.base().forwards, ctx);

@@ -14,6 +14,7 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use limiter_common::{Action, BucketKey, BucketState, DropEvent, Reason};
 
+use super::escalate::Escalator;
 use crate::{dataplane::Totals, top::Tracker};
 
 pub(super) fn unix_now() -> u64 {
@@ -26,6 +27,8 @@ pub(super) struct Observer {
     tracked: Arc<AtomicUsize>,
     /// Sampled drops and per-second totals for `limiter top`.
     pub top: Tracker,
+    /// Sampled rate-limited drops, for automatic escalation.
+    pub escalator: Escalator,
     drop_events: Option<RingBuf<MapData>>,
     /// Forwards the program's aya-log lines (debug level only).
     ebpf_log: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -42,6 +45,7 @@ impl Observer {
         Self {
             tracked: spawn_counter(buckets_map_id, Duration::from_secs(2)),
             top: Tracker::default(),
+            escalator: Escalator::default(),
             drop_events,
             ebpf_log,
             last_tick: None,
@@ -65,6 +69,9 @@ impl Observer {
                 // SAFETY: the program writes whole DropEvents; read unaligned.
                 let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<DropEvent>()) };
                 self.top.record(now, ev.key);
+                if ev.reason == Reason::RateLimited as u32 {
+                    self.escalator.record(ev.key);
+                }
             }
         }
     }

@@ -1,9 +1,9 @@
 //! What the daemon checks every second besides its counters: that its
-//! program is still on its interface (and pinned), and which runtime
-//! overrides have expired.
+//! program is still on its interface (and pinned), which runtime
+//! overrides have expired, and which prefixes escalation would deny.
 
 use super::{Daemon, changes::Change, enforcer};
-use crate::dataplane::Health;
+use crate::{dataplane::Health, policy::runtime::SetBy};
 
 impl Daemon {
     /// Once a second: start forgetting runtime overrides whose time is up
@@ -12,6 +12,20 @@ impl Daemon {
         let due = self.policy.as_ref().and_then(|(p, _)| p.next_expiry()).is_some_and(|t| t <= enforcer::unix_now());
         if due && self.changes.running.is_none() {
             self.change(Change::Expire, None);
+        }
+    }
+
+    /// Once a second: ask to deny the prefixes escalation found (through
+    /// the governor, like a penalty from the tenant layer).
+    pub(super) fn escalate(&mut self) {
+        let rule = self.view.escalate;
+        for (key, rate) in self.observer.escalator.second(rule.as_ref(), enforcer::unix_now()) {
+            let Some(rule) = rule else { break };
+            let cidr = crate::top::cidr(&key);
+            let reason = format!("escalation: about {rate} drops/s for {} s", rule.sustained.as_secs());
+            tracing::info!(event = "escalation", cidr = %cidr, rate, "limiter: {cidr} dropped at about {rate}/s for {} s: asking to deny it", rule.sustained.as_secs());
+            let ttl = rule.deny_for.as_secs();
+            self.change(Change::Penalty { cidr, ttl, reason, by: SetBy::Escalation }, None);
         }
     }
 

@@ -11,6 +11,11 @@
 //! min_v6_prefix = 32
 //! max_ttl = "1h"                             # every penalty expires, at most this late
 //! shadow = false                             # true: decisions are listed and logged, not enforced
+//!
+//! [feedback.escalate]                        # optional, off when absent
+//! drops_per_sec = 5000                       # a prefix rate-limited above this ...
+//! sustained = "10s"                          # ... for this long ...
+//! deny_for = "10m"                           # ... is denied this long, under the same governor
 //! ```
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
@@ -35,6 +40,21 @@ pub struct Feedback {
     pub max_ttl: Duration,
     #[serde(default)]
     pub shadow: bool,
+    #[serde(default)]
+    pub escalate: Option<Escalate>,
+}
+
+/// Automatic escalation: a prefix whose own bucket drops more than
+/// `drops_per_sec` (estimated from the sampled drops) in each second of
+/// `sustained` is denied for `deny_for`, as if the tenant layer had asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Escalate {
+    pub drops_per_sec: u64,
+    #[serde(deserialize_with = "duration")]
+    pub sustained: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub deny_for: Duration,
 }
 
 mod defaults {
@@ -67,6 +87,21 @@ pub fn check(f: &Feedback) -> Result<(), PolicyError> {
     }
     if f.max_ttl.as_secs() == 0 {
         return Err(bad("feedback.max_ttl", "must be at least 1s"));
+    }
+    if let Some(e) = &f.escalate {
+        let sample = u64::from(limiter_common::DROP_SAMPLE);
+        if e.drops_per_sec < sample {
+            return Err(bad(
+                "feedback.escalate.drops_per_sec",
+                format!("below {sample}, the sampling step of drops (one in {sample} is seen)"),
+            ));
+        }
+        if !(1..=3600).contains(&e.sustained.as_secs()) {
+            return Err(bad("feedback.escalate.sustained", "give 1s to 1h"));
+        }
+        if e.deny_for.as_secs() == 0 || e.deny_for > f.max_ttl {
+            return Err(bad("feedback.escalate.deny_for", "must be at least 1s and at most feedback.max_ttl"));
+        }
     }
     Ok(())
 }
@@ -133,6 +168,7 @@ mod tests {
             min_v6_prefix: 32,
             max_ttl: Duration::from_mins(10),
             shadow: false,
+            escalate: None,
         }
     }
 
@@ -149,5 +185,19 @@ mod tests {
         let mut far = g.clone();
         far.listen = "198.18.0.2:9465".parse().unwrap();
         assert_eq!(check(&far).unwrap_err().field, "feedback.listen");
+        let mut esc = g.clone();
+        let rule = |d: u64, s: u64, t: u64| {
+            Some(Escalate { drops_per_sec: d, sustained: Duration::from_secs(s), deny_for: Duration::from_secs(t) })
+        };
+        esc.escalate = rule(1000, 5, 600);
+        assert_eq!(check(&esc), Ok(()));
+        for (bad, field) in [
+            (rule(10, 5, 600), "feedback.escalate.drops_per_sec"),
+            (rule(1000, 0, 600), "feedback.escalate.sustained"),
+            (rule(1000, 5, 601), "feedback.escalate.deny_for"),
+        ] {
+            esc.escalate = bad;
+            assert_eq!(check(&esc).unwrap_err().field, field);
+        }
     }
 }

@@ -30,13 +30,63 @@ pub fn key(net: &IpNet) -> RuntimeKey {
 /// Set in [`RuntimeOverride::action`] when the override came from the
 /// tenant layer's feedback (not an operator).
 pub const FROM_FEEDBACK: u32 = 0x100;
+/// Set in [`RuntimeOverride::action`] when the override came from the
+/// daemon's own escalation.
+pub const FROM_ESCALATION: u32 = 0x200;
+
+/// Who set a runtime override.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetBy {
+    /// An operator (`limiter prefix ...`).
+    Operator,
+    /// The tenant layer (`POST /v1/penalties`), under the governor.
+    Feedback,
+    /// The daemon's automatic escalation, under the same governor.
+    Escalation,
+}
+
+impl SetBy {
+    /// How `prefix list` shows it.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            SetBy::Operator => "runtime",
+            SetBy::Feedback => "feedback",
+            SetBy::Escalation => "escalation",
+        }
+    }
+
+    /// Decided by automation, so counted against the governor's cap.
+    #[must_use]
+    pub fn governed(self) -> bool {
+        self != SetBy::Operator
+    }
+
+    fn flag(self) -> u32 {
+        match self {
+            SetBy::Operator => 0,
+            SetBy::Feedback => FROM_FEEDBACK,
+            SetBy::Escalation => FROM_ESCALATION,
+        }
+    }
+
+    fn of(action: u32) -> SetBy {
+        if action & FROM_ESCALATION != 0 {
+            SetBy::Escalation
+        } else if action & FROM_FEEDBACK != 0 {
+            SetBy::Feedback
+        } else {
+            SetBy::Operator
+        }
+    }
+}
 
 /// The map value of a runtime override (`None`: the file's is removed),
 /// expiring at Unix time `expires` (0 = never).
 #[must_use]
-pub fn value(action: Option<&OverrideAction>, expires: u32, feedback: bool) -> RuntimeOverride {
+pub fn value(action: Option<&OverrideAction>, expires: u32, origin: SetBy) -> RuntimeOverride {
     let v = value_of(action);
-    RuntimeOverride { expires, action: v.action | if feedback { FROM_FEEDBACK } else { 0 }, ..v }
+    RuntimeOverride { expires, action: v.action | origin.flag(), ..v }
 }
 
 fn value_of(action: Option<&OverrideAction>) -> RuntimeOverride {
@@ -57,17 +107,17 @@ fn value_of(action: Option<&OverrideAction>) -> RuntimeOverride {
 }
 
 /// A map entry back as a network, its override, when it expires (0 =
-/// never) and whether it came from feedback; `None` for an entry this
+/// never) and who set it; `None` for an entry this
 /// build does not understand (it is skipped, and said so).
 #[must_use]
-pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>, u32, bool)> {
+pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>, u32, SetBy)> {
     let addr = match k.family {
         family::IPV4 => IpAddr::from([k.addr[0], k.addr[1], k.addr[2], k.addr[3]]),
         family::IPV6 => IpAddr::from(k.addr),
         _ => return None,
     };
     let net = IpNet::new(addr, k.prefix_len).ok()?;
-    let action = match v.action & !FROM_FEEDBACK {
+    let action = match v.action & !(FROM_FEEDBACK | FROM_ESCALATION) {
         runtime_action::UNSET => None,
         runtime_action::ALLOW => Some(OverrideAction::Allow),
         runtime_action::DENY => Some(OverrideAction::Deny),
@@ -79,7 +129,7 @@ pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<Over
         })),
         _ => return None,
     };
-    Some((net, action, v.expires, v.action & FROM_FEEDBACK != 0))
+    Some((net, action, v.expires, SetBy::of(v.action)))
 }
 
 #[cfg(test)]
@@ -97,21 +147,23 @@ mod tests {
             ("2001:2:0:1::/64", Some(limit(CostUnit::Bytes, Mode::Shadow))),
             ("198.19.255.255/32", Some(limit(CostUnit::Bytes, Mode::Enforce))),
         ];
-        for (cidr, action) in cases {
+        for ((cidr, action), origin) in
+            cases.into_iter().zip([SetBy::Feedback, SetBy::Escalation, SetBy::Operator].repeat(2))
+        {
             let net: IpNet = cidr.parse().unwrap();
-            let back = decode(&key(&net), &value(action.as_ref(), 1_900_000_000, true));
-            assert_eq!(back, Some((net, action, 1_900_000_000, true)), "{cidr}");
+            let back = decode(&key(&net), &value(action.as_ref(), 1_900_000_000, origin));
+            assert_eq!(back, Some((net, action, 1_900_000_000, origin)), "{cidr}");
         }
     }
 
     #[test]
     fn entries_of_another_build_are_skipped() {
         let net: IpNet = "198.18.1.0/24".parse().unwrap();
-        let bad_action = RuntimeOverride { action: 99, ..value(None, 0, false) };
+        let bad_action = RuntimeOverride { action: 99, ..value(None, 0, SetBy::Operator) };
         assert_eq!(decode(&key(&net), &bad_action), None);
         let bad_family = RuntimeKey { family: 9, ..key(&net) };
-        assert_eq!(decode(&bad_family, &value(None, 0, false)), None);
+        assert_eq!(decode(&bad_family, &value(None, 0, SetBy::Operator)), None);
         let bad_len = RuntimeKey { prefix_len: 33, ..key(&net) };
-        assert_eq!(decode(&bad_len, &value(None, 0, false)), None);
+        assert_eq!(decode(&bad_len, &value(None, 0, SetBy::Operator)), None);
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, RUNTIME, RuntimeEntry, unix_now};
+use super::{ApplyError, Enforcer, RUNTIME, RuntimeEntry, SetBy, unix_now};
 use crate::{
     dataplane::PolicyMaps,
     policy::{OverrideAction, Policy},
@@ -37,7 +37,7 @@ impl Enforcer {
             if !seen.insert(net) {
                 return Err(refuse(format!("{net} is listed twice")));
             }
-            changes.push((net, Some(RuntimeEntry { action: Some(action), expires, feedback: false })));
+            changes.push((net, Some(RuntimeEntry { action: Some(action), expires, origin: SetBy::Operator })));
         }
         self.change_entries(maps, &changes)
     }

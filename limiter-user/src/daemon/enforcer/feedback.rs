@@ -11,7 +11,7 @@ use super::{ApplyError, Enforcer, RuntimeEntry, unix_now};
 use crate::{
     control::PrefixEntry,
     dataplane::PolicyMaps,
-    policy::{OverrideAction, feedback::Refusal},
+    policy::{OverrideAction, feedback::Refusal, runtime::SetBy},
 };
 
 /// What the governor decided, since the daemon started.
@@ -19,9 +19,13 @@ use crate::{
 pub struct Governed {
     /// Why each feedback override was asked for (kept in memory).
     pub reasons: HashMap<IpNet, String>,
-    /// Shadow decisions: listed and logged, not enforced (expiry, reason).
-    pub shadow: BTreeMap<IpNet, (u64, String)>,
+    /// Shadow decisions: listed and logged, not enforced (expiry, reason,
+    /// who decided).
+    pub shadow: BTreeMap<IpNet, (u64, String, SetBy)>,
     pub applied: u64,
+    /// Escalations the daemon decided (then applied, shadowed or refused
+    /// like any penalty).
+    pub escalations: u64,
     pub shadowed: u64,
     /// Refusals, by [`Refusal`] in its `ALL` order.
     pub refused: [u64; 4],
@@ -29,11 +33,11 @@ pub struct Governed {
 
 impl Governed {
     pub(super) fn expire_shadow(&mut self, now: u64) {
-        self.shadow.retain(|_, (t, _)| *t > now);
+        self.shadow.retain(|_, (t, _, _)| *t > now);
     }
 
     pub(super) fn next_shadow_expiry(&self) -> Option<u64> {
-        self.shadow.values().map(|(t, _)| *t).min()
+        self.shadow.values().map(|(t, _, _)| *t).min()
     }
 
     /// The shadow decisions as list entries.
@@ -42,12 +46,12 @@ impl Governed {
         let now = unix_now();
         self.shadow
             .iter()
-            .map(|(net, (t, why))| PrefixEntry {
+            .map(|(net, (t, why, by))| PrefixEntry {
                 cidr: net.to_string(),
                 action: "deny".into(),
                 rate: None,
                 burst: None,
-                origin: "feedback (shadow)".into(),
+                origin: format!("{} (shadow)", by.label()),
                 expires_in_secs: Some(t.saturating_sub(now)),
                 reason: Some(why.clone()),
             })
@@ -56,21 +60,26 @@ impl Governed {
 }
 
 impl Enforcer {
-    /// Deny `cidr` for `ttl` seconds at the tenant layer's request, if the
-    /// governor allows it.
+    /// Deny `cidr` for `ttl` seconds at the tenant layer's request (or the
+    /// daemon's own escalation: `by`), if the governor allows it.
     pub fn penalize(
         &mut self,
         maps: &mut impl PolicyMaps,
         cidr: &str,
         ttl: u64,
         reason: &str,
+        by: SetBy,
     ) -> Result<String, ApplyError> {
+        let origin = by.label();
+        if by == SetBy::Escalation {
+            self.governor.escalations += 1;
+        }
         let Some(g) = self.base.feedback.clone() else {
             return Err(ApplyError::Request("feedback is not configured ([feedback] in the policy)".into()));
         };
         let refuse = |this: &mut Self, r: Refusal, why: String| {
             this.governor.refused[r as usize] += 1;
-            tracing::warn!(event = "feedback", decision = "refused", cidr, reason = %reason, "limiter: governor refused a penalty: {why}");
+            tracing::warn!(event = "feedback", decision = "refused", origin, cidr, reason = %reason, "limiter: governor refused a penalty: {why}");
             Err(ApplyError::Governor { refusal: r.label(), message: why })
         };
         let net = match cidr.parse::<IpNet>() {
@@ -81,7 +90,7 @@ impl Enforcer {
         if u32::from(net.prefix_len()) > bucket {
             return refuse(self, Refusal::BadRequest, format!("{net} is finer than the bucket prefix /{bucket}"));
         }
-        let denied = self.runtime.iter().filter(|(n, e)| e.feedback && **n != net).count();
+        let denied = self.runtime.iter().filter(|(n, e)| e.origin.governed() && **n != net).count();
         if let Err(r) = g.govern(&net, ttl, denied) {
             let why = match r {
                 Refusal::TooWide => format!("{net} is wider than the governor allows"),
@@ -93,16 +102,16 @@ impl Enforcer {
         }
         let expires = unix_now() + ttl;
         if g.shadow {
-            self.governor.shadow.insert(net, (expires, reason.to_owned()));
+            self.governor.shadow.insert(net, (expires, reason.to_owned(), by));
             self.governor.shadowed += 1;
-            tracing::info!(event = "feedback", decision = "shadow", cidr = %net, ttl, reason = %reason, "limiter: feedback (shadow): would deny {net} for {ttl} s: {reason}");
+            tracing::info!(event = "feedback", decision = "shadow", origin, cidr = %net, ttl, reason = %reason, "limiter: {origin} (shadow): would deny {net} for {ttl} s: {reason}");
             return Ok(format!("shadow: {net} would be denied for {ttl} s (not enforced)"));
         }
-        let entry = RuntimeEntry { action: Some(OverrideAction::Deny), expires: Some(expires), feedback: true };
+        let entry = RuntimeEntry { action: Some(OverrideAction::Deny), expires: Some(expires), origin: by };
         let summary = self.change_entries(maps, &[(net, Some(entry))])?;
         self.governor.reasons.insert(net, reason.to_owned());
         self.governor.applied += 1;
-        tracing::info!(event = "feedback", decision = "applied", cidr = %net, ttl, reason = %reason, "limiter: feedback: denied {net} for {ttl} s: {reason}");
+        tracing::info!(event = "feedback", decision = "applied", origin, cidr = %net, ttl, reason = %reason, "limiter: {origin}: denied {net} for {ttl} s: {reason}");
         Ok(summary)
     }
 }

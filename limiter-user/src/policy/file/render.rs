@@ -55,12 +55,13 @@ pub fn render(p: &Policy) -> String {
         let list = |v: &[std::net::SocketAddr]| v.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
         let _ = write!(
             s,
-            "\n[[forward]]\nname = {:?}\nlisten = [{}]\nupstreams = [{}]\nbalance = \"{}\"\nproxy_protocol = \"{}\"\n",
+            "\n[[forward]]\nname = {:?}\nlisten = [{}]\nupstreams = [{}]\nbalance = \"{}\"\nproxy_protocol = \"{}\"\ncopy = \"{}\"\n",
             f.name,
             list(&f.listen),
             list(&f.upstreams),
             crate::policy::spelling(&f.balance),
             crate::policy::spelling(&f.proxy_protocol),
+            crate::policy::spelling(&f.copy),
         );
         let ms = |d: std::time::Duration| format!("{}ms", d.as_millis());
         let _ = writeln!(
@@ -85,6 +86,15 @@ pub fn render(p: &Policy) -> String {
             f.max_ttl.as_secs(),
             f.shadow
         );
+        if let Some(e) = &f.escalate {
+            let _ = write!(
+                s,
+                "\n[feedback.escalate]\ndrops_per_sec = {}\nsustained = \"{}ms\"\ndeny_for = \"{}s\"\n",
+                e.drops_per_sec,
+                e.sustained.as_millis(),
+                e.deny_for.as_secs()
+            );
+        }
     }
     s
 }

@@ -181,7 +181,11 @@ fn render_reads_back_to_the_same_policy() {
     text =
         format!("new_source_rate = 500\nnew_source_burst = 900\naggregate_rate = 4000\naggregate_burst = 8000\n{text}");
     text.push_str("\n[[override]]\ncidr = \"198.18.0.0/16\"\nrate = 5\nburst = 9\n\n[[override]]\ncidr = \"2001:2::/48\"\naction = \"deny\"\n\n[[class]]\nname = \"ping\"\nprotocol = \"icmp\"\nrate = 3\nburst = 3\n");
+    text.push_str("\n[[forward]]\nlisten = [\"198.18.0.2:443\"]\nupstreams = [\"127.0.0.1:8443\"]\ncopy = \"buffer\"\nproxy_protocol = \"v1\"\n");
+    text.push_str("\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"/etc/limiter/token\"\nmax_ttl = \"1h\"\n\n[feedback.escalate]\ndrops_per_sec = 2000\nsustained = \"1500ms\"\ndeny_for = \"10m\"\n");
     let p = load(&text).unwrap().policy;
+    assert_eq!(p.forwards[0].copy, crate::policy::forward::Copy::Buffer);
+    assert_eq!(p.feedback.as_ref().and_then(|f| f.escalate).map(|e| e.drops_per_sec), Some(2000));
     assert_eq!(p.overrides.len(), 2);
     assert_eq!(p.new_sources, Some((500, 900)));
     assert_eq!(p.aggregate.map(|a| (a.rate, a.v4_prefix, a.v6_prefix)), Some((4000, 16, 40)));
