@@ -15,6 +15,7 @@ pub mod packet;
 pub mod prefix;
 pub mod reason;
 pub mod rules;
+pub mod window;
 
 pub use reason::{Action, REASON_COUNT, Reason, Verdict};
 
@@ -86,6 +87,26 @@ pub mod maps {
     /// the program; pinned beside the maps so a later daemon can tell
     /// whether it may re-adopt them.
     pub const META: &str = "META";
+    /// `LRU_HASH<BucketKey, crate::window::WindowState>`: the slice
+    /// counts of each prefix of a window-quota class, written by the
+    /// program only (atomically, from every CPU).
+    pub const WINDOWS: &str = "WINDOWS";
+    /// `LRU_HASH<BucketKey, crate::window::WindowState>`: for fleet-scope
+    /// classes, the other nodes' slice counts, written by the daemon only.
+    pub const FLEET: &str = "FLEET";
+    /// `RINGBUF` of [`crate::window::Touch`]: a fleet-scope prefix's first
+    /// packet in each sync epoch, so the daemon syncs what changed without
+    /// walking [`WINDOWS`].
+    pub const TOUCHED: &str = "TOUCHED";
+    /// `ARRAY<u64>`, 3 entries, written by the daemon: `[0]` the fleet
+    /// sync epoch (bumped every sync), `[1]` 0 while the store is
+    /// reachable, else the fleet's node count (fleet classes with
+    /// `on_store_failure = "split"` then admit `limit / nodes` locally),
+    /// `[2]` the wall clock's offset from the program's clock in ns, so
+    /// that window slices start at the same moment on every node.
+    pub const FLEET_STATE: &str = "FLEET_STATE";
+    /// Size of [`TOUCHED`] in bytes.
+    pub const TOUCHED_BYTES: u32 = 1 << 20;
     /// Default capacity of [`BUCKETS`] (tracked prefixes).
     pub const DEFAULT_BUCKET_CAPACITY: u32 = 1 << 18;
     /// Largest capacity of [`BUCKETS`] a policy may ask for: 16 Mi
@@ -188,6 +209,13 @@ pub struct ClassLimits {
     pub cost: u32,
     /// [`mode::ENFORCE`] or [`mode::SHADOW`].
     pub mode: u32,
+    /// 0: a token bucket (`unit`, `tau` as above). Otherwise a window
+    /// quota of this many slices ([`window`]): `unit` is the slice length
+    /// in ns (slices are counted on the wall clock, which in 1/16 ns would
+    /// not fit 64 bits) and `tau` the limit in cost units per window.
+    pub slices: u32,
+    /// [`window::scope`] bits of a window quota.
+    pub scope: u32,
 }
 
 impl ClassLimits {
@@ -202,7 +230,20 @@ impl ClassLimits {
         let Some(tau) = gcra::tau(burst, unit) else {
             return None;
         };
-        Some(Self { unit, tau, cost, mode })
+        Some(Self { unit, tau, cost, mode, slices: 0, scope: 0 })
+    }
+
+    /// A window quota of `limit` units per `slices` slices of `slice_ns`
+    /// each, or `None` outside the bounds of [`window`].
+    #[must_use]
+    pub const fn window(limit: u64, slice_ns: u64, slices: u32, scope: u32, cost: u32, mode: u32) -> Option<Self> {
+        if limit == 0 || limit > window::MAX_LIMIT || slices < 2 || slices as usize > window::MAX_SLICES {
+            return None;
+        }
+        if slice_ns < window::MIN_SLICE_NS || slice_ns > window::MAX_SLICE_NS {
+            return None;
+        }
+        Some(Self { unit: slice_ns, tau: limit, cost, mode, slices, scope })
     }
 }
 
@@ -267,7 +308,7 @@ pub const DROP_SAMPLE: u32 = 64;
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 9;
+pub const SCHEMA_VERSION: u32 = 10;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -479,9 +520,9 @@ impl core::ops::AddAssign for Counter {
     }
 }
 
-const _: () = assert!(core::mem::size_of::<ClassLimits>() == 24);
+const _: () = assert!(core::mem::size_of::<ClassLimits>() == 32);
 const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 72 + 24 * MAX_CLASSES + 8 * MAX_MATCHERS);
+const _: () = assert!(core::mem::size_of::<Config>() == 72 + 32 * MAX_CLASSES + 8 * MAX_MATCHERS);
 const _: () = assert!(core::mem::size_of::<DropEvent>() == 16);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 12);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
@@ -506,6 +547,8 @@ mod pod {
     unsafe impl aya::Pod for super::ClassLimits {}
     unsafe impl aya::Pod for super::DropEvent {}
     unsafe impl aya::Pod for super::Refusal {}
+    unsafe impl aya::Pod for super::window::WindowState {}
+    unsafe impl aya::Pod for super::window::Touch {}
     unsafe impl aya::Pod for super::RuntimeKey {}
     unsafe impl aya::Pod for super::RuntimeOverride {}
 }

@@ -17,6 +17,7 @@ use crate::{
     count::RefusalCache,
     maps::{BUCKETS, NEW_SOURCES, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
     program::Packet,
+    window::charge_window,
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -52,6 +53,9 @@ pub fn charge(c: &Charge, cache: &RefusalCache) -> Option<Reason> {
         _ => {
             let limits = limits_for(c.cfg, c.class, c.slot, res)?;
             let units = if limits.cost == cost::BYTES { c.pkt.len() } else { 1 };
+            if limits.slices != 0 {
+                return Some(charge_window_prefix(bucket, c, limits, units, res));
+            }
             let inc = units * limits.unit;
             let resolved = (u64::from(c.version) << 32) | u64::from(res);
             let shadow = limits.mode == mode::SHADOW;
@@ -77,6 +81,28 @@ pub fn charge(c: &Charge, cache: &RefusalCache) -> Option<Reason> {
             if r == Reason::RateLimited && shadow { Reason::ShadowDropped } else { r }
         }
     })
+}
+
+/// A window quota: the bucket entry only caches the override resolution
+/// (and, created under the new-source budget, bounds churn as for
+/// buckets); the counts are in `WINDOWS`.
+#[inline(always)]
+fn charge_window_prefix(
+    bucket: Option<*mut BucketState>,
+    c: &Charge,
+    limits: &ClassLimits,
+    units: u64,
+    res: u32,
+) -> Reason {
+    if bucket.is_none() {
+        if !new_source_admitted(c.cfg, c.now) {
+            return Reason::NewSourceLimited;
+        }
+        let resolved = (u64::from(c.version) << 32) | u64::from(res);
+        let _ = BUCKETS.insert(c.key, BucketState { tat: 0, resolved }, BPF_NOEXIST);
+    }
+    let r = charge_window(c.key, c.now, units, limits);
+    if r == Reason::RateLimited && limits.mode == mode::SHADOW { Reason::ShadowDropped } else { r }
 }
 
 /// The bucket's cached override resolution, refreshed (one trie lookup and

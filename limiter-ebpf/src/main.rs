@@ -23,6 +23,8 @@ mod count;
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod program;
+#[cfg(target_arch = "bpf")]
+mod window;
 
 /// Host builds (`cargo build --workspace`) get an empty binary; the real
 /// object is built for `bpfel-unknown-none` by limiter-user's build.rs.

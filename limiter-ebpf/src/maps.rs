@@ -12,7 +12,8 @@ use aya_ebpf::{
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT, Refusal,
     RuntimeKey, RuntimeOverride, STAT_FAMILIES,
-    maps::{self, DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES, REFUSAL_SLOTS},
+    maps::{self, DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES, REFUSAL_SLOTS, TOUCHED_BYTES},
+    window::WindowState,
 };
 
 /// A map whose symbol must equal `$name` of `limiter_common::maps`.
@@ -31,6 +32,37 @@ map! {
     /// CPU count; each entry is updated with one compare-and-swap.
     BUCKETS = maps::BUCKETS;
     LruHashMap<BucketKey, BucketState> = LruHashMap::with_max_entries(DEFAULT_BUCKET_CAPACITY, 0)
+}
+
+map! {
+    /// Written by: XDP (window quotas), each slot with one compare-and-swap
+    /// from any CPU. Read by: XDP; userspace reads for fleet sync and
+    /// `prefix show`. Capacity set by the loader, as `BUCKETS`.
+    WINDOWS = maps::WINDOWS;
+    LruHashMap<BucketKey, WindowState> = LruHashMap::with_max_entries(DEFAULT_BUCKET_CAPACITY, 0)
+}
+
+map! {
+    /// Written by: userspace (fleet sync): the other nodes' slice counts of
+    /// fleet-scope prefixes. Read by: XDP, for fleet-scope window quotas.
+    FLEET = maps::FLEET;
+    LruHashMap<BucketKey, WindowState> = LruHashMap::with_max_entries(DEFAULT_BUCKET_CAPACITY, 0)
+}
+
+map! {
+    /// Written by: userspace: the sync epoch, the split divisor while the
+    /// store is down, the wall clock's offset. Read by: XDP, for window
+    /// quotas.
+    FLEET_STATE = maps::FLEET_STATE;
+    Array<u64> = Array::with_max_entries(3, 0)
+}
+
+map! {
+    /// Written by: XDP, a fleet-scope prefix's first packet in each epoch,
+    /// never blocking (a full buffer loses the event and the next sync
+    /// reads what it knows). Read by: userspace, the fleet sync.
+    TOUCHED = maps::TOUCHED;
+    RingBuf = RingBuf::with_byte_size(TOUCHED_BYTES, 0)
 }
 
 map! {

@@ -43,6 +43,9 @@ pub enum Command {
     /// restarts, otherwise they last until it stops).
     #[command(subcommand)]
     Prefix(PrefixCommand),
+    /// The fleet sync of window quotas (`[fleet]` in the policy).
+    #[command(subcommand)]
+    Fleet(FleetCommand),
     /// Live view: pass and drop rates with sparklines, and the prefixes
     /// with the most drops over the last 10 s (sampled; bounded memory).
     Top {
@@ -96,9 +99,21 @@ pub enum PolicyCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum FleetCommand {
+    /// The store, the nodes seen, the last sync and its lag, errors.
+    Status,
+}
+
+#[derive(Debug, Subcommand)]
 pub enum PrefixCommand {
     /// List the overrides in force.
     List,
+    /// A prefix's window quotas now: counted here, by the rest of the
+    /// fleet, and what is left in the current window.
+    Show {
+        /// An address or its bucket prefix, e.g. 198.18.5.7 or 198.18.5.0/24.
+        cidr: String,
+    },
     /// Give a prefix its own rate and burst.
     Set {
         /// The prefix, e.g. 198.18.0.0/16 (no host bits).

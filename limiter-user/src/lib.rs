@@ -4,6 +4,7 @@
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `control`: the control-socket protocol, server and client;
+//! - `fleet`: window quotas kept across hosts through Redis;
 //! - `forward`: the forwarder to the tenant layer (PROXY protocol);
 //! - `feedback`: the tenant layer's penalties over HTTP;
 //! - `metrics`, `top`, `replay`: Prometheus, top offenders, offline replay;
@@ -18,6 +19,8 @@ pub mod policy;
 pub mod dataplane;
 
 pub mod control;
+
+pub mod fleet;
 
 pub mod feedback;
 pub mod forward;

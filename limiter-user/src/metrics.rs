@@ -38,10 +38,11 @@ pub struct Snapshot {
     /// Times a lost link or pin was put back.
     pub reattaches: u64,
     pub forwards: Vec<crate::control::ForwardInfo>,
-    /// Feedback decisions: applied, shadow, then refusals by reason.
     /// Feedback decisions (applied, shadow, refusals by reason), then
     /// escalations decided.
     pub feedback: [u64; 7],
+    /// The fleet sync, if the daemon runs one.
+    pub fleet: Option<crate::fleet::FleetStatus>,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
     pub last_reload_ok: Option<u64>,
@@ -68,6 +69,67 @@ impl SnapshotCollector {
 
     /// Per forwarder (labels bounded by the policy: forwarder names and
     /// upstream addresses it declares).
+    /// The fleet sync's series (only when it runs).
+    fn fleet(enc: &mut DescriptorEncoder, f: &crate::fleet::FleetStatus) -> std::fmt::Result {
+        let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let gauge = |enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64| -> std::fmt::Result {
+            ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
+        };
+        let counter = |enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64| -> std::fmt::Result {
+            ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
+        };
+        gauge(enc, "limiter_fleet_store_up", "1 while the fleet's store answers syncs.", i64::from(f.store_up))?;
+        gauge(
+            enc,
+            "limiter_fleet_nodes_seen",
+            "Nodes with a recent heartbeat in the store.",
+            i(f.nodes_seen.len() as u64),
+        )?;
+        gauge(enc, "limiter_fleet_pending_prefixes", "Prefixes with counts not yet pushed.", i(f.pending as u64))?;
+        counter(enc, "limiter_fleet_syncs", "Successful syncs with the store.", f.syncs)?;
+        counter(enc, "limiter_fleet_outages", "Times the store became unreachable.", f.outages)?;
+        counter(enc, "limiter_fleet_prefixes_pushed", "Prefix pushes to the store.", f.prefixes_pushed_total)?;
+        counter(enc, "limiter_fleet_store_commands", "Commands sent to the store.", f.commands_total)?;
+        let mut m = enc.encode_descriptor(
+            "limiter_fleet_sync_errors",
+            "Failed syncs by kind: timeout, connection, server.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (k, n) in crate::fleet::SyncError::ALL.iter().zip(f.errors) {
+            ConstCounter::new(n).encode(m.encode_family(&[("kind", k.label())])?)?;
+        }
+        let now_ms = u64::try_from(
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis()),
+        )
+        .unwrap_or(0);
+        #[expect(clippy::cast_precision_loss, reason = "seconds of an outage")]
+        let current = f.down_since_unix_ms.map_or(0.0, |t| now_ms.saturating_sub(t) as f64 / 1e3);
+        let m = enc.encode_descriptor(
+            "limiter_fleet_outage_seconds",
+            "Seconds the store has been unreachable, the current outage included.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(f.outage_secs_total + current).encode(m)?;
+        let m = enc.encode_descriptor(
+            "limiter_fleet_sync_seconds",
+            "Time spent in successful syncs (divide by limiter_fleet_syncs_total for the mean).",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(f.latency_sum_secs).encode(m)?;
+        let mut m = enc.encode_descriptor(
+            "limiter_fleet_sync_latency_seconds",
+            "Latency of the last sync and the longest since start.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(f.last_latency_ms / 1e3).encode(m.encode_family(&[("stat", "last")])?)?;
+        ConstGauge::new(f.max_latency_ms / 1e3).encode(m.encode_family(&[("stat", "max")])?)?;
+        Ok(())
+    }
+
     fn forwards(enc: &mut DescriptorEncoder, forwards: &[crate::control::ForwardInfo]) -> std::fmt::Result {
         let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let mut m =
@@ -201,6 +263,9 @@ impl Collector for SnapshotCollector {
             MetricType::Counter,
         )?)?;
         Self::forwards(&mut enc, &s.forwards)?;
+        if let Some(f) = &s.fleet {
+            Self::fleet(&mut enc, f)?;
+        }
         let mut m = enc.encode_descriptor(
             "limiter_feedback_decisions",
             "Penalties from the tenant layer by result: applied, shadow, or refused by the governor and why.",

@@ -4,12 +4,9 @@
 //! prefixes per one-second slot and `WINDOW_SECS` slots; the LRU map is
 //! never walked.
 
-use std::{
-    collections::{HashMap, VecDeque},
-    net::{Ipv4Addr, Ipv6Addr},
-};
+use std::collections::{HashMap, VecDeque};
 
-use limiter_common::{BucketKey, family};
+use limiter_common::BucketKey;
 
 /// Seconds of drops the list covers.
 pub const WINDOW_SECS: u64 = 10;
@@ -84,19 +81,7 @@ impl Tracker {
     }
 }
 
-/// A bucket key as a CIDR string.
-#[must_use]
-pub fn cidr(k: &BucketKey) -> String {
-    let [a, b] = k.addr.map(u32::to_ne_bytes);
-    if k.family == family::IPV4 {
-        format!("{}/{}", Ipv4Addr::from(a), k.prefix_len)
-    } else {
-        let mut o = [0u8; 16];
-        o[..4].copy_from_slice(&a);
-        o[4..8].copy_from_slice(&b);
-        format!("{}/{}", Ipv6Addr::from(o), k.prefix_len)
-    }
-}
+pub use crate::dataplane::cidr;
 
 /// Eight-level bar chart of `values` scaled to their maximum.
 #[must_use]
@@ -108,6 +93,8 @@ pub fn sparkline(values: &[u64]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use limiter_common::family;
+
     use super::*;
 
     fn key(last: u8) -> BucketKey {

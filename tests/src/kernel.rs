@@ -3,7 +3,7 @@
 pub use limiter::dataplane::xdp_action::{XDP_DROP, XDP_PASS};
 use limiter::{
     dataplane::{DataPlane, Totals},
-    policy::{Compiled, CostUnit, Limit, Mode, Policy},
+    policy::{Class, Compiled, CostUnit, Limit, Mode, Policy, Protocol, Scope, StoreFailure, Window},
 };
 use limiter_common::{BucketKey, Reason, cost, family, programs};
 
@@ -42,6 +42,34 @@ fn ready(mut l: DataPlane, c: &Compiled) -> DataPlane {
     l
 }
 
+/// A policy whose UDP packets fall in a window-quota class of `limit`
+/// packets per `length_ms` in `slices` slices (of `scope`), compiled the
+/// way the daemon compiles it.
+#[must_use]
+pub fn window_config(limit: u64, length_ms: u64, slices: u32, scope: Scope) -> Compiled {
+    let window = Window {
+        limit,
+        length: std::time::Duration::from_millis(length_ms),
+        slices,
+        scope,
+        on_store_failure: StoreFailure::Open,
+    };
+    let policy = Policy {
+        classes: vec![Class {
+            name: "quota".into(),
+            protocol: Protocol::Udp,
+            ports: Vec::new(),
+            syn: false,
+            limit: Limit { rate: 0, burst: 0, cost: CostUnit::Packets, mode: Mode::Enforce, window: Some(window) },
+        }],
+        capacity: 1024,
+        ..Policy::default()
+    };
+    let c = policy.compile(1).expect("valid test policy");
+    assert_eq!(c.config.classes[1].slices, slices);
+    c
+}
+
 /// A policy from limits, compiled the way the daemon compiles it.
 #[must_use]
 pub fn config(rate: u64, burst: u64, bytes: bool, v4: u32, v6: u32) -> Compiled {
@@ -51,6 +79,7 @@ pub fn config(rate: u64, burst: u64, bytes: bool, v4: u32, v6: u32) -> Compiled 
             burst,
             cost: if bytes { CostUnit::Bytes } else { CostUnit::Packets },
             mode: Mode::Enforce,
+            window: None,
         },
         v4_prefix: v4,
         v6_prefix: v6,

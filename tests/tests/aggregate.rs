@@ -19,7 +19,7 @@ fn udp4(a: [u8; 4]) -> Vec<u8> {
 
 fn open() -> limiter::dataplane::DataPlane {
     let p = Policy {
-        default: Limit { rate: 1, burst: 5, cost: CostUnit::Packets, mode: Mode::Enforce },
+        default: Limit { rate: 1, burst: 5, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
         aggregate: Some(Aggregate { rate: 1, burst: 8, v4_prefix: 16, v6_prefix: 40 }),
         ..Policy::default()
     };

@@ -17,7 +17,7 @@ const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
 
 fn lim(rate: u64, burst: u64, mode: Mode) -> Limit {
-    Limit { rate, burst, cost: CostUnit::Packets, mode }
+    Limit { rate, burst, cost: CostUnit::Packets, mode, window: None }
 }
 
 fn policy(mode: Mode) -> Policy {

@@ -50,7 +50,7 @@ fn the_built_in_policy_has_a_new_source_budget() {
 #[test]
 fn new_prefixes_draw_on_a_shared_budget_and_old_ones_do_not() {
     let p = Policy {
-        default: Limit { rate: 1, burst: 2, cost: CostUnit::Packets, mode: Mode::Enforce },
+        default: Limit { rate: 1, burst: 2, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
         new_sources: Some((10, 5)),
         ..Policy::default()
     };

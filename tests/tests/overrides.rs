@@ -21,7 +21,7 @@ use limiter_tests::{
 const T0: u64 = 9_000_000_000_000;
 
 fn lim(rate: u64, burst: u64) -> Limit {
-    Limit { rate, burst, cost: CostUnit::Packets, mode: Mode::Enforce }
+    Limit { rate, burst, cost: CostUnit::Packets, mode: Mode::Enforce, window: None }
 }
 
 fn ovr(cidr: &str, action: OverrideAction) -> Override {

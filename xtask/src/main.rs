@@ -31,6 +31,9 @@ const APT_PACKAGES: &[&str] = &[
     // Peers of the forwarder's tests: the tenant layer behind it.
     "haproxy",
     "nginx-light",
+    // The fleet's shared store (redis-server, and redis-cli to form a
+    // Redis Cluster), started by the fleet tests on private sockets.
+    "redis-server",
 ];
 /// Only `bench` needs these: the netfilter peers of the system flood, and
 /// nginx's stream module for the forwarder's peers.

@@ -1,6 +1,7 @@
 //! One module per verb of the `limiter` command, each with one entry
 //! function. Human tables by default, one JSON document with `--json`.
 
+mod fleet;
 mod generate;
 mod policy;
 mod prefix;
@@ -26,6 +27,7 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
         Command::Stats => stats::stats(client, json),
         Command::Policy(cmd) => policy::policy(cmd, client, json),
         Command::Prefix(cmd) => prefix::prefix(cmd, client, json),
+        Command::Fleet(crate::cli::FleetCommand::Status) => fleet::status(client, json),
         Command::Top { once, count, interval } => top::top(client, json, *once, *count, *interval),
         Command::Replay { pcap, policy } => replay::replay(pcap, policy.as_deref(), json),
         Command::Completions { shell } => {

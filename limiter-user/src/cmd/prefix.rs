@@ -8,6 +8,7 @@ use crate::{
 pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result<()> {
     let req = match cmd {
         PrefixCommand::List => return list(client, json),
+        PrefixCommand::Show { cidr } => return show(client, cidr, json),
         PrefixCommand::Set { cidr, rate, burst, ttl } => {
             Request::PrefixSet { cidr: cidr.clone(), rate: *rate, burst: *burst, ttl_secs: *ttl }
         }
@@ -17,6 +18,35 @@ pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result
         PrefixCommand::Load { deny, allow, ttl } => return load(client, deny.as_deref(), allow.as_deref(), *ttl, json),
     };
     super::policy::print_applied(&client.change(&req)?, json)
+}
+
+/// `prefix show`: one line per window-quota class.
+fn show(client: Client, cidr: &str, json: bool) -> anyhow::Result<()> {
+    let s = client.prefix_show(cidr)?;
+    if json {
+        return super::print_json(&s);
+    }
+    println!("{}", s.cidr);
+    if s.windows.is_empty() {
+        println!("no window-quota class in the policy (token buckets only)");
+    }
+    println!(
+        "{:<16} {:<6} {:>10} {:>10} {:>10} {:>10} {:>12}",
+        "class", "scope", "limit", "local", "fleet", "left", "window"
+    );
+    for w in &s.windows {
+        println!(
+            "{:<16} {:<6} {:>10} {:>10} {:>10} {:>10} {:>12}",
+            w.class,
+            w.scope,
+            w.limit,
+            w.local,
+            w.fleet,
+            w.remaining,
+            format!("{} s / {}", w.window_secs, w.slices)
+        );
+    }
+    Ok(())
 }
 
 /// `prefix load`: read the file (or stdin), send the CIDRs, and name the

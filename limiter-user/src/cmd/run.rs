@@ -20,14 +20,14 @@ pub fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let daemon = Daemon::start(settings).await?;
-        daemon
-            .run(async move {
-                tokio::select! {
-                    _ = term.recv() => "SIGTERM",
-                    _ = int.recv() => "SIGINT",
-                }
-            })
-            .await
+        // On the heap: the daemon's state is large for a future.
+        Box::pin(daemon.run(async move {
+            tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            }
+        }))
+        .await
     })
 }
 

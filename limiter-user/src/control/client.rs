@@ -72,6 +72,17 @@ impl<'a> Client<'a> {
         self.ask("prefix list", &Request::PrefixList, |r| if let Response::Prefixes(p) = r { Some(p) } else { None })
     }
 
+    pub fn fleet_status(&self) -> Result<Option<crate::fleet::FleetStatus>, ClientError> {
+        self.ask("fleet status", &Request::FleetStatus, |r| {
+            if let Response::Fleet { status } = r { Some(status) } else { None }
+        })
+    }
+
+    pub fn prefix_show(&self, cidr: &str) -> Result<super::PrefixShow, ClientError> {
+        let req = Request::PrefixShow { cidr: cidr.to_owned() };
+        self.ask("prefix show", &req, |r| if let Response::PrefixShow(p) = r { Some(p) } else { None })
+    }
+
     pub fn top(&self, n: usize) -> Result<TopInfo, ClientError> {
         self.ask("top", &Request::Top { n }, |r| if let Response::Top(t) = r { Some(t) } else { None })
     }

@@ -16,6 +16,12 @@ pub const DEFAULT_SOCKET: &str = "/run/limiter/limiter.sock";
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum Request {
     Status,
+    /// The fleet sync: store, nodes, last sync, errors.
+    FleetStatus,
+    /// A prefix's window counts: local, the fleet's, what is left.
+    PrefixShow {
+        cidr: String,
+    },
     Stats,
     PolicyShow,
     /// Apply policy text (named for error messages), or re-read the
@@ -77,7 +83,38 @@ pub enum Response {
     Prefixes(PrefixList),
     Applied(Applied),
     Top(TopInfo),
-    Error { message: String },
+    /// `None`: no `[fleet]` in the policy the daemon started with.
+    Fleet {
+        status: Option<crate::fleet::FleetStatus>,
+    },
+    PrefixShow(PrefixShow),
+    Error {
+        message: String,
+    },
+}
+
+/// `limiter prefix show`: a bucket prefix's window quotas now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefixShow {
+    /// The bucket prefix the address or CIDR falls in.
+    pub cidr: String,
+    pub windows: Vec<WindowRow>,
+}
+
+/// One window-quota class of a prefix.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WindowRow {
+    pub class: String,
+    /// `local` or `fleet`.
+    pub scope: String,
+    pub limit: u64,
+    pub window_secs: f64,
+    pub slices: u32,
+    /// Counted on this node in the current window.
+    pub local: u64,
+    /// The other nodes' count as last synced (0 for local scope).
+    pub fleet: u64,
+    pub remaining: u64,
 }
 
 /// The policy in force, as a policy file.
@@ -113,6 +150,8 @@ impl Response {
             Response::Prefixes(_) => "prefixes",
             Response::Applied(_) => "applied",
             Response::Top(_) => "top",
+            Response::Fleet { .. } => "fleet",
+            Response::PrefixShow(_) => "prefix show",
             Response::Error { .. } => "error",
         }
     }

@@ -30,6 +30,8 @@ impl Daemon {
             Request::Status => self.status().unwrap_or_else(|e| fail(&e)),
             Request::Stats => self.stats().unwrap_or_else(|e| fail(&e)),
             Request::Top { n } => self.top_info(n),
+            Request::FleetStatus => Response::Fleet { status: self.fleet.status() },
+            Request::PrefixShow { cidr } => self.prefix_show(&cidr).map_or_else(|e| fail(&e), Response::PrefixShow),
             Request::PolicyShow | Request::PrefixList => {
                 let Some((policy, _)) = &self.policy else {
                     return self.enqueue(Queued::Call(req, reply));
@@ -75,6 +77,7 @@ impl Daemon {
             reattaches: self.watch.repairs,
             forwards: self.forwards.reports(),
             feedback: self.view.feedback,
+            fleet: self.fleet.status(),
             reloads_ok: self.reloads.count[0],
             reloads_failed: self.reloads.count[1],
             last_reload_ok: self.reloads.at[0],

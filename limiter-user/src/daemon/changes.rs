@@ -76,7 +76,7 @@ fn run(change: &Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -
             let action = action.map(|a| match a {
                 PrefixAction::Limit { rate, burst } => {
                     let d = e.base().default;
-                    OverrideAction::Limit(Limit { rate, burst, cost: d.cost, mode: d.mode })
+                    OverrideAction::Limit(Limit { rate, burst, cost: d.cost, mode: d.mode, window: None })
                 }
                 PrefixAction::Allow => OverrideAction::Allow,
                 PrefixAction::Deny => OverrideAction::Deny,

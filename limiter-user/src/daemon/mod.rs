@@ -7,6 +7,7 @@ mod answers;
 mod changes;
 mod enforcer;
 mod escalate;
+mod fleet;
 mod observe;
 mod os;
 mod watch;
@@ -119,6 +120,8 @@ pub struct Daemon {
     watch: Watch,
     /// The forwarders to the tenant layer.
     forwards: forward::Manager,
+    /// The fleet sync of window quotas (or the maps it would use).
+    fleet: fleet::FleetSide,
     /// The control socket (removed on drop if still ours).
     socket: Bound,
     started: Instant,
@@ -193,6 +196,7 @@ impl Daemon {
             attachment,
             watch: Watch { health: Health::Attached, repairs: 0 },
             forwards,
+            fleet: fleet::FleetSide::Off(None),
             socket,
             started: Instant::now(),
             reloads: Reloads::default(),
@@ -202,6 +206,9 @@ impl Daemon {
             scrapes,
         };
         d.refresh_view();
+        let fleet_cfg = d.policy.as_ref().and_then(|(p, _)| p.base().fleet.clone());
+        let classes = d.fleet_classes().unwrap_or_default();
+        d.fleet = fleet::FleetSide::start(fleet_cfg.as_ref(), d.dp.maps.windows.take(), classes)?;
         d.announce(&summary, adopted, replaced);
         tracing::info!("limiter: control socket {} (mode 0660)", d.socket.path().display());
         if let Some(addr) = d.settings.metrics {
@@ -243,6 +250,7 @@ impl Daemon {
                     self.check_attachment();
                     self.expire_overrides();
                     self.escalate();
+                    self.fleet.tick();
                 }
                 Some(reply) = self.scrapes.recv() => {
                     if let Ok(s) = self.snapshot() {
@@ -331,6 +339,10 @@ impl Daemon {
                 },
                 escalate: p.base().feedback.as_ref().and_then(|f| f.escalate),
             };
+            if let Some(classes) = self.fleet_classes() {
+                self.fleet.set_classes(classes);
+            }
+            let Some((p, _)) = &self.policy else { return };
             let ctx = forward::Context { version: p.version(), config: p.config().copied().unwrap_or_default() };
             self.forwards.update(&p.base().forwards, ctx);
         }

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use aya::{
     Ebpf, Pod,
     maps::{
-        Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues,
+        Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues, RingBuf,
         lpm_trie::{Key, LpmTrie},
     },
 };
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, Reason, RuntimeKey,
-    RuntimeOverride, STAT_FAMILIES, flags, maps, maps::MAX_OVERRIDES, stat_index,
+    RuntimeOverride, STAT_FAMILIES, flags, maps, maps::MAX_OVERRIDES, stat_index, window::WindowState,
 };
 
 use super::{LoadError, counters::Totals};
@@ -48,6 +48,18 @@ pub struct Maps {
     /// `None` while the daemon has them away on a policy change.
     pub(crate) tables: Option<Tables>,
     pub counters: Counters,
+    /// `None` once the fleet sync has taken them.
+    pub windows: Option<Box<WindowMaps>>,
+}
+
+/// The window quotas' maps: the program's slice counts, the other nodes'
+/// counts the fleet sync writes, and the program's touch events.
+pub struct WindowMaps {
+    pub windows: HashMap<MapData, BucketKey, WindowState>,
+    pub fleet: HashMap<MapData, BucketKey, WindowState>,
+    pub touched: RingBuf<MapData>,
+    /// `[0]` sync epoch, `[1]` split divisor while the store is down.
+    pub state: Array<MapData, u64>,
 }
 
 /// What a policy is written to: both `CONFIG` slots, `ACTIVE`, the
@@ -101,7 +113,13 @@ impl Maps {
             bucket_capacity: info.max_entries(),
             buckets_id: info.id(),
         };
-        Ok(Self { tables: Some(tables), counters })
+        let windows = WindowMaps {
+            windows: take(ebpf, maps::WINDOWS)?,
+            fleet: take(ebpf, maps::FLEET)?,
+            touched: take(ebpf, maps::TOUCHED)?,
+            state: take(ebpf, maps::FLEET_STATE)?,
+        };
+        Ok(Self { tables: Some(tables), counters, windows: Some(Box::new(windows)) })
     }
 
     /// The policy tables. Panics if they were taken away.

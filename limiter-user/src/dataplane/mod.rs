@@ -161,7 +161,9 @@ impl DataPlane {
         let paths: Vec<(&'static str, PathBuf)> =
             pin_dir.map(|dir| pin::PINNED_MAPS.iter().map(|(n, ..)| (*n, dir.join(n))).collect()).unwrap_or_default();
         let mut loader = EbpfLoader::new();
-        loader.map_max_entries(names::BUCKETS, capacity);
+        for map in [names::BUCKETS, names::WINDOWS, names::FLEET] {
+            loader.map_max_entries(map, capacity);
+        }
         loader.override_global(aya_log::LEVEL, &level, true);
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
@@ -256,6 +258,21 @@ impl DataPlane {
         self.load_program(name)?;
         let r = self.xdp(name)?.test_run(opts).map_err(|source| LoadError::TestRun { name, source })?;
         Ok((r.return_value, r.duration))
+    }
+}
+
+/// A bucket key as a CIDR string.
+#[must_use]
+pub fn cidr(k: &limiter_common::BucketKey) -> String {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    let [a, b] = k.addr.map(u32::to_ne_bytes);
+    if k.family == limiter_common::family::IPV4 {
+        format!("{}/{}", Ipv4Addr::from(a), k.prefix_len)
+    } else {
+        let mut o = [0u8; 16];
+        o[..4].copy_from_slice(&a);
+        o[4..8].copy_from_slice(&b);
+        format!("{}/{}", Ipv6Addr::from(o), k.prefix_len)
     }
 }
 

@@ -2,7 +2,7 @@
 //! docs/design.md).
 //!
 //! Layout of a pin directory (default [`DEFAULT_PIN_DIR`]):
-//! `BUCKETS`, `CONFIG`, `STATS`, `META`, `RUNTIME` (the overrides set at
+//! `BUCKETS`, `WINDOWS`, `CONFIG`, `STATS`, `META`, `RUNTIME` (the overrides set at
 //! run time) and the other maps of [`PINNED_MAPS`], `prog` (the program) and
 //! `link` (the XDP link). A restarted daemon checks `META` and every map's
 //! type and sizes before re-adopting anything, so an incompatible pin is
@@ -18,14 +18,17 @@ use std::{
 use aya::maps::{Array, Map, MapData, MapType};
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, META_MAGIC, Meta, RuntimeKey, RuntimeOverride,
-    SCHEMA_VERSION, maps,
+    SCHEMA_VERSION, maps, window::WindowState,
 };
 
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// Maps pinned with the program, with their expected type and sizes.
-pub const PINNED_MAPS: [(&str, MapType, usize, usize); 13] = [
+pub const PINNED_MAPS: [(&str, MapType, usize, usize); 16] = [
     (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>()),
+    (maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>()),
+    (maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>()),
+    (maps::FLEET_STATE, MapType::Array, 4, 8),
     (maps::CONFIG, MapType::Array, 4, size_of::<Config>()),
     (maps::ACTIVE, MapType::Array, 4, 4),
     (maps::NEW_SOURCES, MapType::Array, 4, 8),

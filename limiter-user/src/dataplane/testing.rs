@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use aya::programs::{TestRunAttrs, TestRunOptions, xdp::XdpLinkId};
-use limiter_common::{BucketKey, BucketState, Config, maps as names};
+use aya::programs::{TestRun as _, TestRunAttrs, TestRunOptions, xdp::XdpLinkId};
+use limiter_common::{BucketKey, BucketState, Config, maps as names, window::WindowState};
 
 use super::{AttachMode, DataPlane, LoadError, ifindex, maps::Named as _};
 use crate::policy::{Compiled, CompiledOverrides};
@@ -72,6 +72,53 @@ impl DataPlane {
     #[must_use]
     pub fn tracked(&self) -> usize {
         self.maps.counters.buckets.keys().flatten().count()
+    }
+
+    /// One prefix's window slice counts, if tracked.
+    pub fn window(&self, key: &BucketKey) -> Result<Option<WindowState>, LoadError> {
+        let Some(w) = &self.maps.windows else { return Ok(None) };
+        match w.windows.get(key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e).on(names::WINDOWS),
+        }
+    }
+
+    /// BPF_PROG_TEST_RUN of `name` over `data`, `repeat` times on each CPU
+    /// of `cpus` at the same moment (a thread pinned to each), to race the
+    /// program against itself on shared map entries.
+    pub fn test_run_on_cpus(
+        &mut self,
+        name: &'static str,
+        data: &[u8],
+        repeat: u32,
+        cpus: &[usize],
+    ) -> Result<(), LoadError> {
+        self.load_program(name)?;
+        let prog: &aya::programs::Xdp = self.xdp(name)?;
+        let start = std::sync::Barrier::new(cpus.len());
+        std::thread::scope(|s| {
+            let runs: Vec<_> = cpus
+                .iter()
+                .map(|&cpu| {
+                    let start = &start;
+                    s.spawn(move || {
+                        // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
+                        unsafe {
+                            let mut set: libc::cpu_set_t = std::mem::zeroed();
+                            libc::CPU_SET(cpu, &mut set);
+                            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set);
+                        }
+                        start.wait();
+                        prog.test_run(TestRunOptions { data_in: Some(data), repeat, ..TestRunOptions::new() })
+                    })
+                })
+                .collect();
+            for r in runs {
+                r.join().expect("test-run thread").map_err(|source| LoadError::TestRun { name, source })?;
+            }
+            Ok(())
+        })
     }
 
     /// One bucket's state, if tracked.

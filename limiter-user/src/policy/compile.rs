@@ -12,7 +12,10 @@ use limiter_common::{
     resolution,
 };
 
-use super::{CostUnit, Limit, MIN_BYTE_BURST, Mode, Override, OverrideAction, Policy, PolicyError, bad};
+use super::{
+    CostUnit, Limit, MIN_BYTE_BURST, Mode, Override, OverrideAction, Policy, PolicyError, Scope, StoreFailure, Window,
+    bad,
+};
 
 /// A policy in the kernel's form, ready to be written to an idle slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,7 +44,10 @@ thread_local! {
 impl Limit {
     /// Check the limit and derive the kernel's form. `at` prefixes field names.
     pub fn to_kernel(&self, at: &str) -> Result<ClassLimits, PolicyError> {
-        let Self { rate, burst, cost, mode } = *self;
+        let Self { rate, burst, cost, mode, window } = *self;
+        if let Some(w) = window {
+            return w.to_kernel(at, cost, mode);
+        }
         if !(1..=gcra::MAX_RATE).contains(&rate) {
             return Err(bad(format!("{at}rate"), format!("{rate} is outside 1..={}", gcra::MAX_RATE)));
         }
@@ -57,6 +63,38 @@ impl Limit {
         }
         ClassLimits::new(rate, burst, cost.into(), mode.into())
             .ok_or_else(|| bad(format!("{at}burst"), format!("{burst} is too large for rate {rate}")))
+    }
+}
+
+impl Window {
+    fn to_kernel(self, at: &str, cost: CostUnit, mode: Mode) -> Result<ClassLimits, PolicyError> {
+        use limiter_common::window::{self, scope};
+        let Self { limit, length, slices, scope: sc, on_store_failure } = self;
+        if !(1..=window::MAX_LIMIT).contains(&limit) {
+            return Err(bad(format!("{at}limit"), format!("{limit} is outside 1..={}", window::MAX_LIMIT)));
+        }
+        if slices < 2 || usize::try_from(slices).is_ok_and(|n| n > window::MAX_SLICES) {
+            return Err(bad(format!("{at}slices"), format!("{slices} is outside 2..={}", window::MAX_SLICES)));
+        }
+        let ns = u64::try_from(length.as_nanos()).unwrap_or(u64::MAX);
+        let slice = ns / u64::from(slices);
+        if ns % u64::from(slices) != 0 || !(window::MIN_SLICE_NS..=window::MAX_SLICE_NS).contains(&slice) {
+            return Err(bad(
+                format!("{at}window"),
+                format!(
+                    "{length:?} in {slices} slices: give a window that splits into whole nanoseconds of 1 ms to 1 h each"
+                ),
+            ));
+        }
+        let bits = match sc {
+            Scope::Local => 0,
+            Scope::Fleet => scope::FLEET,
+        } | match on_store_failure {
+            StoreFailure::Open => 0,
+            StoreFailure::Split => scope::SPLIT_ON_FAILURE,
+        };
+        ClassLimits::window(limit, slice, slices, bits, cost.into(), mode.into())
+            .ok_or_else(|| bad(format!("{at}window"), "outside the bounds of a window quota"))
     }
 }
 
@@ -77,8 +115,12 @@ impl Policy {
             capacity,
             forwards,
             feedback,
+            fleet,
         } = self;
         super::forward::check(forwards)?;
+        if let Some(f) = fleet {
+            super::fleet::check(f)?;
+        }
         if let Some(f) = feedback {
             super::feedback::check(f)?;
         }
@@ -114,13 +156,13 @@ impl Policy {
                     return Err(bad(field, format!("/{agg} is finer than the bucket prefix /{bucket}")));
                 }
             }
-            let k = Limit { rate: a.rate, burst: a.burst, cost: default.cost, mode: Mode::Enforce }
+            let k = Limit { rate: a.rate, burst: a.burst, cost: default.cost, mode: Mode::Enforce, window: None }
                 .to_kernel("aggregate_")?;
             (config.agg_unit, config.agg_tau, config.agg_v4_prefix, config.agg_v6_prefix) =
                 (k.unit, k.tau, a.v4_prefix, a.v6_prefix);
         }
         if let Some((rate, burst)) = *new_sources {
-            let budget = Limit { rate, burst, cost: CostUnit::Packets, mode: Mode::Enforce };
+            let budget = Limit { rate, burst, cost: CostUnit::Packets, mode: Mode::Enforce, window: None };
             let k = budget.to_kernel("new_source_")?;
             (config.new_unit, config.new_tau) = (k.unit, k.tau);
         }
@@ -213,6 +255,12 @@ fn compile_overrides(list: &[Override], v4: u32, v6: u32) -> Result<CompiledOver
             OverrideAction::Allow => resolution::ALLOW,
             OverrideAction::Deny => resolution::DENY,
             OverrideAction::Limit(l) => {
+                if l.window.is_some_and(|w| w.scope == Scope::Fleet) {
+                    return Err(bad(
+                        format!("{at}scope"),
+                        "fleet scope is for classes (an override's window counts on this host only)",
+                    ));
+                }
                 out.limits.push(l.to_kernel(&at)?);
                 u32::try_from(out.limits.len()).expect("bounded by MAX_OVERRIDES")
             }
@@ -244,7 +292,7 @@ mod tests {
             protocol: Protocol::Tcp,
             ports: vec![(443, 443), (8443, 8443)],
             syn: true,
-            limit: Limit { rate: 20, burst: 40, cost: CostUnit::Packets, mode: Mode::Shadow },
+            limit: Limit { rate: 20, burst: 40, cost: CostUnit::Packets, mode: Mode::Shadow, window: None },
         }
     }
 
@@ -254,7 +302,7 @@ mod tests {
 
     #[test]
     fn overrides_compile_to_trie_entries_and_limits() {
-        let lim = Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce };
+        let lim = Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None };
         let p = Policy {
             overrides: vec![
                 Override { net: "198.18.0.0/16".parse().unwrap(), action: OverrideAction::Limit(lim) },

@@ -32,8 +32,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{
-    Aggregate, Class, Compiled, CostUnit, DEFAULT_AGGREGATE_PREFIXES, Limit, Mode, Override, OverrideAction, Policy,
-    PolicyError, Protocol, bad,
+    Aggregate, Class, Compiled, CostUnit, DEFAULT_AGGREGATE_PREFIXES, DEFAULT_SLICES, Limit, Mode, Override,
+    OverrideAction, Policy, PolicyError, Protocol, Scope, StoreFailure, Window, bad,
 };
 
 /// Largest policy file read: 131,072 overrides take about 8 MB.
@@ -101,12 +101,13 @@ struct Root {
     aggregate_v4_prefix: Option<Spanned<u32>>,
     aggregate_v6_prefix: Option<Spanned<u32>>,
     #[serde(default, rename = "class")]
-    classes: Vec<ClassSpec>,
+    classes: Vec<Spanned<ClassSpec>>,
     #[serde(default, rename = "override")]
     overrides: Vec<Spanned<OverrideSpec>>,
     #[serde(default, rename = "forward")]
     forwards: Vec<super::forward::Forward>,
     feedback: Option<super::feedback::Feedback>,
+    fleet: Option<super::fleet::Fleet>,
 }
 
 #[derive(Deserialize, PartialEq)]
@@ -117,6 +118,56 @@ struct OverrideSpec {
     rate: Option<u64>,
     burst: Option<u64>,
     mode: Option<Mode>,
+    limit: Option<u64>,
+    #[serde(default, deserialize_with = "super::duration_opt")]
+    window: Option<std::time::Duration>,
+    slices: Option<u32>,
+    scope: Option<Scope>,
+    on_store_failure: Option<StoreFailure>,
+}
+
+/// The window-quota fields of a class or an override.
+struct WindowSpec {
+    limit: Option<u64>,
+    window: Option<std::time::Duration>,
+    slices: Option<u32>,
+    scope: Option<Scope>,
+    on_store_failure: Option<StoreFailure>,
+}
+
+impl WindowSpec {
+    /// `Some` window if `window` is given (then `limit` is needed and
+    /// neither `rate` nor `burst` may be); an error names the field.
+    fn build(self, at: &str, bucket: (Option<u64>, Option<u64>)) -> Result<Option<Window>, PolicyError> {
+        let Self { limit, window, slices, scope, on_store_failure } = self;
+        let Some(length) = window else {
+            let stray = [("limit", limit.is_some()), ("slices", slices.is_some()), ("scope", scope.is_some())]
+                .into_iter()
+                .chain([("on_store_failure", on_store_failure.is_some())])
+                .find(|(_, set)| *set);
+            if let Some((field, _)) = stray {
+                return Err(bad(format!("{at}{field}"), "belongs to a window quota: give window (and limit) too"));
+            }
+            return Ok(None);
+        };
+        if bucket.0.is_some() || bucket.1.is_some() {
+            let field = if bucket.0.is_some() { "rate" } else { "burst" };
+            return Err(bad(format!("{at}{field}"), "a window quota has limit and window, not rate and burst"));
+        }
+        let Some(limit) = limit else {
+            return Err(bad(format!("{at}limit"), "a window quota needs limit (units per window)"));
+        };
+        if on_store_failure.is_some() && scope != Some(Scope::Fleet) {
+            return Err(bad(format!("{at}on_store_failure"), "applies to scope = \"fleet\" only"));
+        }
+        Ok(Some(Window {
+            limit,
+            length,
+            slices: slices.unwrap_or(DEFAULT_SLICES),
+            scope: scope.unwrap_or_default(),
+            on_store_failure: on_store_failure.unwrap_or_default(),
+        }))
+    }
 }
 
 #[derive(Clone, Copy, Deserialize, PartialEq)]
@@ -136,10 +187,16 @@ struct ClassSpec {
     ports: Vec<PortSpec>,
     #[serde(default)]
     syn: bool,
-    rate: u64,
-    burst: u64,
+    rate: Option<u64>,
+    burst: Option<u64>,
     cost: Option<CostUnit>,
     mode: Option<Mode>,
+    limit: Option<u64>,
+    #[serde(default, deserialize_with = "super::duration_opt")]
+    window: Option<std::time::Duration>,
+    slices: Option<u32>,
+    scope: Option<Scope>,
+    on_store_failure: Option<StoreFailure>,
 }
 
 /// Read a policy file: a regular file of at most [`MAX_FILE_BYTES`] (a
@@ -223,6 +280,7 @@ fn build(root: Root) -> Located<Policy> {
         overrides,
         mut forwards,
         feedback,
+        fleet,
     } = root;
     super::forward::name_defaults(&mut forwards);
     let base = Policy::default();
@@ -232,8 +290,10 @@ fn build(root: Root) -> Located<Policy> {
         burst: burst.unwrap_or(base.default.burst),
         cost: cost.unwrap_or(base.default.cost),
         mode: global_mode,
+        window: None,
     };
-    let classes = classes.into_iter().map(|c| build_class(c, global_mode)).collect();
+    let classes =
+        classes.into_iter().enumerate().map(|(i, c)| build_class(i, c, global_mode)).collect::<Located<Vec<_>>>()?;
     let overrides =
         overrides.into_iter().enumerate().map(|(i, o)| build_override(i, o, default)).collect::<Located<Vec<_>>>()?;
     // 0 turns the budget off (the burst, if given, is moot).
@@ -270,35 +330,78 @@ fn build(root: Root) -> Located<Policy> {
         capacity: capacity.unwrap_or(base.capacity),
         forwards,
         feedback,
+        fleet,
     })
 }
 
-fn build_class(c: ClassSpec, global_mode: Mode) -> Class {
-    let ClassSpec { name, protocol, ports, syn, rate, burst, cost, mode } = c;
-    Class {
+fn build_class(i: usize, c: Spanned<ClassSpec>, global_mode: Mode) -> Located<Class> {
+    let start = c.span().start;
+    let ClassSpec {
+        name,
+        protocol,
+        ports,
+        syn,
+        rate,
+        burst,
+        cost,
+        mode,
+        limit,
+        window,
+        slices,
+        scope,
+        on_store_failure,
+    } = c.into_inner();
+    let at = format!("class[{i}].");
+    let window = WindowSpec { limit, window, slices, scope, on_store_failure }
+        .build(&at, (rate, burst))
+        .map_err(|e| (e, start))?;
+    let (rate, burst) = match (window, rate, burst) {
+        (Some(_), ..) => (0, 0),
+        (None, Some(r), Some(b)) => (r, b),
+        (None, r, _) => {
+            let field = if r.is_none() { "rate" } else { "burst" };
+            return Err((bad(format!("{at}{field}"), "give rate and burst (a bucket) or limit and window"), start));
+        }
+    };
+    Ok(Class {
         name,
         protocol,
         ports: ports.into_iter().map(|PortSpec(lo, hi)| (lo, hi)).collect(),
         syn,
-        limit: Limit { rate, burst, cost: cost.unwrap_or(CostUnit::Packets), mode: mode.unwrap_or(global_mode) },
-    }
+        limit: Limit {
+            rate,
+            burst,
+            cost: cost.unwrap_or(CostUnit::Packets),
+            mode: mode.unwrap_or(global_mode),
+            window,
+        },
+    })
 }
 
 fn build_override(i: usize, o: Spanned<OverrideSpec>, default: Limit) -> Located<Override> {
     let start = o.span().start;
-    let OverrideSpec { cidr, action, rate, burst, mode } = o.into_inner();
+    let OverrideSpec { cidr, action, rate, burst, mode, limit, window, slices, scope, on_store_failure } =
+        o.into_inner();
     let net = cidr
         .get_ref()
         .parse::<ipnet::IpNet>()
         .map_err(|e| (bad(format!("override[{i}].cidr"), format!("{:?}: {e}", cidr.get_ref())), cidr.span().start))?;
-    let action = match (action, rate, burst) {
-        (Some(ListAction::Allow), None, None) => OverrideAction::Allow,
-        (Some(ListAction::Deny), None, None) => OverrideAction::Deny,
-        (None, Some(rate), Some(burst)) => {
-            OverrideAction::Limit(Limit { rate, burst, cost: default.cost, mode: mode.unwrap_or(default.mode) })
+    let at = format!("override[{i}].");
+    let window = WindowSpec { limit, window, slices, scope, on_store_failure }
+        .build(&at, (rate, burst))
+        .map_err(|e| (e, start))?;
+    let mode = mode.unwrap_or(default.mode);
+    let action = match (action, rate, burst, window) {
+        (Some(ListAction::Allow), None, None, None) => OverrideAction::Allow,
+        (Some(ListAction::Deny), None, None, None) => OverrideAction::Deny,
+        (None, Some(rate), Some(burst), None) => {
+            OverrideAction::Limit(Limit { rate, burst, cost: default.cost, mode, window: None })
+        }
+        (None, None, None, Some(w)) => {
+            OverrideAction::Limit(Limit { rate: 0, burst: 0, cost: default.cost, mode, window: Some(w) })
         }
         _ => {
-            let problem = "give either action = \"allow\"/\"deny\" or both rate and burst";
+            let problem = "give either action = \"allow\"/\"deny\", both rate and burst, or limit and window";
             return Err((bad(format!("override[{i}].action"), problem), start));
         }
     };

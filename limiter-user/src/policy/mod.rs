@@ -6,6 +6,7 @@
 pub mod compile;
 pub mod feedback;
 pub mod file;
+pub mod fleet;
 pub mod forward;
 pub mod overlay;
 pub mod runtime;
@@ -75,6 +76,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+/// An optional duration field (`#[serde(default, deserialize_with =
+/// "duration_opt")]`).
+pub(crate) fn duration_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
 }
 
 /// The name serde gives a unit variant (the one spelling of the file).
@@ -171,7 +178,8 @@ impl From<Protocol> for u8 {
     }
 }
 
-/// Rate, depth, cost unit and mode of one bucket class.
+/// Rate, depth, cost unit and mode of one bucket class; or, with
+/// `window`, a window quota (then `rate` and `burst` are 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limit {
     /// Units per second per prefix.
@@ -180,7 +188,46 @@ pub struct Limit {
     pub burst: u64,
     pub cost: CostUnit,
     pub mode: Mode,
+    pub window: Option<Window>,
 }
+
+/// Where a window quota is counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// On this host only.
+    #[default]
+    Local,
+    /// Across the fleet, through the store of `[fleet]`.
+    Fleet,
+}
+
+/// What a fleet-scope quota does while the store is unreachable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreFailure {
+    /// Decide on the last known view plus local counts: no refusal caused
+    /// by the outage; overshoot up to the node count during it.
+    #[default]
+    Open,
+    /// Admit only `limit / nodes` locally: bounded overshoot, but a
+    /// compliant client may be refused.
+    Split,
+}
+
+/// A window quota: at most `limit` units per `length`, counted in
+/// `slices` slices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub limit: u64,
+    pub length: std::time::Duration,
+    pub slices: u32,
+    pub scope: Scope,
+    pub on_store_failure: StoreFailure,
+}
+
+/// Default slices of a window (the case study's 12 of 5 s in 60 s).
+pub const DEFAULT_SLICES: u32 = 12;
 
 /// A rule class: packets it matches get buckets and limits of their own.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -249,6 +296,9 @@ pub struct Policy {
     pub forwards: Vec<forward::Forward>,
     /// The feedback endpoint and its governor (off by default).
     pub feedback: Option<feedback::Feedback>,
+    /// The fleet's shared store (off by default: fleet-scope quotas then
+    /// count this host only, and say so).
+    pub fleet: Option<fleet::Fleet>,
 }
 
 impl Default for Policy {
@@ -258,7 +308,7 @@ impl Default for Policy {
     /// New prefixes: 5,000 a second, burst 10,000, shared.
     fn default() -> Self {
         Self {
-            default: Limit { rate: 1_000, burst: 2_000, cost: CostUnit::Packets, mode: Mode::Enforce },
+            default: Limit { rate: 1_000, burst: 2_000, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
             classes: Vec::new(),
             overrides: Vec::new(),
             new_sources: Some(DEFAULT_NEW_SOURCES),
@@ -268,6 +318,7 @@ impl Default for Policy {
             capacity: limiter_common::maps::DEFAULT_BUCKET_CAPACITY,
             forwards: Vec::new(),
             feedback: None,
+            fleet: None,
         }
     }
 }
@@ -312,7 +363,19 @@ impl fmt::Display for Summary<'_> {
         )?;
         for c in &p.classes {
             let l = c.limit;
-            write!(f, "; class {}: rate {} burst {} ({})", c.name, l.rate, l.burst, l.mode)?;
+            match l.window {
+                Some(win) => write!(
+                    f,
+                    "; class {}: {} per {} s in {} slices, {} ({})",
+                    c.name,
+                    win.limit,
+                    win.length.as_secs_f64(),
+                    win.slices,
+                    spelling(&win.scope),
+                    l.mode
+                )?,
+                None => write!(f, "; class {}: rate {} burst {} ({})", c.name, l.rate, l.burst, l.mode)?,
+            }
         }
         if let Some((rate, burst)) = p.new_sources {
             write!(f, "; new sources {rate}/s burst {burst}")?;

@@ -126,6 +126,7 @@ pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<Over
             burst: v.burst,
             cost: CostUnit::try_from(v.cost).ok()?,
             mode: Mode::try_from(v.mode).ok()?,
+            window: None,
         })),
         _ => return None,
     };
@@ -138,7 +139,7 @@ mod tests {
 
     #[test]
     fn every_kind_of_override_round_trips() {
-        let limit = |cost, mode| OverrideAction::Limit(Limit { rate: 7, burst: 1 << 40, cost, mode });
+        let limit = |cost, mode| OverrideAction::Limit(Limit { rate: 7, burst: 1 << 40, cost, mode, window: None });
         let cases: [(&str, Option<OverrideAction>); 6] = [
             ("198.18.1.0/24", Some(OverrideAction::Deny)),
             ("2001:2::/48", Some(OverrideAction::Allow)),

@@ -2,7 +2,28 @@
 
 use std::fmt::Write as _;
 
-use crate::policy::{OverrideAction, Policy};
+use crate::policy::{Limit, OverrideAction, Policy, Scope, spelling};
+
+/// A bucket's rate and burst, or a window quota's fields.
+fn limits(s: &mut String, l: &Limit) {
+    let _ = match l.window {
+        None => writeln!(s, "rate = {}\nburst = {}", l.rate, l.burst),
+        Some(w) => {
+            let _ = writeln!(
+                s,
+                "limit = {}\nwindow = \"{}ms\"\nslices = {}\nscope = \"{}\"",
+                w.limit,
+                w.length.as_millis(),
+                w.slices,
+                spelling(&w.scope)
+            );
+            if w.scope == Scope::Fleet {
+                let _ = writeln!(s, "on_store_failure = \"{}\"", spelling(&w.on_store_failure));
+            }
+            Ok(())
+        }
+    };
+}
 
 /// The policy as a policy file that [`parse`] reads back to the same policy.
 #[must_use]
@@ -39,7 +60,8 @@ pub fn render(p: &Policy) -> String {
         if c.syn {
             s.push_str("syn = true\n");
         }
-        let _ = writeln!(s, "rate = {}\nburst = {}\ncost = \"{}\"\nmode = \"{}\"", l.rate, l.burst, l.cost, l.mode);
+        let _ = writeln!(s, "cost = \"{}\"\nmode = \"{}\"", l.cost, l.mode);
+        limits(&mut s, &l);
     }
     for o in &p.overrides {
         let _ = write!(s, "\n[[override]]\ncidr = \"{}\"\n", o.net);
@@ -47,14 +69,21 @@ pub fn render(p: &Policy) -> String {
             OverrideAction::Allow => s.push_str("action = \"allow\"\n"),
             OverrideAction::Deny => s.push_str("action = \"deny\"\n"),
             OverrideAction::Limit(l) => {
-                let _ = writeln!(s, "rate = {}\nburst = {}\nmode = \"{}\"", l.rate, l.burst, l.mode);
+                let _ = writeln!(s, "mode = \"{}\"", l.mode);
+                limits(&mut s, &l);
             }
         }
     }
+    services(&mut s, p);
+    s
+}
+
+/// The forwarders, the feedback endpoint and the fleet store.
+fn services(s: &mut String, p: &Policy) {
     for f in &p.forwards {
         let list = |v: &[std::net::SocketAddr]| v.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
         let _ = write!(
-            s,
+            *s,
             "\n[[forward]]\nname = {:?}\nlisten = [{}]\nupstreams = [{}]\nbalance = \"{}\"\nproxy_protocol = \"{}\"\ncopy = \"{}\"\n",
             f.name,
             list(&f.listen),
@@ -65,7 +94,7 @@ pub fn render(p: &Policy) -> String {
         );
         let ms = |d: std::time::Duration| format!("{}ms", d.as_millis());
         let _ = writeln!(
-            s,
+            *s,
             "max_connections = {}\nmax_connections_per_prefix = {}\nconnect_timeout = \"{}\"\nidle_timeout = \"{}\"\ndrain_timeout = \"{}\"",
             f.max_connections,
             f.max_connections_per_prefix,
@@ -76,7 +105,7 @@ pub fn render(p: &Policy) -> String {
     }
     if let Some(f) = &p.feedback {
         let _ = write!(
-            s,
+            *s,
             "\n[feedback]\nlisten = \"{}\"\ntoken_file = {:?}\nmax_denied = {}\nmin_v4_prefix = {}\nmin_v6_prefix = {}\nmax_ttl = \"{}s\"\nshadow = {}\n",
             f.listen,
             f.token_file.display().to_string(),
@@ -96,5 +125,16 @@ pub fn render(p: &Policy) -> String {
             );
         }
     }
-    s
+    if let Some(f) = &p.fleet {
+        let list: Vec<String> = f.store.iter().map(|a| format!("{a:?}")).collect();
+        let _ = write!(
+            *s,
+            "\n[fleet]\nstore = [{}]\nnode = {:?}\nnodes = {}\nsync_interval = \"{}ms\"\ntimeout = \"{}ms\"\n",
+            list.join(", "),
+            f.node,
+            f.nodes,
+            f.sync_interval.as_millis(),
+            f.timeout.as_millis()
+        );
+    }
 }

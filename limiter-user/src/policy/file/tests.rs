@@ -93,6 +93,36 @@ fn errors_name_file_line_and_field() {
             "twice",
         ),
         ("new_source_rate = 5\n", 1, "new_source_burst", "needs"),
+        ("[[class]]\nname = \"q\"\nwindow = \"60s\"\n", 1, "class[0].limit", "needs limit"),
+        (
+            "[[class]]\nname = \"q\"\nwindow = \"60s\"\nlimit = 600\nrate = 5\n",
+            1,
+            "class[0].rate",
+            "not rate and burst",
+        ),
+        (
+            "[[class]]\nname = \"q\"\nwindow = \"60s\"\nlimit = 600\nslices = 20\n",
+            5,
+            "class[0].slices",
+            "outside 2..=12",
+        ),
+        ("[[class]]\nname = \"q\"\nwindow = \"7s\"\nlimit = 600\n", 3, "class[0].window", "whole nanoseconds"),
+        ("[[class]]\nname = \"q\"\nlimit = 600\n", 1, "class[0].limit", "belongs to a window quota"),
+        ("[[class]]\nname = \"q\"\n", 1, "class[0].rate", "give rate and burst"),
+        (
+            "[[class]]\nname = \"q\"\nwindow = \"6s\"\nlimit = 6\non_store_failure = \"split\"\n",
+            1,
+            "class[0].on_store_failure",
+            "fleet",
+        ),
+        ("[[class]]\nname = \"q\"\nwindow = \"6s\"\nlimit = 6\nscope = \"galaxy\"\n", 5, "class[0].scope", "local"),
+        ("[[override]]\ncidr = \"198.18.5.0/24\"\nwindow = \"1m\"\nlimit = 0\n", 4, "override[0].limit", "outside"),
+        (
+            "[[override]]\ncidr = \"198.18.5.0/24\"\nwindow = \"1m\"\nlimit = 9\nscope = \"fleet\"\n",
+            5,
+            "override[0].scope",
+            "classes",
+        ),
         ("aggregate_v4_prefix = 12\n", 1, "aggregate_rate", "need"),
         (
             "v4_prefix = 16\naggregate_rate = 1\naggregate_burst = 1\naggregate_v4_prefix = 20\n",
@@ -181,12 +211,20 @@ fn render_reads_back_to_the_same_policy() {
     text =
         format!("new_source_rate = 500\nnew_source_burst = 900\naggregate_rate = 4000\naggregate_burst = 8000\n{text}");
     text.push_str("\n[[override]]\ncidr = \"198.18.0.0/16\"\nrate = 5\nburst = 9\n\n[[override]]\ncidr = \"2001:2::/48\"\naction = \"deny\"\n\n[[class]]\nname = \"ping\"\nprotocol = \"icmp\"\nrate = 3\nburst = 3\n");
+    text.push_str("\n[[class]]\nname = \"syn-quota\"\nprotocol = \"tcp\"\nports = [443]\nsyn = true\nlimit = 600\nwindow = \"60s\"\nscope = \"fleet\"\non_store_failure = \"split\"\n");
+    text.push_str("\n[[override]]\ncidr = \"198.19.0.0/16\"\nlimit = 50\nwindow = \"6s\"\nslices = 3\n");
     text.push_str("\n[[forward]]\nlisten = [\"198.18.0.2:443\"]\nupstreams = [\"127.0.0.1:8443\"]\ncopy = \"buffer\"\nproxy_protocol = \"v1\"\n");
+    text.push_str("\n[fleet]\nstore = [\"redis://198.19.0.1:7001\", \"redis://198.19.0.1:7002\"]\nnode = \"edge-1\"\nnodes = 3\nsync_interval = \"250ms\"\n");
     text.push_str("\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"/etc/limiter/token\"\nmax_ttl = \"1h\"\n\n[feedback.escalate]\ndrops_per_sec = 2000\nsustained = \"1500ms\"\ndeny_for = \"10m\"\n");
     let p = load(&text).unwrap().policy;
     assert_eq!(p.forwards[0].copy, crate::policy::forward::Copy::Buffer);
     assert_eq!(p.feedback.as_ref().and_then(|f| f.escalate).map(|e| e.drops_per_sec), Some(2000));
-    assert_eq!(p.overrides.len(), 2);
+    assert_eq!(p.overrides.len(), 3);
+    let w = p.classes[3].limit.window.unwrap();
+    assert_eq!((w.limit, w.length.as_secs(), w.slices, w.scope), (600, 60, 12, crate::policy::Scope::Fleet));
+    assert_eq!(w.on_store_failure, crate::policy::StoreFailure::Split);
+    let f = p.fleet.as_ref().unwrap();
+    assert_eq!((f.node.as_str(), f.nodes, f.sync_interval.as_millis(), f.is_cluster()), ("edge-1", 3, 250, true));
     assert_eq!(p.new_sources, Some((500, 900)));
     assert_eq!(p.aggregate.map(|a| (a.rate, a.v4_prefix, a.v6_prefix)), Some((4000, 16, 40)));
     let again = parse("rendered", render(&p)).unwrap().policy;

@@ -5,6 +5,7 @@
 
 mod forward;
 mod system;
+mod window;
 
 use std::net::Ipv4Addr;
 
@@ -389,6 +390,8 @@ fn accuracy() {
         let adm = replay(10, burst, times);
         println!("{:<44} {:>10}", name, times.len() - adm.len());
     }
+    window::accuracy(&uniform, &piled, &spaced);
+    println!();
     two_cpu_flood();
 }
 

@@ -1,0 +1,129 @@
+//! Window quotas on the data plane (the arithmetic is
+//! `limiter_common::window`): sum the prefix's slices of the current
+//! window, its own and, for a fleet-scope class, the other nodes' as last
+//! synced; admit while the sum with this packet stays within the limit,
+//! and count it in the current slice with one compare-and-swap.
+//!
+//! Two CPUs may both pass the check before either counts (the check and
+//! the count are two steps): each racing CPU can admit one packet past
+//! the limit, so the overshoot is bounded by the CPU count per instant
+//! (measured in `cargo xtask bench accuracy`).
+
+use core::{
+    intrinsics::{AtomicOrdering, atomic_cxchg},
+    ptr::read_volatile,
+};
+
+use limiter_common::{
+    BucketKey, ClassLimits, Reason, gcra,
+    reason::MAX_CAS_RETRIES,
+    window::{self, MAX_SLICES, Touch, WindowState, scope},
+};
+
+use crate::maps::{FLEET, FLEET_STATE, TOUCHED, WINDOWS};
+
+const BPF_NOEXIST: u64 = 1;
+
+/// The prefix's slice counts, created empty on its first packet.
+#[inline(always)]
+fn state(key: &BucketKey) -> Option<*mut WindowState> {
+    if let Some(p) = WINDOWS.get_ptr_mut(key) {
+        return Some(p);
+    }
+    // A racing CPU may have created it: either way it is there now.
+    let _ = WINDOWS.insert(key, WindowState::default(), BPF_NOEXIST);
+    WINDOWS.get_ptr_mut(key)
+}
+
+/// Units of `w` in the window ending with slice `cur`.
+#[inline(always)]
+fn counted(w: *const WindowState, cur: u64, slices: u32) -> u64 {
+    let mut seen = 0;
+    for i in 0..MAX_SLICES {
+        // SAFETY: a live map value; an aligned 8-byte load is single-copy
+        // atomic on the BPF ISA.
+        seen += window::count_in(unsafe { read_volatile(&raw const (*w).slots[i]) }, cur, slices);
+    }
+    seen
+}
+
+/// Charge `units` to `key`'s window at `now` (1/16 ns on the program's
+/// clock) under `l`.
+#[inline(always)]
+pub fn charge_window(key: &BucketKey, now: u64, units: u64, l: &ClassLimits) -> Reason {
+    // Slices on the wall clock (ns): the same on every node of a fleet.
+    let offset = FLEET_STATE.get(2).copied().unwrap_or(0);
+    let cur = window::slice_of((now >> gcra::TIME_SHIFT).wrapping_add(offset), l.unit);
+    let Some(w) = state(key) else { return Reason::BucketInsertFailed };
+    let fleet = l.scope & scope::FLEET != 0;
+    let mut limit = l.tau;
+    let mut seen = counted(w, cur, l.slices);
+    if fleet {
+        let split = FLEET_STATE.get(1).copied().unwrap_or(0);
+        if split != 0 && l.scope & scope::SPLIT_ON_FAILURE != 0 {
+            // The store is down: this node's share only.
+            limit /= split;
+        } else if let Some(f) = FLEET.get_ptr(key) {
+            seen += counted(f, cur, l.slices);
+        }
+    }
+    if seen + units > limit {
+        return Reason::RateLimited;
+    }
+    let i = window::slot_of(cur, l.slices);
+    if i >= MAX_SLICES {
+        return Reason::NoConfig;
+    }
+    // SAFETY: as above; `i` is in bounds.
+    let p = unsafe { &raw mut (*w).slots[i] };
+    if !cas_bump(p, cur, units) {
+        return Reason::Contended;
+    }
+    if fleet {
+        touch(key, w);
+    }
+    Reason::Admitted
+}
+
+/// Count `units` in slot `p` for slice `cur`, retried a bounded number of
+/// times when another CPU changed it in between.
+#[inline(always)]
+fn cas_bump(p: *mut u64, cur: u64, units: u64) -> bool {
+    for _ in 0..MAX_CAS_RETRIES {
+        // SAFETY: a live map value, as above.
+        let old = unsafe { read_volatile(p) };
+        // SAFETY: BPF_CMPXCHG on a map value is verifier-approved.
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                p,
+                old,
+                window::bump(old, cur, units),
+            )
+        };
+        if swapped {
+            return true;
+        }
+    }
+    false
+}
+
+/// The first packet of a fleet-scope prefix in a sync epoch tells the
+/// daemon (one CPU wins the swap, so one event per prefix and epoch).
+#[inline(always)]
+fn touch(key: &BucketKey, w: *mut WindowState) {
+    let epoch = FLEET_STATE.get(0).copied().unwrap_or(0);
+    // SAFETY: a live map value, as above.
+    let p = unsafe { &raw mut (*w).epoch };
+    // SAFETY: as above.
+    let seen = unsafe { read_volatile(p) };
+    if seen == epoch {
+        return;
+    }
+    // SAFETY: BPF_CMPXCHG on a map value.
+    let (_, won) =
+        unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, seen, epoch) };
+    if won {
+        #[expect(clippy::cast_possible_truncation, reason = "epochs travel in their low 32 bits")]
+        let _ = TOUCHED.output::<Touch>(&Touch { key: *key, epoch: epoch as u32 }, 0);
+    }
+}

@@ -1,0 +1,46 @@
+//! `limiter fleet status`.
+
+use crate::control::client::Client;
+
+pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
+    let Some(f) = client.fleet_status()? else {
+        if json {
+            return super::print_json(&serde_json::Value::Null);
+        }
+        anyhow::bail!(
+            "no fleet sync: the daemon's policy has no [fleet] section (fleet-scope quotas count this host only)"
+        );
+    };
+    if json {
+        return super::print_json(&f);
+    }
+    let now_ms =
+        u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis()))
+            .unwrap_or(0);
+    let store = if f.cluster { "Redis Cluster" } else { "Redis" };
+    println!("node        {}", f.node);
+    println!("store       {} ({store}): {}", f.store.join(", "), if f.store_up { "up" } else { "DOWN" });
+    if let Some(t) = f.down_since_unix_ms {
+        #[expect(clippy::cast_precision_loss, reason = "display")]
+        let secs = now_ms.saturating_sub(t) as f64 / 1e3;
+        println!("outage      {secs:.1} s so far (deciding on the last view plus local counts)");
+    }
+    println!("nodes seen  {} ({})", f.nodes_seen.len(), f.nodes_seen.join(", "));
+    match f.last_sync_unix_ms {
+        Some(t) => println!("last sync   {} ms ago (every {} ms)", now_ms.saturating_sub(t), f.sync_interval_ms),
+        None => println!("last sync   never"),
+    }
+    #[expect(clippy::cast_precision_loss, reason = "display")]
+    let mean = if f.syncs == 0 { 0.0 } else { f.latency_sum_secs * 1e3 / f.syncs as f64 };
+    println!("latency     last {:.2} ms, mean {mean:.2} ms, max {:.2} ms", f.last_latency_ms, f.max_latency_ms);
+    println!(
+        "syncs       {} ok; errors: timeout {}, connection {}, server {}",
+        f.syncs, f.errors[0], f.errors[1], f.errors[2]
+    );
+    println!("outages     {} ({:.1} s in all before this one)", f.outages, f.outage_secs_total);
+    println!(
+        "prefixes    {} pending, {} remembered, {} pushes, {} commands",
+        f.pending, f.remembered, f.prefixes_pushed_total, f.commands_total
+    );
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! The daemon's side of fleet-wide quotas: start the sync when the policy
+//! has a `[fleet]` section, tell it the classes of each policy applied,
+//! and answer `fleet status` and `prefix show`. Without `[fleet]` the
+//! daemon still keeps the wall-clock offset current, so window slices
+//! start on whole multiples of their length.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use limiter_common::{
+    BucketKey, Config, MAX_CLASSES, family, packet, rules,
+    window::{self, WindowState, scope},
+};
+
+use super::Daemon;
+use crate::{
+    control::{PrefixShow, WindowRow},
+    dataplane::{cidr, maps::WindowMaps},
+    fleet::{ClassWindow, Classes, FleetStatus, FleetSync, Readers, wall_and_offset},
+    policy::fleet::Fleet,
+};
+
+/// The fleet sync, or the maps it would have taken.
+pub(super) enum FleetSide {
+    Off(Option<Box<WindowMaps>>),
+    On(Box<(FleetSync, Readers)>),
+}
+
+/// The window-quota classes of `config`, named.
+pub(super) fn classes(config: &Config, names: &[String]) -> Classes {
+    (0..MAX_CLASSES)
+        .map(|i| {
+            let l = config.classes[i];
+            (l.slices != 0).then(|| ClassWindow {
+                name: names.get(i).cloned().unwrap_or_else(|| format!("class{i}")),
+                slice_ns: l.unit,
+                slices: l.slices,
+                fleet: l.scope & scope::FLEET != 0,
+            })
+        })
+        .collect()
+}
+
+impl FleetSide {
+    /// Start the sync for `fleet` (or keep the maps when there is none).
+    pub(super) fn start(
+        fleet: Option<&Fleet>,
+        maps: Option<Box<WindowMaps>>,
+        classes: Classes,
+    ) -> anyhow::Result<Self> {
+        match (fleet, maps) {
+            (Some(cfg), Some(maps)) => {
+                let readers = Readers::of(&maps)?;
+                tracing::info!(
+                    "limiter: fleet sync as {:?} every {} ms with {} ({})",
+                    cfg.node,
+                    cfg.sync_interval.as_millis(),
+                    cfg.store.join(", "),
+                    if cfg.is_cluster() { "Redis Cluster" } else { "Redis" }
+                );
+                Ok(Self::On(Box::new((FleetSync::spawn(cfg.clone(), maps, classes)?, readers))))
+            }
+            (_, maps) => {
+                let mut side = Self::Off(maps);
+                side.tick();
+                Ok(side)
+            }
+        }
+    }
+
+    /// Once a second without a sync: keep the wall-clock offset current.
+    pub(super) fn tick(&mut self) {
+        if let Self::Off(Some(m)) = self {
+            let _ = m.state.set(2, wall_and_offset().1, 0);
+        }
+    }
+
+    /// The policy changed.
+    pub(super) fn set_classes(&self, classes: Classes) {
+        if let Self::On(on) = self {
+            on.0.set_classes(classes);
+        }
+    }
+
+    #[must_use]
+    pub(super) fn status(&self) -> Option<FleetStatus> {
+        match self {
+            Self::On(on) => Some(on.0.status()),
+            Self::Off(_) => None,
+        }
+    }
+}
+
+impl FleetSide {
+    /// The `WINDOWS` and `FLEET` maps, to read.
+    fn maps(&self) -> Option<(&WindowMap, &WindowMap)> {
+        match self {
+            Self::On(on) => Some((&on.1.windows, &on.1.fleet)),
+            Self::Off(Some(m)) => Some((&m.windows, &m.fleet)),
+            Self::Off(None) => None,
+        }
+    }
+}
+
+/// A read handle on a map of slice counts.
+type WindowMap = aya::maps::HashMap<aya::maps::MapData, BucketKey, WindowState>;
+
+impl Daemon {
+    /// `limiter prefix show`: the window quotas of the bucket prefix that
+    /// `text` (an address or a CIDR) falls in.
+    pub(super) fn prefix_show(&self, text: &str) -> Result<PrefixShow, String> {
+        let (p, _) = self.policy.as_ref().ok_or("a policy change is running; ask again")?;
+        let config = p.config().ok_or("no policy applied yet")?;
+        let net: IpNet = text
+            .parse()
+            .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+            .map_err(|_| format!("{text:?} is not an address or a CIDR"))?;
+        let bucket = if net.addr().is_ipv4() { config.v4_prefix } else { config.v6_prefix };
+        if u32::from(net.prefix_len()) < bucket {
+            return Err(format!("{net} is wider than a bucket prefix (/{bucket}): give one address or a /{bucket}"));
+        }
+        let mut src = packet::Source::default();
+        match net.addr() {
+            IpAddr::V4(a) => {
+                src.family = family::IPV4;
+                src.addr[0] = u32::from_ne_bytes(a.octets());
+            }
+            IpAddr::V6(a) => {
+                src.family = family::IPV6;
+                let o = a.octets();
+                src.addr =
+                    std::array::from_fn(|i| u32::from_ne_bytes([o[i * 4], o[i * 4 + 1], o[i * 4 + 2], o[i * 4 + 3]]));
+            }
+        }
+        let maps = self.fleet.maps();
+        let wall = wall_and_offset().0;
+        let mut out = PrefixShow { cidr: String::new(), windows: Vec::new() };
+        for (i, c) in classes(config, &self.view.class_names).into_iter().enumerate() {
+            let Some(c) = c else { continue };
+            let key = rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, u8::try_from(i).unwrap_or(0));
+            out.cidr = cidr(&BucketKey { class: 0, ..key });
+            let cur = wall / c.slice_ns;
+            let count = |m: &WindowMap| m.get(&key, 0).map_or(0, |w| window::total(&w, cur, c.slices));
+            let (local, fleet) = maps.map_or((0, 0), |(w, f)| (count(w), if c.fleet { count(f) } else { 0 }));
+            let limit = config.classes[i].tau;
+            #[expect(clippy::cast_precision_loss, reason = "display")]
+            let window_secs = (c.slice_ns * u64::from(c.slices)) as f64 / 1e9;
+            out.windows.push(WindowRow {
+                class: c.name,
+                scope: if c.fleet { "fleet" } else { "local" }.into(),
+                limit,
+                window_secs,
+                slices: c.slices,
+                local,
+                fleet,
+                remaining: limit.saturating_sub(local + fleet),
+            });
+        }
+        if out.cidr.is_empty() {
+            let key = rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, 0);
+            out.cidr = cidr(&key);
+        }
+        Ok(out)
+    }
+
+    /// The fleet side's view of the policy in force.
+    pub(super) fn fleet_classes(&self) -> Option<Classes> {
+        let (p, _) = self.policy.as_ref()?;
+        Some(classes(p.config()?, &self.view.class_names))
+    }
+}

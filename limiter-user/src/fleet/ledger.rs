@@ -1,0 +1,192 @@
+//! What this node has told the store, and what the store told it back:
+//! pure bookkeeping, no I/O, so it is tested on its own.
+//!
+//! For each fleet-scope prefix with packets since the last sync (the
+//! program's touch events name them, so the map is never walked), the
+//! local slice counts are compared with what was last pushed: the
+//! difference is this sync's delta per slice. The store keeps one total
+//! per (prefix, slice) for the whole fleet; the other nodes' count of a
+//! slice is that total less what this node pushed to it.
+
+use std::collections::{HashMap, HashSet};
+
+use limiter_common::{
+    BucketKey,
+    window::{self, MAX_SLICES, WindowState},
+};
+
+/// Prefixes remembered at most (pushed counts and pending touches each);
+/// more are not synced (and counted), so memory stays bounded under a
+/// spoofed flood of a fleet class.
+pub const MAX_PREFIXES: usize = 1 << 20;
+
+/// The full slice number of a slot's 32-bit stamp, `cur` being the
+/// current slice.
+#[must_use]
+pub fn full_slice(stamp: u64, cur: u64) -> u64 {
+    #[expect(clippy::cast_possible_truncation, reason = "stamps are the low 32 bits")]
+    let back = (cur as u32).wrapping_sub(stamp as u32);
+    cur.wrapping_sub(u64::from(back))
+}
+
+/// The slots of `w` inside the window ending with `cur`, as (full slice,
+/// count), oldest first.
+#[must_use]
+pub fn slices_of(w: &WindowState, cur: u64, slices: u32) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = w
+        .slots
+        .iter()
+        .filter(|s| **s != 0 && window::count_in(**s, cur, slices) > 0)
+        .map(|s| (full_slice(*s >> 32, cur), *s & 0xffff_ffff))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// This node's sync bookkeeping.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Local counts as last pushed, per prefix.
+    pushed: HashMap<BucketKey, WindowState>,
+    /// Prefixes touched since their last successful push.
+    pending: HashSet<BucketKey>,
+    /// Touches not remembered because the ledger was full.
+    pub dropped: u64,
+}
+
+impl Ledger {
+    /// A prefix had packets since the last sync.
+    pub fn touched(&mut self, key: BucketKey) {
+        if self.pending.len() < MAX_PREFIXES || self.pending.contains(&key) {
+            self.pending.insert(key);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// The prefixes to sync now.
+    #[must_use]
+    pub fn pending(&self) -> Vec<BucketKey> {
+        self.pending.iter().copied().collect()
+    }
+
+    #[must_use]
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The units to add to the store per (full) slice of `key`'s window
+    /// ending with `cur`: local counts less what was pushed before.
+    #[must_use]
+    pub fn deltas(&self, key: &BucketKey, local: &WindowState, cur: u64, slices: u32) -> Vec<(u64, u64)> {
+        let before = self.pushed.get(key).map(|p| slices_of(p, cur, slices)).unwrap_or_default();
+        slices_of(local, cur, slices)
+            .into_iter()
+            .filter_map(|(s, n)| {
+                let had = before.iter().find(|(b, _)| *b == s).map_or(0, |(_, c)| *c);
+                (n > had).then(|| (s, n - had))
+            })
+            .collect()
+    }
+
+    /// `local` reached the store: it is what this node has pushed now.
+    pub fn pushed(&mut self, key: BucketKey, local: WindowState) {
+        self.pending.remove(&key);
+        if self.pushed.len() < MAX_PREFIXES || self.pushed.contains_key(&key) {
+            self.pushed.insert(key, local);
+        }
+    }
+
+    /// A prefix no longer synced (its class is gone, or it left the map).
+    pub fn forget(&mut self, key: &BucketKey) {
+        self.pending.remove(key);
+        self.pushed.remove(key);
+    }
+
+    /// The other nodes' counts of `key` from the fleet's `totals` per
+    /// (full) slice: each total less what this node pushed to that slice.
+    #[must_use]
+    pub fn others(&self, key: &BucketKey, totals: &[(u64, u64)], cur: u64, slices: u32) -> WindowState {
+        let mine = self.pushed.get(key).map(|p| slices_of(p, cur, slices)).unwrap_or_default();
+        let mut out = WindowState::default();
+        for &(s, total) in totals {
+            let own = mine.iter().find(|(m, _)| *m == s).map_or(0, |(_, c)| *c);
+            let i = window::slot_of(s, slices);
+            if i < MAX_SLICES {
+                out.slots[i] = window::slot(s, total.saturating_sub(own));
+            }
+        }
+        out
+    }
+
+    /// Forget what was pushed to windows that have ended (`now_slice` of
+    /// each prefix's class given by `cur_of`).
+    pub fn sweep(&mut self, cur_of: impl Fn(&BucketKey) -> Option<(u64, u32)>) {
+        self.pushed.retain(|k, w| cur_of(k).is_some_and(|(cur, n)| !slices_of(w, cur, n).is_empty()));
+    }
+
+    /// Prefixes whose pushed counts are remembered.
+    #[must_use]
+    pub fn remembered(&self) -> usize {
+        self.pushed.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use limiter_common::family;
+
+    use super::*;
+
+    fn key() -> BucketKey {
+        BucketKey { family: family::IPV4, prefix_len: 24, class: 1, pad: 0, addr: [7, 0] }
+    }
+
+    fn state(slots: &[(u64, u64)]) -> WindowState {
+        let mut w = WindowState::default();
+        for &(s, n) in slots {
+            w.slots[window::slot_of(s, 12)] = window::slot(s, n);
+        }
+        w
+    }
+
+    #[test]
+    fn deltas_are_what_was_counted_since_the_last_push_per_slice() {
+        let mut l = Ledger::default();
+        let cur = 5_000_000_003;
+        let local = state(&[(cur - 1, 10), (cur, 4)]);
+        assert_eq!(l.deltas(&key(), &local, cur, 12), vec![(cur - 1, 10), (cur, 4)]);
+        l.pushed(key(), local);
+        let later = state(&[(cur - 1, 10), (cur, 9)]);
+        assert_eq!(l.deltas(&key(), &later, cur, 12), vec![(cur, 5)]);
+        // A window later the old slices are out of it.
+        let far = state(&[(cur + 12, 2)]);
+        assert_eq!(l.deltas(&key(), &far, cur + 12, 12), vec![(cur + 12, 2)]);
+    }
+
+    #[test]
+    fn others_are_the_fleet_totals_less_this_nodes_share() {
+        let mut l = Ledger::default();
+        let cur = 77;
+        l.pushed(key(), state(&[(cur - 1, 10), (cur, 4)]));
+        let o = l.others(&key(), &[(cur - 1, 25), (cur, 4), (cur - 5, 3)], cur, 12);
+        assert_eq!(slices_of(&o, cur, 12), vec![(cur - 5, 3), (cur - 1, 15)]);
+        assert_eq!(window::total(&o, cur, 12), 18);
+    }
+
+    #[test]
+    fn full_slice_numbers_survive_the_32_bit_wrap() {
+        let cur = (1u64 << 32) + 3;
+        assert_eq!(full_slice(u64::from(u32::MAX), cur), (1 << 32) - 1);
+        assert_eq!(full_slice(3, cur), cur);
+    }
+
+    #[test]
+    fn memory_stays_bounded() {
+        let mut l = Ledger::default();
+        for i in 0..u32::try_from(MAX_PREFIXES).unwrap() + 10 {
+            l.touched(BucketKey { addr: [i, 0], ..key() });
+        }
+        assert_eq!((l.pending_len(), l.dropped), (MAX_PREFIXES, 10));
+    }
+}

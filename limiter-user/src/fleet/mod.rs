@@ -1,0 +1,362 @@
+//! Fleet-wide window quotas: every `sync_interval` this node pushes the
+//! local counts of the fleet-scope prefixes that had packets since the
+//! last sync and pulls the fleet's totals for them, and writes the other
+//! nodes' share into the program's `FLEET` map, so XDP admits while
+//! `others + local` stays within the limit (delayed synchronization).
+//!
+//! It runs on a thread of its own (map syscalls and the store's round
+//! trips never hold up the daemon's loop). When the store is down, slow
+//! or partitioned, nothing is refused because of it: the program decides
+//! on the last view plus local counts (`on_store_failure = "open"`), or
+//! on `limit / nodes` (`"split"`); the sync retries with back-off and
+//! pushes what accumulated once the store is back.
+
+pub mod ledger;
+pub mod store;
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap, MapData};
+use limiter_common::{BucketKey, window::Touch};
+use redis::RedisError;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use self::{
+    ledger::Ledger,
+    store::{Push, Store},
+};
+use crate::{
+    dataplane::{cidr, maps::WindowMaps},
+    policy::fleet::Fleet,
+};
+
+/// Most prefixes pushed in one sync; the rest wait for the next.
+pub const MAX_PUSH: usize = 50_000;
+/// Longest wait between attempts while the store is down.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// A window-quota class as the sync needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassWindow {
+    pub name: String,
+    pub slice_ns: u64,
+    pub slices: u32,
+    pub fleet: bool,
+}
+
+/// The classes of the policy in force, by class index (`None`: not a
+/// window quota).
+pub type Classes = Vec<Option<ClassWindow>>;
+
+/// Why a sync failed (bounded metric labels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncError {
+    Timeout,
+    Connection,
+    Server,
+}
+
+impl SyncError {
+    pub const ALL: [SyncError; 3] = [SyncError::Timeout, SyncError::Connection, SyncError::Server];
+
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            SyncError::Timeout => "timeout",
+            SyncError::Connection => "connection",
+            SyncError::Server => "server",
+        }
+    }
+
+    fn of(e: &RedisError) -> Self {
+        if e.is_timeout() {
+            SyncError::Timeout
+        } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            SyncError::Connection
+        } else {
+            SyncError::Server
+        }
+    }
+}
+
+/// What `limiter fleet status` and the metrics show.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FleetStatus {
+    pub node: String,
+    pub store: Vec<String>,
+    pub cluster: bool,
+    pub sync_interval_ms: u64,
+    pub store_up: bool,
+    /// Nodes whose heartbeat is at most 10 sync intervals (and 5 s) old.
+    pub nodes_seen: Vec<String>,
+    pub last_sync_unix_ms: Option<u64>,
+    pub syncs: u64,
+    /// Failed syncs by [`SyncError`] in its `ALL` order.
+    pub errors: [u64; 3],
+    pub outages: u64,
+    /// Seconds the store was down, finished outages.
+    pub outage_secs_total: f64,
+    /// Unix ms the current outage began.
+    pub down_since_unix_ms: Option<u64>,
+    pub last_latency_ms: f64,
+    pub max_latency_ms: f64,
+    pub latency_sum_secs: f64,
+    pub prefixes_pushed_total: u64,
+    pub commands_total: u64,
+    pub request_bytes_total: u64,
+    pub pending: usize,
+    pub remembered: usize,
+    pub dropped: u64,
+}
+
+/// Wall-clock Unix ns and its offset from the program's clock
+/// (`CLOCK_MONOTONIC`).
+#[must_use]
+pub fn wall_and_offset() -> (u64, u64) {
+    let read = |clock| {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime fills the struct we own.
+        unsafe { libc::clock_gettime(clock, &raw mut ts) };
+        u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    };
+    let mono = read(libc::CLOCK_MONOTONIC);
+    let wall = read(libc::CLOCK_REALTIME);
+    (wall, wall.wrapping_sub(mono))
+}
+
+/// A running fleet sync.
+pub struct FleetSync {
+    pub status: Arc<Mutex<FleetStatus>>,
+    classes: watch::Sender<Classes>,
+}
+
+impl FleetSync {
+    /// Start syncing on a thread of its own.
+    pub fn spawn(cfg: Fleet, maps: Box<WindowMaps>, classes: Classes) -> std::io::Result<Self> {
+        let status = Arc::new(Mutex::new(FleetStatus {
+            node: cfg.node.clone(),
+            store: cfg.store.clone(),
+            cluster: cfg.is_cluster(),
+            sync_interval_ms: u64::try_from(cfg.sync_interval.as_millis()).unwrap_or(u64::MAX),
+            ..FleetStatus::default()
+        }));
+        let (tx, rx) = watch::channel(classes);
+        let out = Arc::clone(&status);
+        std::thread::Builder::new().name("fleet-sync".into()).spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+            rt.block_on(Sync { cfg, maps, classes: rx, ledger: Ledger::default(), status: out, store: None }.run());
+        })?;
+        Ok(Self { status, classes: tx })
+    }
+
+    /// The policy changed: sync its classes from now on.
+    pub fn set_classes(&self, classes: Classes) {
+        self.classes.send_replace(classes);
+    }
+
+    #[must_use]
+    pub fn status(&self) -> FleetStatus {
+        self.status.lock().expect("not poisoned").clone()
+    }
+}
+
+struct Sync {
+    cfg: Fleet,
+    maps: Box<WindowMaps>,
+    classes: watch::Receiver<Classes>,
+    ledger: Ledger,
+    status: Arc<Mutex<FleetStatus>>,
+    store: Option<Store>,
+}
+
+impl Sync {
+    async fn run(mut self) {
+        let mut tick = tokio::time::interval(self.cfg.sync_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut epoch, mut n) = (1u64, 0u64);
+        let mut backoff = Duration::ZERO;
+        let mut next_try = Instant::now();
+        loop {
+            tick.tick().await;
+            let (wall, offset) = wall_and_offset();
+            epoch += 1;
+            let _ = self.maps.state.set(2, offset, 0);
+            let _ = self.maps.state.set(0, epoch, 0);
+            while let Some(item) = self.maps.touched.next() {
+                if item.len() >= size_of::<Touch>() {
+                    // SAFETY: the program writes whole Touch records; read unaligned.
+                    let t = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Touch>()) };
+                    self.ledger.touched(t.key);
+                }
+            }
+            if Instant::now() < next_try {
+                self.publish(|_| {});
+                continue;
+            }
+            n += 1;
+            match self.sync(wall, n % 10 == 1).await {
+                Ok(()) => {
+                    backoff = Duration::ZERO;
+                    if n % 50 == 0 {
+                        let classes = self.classes.borrow().clone();
+                        let now_ns = wall_and_offset().0;
+                        self.ledger.sweep(|k| {
+                            let c = classes.get(usize::from(k.class))?.as_ref()?;
+                            Some((now_ns / c.slice_ns, c.slices))
+                        });
+                    }
+                }
+                Err(e) => {
+                    backoff = (backoff * 2).clamp(self.cfg.sync_interval, MAX_BACKOFF);
+                    next_try = Instant::now() + backoff;
+                    self.failed(&e, wall);
+                }
+            }
+        }
+    }
+
+    /// One sync: push, pull, write the others' counts.
+    async fn sync(&mut self, wall_ns: u64, read_nodes: bool) -> Result<(), RedisError> {
+        if self.store.is_none() {
+            let s = tokio::time::timeout(self.cfg.timeout, Store::connect(&self.cfg))
+                .await
+                .map_err(|_| RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
+            self.store = Some(s);
+        }
+        let classes = self.classes.borrow().clone();
+        let mut batch: Vec<(BucketKey, limiter_common::window::WindowState, u64, u32, Push)> = Vec::new();
+        for key in self.ledger.pending().into_iter().take(MAX_PUSH) {
+            let Some(c) = classes.get(usize::from(key.class)).and_then(Option::as_ref).filter(|c| c.fleet) else {
+                self.ledger.forget(&key);
+                continue;
+            };
+            let Ok(local) = self.maps.windows.get(&key, 0) else {
+                self.ledger.forget(&key);
+                continue;
+            };
+            let cur = wall_ns / c.slice_ns;
+            let deltas = self.ledger.deltas(&key, &local, cur, c.slices);
+            let n = u64::from(c.slices);
+            let starts = deltas.iter().any(|(s, _)| *s == cur)
+                && ledger::slices_of(&local, cur, c.slices).iter().all(|(s, _)| *s == cur);
+            let push = Push {
+                key: store::key(&c.name, &cidr(&BucketKey { class: 0, ..key })),
+                deltas,
+                window: (cur + 1 - n..=cur).collect(),
+                expired: starts.then(|| cur - n),
+                ttl: Duration::from_nanos(c.slice_ns.saturating_mul(n + 1)),
+            };
+            batch.push((key, local, cur, c.slices, push));
+        }
+        let pushes: Vec<Push> = batch.iter().map(|b| b.4.clone()).collect();
+        let started = Instant::now();
+        let store = self.store.as_mut().expect("connected above");
+        let exchange = store.exchange(&pushes, &self.cfg.node, wall_ns / 1_000_000, read_nodes);
+        let (windows, nodes) = match tokio::time::timeout(self.cfg.timeout, exchange).await {
+            Ok(r) => r?,
+            Err(_) => return Err(RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))),
+        };
+        let latency = started.elapsed();
+        for ((key, local, cur, slices, _), totals) in batch.iter().zip(&windows) {
+            self.ledger.pushed(*key, *local);
+            let others = self.ledger.others(key, totals, *cur, *slices);
+            let _ = self.maps.fleet.insert(key, others, 0);
+        }
+        let _ = self.maps.state.set(1, 0, 0);
+        let commands: usize = pushes.iter().map(Push::commands).sum::<usize>() + 1 + usize::from(read_nodes);
+        let bytes: usize = pushes.iter().map(|p| p.pipeline().get_packed_pipeline().len()).sum();
+        let (cfg_interval, cluster) = (self.cfg.sync_interval, self.cfg.is_cluster());
+        self.publish(|s| {
+            if !s.store_up {
+                if let Some(since) = s.down_since_unix_ms.take() {
+                    #[expect(clippy::cast_precision_loss, reason = "milliseconds of an outage")]
+                    let secs = (wall_ns / 1_000_000).saturating_sub(since) as f64 / 1e3;
+                    s.outage_secs_total += secs;
+                    tracing::info!(
+                        event = "fleet_store",
+                        up = true,
+                        outage_secs = secs,
+                        "limiter: fleet store {} is back after {secs:.1} s; pushed {} prefixes",
+                        s.store.join(","),
+                        pushes.len()
+                    );
+                } else {
+                    tracing::info!(
+                        event = "fleet_store",
+                        up = true,
+                        cluster,
+                        "limiter: fleet store {} reached",
+                        s.store.join(",")
+                    );
+                }
+            }
+            s.store_up = true;
+            s.syncs += 1;
+            s.last_sync_unix_ms = Some(wall_ns / 1_000_000);
+            let ms = latency.as_secs_f64() * 1e3;
+            s.last_latency_ms = ms;
+            s.max_latency_ms = s.max_latency_ms.max(ms);
+            s.latency_sum_secs += latency.as_secs_f64();
+            s.prefixes_pushed_total += pushes.len() as u64;
+            s.commands_total += commands as u64;
+            s.request_bytes_total += bytes as u64;
+            if let Some(nodes) = nodes {
+                let fresh = (10 * u64::try_from(cfg_interval.as_millis()).unwrap_or(0)).max(5_000);
+                let now = wall_ns / 1_000_000;
+                s.nodes_seen =
+                    nodes.into_iter().filter(|(_, t)| now.saturating_sub(*t) <= fresh).map(|(n, _)| n).collect();
+                s.nodes_seen.sort();
+            }
+        });
+        Ok(())
+    }
+
+    /// A sync failed: the store counts as down until one succeeds.
+    fn failed(&mut self, e: &RedisError, wall_ns: u64) {
+        let kind = SyncError::of(e);
+        let _ = self.maps.state.set(1, u64::from(self.cfg.nodes), 0);
+        if matches!(self.store, Some(Store::Cluster(_))) && kind != SyncError::Server {
+            self.store = None;
+        }
+        self.publish(|s| {
+            s.errors[kind as usize] += 1;
+            if s.store_up || s.down_since_unix_ms.is_none() {
+                s.store_up = false;
+                s.outages += 1;
+                s.down_since_unix_ms = Some(wall_ns / 1_000_000);
+                tracing::warn!(event = "fleet_store", up = false, kind = kind.label(), "limiter: fleet store {} unreachable ({e}); deciding on the last view plus local counts (split classes: limit / nodes) until it is back", s.store.join(","));
+            }
+        });
+    }
+
+    fn publish(&self, f: impl FnOnce(&mut FleetStatus)) {
+        let mut s = self.status.lock().expect("not poisoned");
+        s.pending = self.ledger.pending_len();
+        s.remembered = self.ledger.remembered();
+        s.dropped = self.ledger.dropped;
+        f(&mut s);
+    }
+}
+
+/// Read-only handles on `WINDOWS` and `FLEET` for `limiter prefix show`
+/// (the sync owns the writable ones).
+pub struct Readers {
+    pub windows: HashMap<MapData, BucketKey, limiter_common::window::WindowState>,
+    pub fleet: HashMap<MapData, BucketKey, limiter_common::window::WindowState>,
+}
+
+impl Readers {
+    /// Second handles on the maps of `w`.
+    pub fn of(w: &WindowMaps) -> Result<Self, aya::maps::MapError> {
+        use aya::maps::{IterableMap as _, Map};
+        let open = |m: &MapData| -> Result<HashMap<MapData, BucketKey, _>, aya::maps::MapError> {
+            let id = m.info()?.id();
+            HashMap::try_from(Map::LruHashMap(MapData::from_id(id)?))
+        };
+        Ok(Self { windows: open(w.windows.map())?, fleet: open(w.fleet.map())? })
+    }
+}

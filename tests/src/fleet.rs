@@ -1,0 +1,337 @@
+//! A fleet on one machine: a `redis-server` (or a 3-master Redis Cluster)
+//! started here on private sockets, and N daemons, each on its own veth
+//! pair in namespaces made here; one client prefix's packets spread at
+//! random over the nodes on a schedule, and every packet that XDP lets
+//! through received and time-stamped at its node.
+
+use std::{
+    net::UdpSocket,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use crate::{
+    kernel::TempDir,
+    netns::{B_ADDR, B_IF, NetNs, VethPair},
+    scenario::{Guard, PORT, locate_bin, spawn_lines, unique_socket, wait_for},
+};
+
+/// Wall-clock Unix ns.
+#[must_use]
+pub fn wall_ns() -> u64 {
+    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())).unwrap_or(0)
+}
+
+/// A `redis-server` on a Unix socket (reachable from every namespace).
+pub struct Redis {
+    pub socket: PathBuf,
+    dir: PathBuf,
+    server: Option<Guard>,
+}
+
+impl Redis {
+    /// Start one in `dir`.
+    #[must_use]
+    pub fn unix(dir: &Path) -> Self {
+        let mut r = Self { socket: dir.join("redis.sock"), dir: dir.to_owned(), server: None };
+        r.start();
+        r
+    }
+
+    /// The address daemons are given.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("redis+unix://{}", self.socket.display())
+    }
+
+    /// (Re)start it on the same socket.
+    pub fn start(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+        let mut c = Command::new("redis-server");
+        c.args(["--port", "0", "--save", "", "--appendonly", "no", "--unixsocketperm", "700", "--unixsocket"])
+            .arg(&self.socket)
+            .arg("--dir")
+            .arg(&self.dir);
+        self.server = Some(Guard(
+            c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("redis-server (cargo xtask setup)"),
+        ));
+        for _ in 0..200 {
+            if self.cli(&["PING"]).contains("PONG") {
+                return;
+            }
+            thread::sleep(Duration::from_millis(25));
+        }
+        panic!("redis-server did not answer on {}", self.socket.display());
+    }
+
+    /// Kill it (SIGKILL: a crash, not a clean shutdown).
+    pub fn kill(&mut self) {
+        if let Some(mut g) = self.server.take() {
+            let _ = g.0.kill();
+            let _ = g.0.wait();
+        }
+    }
+
+    /// `redis-cli` on its socket.
+    #[must_use]
+    pub fn cli(&self, args: &[&str]) -> String {
+        let o = Command::new("redis-cli").arg("-s").arg(&self.socket).args(args).output();
+        o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    }
+}
+
+/// A 3-master Redis Cluster in a namespace of its own, reachable over a
+/// bridge (198.19.255.1, ports 7001-7003) from namespaces that
+/// [`Cluster::join`] links to it.
+pub struct Cluster {
+    pub ns: NetNs,
+    _servers: Vec<Guard>,
+    _dir: TempDir,
+    links: u32,
+}
+
+/// The cluster's address on its bridge.
+pub const CLUSTER_ADDR: &str = "198.19.255.1";
+
+impl Cluster {
+    #[must_use]
+    pub fn start(tag: &str) -> Self {
+        let ns = NetNs::new(tag);
+        ns.ip("link add br0 type bridge");
+        ns.ip(&format!("addr add {CLUSTER_ADDR}/24 dev br0"));
+        ns.ip("link set br0 up");
+        let dir = TempDir::new(tag);
+        let mut servers = Vec::new();
+        for port in 7001..=7003u16 {
+            let d = dir.0.join(port.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            let mut c = ns.net_command("redis-server");
+            c.args([
+                "--bind",
+                CLUSTER_ADDR,
+                "--port",
+                &port.to_string(),
+                "--cluster-enabled",
+                "yes",
+                "--protected-mode",
+                "no",
+            ])
+            .args(["--cluster-config-file", "nodes.conf", "--save", "", "--appendonly", "no", "--dir"])
+            .arg(&d);
+            servers.push(Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("redis-server")));
+        }
+        let cli = |args: &[&str]| {
+            let o = ns.net_command("redis-cli").args(args).output().expect("redis-cli");
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+        };
+        for port in ["7001", "7002", "7003"] {
+            let mut up = false;
+            for _ in 0..200 {
+                if cli(&["-h", CLUSTER_ADDR, "-p", port, "PING"]).contains("PONG") {
+                    up = true;
+                    break;
+                }
+                thread::sleep(Duration::from_millis(25));
+            }
+            assert!(up, "cluster node {port} did not start");
+        }
+        let nodes: Vec<String> = (7001..=7003).map(|p| format!("{CLUSTER_ADDR}:{p}")).collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(nodes.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = cli(&args);
+        assert!(out.contains("[OK] All 16384 slots covered"), "redis-cli --cluster create: {out}");
+        for _ in 0..200 {
+            if cli(&["-h", CLUSTER_ADDR, "-p", "7001", "CLUSTER", "INFO"]).contains("cluster_state:ok") {
+                return Self { ns, _servers: servers, _dir: dir, links: 0 };
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the cluster never reached cluster_state:ok");
+    }
+
+    /// Link namespace `ns` to the cluster's bridge.
+    pub fn join(&mut self, ns: &NetNs) {
+        self.links += 1;
+        let (here, there) = (format!("cs{}", self.links), format!("cb{}", self.links));
+        ns.ip(&format!("link add {here} type veth peer name {there} netns {}", self.ns.name));
+        ns.ip(&format!("addr add 198.19.255.{}/24 dev {here}", 10 + self.links));
+        ns.ip(&format!("link set {here} up"));
+        self.ns.ip(&format!("link set {there} master br0"));
+        self.ns.ip(&format!("link set {there} up"));
+    }
+
+    /// The store addresses daemons are given.
+    #[must_use]
+    pub fn urls() -> Vec<String> {
+        (7001..=7003).map(|p| format!("redis://{CLUSTER_ADDR}:{p}")).collect()
+    }
+}
+
+/// One node: a veth pair whose `b` side runs a daemon.
+pub struct Node {
+    pub net: VethPair,
+    pub daemon: Guard,
+    /// Its output (in a mutex, so a node can be shared with test threads).
+    pub log: std::sync::Mutex<mpsc::Receiver<String>>,
+    pub socket: PathBuf,
+}
+
+/// Start `n` daemons with the same `policy`, except `{node}` replaced by
+/// each node's name (n0, n1, ...); `before` runs on each pair before its
+/// daemon starts (to link it to a cluster, say). Each sender namespace
+/// gets the `sources` addresses.
+pub fn start_nodes(
+    tag: &str,
+    n: usize,
+    policy: &str,
+    sources: &[&str],
+    dir: &Path,
+    mut before: impl FnMut(&VethPair),
+) -> Vec<Node> {
+    (0..n)
+        .map(|i| {
+            let net = VethPair::new(&format!("{tag}{i}"));
+            for s in sources {
+                net.add_source(s);
+            }
+            before(&net);
+            let file = dir.join(format!("policy-n{i}.toml"));
+            std::fs::write(&file, policy.replace("{node}", &format!("n{i}"))).unwrap();
+            let socket = unique_socket(&format!("{tag}{i}"));
+            let mut c = net.b.net_command(locate_bin("limiter").unwrap());
+            c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"])
+                .arg(&file)
+                .arg("--socket")
+                .arg(&socket);
+            let (daemon, log) = spawn_lines(c).unwrap();
+            let mut seen = String::new();
+            wait_for(&log, "control socket", Duration::from_secs(20), &mut seen).unwrap();
+            Node { net, daemon, log: std::sync::Mutex::new(log), socket }
+        })
+        .collect()
+}
+
+/// One client's packets: its source address and send times (Unix ns).
+pub struct Flow {
+    pub src: &'static str,
+    pub times: Vec<u64>,
+}
+
+/// A seeded 32-bit linear congruential generator (the case study's).
+pub struct Lcg(u32);
+
+impl Lcg {
+    #[must_use]
+    pub fn new(seed: u32) -> Self {
+        Self(seed)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        usize::try_from((u64::from(self.0) * n as u64) >> 32).unwrap_or(0)
+    }
+}
+
+/// Send every flow's packets, each to a node picked at random, at their
+/// times; return, per flow, the receipt times (Unix ns) of the packets
+/// that got through, merged over the nodes, and how many were sent.
+#[must_use]
+pub fn run(nodes: &[Node], flows: &[Flow], seed: u32) -> Vec<(usize, Vec<u64>)> {
+    let mut rng = Lcg::new(seed);
+    let mut plan: Vec<Vec<(u64, usize)>> = vec![Vec::new(); nodes.len()];
+    for (f, flow) in flows.iter().enumerate() {
+        for &t in &flow.times {
+            plan[rng.below(nodes.len())].push((t, f));
+        }
+    }
+    for p in &mut plan {
+        p.sort_unstable();
+    }
+    let end = flows.iter().filter_map(|f| f.times.last()).max().copied().unwrap_or(0) + 500_000_000;
+    let srcs: Vec<&str> = flows.iter().map(|f| f.src).collect();
+    let got: Vec<Vec<(String, u64)>> = thread::scope(|s| {
+        let receivers: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                let ns = &node.net.b;
+                s.spawn(move || ns.run_in(|| receive(end)))
+            })
+            .collect();
+        thread::sleep(Duration::from_millis(100));
+        for (node, plan) in nodes.iter().zip(&plan) {
+            let ns = &node.net.a;
+            let srcs = &srcs;
+            s.spawn(move || ns.run_in(|| send(plan, srcs)));
+        }
+        receivers.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    flows
+        .iter()
+        .map(|f| {
+            let mut t: Vec<u64> = got.iter().flatten().filter(|(src, _)| src == f.src).map(|(_, t)| *t).collect();
+            t.sort_unstable();
+            (f.times.len(), t)
+        })
+        .collect()
+}
+
+fn send(plan: &[(u64, usize)], srcs: &[&str]) {
+    let socks: Vec<UdpSocket> = srcs.iter().map(|s| UdpSocket::bind((*s, 0)).expect("bind the source")).collect();
+    for &(t, f) in plan {
+        let now = wall_ns();
+        if t > now {
+            thread::sleep(Duration::from_nanos(t - now));
+        }
+        let _ = socks[f].send_to(b"x", (B_ADDR, PORT));
+    }
+}
+
+fn receive(until: u64) -> Vec<(String, u64)> {
+    let sock = UdpSocket::bind(("0.0.0.0", PORT)).expect("bind the receiver");
+    sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 64];
+    while wall_ns() < until {
+        if let Ok((_, from)) = sock.recv_from(&mut buf) {
+            out.push((from.ip().to_string(), wall_ns()));
+        }
+    }
+    out
+}
+
+/// Most receipts in any `[t, t + w)`.
+#[must_use]
+pub fn busiest(times: &[u64], w: u64) -> usize {
+    let (mut best, mut j) = (0, 0);
+    for i in 0..times.len() {
+        while times[i] - times[j] >= w {
+            j += 1;
+        }
+        best = best.max(i - j + 1);
+    }
+    best
+}
+
+/// `rate` packets a second for `secs`, starting at the first slice
+/// boundary (of `slice_ns`) after `lead_ns` from now, plus `phase_ns`.
+#[must_use]
+pub fn schedule(rate: u64, secs: u64, slice_ns: u64, lead_ns: u64, phase_ns: u64) -> Vec<u64> {
+    let start = (wall_ns() + lead_ns).div_ceil(slice_ns) * slice_ns + phase_ns;
+    (0..rate * secs).map(|i| start + i * 1_000_000_000 / rate).collect()
+}
+
+/// Wait until `f` holds, up to `timeout`.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
