@@ -36,6 +36,8 @@ use crate::{
 
 /// Most prefixes pushed in one sync; the rest wait for the next.
 pub const MAX_PUSH: usize = 50_000;
+/// Sync latencies kept for `fleet status` (a median, not a history).
+pub const RECENT: usize = 128;
 /// Longest wait between attempts while the store is down.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -104,6 +106,8 @@ pub struct FleetStatus {
     pub down_since_unix_ms: Option<u64>,
     pub last_latency_ms: f64,
     pub max_latency_ms: f64,
+    /// The latest sync latencies, oldest first (at most `RECENT`).
+    pub recent_latency_ms: Vec<f64>,
     pub latency_sum_secs: f64,
     pub prefixes_pushed_total: u64,
     pub commands_total: u64,
@@ -164,6 +168,9 @@ impl FleetSync {
     }
 }
 
+/// One prefix's push: key, local counts, current slice, slices, push.
+type Planned = (BucketKey, limiter_common::window::WindowState, u64, u32, Push);
+
 struct Sync {
     cfg: Fleet,
     maps: Box<WindowMaps>,
@@ -175,13 +182,17 @@ struct Sync {
 
 impl Sync {
     async fn run(mut self) {
-        let mut tick = tokio::time::interval(self.cfg.sync_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let every = u64::try_from(self.cfg.sync_interval.as_nanos()).unwrap_or(u64::MAX).max(1);
         let (mut epoch, mut n) = (1u64, 0u64);
         let mut backoff = Duration::ZERO;
         let mut next_try = Instant::now();
+        // Heartbeats are read back every 2 s (and on the first syncs).
+        let mut nodes_read: Option<Instant> = None;
         loop {
-            tick.tick().await;
+            // Every node syncs on the same wall-clock ticks (multiples of
+            // the interval), so the views they pull are of the same moment.
+            let now = wall_and_offset().0;
+            tokio::time::sleep(Duration::from_nanos(every - now % every)).await;
             let (wall, offset) = wall_and_offset();
             epoch += 1;
             let _ = self.maps.state.set(2, offset, 0);
@@ -198,8 +209,12 @@ impl Sync {
                 continue;
             }
             n += 1;
-            match self.sync(wall, n % 10 == 1).await {
+            let read_nodes = n <= 3 || nodes_read.is_none_or(|t| t.elapsed() >= Duration::from_secs(2));
+            match self.sync(wall, wall / every, read_nodes).await {
                 Ok(()) => {
+                    if read_nodes {
+                        nodes_read = Some(Instant::now());
+                    }
                     backoff = Duration::ZERO;
                     if n % 50 == 0 {
                         let classes = self.classes.borrow().clone();
@@ -220,42 +235,23 @@ impl Sync {
     }
 
     /// One sync: push, pull, write the others' counts.
-    async fn sync(&mut self, wall_ns: u64, read_nodes: bool) -> Result<(), RedisError> {
+    async fn sync(&mut self, wall_ns: u64, round: u64, read_nodes: bool) -> Result<(), RedisError> {
         if self.store.is_none() {
             let s = tokio::time::timeout(self.cfg.timeout, Store::connect(&self.cfg))
                 .await
                 .map_err(|_| RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
             self.store = Some(s);
         }
-        let classes = self.classes.borrow().clone();
-        let mut batch: Vec<(BucketKey, limiter_common::window::WindowState, u64, u32, Push)> = Vec::new();
-        for key in self.ledger.pending().into_iter().take(MAX_PUSH) {
-            let Some(c) = classes.get(usize::from(key.class)).and_then(Option::as_ref).filter(|c| c.fleet) else {
-                self.ledger.forget(&key);
-                continue;
-            };
-            let Ok(local) = self.maps.windows.get(&key, 0) else {
-                self.ledger.forget(&key);
-                continue;
-            };
-            let cur = wall_ns / c.slice_ns;
-            let deltas = self.ledger.deltas(&key, &local, cur, c.slices);
-            let n = u64::from(c.slices);
-            let starts = deltas.iter().any(|(s, _)| *s == cur)
-                && ledger::slices_of(&local, cur, c.slices).iter().all(|(s, _)| *s == cur);
-            let push = Push {
-                key: store::key(&c.name, &cidr(&BucketKey { class: 0, ..key })),
-                deltas,
-                window: (cur + 1 - n..=cur).collect(),
-                expired: starts.then(|| cur - n),
-                ttl: Duration::from_nanos(c.slice_ns.saturating_mul(n + 1)),
-            };
-            batch.push((key, local, cur, c.slices, push));
-        }
+        let batch = self.plan(wall_ns);
         let pushes: Vec<Push> = batch.iter().map(|b| b.4.clone()).collect();
         let started = Instant::now();
         let store = self.store.as_mut().expect("connected above");
-        let exchange = store.exchange(&pushes, &self.cfg.node, wall_ns / 1_000_000, read_nodes);
+        let barrier = (self.cfg.nodes > 1).then(|| store::Barrier {
+            round,
+            nodes: self.cfg.nodes,
+            wait: (self.cfg.sync_interval / 4).min(Duration::from_millis(100)),
+        });
+        let exchange = store.exchange(&pushes, &self.cfg.node, wall_ns / 1_000_000, read_nodes, barrier);
         let (windows, nodes) = match tokio::time::timeout(self.cfg.timeout, exchange).await {
             Ok(r) => r?,
             Err(_) => return Err(RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))),
@@ -300,6 +296,10 @@ impl Sync {
             let ms = latency.as_secs_f64() * 1e3;
             s.last_latency_ms = ms;
             s.max_latency_ms = s.max_latency_ms.max(ms);
+            if s.recent_latency_ms.len() == RECENT {
+                s.recent_latency_ms.remove(0);
+            }
+            s.recent_latency_ms.push(ms);
             s.latency_sum_secs += latency.as_secs_f64();
             s.prefixes_pushed_total += pushes.len() as u64;
             s.commands_total += commands as u64;
@@ -313,6 +313,37 @@ impl Sync {
             }
         });
         Ok(())
+    }
+
+    /// The pushes of this sync: each pending prefix of a fleet class
+    /// still in the map, with its local counts and the deltas to send.
+    fn plan(&mut self, wall_ns: u64) -> Vec<Planned> {
+        let classes = self.classes.borrow().clone();
+        let mut batch: Vec<Planned> = Vec::new();
+        for key in self.ledger.pending().into_iter().take(MAX_PUSH) {
+            let Some(c) = classes.get(usize::from(key.class)).and_then(Option::as_ref).filter(|c| c.fleet) else {
+                self.ledger.forget(&key);
+                continue;
+            };
+            let Ok(local) = self.maps.windows.get(&key, 0) else {
+                self.ledger.forget(&key);
+                continue;
+            };
+            let cur = wall_ns / c.slice_ns;
+            let deltas = self.ledger.deltas(&key, &local, cur, c.slices);
+            let n = u64::from(c.slices);
+            let starts = deltas.iter().any(|(s, _)| *s == cur)
+                && ledger::slices_of(&local, cur, c.slices).iter().all(|(s, _)| *s == cur);
+            let push = Push {
+                key: store::key(&c.name, &cidr(&BucketKey { class: 0, ..key })),
+                deltas,
+                window: (cur + 1 - n..=cur).collect(),
+                expired: starts.then(|| cur - n),
+                ttl: Duration::from_nanos(c.slice_ns.saturating_mul(n + 1)),
+            };
+            batch.push((key, local, cur, c.slices, push));
+        }
+        batch
     }
 
     /// A sync failed: the store counts as down until one succeeds.

@@ -53,6 +53,13 @@ impl Push {
     #[must_use]
     pub fn pipeline(&self) -> Pipeline {
         let mut p = redis::pipe();
+        self.writes(&mut p);
+        self.read(&mut p);
+        p
+    }
+
+    /// The writes (no replies).
+    pub fn writes(&self, p: &mut Pipeline) {
         for (s, d) in &self.deltas {
             p.cmd("HINCRBY").arg(&self.key).arg(*s).arg(*d).ignore();
         }
@@ -62,8 +69,11 @@ impl Push {
         if !self.deltas.is_empty() {
             p.cmd("PEXPIRE").arg(&self.key).arg(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)).ignore();
         }
+    }
+
+    /// The read of the window (one reply).
+    pub fn read(&self, p: &mut Pipeline) {
         p.cmd("HMGET").arg(&self.key).arg(&self.window);
-        p
     }
 
     /// Commands this push sends.
@@ -90,6 +100,26 @@ pub fn totals(window: &[u64], reply: &Value) -> Vec<(u64, u64)> {
         })
         .collect()
 }
+
+/// The round barrier (single Redis): every node's sync on the same
+/// wall-clock tick counts itself in after its writes; the last of the
+/// fleet's `nodes` to do so releases them all, and each node reads the
+/// totals only once released (or after `wait`), so every node's view is
+/// of the same moment, the whole fleet's writes of the round included.
+#[derive(Clone, Copy, Debug)]
+pub struct Barrier {
+    pub round: u64,
+    pub nodes: u32,
+    pub wait: Duration,
+}
+
+const BARRIER_LUA: &str = "local n = redis.call('INCR', KEYS[1]) \
+redis.call('PEXPIRE', KEYS[1], ARGV[2]) \
+if n == tonumber(ARGV[1]) then \
+  for i = 1, n do redis.call('RPUSH', KEYS[2], 1) end \
+  redis.call('PEXPIRE', KEYS[2], ARGV[2]) \
+end \
+return n";
 
 /// A connection to the store.
 #[derive(Clone)]
@@ -119,13 +149,16 @@ impl Store {
     }
 
     /// Send every push and the heartbeat; each push's window totals, in
-    /// order. `nodes`: read the heartbeats back too.
+    /// order. `read_nodes`: read the heartbeats back too. `barrier`: wait
+    /// for the round's other nodes before reading (single Redis only; a
+    /// cluster's prefixes live on several shards).
     pub async fn exchange(
         &mut self,
         pushes: &[Push],
         node: &str,
         now_ms: u64,
         read_nodes: bool,
+        barrier: Option<Barrier>,
     ) -> Result<(Vec<Vec<(u64, u64)>>, Option<Vec<(String, u64)>>), RedisError> {
         let mut beat = redis::pipe();
         beat.cmd("HSET").arg(NODES_KEY).arg(node).arg(now_ms).ignore();
@@ -134,18 +167,20 @@ impl Store {
         }
         match self {
             Self::Single(c) => {
+                // One pipeline: the heartbeat, every write, the barrier,
+                // then the reads.
                 let mut all = beat;
                 for p in pushes {
-                    let pipe = p.pipeline();
-                    let n = pipe.len();
-                    for (i, cmd) in pipe.cmd_iter().enumerate() {
-                        // The ignore marks are the pipeline's, not the
-                        // commands': only each push's HMGET answers.
-                        all.add_command(cmd.clone());
-                        if i + 1 < n {
-                            all.ignore();
-                        }
-                    }
+                    p.writes(&mut all);
+                }
+                if let Some(b) = barrier {
+                    let (count, ready) = (format!("lim:round:{}", b.round), format!("lim:ready:{}", b.round));
+                    let ttl = 10 * u64::try_from(b.wait.as_millis()).unwrap_or(0).max(1_000);
+                    all.cmd("EVAL").arg(BARRIER_LUA).arg(2).arg(&count).arg(&ready).arg(b.nodes).arg(ttl).ignore();
+                    all.cmd("BLPOP").arg(&ready).arg(format!("{:.3}", b.wait.as_secs_f64().max(0.001))).ignore();
+                }
+                for p in pushes {
+                    p.read(&mut all);
                 }
                 // Ignored commands give no reply: one per HGETALL and HMGET.
                 let replies: Vec<Value> = all.query_async(c).await?;

@@ -3,6 +3,7 @@
 //! processed-instruction count of each entry point. Ratios, not absolutes.
 #![allow(clippy::cast_precision_loss, reason = "measurements: tick counts far inside f64's exact range")]
 
+mod fleet;
 mod forward;
 mod system;
 mod window;
@@ -29,7 +30,7 @@ fn measure(l: &mut DataPlane, prog: &'static str, frame: &[u8], want: u32) -> f6
 }
 
 /// Sections in the order they print; `bench [SECTION...]` runs only those.
-const SECTIONS: [(&str, fn()); 8] = [
+const SECTIONS: [(&str, fn()); 9] = [
     ("hit", hit_path),
     ("system", system::system_flood),
     ("accuracy", accuracy),
@@ -38,6 +39,7 @@ const SECTIONS: [(&str, fn()); 8] = [
     ("metrics", scrape_at_one_million),
     ("verifier", verifier),
     ("forward", forward::forward),
+    ("fleet", fleet::fleet),
 ];
 
 fn main() {
