@@ -241,6 +241,12 @@ impl Lcg {
 /// that got through, merged over the nodes, and how many were sent.
 #[must_use]
 pub fn run(nodes: &[Node], flows: &[Flow], seed: u32) -> Vec<(usize, Vec<u64>)> {
+    run_to(nodes, flows, seed, PORT)
+}
+
+/// [`run`] to UDP port `port`.
+#[must_use]
+pub fn run_to(nodes: &[Node], flows: &[Flow], seed: u32, port: u16) -> Vec<(usize, Vec<u64>)> {
     let mut rng = Lcg::new(seed);
     let mut plan: Vec<Vec<(u64, usize)>> = vec![Vec::new(); nodes.len()];
     for (f, flow) in flows.iter().enumerate() {
@@ -258,14 +264,14 @@ pub fn run(nodes: &[Node], flows: &[Flow], seed: u32) -> Vec<(usize, Vec<u64>)> 
             .iter()
             .map(|node| {
                 let ns = &node.net.b;
-                s.spawn(move || ns.run_in(|| receive(end)))
+                s.spawn(move || ns.run_in(|| receive(end, port)))
             })
             .collect();
         thread::sleep(Duration::from_millis(100));
         for (node, plan) in nodes.iter().zip(&plan) {
             let ns = &node.net.a;
             let srcs = &srcs;
-            s.spawn(move || ns.run_in(|| send(plan, srcs)));
+            s.spawn(move || ns.run_in(|| send(plan, srcs, port)));
         }
         receivers.into_iter().map(|h| h.join().unwrap()).collect()
     });
@@ -279,19 +285,19 @@ pub fn run(nodes: &[Node], flows: &[Flow], seed: u32) -> Vec<(usize, Vec<u64>)> 
         .collect()
 }
 
-fn send(plan: &[(u64, usize)], srcs: &[&str]) {
+fn send(plan: &[(u64, usize)], srcs: &[&str], port: u16) {
     let socks: Vec<UdpSocket> = srcs.iter().map(|s| UdpSocket::bind((*s, 0)).expect("bind the source")).collect();
     for &(t, f) in plan {
         let now = wall_ns();
         if t > now {
             thread::sleep(Duration::from_nanos(t - now));
         }
-        let _ = socks[f].send_to(b"x", (B_ADDR, PORT));
+        let _ = socks[f].send_to(b"x", (B_ADDR, port));
     }
 }
 
-fn receive(until: u64) -> Vec<(String, u64)> {
-    let sock = UdpSocket::bind(("0.0.0.0", PORT)).expect("bind the receiver");
+fn receive(until: u64, port: u16) -> Vec<(String, u64)> {
+    let sock = UdpSocket::bind(("0.0.0.0", port)).expect("bind the receiver");
     sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     let mut out = Vec::new();
     let mut buf = [0u8; 64];

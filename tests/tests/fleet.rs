@@ -23,6 +23,8 @@ const SLICE_NS: u64 = 500_000_000;
 const WINDOW_NS: u64 = 12 * SLICE_NS;
 const CLIENT: &str = "198.18.1.10";
 const CALM: &str = "198.18.2.10";
+/// A client under a fleet-scope window override.
+const OVR: &str = "198.18.3.10";
 
 fn policy(store: &[String], limit: u64, sync_ms: u64) -> String {
     let store: Vec<String> = store.iter().map(|s| format!("{s:?}")).collect();
@@ -158,4 +160,29 @@ fn a_store_outage_refuses_nothing_and_the_sync_resumes_when_it_is_back() {
     let show = Client::new(&nodes[0].socket).prefix_show(CLIENT).unwrap();
     assert_eq!(show.cidr, "198.18.1.0/24");
     assert_eq!((show.windows[0].class.as_str(), show.windows[0].limit), ("quota", 60));
+}
+
+/// A window override with fleet scope counts its prefix across the fleet
+/// like a class: a client at 3x its allowance through 3 nodes gets the
+/// limit through (not 3 times it).
+#[test]
+fn a_fleet_scope_override_is_counted_across_the_fleet() {
+    require_root();
+    let tmp = TempDir::new("flv");
+    let redis = Redis::unix(&tmp.0);
+    let text = policy(&[redis.url()], 60, 200).replace(
+        "\n[fleet]",
+        "\n[[override]]\ncidr = \"198.18.3.0/24\"\nlimit = 60\nwindow = \"6s\"\nscope = \"fleet\"\n\n[fleet]",
+    );
+    let nodes = start_nodes("flv", 3, &text, &[OVR], &tmp.0, |_| {});
+    assert!(eventually(Duration::from_secs(10), || synced(&nodes)), "the nodes never all synced");
+    // To a port no class matches: the default class, under the override.
+    let times = schedule(30, 6, SLICE_NS, 300_000_000, 25_000_000);
+    let got = limiter_tests::fleet::run_to(&nodes, &[Flow { src: OVR, times }], 3, PORT + 7);
+    let (sent, admitted) = &got[0];
+    let peak = busiest(admitted, WINDOW_NS);
+    println!("override at 3x through 3 nodes: sent {sent}, admitted {}, busiest 6 s window {peak}", admitted.len());
+    assert!((60..=66).contains(&peak), "busiest window {peak} for a limit of 60 across the fleet");
+    let show = Client::new(&nodes[0].socket).prefix_show(OVR).unwrap();
+    assert_eq!(show.windows[0].class, "override:198.18.3.0/24", "{show:?}");
 }

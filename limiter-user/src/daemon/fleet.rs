@@ -18,6 +18,7 @@ use crate::{
     dataplane::{cidr, maps::WindowMaps},
     fleet::{ClassWindow, Classes, FleetStatus, FleetSync, Readers, wall_and_offset},
     policy::fleet::Fleet,
+    policy::{OverrideAction, Policy, Scope},
 };
 
 /// The fleet sync, or the maps it would have taken.
@@ -26,19 +27,42 @@ pub(super) enum FleetSide {
     On(Box<(FleetSync, Readers)>),
 }
 
-/// The window-quota classes of `config`, named.
-pub(super) fn classes(config: &Config, names: &[String]) -> Classes {
-    (0..MAX_CLASSES)
+/// The window quotas of `config` (classes, named) and `policy` (its
+/// window overrides).
+pub(super) fn classes(config: &Config, names: &[String], policy: &Policy) -> Classes {
+    let by_index = (0..MAX_CLASSES)
         .map(|i| {
             let l = config.classes[i];
             (l.slices != 0).then(|| ClassWindow {
                 name: names.get(i).cloned().unwrap_or_else(|| format!("class{i}")),
+                limit: l.tau,
                 slice_ns: l.unit,
                 slices: l.slices,
                 fleet: l.scope & scope::FLEET != 0,
             })
         })
-        .collect()
+        .collect();
+    let mut overrides: Vec<(IpNet, ClassWindow)> = policy
+        .overrides
+        .iter()
+        .filter_map(|o| {
+            let OverrideAction::Limit(l) = o.action else { return None };
+            let w = l.window?;
+            let ns = u64::try_from(w.length.as_nanos()).unwrap_or(u64::MAX);
+            Some((
+                o.net,
+                ClassWindow {
+                    name: format!("override:{}", o.net),
+                    limit: w.limit,
+                    slice_ns: ns / u64::from(w.slices.max(1)),
+                    slices: w.slices,
+                    fleet: w.scope == Scope::Fleet,
+                },
+            ))
+        })
+        .collect();
+    overrides.sort_by_key(|(n, _)| std::cmp::Reverse(n.prefix_len()));
+    Classes { by_index, overrides }
 }
 
 impl FleetSide {
@@ -135,25 +159,25 @@ impl Daemon {
         let maps = self.fleet.maps();
         let wall = wall_and_offset().0;
         let mut out = PrefixShow { cidr: String::new(), windows: Vec::new() };
-        for (i, c) in classes(config, &self.view.class_names).into_iter().enumerate() {
-            let Some(c) = c else { continue };
+        let windows = classes(config, &self.view.class_names, &p.effective(p.base()));
+        for i in 0..MAX_CLASSES {
             let key = rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, u8::try_from(i).unwrap_or(0));
+            let Some(c) = windows.of(&key) else { continue };
             out.cidr = cidr(&BucketKey { class: 0, ..key });
             let cur = wall / c.slice_ns;
             let count = |m: &WindowMap| m.get(&key, 0).map_or(0, |w| window::total(&w, cur, c.slices));
             let (local, fleet) = maps.map_or((0, 0), |(w, f)| (count(w), if c.fleet { count(f) } else { 0 }));
-            let limit = config.classes[i].tau;
             #[expect(clippy::cast_precision_loss, reason = "display")]
             let window_secs = (c.slice_ns * u64::from(c.slices)) as f64 / 1e9;
             out.windows.push(WindowRow {
-                class: c.name,
+                class: c.name.clone(),
                 scope: if c.fleet { "fleet" } else { "local" }.into(),
-                limit,
+                limit: c.limit,
                 window_secs,
                 slices: c.slices,
                 local,
                 fleet,
-                remaining: limit.saturating_sub(local + fleet),
+                remaining: c.limit.saturating_sub(local + fleet),
             });
         }
         if out.cidr.is_empty() {
@@ -166,6 +190,6 @@ impl Daemon {
     /// The fleet side's view of the policy in force.
     pub(super) fn fleet_classes(&self) -> Option<Classes> {
         let (p, _) = self.policy.as_ref()?;
-        Some(classes(p.config()?, &self.view.class_names))
+        Some(classes(p.config()?, &self.view.class_names, &p.effective(p.base())))
     }
 }

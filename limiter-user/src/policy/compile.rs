@@ -255,12 +255,6 @@ fn compile_overrides(list: &[Override], v4: u32, v6: u32) -> Result<CompiledOver
             OverrideAction::Allow => resolution::ALLOW,
             OverrideAction::Deny => resolution::DENY,
             OverrideAction::Limit(l) => {
-                if l.window.is_some_and(|w| w.scope == Scope::Fleet) {
-                    return Err(bad(
-                        format!("{at}scope"),
-                        "fleet scope is for classes (an override's window counts on this host only)",
-                    ));
-                }
                 out.limits.push(l.to_kernel(&at)?);
                 u32::try_from(out.limits.len()).expect("bounded by MAX_OVERRIDES")
             }

@@ -117,12 +117,6 @@ fn errors_name_file_line_and_field() {
         ),
         ("[[class]]\nname = \"q\"\nwindow = \"6s\"\nlimit = 6\nscope = \"galaxy\"\n", 5, "class[0].scope", "local"),
         ("[[override]]\ncidr = \"198.18.5.0/24\"\nwindow = \"1m\"\nlimit = 0\n", 4, "override[0].limit", "outside"),
-        (
-            "[[override]]\ncidr = \"198.18.5.0/24\"\nwindow = \"1m\"\nlimit = 9\nscope = \"fleet\"\n",
-            5,
-            "override[0].scope",
-            "classes",
-        ),
         ("aggregate_v4_prefix = 12\n", 1, "aggregate_rate", "need"),
         (
             "v4_prefix = 16\naggregate_rate = 1\naggregate_burst = 1\naggregate_v4_prefix = 20\n",
