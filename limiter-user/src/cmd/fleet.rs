@@ -39,8 +39,8 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     );
     println!("outages     {} ({:.1} s in all before this one)", f.outages, f.outage_secs_total);
     println!(
-        "prefixes    {} pending, {} remembered, {} pushes, {} commands",
-        f.pending, f.remembered, f.prefixes_pushed_total, f.commands_total
+        "prefixes    {} pending, {} near their limit, {} remembered, {} pushes, {} commands",
+        f.pending, f.hot, f.remembered, f.prefixes_pushed_total, f.commands_total
     );
     Ok(())
 }

@@ -50,6 +50,11 @@ pub struct Ledger {
     pushed: HashMap<BucketKey, WindowState>,
     /// Prefixes touched since their last successful push.
     pending: HashSet<BucketKey>,
+    /// Prefixes whose fleet count was at least half their limit at the
+    /// last sync: read back every sync even without packets here, so a
+    /// node whose share of a flooding client is sparse does not judge its
+    /// next packet on a view several intervals old.
+    hot: HashSet<BucketKey>,
     /// Touches not remembered because the ledger was full.
     pub dropped: u64,
 }
@@ -64,10 +69,30 @@ impl Ledger {
         }
     }
 
-    /// The prefixes to sync now.
+    /// The prefixes to sync now: those touched, then those near their
+    /// limit.
     #[must_use]
     pub fn pending(&self) -> Vec<BucketKey> {
-        self.pending.iter().copied().collect()
+        let mut v: Vec<BucketKey> = self.pending.iter().copied().collect();
+        v.extend(self.hot.iter().filter(|k| !self.pending.contains(k)));
+        v
+    }
+
+    /// After a sync: `key`'s window held `total` of `limit` in the fleet.
+    pub fn heat(&mut self, key: BucketKey, total: u64, limit: u64) {
+        if total.saturating_mul(2) >= limit {
+            if self.hot.len() < MAX_PREFIXES {
+                self.hot.insert(key);
+            }
+        } else {
+            self.hot.remove(&key);
+        }
+    }
+
+    /// Prefixes read back every sync because they are near their limit.
+    #[must_use]
+    pub fn hot_len(&self) -> usize {
+        self.hot.len()
     }
 
     #[must_use]
@@ -101,6 +126,7 @@ impl Ledger {
     pub fn forget(&mut self, key: &BucketKey) {
         self.pending.remove(key);
         self.pushed.remove(key);
+        self.hot.remove(key);
     }
 
     /// The other nodes' counts of `key` from the fleet's `totals` per
@@ -179,6 +205,17 @@ mod tests {
         let cur = (1u64 << 32) + 3;
         assert_eq!(full_slice(u64::from(u32::MAX), cur), (1 << 32) - 1);
         assert_eq!(full_slice(3, cur), cur);
+    }
+
+    #[test]
+    fn prefixes_near_their_limit_are_read_back_every_sync_until_they_cool() {
+        let mut l = Ledger::default();
+        l.touched(key());
+        l.heat(key(), 300, 600);
+        l.pushed(key(), WindowState::default());
+        assert_eq!(l.pending(), vec![key()], "hot: synced though not touched");
+        l.heat(key(), 299, 600);
+        assert!(l.pending().is_empty(), "cooled down");
     }
 
     #[test]

@@ -152,6 +152,8 @@ pub struct FleetStatus {
     pub commands_total: u64,
     pub request_bytes_total: u64,
     pub pending: usize,
+    /// Prefixes near their limit, read back every sync.
+    pub hot: usize,
     pub remembered: usize,
     pub dropped: u64,
 }
@@ -299,6 +301,10 @@ impl Sync {
         for ((key, local, cur, slices, _), totals) in batch.iter().zip(&windows) {
             self.ledger.pushed(*key, *local);
             let others = self.ledger.others(key, totals, *cur, *slices);
+            let fleet: u64 = totals.iter().map(|(_, n)| n).sum();
+            if let Some(c) = self.classes.borrow().of(key) {
+                self.ledger.heat(*key, fleet, c.limit);
+            }
             let _ = self.maps.fleet.insert(key, others, 0);
         }
         let _ = self.maps.state.set(1, 0, 0);
@@ -406,6 +412,7 @@ impl Sync {
     fn publish(&self, f: impl FnOnce(&mut FleetStatus)) {
         let mut s = self.status.lock().expect("not poisoned");
         s.pending = self.ledger.pending_len();
+        s.hot = self.ledger.hot_len();
         s.remembered = self.ledger.remembered();
         s.dropped = self.ledger.dropped;
         f(&mut s);
