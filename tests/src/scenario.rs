@@ -72,6 +72,18 @@ impl Drop for Guard {
     }
 }
 
+/// Raise this process's open-file limit to its hard limit (a thousand
+/// connections and more are held open by some tests and benches).
+pub fn raise_nofile() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain syscalls on a struct we own.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim);
+    }
+}
+
 /// A control-socket path of this test process's own, so daemons started
 /// by tests running in parallel never share one.
 #[must_use]

@@ -40,19 +40,9 @@ struct Setup {
     tmp: TempDir,
 }
 
-fn raise_nofile() {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: plain syscalls on a struct we own.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim);
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim);
-    }
-}
-
 fn setup(tag: &str, forwards: &str) -> Setup {
     require_root();
-    raise_nofile();
+    limiter_tests::scenario::raise_nofile();
     let net = VethPair::new(tag);
     net.add_source(CLIENT);
     net.a.ip(&format!("route replace 198.18.0.0/24 dev va src {CLIENT}"));

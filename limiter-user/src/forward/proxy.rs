@@ -42,7 +42,8 @@ pub struct Verdict {
     pub family: u8,
     pub prefix_len: u8,
     pub prefix: [u8; 16],
-    /// Units left in the bucket; `u64::MAX` when unknown.
+    /// Units left in the bucket; `u64::MAX` when unknown (an override's
+    /// limits, or a window quota).
     pub remaining: u64,
 }
 

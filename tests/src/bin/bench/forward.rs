@@ -201,16 +201,6 @@ fn cpu_secs(pid: u32) -> f64 {
 /// Idle connections held open to measure memory.
 const IDLE: usize = 1000;
 
-fn raise_nofile() {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: plain syscalls on a struct we own.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim);
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim);
-    }
-}
-
 /// A `/proc` figure in KiB: `field` of `/proc/{file}` (`VmRSS` of a
 /// process's status, `Slab` of meminfo).
 fn kib(file: &str, field: &str) -> f64 {
@@ -223,7 +213,7 @@ fn kib(file: &str, field: &str) -> f64 {
 /// each after one small exchange, then held open; the daemon's RSS and
 /// the machine's slab before and after, per connection (KiB).
 fn idle_memory(ns: &NetNs, port: u16, pid: u32) -> (f64, f64) {
-    raise_nofile();
+    limiter_tests::scenario::raise_nofile();
     let (rss0, slab0) = (kib(&format!("{pid}/status"), "VmRSS:"), kib("meminfo", "Slab:"));
     let held: Vec<TcpStream> = ns.run_in(|| {
         (0..IDLE)
