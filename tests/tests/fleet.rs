@@ -186,3 +186,32 @@ fn a_fleet_scope_override_is_counted_across_the_fleet() {
     let show = Client::new(&nodes[0].socket).prefix_show(OVR).unwrap();
     assert_eq!(show.windows[0].class, "override:198.18.3.0/24", "{show:?}");
 }
+
+/// `on_store_failure = "split"` with the store unreachable from the start:
+/// each node admits `limit / nodes` on its own, so a client at 3x through
+/// 3 nodes gets at most the limit through (bounded overshoot), where
+/// `open` would let each node admit the whole limit.
+#[test]
+fn with_the_store_down_a_split_class_admits_limit_over_nodes_on_each_node() {
+    require_root();
+    let tmp = TempDir::new("fls");
+    let nobody = format!("redis+unix://{}/nobody.sock", tmp.0.display());
+    let text =
+        policy(&[nobody], 60, 200).replace("scope = \"fleet\"\n", "scope = \"fleet\"\non_store_failure = \"split\"\n");
+    let nodes = start_nodes("fls", 3, &text, &[CLIENT], &tmp.0, |_| {});
+    let down = eventually(Duration::from_secs(10), || {
+        nodes.iter().all(|n| Client::new(&n.socket).fleet_status().ok().flatten().is_some_and(|f| !f.store_up))
+    });
+    assert!(down, "the nodes never noticed the store is unreachable");
+    let times = schedule(30, 6, SLICE_NS, 300_000_000, 25_000_000);
+    let got = run(&nodes, &[Flow { src: CLIENT, times }], 11);
+    let (sent, admitted) = &got[0];
+    let peak = busiest(admitted, WINDOW_NS);
+    println!(
+        "split, store down, 3x through 3 nodes: sent {sent}, admitted {}, busiest 6 s window {peak}",
+        admitted.len()
+    );
+    // Open would let each node admit the whole 60 (180 in all).
+    assert!(peak <= 60, "busiest window {peak} past 3 shares of 20");
+    assert!(peak >= 50, "split admitted far less than its shares: {peak}");
+}
