@@ -24,7 +24,8 @@ use crate::{
 /// The fleet sync, or the maps it would have taken.
 pub(super) enum FleetSide {
     Off(Option<Box<WindowMaps>>),
-    On(Box<(FleetSync, Readers)>),
+    /// The sync, its read handles, and the `[fleet]` it started with.
+    On(Box<(FleetSync, Readers, Fleet)>),
 }
 
 /// The window quotas of `config` (classes, named) and `policy` (its
@@ -82,7 +83,7 @@ impl FleetSide {
                     cfg.store.join(", "),
                     if cfg.is_cluster() { "Redis Cluster" } else { "Redis" }
                 );
-                Ok(Self::On(Box::new((FleetSync::spawn(cfg.clone(), maps, classes)?, readers))))
+                Ok(Self::On(Box::new((FleetSync::spawn(cfg.clone(), maps, classes)?, readers, cfg.clone()))))
             }
             (_, maps) => {
                 let mut side = Self::Off(maps);
@@ -99,10 +100,26 @@ impl FleetSide {
         }
     }
 
-    /// The policy changed.
-    pub(super) fn set_classes(&self, classes: Classes) {
-        if let Self::On(on) = self {
-            on.0.set_classes(classes);
+    /// The policy changed: its classes apply at once; a changed `[fleet]`
+    /// section only when the daemon restarts, which is said.
+    pub(super) fn set_classes(&self, classes: Classes, fleet: Option<&Fleet>) {
+        match self {
+            Self::On(on) => {
+                on.0.set_classes(classes);
+                if fleet != Some(&on.2) {
+                    tracing::warn!(
+                        "limiter: the policy's [fleet] section changed; the running sync keeps {} as {:?} until the daemon restarts",
+                        on.2.store.join(", "),
+                        on.2.node
+                    );
+                }
+            }
+            Self::Off(Some(_)) if fleet.is_some() => {
+                tracing::warn!(
+                    "limiter: the policy now has a [fleet] section; the fleet sync starts when the daemon restarts (fleet-scope quotas count this host only until then)"
+                );
+            }
+            Self::Off(_) => {}
         }
     }
 

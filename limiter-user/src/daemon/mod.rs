@@ -340,7 +340,7 @@ impl Daemon {
                 escalate: p.base().feedback.as_ref().and_then(|f| f.escalate),
             };
             if let Some(classes) = self.fleet_classes() {
-                self.fleet.set_classes(classes);
+                self.fleet.set_classes(classes, p.base().fleet.as_ref());
             }
             let Some((p, _)) = &self.policy else { return };
             let ctx = forward::Context { version: p.version(), config: p.config().copied().unwrap_or_default() };
