@@ -213,7 +213,11 @@ impl Store {
     }
 }
 
-/// (node, Unix ms) pairs of an HGETALL reply.
+/// Heartbeats read at most (a store shared with careless writers must not
+/// grow the daemon's memory).
+const MAX_NODES: usize = 4096;
+
+/// (node, Unix ms) pairs of an HGETALL reply, at most [`MAX_NODES`].
 fn heartbeats(v: &Value) -> Vec<(String, u64)> {
     let text = |v: &Value| match v {
         Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
@@ -221,10 +225,14 @@ fn heartbeats(v: &Value) -> Vec<(String, u64)> {
         _ => None,
     };
     match v {
-        Value::Map(pairs) => pairs.iter().filter_map(|(k, v)| Some((text(k)?, text(v)?.parse().ok()?))).collect(),
-        Value::Array(items) => {
-            items.chunks(2).filter_map(|kv| Some((text(&kv[0])?, text(kv.get(1)?)?.parse().ok()?))).collect()
+        Value::Map(pairs) => {
+            pairs.iter().take(MAX_NODES).filter_map(|(k, v)| Some((text(k)?, text(v)?.parse().ok()?))).collect()
         }
+        Value::Array(items) => items
+            .chunks(2)
+            .take(MAX_NODES)
+            .filter_map(|kv| Some((text(&kv[0])?, text(kv.get(1)?)?.parse().ok()?)))
+            .collect(),
         _ => Vec::new(),
     }
 }
