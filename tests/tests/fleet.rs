@@ -74,6 +74,48 @@ fn a_client_at_nine_times_its_rate_gets_at_most_1_1x_through_the_fleet() {
     assert!(keys.lines().any(|k| k == "lim:{quota|198.18.1.0/24}"), "keys in the store: {keys}");
 }
 
+/// `limiter fleet status` and `limiter prefix show` as an operator reads
+/// them, and the one-line error of `fleet status` without `[fleet]`.
+fn cli(node: &Node, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(limiter_tests::scenario::locate_bin("limiter").unwrap())
+        .args(args)
+        .arg("--socket")
+        .arg(&node.socket)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_fleet_and_a_prefix_are_shown_to_the_operator() {
+    require_root();
+    let tmp = TempDir::new("flu");
+    let redis = Redis::unix(&tmp.0);
+    let nodes = start_nodes("flu", 3, &policy(&[redis.url()], 60, 200), &[CLIENT], &tmp.0, |_| {});
+    assert!(eventually(Duration::from_secs(10), || synced(&nodes)), "the nodes never all synced");
+    let _ = run(&nodes, &[Flow { src: CLIENT, times: schedule(30, 2, SLICE_NS, 200_000_000, 25_000_000) }], 5);
+    let o = cli(&nodes[1], &["fleet", "status"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}");
+    assert!(text.contains("node        n1") && text.contains("(Redis): up"), "{text}");
+    assert!(text.contains("nodes seen  3 (n0, n1, n2)"), "{text}");
+    let o = cli(&nodes[1], &["prefix", "show", CLIENT]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let row = text.lines().find(|l| l.starts_with("quota")).unwrap_or_default().to_owned();
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cols[..3], ["quota", "fleet", "60"], "{text}");
+    let (local, fleet, left): (u64, u64, u64) =
+        (cols[3].parse().unwrap(), cols[4].parse().unwrap(), cols[5].parse().unwrap());
+    // 60 sent at 3x the allowance: the fleet holds the limit, this node a share.
+    assert!(local + fleet >= 55 && local + fleet <= 66 && local < 60, "{text}");
+    assert_eq!(left, 60u64.saturating_sub(local + fleet), "{text}");
+    // Without [fleet]: one line, non-zero.
+    let plain = TempDir::new("flp");
+    let alone = start_nodes("flp", 1, "rate = 1000\nburst = 2000\n", &[], &plain.0, |_| {});
+    let o = cli(&alone[0], &["fleet", "status"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.lines().count() == 1 && err.contains("no [fleet] section"), "{err}");
+}
+
 #[test]
 fn the_same_test_passes_unchanged_on_a_three_master_redis_cluster() {
     require_root();
