@@ -10,6 +10,7 @@
 // lose the verifier's knowledge of packet bounds and cost a call each.
 #![expect(clippy::inline_always, reason = "hot-path helpers shared with the XDP program")]
 
+pub mod cookie;
 pub mod gcra;
 pub mod packet;
 pub mod prefix;
@@ -105,6 +106,14 @@ pub mod maps {
     /// `[2]` the wall clock's offset from the program's clock in ns, so
     /// that window slices start at the same moment on every node.
     pub const FLEET_STATE: &str = "FLEET_STATE";
+    /// `ARRAY<crate::cookie::SynGuard>` indexed by class: the `auto`
+    /// trigger of SYN cookies, written by the program; the daemon reads
+    /// it to report whether a class's cookies are engaged.
+    pub const SYN_GUARD: &str = "SYN_GUARD";
+    /// `ARRAY<u64>`, [`crate::cookie::REFRESH_SLOTS`] entries, program
+    /// only: when a SYN to each port (per family) was last handed to the
+    /// kernel's own cookie path.
+    pub const KERNEL_SYNS: &str = "KERNEL_SYNS";
     /// Size of [`TOUCHED`] in bytes.
     pub const TOUCHED_BYTES: u32 = 1 << 20;
     /// Default capacity of [`BUCKETS`] (tracked prefixes).
@@ -134,6 +143,8 @@ pub mod programs {
     pub const BENCH_TX: &str = "bench_tx";
     /// Bench generator (live frames): random source in 198.19.0.0/16, `XDP_TX`.
     pub const BENCH_TX_SPREAD: &str = "bench_tx_spread";
+    /// Test flood generator: drop the replies to its spoofed sources.
+    pub const BENCH_DROP_FLOOD_REPLIES: &str = "bench_drop_flood_replies";
     /// Entry points of the production object; the others are in the bench
     /// object only (limiter-ebpf's `bench` feature).
     pub const PRODUCTION: [&str; 2] = [LIMITER, LIMITER_TEST_CLOCK];
@@ -194,6 +205,9 @@ pub mod flags {
     /// Set by userspace once the config entry is complete. A zeroed entry
     /// (program loaded, no policy yet) passes everything as `NoConfig`.
     pub const CONFIGURED: u32 = 1;
+    /// Some class has `syn_cookies` on and the kernel will accept the
+    /// cookies' ACKs (the daemon checked `net.ipv4.tcp_syncookies`).
+    pub const SYN_COOKIES: u32 = 2;
 }
 
 /// Limits of one rule class, derived by [`ClassLimits::new`] so the kernel
@@ -298,6 +312,9 @@ pub struct Config {
     /// Class 0 is the default class.
     pub classes: [ClassLimits; MAX_CLASSES],
     pub matchers: [Matcher; MAX_MATCHERS],
+    /// SYN cookies per class ([`cookie`]); read only with
+    /// [`flags::SYN_COOKIES`] set.
+    pub cookies: cookie::Cookies,
 }
 
 /// Default of [`Config::drop_sample`]: one drop in 64 per CPU is sampled
@@ -308,7 +325,7 @@ pub const DROP_SAMPLE: u32 = 64;
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 10;
+pub const SCHEMA_VERSION: u32 = 11;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -522,7 +539,9 @@ impl core::ops::AddAssign for Counter {
 
 const _: () = assert!(core::mem::size_of::<ClassLimits>() == 32);
 const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 72 + 32 * MAX_CLASSES + 8 * MAX_MATCHERS);
+const _: () = assert!(core::mem::size_of::<Config>() == 72 + 32 * MAX_CLASSES + 8 * MAX_MATCHERS + 88);
+const _: () = assert!(core::mem::size_of::<cookie::Cookies>() == 88);
+const _: () = assert!(core::mem::size_of::<cookie::SynGuard>() == 24);
 const _: () = assert!(core::mem::size_of::<DropEvent>() == 16);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 12);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
@@ -549,6 +568,7 @@ mod pod {
     unsafe impl aya::Pod for super::Refusal {}
     unsafe impl aya::Pod for super::window::WindowState {}
     unsafe impl aya::Pod for super::window::Touch {}
+    unsafe impl aya::Pod for super::cookie::SynGuard {}
     unsafe impl aya::Pod for super::RuntimeKey {}
     unsafe impl aya::Pod for super::RuntimeOverride {}
 }

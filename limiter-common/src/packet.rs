@@ -94,6 +94,16 @@ pub struct Source {
     /// TCP SYN without ACK.
     pub syn: u8,
     pub dport: u16,
+    /// The TCP flags byte (0 for other protocols).
+    pub tcp_flags: u8,
+}
+
+/// TCP flag bits of [`Source::tcp_flags`].
+pub mod tcp_flag {
+    pub const FIN: u8 = 0x01;
+    pub const SYN: u8 = 0x02;
+    pub const RST: u8 = 0x04;
+    pub const ACK: u8 = 0x10;
 }
 
 #[inline(always)]
@@ -149,8 +159,7 @@ fn parse_ipv4<F: Frame + ?Sized>(f: &F, off: usize) -> Result<Source, Reason> {
     if !f.holds(off, hlen) {
         return Err(Reason::Ipv4Truncated);
     }
-    let mut src =
-        Source { family: family::IPV4, addr: [word(ip, 12), 0, 0, 0], proto: ip[9], port_known: 0, syn: 0, dport: 0 };
+    let mut src = Source { family: family::IPV4, addr: [word(ip, 12), 0, 0, 0], proto: ip[9], ..Source::default() };
     // Non-first fragments carry no L4 header; they are charged like the rest.
     if be16(ip, 6) & IPV4_FRAG_OFFSET == 0 {
         read_l4(f, off + hlen, &mut src)?;
@@ -167,10 +176,7 @@ fn parse_ipv6<F: Frame + ?Sized>(f: &F, off: usize) -> Result<Source, Reason> {
     let mut src = Source {
         family: family::IPV6,
         addr: [word(ip, 8), word(ip, 12), word(ip, 16), word(ip, 20)],
-        proto: 0,
-        port_known: 0,
-        syn: 0,
-        dport: 0,
+        ..Source::default()
     };
     let mut next = ip[6];
     let mut off = off + Ipv6Hdr::LEN;
@@ -232,8 +238,8 @@ fn read_l4<F: Frame + ?Sized>(f: &F, off: usize, src: &mut Source) -> Result<(),
         IPPROTO_TCP => {
             let tcp = f.bytes_at::<{ TcpHdr::LEN }>(off).ok_or(Reason::L4Truncated)?;
             src.dport = be16(tcp, 2);
-            // Flags byte: SYN 0x02, ACK 0x10.
-            src.syn = u8::from(tcp[13] & 0x12 == 0x02);
+            src.tcp_flags = tcp[13];
+            src.syn = u8::from(tcp[13] & (tcp_flag::SYN | tcp_flag::ACK) == tcp_flag::SYN);
             src.port_known = 1;
         }
         IPPROTO_UDP => {
@@ -273,6 +279,7 @@ mod tests {
             assert_eq!(fam, stat_family::IPV4);
             assert_eq!(s.addr[0], u32::from_ne_bytes([198, 18, 7, 9]));
             assert_eq!((s.proto, s.dport, s.syn, s.port_known), (IPPROTO_TCP, 443, 1, 1));
+            assert_eq!(s.tcp_flags, 0x02);
         }
         let mut fam = 0;
         assert_eq!(parse(v4_syn(3).as_slice(), &mut fam), Err(Reason::VlanDepthExceeded));

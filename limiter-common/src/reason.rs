@@ -6,15 +6,19 @@
 pub enum Verdict {
     Pass,
     Drop,
+    /// Answered from XDP out of the interface it came in on (`XDP_TX`):
+    /// a SYN cookie's SYN-ACK. The packet itself does not reach the stack.
+    Tx,
 }
 
 impl Verdict {
-    /// `pass` or `drop`.
+    /// `pass`, `drop` or `tx`.
     #[must_use]
     pub const fn label(self) -> &'static str {
         match self {
             Verdict::Pass => "pass",
             Verdict::Drop => "drop",
+            Verdict::Tx => "tx",
         }
     }
 }
@@ -119,10 +123,24 @@ reasons! {
     /// The prefix's own bucket admitted it, but its aggregate (coarser)
     /// prefix's bucket did not; the fine charge was refunded.
     AggregateLimited = 20 => Drop, "aggregate_limited";
+    /// A SYN from a prefix without a bucket, to a class whose SYN cookies
+    /// are engaged: answered from XDP with a cookie SYN-ACK, nothing
+    /// stored (counted with the SYN-ACK's length).
+    SynCookieSent = 21 => Tx, "syn_cookie_sent";
+    /// Such a SYN handed to the kernel instead, one a second per port and
+    /// family, so that the listener keeps accepting cookie ACKs (the
+    /// kernel answers it with its own cookie and stores nothing).
+    SynCookieToKernel = 22 => Pass, "syn_cookie_to_kernel";
+    /// An ACK whose cookie the kernel's helper accepted: the source proved
+    /// its address and its prefix got a bucket, budget or not.
+    SynCookieVerified = 23 => Pass, "syn_cookie_verified";
+    /// An ACK from a prefix without a bucket, while cookies are engaged,
+    /// that carries no valid cookie.
+    SynCookieInvalid = 24 => Drop, "syn_cookie_invalid";
 }
 
 /// Number of counter slots in `STATS`.
-pub const REASON_COUNT: usize = 21;
+pub const REASON_COUNT: usize = 25;
 
 impl Reason {
     /// The action category of this reason (see [`Action`]).
@@ -132,7 +150,8 @@ impl Reason {
         match (self, self.verdict()) {
             (Reason::ShadowDropped, _) => Action::ShadowDrop,
             (_, Verdict::Pass) => Action::Pass,
-            (_, Verdict::Drop) => Action::Drop,
+            // A SYN answered with a cookie is not delivered to the stack.
+            (_, Verdict::Drop | Verdict::Tx) => Action::Drop,
         }
     }
 
@@ -169,7 +188,7 @@ mod tests {
             let expected = match r.verdict() {
                 _ if r == Reason::ShadowDropped => Action::ShadowDrop,
                 Verdict::Pass => Action::Pass,
-                Verdict::Drop => Action::Drop,
+                Verdict::Drop | Verdict::Tx => Action::Drop,
             };
             assert_eq!(r.action(), expected, "{r:?}");
         }

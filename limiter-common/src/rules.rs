@@ -66,6 +66,7 @@ mod tests {
             port_known: 1,
             syn: 1,
             dport,
+            ..Source::default()
         }
     }
 

@@ -124,3 +124,24 @@ pub fn bench_tx_spread(ctx: XdpContext) -> u32 {
     }
     xdp_action::XDP_TX
 }
+
+/// Test flood generator's own interface: drop what comes back to the
+/// spoofed sources of `netload spoof-syn` (IPv4 198.18.4.0-198.19.255.255,
+/// IPv6 2001:2:100::/40) at once, pass the rest. Like a real attacker,
+/// the generator then never processes the SYN-ACKs its flood draws, and
+/// the real clients beside it see their own replies.
+#[xdp]
+pub fn bench_drop_flood_replies(ctx: XdpContext) -> u32 {
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if data + 54 > end {
+        return xdp_action::XDP_PASS;
+    }
+    // SAFETY: the 54 bytes at data are inside the packet.
+    let f = unsafe { &*(data as *const [u8; 54]) };
+    let spoofed = match [f[12], f[13]] {
+        [0x08, 0x00] => f[30] == 198 && (f[31] == 19 || (f[31] == 18 && f[32] >= 4)),
+        [0x86, 0xdd] => f[38..43] == [0x20, 0x01, 0x00, 0x02, 0x01],
+        _ => false,
+    };
+    if spoofed { xdp_action::XDP_DROP } else { xdp_action::XDP_PASS }
+}

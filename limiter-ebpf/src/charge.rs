@@ -125,7 +125,7 @@ fn cached_resolution(p: *mut BucketState, key: &BucketKey, slot: u32, version: u
 /// Most specific override containing the bucket's prefix (the bucket's
 /// address is already masked, so overrides no longer than it match).
 #[inline(always)]
-fn resolve(key: &BucketKey, slot: u32) -> u32 {
+pub fn resolve(key: &BucketKey, slot: u32) -> u32 {
     let found = if key.family == family::IPV4 {
         let k = Key::new(32, key.addr[0]);
         if slot == 0 { OVR4_0.get(&k) } else { OVR4_1.get(&k) }

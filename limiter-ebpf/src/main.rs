@@ -18,6 +18,8 @@ mod bench;
 #[cfg(target_arch = "bpf")]
 mod charge;
 #[cfg(target_arch = "bpf")]
+mod cookie;
+#[cfg(target_arch = "bpf")]
 mod count;
 #[cfg(target_arch = "bpf")]
 mod maps;

@@ -12,6 +12,7 @@ use aya_ebpf::{
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT, Refusal,
     RuntimeKey, RuntimeOverride, STAT_FAMILIES,
+    cookie::{REFRESH_SLOTS, SynGuard},
     maps::{self, DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES, REFUSAL_SLOTS, TOUCHED_BYTES},
     window::WindowState,
 };
@@ -169,4 +170,20 @@ map! {
     /// from here without touching the shared bucket. Userspace never reads it.
     REFUSALS = maps::REFUSALS;
     PerCpuArray<Refusal> = PerCpuArray::with_max_entries(REFUSAL_SLOTS, 0)
+}
+
+map! {
+    /// Written by: XDP, the `auto` SYN cookie trigger of each class (see
+    /// `limiter_common::cookie::SynGuard`). Read by: XDP; userspace reads
+    /// whether a class's cookies are engaged.
+    #[expect(clippy::cast_possible_truncation, reason = "a small constant")]
+    SYN_GUARD = maps::SYN_GUARD;
+    Array<SynGuard> = Array::with_max_entries(MAX_CLASSES as u32, 0)
+}
+
+map! {
+    /// Written and read by: XDP: when a SYN to each port (per family) was
+    /// last handed to the kernel's own cookie path. Userspace never reads it.
+    KERNEL_SYNS = maps::KERNEL_SYNS;
+    Array<u64> = Array::with_max_entries(REFRESH_SLOTS, 0)
 }

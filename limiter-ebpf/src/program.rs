@@ -5,12 +5,13 @@
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext};
 use limiter_common::{
     Reason, Verdict, flags, gcra,
-    packet::{Frame, parse},
+    packet::{Frame, IPPROTO_TCP, parse},
     rules::{bucket_key, classify},
 };
 
 use crate::{
     charge::{Charge, charge},
+    cookie::{self, Syn},
     count::{RefusalCache, count_class, count_reason, sample_drop},
     maps::{ACTIVE, CONFIG, TEST_CLOCK},
 };
@@ -77,6 +78,7 @@ fn finish(pkt: &Packet, reason: Reason, fam: u32) -> u32 {
     match reason.verdict() {
         Verdict::Pass => xdp_action::XDP_PASS,
         Verdict::Drop => xdp_action::XDP_DROP,
+        Verdict::Tx => xdp_action::XDP_TX,
     }
 }
 
@@ -98,6 +100,12 @@ fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason
     let key = bucket_key(&src, cfg.v4_prefix, cfg.v6_prefix, class as u8);
     let version = cfg.version as u32;
     let now = gcra::to_fixed(now());
+    let cookies = cfg.flags & flags::SYN_COOKIES != 0 && src.proto == IPPROTO_TCP && src.port_known == 1;
+    let syn = Syn { pkt, cfg, src: &src, class, key: &key, slot, version, now };
+    if cookies && let Some(r) = cookie::intercept(&syn) {
+        count_class(class, r, pkt.len());
+        return r;
+    }
     // The cache is kept only while no aggregate refund can lower a tat
     // (see `limiter_common::Refusal`); otherwise it is not even probed.
     let cache = RefusalCache::probe(&key, cfg.agg_unit == 0);
@@ -107,6 +115,12 @@ fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason
             Some(r) => r,
             None => return Reason::NoConfig,
         },
+    };
+    // A SYN the new-source budget refuses trips `auto` SYN cookies and is
+    // answered with one.
+    let reason = match reason {
+        Reason::NewSourceLimited if cookies => cookie::on_budget_refusal(&syn).unwrap_or(reason),
+        r => r,
     };
     count_class(class, reason, pkt.len());
     if reason.verdict() == Verdict::Drop {

@@ -43,6 +43,9 @@ pub struct Snapshot {
     pub feedback: [u64; 7],
     /// The fleet sync, if the daemon runs one.
     pub fleet: Option<crate::fleet::FleetStatus>,
+    /// Classes with SYN cookies: name, mode (`auto`, `always`) and whether
+    /// the data plane answers SYNs with cookies now.
+    pub syn_cookies: Vec<(String, &'static str, bool)>,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
     pub last_reload_ok: Option<u64>,
@@ -188,6 +191,22 @@ impl SnapshotCollector {
         Ok(())
     }
 
+    fn syn_cookies(enc: &mut DescriptorEncoder, classes: &[(String, &'static str, bool)]) -> std::fmt::Result {
+        if classes.is_empty() {
+            return Ok(());
+        }
+        let mut m = enc.encode_descriptor(
+            "limiter_syn_cookies_engaged",
+            "1 while a class answers SYNs from sources without a bucket with SYN cookies.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (class, mode, on) in classes {
+            ConstGauge::new(i64::from(*on)).encode(m.encode_family(&[("class", class.as_str()), ("mode", mode)])?)?;
+        }
+        Ok(())
+    }
+
     fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
         ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
     }
@@ -262,6 +281,7 @@ impl Collector for SnapshotCollector {
             None,
             MetricType::Counter,
         )?)?;
+        Self::syn_cookies(&mut enc, &s.syn_cookies)?;
         Self::forwards(&mut enc, &s.forwards)?;
         if let Some(f) = &s.fleet {
             Self::fleet(&mut enc, f)?;
@@ -364,6 +384,18 @@ async fn answer(method: &Method, path: &str, snapshots: &mpsc::Sender<ScrapeCall
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn syn_cookie_classes_have_an_engaged_gauge_each() {
+        let s = Snapshot {
+            syn_cookies: vec![("app-syn".into(), "auto", true), ("api".into(), "always", false)],
+            ..Snapshot::default()
+        };
+        let text = render(s);
+        assert!(text.contains(r#"limiter_syn_cookies_engaged{class="app-syn",mode="auto"} 1"#), "{text}");
+        assert!(text.contains(r#"limiter_syn_cookies_engaged{class="api",mode="always"} 0"#), "{text}");
+        assert!(!render(Snapshot::default()).contains("limiter_syn_cookies"));
+    }
 
     #[test]
     fn each_forwarder_has_its_series_labelled_by_name() {

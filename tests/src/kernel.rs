@@ -3,7 +3,7 @@
 pub use limiter::dataplane::xdp_action::{XDP_DROP, XDP_PASS};
 use limiter::{
     dataplane::{DataPlane, Totals},
-    policy::{Class, Compiled, CostUnit, Limit, Mode, Policy, Protocol, Scope, StoreFailure, Window},
+    policy::{Class, Compiled, CostUnit, Limit, Mode, Policy, Protocol, Scope, StoreFailure, SynCookies, Window},
 };
 use limiter_common::{BucketKey, Reason, cost, family, programs};
 
@@ -61,6 +61,8 @@ pub fn window_config(limit: u64, length_ms: u64, slices: u32, scope: Scope) -> C
             ports: Vec::new(),
             syn: false,
             limit: Limit { rate: 0, burst: 0, cost: CostUnit::Packets, mode: Mode::Enforce, window: Some(window) },
+            syn_cookies: SynCookies::Off,
+            syn_rate: None,
         }],
         capacity: 1024,
         ..Policy::default()

@@ -4,7 +4,7 @@ use std::net::Ipv4Addr;
 
 use limiter::{
     dataplane::DataPlane,
-    policy::{Class, CostUnit, Limit, Mode, Policy, Protocol},
+    policy::{Class, CostUnit, Limit, Mode, Policy, Protocol, SynCookies},
 };
 use limiter_common::Reason;
 use limiter_tests::{
@@ -30,6 +30,8 @@ fn policy(mode: Mode) -> Policy {
                 ports: vec![(443, 443)],
                 syn: true,
                 limit: lim(1, 1, mode),
+                syn_cookies: SynCookies::Off,
+                syn_rate: None,
             },
             Class {
                 name: "quic".into(),
@@ -37,6 +39,8 @@ fn policy(mode: Mode) -> Policy {
                 ports: vec![(443, 443), (8443, 8443)],
                 syn: false,
                 limit: lim(1, 2, mode),
+                syn_cookies: SynCookies::Off,
+                syn_rate: None,
             },
         ],
         ..Policy::default()

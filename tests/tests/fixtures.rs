@@ -14,6 +14,8 @@ const NOW: u64 = 1_000_000_000;
 
 /// The documented verdict of each reason (README "Verdicts and reasons"),
 /// written out here rather than taken from the code under test.
+const XDP_TX: u32 = 3;
+
 fn documented_action(r: Reason) -> u32 {
     match r {
         Reason::Admitted
@@ -21,7 +23,10 @@ fn documented_action(r: Reason) -> u32 {
         | Reason::NoConfig
         | Reason::BucketInsertFailed
         | Reason::ShadowDropped
-        | Reason::Allowed => XDP_PASS,
+        | Reason::Allowed
+        | Reason::SynCookieToKernel
+        | Reason::SynCookieVerified => XDP_PASS,
+        Reason::SynCookieSent => XDP_TX,
         Reason::RateLimited
         | Reason::Contended
         | Reason::EthTruncated
@@ -36,7 +41,8 @@ fn documented_action(r: Reason) -> u32 {
         | Reason::L4Truncated
         | Reason::Denied
         | Reason::NewSourceLimited
-        | Reason::AggregateLimited => XDP_DROP,
+        | Reason::AggregateLimited
+        | Reason::SynCookieInvalid => XDP_DROP,
     }
 }
 

@@ -10,7 +10,7 @@ use std::{
 
 use limiter::{
     dataplane::DataPlane,
-    policy::{Class, CostUnit, Limit, Mode, Override, OverrideAction, Policy, Protocol},
+    policy::{Class, CostUnit, Limit, Mode, Override, OverrideAction, Policy, Protocol, SynCookies},
 };
 use limiter_common::Reason;
 use limiter_tests::{
@@ -63,6 +63,8 @@ fn policy() -> Policy {
             ports: vec![(443, 443)],
             syn: true,
             limit: lim(1, 2),
+            syn_cookies: SynCookies::Off,
+            syn_rate: None,
         }],
         overrides: vec![
             ovr("198.18.0.0/16", OverrideAction::Limit(lim(1, 3))),

@@ -7,7 +7,9 @@ use limiter_common::programs;
 use limiter_tests::kernel;
 
 /// Raise it deliberately, with the reason in the commit, when it must grow.
-const VERIFIER_BUDGET: u32 = 150_000;
+/// 150,000 until SYN cookies: their SYN and ACK paths took the production
+/// entry point from 141,224 to 224,073 processed instructions.
+const VERIFIER_BUDGET: u32 = 250_000;
 
 #[test]
 fn every_entry_point_verifies_within_the_budget() {
@@ -32,6 +34,7 @@ fn the_production_object_holds_no_bench_program() {
         programs::BENCH_TOUCH_DROP,
         programs::BENCH_TX,
         programs::BENCH_TX_SPREAD,
+        programs::BENCH_DROP_FLOOD_REPLIES,
     ] {
         let e = l.load_program(p).expect_err(p);
         assert!(e.to_string().contains("missing from the object"), "{p}: {e}");

@@ -15,5 +15,11 @@ pub fn stats(client: Client, json: bool) -> anyhow::Result<()> {
     for c in &s.classes {
         println!("{:<22} {:>14} {:>14} {:>14}", c.class, c.admitted, c.dropped, c.shadow_dropped);
     }
+    if !s.syn_cookies.is_empty() {
+        println!("\n{:<22} {:<8} {:>8}", "syn cookies", "mode", "engaged");
+        for c in &s.syn_cookies {
+            println!("{:<22} {:<8} {:>8}", c.class, c.mode, if c.engaged { "yes" } else { "no" });
+        }
+    }
     Ok(())
 }

@@ -233,6 +233,17 @@ pub struct ReloadInfo {
 pub struct StatsInfo {
     pub reasons: Vec<ReasonRow>,
     pub classes: Vec<ClassRow>,
+    /// Classes with SYN cookies and whether they answer with them now.
+    #[serde(default)]
+    pub syn_cookies: Vec<SynCookieRow>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SynCookieRow {
+    pub class: String,
+    /// `auto` or `always`.
+    pub mode: String,
+    pub engaged: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,7 +10,8 @@ use super::{
 };
 use crate::{
     control::{
-        ClassRow, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo, StatusInfo, TopInfo,
+        ClassRow, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo, StatusInfo, SynCookieRow,
+        TopInfo,
     },
     dataplane::{Health, LoadError},
     metrics::Snapshot,
@@ -63,6 +64,21 @@ impl Daemon {
         Ok(self.view.class_names.iter().cloned().zip(per_class).collect())
     }
 
+    /// Each class with SYN cookies and whether they are engaged now.
+    fn syn_cookie_states(&self) -> Result<Vec<(String, &'static str, bool)>, LoadError> {
+        use limiter_common::cookie::mode;
+        let now = super::os::monotonic_coarse_ns();
+        let mut out = Vec::with_capacity(self.view.syn_cookies.len());
+        for (class, name, m) in &self.view.syn_cookies {
+            let (label, on) = match *m {
+                mode::ALWAYS => ("always", self.view.syn_cookies_on),
+                _ => ("auto", self.view.syn_cookies_on && self.dp.maps.counters.syn_cookies_engaged(*class, now)?),
+            };
+            out.push((name.clone(), label, on));
+        }
+        Ok(out)
+    }
+
     /// Numbers for one metrics scrape, read from the kernel now.
     pub(super) fn snapshot(&self) -> Result<Snapshot, LoadError> {
         Ok(Snapshot {
@@ -78,6 +94,7 @@ impl Daemon {
             forwards: self.forwards.reports(),
             feedback: self.view.feedback,
             fleet: self.fleet.status(),
+            syn_cookies: self.syn_cookie_states()?,
             reloads_ok: self.reloads.count[0],
             reloads_failed: self.reloads.count[1],
             last_reload_ok: self.reloads.at[0],
@@ -134,7 +151,12 @@ impl Daemon {
                 shadow_dropped: c.get(Action::ShadowDrop).packets,
             })
             .collect();
-        Ok(Response::Stats(StatsInfo { reasons, classes }))
+        let syn_cookies = self
+            .syn_cookie_states()?
+            .into_iter()
+            .map(|(class, mode, engaged)| SynCookieRow { class, mode: mode.into(), engaged })
+            .collect();
+        Ok(Response::Stats(StatsInfo { reasons, classes, syn_cookies }))
     }
 
     fn top_info(&mut self, n: usize) -> Response {

@@ -11,7 +11,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use limiter_common::maps::RUNTIME;
+use limiter_common::{flags, maps::RUNTIME};
 
 use crate::{
     control::PrefixEntry,
@@ -66,6 +66,9 @@ pub struct Enforcer {
     capacity: u32,
     /// The kernel form of the policy in force, once one was applied.
     config: Option<limiter_common::Config>,
+    /// Why the running policy's SYN cookies are off, if it asks for them
+    /// and the kernel would not accept them.
+    syn_cookies_off: Option<String>,
     /// What the feedback governor decided (see `feedback.rs`).
     pub(super) governor: feedback::Governed,
 }
@@ -82,6 +85,7 @@ impl Enforcer {
             version,
             capacity,
             config: None,
+            syn_cookies_off: None,
             governor: feedback::Governed::default(),
         }
     }
@@ -89,6 +93,13 @@ impl Enforcer {
     #[must_use]
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Why the policy's SYN cookies are off (the kernel would not accept
+    /// them), if it has any.
+    #[must_use]
+    pub fn syn_cookies_off(&self) -> Option<&str> {
+        self.syn_cookies_off.as_deref()
     }
 
     /// The kernel form of the policy in force.
@@ -173,19 +184,35 @@ impl Enforcer {
     ) -> Result<String, ApplyError> {
         let next = self.version + 1;
         let p = self.effective(&base);
-        let compiled = match compiled {
+        let mut compiled = match compiled {
             Some(mut c) => {
                 c.config.version = next;
                 c
             }
             None => p.compile(next).map_err(|e| origin.locate(e, &p))?,
         };
+        // Never claim protection that is not there: cookies the kernel would
+        // not accept would only break the connections they answer.
+        let cookies_off =
+            (compiled.config.flags & flags::SYN_COOKIES != 0).then(super::os::syn_cookies_ready).and_then(Result::err);
+        if cookies_off.is_some() {
+            compiled.config.flags &= !flags::SYN_COOKIES;
+        }
         maps.apply(&compiled)?;
         self.config = Some(compiled.config);
         for w in p.warnings() {
             tracing::warn!(event = "policy_warning", version = next, "limiter: policy v{next}: {w}");
         }
         let mut summary = p.summary(next).to_string();
+        if let Some(why) = &cookies_off {
+            tracing::warn!(
+                event = "syn_cookies_off",
+                version = next,
+                "limiter: policy v{next}: syn cookies are off: {why}"
+            );
+            let _ = write!(summary, "; syn cookies OFF: {why}");
+        }
+        self.syn_cookies_off = cookies_off;
         if p.capacity != self.capacity {
             let _ = write!(summary, "; capacity stays {} until a restart", self.capacity);
         }

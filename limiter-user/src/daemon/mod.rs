@@ -105,6 +105,10 @@ struct View {
     feedback: [u64; 7],
     /// The escalation rule in force, if any.
     escalate: Option<crate::policy::feedback::Escalate>,
+    /// Classes with SYN cookies: index, name and mode (`limiter_common::cookie::mode`),
+    /// and whether the data plane has them on.
+    syn_cookies: Vec<(u32, String, u8)>,
+    syn_cookies_on: bool,
 }
 
 /// A running daemon.
@@ -331,13 +335,25 @@ impl Daemon {
             self.view = View {
                 version: p.version(),
                 source: p.source().to_owned(),
-                summary: effective.summary(p.version()).to_string(),
+                summary: match p.syn_cookies_off() {
+                    Some(why) => format!("{}; syn cookies OFF: {why}", effective.summary(p.version())),
+                    None => effective.summary(p.version()).to_string(),
+                },
                 class_names: effective.class_names().into_iter().map(str::to_owned).collect(),
                 feedback: {
                     let g = p.governed();
                     [g.applied, g.shadowed, g.refused[0], g.refused[1], g.refused[2], g.refused[3], g.escalations]
                 },
                 escalate: p.base().feedback.as_ref().and_then(|f| f.escalate),
+                syn_cookies: p.config().map_or_else(Vec::new, |c| {
+                    (0u32..)
+                        .zip(effective.class_names())
+                        .zip(c.cookies.mode)
+                        .filter(|(_, m)| *m != limiter_common::cookie::mode::OFF)
+                        .map(|((i, n), m)| (i, n.to_owned(), m))
+                        .collect()
+                }),
+                syn_cookies_on: p.config().is_some_and(|c| c.flags & limiter_common::flags::SYN_COOKIES != 0),
             };
             if let Some(classes) = self.fleet_classes() {
                 self.fleet.set_classes(classes, p.base().fleet.as_ref());

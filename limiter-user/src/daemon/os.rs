@@ -62,3 +62,29 @@ pub fn raise_memlock() {
     // SAFETY: plain syscall on a valid struct; failure only matters on old kernels.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const lim) };
 }
+
+/// Whether the kernel in this network namespace takes the ACKs of SYN
+/// cookies sent from XDP: it checks them itself only with
+/// `net.ipv4.tcp_syncookies = 2` (cookies always, so the SYNs the program
+/// hands it keep the listener in its cookie state). `Err` says why not.
+pub fn syn_cookies_ready() -> Result<(), String> {
+    const SYSCTL: &str = "/proc/sys/net/ipv4/tcp_syncookies";
+    match std::fs::read_to_string(SYSCTL) {
+        Ok(v) if v.trim() == "2" => Ok(()),
+        Ok(v) => Err(format!(
+            "net.ipv4.tcp_syncookies is {} in this network namespace; the kernel accepts the ACKs of cookies sent \
+             from XDP only with 2 (sysctl -w net.ipv4.tcp_syncookies=2)",
+            v.trim()
+        )),
+        Err(e) => Err(format!("cannot read {SYSCTL} (a kernel without CONFIG_SYN_COOKIES?): {e}")),
+    }
+}
+
+/// `CLOCK_MONOTONIC_COARSE` in ns: the clock of the production program.
+#[must_use]
+pub fn monotonic_coarse_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}

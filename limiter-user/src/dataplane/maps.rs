@@ -13,7 +13,8 @@ use aya::{
 };
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, Reason, RuntimeKey,
-    RuntimeOverride, STAT_FAMILIES, flags, maps, maps::MAX_OVERRIDES, stat_index, window::WindowState,
+    RuntimeOverride, STAT_FAMILIES, cookie::SynGuard, flags, maps, maps::MAX_OVERRIDES, stat_index,
+    window::WindowState,
 };
 
 use super::{LoadError, counters::Totals};
@@ -86,6 +87,7 @@ pub struct Counters {
     /// capacity it was created with).
     pub(crate) bucket_capacity: u32,
     pub(crate) buckets_id: u32,
+    syn_guard: Array<MapData, SynGuard>,
 }
 
 impl Maps {
@@ -112,6 +114,7 @@ impl Maps {
             buckets: take(ebpf, maps::BUCKETS)?,
             bucket_capacity: info.max_entries(),
             buckets_id: info.id(),
+            syn_guard: take(ebpf, maps::SYN_GUARD)?,
         };
         let windows = WindowMaps {
             windows: take(ebpf, maps::WINDOWS)?,
@@ -250,6 +253,13 @@ impl Counters {
             }
         }
         Ok(t)
+    }
+
+    /// Whether `class`'s `auto` SYN cookies are engaged at `now` (ns on
+    /// the program's clock, `CLOCK_MONOTONIC_COARSE`).
+    pub fn syn_cookies_engaged(&self, class: u32, now_ns: u64) -> Result<bool, LoadError> {
+        let g = self.syn_guard.get(&class, 0).on(maps::SYN_GUARD)?;
+        Ok(limiter_common::gcra::to_fixed(now_ns) < g.until)
     }
 
     /// Per-class counters summed over CPUs.

@@ -18,13 +18,13 @@ use std::{
 use aya::maps::{Array, Map, MapData, MapType};
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, META_MAGIC, Meta, RuntimeKey, RuntimeOverride,
-    SCHEMA_VERSION, maps, window::WindowState,
+    SCHEMA_VERSION, cookie::SynGuard, maps, window::WindowState,
 };
 
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// Maps pinned with the program, with their expected type and sizes.
-pub const PINNED_MAPS: [(&str, MapType, usize, usize); 16] = [
+pub const PINNED_MAPS: [(&str, MapType, usize, usize); 17] = [
     (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>()),
     (maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>()),
     (maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>()),
@@ -41,6 +41,7 @@ pub const PINNED_MAPS: [(&str, MapType, usize, usize); 16] = [
     (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>()),
     (maps::META, MapType::Array, 4, size_of::<Meta>()),
     (maps::RUNTIME, MapType::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>()),
+    (maps::SYN_GUARD, MapType::Array, 4, size_of::<SynGuard>()),
 ];
 /// File names of the pinned link and program inside the pin directory.
 pub const LINK: &str = "link";

@@ -47,6 +47,20 @@ impl DataPlane {
         self.run_with(name, TestRunOptions { data_in: Some(data), repeat, ..TestRunOptions::new() })
     }
 
+    /// BPF_PROG_TEST_RUN of the test-clock entry point at `now_ns` over
+    /// `data`, once; returns the XDP action and the frame as the program
+    /// left it (what `XDP_TX` would send).
+    pub fn run_out(&mut self, now_ns: u64, data: &[u8]) -> Result<(u32, Vec<u8>), LoadError> {
+        self.set_test_clock(now_ns)?;
+        let mut out = vec![0u8; data.len() + 256];
+        let opts = TestRunOptions { data_in: Some(data), data_out: Some(&mut out), repeat: 1, ..TestRunOptions::new() };
+        let name = limiter_common::programs::LIMITER_TEST_CLOCK;
+        self.load_program(name)?;
+        let r = self.xdp(name)?.test_run(opts).map_err(|source| LoadError::TestRun { name, source })?;
+        out.truncate(r.data_size_out as usize);
+        Ok((r.return_value, out))
+    }
+
     /// BPF_PROG_TEST_RUN in live-frames mode: the entry point runs `repeat`
     /// times over copies of `frame` as if it had arrived on `iface` (in the
     /// calling thread's network namespace), and frames it returns `XDP_TX`

@@ -20,6 +20,8 @@
 //! rate = 20
 //! burst = 40
 //! mode = "shadow"         # optional, per class
+//! syn_cookies = "auto"    # off (default), auto, always: needs syn = true and ports
+//! syn_rate = 2000         # auto: engage above this many SYNs/s from new sources
 //! ```
 
 mod locate;
@@ -33,7 +35,7 @@ use toml::Spanned;
 
 use super::{
     Aggregate, Class, Compiled, CostUnit, DEFAULT_AGGREGATE_PREFIXES, DEFAULT_SLICES, Limit, Mode, Override,
-    OverrideAction, Policy, PolicyError, Protocol, Scope, StoreFailure, Window, bad,
+    OverrideAction, Policy, PolicyError, Protocol, Scope, StoreFailure, SynCookies, Window, bad,
 };
 
 /// Largest policy file read: 131,072 overrides take about 8 MB.
@@ -197,6 +199,9 @@ struct ClassSpec {
     slices: Option<u32>,
     scope: Option<Scope>,
     on_store_failure: Option<StoreFailure>,
+    #[serde(default)]
+    syn_cookies: SynCookies,
+    syn_rate: Option<u64>,
 }
 
 /// Read a policy file: a regular file of at most [`MAX_FILE_BYTES`] (a
@@ -350,6 +355,8 @@ fn build_class(i: usize, c: Spanned<ClassSpec>, global_mode: Mode) -> Located<Cl
         slices,
         scope,
         on_store_failure,
+        syn_cookies,
+        syn_rate,
     } = c.into_inner();
     let at = format!("class[{i}].");
     let window = WindowSpec { limit, window, slices, scope, on_store_failure }
@@ -375,6 +382,8 @@ fn build_class(i: usize, c: Spanned<ClassSpec>, global_mode: Mode) -> Located<Cl
             mode: mode.unwrap_or(global_mode),
             window,
         },
+        syn_cookies,
+        syn_rate,
     })
 }
 

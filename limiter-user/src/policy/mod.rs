@@ -109,6 +109,20 @@ pub enum Mode {
     Shadow,
 }
 
+/// When a TCP class answers SYNs from sources without a bucket with SYN
+/// cookies from XDP (see the README, "Spoofed SYN floods").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SynCookies {
+    #[default]
+    Off,
+    /// While the class is under a SYN flood: `syn_rate` SYNs/s from
+    /// sources without a bucket (default: the new-source budget's rate),
+    /// or the new-source budget refusing one of its SYNs.
+    Auto,
+    Always,
+}
+
 /// The IP protocol a class matches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -239,6 +253,9 @@ pub struct Class {
     /// Only TCP SYN without ACK (new connections).
     pub syn: bool,
     pub limit: Limit,
+    pub syn_cookies: SynCookies,
+    /// `auto` engages above this many SYNs/s from sources without a bucket.
+    pub syn_rate: Option<u64>,
 }
 
 /// What an override does to the prefixes it covers.
@@ -375,6 +392,9 @@ impl fmt::Display for Summary<'_> {
                     l.mode
                 )?,
                 None => write!(f, "; class {}: rate {} burst {} ({})", c.name, l.rate, l.burst, l.mode)?,
+            }
+            if c.syn_cookies != SynCookies::Off {
+                write!(f, ", syn cookies {}", spelling(&c.syn_cookies))?;
             }
         }
         if let Some((rate, burst)) = p.new_sources {

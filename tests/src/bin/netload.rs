@@ -4,6 +4,10 @@
 //!   netload recv BIND:PORT SECS
 //!   netload spoof IFACE DST_MAC DST_IP:PORT COUNT  (COUNT distinct IPv4 sources
 //!                                                   in 198.18.4.0-198.19.255.255)
+//!   netload spoof-syn IFACE DST_MAC DST_IP:PORT SECS (TCP SYNs from ever new
+//!                                                   sources, IPv4 as above or
+//!                                                   IPv6 in 2001:2:100::/40,
+//!                                                   as fast as it can for SECS)
 //!   netload get HOST:PORT PATH                     (HTTP GET, prints the body)
 //!
 //! `send` prints `sent N secs S`; `recv` prints `ready`, then after SECS one
@@ -36,6 +40,9 @@ fn main() -> anyhow::Result<()> {
         }
         ["recv", bind, secs] => recv(bind.parse().context("BIND:PORT")?, secs.parse().context("SECS")?),
         ["spoof", iface, mac, dst, count] => spoof(iface, mac, dst.parse().context("DST_IP:PORT")?, count.parse()?),
+        ["spoof-syn", iface, mac, dst, secs] => {
+            spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?)
+        }
         ["get", addr, path] => get(addr, path),
         _ => bail!("usage: netload send SRC DST:PORT PPS SECS [PAYLOAD] | netload recv BIND:PORT SECS"),
     }
@@ -164,6 +171,80 @@ fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<
     unsafe { libc::close(fd) };
     println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// TCP SYNs to DST out of IFACE for SECS seconds (at most 60), each from
+/// the next source of a range no test client uses: IPv4 hosts of
+/// 198.18.4.0-198.19.255.255, IPv6 hosts of 2001:2:100::/40. Bounded by
+/// time and by MAX_PACKETS.
+fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64) -> anyhow::Result<()> {
+    use limiter_tests::packet::{ETH_P_IP, ETH_P_IPV6, Frame, IPPROTO_TCP};
+    let mac: Vec<u8> =
+        mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>().context("DST_MAC")?;
+    anyhow::ensure!(mac.len() == 6, "DST_MAC must have 6 bytes");
+    let (fd, addr) = packet_socket(iface, &mac)?;
+    let until = Instant::now() + Duration::from_secs_f64(secs.clamp(0.0, 60.0));
+    let (mut sent, start) = (0u64, Instant::now());
+    let mut i = 0u32;
+    while Instant::now() < until && sent < MAX_PACKETS {
+        for _ in 0..1024 {
+            i = i.wrapping_add(1);
+            let mut f = match dst.ip() {
+                std::net::IpAddr::V4(d) => {
+                    let host = 1024 + i % 130_000;
+                    let src = std::net::Ipv4Addr::from(0xc612_0000 + host);
+                    let mut f =
+                        Frame::eth(ETH_P_IP).ipv4(src, IPPROTO_TCP, 0, 0).tcp_to(dst.port(), 0x02).on_the_wire();
+                    f[30..34].copy_from_slice(&d.octets());
+                    f
+                }
+                std::net::IpAddr::V6(d) => {
+                    let src = std::net::Ipv6Addr::from(
+                        0x2001_0002_0100_0000_0000_0000_0000_0000u128 | (u128::from(i) << 64) | 7,
+                    );
+                    let mut f = Frame::eth(ETH_P_IPV6).ipv6(src, IPPROTO_TCP).tcp_to(dst.port(), 0x02).bytes;
+                    f[18..20].copy_from_slice(&20u16.to_be_bytes());
+                    f[38..54].copy_from_slice(&d.octets());
+                    f
+                }
+            };
+            f[..6].copy_from_slice(&mac);
+            // SAFETY: frame and addr are valid for the lengths given.
+            let rc = unsafe {
+                libc::sendto(
+                    fd,
+                    f.as_ptr().cast(),
+                    f.len(),
+                    0,
+                    (&raw const addr).cast(),
+                    libc::socklen_t::try_from(size_of::<libc::sockaddr_ll>())?,
+                )
+            };
+            if rc > 0 {
+                sent += 1;
+            }
+        }
+    }
+    // SAFETY: closing our own fd.
+    unsafe { libc::close(fd) };
+    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// An AF_PACKET socket and the address that sends out of `iface` to `mac`.
+fn packet_socket(iface: &str, mac: &[u8]) -> anyhow::Result<(i32, libc::sockaddr_ll)> {
+    let name = std::ffi::CString::new(iface)?;
+    // SAFETY: plain libc calls on values we own.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    anyhow::ensure!(ifindex != 0, "no interface {iface}");
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    anyhow::ensure!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = u16::try_from(libc::AF_PACKET)?;
+    addr.sll_ifindex = i32::try_from(ifindex)?;
+    addr.sll_halen = 6;
+    addr.sll_addr[..6].copy_from_slice(mac);
+    Ok((fd, addr))
 }
 
 fn udp_frame(dst_mac: &[u8], src: [u8; 4], dst: std::net::Ipv4Addr, port: u16) -> Vec<u8> {

@@ -62,6 +62,12 @@ pub fn render(p: &Policy) -> String {
         }
         let _ = writeln!(s, "cost = \"{}\"\nmode = \"{}\"", l.cost, l.mode);
         limits(&mut s, &l);
+        if c.syn_cookies != crate::policy::SynCookies::Off {
+            let _ = writeln!(s, "syn_cookies = \"{}\"", spelling(&c.syn_cookies));
+        }
+        if let Some(r) = c.syn_rate {
+            let _ = writeln!(s, "syn_rate = {r}");
+        }
     }
     for o in &p.overrides {
         let _ = write!(s, "\n[[override]]\ncidr = \"{}\"\n", o.net);

@@ -205,7 +205,7 @@ fn render_reads_back_to_the_same_policy() {
     text =
         format!("new_source_rate = 500\nnew_source_burst = 900\naggregate_rate = 4000\naggregate_burst = 8000\n{text}");
     text.push_str("\n[[override]]\ncidr = \"198.18.0.0/16\"\nrate = 5\nburst = 9\n\n[[override]]\ncidr = \"2001:2::/48\"\naction = \"deny\"\n\n[[class]]\nname = \"ping\"\nprotocol = \"icmp\"\nrate = 3\nburst = 3\n");
-    text.push_str("\n[[class]]\nname = \"syn-quota\"\nprotocol = \"tcp\"\nports = [443]\nsyn = true\nlimit = 600\nwindow = \"60s\"\nscope = \"fleet\"\non_store_failure = \"split\"\n");
+    text.push_str("\n[[class]]\nname = \"syn-quota\"\nprotocol = \"tcp\"\nports = [443]\nsyn = true\nlimit = 600\nwindow = \"60s\"\nscope = \"fleet\"\non_store_failure = \"split\"\nsyn_cookies = \"auto\"\nsyn_rate = 3000\n");
     text.push_str("\n[[override]]\ncidr = \"198.19.0.0/16\"\nlimit = 50\nwindow = \"6s\"\nslices = 3\n");
     text.push_str("\n[[forward]]\nlisten = [\"198.18.0.2:443\"]\nupstreams = [\"127.0.0.1:8443\"]\ncopy = \"buffer\"\nproxy_protocol = \"v1\"\n");
     text.push_str("\n[fleet]\nstore = [\"redis://198.19.0.1:7001\", \"redis://198.19.0.1:7002\"]\nnode = \"edge-1\"\nnodes = 3\nsync_interval = \"250ms\"\n");
@@ -217,6 +217,7 @@ fn render_reads_back_to_the_same_policy() {
     let w = p.classes[3].limit.window.unwrap();
     assert_eq!((w.limit, w.length.as_secs(), w.slices, w.scope), (600, 60, 12, crate::policy::Scope::Fleet));
     assert_eq!(w.on_store_failure, crate::policy::StoreFailure::Split);
+    assert_eq!((p.classes[3].syn_cookies, p.classes[3].syn_rate), (crate::policy::SynCookies::Auto, Some(3000)));
     let f = p.fleet.as_ref().unwrap();
     assert_eq!((f.node.as_str(), f.nodes, f.sync_interval.as_millis(), f.is_cluster()), ("edge-1", 3, 250, true));
     assert_eq!(p.new_sources, Some((500, 900)));

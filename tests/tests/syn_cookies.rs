@@ -1,0 +1,303 @@
+//! SYN cookies through the compiled program (BPF_PROG_TEST_RUN): the
+//! SYN-ACK built in XDP is checked field by field against the protocols'
+//! layout (checksums recomputed here), and its cookie is checked by the
+//! kernel's own helper when the client's ACK comes back.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use limiter::policy::{Class, CostUnit, Limit, Mode, Policy, Protocol, SynCookies};
+use limiter_common::{BucketKey, Reason, cookie, family};
+use limiter_tests::kernel;
+
+const T0: u64 = 9_000_000_000_000;
+const MS: u64 = 1_000_000;
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xc1];
+const SERVER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x5e];
+const SPORT: u16 = 40_123;
+const ISN: u32 = 0x1122_3344;
+
+fn policy(cookies: SynCookies, syn_rate: Option<u64>, new_sources: Option<(u64, u64)>) -> Policy {
+    Policy {
+        classes: vec![Class {
+            name: "https-syn".into(),
+            protocol: Protocol::Tcp,
+            ports: vec![(443, 443)],
+            syn: true,
+            limit: Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
+            syn_cookies: cookies,
+            syn_rate,
+        }],
+        new_sources,
+        ..Policy::default()
+    }
+}
+
+/// One TCP segment from `src` (client) to `dst`:443 or back, with `vlans`
+/// 802.1Q tags and the given flags, sequence numbers and options.
+#[derive(Clone)]
+struct Seg {
+    src: IpAddr,
+    dst: IpAddr,
+    vlans: usize,
+    flags: u8,
+    seq: u32,
+    ack: u32,
+    options: Vec<u8>,
+}
+
+impl Seg {
+    fn syn(src: IpAddr, vlans: usize) -> Self {
+        let dst = match src {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
+            IpAddr::V6(_) => IpAddr::V6("2001:2::2".parse().unwrap()),
+        };
+        // MSS 1460, SACK permitted, timestamps, window scale 7: a Linux SYN.
+        let options = vec![2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7];
+        Self { src, dst, vlans, flags: 0x02, seq: ISN, ack: 0, options }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut f = Vec::new();
+        f.extend_from_slice(&SERVER_MAC);
+        f.extend_from_slice(&CLIENT_MAC);
+        for _ in 0..self.vlans {
+            f.extend_from_slice(&[0x81, 0x00, 0x00, 0x07]);
+        }
+        let tcp_len = 20 + self.options.len();
+        let mut tcp = Vec::new();
+        tcp.extend_from_slice(&SPORT.to_be_bytes());
+        tcp.extend_from_slice(&443u16.to_be_bytes());
+        tcp.extend_from_slice(&self.seq.to_be_bytes());
+        tcp.extend_from_slice(&self.ack.to_be_bytes());
+        tcp.push(u8::try_from(tcp_len / 4).unwrap() << 4);
+        tcp.push(self.flags);
+        tcp.extend_from_slice(&[0xfa, 0xf0, 0, 0, 0, 0]);
+        tcp.extend_from_slice(&self.options);
+        let csum = tcp_checksum(self.src, self.dst, &tcp);
+        tcp[16..18].copy_from_slice(&csum.to_be_bytes());
+        match (self.src, self.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                f.extend_from_slice(&[0x08, 0x00]);
+                let mut ip = vec![0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 6, 0, 0];
+                ip[2..4].copy_from_slice(&u16::try_from(20 + tcp_len).unwrap().to_be_bytes());
+                ip.extend_from_slice(&s.octets());
+                ip.extend_from_slice(&d.octets());
+                let c = checksum(&ip, 0);
+                ip[10..12].copy_from_slice(&c.to_be_bytes());
+                f.extend_from_slice(&ip);
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+                f.extend_from_slice(&u16::try_from(tcp_len).unwrap().to_be_bytes());
+                f.extend_from_slice(&[6, 64]);
+                f.extend_from_slice(&s.octets());
+                f.extend_from_slice(&d.octets());
+            }
+            _ => unreachable!("one family"),
+        }
+        f.extend_from_slice(&tcp);
+        f
+    }
+}
+
+/// RFC 1071 checksum of `bytes` on top of `acc`.
+fn checksum(bytes: &[u8], mut acc: u32) -> u16 {
+    for w in bytes.chunks(2) {
+        acc += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
+    }
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    !u16::try_from(acc).unwrap()
+}
+
+/// TCP checksum with the pseudo-header of `src` → `dst`.
+fn tcp_checksum(src: IpAddr, dst: IpAddr, tcp: &[u8]) -> u16 {
+    let mut pseudo = Vec::new();
+    for a in [src, dst] {
+        match a {
+            IpAddr::V4(a) => pseudo.extend_from_slice(&a.octets()),
+            IpAddr::V6(a) => pseudo.extend_from_slice(&a.octets()),
+        }
+    }
+    let mut acc = 6 + u32::try_from(tcp.len()).unwrap();
+    for w in pseudo.chunks(2) {
+        acc += u32::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    checksum(tcp, acc)
+}
+
+fn key(src: IpAddr, class: u8) -> BucketKey {
+    match src {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            BucketKey {
+                family: family::IPV4,
+                prefix_len: 24,
+                class,
+                pad: 0,
+                addr: [u32::from_ne_bytes([o[0], o[1], o[2], 0]), 0],
+            }
+        }
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            let mut hi = [0u8; 8];
+            hi[..7].copy_from_slice(&o[..7]);
+            BucketKey {
+                family: family::IPV6,
+                prefix_len: 56,
+                class,
+                pad: 0,
+                addr: [
+                    u32::from_ne_bytes(hi[..4].try_into().unwrap()),
+                    u32::from_ne_bytes(hi[4..].try_into().unwrap()),
+                ],
+            }
+        }
+    }
+}
+
+/// The reason one frame is counted under, with the action and output.
+fn run(l: &mut limiter::dataplane::DataPlane, now: u64, frame: &[u8]) -> (Reason, u32, Vec<u8>) {
+    let before = l.maps.totals().unwrap();
+    let (action, out) = l.run_out(now, frame).unwrap();
+    let delta = l.maps.totals().unwrap().since(&before);
+    let r = Reason::ALL.into_iter().find(|r| delta.get(*r).packets == 1).expect("one reason counted");
+    (r, action, out)
+}
+
+/// Check the SYN-ACK's every field against the SYN it answers; return the
+/// cookie (its sequence number).
+fn check_synack(syn: &Seg, out: &[u8]) -> u32 {
+    let l3 = 14 + 4 * syn.vlans;
+    let v6 = syn.src.is_ipv6();
+    let l4 = l3 + if v6 { 40 } else { 20 };
+    assert_eq!(out.len(), l4 + 24, "Ethernet, tags, IP and a 24-byte TCP header");
+    assert_eq!(out[..6], CLIENT_MAC, "to the client's MAC");
+    assert_eq!(out[6..12], SERVER_MAC, "from ours");
+    for t in 0..syn.vlans {
+        assert_eq!(out[12 + 4 * t..16 + 4 * t], [0x81, 0x00, 0x00, 0x07], "VLAN tag {t} kept");
+    }
+    let ip = &out[l3..l4];
+    let (s, d) = if v6 {
+        assert_eq!(out[l3 - 2..l3], [0x86, 0xdd]);
+        assert_eq!(ip[..4], [0x60, 0, 0, 0], "version 6, no class or flow label");
+        assert_eq!(u16::from_be_bytes([ip[4], ip[5]]), 24, "payload length");
+        assert_eq!((ip[6], ip[7]), (6, 64), "next header TCP, hop limit 64");
+        let a = |o: usize| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&ip[o..o + 16]).unwrap()));
+        (a(8), a(24))
+    } else {
+        assert_eq!(out[l3 - 2..l3], [0x08, 0x00]);
+        assert_eq!(ip[0], 0x45, "IPv4 without options");
+        assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 44, "total length");
+        assert_eq!(ip[6..8], [0x40, 0], "don't fragment");
+        assert_eq!((ip[8], ip[9]), (64, 6), "TTL 64, TCP");
+        assert_eq!(checksum(ip, 0), 0, "IPv4 header checksum");
+        let a = |o: usize| IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(&ip[o..o + 4]).unwrap()));
+        (a(12), a(16))
+    };
+    assert_eq!((s, d), (syn.dst, syn.src), "addresses swapped");
+    let tcp = &out[l4..];
+    assert_eq!(u16::from_be_bytes([tcp[0], tcp[1]]), 443, "source port");
+    assert_eq!(u16::from_be_bytes([tcp[2], tcp[3]]), SPORT, "destination port");
+    assert_eq!(u32::from_be_bytes(tcp[8..12].try_into().unwrap()), ISN.wrapping_add(1), "acknowledges the SYN");
+    assert_eq!(tcp[12], 6 << 4, "data offset: 24 bytes");
+    assert_eq!(tcp[13], 0x12, "SYN and ACK");
+    // The cookie encodes the largest MSS of the kernel's table (IPv4:
+    // 536, 1300, 1440, 1460; IPv6: 1220, 1420, 1440, 8940) not above the
+    // client's 1460; the window is ten of those.
+    let cookie_mss = if v6 { 1440 } else { 1460 };
+    assert_eq!(u16::from_be_bytes([tcp[14], tcp[15]]), cookie::synack_window(cookie_mss), "window");
+    let mss = if v6 { 1440u16 } else { 1460 }.to_be_bytes();
+    assert_eq!(tcp[20..24], [2, 4, mss[0], mss[1]], "MSS option");
+    assert_eq!(tcp_checksum(s, d, tcp), 0, "TCP checksum");
+    u32::from_be_bytes(tcp[4..8].try_into().unwrap())
+}
+
+/// The client's ACK of a SYN-ACK carrying `cookie`.
+fn ack_of(syn: &Seg, cookie: u32) -> Seg {
+    Seg { flags: 0x10, seq: ISN.wrapping_add(1), ack: cookie.wrapping_add(1), options: vec![], ..syn.clone() }
+}
+
+#[test]
+fn a_new_prefix_gets_a_cookie_syn_ack_and_only_a_valid_ack_gets_it_a_bucket() {
+    let layouts: [(&str, usize); 4] =
+        [("198.18.7.9", 0), ("198.18.7.9", 1), ("2001:2:0:77::9", 0), ("2001:2:0:77::9", 2)];
+    for (addr, vlans) in layouts {
+        let what = format!("{addr} with {vlans} VLAN tags");
+        let mut l = kernel::open(&policy(SynCookies::Always, None, None).compile(1).unwrap());
+        let syn = Seg::syn(addr.parse().unwrap(), vlans);
+        // The first SYN to a port goes to the kernel's own cookie path.
+        let (r, action, _) = run(&mut l, T0, &syn.bytes());
+        assert_eq!((r, action), (Reason::SynCookieToKernel, XDP_PASS), "{what}");
+        let (r, action, out) = run(&mut l, T0 + MS, &syn.bytes());
+        assert_eq!((r, action), (Reason::SynCookieSent, XDP_TX), "{what}");
+        let c = check_synack(&syn, &out);
+        assert_eq!(l.bucket(&key(syn.src, 1)).unwrap(), None, "{what}: a SYN stores nothing");
+        assert_eq!(l.tracked(), 0, "{what}");
+
+        // An ACK with another cookie: dropped, still nothing stored.
+        let (r, action, _) = run(&mut l, T0 + 2 * MS, &ack_of(&syn, c ^ 0x0100_0000).bytes());
+        assert_eq!((r, action), (Reason::SynCookieInvalid, XDP_DROP), "{what}");
+        assert_eq!(l.tracked(), 0, "{what}");
+        // The same cookie from another prefix does not prove that one.
+        let other: IpAddr =
+            if syn.src.is_ipv6() { "2001:2:0:88::9".parse().unwrap() } else { "198.18.8.9".parse().unwrap() };
+        let stolen = Seg { src: other, ..ack_of(&syn, c) };
+        assert_eq!(run(&mut l, T0 + 2 * MS, &stolen.bytes()).0, Reason::SynCookieInvalid, "{what}");
+        // The ACK of the SYN-ACK: the kernel's helper accepts the cookie,
+        // and the prefix gets a bucket in the SYN's class.
+        let (r, action, _) = run(&mut l, T0 + 3 * MS, &ack_of(&syn, c).bytes());
+        assert_eq!((r, action), (Reason::SynCookieVerified, XDP_PASS), "{what}");
+        assert!(l.bucket(&key(syn.src, 1)).unwrap().is_some(), "{what}: proven prefix has a bucket");
+        assert_eq!(l.tracked(), 1, "{what}");
+        // From now on its SYNs are charged to that bucket as any packet.
+        let (r, action, _) = run(&mut l, T0 + 4 * MS, &syn.bytes());
+        assert_eq!((r, action), (Reason::Admitted, XDP_PASS), "{what}");
+        // And its ACKs pass the cookie check by.
+        assert_eq!(run(&mut l, T0 + 5 * MS, &ack_of(&syn, 7).bytes()).0, Reason::Admitted, "{what}");
+    }
+}
+
+#[test]
+fn without_cookies_or_for_other_ports_syns_are_charged_as_before() {
+    let syn = Seg::syn("198.18.7.9".parse().unwrap(), 0);
+    let mut l = kernel::open(&policy(SynCookies::Off, None, None).compile(1).unwrap());
+    assert_eq!(run(&mut l, T0, &syn.bytes()).0, Reason::Admitted);
+    assert_eq!(run(&mut l, T0, &ack_of(&syn, 7).bytes()).0, Reason::Admitted);
+    // IPv4 with options is outside what the SYN-ACK builder rewrites: charged.
+    let mut l = kernel::open(&policy(SynCookies::Always, None, None).compile(1).unwrap());
+    let mut f = syn.bytes();
+    f[14] = 0x46;
+    f.splice(34..34, [1, 1, 1, 1]);
+    assert_eq!(run(&mut l, T0, &f).0, Reason::Admitted);
+}
+
+#[test]
+fn auto_engages_above_the_syn_rate_or_when_the_budget_refuses_and_lets_go_after_the_hold() {
+    let hold_ns = cookie::HOLD >> 4;
+    let new_syn = |i: u8| Seg::syn(IpAddr::V4(Ipv4Addr::new(198, 18, 100 + i, 1)), 0).bytes();
+    // 40 SYNs/s from new sources = 10 per 250 ms period.
+    let mut l = kernel::open(&policy(SynCookies::Auto, Some(40), None).compile(1).unwrap());
+    let got: Vec<Reason> = (0..14).map(|i| run(&mut l, T0 + u64::from(i), &new_syn(i)).0).collect();
+    assert_eq!(got[..10], [Reason::Admitted; 10], "{got:?}");
+    assert_eq!(
+        got[10..],
+        [Reason::SynCookieToKernel, Reason::SynCookieSent, Reason::SynCookieSent, Reason::SynCookieSent]
+    );
+    // Engaged for the hold after the last period that tripped it (more
+    // than a second on: the first SYN goes to the kernel again)...
+    assert_eq!(run(&mut l, T0 + hold_ns - 2 * MS, &new_syn(20)).0, Reason::SynCookieToKernel);
+    assert_eq!(run(&mut l, T0 + hold_ns - MS, &new_syn(22)).0, Reason::SynCookieSent);
+    // ...then off: a new source's SYN gets a bucket again.
+    assert_eq!(run(&mut l, T0 + hold_ns + 300 * MS, &new_syn(21)).0, Reason::Admitted);
+
+    // A budget of one new source per second: the second new source's SYN
+    // is refused by it, which engages cookies and answers that SYN.
+    let mut l = kernel::open(&policy(SynCookies::Auto, Some(10_000), Some((1, 1))).compile(1).unwrap());
+    let got: Vec<Reason> = (0..3).map(|i| run(&mut l, T0, &new_syn(i)).0).collect();
+    assert_eq!(got, [Reason::Admitted, Reason::SynCookieToKernel, Reason::SynCookieSent]);
+}

@@ -1,0 +1,316 @@
+//! Spoofed SYN floods over a veth pair: a real TCP server in the DUT
+//! namespace behind `limiter run` with SYN cookies, real clients (kernel
+//! TCP sockets) from prefixes never seen before in the generator
+//! namespace, and a flood of SYNs from random sources at the generator's
+//! full rate. Only sources that answer a cookie get a bucket, and every
+//! new client connects on its first SYN (a lost SYN costs a one-second
+//! retransmission, so the connect times show it).
+#![allow(clippy::cast_precision_loss, reason = "test measurements: times far inside f64's exact range")]
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{IpAddr, SocketAddr, TcpListener},
+    process::Stdio,
+    sync::atomic::{AtomicBool, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use limiter::dataplane::AttachMode;
+use limiter_common::programs;
+use limiter_tests::{
+    kernel::require_root,
+    netns::{A_IF, B_ADDR, B_IF, VethPair},
+    scenario::{self, spawn_lines, unique_socket, wait_for},
+};
+use socket2::{Domain, Socket, Type};
+
+const PORT: u16 = 8443;
+const CLIENTS: usize = 100;
+const B_ADDR6: &str = "2001:2::2";
+
+const POLICY: &str = r#"
+v4_prefix = 32
+v6_prefix = 64
+
+[[class]]
+name = "app-syn"
+protocol = "tcp"
+ports = [8443]
+syn = true
+rate = 50
+burst = 100
+syn_cookies = "always"
+"#;
+
+/// The `i`-th client source: its own /32 or /64, outside the flood's range.
+fn client_addr(v6: bool, i: usize) -> IpAddr {
+    if v6 {
+        format!("2001:2:0:{:x}::7", 0x100 + i).parse().unwrap()
+    } else {
+        format!("198.18.2.{}", i + 1).parse().unwrap()
+    }
+}
+
+/// Connect from `src`, read the server's greeting: the connect time, or
+/// why it failed.
+fn connect_once(src: IpAddr, dst: SocketAddr) -> Result<Duration, String> {
+    let domain = if dst.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+    let s = Socket::new(domain, Type::STREAM, None).map_err(|e| e.to_string())?;
+    s.bind(&SocketAddr::new(src, 0).into()).map_err(|e| format!("bind {src}: {e}"))?;
+    let start = Instant::now();
+    s.connect_timeout(&dst.into(), Duration::from_secs(5)).map_err(|e| format!("connect from {src}: {e}"))?;
+    let took = start.elapsed();
+    let mut c: std::net::TcpStream = s.into();
+    c.set_read_timeout(Some(Duration::from_secs(3))).map_err(|e| e.to_string())?;
+    let mut hello = [0u8; 3];
+    c.read_exact(&mut hello).map_err(|e| format!("greeting to {src} after {took:?}: {e}"))?;
+    if &hello != b"hi\n" {
+        return Err(format!("greeting {hello:?}"));
+    }
+    Ok(took)
+}
+
+/// The server: greets every connection it accepts until `stop`.
+fn serve(listener: &TcpListener, stop: &AtomicBool) -> usize {
+    listener.set_nonblocking(true).unwrap();
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((mut c, _)) => {
+                let _ = c.set_nonblocking(false);
+                let _ = c.write_all(b"hi\n");
+                n += 1;
+            }
+            Err(_) => thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    n
+}
+
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The `pct`-th percentile of sorted times, in ms (nearest rank).
+fn percentile(sorted: &[Duration], pct: usize) -> f64 {
+    let i = ((sorted.len() - 1) * pct).div_ceil(100);
+    sorted[i].as_secs_f64() * 1e3
+}
+
+/// `CLIENTS` sequential connections from new prefixes `first..`: connect
+/// times sorted, or the failures.
+fn clients(net: &VethPair, v6: bool, first: usize, dst: SocketAddr) -> Vec<Duration> {
+    let results: Vec<Result<Duration, String>> =
+        net.a.run_in(|| (first..first + CLIENTS).map(|i| connect_once(client_addr(v6, i), dst)).collect());
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failed.is_empty(), "{} of {CLIENTS} connections failed: {failed:?}", failed.len());
+    let mut t: Vec<Duration> = results.into_iter().map(Result::unwrap).collect();
+    t.sort();
+    t
+}
+
+/// Prefixes with a bucket, once the daemon's count (refreshed in the
+/// background) has held still for a second (at most 15 s).
+fn tracked(socket: &std::path::Path) -> u64 {
+    let read = || {
+        let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+            .args(["status", "-j", "--socket"])
+            .arg(socket)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["tracked"].as_u64().unwrap()
+    };
+    let (mut last, start) = (read(), Instant::now());
+    loop {
+        thread::sleep(Duration::from_secs(1));
+        let now = read();
+        if now == last || start.elapsed() > Duration::from_secs(15) {
+            return now;
+        }
+        last = now;
+    }
+}
+
+fn syn_flood(v6: bool) {
+    require_root();
+    let net = VethPair::new(if v6 { "sc6" } else { "sc4" });
+    for i in 0..2 * CLIENTS {
+        if v6 {
+            net.a.ip(&format!("addr add {}/128 dev {A_IF} nodad", client_addr(true, i)));
+        } else {
+            net.add_source(&client_addr(false, i).to_string());
+        }
+    }
+    if !v6 {
+        // No IPv6 on the link: its neighbour discovery would get a bucket too.
+        for (ns, dev) in [(&net.a, A_IF), (&net.b, B_IF)] {
+            let off = ns.command("sysctl").args(["-qw", &format!("net.ipv6.conf.{dev}.disable_ipv6=1")]).status();
+            assert!(off.unwrap().success());
+        }
+    }
+    if v6 {
+        net.a.ip(&format!("addr add 2001:2::1/64 dev {A_IF} nodad"));
+        net.b.ip(&format!("addr add {B_ADDR6}/64 dev {B_IF} nodad"));
+        net.b.ip(&format!("route add 2001:2::/48 dev {B_IF}"));
+    }
+    // The kernel takes the ACKs of XDP's cookies with cookies always on
+    // (in this namespace only).
+    let sysctl = net.b.command("sysctl").args(["-qw", "net.ipv4.tcp_syncookies=2"]).status().unwrap();
+    assert!(sysctl.success());
+    // The generator's end drops the SYN-ACKs drawn by its spoofed sources
+    // in XDP (as an attacker never sees them), so that only the real
+    // clients' replies reach its stack. An XDP program there also gives
+    // the veth the NAPI that frames sent back with XDP_TX arrive through.
+    let mut generator = limiter::dataplane::DataPlane::open_bench(1024).unwrap();
+    net.a.run_in(|| {
+        generator.attach_entry(programs::BENCH_DROP_FLOOD_REPLIES, A_IF, AttachMode::Native).unwrap();
+    });
+
+    let dir = std::env::temp_dir().join(format!("limiter-syn-{}-{v6}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let socket = unique_socket(if v6 { "syn6" } else { "syn4" });
+    let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"]).arg(&policy);
+    c.arg("--socket").arg(&socket);
+    let (_daemon, rx) = spawn_lines(c).unwrap();
+    let mut log = String::new();
+    wait_for(&rx, "control socket", Duration::from_secs(20), &mut log).unwrap();
+    assert!(!log.contains("syn cookies OFF"), "{log}");
+
+    let dst: SocketAddr = if v6 { format!("[{B_ADDR6}]:{PORT}") } else { format!("{B_ADDR}:{PORT}") }.parse().unwrap();
+    let listener = net.b.run_in(|| TcpListener::bind(dst).unwrap());
+    let stop = AtomicBool::new(false);
+    let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
+    let link = String::from_utf8_lossy(&link.stdout);
+    let mac = link.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap().to_owned();
+
+    let (quiet, flooded, flood_out, served) = thread::scope(|s| {
+        let server = s.spawn(|| serve(&listener, &stop));
+        // The server stops even when an assertion below fails.
+        let stopper = StopOnDrop(&stop);
+        // The link's own traffic (IPv6 neighbour discovery from its
+        // link-local addresses) may have a bucket or two, and the daemon
+        // counts by walking the live map, which is not a snapshot: a few
+        // either way. Without cookies the flood would make thousands (the
+        // new-source budget's 5,000/s).
+        let base = tracked(&socket);
+        let noise = 5;
+        // No flood: new clients connect through the cookie path.
+        let quiet = clients(&net, v6, 0, dst);
+        // Each client: a bucket in the SYN's class, made when its ACK proved
+        // its address, and one in the default class its later packets fall in.
+        let tracked_quiet = tracked(&socket) - base;
+        let want = 2 * CLIENTS as u64;
+        assert!(tracked_quiet.abs_diff(want) <= noise, "{tracked_quiet} buckets: want two per client");
+        // The flood runs while another CLIENTS new prefixes connect.
+        let flood = net
+            .a
+            .command(env!("CARGO_BIN_EXE_netload"))
+            .args(["spoof-syn", A_IF, &mac, &dst.to_string(), "30"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let flood = scenario::Guard(flood);
+        thread::sleep(Duration::from_millis(500));
+        let flooded = clients(&net, v6, CLIENTS, dst);
+        // The flood goes on while the count settles: whatever it creates shows.
+        let made = tracked(&socket) - base - tracked_quiet;
+        assert!(
+            made.abs_diff(tracked_quiet) <= noise,
+            "{made} buckets during the flood: want only the {CLIENTS} new clients' (as many as without it, {tracked_quiet})"
+        );
+        println!("buckets made by {CLIENTS} clients without a flood {tracked_quiet}, by {CLIENTS} during it {made}");
+        let stats = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+            .args(["stats", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        drop(flood);
+        drop(stopper);
+        (quiet, flooded, String::from_utf8_lossy(&stats.stdout).into_owned(), server.join().unwrap())
+    });
+    assert_eq!(served, 2 * CLIENTS, "the server greeted every client");
+    let family = if v6 { "IPv6" } else { "IPv4" };
+    println!(
+        "{family}: connect time without a flood p50 {:.2} ms p99 {:.2} ms; during the flood p50 {:.2} ms p99 {:.2} ms",
+        percentile(&quiet, 50),
+        percentile(&quiet, 99),
+        percentile(&flooded, 50),
+        percentile(&flooded, 99)
+    );
+    println!("{flood_out}");
+    // `limiter stats` shows the class's cookies and that they answer now.
+    let row = flood_out.lines().find(|l| l.starts_with("app-syn") && l.contains("always")).unwrap_or_default();
+    assert!(row.ends_with("yes"), "stats: {flood_out}");
+    // A SYN lost costs a retransmission one second later.
+    assert!(flooded.last().unwrap() < &Duration::from_millis(900), "a client needed a second SYN: {flooded:?}");
+    assert!(quiet.last().unwrap() < &Duration::from_millis(900), "a client needed a second SYN: {quiet:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One test, IPv4 then IPv6: two floods at once would share two CPUs.
+#[test]
+fn new_clients_connect_on_their_first_syn_during_a_spoofed_syn_flood_over_ipv4_and_ipv6() {
+    syn_flood(false);
+    syn_flood(true);
+}
+
+/// With the kernel's default `tcp_syncookies = 1` the kernel would not take
+/// the ACKs of XDP's cookies: the daemon keeps them off and says so, and a
+/// client connects as without them.
+#[test]
+fn without_tcp_syncookies_2_cookies_stay_off_and_the_daemon_says_why() {
+    require_root();
+    let net = VethPair::new("sco");
+    net.add_source(&client_addr(false, 0).to_string());
+    let dir = std::env::temp_dir().join(format!("limiter-syn-off-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let socket = unique_socket("synoff");
+    let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"]).arg(&policy);
+    c.arg("--socket").arg(&socket);
+    let (_daemon, rx) = spawn_lines(c).unwrap();
+    let mut log = String::new();
+    wait_for(&rx, "control socket", Duration::from_secs(20), &mut log).unwrap();
+    assert!(log.contains("syn cookies are off: net.ipv4.tcp_syncookies is 1"), "{log}");
+    let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["status", "-j", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["policy"].as_str().unwrap().contains("syn cookies OFF"), "{v}");
+    let dst: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
+    let listener = net.b.run_in(|| TcpListener::bind(dst).unwrap());
+    let stop = AtomicBool::new(false);
+    let took = thread::scope(|s| {
+        let server = s.spawn(|| serve(&listener, &stop));
+        let stopper = StopOnDrop(&stop);
+        let took = net.a.run_in(|| connect_once(client_addr(false, 0), dst));
+        drop(stopper);
+        assert_eq!(server.join().unwrap(), 1);
+        took
+    });
+    assert!(took.is_ok(), "{took:?}");
+    let stats = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["stats", "-j", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let sent = v["reasons"].as_array().unwrap().iter().find(|r| r["reason"] == "syn_cookie_sent").unwrap();
+    assert_eq!(sent["packets"], 0, "{v}");
+    let row = &v["syn_cookies"][0];
+    assert_eq!((row["class"].as_str(), row["engaged"].as_bool()), (Some("app-syn"), Some(false)), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
