@@ -209,6 +209,7 @@ fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64) -> anyhow::Resu
                 }
             };
             f[..6].copy_from_slice(&mac);
+            tcp_checksum(&mut f);
             // SAFETY: frame and addr are valid for the lengths given.
             let rc = unsafe {
                 libc::sendto(
@@ -229,6 +230,24 @@ fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64) -> anyhow::Resu
     unsafe { libc::close(fd) };
     println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Fill in the TCP checksum of an Ethernet + IPv4 (no options) or IPv6 +
+/// TCP frame, so that a receiving stack takes the segment.
+fn tcp_checksum(f: &mut [u8]) {
+    let v6 = f[12..14] == [0x86, 0xdd];
+    let (addrs, l4) = if v6 { (22..54, 54) } else { (26..34, 34) };
+    f[l4 + 16..l4 + 18].fill(0);
+    let len = u32::try_from(f.len() - l4).expect("a short frame");
+    let mut acc = 6 + len;
+    for w in f[addrs].chunks(2).chain(f[l4..].chunks(2)) {
+        acc += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
+    }
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    let sum = !u16::try_from(acc).expect("folded");
+    f[l4 + 16..l4 + 18].copy_from_slice(&sum.to_be_bytes());
 }
 
 /// An AF_PACKET socket and the address that sends out of `iface` to `mac`.

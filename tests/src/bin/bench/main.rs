@@ -5,6 +5,7 @@
 
 mod fleet;
 mod forward;
+mod syn;
 mod system;
 mod window;
 
@@ -30,7 +31,7 @@ fn measure(l: &mut DataPlane, prog: &'static str, frame: &[u8], want: u32) -> f6
 }
 
 /// Sections in the order they print; `bench [SECTION...]` runs only those.
-const SECTIONS: [(&str, fn()); 9] = [
+const SECTIONS: [(&str, fn()); 10] = [
     ("hit", hit_path),
     ("system", system::system_flood),
     ("accuracy", accuracy),
@@ -40,6 +41,7 @@ const SECTIONS: [(&str, fn()); 9] = [
     ("verifier", verifier),
     ("forward", forward::forward),
     ("fleet", fleet::fleet),
+    ("syn", syn::syn),
 ];
 
 fn main() {

@@ -129,7 +129,7 @@ fn conform(r: &Row) -> String {
 }
 
 /// Busy ticks of CPU 0 (the generator) and CPU 1 (the receiver).
-fn busy_ticks() -> [u64; 2] {
+pub(crate) fn busy_ticks() -> [u64; 2] {
     let stat = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
     [0, 1].map(|cpu| {
         let line = stat.lines().find(|l| l.starts_with(&format!("cpu{cpu} "))).expect("cpu in /proc/stat");
@@ -150,7 +150,7 @@ fn napi_threads() -> Vec<i32> {
 }
 
 /// Run the receiving veth's NAPI in threads of its own, pinned to CPU 1.
-fn receiver_on_cpu1(ns: &NetNs) {
+pub(crate) fn receiver_on_cpu1(ns: &NetNs) {
     let before = napi_threads();
     run(ns.command("sh").args(["-c", &format!("echo 1 > /sys/class/net/{B_IF}/threaded")]));
     let ours: Vec<i32> = napi_threads().into_iter().filter(|p| !before.contains(p)).collect();
