@@ -20,7 +20,7 @@ use crate::{
     window::charge_window,
 };
 
-const BPF_NOEXIST: u64 = 1;
+pub const BPF_NOEXIST: u64 = 1;
 const EEXIST: i32 = 17;
 
 /// One packet's whole context for charging.

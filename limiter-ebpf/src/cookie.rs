@@ -14,7 +14,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
-    BucketKey, BucketState, Config, Reason,
+    BucketState, Config, Reason,
     cookie::{self, mode},
     family, gcra,
     packet::{Frame, IPPROTO_TCP, Source, tcp_flag},
@@ -23,34 +23,20 @@ use limiter_common::{
 };
 
 use crate::{
-    charge::resolve,
+    charge::{BPF_NOEXIST, Charge, resolve},
     maps::{BUCKETS, KERNEL_SYNS, SYN_GUARD},
     program::Packet,
 };
 
-const BPF_NOEXIST: u64 = 1;
 /// TCP option kind and length of MSS.
 const TCPOPT_MSS: [u8; 2] = [2, 4];
 /// Hop limit / TTL of the SYN-ACK.
 const TTL: u8 = 64;
 
-/// One packet's context for the cookie path.
-pub struct Syn<'a> {
-    pub pkt: &'a Packet<'a>,
-    pub cfg: &'a Config,
-    pub src: &'a Source,
-    pub class: usize,
-    pub key: &'a BucketKey,
-    pub slot: u32,
-    pub version: u32,
-    /// 1/16 ns.
-    pub now: u64,
-}
-
 /// What the cookie path makes of a TCP packet before it is charged;
 /// `None` lets it be charged as any other packet.
 #[inline(always)]
-pub fn intercept(s: &Syn) -> Option<Reason> {
+pub fn intercept(s: &Charge) -> Option<Reason> {
     let f = s.src.tcp_flags & (tcp_flag::SYN | tcp_flag::ACK | tcp_flag::RST | tcp_flag::FIN);
     if f == tcp_flag::SYN {
         let m = *s.cfg.cookies.mode.get(s.class)?;
@@ -90,7 +76,7 @@ pub fn intercept(s: &Syn) -> Option<Reason> {
 /// A SYN of an `auto` (or `always`) class was refused by the new-source
 /// budget: trip `auto`, and answer this SYN with a cookie instead.
 #[inline(always)]
-pub fn on_budget_refusal(s: &Syn) -> Option<Reason> {
+pub fn on_budget_refusal(s: &Charge) -> Option<Reason> {
     if s.src.tcp_flags & (tcp_flag::SYN | tcp_flag::ACK | tcp_flag::RST | tcp_flag::FIN) != tcp_flag::SYN {
         return None;
     }
@@ -142,7 +128,7 @@ fn engaged(cfg: &Config, class: usize, m: u8, now: u64, count: bool) -> bool {
 /// [`cookie::REFRESH`]); otherwise a cookie SYN-ACK from here. IPv4 with
 /// options and IPv6 with extension headers are charged as today.
 #[inline(always)]
-fn answer(s: &Syn) -> Option<Reason> {
+fn answer(s: &Charge) -> Option<Reason> {
     let v6 = s.src.family == family::IPV6;
     let l3 = plain_l3(s.pkt, v6)?;
     let idx = u32::from(s.src.dport) + if v6 { 65_536 } else { 0 };

@@ -11,7 +11,7 @@ use limiter_common::{
 
 use crate::{
     charge::{Charge, charge},
-    cookie::{self, Syn},
+    cookie,
     count::{RefusalCache, count_class, count_reason, sample_drop},
     maps::{ACTIVE, CONFIG, TEST_CLOCK},
 };
@@ -101,8 +101,8 @@ fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason
     let version = cfg.version as u32;
     let now = gcra::to_fixed(now());
     let cookies = cfg.flags & flags::SYN_COOKIES != 0 && src.proto == IPPROTO_TCP && src.port_known == 1;
-    let syn = Syn { pkt, cfg, src: &src, class, key: &key, slot, version, now };
-    if cookies && let Some(r) = cookie::intercept(&syn) {
+    let c = Charge { pkt, cfg, src: &src, class, key: &key, slot, version, now };
+    if cookies && let Some(r) = cookie::intercept(&c) {
         count_class(class, r, pkt.len());
         return r;
     }
@@ -111,7 +111,7 @@ fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason
     let cache = RefusalCache::probe(&key, cfg.agg_unit == 0);
     let reason = match cache.holds(&key, version, now) {
         Some(r) => r,
-        None => match charge(&Charge { pkt, cfg, src: &src, class, key: &key, slot, version, now }, &cache) {
+        None => match charge(&c, &cache) {
             Some(r) => r,
             None => return Reason::NoConfig,
         },
@@ -119,7 +119,7 @@ fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason
     // A SYN the new-source budget refuses trips `auto` SYN cookies and is
     // answered with one.
     let reason = match reason {
-        Reason::NewSourceLimited if cookies => cookie::on_budget_refusal(&syn).unwrap_or(reason),
+        Reason::NewSourceLimited if cookies => cookie::on_budget_refusal(&c).unwrap_or(reason),
         r => r,
     };
     count_class(class, reason, pkt.len());

@@ -4,6 +4,7 @@
 //! runtime overrides in the pinned `RUNTIME` map (`runtime`).
 
 pub mod compile;
+mod cookies;
 pub mod feedback;
 pub mod file;
 pub mod fleet;

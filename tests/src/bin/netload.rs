@@ -130,21 +130,9 @@ fn get(addr: &str, path: &str) -> anyhow::Result<()> {
 /// frames. Bounded by COUNT (at most 130,000).
 fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<()> {
     let std::net::IpAddr::V4(dst_ip) = dst.ip() else { bail!("IPv4 only") };
-    let mac: Vec<u8> =
-        mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>().context("DST_MAC")?;
-    anyhow::ensure!(mac.len() == 6, "DST_MAC must have 6 bytes");
+    let mac = parse_mac(mac)?;
     let count = count.min(130_000);
-    let name = std::ffi::CString::new(iface)?;
-    // SAFETY: plain libc calls on values we own.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    anyhow::ensure!(ifindex != 0, "no interface {iface}");
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-    anyhow::ensure!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
-    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    addr.sll_family = u16::try_from(libc::AF_PACKET)?;
-    addr.sll_ifindex = i32::try_from(ifindex)?;
-    addr.sll_halen = 6;
-    addr.sll_addr[..6].copy_from_slice(&mac);
+    let (fd, addr) = packet_socket(iface, &mac)?;
     let mut sent = 0u32;
     let start = Instant::now();
     for i in 0..count {
@@ -152,18 +140,7 @@ fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<
         let host = 1024 + i;
         let src = [198, 18 + u8::try_from(host >> 16)?, u8::try_from((host >> 8) & 0xff)?, u8::try_from(host & 0xff)?];
         let frame = udp_frame(&mac, src, dst_ip, dst.port());
-        // SAFETY: frame and addr are valid for the lengths given.
-        let rc = unsafe {
-            libc::sendto(
-                fd,
-                frame.as_ptr().cast(),
-                frame.len(),
-                0,
-                (&raw const addr).cast(),
-                libc::socklen_t::try_from(size_of::<libc::sockaddr_ll>())?,
-            )
-        };
-        if rc > 0 {
+        if send_frame(fd, &addr, &frame)? {
             sent += 1;
         }
     }
@@ -179,9 +156,7 @@ fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<
 /// time and by MAX_PACKETS.
 fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64) -> anyhow::Result<()> {
     use limiter_tests::packet::{ETH_P_IP, ETH_P_IPV6, Frame, IPPROTO_TCP};
-    let mac: Vec<u8> =
-        mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>().context("DST_MAC")?;
-    anyhow::ensure!(mac.len() == 6, "DST_MAC must have 6 bytes");
+    let mac = parse_mac(mac)?;
     let (fd, addr) = packet_socket(iface, &mac)?;
     let until = Instant::now() + Duration::from_secs_f64(secs.clamp(0.0, 60.0));
     let (mut sent, start) = (0u64, Instant::now());
@@ -210,18 +185,7 @@ fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64) -> anyhow::Resu
             };
             f[..6].copy_from_slice(&mac);
             tcp_checksum(&mut f);
-            // SAFETY: frame and addr are valid for the lengths given.
-            let rc = unsafe {
-                libc::sendto(
-                    fd,
-                    f.as_ptr().cast(),
-                    f.len(),
-                    0,
-                    (&raw const addr).cast(),
-                    libc::socklen_t::try_from(size_of::<libc::sockaddr_ll>())?,
-                )
-            };
-            if rc > 0 {
+            if send_frame(fd, &addr, &f)? {
                 sent += 1;
             }
         }
@@ -248,6 +212,22 @@ fn tcp_checksum(f: &mut [u8]) {
     }
     let sum = !u16::try_from(acc).expect("folded");
     f[l4 + 16..l4 + 18].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// `aa:bb:cc:dd:ee:ff` as six bytes.
+fn parse_mac(mac: &str) -> anyhow::Result<Vec<u8>> {
+    let mac: Vec<u8> =
+        mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>().context("DST_MAC")?;
+    anyhow::ensure!(mac.len() == 6, "DST_MAC must have 6 bytes");
+    Ok(mac)
+}
+
+/// Send one frame on an AF_PACKET socket; whether the kernel took it.
+fn send_frame(fd: i32, addr: &libc::sockaddr_ll, frame: &[u8]) -> anyhow::Result<bool> {
+    let len = libc::socklen_t::try_from(size_of::<libc::sockaddr_ll>())?;
+    // SAFETY: frame and addr are valid for the lengths given.
+    let rc = unsafe { libc::sendto(fd, frame.as_ptr().cast(), frame.len(), 0, std::ptr::from_ref(addr).cast(), len) };
+    Ok(rc > 0)
 }
 
 /// An AF_PACKET socket and the address that sends out of `iface` to `mac`.
