@@ -12,6 +12,7 @@
 
 pub mod cookie;
 pub mod gcra;
+pub mod lease;
 pub mod packet;
 pub mod prefix;
 pub mod reason;
@@ -67,16 +68,17 @@ pub mod maps {
     pub const DROP_SAMPLER: &str = "DROP_SAMPLER";
     /// `ARRAY<u64>`, one entry: GCRA state of the shared new-source budget.
     pub const NEW_SOURCES: &str = "NEW_SOURCES";
-    /// `PERCPU_ARRAY<crate::Refusal>`, [`REFUSAL_SLOTS`] entries: each
-    /// CPU's cache of buckets that refuse until a known time.
-    pub const REFUSALS: &str = "REFUSALS";
+    /// `PERCPU_ARRAY<crate::lease::CpuSlot>`, [`CPU_SLOTS_ENTRIES`]
+    /// entries: each CPU's leases of buckets' credit, and its cache of
+    /// buckets that refuse until a known time.
+    pub const CPU_SLOTS: &str = "CPU_SLOTS";
     /// `HASH<crate::RuntimeKey, crate::RuntimeOverride>`, up to
     /// [`MAX_OVERRIDES`] entries, allocated as used: the overrides set at
     /// run time (`limiter prefix ...`), pinned so that a restarted daemon
     /// puts them back. Written and read by userspace only.
     pub const RUNTIME: &str = "RUNTIME";
-    /// Entries of [`REFUSALS`] per CPU (a power of two).
-    pub const REFUSAL_SLOTS: u32 = 1024;
+    /// Entries of [`CPU_SLOTS`] per CPU (a power of two).
+    pub const CPU_SLOTS_ENTRIES: u32 = 1024;
     /// Overrides one policy may hold (both families together).
     pub const MAX_OVERRIDES: u32 = 131_072;
     /// `PERCPU_ARRAY<Counter>` indexed by
@@ -297,8 +299,10 @@ pub struct Config {
     /// Emit one [`DropEvent`] per this many drops on a CPU (a power of
     /// two; 0 = none). Feeds the top-offenders list.
     pub drop_sample: u32,
-    /// Always zero (explicit padding).
-    pub pad: u32,
+    /// Possible CPUs of the host (set by the loader when it writes the
+    /// entry): how many leases of one bucket may be out at once
+    /// ([`lease`]). 0 = leases off.
+    pub cpus: u32,
     /// New-source budget: charge per bucket creation in 1/16 ns, and its
     /// tolerance ([`gcra::unit_interval`], [`gcra::tau`]); 0 = unlimited.
     pub new_unit: u64,
@@ -364,6 +368,27 @@ pub struct BucketKey {
     pub addr: [u32; 2],
 }
 
+impl BucketKey {
+    /// The key as two words, for the program's global functions (which
+    /// take scalars): `family, prefix_len, class, pad, addr[0]` in
+    /// memory order, and `addr[1]`.
+    #[inline(always)]
+    #[must_use]
+    pub fn words(&self) -> (u64, u64) {
+        let head = u64::from(u32::from_ne_bytes([self.family, self.prefix_len, self.class, self.pad]));
+        (head | u64::from(self.addr[0]) << 32, u64::from(self.addr[1]))
+    }
+
+    /// The key of [`Self::words`].
+    #[inline(always)]
+    #[must_use]
+    #[expect(clippy::cast_possible_truncation, reason = "each half of a word")]
+    pub fn from_words(head: u64, tail: u64) -> Self {
+        let [family, prefix_len, class, pad] = (head as u32).to_ne_bytes();
+        Self { family, prefix_len, class, pad, addr: [(head >> 32) as u32, tail as u32] }
+    }
+}
+
 /// Value of [`maps::BUCKETS`]: GCRA theoretical arrival time.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -374,52 +399,6 @@ pub struct BucketState {
     /// one 8-byte word so it is read and written whole. The trie is only
     /// consulted again when the policy version changes.
     pub resolved: u64,
-}
-
-/// One entry of [`maps::REFUSALS`]: the bucket of `key` refuses every
-/// packet of the same cost until `until` (1/16 ns), under policy `version`.
-///
-/// A bucket's `tat` never decreases (refused packets leave it alone, and
-/// admitted ones raise it), so a refusal seen at `tat` holds for the same
-/// charge `inc` while `now < tat + inc - tau`: at most `inc` past the
-/// refusal. The program drops such packets from this per-CPU entry without
-/// touching the shared bucket. Entries are only made where `tat` cannot go
-/// down (packet cost, aggregate tier off: see the program).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Refusal {
-    pub key: BucketKey,
-    /// Low 32 bits of [`Config::version`] when the refusal was seen.
-    pub version: u32,
-    pub until: u64,
-    /// 1 if the bucket's class is in shadow mode (the reason is
-    /// [`Reason::ShadowDropped`], else [`Reason::RateLimited`]).
-    pub shadow: u32,
-    /// Always zero (explicit padding).
-    pub pad: u32,
-}
-
-impl Refusal {
-    /// The reason a packet of `key` gets from this cached refusal, if the
-    /// entry is `key`'s, was seen under policy `version` and still holds
-    /// at `now`.
-    #[inline(always)]
-    #[must_use]
-    pub fn holds(&self, key: &BucketKey, version: u32, now: u64) -> Option<Reason> {
-        if now >= self.until || self.version != version || self.key != *key {
-            return None;
-        }
-        Some(if self.shadow != 0 { Reason::ShadowDropped } else { Reason::RateLimited })
-    }
-
-    /// The [`maps::REFUSALS`] slot of `key`: a multiplicative hash of its
-    /// fields, top bits kept.
-    #[inline(always)]
-    #[must_use]
-    pub const fn slot(key: &BucketKey) -> u32 {
-        let h = key.addr[0] ^ key.addr[1].rotate_left(16) ^ ((key.class as u32) << 8 | key.prefix_len as u32);
-        h.wrapping_mul(0x9e37_79b1) >> (32 - maps::REFUSAL_SLOTS.trailing_zeros())
-    }
 }
 
 /// Key of [`maps::RUNTIME`]: one overridden network.
@@ -548,10 +527,10 @@ const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 48);
 const _: () = assert!(core::mem::size_of::<Counter>() == 16);
 const _: () = assert!(core::mem::size_of::<Meta>() == 16);
-const _: () = assert!(core::mem::size_of::<Refusal>() == 32);
+const _: () = assert!(core::mem::size_of::<lease::CpuSlot>() == 48);
 const _: () = assert!(core::mem::size_of::<RuntimeKey>() == 20);
 const _: () = assert!(core::mem::size_of::<RuntimeOverride>() == 32);
-const _: () = assert!(maps::REFUSAL_SLOTS.is_power_of_two());
+const _: () = assert!(maps::CPU_SLOTS_ENTRIES.is_power_of_two());
 
 #[cfg(feature = "user")]
 mod pod {
@@ -565,7 +544,7 @@ mod pod {
     unsafe impl aya::Pod for super::ClassCounters {}
     unsafe impl aya::Pod for super::ClassLimits {}
     unsafe impl aya::Pod for super::DropEvent {}
-    unsafe impl aya::Pod for super::Refusal {}
+    unsafe impl aya::Pod for super::lease::CpuSlot {}
     unsafe impl aya::Pod for super::window::WindowState {}
     unsafe impl aya::Pod for super::window::Touch {}
     unsafe impl aya::Pod for super::cookie::SynGuard {}

@@ -53,6 +53,26 @@ pub fn bucket_key(src: &Source, v4_len: u32, v6_len: u32, class: u8) -> BucketKe
     }
 }
 
+/// `key` masked to a coarser prefix (`v4_len`, `v6_len`, no longer than
+/// its own) in class 0: the aggregate tier's key of the same source.
+#[inline(always)]
+#[must_use]
+#[expect(clippy::cast_possible_truncation, reason = "prefix lengths are at most 128")]
+pub fn coarser(key: &BucketKey, v4_len: u32, v6_len: u32) -> BucketKey {
+    if key.family == family::IPV4 {
+        BucketKey {
+            family: key.family,
+            prefix_len: v4_len as u8,
+            class: 0,
+            pad: 0,
+            addr: [mask_v4(key.addr[0], v4_len), 0],
+        }
+    } else {
+        let [a, b, _, _] = mask_v6([key.addr[0], key.addr[1], 0, 0], v6_len);
+        BucketKey { family: key.family, prefix_len: v6_len as u8, class: 0, pad: 0, addr: [a, b] }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,13 +9,19 @@ use core::{
 
 use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::{
-    BucketKey, BucketState, ClassLimits, Config, Reason, cost, family, gcra, maps::MAX_OVERRIDES, mode, packet::Source,
-    reason::MAX_CAS_RETRIES, resolution, rules::bucket_key,
+    BucketKey, BucketState, ClassLimits, Config, REASON_COUNT, Reason, cost, family, gcra,
+    lease::{self, slot_flags},
+    maps::MAX_OVERRIDES,
+    mode,
+    packet::Source,
+    reason::MAX_CAS_RETRIES,
+    resolution,
+    rules::coarser,
 };
 
 use crate::{
-    count::RefusalCache,
-    maps::{BUCKETS, NEW_SOURCES, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
+    lease::Slot,
+    maps::{BUCKETS, CONFIG, NEW_SOURCES, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
     program::Packet,
     window::charge_window,
 };
@@ -38,71 +44,183 @@ pub struct Charge<'a> {
     pub now: u64,
 }
 
-/// The reason a packet gets from its bucket (and the aggregate tier);
-/// `None` if the policy names limits that are not there.
-#[inline(always)]
-pub fn charge(c: &Charge, cache: &RefusalCache) -> Option<Reason> {
-    let bucket = BUCKETS.get_ptr_mut(c.key);
-    let res = match bucket {
-        Some(p) => cached_resolution(p, c.key, c.slot, c.version),
-        None => resolve(c.key, c.slot),
-    };
-    Some(match res {
-        resolution::ALLOW => admit_listed(bucket, c, res, Reason::Allowed),
-        resolution::DENY => admit_listed(bucket, c, res, Reason::Denied),
-        _ => {
-            let limits = limits_for(c.cfg, c.class, c.slot, res)?;
-            let units = if limits.cost == cost::BYTES { c.pkt.len() } else { 1 };
-            if limits.slices != 0 {
-                return Some(charge_window_prefix(bucket, c, limits, units, res));
-            }
-            let inc = units * limits.unit;
-            let resolved = (u64::from(c.version) << 32) | u64::from(res);
-            let shadow = limits.mode == mode::SHADOW;
-            let mut r = match bucket {
-                Some(p) => {
-                    let step = charge_existing(p, c.now, inc, limits.tau);
-                    // A smaller packet may fit where this one did not:
-                    // only packet-cost refusals hold for the next packet.
-                    if let Cas::Refused(seen) = step
-                        && limits.cost != cost::BYTES
-                    {
-                        let until = seen.saturating_add(inc).saturating_sub(limits.tau);
-                        cache.remember(c.key, c.version, until, shadow);
-                    }
-                    step.reason()
-                }
-                None if !new_source_admitted(c.cfg, c.now) => Reason::NewSourceLimited,
-                None => charge_new(c.key, c.now, inc, limits.tau, resolved),
-            };
-            if r == Reason::Admitted && c.class == 0 && c.cfg.agg_unit != 0 {
-                r = charge_aggregate(c, bucket, Fine { units, inc, resolved });
-            }
-            if r == Reason::RateLimited && shadow { Reason::ShadowDropped } else { r }
-        }
-    })
+/// What the charge itself needs of a packet: its bucket and its length,
+/// under one policy at one instant.
+struct Job<'a> {
+    /// The policy (a `CONFIG` entry).
+    cfg: &'a Config,
+    key: BucketKey,
+    class: usize,
+    /// The `CONFIG` slot and its policy version.
+    slot: u32,
+    version: u32,
+    now: u64,
+    len: u64,
 }
 
-/// A window quota: the bucket entry only caches the override resolution
-/// (and, created under the new-source budget, bounds churn as for
-/// buckets); the counts are in `WINDOWS`.
+/// [`limiter_charge_bucket`]'s answer when the prefix has no bucket.
+const NO_BUCKET: u64 = u64::MAX;
+/// The answer of both charge functions for a window-quota class: this bit
+/// and the prefix's override resolution. The entry point then calls
+/// [`limiter_charge_window`] itself, so that no call chain holds three
+/// stack frames.
+const WINDOW: u64 = 1 << 32;
+
+/// The reason a packet gets from its bucket (and the aggregate tier).
+/// Both halves are global functions: the verifier checks each once, on
+/// its own, rather than once for every state in which a packet reaches
+/// it, which leases and their refusals would multiply past its limit.
 #[inline(always)]
-fn charge_window_prefix(
-    bucket: Option<*mut BucketState>,
-    c: &Charge,
-    limits: &ClassLimits,
-    units: u64,
-    res: u32,
-) -> Reason {
-    if bucket.is_none() {
-        if !new_source_admitted(c.cfg, c.now) {
-            return Reason::NewSourceLimited;
-        }
-        let resolved = (u64::from(c.version) << 32) | u64::from(res);
-        let _ = BUCKETS.insert(c.key, BucketState { tat: 0, resolved }, BPF_NOEXIST);
+pub fn charge(c: &Charge, slot: &Slot) -> Reason {
+    let (head, tail) = c.key.words();
+    let packed = c.pkt.len() | (c.class as u64) << 32 | u64::from(c.slot) << 40 | u64::from(slot.usable()) << 41;
+    let mut code = limiter_charge_bucket(head, tail, c.now, packed);
+    if code == NO_BUCKET {
+        code = limiter_charge_new(head, tail, c.now, packed);
     }
-    let r = charge_window(c.key, c.now, units, limits);
+    if code & WINDOW != 0 {
+        code = limiter_charge_window(head, tail, c.now, packed, code & u64::from(u32::MAX));
+    }
+    reason_of(code)
+}
+
+/// The job of a global charge function: `packed` holds the frame length
+/// (low 32 bits), the class (bits 32..40), the `CONFIG` slot (bit 40),
+/// and whether this CPU's slot is in use (bit 41).
+#[inline(always)]
+#[expect(clippy::cast_possible_truncation, reason = "fields of `packed`; versions compare in their low 32 bits")]
+fn job(head: u64, tail: u64, now: u64, packed: u64) -> Option<Job<'static>> {
+    let slot = ((packed >> 40) & 1) as u32;
+    let cfg = CONFIG.get(slot)?;
+    let key = BucketKey::from_words(head, tail);
+    let class = ((packed >> 32) & 0xff) as usize;
+    Some(Job { cfg, key, class, slot, version: cfg.version as u32, now, len: packed & 0xffff_ffff })
+}
+
+/// The charge of a packet whose prefix has no bucket: `allow`/`deny`, the
+/// new-source budget, then a full bucket (or window entry) charged once.
+/// Returns the reason's index or [`WINDOW`].
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_charge_new(head: u64, tail: u64, now: u64, packed: u64) -> u64 {
+    let Some(j) = job(head, tail, now, packed) else { return Reason::NoConfig as u64 };
+    let r = match resolve(&j.key, j.slot) {
+        res @ resolution::ALLOW => admit_listed(&j, res, Reason::Allowed),
+        resolution::DENY => Reason::Denied,
+        res => match limits_for(j.cfg, j.class, j.slot, res) {
+            None => Reason::NoConfig,
+            Some(_) if !new_source_admitted(j.cfg, j.now) => Reason::NewSourceLimited,
+            Some(limits) => {
+                let units = if limits.cost == cost::BYTES { j.len } else { 1 };
+                let resolved = (u64::from(j.version) << 32) | u64::from(res);
+                if limits.slices == 0 {
+                    let inc = units * limits.unit;
+                    let r = charge_new(&j.key, j.now, inc, limits.tau, resolved);
+                    finish_fine(&j, limits, r, None, Fine { units, inc, resolved })
+                } else {
+                    let _ = BUCKETS.insert(j.key, BucketState { tat: 0, resolved }, BPF_NOEXIST);
+                    return WINDOW | u64::from(res);
+                }
+            }
+        },
+    };
+    r as u64
+}
+
+/// The charge of a packet whose prefix has a bucket: its override
+/// resolution (cached in the bucket), `allow`/`deny`, its window or its
+/// token bucket (through this CPU's slot), and the aggregate tier.
+/// Returns the reason's index, [`NO_BUCKET`] or [`WINDOW`].
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: u64) -> u64 {
+    let Some(j) = job(head, tail, now, packed) else { return Reason::NoConfig as u64 };
+    let Some(p) = BUCKETS.get_ptr_mut(j.key) else { return NO_BUCKET };
+    let res = cached_resolution(p, &j.key, j.slot, j.version);
+    let r = match res {
+        resolution::ALLOW => Reason::Allowed,
+        resolution::DENY => Reason::Denied,
+        _ => match limits_for(j.cfg, j.class, j.slot, res) {
+            None => Reason::NoConfig,
+            Some(limits) if limits.slices != 0 => return WINDOW | u64::from(res),
+            Some(limits) => {
+                let units = if limits.cost == cost::BYTES { j.len } else { 1 };
+                let inc = units * limits.unit;
+                let cpu_slot = Slot::probe(&j.key, (packed >> 41) & 1 != 0);
+                let r = charge_leasing(p, &j, &cpu_slot, limits, inc);
+                let resolved = (u64::from(j.version) << 32) | u64::from(res);
+                finish_fine(&j, limits, r, Some(p), Fine { units, inc, resolved })
+            }
+        },
+    };
+    r as u64
+}
+
+/// The reason whose index is `code` (`NoConfig` if none). Written so the
+/// index is bounded before any use: a table lookup computed ahead of the
+/// check would be refused by the verifier.
+#[inline(always)]
+#[expect(clippy::cast_possible_truncation, reason = "checked against REASON_COUNT")]
+fn reason_of(code: u64) -> Reason {
+    let i = if code < REASON_COUNT as u64 { code as u32 } else { Reason::NoConfig as u32 };
+    // SAFETY: `Reason` is `repr(u32)` with the discriminants
+    // `0..REASON_COUNT` (limiter_common's `discriminants_are_slot_indexes`).
+    unsafe { core::mem::transmute::<u32, Reason>(i) }
+}
+
+/// After the fine bucket: the aggregate tier for an admitted packet of the
+/// default class, and shadow mode for a refused one.
+#[inline(always)]
+fn finish_fine(j: &Job, limits: &ClassLimits, r: Reason, fine: Option<*mut BucketState>, f: Fine) -> Reason {
+    let r = if r == Reason::Admitted && j.class == 0 && j.cfg.agg_unit != 0 { charge_aggregate(j, fine, f) } else { r };
     if r == Reason::RateLimited && limits.mode == mode::SHADOW { Reason::ShadowDropped } else { r }
+}
+
+/// An existing bucket's charge, through this CPU's slot when it is in
+/// use: credit this CPU's slot still holds for the bucket is given back
+/// first; a lease is taken when the bucket holds plenty; a refusal first
+/// takes back the other CPUs' credit for the bucket and charges again,
+/// then is remembered (packet cost only: a smaller packet may fit where
+/// this one did not).
+#[inline(always)]
+fn charge_leasing(p: *mut BucketState, j: &Job, slot: &Slot, limits: &ClassLimits, inc: u64) -> Reason {
+    let bytes = limits.cost == cost::BYTES;
+    let lease = if slot.usable() { lease::lease(limits.unit, limits.tau, bytes, j.cfg.cpus) } else { 0 };
+    slot.give_back_own(&j.key);
+    let (step, leased) = charge_existing_leasing(p, j.now, inc, limits.tau, lease, j.cfg.cpus);
+    let step = match step {
+        Cas::Done if leased => {
+            let flags = slot_flags::LEASE | if bytes { slot_flags::BYTES } else { 0 };
+            slot.write(&j.key, j.version, j.now.saturating_add(lease), limits.unit, flags, lease);
+            Cas::Done
+        }
+        Cas::Refused(_) if slot.steal(&j.key, j.cfg.cpus) => charge_existing(p, j.now, inc, limits.tau),
+        s => s,
+    };
+    if let Cas::Refused(seen) = step
+        && !bytes
+    {
+        let until = seen.saturating_add(inc).saturating_sub(limits.tau);
+        let shadow = if limits.mode == mode::SHADOW { slot_flags::SHADOW } else { 0 };
+        slot.write(&j.key, j.version, until, 0, shadow, 0);
+    }
+    step.reason()
+}
+
+/// A window quota (`res`: the prefix's override resolution): the bucket
+/// entry only caches the resolution (and, created under the new-source
+/// budget, bounds churn as for buckets); the counts are in `WINDOWS`.
+/// Returns the reason's index. A global function, with its own stack
+/// frame.
+#[unsafe(no_mangle)]
+#[inline(never)]
+#[expect(clippy::cast_possible_truncation, reason = "a resolution is a u32")]
+pub extern "C" fn limiter_charge_window(head: u64, tail: u64, now: u64, packed: u64, res: u64) -> u64 {
+    let Some(j) = job(head, tail, now, packed) else { return Reason::NoConfig as u64 };
+    let Some(limits) = limits_for(j.cfg, j.class, j.slot, res as u32) else { return Reason::NoConfig as u64 };
+    let units = if limits.cost == cost::BYTES { j.len } else { 1 };
+    let r = charge_window(&j.key, j.now, units, limits);
+    (if r == Reason::RateLimited && limits.mode == mode::SHADOW { Reason::ShadowDropped } else { r }) as u64
 }
 
 /// The bucket's cached override resolution, refreshed (one trie lookup and
@@ -154,10 +272,10 @@ fn limits_for(cfg: &Config, class: usize, slot: u32, res: u32) -> Option<&ClassL
 /// then come back with a fresh allowance (invariant 3); without a bucket a
 /// packet pays one trie lookup instead.
 #[inline(always)]
-fn admit_listed(bucket: Option<*mut BucketState>, c: &Charge, res: u32, reason: Reason) -> Reason {
-    if bucket.is_none() && res == resolution::ALLOW && new_source_admitted(c.cfg, c.now) {
-        let resolved = (u64::from(c.version) << 32) | u64::from(res);
-        let _ = BUCKETS.insert(c.key, BucketState { tat: gcra::fresh_tat(c.now), resolved }, BPF_NOEXIST);
+fn admit_listed(j: &Job, res: u32, reason: Reason) -> Reason {
+    if new_source_admitted(j.cfg, j.now) {
+        let resolved = (u64::from(j.version) << 32) | u64::from(res);
+        let _ = BUCKETS.insert(j.key, BucketState { tat: gcra::fresh_tat(j.now), resolved }, BPF_NOEXIST);
     }
     reason
 }
@@ -175,18 +293,18 @@ struct Fine {
 /// aggregate. If the aggregate refuses, the fine charge is refunded, so a
 /// packet is charged to both tiers or to neither.
 #[inline(always)]
-fn charge_aggregate(c: &Charge, fine: Option<*mut BucketState>, f: Fine) -> Reason {
-    let agg = bucket_key(c.src, c.cfg.agg_v4_prefix, c.cfg.agg_v6_prefix, 0);
-    let inc = f.units * c.cfg.agg_unit;
+fn charge_aggregate(j: &Job, fine: Option<*mut BucketState>, f: Fine) -> Reason {
+    let agg = coarser(&j.key, j.cfg.agg_v4_prefix, j.cfg.agg_v6_prefix);
+    let inc = f.units * j.cfg.agg_unit;
     let r = match BUCKETS.get_ptr_mut(agg) {
-        Some(p) => charge_existing(p, c.now, inc, c.cfg.agg_tau).reason(),
-        None => charge_new(&agg, c.now, inc, c.cfg.agg_tau, f.resolved),
+        Some(p) => charge_existing(p, j.now, inc, j.cfg.agg_tau).reason(),
+        None => charge_new(&agg, j.now, inc, j.cfg.agg_tau, f.resolved),
     };
     if r == Reason::Admitted {
         return r;
     }
     // The fine bucket is looked up again only if this packet created it.
-    if let Some(p) = fine.or_else(|| BUCKETS.get_ptr_mut(c.key)) {
+    if let Some(p) = fine.or_else(|| BUCKETS.get_ptr_mut(j.key)) {
         refund(p, f.inc);
     }
     Reason::AggregateLimited
@@ -195,7 +313,7 @@ fn charge_aggregate(c: &Charge, fine: Option<*mut BucketState>, f: Fine) -> Reas
 /// Give back a charge of `inc`: it was added to `tat` by this packet, so
 /// `tat >= inc` and subtracting it returns exactly what was taken.
 #[inline(always)]
-fn refund(p: *mut BucketState, inc: u64) {
+pub fn refund(p: *mut BucketState, inc: u64) {
     // SAFETY: p points to a live map value.
     let _ = cas(unsafe { &raw mut (*p).tat }, |cur| Some(cur.saturating_sub(inc)));
 }
@@ -241,6 +359,23 @@ pub fn charge_existing(p: *mut BucketState, now: u64, inc: u64, tau: u64) -> Cas
     cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, inc, tau))
 }
 
+/// [`charge_existing`] that may also take a lease of `lease` (see
+/// `limiter_common::lease::admit`); whether it did.
+#[inline(always)]
+fn charge_existing_leasing(p: *mut BucketState, now: u64, inc: u64, tau: u64, lease: u64, cpus: u32) -> (Cas, bool) {
+    if lease == 0 {
+        return (charge_existing(p, now, inc, tau), false);
+    }
+    let mut leased = false;
+    // SAFETY: p points to a live map value.
+    let step = cas(unsafe { &raw mut (*p).tat }, |cur| {
+        let (next, l) = lease::admit(cur, now, inc, tau, lease, cpus)?;
+        leased = l;
+        Some(next)
+    });
+    (step, leased)
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Cas {
     Done,
@@ -253,7 +388,7 @@ pub enum Cas {
 /// Replace `*p` with `step(*p)` atomically, retrying a bounded number of
 /// times when another CPU changed it in between.
 #[inline(always)]
-fn cas(p: *mut u64, step: impl Fn(u64) -> Option<u64>) -> Cas {
+fn cas(p: *mut u64, mut step: impl FnMut(u64) -> Option<u64>) -> Cas {
     for _ in 0..MAX_CAS_RETRIES {
         // An atomic load crashes the BPF backend; a volatile 8-byte load is
         // single-copy atomic on the BPF ISA, which is all we need here.

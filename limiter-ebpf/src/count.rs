@@ -1,12 +1,12 @@
 //! What every packet leaves behind: its reason's counter (per CPU, so no
 //! atomics in softirq), its class's counter, a 1-in-N sample of drops for
-//! the top-offenders list, and this CPU's cache of refusing buckets.
+//! the top-offenders list.
 
 use aya_ebpf::programs::XdpContext;
 use aya_log_ebpf::debug;
-use limiter_common::{BucketKey, Config, DropEvent, Reason, Refusal, gcra, stat_index};
+use limiter_common::{BucketKey, Config, DropEvent, Reason, gcra, stat_index};
 
-use crate::maps::{CLASS_STATS, DROP_EVENTS, DROP_SAMPLER, REFUSALS, STATS};
+use crate::maps::{CLASS_STATS, DROP_EVENTS, DROP_SAMPLER, STATS};
 
 /// Count one packet of `len` bytes under `reason` and stat family `fam`.
 #[inline(always)]
@@ -31,35 +31,6 @@ pub fn count_class(class: usize, reason: Reason, len: u64) {
     let slot = unsafe { (*c).slot(reason.action()) };
     slot.packets += 1;
     slot.bytes += len;
-}
-
-/// This CPU's `REFUSALS` entry for a bucket key, if the cache is in use.
-pub struct RefusalCache(Option<*mut Refusal>);
-
-impl RefusalCache {
-    /// The entry `key` maps to; `None` when `usable` is false (the cache
-    /// only holds where a bucket's tat cannot go down).
-    #[inline(always)]
-    pub fn probe(key: &BucketKey, usable: bool) -> Self {
-        Self(if usable { REFUSALS.get_ptr_mut(Refusal::slot(key)) } else { None })
-    }
-
-    /// The cached refusal of `key`, if this CPU saw its bucket refuse under
-    /// this policy and `now` is still before the end of that refusal.
-    #[inline(always)]
-    pub fn holds(&self, key: &BucketKey, version: u32, now: u64) -> Option<Reason> {
-        // SAFETY: per-CPU slot, only this CPU's softirq touches it.
-        self.0.and_then(|e| unsafe { &*e }.holds(key, version, now))
-    }
-
-    /// Remember that `key`'s bucket refuses until `until`.
-    #[inline(always)]
-    pub fn remember(&self, key: &BucketKey, version: u32, until: u64, shadow: bool) {
-        if let Some(e) = self.0 {
-            // SAFETY: per-CPU slot, only this CPU's softirq touches it.
-            unsafe { *e = Refusal { key: *key, version, until, shadow: u32::from(shadow), pad: 0 } };
-        }
-    }
 }
 
 /// One in `drop_sample` drops (per CPU) goes to the ring buffer for the

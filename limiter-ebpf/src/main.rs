@@ -2,7 +2,8 @@
 //! bucket and drop what exceeds it. The parser, rule classes, prefix
 //! masking and GCRA arithmetic are pure code in `limiter-common`; this
 //! crate is the glue over the maps: `charge` (buckets, overrides, budgets),
-//! `count` (counters, the refusal cache, drop sampling). See
+//! `count` (counters, drop sampling), `lease` (per-CPU leases of a
+//! bucket's credit and cached refusals). See
 //! `docs/design.md` for the invariants cited in comments.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
@@ -21,6 +22,8 @@ mod charge;
 mod cookie;
 #[cfg(target_arch = "bpf")]
 mod count;
+#[cfg(target_arch = "bpf")]
+mod lease;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]

@@ -10,10 +10,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT, Refusal,
-    RuntimeKey, RuntimeOverride, STAT_FAMILIES,
+    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT, RuntimeKey,
+    RuntimeOverride, STAT_FAMILIES,
     cookie::{REFRESH_SLOTS, SynGuard},
-    maps::{self, DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES, REFUSAL_SLOTS, TOUCHED_BYTES},
+    lease::CpuSlot,
+    maps::{self, CPU_SLOTS_ENTRIES, DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES, TOUCHED_BYTES},
     window::WindowState,
 };
 
@@ -165,11 +166,14 @@ map! {
 }
 
 map! {
-    /// Written and read by: XDP, per CPU: buckets seen refusing, and until
-    /// when (see `limiter_common::Refusal`). A flood of one prefix is dropped
-    /// from here without touching the shared bucket. Userspace never reads it.
-    REFUSALS = maps::REFUSALS;
-    PerCpuArray<Refusal> = PerCpuArray::with_max_entries(REFUSAL_SLOTS, 0)
+    /// Written and read by: XDP, per CPU: leases of buckets' credit, and
+    /// buckets seen refusing until a known time (see
+    /// `limiter_common::lease`). A busy prefix is admitted, and a flood of
+    /// one dropped, from here without touching the shared bucket. Other
+    /// CPUs only zero an entry's credit, before they refuse a packet.
+    /// Userspace never reads it.
+    CPU_SLOTS = maps::CPU_SLOTS;
+    PerCpuArray<CpuSlot> = PerCpuArray::with_max_entries(CPU_SLOTS_ENTRIES, 0)
 }
 
 map! {

@@ -1,4 +1,5 @@
-//! Entry points: parse, classify, key, then the refusal cache or a charge;
+//! Entry points: parse, classify, key, then this CPU's slot (a lease or a
+//! cached refusal) or a charge;
 //! every path ends in [`finish`], which counts the reason and returns its
 //! verdict (invariant 9).
 
@@ -12,7 +13,8 @@ use limiter_common::{
 use crate::{
     charge::{Charge, charge},
     cookie,
-    count::{RefusalCache, count_class, count_reason, sample_drop},
+    count::{count_class, count_reason, sample_drop},
+    lease::Slot,
     maps::{ACTIVE, CONFIG, TEST_CLOCK},
 };
 
@@ -106,15 +108,12 @@ fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason
         count_class(class, r, pkt.len());
         return r;
     }
-    // The cache is kept only while no aggregate refund can lower a tat
-    // (see `limiter_common::Refusal`); otherwise it is not even probed.
-    let cache = RefusalCache::probe(&key, cfg.agg_unit == 0);
-    let reason = match cache.holds(&key, version, now) {
+    // Slots are used only while no aggregate refund can lower a tat (see
+    // `limiter_common::lease::CpuSlot`); otherwise not even probed.
+    let slot = Slot::probe(&key, cfg.agg_unit == 0);
+    let reason = match slot.hit(&key, version, now, pkt.len()) {
         Some(r) => r,
-        None => match charge(&c, &cache) {
-            Some(r) => r,
-            None => return Reason::NoConfig,
-        },
+        None => charge(&c, &slot),
     };
     // A SYN the new-source budget refuses trips `auto` SYN cookies and is
     // answered with one.

@@ -193,7 +193,10 @@ impl Tables {
         for (i, l) in (0u32..).zip(&c.overrides.limits) {
             self.ovr_limits.set(next * MAX_OVERRIDES + i, l, 0).on(maps::OVR_LIMITS)?;
         }
-        self.config.set(next, c.config, 0).on(maps::CONFIG)?;
+        // How many leases of one bucket may be out at once: one per CPU
+        // that can run the program (limiter_common::lease).
+        let config = Config { cpus: possible_cpus(), ..c.config };
+        self.config.set(next, config, 0).on(maps::CONFIG)?;
         self.active.set(0, next, 0).on(maps::ACTIVE)?;
         self.last_flip = Some(Instant::now());
         Ok(())
@@ -270,4 +273,9 @@ impl Counters {
         }
         Ok(out)
     }
+}
+
+/// Possible CPUs of this host (0, leases off, if that cannot be read).
+fn possible_cpus() -> u32 {
+    aya::util::nr_cpus().ok().and_then(|n| u32::try_from(n).ok()).unwrap_or(0)
 }

@@ -1,0 +1,196 @@
+//! This CPU's `CPU_SLOTS` entry for a bucket: a lease of the bucket's
+//! credit, or a cached refusal (see `limiter_common::lease` for the bound
+//! and why no compliant source is refused for another CPU's credit).
+
+use core::{
+    ffi::c_void,
+    intrinsics::{AtomicOrdering, atomic_cxchg},
+    ptr::{read_volatile, write_volatile},
+};
+
+use aya_ebpf::helpers::bpf_map_lookup_percpu_elem;
+use limiter_common::{
+    BucketKey, Reason,
+    lease::{self, CREDIT_MASK, CpuSlot, MAX_CPUS},
+};
+
+use crate::{
+    charge::refund,
+    maps::{BUCKETS, CPU_SLOTS},
+};
+
+/// Swap `*p` from `old` to `new`; whether it was still `old`.
+#[inline(always)]
+fn swap(p: *mut u64, old: u64, new: u64) -> bool {
+    // SAFETY: callers pass a word of a live map value; BPF_CMPXCHG on a
+    // map value is verifier-approved.
+    unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, old, new).1 }
+}
+
+/// This CPU's entry for a bucket key, if slots are in use.
+pub struct Slot {
+    entry: Option<*mut CpuSlot>,
+    index: u32,
+}
+
+impl Slot {
+    /// The entry `key` maps to; none when `usable` is false (refusals are
+    /// cached, and leases taken, only where a bucket's tat cannot go down
+    /// otherwise: the aggregate tier off).
+    #[inline(always)]
+    pub fn probe(key: &BucketKey, usable: bool) -> Self {
+        let index = CpuSlot::index(key);
+        Self { entry: if usable { CPU_SLOTS.get_ptr_mut(index) } else { None }, index }
+    }
+
+    /// Whether leases may be taken and cached refusals kept.
+    #[inline(always)]
+    pub fn usable(&self) -> bool {
+        self.entry.is_some()
+    }
+
+    /// The fast path: a refusal cached for `key` under `version` that
+    /// still holds, or a packet of `len` bytes admitted from this CPU's
+    /// lease of `key`'s bucket.
+    #[inline(always)]
+    pub fn hit(&self, key: &BucketKey, version: u32, now: u64, len: u64) -> Option<Reason> {
+        let e = self.entry?;
+        // SAFETY: this CPU's entry; other CPUs only swap its word.
+        let s = unsafe { &*e };
+        if !s.is_for(key, version, now) {
+            return None;
+        }
+        if let Some(r) = s.refusal() {
+            return Some(r);
+        }
+        // SAFETY: as above.
+        let word = unsafe { &raw mut (*e).word };
+        // SAFETY: an aligned 8-byte load is single-copy atomic.
+        let w = unsafe { read_volatile(word) };
+        let next = lease::spend(w, s.inc(len))?;
+        swap(word, w, next).then_some(Reason::Admitted)
+    }
+
+    /// Give back to `key`'s bucket the credit this CPU's entry still
+    /// holds for it (a lease spent down, expired, or of an older policy),
+    /// before the bucket is charged.
+    #[inline(always)]
+    pub fn give_back_own(&self, key: &BucketKey) {
+        if let Some(e) = self.entry
+            // SAFETY: this CPU's entry; only this CPU writes its key.
+            && unsafe { (*e).key == *key }
+        {
+            let back = take_credit(e);
+            if back != 0 {
+                let (head, tail) = BucketKey::words(key);
+                limiter_give_back(head, tail, back);
+            }
+        }
+    }
+
+    /// Make this CPU's entry a lease of `credit` of `key`'s bucket, or
+    /// (`flags` without `slot_flags::LEASE`) a refusal, until `until`.
+    /// Credit it still holds for another bucket is given back to that
+    /// bucket first (if it is still tracked). Its fields change while its
+    /// credit is zero, and the new credit comes with a new sequence
+    /// number: see `limiter_common::lease`.
+    #[inline(always)]
+    pub fn write(&self, key: &BucketKey, version: u32, until: u64, unit: u64, flags: u32, credit: u64) {
+        let Some(e) = self.entry else { return };
+        let left = take_credit(e);
+        // SAFETY: this CPU's entry.
+        let s = unsafe { &mut *e };
+        if left != 0 {
+            let (head, tail) = BucketKey::words(&s.key);
+            limiter_give_back(head, tail, left);
+        }
+        s.key = *key;
+        s.version = version;
+        s.until = until;
+        s.unit = unit;
+        s.flags = flags;
+        // SAFETY: as above; the credit is zero, so no other CPU swaps the
+        // word until this store.
+        unsafe { write_volatile(&raw mut s.word, lease::restock(read_volatile(&raw const s.word), credit)) };
+    }
+
+    /// Take back the credit the other CPUs' entries hold for `key`'s
+    /// bucket and give it back to the bucket (before a refusal); whether
+    /// the bucket should be charged again.
+    #[inline(always)]
+    pub fn steal(&self, key: &BucketKey, cpus: u32) -> bool {
+        if self.entry.is_none() || cpus < 2 {
+            return false;
+        }
+        let (head, tail) = BucketKey::words(key);
+        limiter_steal(head, tail, self.index, cpus);
+        true
+    }
+}
+
+/// Give `credit` back to the bucket of the key in `head, tail` (see
+/// `BucketKey::words`), if it is still tracked. A global function, as
+/// [`limiter_steal`].
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_give_back(head: u64, tail: u64, credit: u64) -> u64 {
+    if let Some(p) = BUCKETS.get_ptr_mut(BucketKey::from_words(head, tail)) {
+        refund(p, credit);
+    }
+    0
+}
+
+/// Zero the credit of entry `e` (which other CPUs may zero too) and
+/// return what it held.
+#[inline(always)]
+fn take_credit(e: *mut CpuSlot) -> u64 {
+    // SAFETY: a live map value.
+    let word = unsafe { &raw mut (*e).word };
+    for _ in 0..2 {
+        // SAFETY: as above.
+        let w = unsafe { read_volatile(word) };
+        if w & CREDIT_MASK == 0 {
+            return 0;
+        }
+        if swap(word, w, lease::restock(w, 0)) {
+            return w & CREDIT_MASK;
+        }
+        // Another CPU took it in between: the next read sees zero.
+    }
+    0
+}
+
+/// Zero the credit every other CPU's entry `index` holds for the key in
+/// `head, tail` (see `BucketKey::words`) and give it back to its bucket.
+/// A global function: the verifier checks it once, on its own, instead of
+/// once per state of every path that reaches it. Its loop keeps no state
+/// from one CPU to the next (this CPU's own entry holds no credit for the
+/// key by now), so the verifier's states merge at every turn.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_steal(head: u64, tail: u64, index: u32, cpus: u32) -> u64 {
+    let key = BucketKey::from_words(head, tail);
+    let map = (&raw const CPU_SLOTS).cast::<c_void>().cast_mut();
+    for cpu in 0..MAX_CPUS {
+        if cpu >= cpus {
+            break;
+        }
+        // SAFETY: the map is CPU_SLOTS and the key a u32 index.
+        let p = unsafe { bpf_map_lookup_percpu_elem(map, (&raw const index).cast(), cpu) }.cast::<CpuSlot>();
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: another CPU's live entry: read its key and swap its word.
+        let (word, s) = unsafe { (&raw mut (*p).word, &*p) };
+        // SAFETY: as above.
+        let w = unsafe { read_volatile(word) };
+        let c = s.stealable(w, &key);
+        if c != 0
+            && swap(word, w, w & !CREDIT_MASK)
+            && let Some(b) = BUCKETS.get_ptr_mut(key)
+        {
+            refund(b, c);
+        }
+    }
+    0
+}
