@@ -286,3 +286,75 @@ pub fn delivered(net: &VethPair, src: &str, n: u64) -> u64 {
     let log: String = rx.iter().map(|l| l + "\n").collect();
     field(&log, &format!("from {src}"), 2).unwrap_or(0)
 }
+
+/// What [`two_cpus`] saw: one /24 flooded from both CPUs, and a
+/// conforming /24 sending from both CPUs too.
+#[derive(Clone, Debug, Default)]
+pub struct TwoCpus {
+    pub flood_sent: u64,
+    /// The longer of the two flood senders' durations.
+    pub flood_secs: f64,
+    pub flood_got: u64,
+    pub conform_sent: u64,
+    pub conform_got: u64,
+}
+
+/// One /24 flooded from both CPUs at once for `secs` (two senders pinned
+/// with taskset, 198.18.1.10 on CPU 0 and .11 on CPU 1, a two-queue veth,
+/// so XDP charges the bucket on both CPUs), while a conforming /24 sends
+/// `conform_pps` split the same way (198.18.2.10 and .11), through the
+/// real `limiter run` at `rate`/`burst`.
+pub fn two_cpus(
+    limiter: &Path,
+    netload: &Path,
+    rate: u64,
+    burst: u64,
+    secs: f64,
+    conform_pps: u64,
+) -> anyhow::Result<TwoCpus> {
+    const FLOOD: [&str; 2] = ["198.18.1.10", "198.18.1.11"];
+    const CONFORM: [&str; 2] = ["198.18.2.10", "198.18.2.11"];
+    let net = VethPair::new("2c");
+    for a in FLOOD.iter().chain(&CONFORM) {
+        net.add_source(a);
+    }
+    let mut c = net.b.command(limiter);
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off"]);
+    c.args(["--rate", &rate.to_string(), "--burst", &burst.to_string(), "--socket"]);
+    c.arg(unique_socket("2c"));
+    let (_daemon, rx) = spawn_lines(c)?;
+    wait_for(&rx, "control socket", Duration::from_secs(20), &mut String::new())?;
+    let dst = format!("{B_ADDR}:{PORT}");
+    let mut recv = net.b.command(netload);
+    recv.args(["recv", &format!("0.0.0.0:{PORT}"), &format!("{}", secs + 3.0)]);
+    let (mut recv, recv_rx) = spawn_lines(recv)?;
+    wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut String::new())?;
+    let send = |cpu: usize, src: &str, pps: u64, secs: f64| -> anyhow::Result<Guard> {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &net.a.name, "taskset", "-c", &cpu.to_string()]).arg(netload);
+        c.args(["send", src, &dst, &pps.to_string(), &format!("{secs}")]);
+        Ok(Guard(c.stdout(Stdio::piped()).spawn()?))
+    };
+    let conform =
+        [send(0, CONFORM[0], conform_pps / 2, secs + 1.0)?, send(1, CONFORM[1], conform_pps / 2, secs + 1.0)?];
+    thread::sleep(Duration::from_millis(500));
+    let flood = [send(0, FLOOD[0], 0, secs)?, send(1, FLOOD[1], 0, secs)?];
+    let flood_out = flood.map(wait_output);
+    let conform_out = conform.map(wait_output);
+    if !recv.0.wait()?.success() {
+        bail!("receiver failed");
+    }
+    let log: String = recv_rx.iter().map(|l| l + "\n").collect();
+    let got = |srcs: [&str; 2]| srcs.iter().map(|s| field(&log, &format!("from {s}"), 2).unwrap_or(0)).sum();
+    let mut out = TwoCpus { flood_got: got(FLOOD), conform_got: got(CONFORM), ..TwoCpus::default() };
+    for o in flood_out {
+        let o = o?;
+        out.flood_sent += field(&o, "sent", 1).context("flood sender output")?;
+        let s: f64 = o.split_whitespace().nth(3).and_then(|s| s.parse().ok()).context("flood secs")?;
+        out.flood_secs = out.flood_secs.max(s);
+    }
+    for o in conform_out {
+        out.conform_sent += field(&o?, "sent", 1).context("conforming sender output")?;
+    }
+    Ok(out)
+}

@@ -47,3 +47,22 @@ fn flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing() {
         o.daemon_log
     );
 }
+
+#[test]
+fn a_prefix_flooded_from_two_cpus_gets_its_bound_and_a_conforming_prefix_on_both_loses_nothing() {
+    require_root();
+    let (rate, burst) = (1000u64, 200u64);
+    let limiter = scenario::locate_bin("limiter").expect("limiter binary");
+    let o =
+        scenario::two_cpus(&limiter, env!("CARGO_BIN_EXE_netload").as_ref(), rate, burst, 3.0, 400).expect("scenario");
+    println!("{o:#?}");
+    let allowance = burst as f64 + rate as f64 * o.flood_secs;
+    assert!(o.flood_sent as f64 >= 10.0 * allowance, "flood too weak: sent {}", o.flood_sent);
+    // Each CPU may hold one lease (at most 1/16 of the burst) beyond the
+    // allowance.
+    let bound = allowance + 2.0 * (burst as f64 / 16.0) + tolerance(rate, o.flood_secs);
+    assert!(o.flood_got as f64 <= bound, "flood passed {} > bound {bound:.0}", o.flood_got);
+    assert!(o.flood_got as f64 >= 0.9 * rate as f64 * o.flood_secs, "flood starved: {}", o.flood_got);
+    assert!(o.conform_sent > 0);
+    assert_eq!(o.conform_got, o.conform_sent, "conforming packets lost");
+}

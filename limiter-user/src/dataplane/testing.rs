@@ -100,14 +100,15 @@ impl DataPlane {
 
     /// BPF_PROG_TEST_RUN of `name` over `data`, `repeat` times on each CPU
     /// of `cpus` at the same moment (a thread pinned to each), to race the
-    /// program against itself on shared map entries.
+    /// program against itself on shared map entries. The kernel's mean time
+    /// per run on each CPU.
     pub fn test_run_on_cpus(
         &mut self,
         name: &'static str,
         data: &[u8],
         repeat: u32,
         cpus: &[usize],
-    ) -> Result<(), LoadError> {
+    ) -> Result<Vec<Duration>, LoadError> {
         self.load_program(name)?;
         let prog: &aya::programs::Xdp = self.xdp(name)?;
         let start = std::sync::Barrier::new(cpus.len());
@@ -128,10 +129,12 @@ impl DataPlane {
                     })
                 })
                 .collect();
-            for r in runs {
-                r.join().expect("test-run thread").map_err(|source| LoadError::TestRun { name, source })?;
-            }
-            Ok(())
+            runs.into_iter()
+                .map(|r| {
+                    let r = r.join().expect("test-run thread").map_err(|source| LoadError::TestRun { name, source })?;
+                    Ok(r.duration)
+                })
+                .collect()
         })
     }
 

@@ -436,4 +436,13 @@ fn print_same_cpu(title: &str, rows: &[Row]) {
         rate_own(lim) / best_own,
         if rate_own(lim) / best_own >= 5.0 { "met" } else { "NOT met" }
     );
+    let (of_bare, of_best) = (rate(lim) / rate(&rows[0]), rate(lim) / best);
+    println!(
+        "goal: limiter drops/CPU-s at least 80% of a bare XDP_DROP's -> {} ({:.0}%), at least 3x the better \
+         netfilter peer end to end -> {} ({:.2}x)",
+        if of_bare >= 0.8 { "met" } else { "NOT met" },
+        of_bare * 100.0,
+        if of_best >= 3.0 { "met" } else { "NOT met" },
+        of_best
+    );
 }
