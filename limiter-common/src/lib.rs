@@ -64,8 +64,12 @@ pub mod maps {
     pub const DROP_EVENTS: &str = "DROP_EVENTS";
     /// Size of [`DROP_EVENTS`] in bytes.
     pub const DROP_EVENTS_BYTES: u32 = 1 << 18;
-    /// `PERCPU_ARRAY<u64>`, one entry: drops seen, for 1-in-N sampling.
+    /// `PERCPU_ARRAY<u64>`, one entry: when a sampled drop was last
+    /// logged (debug level), to rate-limit those lines.
     pub const DROP_SAMPLER: &str = "DROP_SAMPLER";
+    /// `PERCPU_ARRAY<crate::ClockCache>`, one entry: each CPU's copy of the
+    /// coarse clock for the current jiffy.
+    pub const CLOCK_CACHE: &str = "CLOCK_CACHE";
     /// `ARRAY<u64>`, one entry: GCRA state of the shared new-source budget.
     pub const NEW_SOURCES: &str = "NEW_SOURCES";
     /// `PERCPU_ARRAY<crate::lease::CpuSlot>`, [`CPU_SLOTS_ENTRIES`]
@@ -401,6 +405,18 @@ pub struct BucketState {
     pub resolved: u64,
 }
 
+/// Value of [`maps::CLOCK_CACHE`]: `CLOCK_MONOTONIC_COARSE` only moves
+/// when the jiffies do (both at the tick), so a CPU reads it once per
+/// jiffy and reuses it for every packet until `jiffies64` moves on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClockCache {
+    /// `jiffies64` when `ns` was read.
+    pub jiffy: u64,
+    /// `bpf_ktime_get_coarse_ns` then.
+    pub ns: u64,
+}
+
 /// Key of [`maps::RUNTIME`]: one overridden network.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -526,6 +542,7 @@ const _: () = assert!(core::mem::size_of::<BucketKey>() == 12);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 48);
 const _: () = assert!(core::mem::size_of::<Counter>() == 16);
+const _: () = assert!(core::mem::size_of::<ClockCache>() == 16);
 const _: () = assert!(core::mem::size_of::<Meta>() == 16);
 const _: () = assert!(core::mem::size_of::<lease::CpuSlot>() == 48);
 const _: () = assert!(core::mem::size_of::<RuntimeKey>() == 20);
@@ -545,6 +562,7 @@ mod pod {
     unsafe impl aya::Pod for super::ClassLimits {}
     unsafe impl aya::Pod for super::DropEvent {}
     unsafe impl aya::Pod for super::lease::CpuSlot {}
+    unsafe impl aya::Pod for super::ClockCache {}
     unsafe impl aya::Pod for super::window::WindowState {}
     unsafe impl aya::Pod for super::window::Touch {}
     unsafe impl aya::Pod for super::cookie::SynGuard {}

@@ -20,38 +20,35 @@ pub fn count_reason(reason: Reason, fam: u32, len: u64) {
     }
 }
 
-/// Count one packet of `class` under its reason's action.
+/// Count one packet of `class` under its reason's action; returns that
+/// action's packet count on this CPU (so far, this one included).
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "class < MAX_CLASSES")]
-pub fn count_class(class: usize, reason: Reason, len: u64) {
+pub fn count_class(class: usize, reason: Reason, len: u64) -> u64 {
     let Some(c) = CLASS_STATS.get_ptr_mut(class as u32) else {
-        return;
+        return 0;
     };
     // SAFETY: per-CPU slot, only this CPU's softirq writes it.
     let slot = unsafe { (*c).slot(reason.action()) };
     slot.packets += 1;
     slot.bytes += len;
+    slot.packets
 }
 
-/// One in `drop_sample` drops (per CPU) goes to the ring buffer for the
-/// top-offenders list. Drop path only; the admit path pays nothing.
-/// A sampled drop is also logged through aya-log, at debug level only
-/// (off unless the daemon runs with debug logging) and at most once a
-/// second per CPU.
+/// One in `drop_sample` drops (per CPU and class: `seen` is the class's
+/// drop count on this CPU) goes to the ring buffer for the top-offenders
+/// list. Drop path only; the admit path pays nothing, and a drop that is
+/// not sampled pays one test. A sampled drop is also logged through
+/// aya-log, at debug level only (off unless the daemon runs with debug
+/// logging) and at most once a second per CPU.
 #[inline(always)]
-pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reason, now: u64) {
+pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reason, now: u64, seen: u64) {
     let every = u64::from(cfg.drop_sample);
-    let Some(n) = DROP_SAMPLER.get_ptr_mut(0) else { return };
-    // SAFETY: per-CPU slot, only this CPU's softirq writes it.
-    let seen = unsafe {
-        *n += 1;
-        *n
-    };
     if every == 0 || seen & (every - 1) != 0 {
         return;
     }
     let _ = DROP_EVENTS.output(DropEvent { key: *key, reason: reason as u32 }, 0);
-    let Some(last) = DROP_SAMPLER.get_ptr_mut(1) else { return };
+    let Some(last) = DROP_SAMPLER.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU slot, only this CPU's softirq writes it.
     unsafe {
         if now.wrapping_sub(*last) >= gcra::to_fixed(gcra::NS_PER_S) {

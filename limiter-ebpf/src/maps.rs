@@ -10,8 +10,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT, RuntimeKey,
-    RuntimeOverride, STAT_FAMILIES,
+    BucketKey, BucketState, ClassCounters, ClassLimits, ClockCache, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT,
+    RuntimeKey, RuntimeOverride, STAT_FAMILIES,
     cookie::{REFRESH_SLOTS, SynGuard},
     lease::CpuSlot,
     maps::{self, CPU_SLOTS_ENTRIES, DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES, TOUCHED_BYTES},
@@ -152,10 +152,19 @@ map! {
 }
 
 map! {
-    /// Written and read by: XDP, per CPU: [0] drops seen, for 1-in-N
-    /// sampling; [1] time of the last debug log line, to rate-limit it.
+    /// Written and read by: XDP, per CPU: the time of the last debug log
+    /// line of a sampled drop, to rate-limit it. (Which drops are sampled
+    /// follows each class's drop count in `CLASS_STATS`.)
     DROP_SAMPLER = maps::DROP_SAMPLER;
-    PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0)
+    PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0)
+}
+
+map! {
+    /// Written and read by: XDP, per CPU: the coarse clock as read in the
+    /// current jiffy (see `limiter_common::ClockCache`). Userspace never
+    /// reads it.
+    CLOCK_CACHE = maps::CLOCK_CACHE;
+    PerCpuArray<ClockCache> = PerCpuArray::with_max_entries(1, 0)
 }
 
 map! {

@@ -3,7 +3,12 @@
 //! every path ends in [`finish`], which counts the reason and returns its
 //! verdict (invariant 9).
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns},
+    macros::xdp,
+    programs::XdpContext,
+};
 use limiter_common::{
     Reason, Verdict, flags, gcra,
     packet::{Frame, IPPROTO_TCP, parse},
@@ -15,7 +20,7 @@ use crate::{
     cookie,
     count::{count_class, count_reason, sample_drop},
     lease::Slot,
-    maps::{ACTIVE, CONFIG, TEST_CLOCK},
+    maps::{ACTIVE, CLOCK_CACHE, CONFIG, TEST_CLOCK},
 };
 
 /// The packet as a [`Frame`] for the shared parser.
@@ -58,9 +63,31 @@ impl Frame for Packet<'_> {
 pub fn limiter(ctx: XdpContext) -> u32 {
     let pkt = Packet(&ctx);
     let mut fam = 0;
-    // SAFETY: a BPF helper with no arguments.
-    let reason = try_limiter(&pkt, &mut fam, || unsafe { bpf_ktime_get_coarse_ns() });
+    let reason = try_limiter(&pkt, &mut fam, coarse_now);
     finish(&pkt, reason, fam)
+}
+
+/// `bpf_ktime_get_coarse_ns`, read once per jiffy on each CPU: the coarse
+/// clock only moves at the tick, when the jiffies do, and reading
+/// `jiffies64` costs one helper call where the coarse clock costs several
+/// nested ones. A read that finds the clock not yet moved although the
+/// jiffies have (the tick updates the jiffies first) is not kept, so the
+/// cached value is never older than the helper's.
+#[inline(always)]
+fn coarse_now() -> u64 {
+    // SAFETY: BPF helpers with no arguments.
+    let (jiffy, read) = (unsafe { bpf_jiffies64() }, || unsafe { bpf_ktime_get_coarse_ns() });
+    let Some(c) = CLOCK_CACHE.get_ptr_mut(0) else { return read() };
+    // SAFETY: per-CPU slot, only this CPU's softirq touches it.
+    let c = unsafe { &mut *c };
+    if c.jiffy == jiffy {
+        return c.ns;
+    }
+    let ns = read();
+    if ns > c.ns {
+        *c = limiter_common::ClockCache { jiffy, ns };
+    }
+    ns
 }
 
 /// Test entry point: identical code, but `now` comes from `TEST_CLOCK[0]`
@@ -105,7 +132,7 @@ fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason
     let cookies = cfg.flags & flags::SYN_COOKIES != 0 && src.proto == IPPROTO_TCP && src.port_known == 1;
     let c = Charge { pkt, cfg, src: &src, class, key: &key, slot, version, now };
     if cookies && let Some(r) = cookie::intercept(&c) {
-        count_class(class, r, pkt.len());
+        let _ = count_class(class, r, pkt.len());
         return r;
     }
     // Slots are used only while no aggregate refund can lower a tat (see
@@ -121,9 +148,9 @@ fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason
         Reason::NewSourceLimited if cookies => cookie::on_budget_refusal(&c).unwrap_or(reason),
         r => r,
     };
-    count_class(class, reason, pkt.len());
+    let seen = count_class(class, reason, pkt.len());
     if reason.verdict() == Verdict::Drop {
-        sample_drop(pkt.0, cfg, &key, reason, now);
+        sample_drop(pkt.0, cfg, &key, reason, now, seen);
     }
     reason
 }
