@@ -70,9 +70,11 @@ pub fn limiter(ctx: XdpContext) -> u32 {
 /// `bpf_ktime_get_coarse_ns`, read once per jiffy on each CPU: the coarse
 /// clock only moves at the tick, when the jiffies do, and reading
 /// `jiffies64` costs one helper call where the coarse clock costs several
-/// nested ones. A read that finds the clock not yet moved although the
-/// jiffies have (the tick updates the jiffies first) is not kept, so the
-/// cached value is never older than the helper's.
+/// nested ones. The tick updates the jiffies a moment before the clock: a
+/// read that finds the clock not yet moved is not kept, but a CPU that
+/// read nothing in the previous jiffy and reads in that moment keeps the
+/// previous tick's value for the rest of the jiffy, so the clock may lag
+/// by two jiffies instead of one (never stepping back).
 #[inline(always)]
 fn coarse_now() -> u64 {
     // SAFETY: BPF helpers with no arguments.
