@@ -186,12 +186,22 @@ fn finish_fine(j: &Job, limits: &ClassLimits, r: Reason, fine: Option<*mut Bucke
 fn charge_leasing(p: *mut BucketState, j: &Job, slot: &Slot, limits: &ClassLimits, inc: u64) -> Reason {
     let bytes = limits.cost == cost::BYTES;
     let lease = if slot.usable() { lease::lease(limits.unit, limits.tau, bytes, j.cfg.cpus) } else { 0 };
+    // A lease only for a prefix this CPU saw last time it used the slot:
+    // a prefix that sends one packet now and then never takes one (it
+    // would only be given back, at the cost of another lookup).
+    let seen = slot.holds(&j.key);
     slot.give_back_own(&j.key);
-    let (step, leased) = charge_existing_leasing(p, j.now, inc, limits.tau, lease, j.cfg.cpus);
+    let (step, leased) = charge_existing_leasing(p, j.now, inc, limits.tau, if seen { lease } else { 0 }, j.cfg.cpus);
+    let flags = slot_flags::LEASE | if bytes { slot_flags::BYTES } else { 0 };
     let step = match step {
         Cas::Done if leased => {
-            let flags = slot_flags::LEASE | if bytes { slot_flags::BYTES } else { 0 };
             slot.write(&j.key, j.version, j.now.saturating_add(lease), limits.unit, flags, lease);
+            Cas::Done
+        }
+        // Remember the prefix, without taking the slot from another
+        // prefix's lease.
+        Cas::Done if lease != 0 && !seen && slot.is_idle() => {
+            slot.write(&j.key, j.version, 0, limits.unit, flags, 0);
             Cas::Done
         }
         Cas::Refused(_) if slot.steal(&j.key, j.cfg.cpus) => charge_existing(p, j.now, inc, limits.tau),

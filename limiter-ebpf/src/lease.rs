@@ -71,6 +71,21 @@ impl Slot {
         swap(word, w, next).then_some(Reason::Admitted)
     }
 
+    /// Whether this CPU's entry is `key`'s (of any version, in any state).
+    #[inline(always)]
+    pub fn holds(&self, key: &BucketKey) -> bool {
+        // SAFETY: this CPU's entry; only this CPU writes its key.
+        self.entry.is_some_and(|e| unsafe { (*e).key == *key })
+    }
+
+    /// Whether this CPU's entry holds no credit (so writing it gives
+    /// nothing back and takes no lease away).
+    #[inline(always)]
+    pub fn is_idle(&self) -> bool {
+        // SAFETY: a live map value; an aligned 8-byte load.
+        self.entry.is_some_and(|e| unsafe { read_volatile(&raw const (*e).word) } & CREDIT_MASK == 0)
+    }
+
     /// Give back to `key`'s bucket the credit this CPU's entry still
     /// holds for it (a lease spent down, expired, or of an older policy),
     /// before the bucket is charged.

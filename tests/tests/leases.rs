@@ -36,10 +36,14 @@ fn a_lease_is_spent_on_its_cpu_and_another_cpus_conforming_burst_takes_it_back()
     let mut l = kernel::open(&kernel::config(RATE, BURST, false, 24, 56));
     let unit = gcra::unit_interval(RATE);
     pin_to_cpu(0);
-    // The first packet creates the bucket; the second is charged to it and
-    // takes a lease: more than its own cost, at most 1/16 of the burst.
+    // The first packet creates the bucket; the second is charged to it
+    // (and this CPU notes the prefix); the third takes a lease: more than
+    // its own cost, at most 1/16 of the burst.
+    assert_eq!(reason_at(&mut l, T0, &frame(1)), Reason::Admitted);
+    let first = tat(&l);
     assert_eq!(reason_at(&mut l, T0, &frame(1)), Reason::Admitted);
     let before = tat(&l);
+    assert_eq!(before - first, unit, "the second packet took a lease");
     assert_eq!(reason_at(&mut l, T0, &frame(1)), Reason::Admitted);
     let leased = tat(&l) - before - unit;
     assert!(leased >= 2 * unit && leased <= BURST * unit / 16, "lease of {leased} (unit {unit})");
@@ -49,7 +53,7 @@ fn a_lease_is_spent_on_its_cpu_and_another_cpus_conforming_burst_takes_it_back()
         assert_eq!(reason_at(&mut l, T0, &frame(1)), Reason::Admitted, "packet {i} of the lease");
     }
     assert_eq!(tat(&l), before + unit + leased, "packets of the lease charged the bucket again");
-    let on_cpu0 = 2 + in_lease;
+    let on_cpu0 = 3 + in_lease;
     // Another lease on CPU 0, then CPU 1 sends the rest of the burst at
     // the same instant: every one of them conforms, and is admitted.
     assert_eq!(reason_at(&mut l, T0, &frame(2)), Reason::Admitted);
