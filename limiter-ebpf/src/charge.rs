@@ -9,18 +9,12 @@ use core::{
 
 use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::{
-    BucketKey, BucketState, ClassLimits, Config, REASON_COUNT, Reason, cost, family, gcra,
-    lease::{self, slot_flags},
-    maps::MAX_OVERRIDES,
-    mode,
-    packet::Source,
-    reason::MAX_CAS_RETRIES,
-    resolution,
-    rules::coarser,
+    BucketKey, BucketState, ClassLimits, Config, REASON_COUNT, Reason, cost, family, gcra, maps::MAX_OVERRIDES, mode,
+    packet::Source, reason::MAX_CAS_RETRIES, resolution, rules::coarser,
 };
 
 use crate::{
-    lease::Slot,
+    lease::{Slot, charge_leasing},
     maps::{BUCKETS, CONFIG, NEW_SOURCES, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
     program::Packet,
     window::charge_window,
@@ -147,7 +141,7 @@ pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: 
                 let units = if limits.cost == cost::BYTES { j.len } else { 1 };
                 let inc = units * limits.unit;
                 let cpu_slot = Slot::probe(&j.key, (packed >> 41) & 1 != 0);
-                let r = charge_leasing(p, &j, &cpu_slot, limits, inc);
+                let r = charge_leasing(p, &cpu_slot, &j.key, j.version, j.now, j.cfg.cpus, limits, inc);
                 let resolved = (u64::from(j.version) << 32) | u64::from(res);
                 finish_fine(&j, limits, r, Some(p), Fine { units, inc, resolved })
             }
@@ -174,47 +168,6 @@ fn reason_of(code: u64) -> Reason {
 fn finish_fine(j: &Job, limits: &ClassLimits, r: Reason, fine: Option<*mut BucketState>, f: Fine) -> Reason {
     let r = if r == Reason::Admitted && j.class == 0 && j.cfg.agg_unit != 0 { charge_aggregate(j, fine, f) } else { r };
     if r == Reason::RateLimited && limits.mode == mode::SHADOW { Reason::ShadowDropped } else { r }
-}
-
-/// An existing bucket's charge, through this CPU's slot when it is in
-/// use: credit this CPU's slot still holds for the bucket is given back
-/// first; a lease is taken when the bucket holds plenty; a refusal first
-/// takes back the other CPUs' credit for the bucket and charges again,
-/// then is remembered (packet cost only: a smaller packet may fit where
-/// this one did not).
-#[inline(always)]
-fn charge_leasing(p: *mut BucketState, j: &Job, slot: &Slot, limits: &ClassLimits, inc: u64) -> Reason {
-    let bytes = limits.cost == cost::BYTES;
-    let lease = if slot.usable() { lease::lease(limits.unit, limits.tau, bytes, j.cfg.cpus) } else { 0 };
-    // A lease only for a prefix this CPU saw last time it used the slot:
-    // a prefix that sends one packet now and then never takes one (it
-    // would only be given back, at the cost of another lookup).
-    let seen = slot.holds(&j.key);
-    slot.give_back_own(&j.key);
-    let (step, leased) = charge_existing_leasing(p, j.now, inc, limits.tau, if seen { lease } else { 0 }, j.cfg.cpus);
-    let flags = slot_flags::LEASE | if bytes { slot_flags::BYTES } else { 0 };
-    let step = match step {
-        Cas::Done if leased => {
-            slot.write(&j.key, j.version, j.now.saturating_add(lease), limits.unit, flags, lease);
-            Cas::Done
-        }
-        // Remember the prefix, without taking the slot from another
-        // prefix's lease.
-        Cas::Done if lease != 0 && !seen && slot.is_idle() => {
-            slot.write(&j.key, j.version, 0, limits.unit, flags, 0);
-            Cas::Done
-        }
-        Cas::Refused(_) if slot.steal(&j.key, j.cfg.cpus) => charge_existing(p, j.now, inc, limits.tau),
-        s => s,
-    };
-    if let Cas::Refused(seen) = step
-        && !bytes
-    {
-        let until = seen.saturating_add(inc).saturating_sub(limits.tau);
-        let shadow = if limits.mode == mode::SHADOW { slot_flags::SHADOW } else { 0 };
-        slot.write(&j.key, j.version, until, 0, shadow, 0);
-    }
-    step.reason()
 }
 
 /// A window quota (`res`: the prefix's override resolution): the bucket
@@ -369,23 +322,6 @@ pub fn charge_existing(p: *mut BucketState, now: u64, inc: u64, tau: u64) -> Cas
     cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, inc, tau))
 }
 
-/// [`charge_existing`] that may also take a lease of `lease` (see
-/// `limiter_common::lease::admit`); whether it did.
-#[inline(always)]
-fn charge_existing_leasing(p: *mut BucketState, now: u64, inc: u64, tau: u64, lease: u64, cpus: u32) -> (Cas, bool) {
-    if lease == 0 {
-        return (charge_existing(p, now, inc, tau), false);
-    }
-    let mut leased = false;
-    // SAFETY: p points to a live map value.
-    let step = cas(unsafe { &raw mut (*p).tat }, |cur| {
-        let (next, l) = lease::admit(cur, now, inc, tau, lease, cpus)?;
-        leased = l;
-        Some(next)
-    });
-    (step, leased)
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Cas {
     Done,
@@ -398,7 +334,7 @@ pub enum Cas {
 /// Replace `*p` with `step(*p)` atomically, retrying a bounded number of
 /// times when another CPU changed it in between.
 #[inline(always)]
-fn cas(p: *mut u64, mut step: impl FnMut(u64) -> Option<u64>) -> Cas {
+pub fn cas(p: *mut u64, mut step: impl FnMut(u64) -> Option<u64>) -> Cas {
     for _ in 0..MAX_CAS_RETRIES {
         // An atomic load crashes the BPF backend; a volatile 8-byte load is
         // single-copy atomic on the BPF ISA, which is all we need here.
@@ -418,7 +354,7 @@ fn cas(p: *mut u64, mut step: impl FnMut(u64) -> Option<u64>) -> Cas {
 impl Cas {
     /// The reason a bucket charge gives.
     #[inline(always)]
-    fn reason(self) -> Reason {
+    pub fn reason(self) -> Reason {
         match self {
             Cas::Done => Reason::Admitted,
             Cas::Refused(_) => Reason::RateLimited,

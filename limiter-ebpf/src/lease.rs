@@ -1,5 +1,6 @@
 //! This CPU's `CPU_SLOTS` entry for a bucket: a lease of the bucket's
-//! credit, or a cached refusal (see `limiter_common::lease` for the bound
+//! credit, or a cached refusal, and the charge of an existing bucket that
+//! takes them (see `limiter_common::lease` for the bound
 //! and why no compliant source is refused for another CPU's credit).
 
 use core::{
@@ -10,14 +11,83 @@ use core::{
 
 use aya_ebpf::helpers::bpf_map_lookup_percpu_elem;
 use limiter_common::{
-    BucketKey, Reason,
-    lease::{self, CREDIT_MASK, CpuSlot, MAX_CPUS},
+    BucketKey, BucketState, ClassLimits, Reason, cost,
+    lease::{self, CREDIT_MASK, CpuSlot, MAX_CPUS, slot_flags},
+    mode,
 };
 
 use crate::{
-    charge::refund,
+    charge::{Cas, cas, charge_existing, refund},
     maps::{BUCKETS, CPU_SLOTS},
 };
+
+/// An existing bucket's charge, through this CPU's slot when it is in
+/// use: credit this CPU's slot still holds for the bucket is given back
+/// first; a lease is taken when the bucket holds plenty; a refusal first
+/// takes back the other CPUs' credit for the bucket and charges again,
+/// then is remembered (packet cost only: a smaller packet may fit where
+/// this one did not).
+#[inline(always)]
+#[expect(clippy::too_many_arguments, reason = "one packet's charge, all of it scalars but the slot and limits")]
+pub fn charge_leasing(
+    p: *mut BucketState,
+    slot: &Slot,
+    key: &BucketKey,
+    version: u32,
+    now: u64,
+    cpus: u32,
+    limits: &ClassLimits,
+    inc: u64,
+) -> Reason {
+    let bytes = limits.cost == cost::BYTES;
+    let lease = if slot.usable() { lease::lease(limits.unit, limits.tau, bytes, cpus) } else { 0 };
+    // A lease only for a prefix this CPU saw last time it used the slot:
+    // a prefix that sends one packet now and then never takes one (it
+    // would only be given back, at the cost of another lookup).
+    let seen = slot.holds(key);
+    slot.give_back_own(key);
+    let (step, leased) = charge_existing_leasing(p, now, inc, limits.tau, if seen { lease } else { 0 }, cpus);
+    let flags = slot_flags::LEASE | if bytes { slot_flags::BYTES } else { 0 };
+    let step = match step {
+        Cas::Done if leased => {
+            slot.write(key, version, now.saturating_add(lease), limits.unit, flags, lease);
+            Cas::Done
+        }
+        // Remember the prefix, without taking the slot from another
+        // prefix's lease.
+        Cas::Done if lease != 0 && !seen && slot.is_idle() => {
+            slot.write(key, version, 0, limits.unit, flags, 0);
+            Cas::Done
+        }
+        Cas::Refused(_) if slot.steal(key, cpus) => charge_existing(p, now, inc, limits.tau),
+        s => s,
+    };
+    if let Cas::Refused(seen) = step
+        && !bytes
+    {
+        let until = seen.saturating_add(inc).saturating_sub(limits.tau);
+        let shadow = if limits.mode == mode::SHADOW { slot_flags::SHADOW } else { 0 };
+        slot.write(key, version, until, 0, shadow, 0);
+    }
+    step.reason()
+}
+
+/// [`charge_existing`] that may also take a lease of `lease` (see
+/// `limiter_common::lease::admit`); whether it did.
+#[inline(always)]
+fn charge_existing_leasing(p: *mut BucketState, now: u64, inc: u64, tau: u64, lease: u64, cpus: u32) -> (Cas, bool) {
+    if lease == 0 {
+        return (charge_existing(p, now, inc, tau), false);
+    }
+    let mut leased = false;
+    // SAFETY: p points to a live map value.
+    let step = cas(unsafe { &raw mut (*p).tat }, |cur| {
+        let (next, l) = lease::admit(cur, now, inc, tau, lease, cpus)?;
+        leased = l;
+        Some(next)
+    });
+    (step, leased)
+}
 
 /// Swap `*p` from `old` to `new`; whether it was still `old`.
 #[inline(always)]
