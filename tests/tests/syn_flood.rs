@@ -137,6 +137,27 @@ fn tracked(socket: &std::path::Path) -> u64 {
     }
 }
 
+/// `limiter run` with [`POLICY`] (written into `dir`) on the receiving
+/// end, controlled on `socket`: the daemon, the rest of its output (keep
+/// it: dropping it would close the daemon's stdout) and its log up to the
+/// control socket's line.
+fn start_daemon(
+    net: &VethPair,
+    dir: &std::path::Path,
+    socket: &std::path::Path,
+) -> (scenario::Guard, std::sync::mpsc::Receiver<String>, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"]).arg(&policy);
+    c.arg("--socket").arg(socket);
+    let (daemon, rx) = spawn_lines(c).unwrap();
+    let mut log = String::new();
+    wait_for(&rx, "control socket", Duration::from_secs(20), &mut log).unwrap();
+    (daemon, rx, log)
+}
+
 fn syn_flood(v6: bool) {
     require_root();
     let net = VethPair::new(if v6 { "sc6" } else { "sc4" });
@@ -173,16 +194,8 @@ fn syn_flood(v6: bool) {
     });
 
     let dir = std::env::temp_dir().join(format!("limiter-syn-{}-{v6}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let policy = dir.join("policy.toml");
-    std::fs::write(&policy, POLICY).unwrap();
     let socket = unique_socket(if v6 { "syn6" } else { "syn4" });
-    let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
-    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"]).arg(&policy);
-    c.arg("--socket").arg(&socket);
-    let (_daemon, rx) = spawn_lines(c).unwrap();
-    let mut log = String::new();
-    wait_for(&rx, "control socket", Duration::from_secs(20), &mut log).unwrap();
+    let (_daemon, _rx, log) = start_daemon(&net, &dir, &socket);
     assert!(!log.contains("syn cookies OFF"), "{log}");
 
     let dst: SocketAddr = if v6 { format!("[{B_ADDR6}]:{PORT}") } else { format!("{B_ADDR}:{PORT}") }.parse().unwrap();
@@ -272,16 +285,8 @@ fn without_tcp_syncookies_2_cookies_stay_off_and_the_daemon_says_why() {
     let net = VethPair::new("sco");
     net.add_source(&client_addr(false, 0).to_string());
     let dir = std::env::temp_dir().join(format!("limiter-syn-off-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let policy = dir.join("policy.toml");
-    std::fs::write(&policy, POLICY).unwrap();
     let socket = unique_socket("synoff");
-    let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
-    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"]).arg(&policy);
-    c.arg("--socket").arg(&socket);
-    let (_daemon, rx) = spawn_lines(c).unwrap();
-    let mut log = String::new();
-    wait_for(&rx, "control socket", Duration::from_secs(20), &mut log).unwrap();
+    let (_daemon, _rx, log) = start_daemon(&net, &dir, &socket);
     assert!(log.contains("syn cookies are off: net.ipv4.tcp_syncookies is 1"), "{log}");
     let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
         .args(["status", "-j", "--socket"])

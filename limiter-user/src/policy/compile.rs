@@ -275,13 +275,15 @@ fn compile_overrides(list: &[Override], v4: u32, v6: u32) -> Result<CompiledOver
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use limiter_common::mode;
 
     use super::*;
     use crate::policy::{Class, Protocol, SynCookies};
 
-    fn https_syn() -> Class {
+    /// A shadow-mode class of TCP SYNs to 443 and 8443 (also used by the
+    /// SYN cookie compilation's tests).
+    pub(crate) fn https_syn() -> Class {
         Class {
             name: "https-syn".into(),
             protocol: Protocol::Tcp,

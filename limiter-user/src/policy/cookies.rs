@@ -102,19 +102,7 @@ fn cookie_ranges(config: &mut Config) -> Result<(), PolicyError> {
 mod tests {
     use limiter_common::flags;
 
-    use crate::policy::{Class, Compiled, CostUnit, Limit, Mode, Policy, PolicyError, Protocol, SynCookies};
-
-    fn https_syn() -> Class {
-        Class {
-            name: "https-syn".into(),
-            protocol: Protocol::Tcp,
-            ports: vec![(443, 443), (8443, 8443)],
-            syn: true,
-            limit: Limit { rate: 20, burst: 40, cost: CostUnit::Packets, mode: Mode::Shadow, window: None },
-            syn_cookies: SynCookies::Off,
-            syn_rate: None,
-        }
-    }
+    use crate::policy::{Class, Compiled, Limit, Mode, Policy, PolicyError, SynCookies, compile::tests::https_syn};
 
     #[test]
     fn syn_cookies_are_for_enforced_classes_of_new_connections_to_named_ports() {
