@@ -32,6 +32,7 @@ fn main() -> anyhow::Result<()> {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=LIMITER_BPF_RUSTC");
+    git_revision(root);
     println!("cargo:rerun-if-env-changed=LIMITER_BUILD_SKIP");
     let bench = env::var_os("CARGO_FEATURE_TESTING").is_some();
     let wanted = if bench { &OBJECTS[..] } else { &OBJECTS[..1] };
@@ -55,6 +56,40 @@ fn main() -> anyhow::Result<()> {
         std::fs::copy(&obj, out_dir.join(name)).with_context(|| format!("copying {}", obj.display()))?;
     }
     Ok(())
+}
+
+/// `LIMITER_GIT_REV` for `limiter --version` and `limiter_build_info`: the
+/// commit the tree was built from (`git rev-parse --short=12 HEAD`), with
+/// `-dirty` when tracked files differ from it; `LIMITER_GIT_REV` in the
+/// environment wins (a build from a source tarball has no `.git`), and
+/// `unknown` when neither tells.
+fn git_revision(root: &Path) {
+    println!("cargo:rerun-if-env-changed=LIMITER_GIT_REV");
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let rev = env::var("LIMITER_GIT_REV").ok().filter(|r| !r.is_empty()).or_else(|| {
+        let head = git(&["rev-parse", "--short=12", "HEAD"])?;
+        // Rebuilt when HEAD moves or the index changes (a commit, a checkout,
+        // `git add`); an edit alone to a tracked file is not seen until then.
+        let branch = git(&["rev-parse", "--symbolic-full-name", "HEAD"]).unwrap_or_default();
+        for p in ["HEAD", "index", branch.as_str()] {
+            let path = git(&["rev-parse", "--git-path", p]).map(|path| root.join(path));
+            // Only files that exist: a missing one would rerun this every build.
+            if let Some(path) = path.filter(|path| !p.is_empty() && path.is_file()) {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
+        }
+        let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+        Some(if dirty { format!("{head}-dirty") } else { head })
+    });
+    println!("cargo:rustc-env=LIMITER_GIT_REV={}", rev.unwrap_or_else(|| "unknown".into()));
 }
 
 /// `cargo build` of limiter-ebpf for the BPF target with `features`.

@@ -11,7 +11,7 @@ use crate::{
 
 /// XDP edge flood guard: per-source-prefix token buckets enforced at the driver.
 #[derive(Debug, Parser)]
-#[command(name = "limiter", version, about)]
+#[command(name = "limiter", version = crate::LONG_VERSION, about)]
 pub struct Cli {
     /// Print JSON instead of tables (for scripts).
     #[arg(long, short = 'j', global = true)]
@@ -76,8 +76,13 @@ pub enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff).
-    Man,
+    /// Print the man page limiter(1) (roff), or with --dir write it and
+    /// one page per verb (limiter-run(1), limiter-policy-check(1), ...).
+    Man {
+        /// Write every page into this directory instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

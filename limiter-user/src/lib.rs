@@ -13,6 +13,14 @@
 //!
 //! The binary in `main.rs` is a thin shell over `cmd`.
 
+/// The crate's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git commit this binary was built from (`-dirty` if the tree
+/// differed from it; `unknown` from a tree without git history).
+pub const GIT_REVISION: &str = env!("LIMITER_GIT_REV");
+/// `limiter --version`: `0.1.0 (git 0123456789ab)`.
+pub const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("LIMITER_GIT_REV"), ")");
+
 pub mod listen;
 pub mod policy;
 

@@ -305,7 +305,8 @@ impl Collector for SnapshotCollector {
         )?;
         ConstCounter::new(s.feedback[6]).encode(m)?;
         let mut m = enc.encode_descriptor("limiter_build_info", "Build information.", None, MetricType::Gauge)?;
-        ConstGauge::new(1i64).encode(m.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
+        let labels = [("version", crate::VERSION), ("revision", crate::GIT_REVISION)];
+        ConstGauge::new(1i64).encode(m.encode_family(&labels)?)?;
         Ok(())
     }
 }

@@ -183,3 +183,32 @@ fn policy_check_validates_offline() {
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(stderr_lines(&o).len(), 1);
 }
+
+/// `limiter --version` names the crate's version and the commit the binary
+/// was built from (this tree's HEAD, `-dirty` if it had changes).
+#[test]
+fn version_names_the_git_revision() {
+    let o = limiter(&["--version"]);
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    let head = Command::new("git")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .expect("git");
+    let head = String::from_utf8_lossy(&head.stdout);
+    let want = format!("limiter {} (git {}", env!("CARGO_PKG_VERSION"), head.trim());
+    assert!(out.starts_with(&want), "{out:?} does not start with {want:?}");
+}
+
+/// `limiter man --dir` writes limiter(1) and a page per verb and sub-verb.
+#[test]
+fn man_dir_writes_a_page_per_verb() {
+    let dir = limiter_tests::kernel::TempDir::new("man");
+    let o = limiter(&["man", "--dir", dir.0.to_str().unwrap()]);
+    assert!(o.status.success(), "{:?}", stderr_lines(&o));
+    for page in ["limiter.1", "limiter-run.1", "limiter-policy-check.1", "limiter-prefix-deny.1"] {
+        let text = std::fs::read_to_string(dir.0.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.contains(&format!(".TH {} 1", page.trim_end_matches(".1"))), "{page} is not its man page");
+    }
+}

@@ -76,6 +76,13 @@ fn scraped_counters_match_the_traffic_of_a_real_flood() {
     assert_eq!(pass_default, flood_got + conform_got + ad6);
     assert_eq!(value(&text, "limiter_policy_version"), 1);
     assert_eq!(value(&text, r#"limiter_attached{interface="vb",mode="native"}"#), 1);
+    // The build: the version and the revision `limiter --version` names.
+    let version =
+        std::process::Command::new(scenario::locate_bin("limiter").unwrap()).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&version.stdout);
+    let (v, rev) = version.trim().strip_prefix("limiter ").unwrap().split_once(" (git ").unwrap();
+    let info = format!(r#"limiter_build_info{{version="{v}",revision="{}"}}"#, rev.trim_end_matches(')'));
+    assert_eq!(value(&text, &info), 1, "{info} not in the scrape");
 }
 
 #[test]

@@ -34,7 +34,7 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
             generate::completions(*shell);
             Ok(())
         }
-        Command::Man => generate::man(),
+        Command::Man { dir } => generate::man(dir.as_deref()),
     }
 }
 
