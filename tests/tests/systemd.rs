@@ -52,7 +52,7 @@ fn systemd_analyze_verifies_the_unit() {
     let dir = &tmp.0;
     let bin = scenario::locate_bin("limiter").unwrap();
     let path = dir.join("limiter@lo.service");
-    std::fs::write(&path, unit().replace("/usr/local/bin/limiter", bin.to_str().unwrap())).unwrap();
+    std::fs::write(&path, unit().replace("/usr/sbin/limiter", bin.to_str().unwrap())).unwrap();
     let o = Command::new("systemd-analyze").args(["verify", "--man=no"]).arg(&path).output().expect("systemd-analyze");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
@@ -67,7 +67,7 @@ fn exec_start_runs_as_written_and_notifies_ready() {
         .replace("/sys/fs/bpf/limiter-vb", &format!("/sys/fs/bpf/limiter-test-{tag}"))
         .replace("/run/limiter/vb.sock", scenario::unique_socket("sd").to_str().unwrap());
     let mut words = exec.split_whitespace();
-    assert_eq!(words.next(), Some("/usr/local/bin/limiter"));
+    assert_eq!(words.next(), Some("/usr/sbin/limiter"));
     let args: Vec<&str> = words.collect();
     let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}"));
 

@@ -3,6 +3,7 @@
 //!   setup  install the apt packages and bpf-linker when missing
 //!   build  setup, then build every binary (release)
 //!   test   setup, fmt check, clippy, then every test (needs root)
+//!   package  setup, build, then the Debian package (target/debian/*.deb)
 //!   demo   setup, then flood a limiter between two namespaces and report
 //!   bench  setup (plus nftables, iptables), then measure the XDP program
 //!          side by side with its peers (not part of `test`)
@@ -14,6 +15,8 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
+
+mod package;
 
 /// Debian packages: rustc-web ships precompiled `core` for the BPF target
 /// (libstd-rust-web-dev-bpf) and is built on LLVM 22, which bpf-linker
@@ -31,6 +34,14 @@ const APT_PACKAGES: &[&str] = &[
     // Peers of the forwarder's tests: the tenant layer behind it.
     "haproxy",
     "nginx-light",
+    // The Debian package: dpkg-shlibdeps (dpkg-dev) and strip (binutils)
+    // build it; its tests check it with lintian, read its man pages with
+    // man-db and load its completions with bash-completion.
+    "dpkg-dev",
+    "binutils",
+    "lintian",
+    "man-db",
+    "bash-completion",
     // The fleet's shared store (redis-server, and redis-cli to form a
     // Redis Cluster), started by the fleet tests on private sockets.
     "redis-server",
@@ -59,6 +70,13 @@ enum Cmd {
         #[arg(long)]
         no_lint: bool,
     },
+    /// Build the Debian package: target/debian/limiter_VERSION-REVISION_ARCH.deb.
+    Package {
+        /// The Debian revision (the package's version is the crate's,
+        /// then `-REVISION`).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        revision: u32,
+    },
     /// Flood a limiter between two namespaces and print what passed and dropped.
     Demo,
     /// Measure the XDP program side by side with a bare XDP_DROP, nftables
@@ -86,6 +104,12 @@ fn main() -> anyhow::Result<()> {
             // Integration tests run the `limiter` binary itself.
             cargo(&["build", "--bins"])?;
             test_with_summary()
+        }
+        Cmd::Package { revision } => {
+            cargo(&["build", "--release", "--bin", "limiter"])?;
+            let deb = package::package(std::path::Path::new("target/release/limiter"), revision)?;
+            println!("{}", deb.display());
+            Ok(())
         }
         Cmd::Demo => {
             require_root()?;

@@ -431,4 +431,6 @@ pub(crate) fn bad(field: impl Into<String>, problem: impl Into<String>) -> Polic
 }
 
 #[cfg(test)]
+mod shipped_tests;
+#[cfg(test)]
 mod tests;

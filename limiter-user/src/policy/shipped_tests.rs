@@ -1,0 +1,80 @@
+//! The policy file the Debian package installs as `/etc/limiter/limiter.toml`
+//! (`packaging/limiter.toml`): as shipped it is the built-in policy; every
+//! option of every section is shown; every default it shows is the real one.
+
+use super::{Policy, file};
+
+const SHIPPED: &str = include_str!("../../../packaging/limiter.toml");
+
+/// The shipped text with its option lines (`#key = ...`, `#[section]`)
+/// uncommented: all of them, or with `examples_only` just the section
+/// headers and the lines marked `# e.g.` (options without a fixed default).
+fn uncomment(examples_only: bool) -> String {
+    let mut out = String::new();
+    for line in SHIPPED.lines() {
+        let option =
+            line.strip_prefix('#').filter(|rest| rest.starts_with(|c: char| c.is_ascii_lowercase() || c == '['));
+        let line = match option {
+            Some(rest) if !examples_only || rest.starts_with('[') || rest.contains("# e.g.") => rest,
+            _ => line,
+        };
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+fn parse(text: String) -> Policy {
+    let loaded = file::parse("limiter.toml", text).unwrap_or_else(|e| panic!("{e}"));
+    loaded.check().unwrap_or_else(|e| panic!("{e}"));
+    loaded.policy
+}
+
+#[test]
+fn as_shipped_it_is_the_built_in_policy() {
+    assert_eq!(parse(SHIPPED.to_owned()), Policy::default());
+}
+
+/// Uncommenting the lines that claim to show a default changes nothing:
+/// the file's defaults are the ones the code applies.
+#[test]
+fn every_default_it_shows_is_the_real_one() {
+    let examples = parse(uncomment(true));
+    let everything = parse(uncomment(false));
+    assert!(!examples.classes.is_empty() && examples.fleet.is_some() && examples.feedback.is_some());
+    assert_eq!(everything, examples);
+}
+
+/// Each section's fields, as the parser lists them when it meets an unknown
+/// one, are all shown in the file.
+#[test]
+fn every_option_is_shown() {
+    let sections = [
+        "",
+        "[[class]]\nname = \"x\"\n",
+        "[[override]]\n",
+        "[[forward]]\n",
+        "[feedback]\n",
+        "[feedback.escalate]\n",
+        "[fleet]\n",
+    ];
+    let shown = |name: &str| {
+        SHIPPED.lines().any(|l| {
+            let l = l.trim_start_matches('#');
+            l.starts_with(&format!("{name} ="))
+                || l.starts_with(&format!("[[{name}]]"))
+                || l.contains(&format!(".{name}]"))
+                || l.starts_with(&format!("[{name}]"))
+        })
+    };
+    let mut checked = 0;
+    for section in sections {
+        let err = file::parse("p.toml", format!("{section}colour = 1\n")).expect_err("an unknown field is refused");
+        let expected = err.problem.split_once("expected one of ").unwrap_or_else(|| panic!("{err}")).1;
+        for name in expected.split(", ").map(|n| n.trim_matches('`')) {
+            assert!(shown(name), "`{name}` ({section:?}) is not shown in packaging/limiter.toml");
+            checked += 1;
+        }
+    }
+    assert!(checked > 50, "only {checked} fields listed");
+}
