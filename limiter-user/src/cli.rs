@@ -16,9 +16,11 @@ pub struct Cli {
     /// Print JSON instead of tables (for scripts).
     #[arg(long, short = 'j', global = true)]
     pub json: bool,
-    /// The daemon's control socket.
-    #[arg(long, global = true, value_name = "PATH", default_value = crate::control::DEFAULT_SOCKET)]
-    pub socket: PathBuf,
+    /// The daemon's control socket [default: /run/limiter/limiter.sock;
+    /// for the other verbs, if it does not exist, the one socket of a
+    /// `limiter@IFACE` service in /run/limiter].
+    #[arg(long, global = true, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -337,11 +337,18 @@ impl Drop for Unpin {
     }
 }
 
+/// The control socket of the test's daemon, where the unit puts an
+/// instance's (`/run/limiter/IFACE.sock`).
+fn socket() -> PathBuf {
+    PathBuf::from(format!("/run/limiter/pkgtest{}.sock", std::process::id()))
+}
+
 /// The installed binary as the unit runs it, in the test's namespace.
 fn start(net: &VethPair, pins: &Path) -> (Guard, String) {
     let mut c = net.b.net_command(SBIN);
     c.args(["run", "--iface", B_IF, "--pin", "--pin-dir"]).arg(pins).arg("--socket");
-    c.arg(scenario::unique_socket("pkg"));
+    std::fs::create_dir_all("/run/limiter").unwrap();
+    c.arg(socket());
     c.args(["--rate", &RATE.to_string(), "--burst", &BURST.to_string(), "--status-interval", "0"]);
     let (g, rx) = spawn_lines(c).unwrap();
     let mut log = String::new();
@@ -392,6 +399,9 @@ fn upgrade_in_place_under_a_flood_lets_nothing_through() {
     println!("N+1 running at {:.1} s", t0.elapsed().as_secs_f64());
     thread::sleep(Duration::from_millis(200));
     assert!(drops(&pins) > d0, "no drops counted since the restart");
+    // The operator's commands find the service's socket without --socket.
+    let status = stdout(Command::new(SBIN).args(["--json", "status"]));
+    assert!(status.contains(B_IF), "limiter status without --socket: {status}");
 
     let Delivered { flood_sent, flood_secs, flood_got, conform_sent, conform_got } = traffic.finish().unwrap();
     println!(

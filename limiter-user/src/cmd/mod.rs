@@ -12,16 +12,25 @@ mod status;
 mod top;
 mod unload;
 
+use std::path::{Path, PathBuf};
+
 use crate::{
     cli::{Cli, Command},
-    control::client::Client,
+    control::{DEFAULT_SOCKET, client::Client},
 };
 
 /// Carry out the command line.
 pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
-    let (json, client) = (cli.json, Client::new(&cli.socket));
+    if let Command::Run(args) = &cli.command {
+        return run::run(args, cli.socket.as_deref().unwrap_or(Path::new(DEFAULT_SOCKET)));
+    }
+    let socket = match &cli.socket {
+        Some(given) => given.clone(),
+        None => default_socket(Path::new(DEFAULT_SOCKET))?,
+    };
+    let (json, client) = (cli.json, Client::new(&socket));
     match &cli.command {
-        Command::Run(args) => run::run(args, &cli.socket),
+        Command::Run(_) => unreachable!("handled above"),
         Command::Unload(args) => unload::unload(args, json),
         Command::Status => status::status(client, json),
         Command::Stats => stats::stats(client, json),
@@ -38,7 +47,61 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The socket a verb talks to when `--socket` is not given: `default` if
+/// it exists; else, when a service `limiter@IFACE` runs (its socket is
+/// `/run/limiter/IFACE.sock`, beside `default`), the only one there; with
+/// several, an error that names them.
+fn default_socket(default: &Path) -> anyhow::Result<PathBuf> {
+    if default.exists() {
+        return Ok(default.to_owned());
+    }
+    let dir = default.parent().unwrap_or(Path::new("/"));
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "sock"))
+                .take(64)
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    match found.len() {
+        0 => Ok(default.to_owned()),
+        1 => Ok(found.swap_remove(0)),
+        _ => {
+            let names: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
+            anyhow::bail!("several daemons run here ({}): pick one with --socket", names.join(", "))
+        }
+    }
+}
+
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_socket;
+
+    #[test]
+    fn the_default_socket_or_the_only_service_socket_beside_it() {
+        let dir = std::env::temp_dir().join(format!("limiter-sockets-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let default = dir.join("limiter.sock");
+        // Nothing there: the default (whose error then names it).
+        assert_eq!(default_socket(&default).unwrap(), default);
+        std::fs::write(dir.join("eth0.sock"), "").unwrap();
+        std::fs::write(dir.join("eth0.sock.lock"), "").unwrap();
+        assert_eq!(default_socket(&default).unwrap(), dir.join("eth0.sock"));
+        std::fs::write(dir.join("eth1.sock"), "").unwrap();
+        let err = default_socket(&default).unwrap_err().to_string();
+        assert!(err.contains("eth0.sock") && err.contains("eth1.sock") && err.contains("--socket"), "{err}");
+        std::fs::write(&default, "").unwrap();
+        assert_eq!(default_socket(&default).unwrap(), default);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
