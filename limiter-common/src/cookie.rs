@@ -46,8 +46,15 @@ pub struct Cookies {
     /// TCP headers, and less the IPv6 and TCP headers.
     pub mss4: u16,
     pub mss6: u16,
+    /// [`opt`] bits: what the host's TCP takes back from a cookie's
+    /// timestamp echo (set by the daemon from its sysctls; 0: MSS only).
+    pub opts: u8,
+    /// The window scale the SYN-ACK offers: the one the kernel will work
+    /// out for the connection when it takes the cookie (from `tcp_rmem`
+    /// and `rmem_max`, as `tcp_select_initial_window` does).
+    pub wscale: u8,
     /// Always zero (explicit padding).
-    pub pad: u32,
+    pub pad: u16,
     /// The destination ports whose SYNs fall in a class with cookies on,
     /// as up to [`MAX_RANGES`] inclusive ranges `lo[i]..=hi[i]` of class
     /// `class[i]` (0 = unused), worked out by userspace from the matchers.
@@ -56,6 +63,46 @@ pub struct Cookies {
     pub lo: [u16; MAX_RANGES],
     pub hi: [u16; MAX_RANGES],
     pub class: [u8; MAX_RANGES],
+}
+
+/// What a cookie's SYN-ACK may offer beside the MSS, in [`Cookies::opts`].
+/// The kernel carries window scaling and SACK of a cookie connection in the
+/// low bits of the timestamp it sent ([`timestamp`]); it subtracts a secret
+/// per-connection offset from the echo first unless
+/// `net.ipv4.tcp_timestamps = 2`, so only then can XDP offer them.
+pub mod opt {
+    /// Timestamps (`net.ipv4.tcp_timestamps = 2`): the carrier of the rest.
+    pub const TIMESTAMPS: u8 = 1;
+    /// SACK (`net.ipv4.tcp_sack = 1`).
+    pub const SACK: u8 = 2;
+    /// Window scaling (`net.ipv4.tcp_window_scaling = 1`).
+    pub const WSCALE: u8 = 4;
+}
+
+/// The kernel's encoding in a cookie's timestamp: the client's window
+/// scale (0xf: none), SACK, ECN (never offered here).
+const TS_BITS: u32 = 6;
+const TS_WSCALE_NONE: u32 = 0xf;
+const TS_SACK: u32 = 1 << 4;
+/// The largest window scale (RFC 7323).
+pub const MAX_WSCALE: u8 = 14;
+
+/// The timestamp value of a cookie's SYN-ACK at `now_ns` (the kernel's
+/// TCP clock: `CLOCK_MONOTONIC` in ms), carrying the client's window scale
+/// (`None`: not offered) and SACK, as `cookie_init_timestamp` makes it:
+/// the clock with its low 6 bits replaced, never ahead of the clock.
+#[inline(always)]
+#[must_use]
+#[expect(clippy::cast_possible_truncation, reason = "the TCP clock is 32 bits of ms")]
+pub fn timestamp(now_ns: u64, client_wscale: Option<u8>, sack: bool) -> u32 {
+    let now = (now_ns / 1_000_000) as u32;
+    let ws = match client_wscale {
+        Some(w) => u32::from(if w > MAX_WSCALE { MAX_WSCALE } else { w }),
+        None => TS_WSCALE_NONE,
+    };
+    let options = ws | if sack { TS_SACK } else { 0 };
+    let ts = ((now >> TS_BITS) << TS_BITS) | options;
+    if ts > now { ts.wrapping_sub(1 << TS_BITS) } else { ts }
 }
 
 /// Port ranges of classes with SYN cookies, all classes together.
@@ -139,6 +186,28 @@ mod tests {
         let mut with = h;
         with[10..12].copy_from_slice(&0xb861u16.to_be_bytes());
         assert_eq!(fold(sum16(&with, 0)), 0);
+    }
+
+    /// What the kernel's `cookie_timestamp_decode` reads back from the
+    /// echo: (window scale if any, SACK).
+    fn decode(echo: u32) -> (Option<u8>, bool) {
+        let ws = u8::try_from(echo & 0xf).unwrap();
+        ((ws != 0xf).then_some(ws), echo & (1 << 4) != 0)
+    }
+
+    #[test]
+    fn the_timestamp_carries_window_scale_and_sack_and_trails_the_clock() {
+        for now_ns in [0u64, 64_000_000, 1_234_567_890_123, u64::from(u32::MAX) * 1_000_000 + 999_999] {
+            for ws in [None, Some(0), Some(7), Some(14), Some(15)] {
+                for sack in [false, true] {
+                    let ts = timestamp(now_ns, ws, sack);
+                    assert_eq!(decode(ts), (ws.map(|w| w.min(14)), sack), "{now_ns} {ws:?} {sack}");
+                    let clock = u32::try_from(now_ns / 1_000_000 % (1 << 32)).unwrap();
+                    // Within 64 ms behind the clock (never ahead).
+                    assert!(clock.wrapping_sub(ts) < 64, "{now_ns}: {ts} vs {clock}");
+                }
+            }
+        }
     }
 
     #[test]

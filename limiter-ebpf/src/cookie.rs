@@ -8,8 +8,8 @@ use core::ptr::{read_volatile, write_volatile};
 use aya_ebpf::{
     bindings::{iphdr, ipv6hdr, tcphdr, xdp_md},
     helpers::{
-        bpf_tcp_raw_check_syncookie_ipv4, bpf_tcp_raw_check_syncookie_ipv6, bpf_tcp_raw_gen_syncookie_ipv4,
-        bpf_tcp_raw_gen_syncookie_ipv6, bpf_xdp_adjust_tail,
+        bpf_ktime_get_ns, bpf_tcp_raw_check_syncookie_ipv4, bpf_tcp_raw_check_syncookie_ipv6,
+        bpf_tcp_raw_gen_syncookie_ipv4, bpf_tcp_raw_gen_syncookie_ipv6, bpf_xdp_adjust_tail,
     },
     programs::XdpContext,
 };
@@ -142,8 +142,13 @@ fn answer(s: &Charge) -> Option<Reason> {
         }
     }
     let mss = if v6 { s.cfg.cookies.mss6 } else { s.cfg.cookies.mss4 };
-    let r = if v6 { synack::<40>(s.pkt.0.ctx, l3, mss) } else { synack::<20>(s.pkt.0.ctx, l3, mss) };
-    (r == SENT).then_some(Reason::SynCookieSent)
+    let offer = u32::from(mss) | u32::from(s.cfg.cookies.opts) << 16 | u32::from(s.cfg.cookies.wscale) << 24;
+    let r = if v6 {
+        limiter_synack_v6(s.pkt.0.ctx, l3 as u64, u64::from(offer))
+    } else {
+        limiter_synack_v4(s.pkt.0.ctx, l3 as u64, u64::from(offer))
+    };
+    (r == u64::from(SENT)).then_some(Reason::SynCookieSent)
 }
 
 /// [`synack`] built and sent the SYN-ACK (anything else: it did not, and
@@ -179,15 +184,115 @@ fn plain_l3(pkt: &Packet, v6: bool) -> Option<usize> {
     }
 }
 
-/// The MSS option of a SYN, if it is the first option (where every
-/// common stack puts it).
-#[inline(always)]
-fn client_mss(pkt: &Packet, l4: usize, doff: u8) -> Option<u16> {
-    if doff < 6 {
-        return None;
+/// What a client's SYN asked for in its options.
+#[derive(Clone, Copy)]
+struct ClientOptions {
+    /// 0: no MSS option.
+    mss: u16,
+    /// [`NO_WSCALE`]: no window scale option.
+    wscale: u8,
+    sack: bool,
+    /// The timestamp option's value, if there was one.
+    tsval: Option<u32>,
+}
+
+impl ClientOptions {
+    /// From [`limiter_syn_options`]'s answer.
+    #[inline(always)]
+    #[expect(clippy::cast_possible_truncation, reason = "fields of the packed word")]
+    fn unpack(w: u64) -> Self {
+        Self {
+            mss: w as u16,
+            wscale: (w >> 16) as u8,
+            sack: w & 1 << 24 != 0,
+            tsval: (w & 1 << 25 != 0).then_some((w >> 32) as u32),
+        }
     }
-    let o = pkt.bytes_at::<4>(l4 + 20)?;
-    (o[..2] == TCPOPT_MSS).then(|| u16::from_be_bytes([o[2], o[3]]))
+}
+
+/// The options of the SYN whose TCP header is at `l4` (at most 62), packed:
+/// MSS | window scale << 16 | SACK << 24 | timestamp seen << 25 | its value
+/// << 32. A global function, checked once on its own, with a stack frame
+/// of its own (its walk needs one).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_syn_options(ctx: *mut xdp_md, l4: u64) -> u64 {
+    let xdp = XdpContext::new(ctx);
+    let pkt = &Packet(&xdp);
+    if l4 > 62 {
+        return u64::from(NO_WSCALE) << 16;
+    }
+    #[expect(clippy::cast_possible_truncation, reason = "l4 <= 62")]
+    let l4 = l4 as usize;
+    let Some(th) = pkt.bytes_at::<20>(l4) else { return u64::from(NO_WSCALE) << 16 };
+    client_options(pkt, l4, th[12] >> 4)
+}
+
+const NO_WSCALE: u8 = 0xff;
+/// Bytes of options a TCP header holds at most.
+const MAX_OPTIONS: usize = 40;
+
+/// Read the SYN's options (`doff` words of header at `l4`), packed as
+/// [`limiter_syn_options`] answers. A malformed list ends the walk with
+/// what was read before it. The options are copied to the stack word by
+/// word first, and then walked position by position, each position checked
+/// against where the next option starts: every access is at a fixed offset
+/// and the walk's state is two numbers, which keeps the verifier's work
+/// and the stack small (a loop by variable offsets multiplied the
+/// verifier's states past its limit).
+#[inline(always)]
+fn client_options(pkt: &Packet, l4: usize, doff: u8) -> u64 {
+    let len = (usize::from(doff & 0x0f) * 4).saturating_sub(20);
+    // Room for an option's fields read past the last position.
+    let mut b = [0u8; MAX_OPTIONS + 8];
+    for w in 0..MAX_OPTIONS / 4 {
+        if 4 * w >= len {
+            break;
+        }
+        let Some(word) = pkt.bytes_at::<4>(l4 + 20 + 4 * w) else { break };
+        b[4 * w..4 * w + 4].copy_from_slice(word);
+    }
+    let mut acc = u64::from(NO_WSCALE) << 16;
+    let mut next = 0;
+    // One step per position, each with its offsets fixed at compile time.
+    macro_rules! walk {
+        ($($p:literal)*) => { $( step::<$p>(&b, len, &mut next, &mut acc); )* };
+    }
+    walk!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39);
+    acc
+}
+
+/// The walk at position `P` of the options `b` (`len` bytes): if an
+/// option starts here, read it into `acc` and say where the next one
+/// starts. The buffer is read with volatile loads, so that the compiler
+/// does not hoist all of them ahead of the walk and spill them.
+#[inline(always)]
+#[expect(clippy::cast_possible_truncation, reason = "size is a byte")]
+fn step<const P: usize>(b: &[u8; MAX_OPTIONS + 8], len: usize, next: &mut usize, acc: &mut u64) {
+    if P != *next || P >= len {
+        return;
+    }
+    // SAFETY: in-bounds reads of a local array.
+    let at = |i: usize| u64::from(unsafe { read_volatile(&raw const b[i]) });
+    let (kind, size) = (at(P), at(P + 1));
+    *next = match kind {
+        0 => MAX_OPTIONS,
+        1 => P + 1,
+        _ if size < 2 || P + size as usize > len => MAX_OPTIONS,
+        _ => {
+            match (kind, size) {
+                (2, 4) => *acc = (*acc & !0xffff) | at(P + 2) << 8 | at(P + 3),
+                (3, 3) => *acc = (*acc & !(0xff << 16)) | at(P + 2) << 16,
+                (4, 2) => *acc |= 1 << 24,
+                (8, 10) => {
+                    let ts = at(P + 2) << 24 | at(P + 3) << 16 | at(P + 4) << 8 | at(P + 5);
+                    *acc = (*acc & 0xffff_ffff) | 1 << 25 | ts << 32;
+                }
+                _ => {}
+            }
+            P + size as usize
+        }
+    };
 }
 
 /// Turn the SYN whose IP header (of `IPLEN` bytes, no options or
@@ -195,26 +300,61 @@ fn client_mss(pkt: &Packet, l4: usize, doff: u8) -> Option<u16> {
 /// A function of its own (a BPF-to-BPF call) so that its buffers get their
 /// own stack frame; it takes the raw context and fetches every pointer
 /// itself. Returns [`SENT`] or 0.
-#[inline(never)]
-fn synack<const IPLEN: usize>(ctx: *mut xdp_md, l3: usize, mss: u16) -> u32 {
+///
+/// `offer`: the MSS to advertise | [`cookie::opt`] bits << 16 | our window
+/// scale << 24.
+#[inline(always)]
+#[expect(clippy::cast_possible_truncation, reason = "l3 <= 22, offer is 32 bits")]
+fn synack<const IPLEN: usize>(ctx: *mut xdp_md, l3: u64, offer: u64) -> u64 {
     let xdp = XdpContext::new(ctx);
     let pkt = &Packet(&xdp);
     if l3 > 22 {
         return 0;
     }
-    build::<IPLEN>(pkt, l3, mss).map_or(0, |()| SENT)
+    build::<IPLEN>(pkt, l3 as usize, offer as u32).map_or(0, |()| u64::from(SENT))
+}
+
+/// [`synack`] for IPv4, as a global function: the verifier checks it once,
+/// on its own, not once per state of every path that reaches it (the walk
+/// of the SYN's options and the SYN-ACK's layouts multiply them).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_synack_v4(ctx: *mut xdp_md, l3: u64, offer: u64) -> u64 {
+    synack::<20>(ctx, l3, offer)
+}
+
+/// [`synack`] for IPv6 (see [`limiter_synack_v4`]).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_synack_v6(ctx: *mut xdp_md, l3: u64, offer: u64) -> u64 {
+    synack::<40>(ctx, l3, offer)
 }
 
 /// Built in place, with the few bytes it needs kept in registers: the
-/// whole of it runs in [`synack`]'s small stack frame.
+/// whole of it runs in [`synack`]'s small stack frame. Beside the MSS, when
+/// the host allows it (`offer`) and the client sent a timestamp: SACK
+/// permitted and timestamps (12 bytes), window scale (4), as the kernel
+/// lays them out; the timestamp carries the client's window scale and
+/// SACK for the kernel to read back from the ACK's echo.
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "lengths of a few hundred bytes")]
-fn build<const IPLEN: usize>(pkt: &Packet, l3: usize, mss: u16) -> Option<()> {
+fn build<const IPLEN: usize>(pkt: &Packet, l3: usize, offer: u32) -> Option<()> {
+    // The IP header checked first and handed to the cookie helper as it
+    // is: checked after the TCP header, the compiler would drop the check
+    // as implied, which the verifier cannot follow (l3 is not a constant).
+    let ip = pkt.bytes_at::<IPLEN>(l3)?;
     let l4 = l3 + IPLEN;
     let th = pkt.bytes_at::<20>(l4)?;
     let (ports, seq) = (word(th, 0), u32::from_be_bytes([th[4], th[5], th[6], th[7]]));
-    let (cookie, cookie_mss) = gen_cookie::<IPLEN>(pkt, l3, l4)?;
-    let want = (l4 + 24) as i32;
+    let client = ClientOptions::unpack(limiter_syn_options(pkt.0.ctx, l4 as u64));
+    let (cookie, cookie_mss) = gen_cookie::<IPLEN>(ip, th, client.mss)?;
+    let opts = (offer >> 16) as u8;
+    let ts = client.tsval.filter(|_| opts & cookie::opt::TIMESTAMPS != 0);
+    let sack = ts.is_some() && client.sack && opts & cookie::opt::SACK != 0;
+    let wscale = ts.is_some() && client.wscale != NO_WSCALE && opts & cookie::opt::WSCALE != 0;
+    let ts_len = if ts.is_some() { 12 } else { 0 };
+    let tcp_len = 24 + ts_len + if wscale { 4 } else { 0 };
+    let want = (l4 + tcp_len) as i32;
     let have = pkt.len() as i32;
     // SAFETY: the helper re-validates the context; every pointer into the
     // packet is fetched again below. The headers before the tail are kept.
@@ -224,56 +364,72 @@ fn build<const IPLEN: usize>(pkt: &Packet, l3: usize, mss: u16) -> Option<()> {
     // Ethernet: back to where it came from.
     let eth = *pkt.bytes_at::<12>(0)?;
     put(pkt, 0, &[eth[6], eth[7], eth[8], eth[9], eth[10], eth[11], eth[0], eth[1], eth[2], eth[3], eth[4], eth[5]])?;
-    reply_ip::<IPLEN>(pkt, l3)?;
+    reply_ip::<IPLEN>(pkt, l3, tcp_len as u16)?;
     // TCP: ports swapped, the cookie as our sequence number.
     let port = ports.to_ne_bytes();
     let ack = seq.wrapping_add(1).to_be_bytes();
     let ours = cookie.to_be_bytes();
     let win = cookie::synack_window(cookie_mss).to_be_bytes();
-    let adv = mss.to_be_bytes();
+    let adv = (offer as u16).to_be_bytes();
     #[rustfmt::skip]
     put(pkt, l4, &[
         port[2], port[3], port[0], port[1],
         ours[0], ours[1], ours[2], ours[3],
         ack[0], ack[1], ack[2], ack[3],
-        6 << 4, tcp_flag::SYN | tcp_flag::ACK, win[0], win[1],
+        ((tcp_len / 4) as u8) << 4, tcp_flag::SYN | tcp_flag::ACK, win[0], win[1],
         0, 0, 0, 0,
         TCPOPT_MSS[0], TCPOPT_MSS[1], adv[0], adv[1],
     ])?;
+    let mut sum = cookie::sum16(pkt.bytes_at::<24>(l4)?, 0);
+    if let Some(echo) = ts {
+        // SAFETY: a helper without arguments.
+        let now = unsafe { bpf_ktime_get_ns() };
+        let client_ws = if wscale { Some(client.wscale) } else { None };
+        let tsval = cookie::timestamp(now, client_ws, sack).to_be_bytes();
+        let echo = echo.to_be_bytes();
+        let head = if sack { [4, 2] } else { [1, 1] };
+        #[rustfmt::skip]
+        put(pkt, l4 + 24, &[
+            head[0], head[1], 8, 10,
+            tsval[0], tsval[1], tsval[2], tsval[3],
+            echo[0], echo[1], echo[2], echo[3],
+        ])?;
+        sum = cookie::sum16(pkt.bytes_at::<12>(l4 + 24)?, sum);
+    }
+    if wscale {
+        put(pkt, l4 + 24 + ts_len, &[1, 3, 3, (offer >> 24) as u8])?;
+        sum = cookie::sum16(pkt.bytes_at::<4>(l4 + 24 + ts_len)?, sum);
+    }
     // Pseudo-header (the reply's addresses, TCP, its length), then the header.
     let addrs = if IPLEN == 40 {
         cookie::sum16(pkt.bytes_at::<32>(l3 + 8)?, 0)
     } else {
         cookie::sum16(pkt.bytes_at::<8>(l3 + 12)?, 0)
     };
-    let sum = cookie::sum16(pkt.bytes_at::<24>(l4)?, addrs + 6 + 24);
-    put(pkt, l4 + 16, &cookie::fold(sum).to_be_bytes())
+    put(pkt, l4 + 16, &cookie::fold(sum + addrs + 6 + tcp_len as u32).to_be_bytes())
 }
 
-/// The kernel's SYN cookie for the SYN at `l3`/`l4`, and the MSS it
+/// The kernel's SYN cookie for the SYN whose IP and TCP headers are `ip` and `th`, and the MSS it
 /// encodes. The helper reads the MSS option from the header it is given:
 /// it gets the SYN's fixed header and that one option, so the verifier
 /// sees a fixed-size buffer whatever else the SYN carried.
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "the helper's u64: cookie | mss << 32")]
-fn gen_cookie<const IPLEN: usize>(pkt: &Packet, l3: usize, l4: usize) -> Option<(u32, u16)> {
-    let th = pkt.bytes_at::<20>(l4)?;
+fn gen_cookie<const IPLEN: usize>(ip: &[u8; IPLEN], th: &[u8; 20], client_mss: u16) -> Option<(u32, u16)> {
     let flags = th[12];
-    let doff = flags >> 4;
-    if doff < 5 {
+    if flags >> 4 < 5 {
         return None;
     }
     let mut syn = [0u8; 24];
     syn[..20].copy_from_slice(th);
     let mut th_len = 20;
     syn[12] = (5 << 4) | (flags & 0x0f);
-    if let Some(mss) = client_mss(pkt, l4, doff) {
+    if let Some(mss) = Some(client_mss).filter(|m| *m != 0) {
         syn[12] = (6 << 4) | (flags & 0x0f);
         syn[20..22].copy_from_slice(&TCPOPT_MSS);
         syn[22..24].copy_from_slice(&mss.to_be_bytes());
         th_len = 24;
     }
-    let ip = pkt.bytes_at::<IPLEN>(l3)?;
     // SAFETY: `ip` is IPLEN bytes inside the packet (an iphdr or ipv6hdr
     // for the helper to read), `syn` th_len initialized bytes on the stack.
     let got = unsafe {
@@ -297,7 +453,7 @@ fn gen_cookie<const IPLEN: usize>(pkt: &Packet, l3: usize, l4: usize) -> Option<
 /// The reply's IP header, in place: addresses swapped word by word, the
 /// rest of a fresh header.
 #[inline(always)]
-fn reply_ip<const IPLEN: usize>(pkt: &Packet, l3: usize) -> Option<()> {
+fn reply_ip<const IPLEN: usize>(pkt: &Packet, l3: usize, tcp_len: u16) -> Option<()> {
     let (src, words) = if IPLEN == 40 { (l3 + 8, 4) } else { (l3 + 12, 1) };
     for i in 0..4 {
         if i < words {
@@ -308,9 +464,11 @@ fn reply_ip<const IPLEN: usize>(pkt: &Packet, l3: usize) -> Option<()> {
         }
     }
     if IPLEN == 40 {
-        put(pkt, l3, &[0x60, 0, 0, 0, 0, 24, 6, TTL])
+        let len = tcp_len.to_be_bytes();
+        put(pkt, l3, &[0x60, 0, 0, 0, len[0], len[1], 6, TTL])
     } else {
-        put(pkt, l3, &[0x45, 0, 0, 44, 0, 0, 0x40, 0, TTL, 6, 0, 0])?;
+        let len = (20 + tcp_len).to_be_bytes();
+        put(pkt, l3, &[0x45, 0, len[0], len[1], 0, 0, 0x40, 0, TTL, 6, 0, 0])?;
         let sum = cookie::fold(cookie::sum16(pkt.bytes_at::<20>(l3)?, 0));
         put(pkt, l3 + 10, &sum.to_be_bytes())
     }

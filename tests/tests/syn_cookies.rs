@@ -169,13 +169,15 @@ fn run(l: &mut limiter::dataplane::DataPlane, now: u64, frame: &[u8]) -> (Reason
     (r, action, out)
 }
 
-/// Check the SYN-ACK's every field against the SYN it answers; return the
-/// cookie (its sequence number).
-fn check_synack(syn: &Seg, out: &[u8]) -> u32 {
+/// Check the SYN-ACK's every field against the SYN it answers, its TCP
+/// header `tcp_len` bytes long (24: the MSS option only; the options
+/// beyond it are the caller's to check); return the cookie (its sequence
+/// number).
+fn check_synack(syn: &Seg, out: &[u8], tcp_len: usize) -> u32 {
     let l3 = 14 + 4 * syn.vlans;
     let v6 = syn.src.is_ipv6();
     let l4 = l3 + if v6 { 40 } else { 20 };
-    assert_eq!(out.len(), l4 + 24, "Ethernet, tags, IP and a 24-byte TCP header");
+    assert_eq!(out.len(), l4 + tcp_len, "Ethernet, tags, IP and a {tcp_len}-byte TCP header");
     assert_eq!(out[..6], CLIENT_MAC, "to the client's MAC");
     assert_eq!(out[6..12], SERVER_MAC, "from ours");
     for t in 0..syn.vlans {
@@ -185,14 +187,14 @@ fn check_synack(syn: &Seg, out: &[u8]) -> u32 {
     let (s, d) = if v6 {
         assert_eq!(out[l3 - 2..l3], [0x86, 0xdd]);
         assert_eq!(ip[..4], [0x60, 0, 0, 0], "version 6, no class or flow label");
-        assert_eq!(u16::from_be_bytes([ip[4], ip[5]]), 24, "payload length");
+        assert_eq!(usize::from(u16::from_be_bytes([ip[4], ip[5]])), tcp_len, "payload length");
         assert_eq!((ip[6], ip[7]), (6, 64), "next header TCP, hop limit 64");
         let a = |o: usize| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&ip[o..o + 16]).unwrap()));
         (a(8), a(24))
     } else {
         assert_eq!(out[l3 - 2..l3], [0x08, 0x00]);
         assert_eq!(ip[0], 0x45, "IPv4 without options");
-        assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 44, "total length");
+        assert_eq!(usize::from(u16::from_be_bytes([ip[2], ip[3]])), 20 + tcp_len, "total length");
         assert_eq!(ip[6..8], [0x40, 0], "don't fragment");
         assert_eq!((ip[8], ip[9]), (64, 6), "TTL 64, TCP");
         assert_eq!(checksum(ip, 0), 0, "IPv4 header checksum");
@@ -204,7 +206,8 @@ fn check_synack(syn: &Seg, out: &[u8]) -> u32 {
     assert_eq!(u16::from_be_bytes([tcp[0], tcp[1]]), 443, "source port");
     assert_eq!(u16::from_be_bytes([tcp[2], tcp[3]]), SPORT, "destination port");
     assert_eq!(u32::from_be_bytes(tcp[8..12].try_into().unwrap()), ISN.wrapping_add(1), "acknowledges the SYN");
-    assert_eq!(tcp[12], 6 << 4, "data offset: 24 bytes");
+    assert_eq!(usize::from(tcp[12] >> 4) * 4, tcp_len, "data offset");
+    assert_eq!(tcp[12] & 0x0f, 0, "reserved bits");
     assert_eq!(tcp[13], 0x12, "SYN and ACK");
     // The cookie encodes the largest MSS of the kernel's table (IPv4:
     // 536, 1300, 1440, 1460; IPv6: 1220, 1420, 1440, 8940) not above the
@@ -235,7 +238,7 @@ fn a_new_prefix_gets_a_cookie_syn_ack_and_only_a_valid_ack_gets_it_a_bucket() {
         assert_eq!((r, action), (Reason::SynCookieToKernel, XDP_PASS), "{what}");
         let (r, action, out) = run(&mut l, T0 + MS, &syn.bytes());
         assert_eq!((r, action), (Reason::SynCookieSent, XDP_TX), "{what}");
-        let c = check_synack(&syn, &out);
+        let c = check_synack(&syn, &out, 24);
         assert_eq!(l.bucket(&key(syn.src, 1)).unwrap(), None, "{what}: a SYN stores nothing");
         assert_eq!(l.tracked(), 0, "{what}");
 
@@ -300,4 +303,82 @@ fn auto_engages_above_the_syn_rate_or_when_the_budget_refuses_and_lets_go_after_
     let mut l = kernel::open(&policy(SynCookies::Auto, Some(10_000), Some((1, 1))).compile(1).unwrap());
     let got: Vec<Reason> = (0..3).map(|i| run(&mut l, T0, &new_syn(i)).0).collect();
     assert_eq!(got, [Reason::Admitted, Reason::SynCookieToKernel, Reason::SynCookieSent]);
+}
+
+/// A case of the options test: its name, the SYN's options, the host's
+/// opts, and what is offered back (SACK, window scale, timestamps).
+type Case<'a> = (&'a str, &'a [u8], u8, bool, bool, bool);
+
+/// `CLOCK_MONOTONIC` in ms: the kernel's TCP timestamp clock.
+fn tcp_clock_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap() * 1000 + u64::try_from(ts.tv_nsec).unwrap() / 1_000_000
+}
+
+/// With `net.ipv4.tcp_timestamps = 2` (the daemon then sets `opts`), a SYN
+/// that carries a timestamp gets SACK, timestamps and window scaling
+/// offered back, laid out as the kernel lays them out, with the client's
+/// window scale and SACK in the timestamp's low bits for the kernel to read
+/// back; options in any order are found; without a timestamp, or where the
+/// host turns an option off, less is offered; a malformed list ends the
+/// walk.
+#[test]
+fn with_timestamps_the_syn_ack_offers_window_scale_sack_and_timestamps() {
+    use limiter_common::cookie::opt;
+    const WSCALE: u8 = 9;
+    let mss = [2, 4, 0x05, 0xb4];
+    let ts = [8, 10, 0xaa, 0xbb, 0xcc, 0xdd, 0, 0, 0, 0];
+    let linux: Vec<u8> = [&mss[..], &[4, 2], &ts, &[1, 3, 3, 7]].concat();
+    let macos: Vec<u8> = [&mss[..], &[1, 3, 3, 7, 1, 1], &ts, &[4, 2, 0, 0]].concat();
+    let no_sack: Vec<u8> = [&mss[..], &[1, 1], &ts, &[1, 3, 3, 7]].concat();
+    let no_ts: Vec<u8> = [&mss[..], &[1, 3, 3, 7, 4, 2, 1, 1]].concat();
+    let broken: Vec<u8> = [&mss[..], &[9, 0, 1, 1], &ts, &[1, 3, 3, 7]].concat();
+    let all = opt::TIMESTAMPS | opt::SACK | opt::WSCALE;
+    // (options, the host's opts, expected: SACK, window scale, timestamps)
+    let cases: [Case; 7] = [
+        ("linux", &linux, all, true, true, true),
+        ("macos", &macos, all, true, true, true),
+        ("no sack from the client", &no_sack, all, false, true, true),
+        ("no timestamp from the client", &no_ts, all, false, false, false),
+        ("malformed after the MSS", &broken, all, false, false, false),
+        ("the host without SACK or window scaling", &linux, opt::TIMESTAMPS, false, false, true),
+        ("the host with tcp_timestamps = 1", &linux, 0, false, false, false),
+    ];
+    for addr in ["198.18.7.9", "2001:2:0:77::9"] {
+        for (what, options, opts, sack, wscale, stamps) in cases {
+            let what = format!("{addr}, {what}");
+            let mut compiled = policy(SynCookies::Always, None, None).compile(1).unwrap();
+            (compiled.config.cookies.opts, compiled.config.cookies.wscale) = (opts, WSCALE);
+            let mut l = kernel::open(&compiled);
+            let syn = Seg { options: options.to_vec(), ..Seg::syn(addr.parse().unwrap(), 1) };
+            assert_eq!(run(&mut l, T0, &syn.bytes()).0, Reason::SynCookieToKernel, "{what}");
+            let before = tcp_clock_ms();
+            let (r, action, out) = run(&mut l, T0 + MS, &syn.bytes());
+            let after = tcp_clock_ms();
+            assert_eq!((r, action), (Reason::SynCookieSent, XDP_TX), "{what}");
+            let tcp_len = 24 + if stamps { 12 } else { 0 } + if wscale { 4 } else { 0 };
+            let c = check_synack(&syn, &out, tcp_len);
+            let o = &out[out.len() - tcp_len + 24..];
+            if stamps {
+                assert_eq!(o[..2], if sack { [4, 2] } else { [1, 1] }, "{what}: SACK permitted, or two NOPs");
+                assert_eq!(o[2..4], [8, 10], "{what}: timestamps");
+                let tsval = u32::from_be_bytes(o[4..8].try_into().unwrap());
+                assert_eq!(o[8..12], [0xaa, 0xbb, 0xcc, 0xdd], "{what}: echoes the client's value");
+                let low = if wscale { 7 } else { 0xf } | if sack { 0x10 } else { 0 };
+                assert_eq!(tsval & 0x3f, low, "{what}: window scale and SACK in the low bits");
+                // The kernel's clock, at most 64 ms behind (its low bits replaced).
+                let clock = u32::try_from(after % (1 << 32)).unwrap();
+                let behind = u64::from(clock.wrapping_sub(tsval));
+                assert!(behind < after - before + 64, "{what}: timestamp {tsval}, clock {clock}");
+            }
+            if wscale {
+                assert_eq!(o[o.len() - 4..], [1, 3, 3, WSCALE], "{what}: NOP, our window scale");
+            }
+            // The kernel's helper takes the ACK (echoing the timestamp).
+            let (r, _, _) = run(&mut l, T0 + 2 * MS, &ack_of(&syn, c).bytes());
+            assert_eq!(r, Reason::SynCookieVerified, "{what}");
+        }
+    }
 }

@@ -197,6 +197,8 @@ fn syn_flood(v6: bool) {
     let socket = unique_socket(if v6 { "syn6" } else { "syn4" });
     let (_daemon, _rx, log) = start_daemon(&net, &dir, &socket);
     assert!(!log.contains("syn cookies OFF"), "{log}");
+    // With the default tcp_timestamps = 1 the daemon says what the cookies lack.
+    assert!(log.contains("net.ipv4.tcp_timestamps is 1: SYN-ACKs of cookies offer the MSS only"), "{log}");
 
     let dst: SocketAddr = if v6 { format!("[{B_ADDR6}]:{PORT}") } else { format!("{B_ADDR}:{PORT}") }.parse().unwrap();
     let listener = net.b.run_in(|| TcpListener::bind(dst).unwrap());
@@ -317,5 +319,124 @@ fn without_tcp_syncookies_2_cookies_stay_off_and_the_daemon_says_why() {
     assert_eq!(sent["packets"], 0, "{v}");
     let row = &v["syn_cookies"][0];
     assert_eq!((row["class"].as_str(), row["engaged"].as_bool()), (Some("app-syn"), Some(false)), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a connected socket negotiated, from `TCP_INFO`: (timestamps,
+/// SACK, window scaling, the scale it applies to what it sends... see
+/// [`Negotiated`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Negotiated {
+    timestamps: bool,
+    sack: bool,
+    wscale: bool,
+    /// The peer's scale, applied to the windows it advertises.
+    snd_wscale: u8,
+    /// Our scale, applied to the windows we advertise.
+    rcv_wscale: u8,
+}
+
+fn negotiated(fd: &impl std::os::fd::AsRawFd) -> Negotiated {
+    // SAFETY: an all-zero tcp_info is valid; getsockopt fills at most its size.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>()).unwrap();
+    // SAFETY: a valid socket, a buffer of `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &raw mut len)
+    };
+    assert_eq!(r, 0, "TCP_INFO");
+    Negotiated {
+        timestamps: info.tcpi_options & 1 != 0,
+        sack: info.tcpi_options & 2 != 0,
+        wscale: info.tcpi_options & 4 != 0,
+        snd_wscale: info.tcpi_snd_rcv_wscale & 0x0f,
+        rcv_wscale: info.tcpi_snd_rcv_wscale >> 4,
+    }
+}
+
+/// With `net.ipv4.tcp_timestamps = 2` a connection made through XDP's
+/// cookie has what the client asked for: timestamps, SACK and window
+/// scaling, with the scale XDP offered equal to the one the kernel took
+/// for the connection (else one side would misread the other's window),
+/// and it carries 4 MiB each way.
+#[test]
+fn with_tcp_timestamps_2_cookie_connections_get_window_scaling_sack_and_timestamps() {
+    const BYTES: usize = 4 << 20;
+    require_root();
+    let net = VethPair::new("scts");
+    for i in 0..2 {
+        net.add_source(&client_addr(false, i).to_string());
+    }
+    for sysctl in ["net.ipv4.tcp_syncookies=2", "net.ipv4.tcp_timestamps=2"] {
+        assert!(net.b.command("sysctl").args(["-qw", sysctl]).status().unwrap().success());
+    }
+    // A program on the generator's end gives its veth the NAPI that frames
+    // sent back with XDP_TX arrive through (it passes the real clients').
+    let mut generator = limiter::dataplane::DataPlane::open_bench(1024).unwrap();
+    net.a.run_in(|| {
+        generator.attach_entry(programs::BENCH_DROP_FLOOD_REPLIES, A_IF, AttachMode::Native).unwrap();
+    });
+    let dir = std::env::temp_dir().join(format!("limiter-syn-ts-{}", std::process::id()));
+    let socket = unique_socket("synts");
+    let (_daemon, _rx, log) = start_daemon(&net, &dir, &socket);
+    assert!(!log.contains("MSS only") && !log.contains("syn cookies OFF"), "{log}");
+    let dst: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
+    let listener = net.b.run_in(|| TcpListener::bind(dst).unwrap());
+    let stats = || {
+        let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+            .args(["stats", "-j", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let count = |name: &str| {
+            let row = v["reasons"].as_array().unwrap().iter().find(|r| r["reason"] == name);
+            row.map_or(0, |r| r["packets"].as_u64().unwrap())
+        };
+        (count("syn_cookie_sent"), count("syn_cookie_verified"), count("syn_cookie_to_kernel"))
+    };
+    let timeout = Some(Duration::from_secs(20));
+    // The first SYN to the port in a second goes to the kernel itself, the
+    // next one (within that second) gets XDP's cookie.
+    let before = stats();
+    let connected: Vec<_> = (0..2)
+        .map(|i| {
+            let src = client_addr(false, i);
+            let c = net.a.run_in(|| {
+                let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+                s.bind(&SocketAddr::new(src, 0).into()).unwrap();
+                s.connect_timeout(&dst.into(), Duration::from_secs(5)).unwrap();
+                std::net::TcpStream::from(s)
+            });
+            (c, listener.accept().unwrap().0)
+        })
+        .collect();
+    let after = stats();
+    let delta = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+    assert_eq!(delta, (1, 2, 1), "(cookies from XDP, ACKs verified, SYNs to the kernel)");
+    for (i, (mut c, mut server)) in connected.into_iter().enumerate() {
+        let (client_view, server_view) = (negotiated(&c), negotiated(&server));
+        let how = if i == 0 { "the kernel's" } else { "XDP's" };
+        println!("connection {i} ({how} cookie): client {client_view:?}, server {server_view:?}");
+        for view in [client_view, server_view] {
+            assert!(view.timestamps && view.sack && view.wscale, "{view:?}");
+        }
+        assert_eq!(client_view.snd_wscale, server_view.rcv_wscale, "the scale of the server's windows");
+        assert_eq!(server_view.snd_wscale, client_view.rcv_wscale, "the scale of the client's windows");
+        // 4 MiB each way, one way at a time, with every wait bounded.
+        for s in [&c, &server] {
+            s.set_read_timeout(timeout).unwrap();
+            s.set_write_timeout(timeout).unwrap();
+        }
+        let sent = thread::spawn(move || server.write_all(&vec![7u8; BYTES]).map(|()| server));
+        let mut got = vec![0u8; BYTES];
+        c.read_exact(&mut got).expect("the server's 4 MiB");
+        let mut server = sent.join().unwrap().expect("server write");
+        let echo = thread::spawn(move || c.write_all(&got).map(|()| c));
+        let mut back = vec![0u8; BYTES];
+        server.read_exact(&mut back).expect("the client's 4 MiB");
+        drop(echo.join().unwrap().expect("client write"));
+        assert!(back.iter().all(|b| *b == 7));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

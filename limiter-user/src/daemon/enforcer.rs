@@ -195,8 +195,12 @@ impl Enforcer {
         // not accept would only break the connections they answer.
         let cookies_off =
             (compiled.config.flags & flags::SYN_COOKIES != 0).then(super::os::syn_cookies_ready).and_then(Result::err);
+        let mut mss_only = None;
         if cookies_off.is_some() {
             compiled.config.flags &= !flags::SYN_COOKIES;
+        } else if compiled.config.flags & flags::SYN_COOKIES != 0 {
+            let (opts, wscale, why) = super::os::cookie_options();
+            (compiled.config.cookies.opts, compiled.config.cookies.wscale, mss_only) = (opts, wscale, why);
         }
         maps.apply(&compiled)?;
         self.config = Some(compiled.config);
@@ -211,6 +215,10 @@ impl Enforcer {
                 "limiter: policy v{next}: syn cookies are off: {why}"
             );
             let _ = write!(summary, "; syn cookies OFF: {why}");
+        }
+        if let Some(why) = &mss_only {
+            tracing::info!(event = "syn_cookies_mss_only", version = next, "limiter: policy v{next}: {why}");
+            let _ = write!(summary, "; syn cookies: MSS only");
         }
         self.syn_cookies_off = cookies_off;
         if p.capacity != self.capacity {

@@ -80,6 +80,42 @@ pub fn syn_cookies_ready() -> Result<(), String> {
     }
 }
 
+/// What a cookie's SYN-ACK may offer beside the MSS on this host, from
+/// the sysctls of this network namespace: `(opts, wscale, why MSS only)`
+/// ([`limiter_common::cookie::opt`]). The kernel reads window scaling and
+/// SACK back from the timestamp echo, and first subtracts a secret
+/// per-connection offset unless `net.ipv4.tcp_timestamps = 2`: with 1 (the
+/// default) the SYN-ACK offers the MSS only. The window scale offered is
+/// the one the kernel will take for the connection (`tcp_select_initial_window`:
+/// the largest of `tcp_rmem`'s maximum and `net.core.rmem_max`).
+#[must_use]
+pub fn cookie_options() -> (u8, u8, Option<String>) {
+    use limiter_common::cookie::{MAX_WSCALE, opt};
+    let read = |name: &str| std::fs::read_to_string(format!("/proc/sys/net/{name}")).ok();
+    let number = |name: &str, field: usize| {
+        read(name).and_then(|v| v.split_whitespace().nth(field).and_then(|f| f.parse::<u64>().ok()))
+    };
+    let timestamps = number("ipv4/tcp_timestamps", 0).unwrap_or(0);
+    if timestamps != 2 {
+        let why = format!(
+            "net.ipv4.tcp_timestamps is {timestamps}: SYN-ACKs of cookies offer the MSS only (2, timestamps without \
+             per-connection offsets, lets them carry window scaling, SACK and timestamps)"
+        );
+        return (0, 0, Some(why));
+    }
+    let mut opts = opt::TIMESTAMPS;
+    if number("ipv4/tcp_sack", 0).is_some_and(|v| v != 0) {
+        opts |= opt::SACK;
+    }
+    if number("ipv4/tcp_window_scaling", 0).is_some_and(|v| v != 0) {
+        opts |= opt::WSCALE;
+    }
+    let space =
+        number("ipv4/tcp_rmem", 2).unwrap_or(0).max(number("core/rmem_max", 0).unwrap_or(0)).min(u64::from(u32::MAX));
+    let wscale = u8::try_from(space.max(1).ilog2().saturating_sub(15)).unwrap_or(MAX_WSCALE).min(MAX_WSCALE);
+    (opts, wscale, None)
+}
+
 /// `CLOCK_MONOTONIC_COARSE` in ns: the clock of the production program.
 #[must_use]
 pub fn monotonic_coarse_ns() -> u64 {
