@@ -257,3 +257,53 @@ fn with_the_store_down_a_split_class_admits_limit_over_nodes_on_each_node() {
     assert!(peak <= 60, "busiest window {peak} past 3 shares of 20");
     assert!(peak >= 50, "split admitted far less than its shares: {peak}");
 }
+
+/// A policy apply moves a running fleet sync to another store (the node
+/// name and interval with it), and starts the sync on a daemon that ran
+/// without `[fleet]`, with no daemon restarted.
+#[test]
+fn a_policy_apply_moves_the_sync_to_another_store_or_starts_it() {
+    require_root();
+    let tmp = TempDir::new("flr");
+    let (dir_a, dir_b) = (tmp.0.join("a"), tmp.0.join("b"));
+    for d in [&dir_a, &dir_b] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let (a, b) = (Redis::unix(&dir_a), Redis::unix(&dir_b));
+    let mut nodes = start_nodes("flr", 2, &policy(&[a.url()], 60, 200), &[CLIENT], &tmp.0, |_| {});
+    let without = "rate = 100000\nburst = 100000\n";
+    nodes.extend(start_nodes("flx", 1, without, &[CLIENT], &tmp.0, |_| {}));
+    assert!(Client::new(&nodes[2].socket).fleet_status().unwrap().is_none(), "n2 starts without [fleet]");
+    let on = |n: &Node, store: &Redis| {
+        Client::new(&n.socket).fleet_status().ok().flatten().is_some_and(|f| f.store_up && f.store == [store.url()])
+    };
+    assert!(eventually(Duration::from_secs(10), || nodes[..2].iter().all(|n| on(n, &a))), "never synced with a");
+
+    // Every node gets the policy with store b, its own name and a 100 ms sync.
+    for (i, n) in nodes.iter().enumerate() {
+        let file = tmp.0.join(format!("moved-{i}.toml"));
+        let text = policy(&[b.url()], 60, 100).replace("{node}", &format!("m{i}"));
+        std::fs::write(&file, text).unwrap();
+        let o = cli(n, &["policy", "apply", file.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let moved = |n: &Node| {
+        Client::new(&n.socket).fleet_status().ok().flatten().is_some_and(|f| {
+            f.store_up
+                && f.store == [b.url()]
+                && f.node.starts_with('m')
+                && f.sync_interval_ms == 100
+                && f.nodes_seen.len() == 3
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || nodes.iter().all(moved)),
+        "not all on b: {:?}",
+        nodes.iter().map(|n| Client::new(&n.socket).fleet_status().ok().flatten()).collect::<Vec<_>>()
+    );
+    // The client's counts now go to b.
+    let _ = run(&nodes, &[Flow { src: CLIENT, times: schedule(30, 2, SLICE_NS, 200_000_000, 25_000_000) }], 9);
+    let key = "lim:{quota|198.18.1.0/24}";
+    assert!(eventually(Duration::from_secs(5), || b.cli(&["--scan", "--pattern", "lim:{*"]).lines().any(|k| k == key)));
+    println!("after the apply: {:?}", Client::new(&nodes[2].socket).fleet_status().unwrap());
+}

@@ -100,25 +100,39 @@ impl FleetSide {
         }
     }
 
-    /// The policy changed: its classes apply at once; a changed `[fleet]`
-    /// section only when the daemon restarts, which is said.
-    pub(super) fn set_classes(&self, classes: Classes, fleet: Option<&Fleet>) {
+    /// The policy changed: its classes apply at once, and so does a
+    /// changed or new `[fleet]` section (the sync takes the new store, node
+    /// name and interval from its next round, or starts). A section removed
+    /// stops nothing until the daemon restarts, which is said.
+    pub(super) fn set_classes(&mut self, classes: Classes, fleet: Option<&Fleet>) {
         match self {
             Self::On(on) => {
                 on.0.set_classes(classes);
-                if fleet != Some(&on.2) {
-                    tracing::warn!(
-                        "limiter: the policy's [fleet] section changed; the running sync keeps {} as {:?} until the daemon restarts",
+                match fleet {
+                    Some(cfg) if *cfg != on.2 => {
+                        tracing::info!(
+                            "limiter: fleet sync now as {:?} every {} ms with {}",
+                            cfg.node,
+                            cfg.sync_interval.as_millis(),
+                            cfg.store.join(", ")
+                        );
+                        on.0.set_config(cfg.clone());
+                        on.2 = cfg.clone();
+                    }
+                    Some(_) => {}
+                    None => tracing::warn!(
+                        "limiter: the policy has no [fleet] section any more; the running sync keeps {} as {:?} until the daemon restarts",
                         on.2.store.join(", "),
                         on.2.node
-                    );
+                    ),
                 }
             }
-            Self::Off(Some(_)) if fleet.is_some() => {
-                tracing::warn!(
-                    "limiter: the policy now has a [fleet] section; the fleet sync starts when the daemon restarts (fleet-scope quotas count this host only until then)"
-                );
-            }
+            Self::Off(maps @ Some(_)) if fleet.is_some() => match Self::start(fleet, maps.take(), classes) {
+                Ok(side) => *self = side,
+                Err(e) => tracing::warn!(
+                    "limiter: the fleet sync could not start ({e:#}); fleet-scope quotas count this host only until the daemon restarts"
+                ),
+            },
             Self::Off(_) => {}
         }
     }

@@ -177,6 +177,7 @@ pub fn wall_and_offset() -> (u64, u64) {
 pub struct FleetSync {
     pub status: Arc<Mutex<FleetStatus>>,
     classes: watch::Sender<Classes>,
+    config: watch::Sender<Fleet>,
 }
 
 impl FleetSync {
@@ -190,17 +191,27 @@ impl FleetSync {
             ..FleetStatus::default()
         }));
         let (tx, rx) = watch::channel(classes);
+        let (config, config_rx) = watch::channel(cfg.clone());
         let out = Arc::clone(&status);
         std::thread::Builder::new().name("fleet-sync".into()).spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
-            rt.block_on(Sync { cfg, maps, classes: rx, ledger: Ledger::default(), status: out, store: None }.run());
+            let sync =
+                Sync { cfg, config: config_rx, maps, classes: rx, ledger: Ledger::default(), status: out, store: None };
+            rt.block_on(sync.run());
         })?;
-        Ok(Self { status, classes: tx })
+        Ok(Self { status, classes: tx, config })
     }
 
     /// The policy changed: sync its classes from now on.
     pub fn set_classes(&self, classes: Classes) {
         self.classes.send_replace(classes);
+    }
+
+    /// The policy's `[fleet]` changed: from the next sync on, use it (a
+    /// changed store is connected to afresh; what this node counted and has
+    /// not pushed yet goes to the new one).
+    pub fn set_config(&self, cfg: Fleet) {
+        self.config.send_replace(cfg);
     }
 
     #[must_use]
@@ -214,6 +225,8 @@ type Planned = (BucketKey, limiter_common::window::WindowState, u64, u32, Push);
 
 struct Sync {
     cfg: Fleet,
+    /// A new `[fleet]` from a policy apply.
+    config: watch::Receiver<Fleet>,
     maps: Box<WindowMaps>,
     classes: watch::Receiver<Classes>,
     ledger: Ledger,
@@ -223,13 +236,19 @@ struct Sync {
 
 impl Sync {
     async fn run(mut self) {
-        let every = u64::try_from(self.cfg.sync_interval.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let mut every = u64::try_from(self.cfg.sync_interval.as_nanos()).unwrap_or(u64::MAX).max(1);
         let (mut epoch, mut n) = (1u64, 0u64);
         let mut backoff = Duration::ZERO;
         let mut next_try = Instant::now();
         // Heartbeats are read back every 2 s (and on the first syncs).
         let mut nodes_read: Option<Instant> = None;
         loop {
+            if self.config.has_changed().unwrap_or(false) {
+                let cfg = self.config.borrow_and_update().clone();
+                self.reconfigure(cfg);
+                every = u64::try_from(self.cfg.sync_interval.as_nanos()).unwrap_or(u64::MAX).max(1);
+                (n, backoff, next_try, nodes_read) = (0, Duration::ZERO, Instant::now(), None);
+            }
             // Every node syncs on the same wall-clock ticks (multiples of
             // the interval), so the views they pull are of the same moment.
             let now = wall_and_offset().0;
@@ -273,6 +292,22 @@ impl Sync {
                 }
             }
         }
+    }
+
+    /// Take a new `[fleet]`: another store is connected to at the next
+    /// sync; the status names the new settings.
+    fn reconfigure(&mut self, cfg: Fleet) {
+        if cfg.store != self.cfg.store {
+            self.store = None;
+        }
+        let mut st = self.status.lock().expect("not poisoned");
+        st.node.clone_from(&cfg.node);
+        st.store.clone_from(&cfg.store);
+        st.cluster = cfg.is_cluster();
+        st.sync_interval_ms = u64::try_from(cfg.sync_interval.as_millis()).unwrap_or(u64::MAX);
+        st.nodes_seen.clear();
+        drop(st);
+        self.cfg = cfg;
     }
 
     /// One sync: push, pull, write the others' counts.
