@@ -22,6 +22,9 @@ use limiter_common::{
     rules::bucket_key,
 };
 
+mod options;
+
+use self::options::{ClientOptions, NO_WSCALE, limiter_syn_options};
 use crate::{
     charge::{BPF_NOEXIST, Charge, resolve},
     maps::{BUCKETS, KERNEL_SYNS, SYN_GUARD},
@@ -184,122 +187,10 @@ fn plain_l3(pkt: &Packet, v6: bool) -> Option<usize> {
     }
 }
 
-/// What a client's SYN asked for in its options.
-#[derive(Clone, Copy)]
-struct ClientOptions {
-    /// 0: no MSS option.
-    mss: u16,
-    /// [`NO_WSCALE`]: no window scale option.
-    wscale: u8,
-    sack: bool,
-    /// The timestamp option's value, if there was one.
-    tsval: Option<u32>,
-}
-
-impl ClientOptions {
-    /// From [`limiter_syn_options`]'s answer.
-    #[inline(always)]
-    #[expect(clippy::cast_possible_truncation, reason = "fields of the packed word")]
-    fn unpack(w: u64) -> Self {
-        Self {
-            mss: w as u16,
-            wscale: (w >> 16) as u8,
-            sack: w & 1 << 24 != 0,
-            tsval: (w & 1 << 25 != 0).then_some((w >> 32) as u32),
-        }
-    }
-}
-
-/// The options of the SYN whose TCP header is at `l4` (at most 62), packed:
-/// MSS | window scale << 16 | SACK << 24 | timestamp seen << 25 | its value
-/// << 32. A global function, checked once on its own, with a stack frame
-/// of its own (its walk needs one).
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn limiter_syn_options(ctx: *mut xdp_md, l4: u64) -> u64 {
-    let xdp = XdpContext::new(ctx);
-    let pkt = &Packet(&xdp);
-    if l4 > 62 {
-        return u64::from(NO_WSCALE) << 16;
-    }
-    #[expect(clippy::cast_possible_truncation, reason = "l4 <= 62")]
-    let l4 = l4 as usize;
-    let Some(th) = pkt.bytes_at::<20>(l4) else { return u64::from(NO_WSCALE) << 16 };
-    client_options(pkt, l4, th[12] >> 4)
-}
-
-const NO_WSCALE: u8 = 0xff;
-/// Bytes of options a TCP header holds at most.
-const MAX_OPTIONS: usize = 40;
-
-/// Read the SYN's options (`doff` words of header at `l4`), packed as
-/// [`limiter_syn_options`] answers. A malformed list ends the walk with
-/// what was read before it. The options are copied to the stack word by
-/// word first, and then walked position by position, each position checked
-/// against where the next option starts: every access is at a fixed offset
-/// and the walk's state is two numbers, which keeps the verifier's work
-/// and the stack small (a loop by variable offsets multiplied the
-/// verifier's states past its limit).
-#[inline(always)]
-fn client_options(pkt: &Packet, l4: usize, doff: u8) -> u64 {
-    let len = (usize::from(doff & 0x0f) * 4).saturating_sub(20);
-    // Room for an option's fields read past the last position.
-    let mut b = [0u8; MAX_OPTIONS + 8];
-    for w in 0..MAX_OPTIONS / 4 {
-        if 4 * w >= len {
-            break;
-        }
-        let Some(word) = pkt.bytes_at::<4>(l4 + 20 + 4 * w) else { break };
-        b[4 * w..4 * w + 4].copy_from_slice(word);
-    }
-    let mut acc = u64::from(NO_WSCALE) << 16;
-    let mut next = 0;
-    // One step per position, each with its offsets fixed at compile time.
-    macro_rules! walk {
-        ($($p:literal)*) => { $( step::<$p>(&b, len, &mut next, &mut acc); )* };
-    }
-    walk!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39);
-    acc
-}
-
-/// The walk at position `P` of the options `b` (`len` bytes): if an
-/// option starts here, read it into `acc` and say where the next one
-/// starts. The buffer is read with volatile loads, so that the compiler
-/// does not hoist all of them ahead of the walk and spill them.
-#[inline(always)]
-#[expect(clippy::cast_possible_truncation, reason = "size is a byte")]
-fn step<const P: usize>(b: &[u8; MAX_OPTIONS + 8], len: usize, next: &mut usize, acc: &mut u64) {
-    if P != *next || P >= len {
-        return;
-    }
-    // SAFETY: in-bounds reads of a local array.
-    let at = |i: usize| u64::from(unsafe { read_volatile(&raw const b[i]) });
-    let (kind, size) = (at(P), at(P + 1));
-    *next = match kind {
-        0 => MAX_OPTIONS,
-        1 => P + 1,
-        _ if size < 2 || P + size as usize > len => MAX_OPTIONS,
-        _ => {
-            match (kind, size) {
-                (2, 4) => *acc = (*acc & !0xffff) | at(P + 2) << 8 | at(P + 3),
-                (3, 3) => *acc = (*acc & !(0xff << 16)) | at(P + 2) << 16,
-                (4, 2) => *acc |= 1 << 24,
-                (8, 10) => {
-                    let ts = at(P + 2) << 24 | at(P + 3) << 16 | at(P + 4) << 8 | at(P + 5);
-                    *acc = (*acc & 0xffff_ffff) | 1 << 25 | ts << 32;
-                }
-                _ => {}
-            }
-            P + size as usize
-        }
-    };
-}
-
 /// Turn the SYN whose IP header (of `IPLEN` bytes, no options or
-/// extension headers) is at `l3` into its cookie SYN-ACK, in place.
-/// A function of its own (a BPF-to-BPF call) so that its buffers get their
-/// own stack frame; it takes the raw context and fetches every pointer
-/// itself. Returns [`SENT`] or 0.
+/// extension headers) is at `l3` into its cookie SYN-ACK, in place. Run
+/// inside [`limiter_synack_v4`] or [`limiter_synack_v6`]: it takes the raw
+/// context and fetches every pointer itself. Returns [`SENT`] or 0.
 ///
 /// `offer`: the MSS to advertise | [`cookie::opt`] bits << 16 | our window
 /// scale << 24.
@@ -363,7 +254,7 @@ fn build<const IPLEN: usize>(pkt: &Packet, l3: usize, offer: u32) -> Option<()> 
     }
     // Ethernet: back to where it came from.
     let eth = *pkt.bytes_at::<12>(0)?;
-    put(pkt, 0, &[eth[6], eth[7], eth[8], eth[9], eth[10], eth[11], eth[0], eth[1], eth[2], eth[3], eth[4], eth[5]])?;
+    pkt.put(0, &[eth[6], eth[7], eth[8], eth[9], eth[10], eth[11], eth[0], eth[1], eth[2], eth[3], eth[4], eth[5]])?;
     reply_ip::<IPLEN>(pkt, l3, tcp_len as u16)?;
     // TCP: ports swapped, the cookie as our sequence number.
     let port = ports.to_ne_bytes();
@@ -372,7 +263,7 @@ fn build<const IPLEN: usize>(pkt: &Packet, l3: usize, offer: u32) -> Option<()> 
     let win = cookie::synack_window(cookie_mss).to_be_bytes();
     let adv = (offer as u16).to_be_bytes();
     #[rustfmt::skip]
-    put(pkt, l4, &[
+    pkt.put(l4, &[
         port[2], port[3], port[0], port[1],
         ours[0], ours[1], ours[2], ours[3],
         ack[0], ack[1], ack[2], ack[3],
@@ -389,7 +280,7 @@ fn build<const IPLEN: usize>(pkt: &Packet, l3: usize, offer: u32) -> Option<()> 
         let echo = echo.to_be_bytes();
         let head = if sack { [4, 2] } else { [1, 1] };
         #[rustfmt::skip]
-        put(pkt, l4 + 24, &[
+        pkt.put(l4 + 24, &[
             head[0], head[1], 8, 10,
             tsval[0], tsval[1], tsval[2], tsval[3],
             echo[0], echo[1], echo[2], echo[3],
@@ -397,7 +288,7 @@ fn build<const IPLEN: usize>(pkt: &Packet, l3: usize, offer: u32) -> Option<()> 
         sum = cookie::sum16(pkt.bytes_at::<12>(l4 + 24)?, sum);
     }
     if wscale {
-        put(pkt, l4 + 24 + ts_len, &[1, 3, 3, (offer >> 24) as u8])?;
+        pkt.put(l4 + 24 + ts_len, &[1, 3, 3, (offer >> 24) as u8])?;
         sum = cookie::sum16(pkt.bytes_at::<4>(l4 + 24 + ts_len)?, sum);
     }
     // Pseudo-header (the reply's addresses, TCP, its length), then the header.
@@ -406,7 +297,7 @@ fn build<const IPLEN: usize>(pkt: &Packet, l3: usize, offer: u32) -> Option<()> 
     } else {
         cookie::sum16(pkt.bytes_at::<8>(l3 + 12)?, 0)
     };
-    put(pkt, l4 + 16, &cookie::fold(sum + addrs + 6 + tcp_len as u32).to_be_bytes())
+    pkt.put(l4 + 16, &cookie::fold(sum + addrs + 6 + tcp_len as u32).to_be_bytes())
 }
 
 /// The kernel's SYN cookie for the SYN whose IP and TCP headers are `ip` and `th`, and the MSS it
@@ -424,10 +315,10 @@ fn gen_cookie<const IPLEN: usize>(ip: &[u8; IPLEN], th: &[u8; 20], client_mss: u
     syn[..20].copy_from_slice(th);
     let mut th_len = 20;
     syn[12] = (5 << 4) | (flags & 0x0f);
-    if let Some(mss) = Some(client_mss).filter(|m| *m != 0) {
+    if client_mss != 0 {
         syn[12] = (6 << 4) | (flags & 0x0f);
         syn[20..22].copy_from_slice(&TCPOPT_MSS);
-        syn[22..24].copy_from_slice(&mss.to_be_bytes());
+        syn[22..24].copy_from_slice(&client_mss.to_be_bytes());
         th_len = 24;
     }
     // SAFETY: `ip` is IPLEN bytes inside the packet (an iphdr or ipv6hdr
@@ -459,36 +350,24 @@ fn reply_ip<const IPLEN: usize>(pkt: &Packet, l3: usize, tcp_len: u16) -> Option
         if i < words {
             let theirs = *pkt.bytes_at::<4>(src + 4 * i)?;
             let ours = *pkt.bytes_at::<4>(src + 4 * (i + words))?;
-            put(pkt, src + 4 * i, &ours)?;
-            put(pkt, src + 4 * (i + words), &theirs)?;
+            pkt.put(src + 4 * i, &ours)?;
+            pkt.put(src + 4 * (i + words), &theirs)?;
         }
     }
     if IPLEN == 40 {
         let len = tcp_len.to_be_bytes();
-        put(pkt, l3, &[0x60, 0, 0, 0, len[0], len[1], 6, TTL])
+        pkt.put(l3, &[0x60, 0, 0, 0, len[0], len[1], 6, TTL])
     } else {
         let len = (20 + tcp_len).to_be_bytes();
-        put(pkt, l3, &[0x45, 0, len[0], len[1], 0, 0, 0x40, 0, TTL, 6, 0, 0])?;
+        pkt.put(l3, &[0x45, 0, len[0], len[1], 0, 0, 0x40, 0, TTL, 6, 0, 0])?;
         let sum = cookie::fold(cookie::sum16(pkt.bytes_at::<20>(l3)?, 0));
-        put(pkt, l3 + 10, &sum.to_be_bytes())
+        pkt.put(l3 + 10, &sum.to_be_bytes())
     }
 }
 
 #[inline(always)]
 fn word(b: &[u8; 20], i: usize) -> u32 {
     u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-}
-
-/// Write `N` bytes at `off`, if they lie inside the packet.
-#[inline(always)]
-fn put<const N: usize>(pkt: &Packet, off: usize, bytes: &[u8; N]) -> Option<()> {
-    let start = pkt.0.data();
-    if start + off + N > pkt.0.data_end() {
-        return None;
-    }
-    // SAFETY: the N bytes at start + off are inside the packet.
-    unsafe { *((start + off) as *mut [u8; N]) = *bytes };
-    Some(())
 }
 
 /// Whether the ACK carries a cookie the kernel issued for its addresses

@@ -32,6 +32,18 @@ impl Packet<'_> {
     pub fn len(&self) -> u64 {
         (self.0.data_end() - self.0.data()) as u64
     }
+
+    /// Write `N` bytes at `off`, if they lie inside the packet.
+    #[inline(always)]
+    pub fn put<const N: usize>(&self, off: usize, bytes: &[u8; N]) -> Option<()> {
+        let start = self.0.data();
+        if start + off + N > self.0.data_end() {
+            return None;
+        }
+        // SAFETY: the N bytes at start + off are inside the packet.
+        unsafe { *((start + off) as *mut [u8; N]) = *bytes };
+        Some(())
+    }
 }
 
 impl Frame for Packet<'_> {

@@ -164,3 +164,13 @@ pub fn pin_to_cpu(cpu: usize) {
     };
     assert_eq!(rc, 0, "sched_setaffinity to CPU {cpu}: {}", std::io::Error::last_os_error());
 }
+
+/// Packets the pinned program in `pins` dropped as rate-limited (its
+/// `STATS` map, default class, all CPUs).
+#[must_use]
+pub fn pinned_rate_limited(pins: &std::path::Path) -> u64 {
+    use aya::maps::{Map, MapData, PerCpuArray};
+    let md = MapData::from_pin(pins.join(limiter_common::maps::STATS)).unwrap();
+    let a: PerCpuArray<MapData, limiter_common::Counter> = PerCpuArray::try_from(Map::PerCpuArray(md)).unwrap();
+    a.get(&limiter_common::stat_index(Reason::RateLimited, 1), 0).unwrap().iter().map(|c| c.packets).sum()
+}

@@ -320,14 +320,6 @@ fn installed_it_runs_and_removes_cleanly() {
     drop(installed);
 }
 
-fn drops(pins: &Path) -> u64 {
-    use aya::maps::{Map, MapData, PerCpuArray};
-    use limiter_common::{Counter, Reason, maps};
-    let md = MapData::from_pin(pins.join(maps::STATS)).unwrap();
-    let a: PerCpuArray<MapData, Counter> = PerCpuArray::try_from(Map::PerCpuArray(md)).unwrap();
-    a.get(&limiter_common::stat_index(Reason::RateLimited, 1), 0).unwrap().iter().map(|c| c.packets).sum()
-}
-
 /// Removes the test's pins even when it fails.
 struct Unpin(PathBuf);
 
@@ -393,12 +385,12 @@ fn upgrade_in_place_under_a_flood_lets_nothing_through() {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(i32::try_from(daemon.0.id()).unwrap(), libc::SIGTERM) };
     assert!(daemon.0.wait().unwrap().success());
-    let d0 = drops(&pins);
+    let d0 = limiter_tests::kernel::pinned_rate_limited(&pins);
     let (daemon, log) = start(&net, &pins);
     assert!(log.contains("re-adopted pinned maps") && log.contains("replaced the program on the pinned link"), "{log}");
     println!("N+1 running at {:.1} s", t0.elapsed().as_secs_f64());
     thread::sleep(Duration::from_millis(200));
-    assert!(drops(&pins) > d0, "no drops counted since the restart");
+    assert!(limiter_tests::kernel::pinned_rate_limited(&pins) > d0, "no drops counted since the restart");
     // The operator's commands find the service's socket without --socket.
     let status = stdout(Command::new(SBIN).args(["--json", "status"]));
     assert!(status.contains(B_IF), "limiter status without --socket: {status}");

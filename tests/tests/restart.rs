@@ -9,8 +9,8 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{HashMap, Map, MapData, PerCpuArray};
-use limiter_common::{BucketKey, BucketState, Counter, Reason, maps};
+use aya::maps::{HashMap, Map, MapData};
+use limiter_common::{BucketKey, BucketState, maps};
 use limiter_tests::{
     kernel::require_root,
     netns::{B_IF, VethPair},
@@ -58,12 +58,6 @@ fn start_daemon(net: &VethPair, pins: &Path) -> (Guard, std::sync::mpsc::Receive
     let mut log = String::new();
     wait_for(&rx, "pinned in", Duration::from_secs(20), &mut log).unwrap();
     (g, rx, log)
-}
-
-fn drops(pins: &Path) -> u64 {
-    let md = MapData::from_pin(pins.join(maps::STATS)).unwrap();
-    let a: PerCpuArray<MapData, Counter> = PerCpuArray::try_from(Map::PerCpuArray(md)).unwrap();
-    a.get(&limiter_common::stat_index(Reason::RateLimited, 1), 0).unwrap().iter().map(|c| c.packets).sum()
 }
 
 fn flood_bucket(pins: &Path) -> BucketState {
@@ -117,9 +111,9 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     thread::sleep(Duration::from_secs(2));
     daemon.0.kill().unwrap();
     daemon.0.wait().unwrap();
-    let d0 = drops(&pins.0);
+    let d0 = limiter_tests::kernel::pinned_rate_limited(&pins.0);
     thread::sleep(Duration::from_secs(1));
-    let d1 = drops(&pins.0);
+    let d1 = limiter_tests::kernel::pinned_rate_limited(&pins.0);
     assert!(d1 > d0 + 10_000, "no drops while the daemon was dead: {d0} -> {d1}");
 
     // Restart mid-flood: re-adopts, swaps the program in on the same link.

@@ -114,18 +114,20 @@ fn clients(net: &VethPair, v6: bool, first: usize, dst: SocketAddr) -> Vec<Durat
     t
 }
 
+/// `limiter VERB -j` against the daemon at `socket`, parsed.
+fn limiter_json(verb: &str, socket: &std::path::Path) -> serde_json::Value {
+    let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+        .args([verb, "-j", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 /// Prefixes with a bucket, once the daemon's count (refreshed in the
 /// background) has held still for a second (at most 15 s).
 fn tracked(socket: &std::path::Path) -> u64 {
-    let read = || {
-        let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
-            .args(["status", "-j", "--socket"])
-            .arg(socket)
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        v["tracked"].as_u64().unwrap()
-    };
+    let read = || limiter_json("status", socket)["tracked"].as_u64().unwrap();
     let (mut last, start) = (read(), Instant::now());
     loop {
         thread::sleep(Duration::from_secs(1));
@@ -290,12 +292,7 @@ fn without_tcp_syncookies_2_cookies_stay_off_and_the_daemon_says_why() {
     let socket = unique_socket("synoff");
     let (_daemon, _rx, log) = start_daemon(&net, &dir, &socket);
     assert!(log.contains("syn cookies are off: net.ipv4.tcp_syncookies is 1"), "{log}");
-    let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
-        .args(["status", "-j", "--socket"])
-        .arg(&socket)
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = limiter_json("status", &socket);
     assert!(v["policy"].as_str().unwrap().contains("syn cookies OFF"), "{v}");
     let dst: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
     let listener = net.b.run_in(|| TcpListener::bind(dst).unwrap());
@@ -309,12 +306,7 @@ fn without_tcp_syncookies_2_cookies_stay_off_and_the_daemon_says_why() {
         took
     });
     assert!(took.is_ok(), "{took:?}");
-    let stats = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
-        .args(["stats", "-j", "--socket"])
-        .arg(&socket)
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let v = limiter_json("stats", &socket);
     let sent = v["reasons"].as_array().unwrap().iter().find(|r| r["reason"] == "syn_cookie_sent").unwrap();
     assert_eq!(sent["packets"], 0, "{v}");
     let row = &v["syn_cookies"][0];
@@ -383,12 +375,7 @@ fn with_tcp_timestamps_2_cookie_connections_get_window_scaling_sack_and_timestam
     let dst: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
     let listener = net.b.run_in(|| TcpListener::bind(dst).unwrap());
     let stats = || {
-        let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
-            .args(["stats", "-j", "--socket"])
-            .arg(&socket)
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let v = limiter_json("stats", &socket);
         let count = |name: &str| {
             let row = v["reasons"].as_array().unwrap().iter().find(|r| r["reason"] == name);
             row.map_or(0, |r| r["packets"].as_u64().unwrap())

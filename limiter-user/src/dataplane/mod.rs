@@ -261,19 +261,27 @@ impl DataPlane {
     }
 }
 
+/// The address of a bucket key's prefix (`None`: not an IP family).
+#[must_use]
+pub fn key_addr(k: &limiter_common::BucketKey) -> Option<std::net::IpAddr> {
+    let [a, b] = k.addr.map(u32::to_ne_bytes);
+    match k.family {
+        limiter_common::family::IPV4 => Some(std::net::IpAddr::from(a)),
+        limiter_common::family::IPV6 => {
+            let mut o = [0u8; 16];
+            o[..4].copy_from_slice(&a);
+            o[4..8].copy_from_slice(&b);
+            Some(std::net::IpAddr::from(o))
+        }
+        _ => None,
+    }
+}
+
 /// A bucket key as a CIDR string.
 #[must_use]
 pub fn cidr(k: &limiter_common::BucketKey) -> String {
-    use std::net::{Ipv4Addr, Ipv6Addr};
-    let [a, b] = k.addr.map(u32::to_ne_bytes);
-    if k.family == limiter_common::family::IPV4 {
-        format!("{}/{}", Ipv4Addr::from(a), k.prefix_len)
-    } else {
-        let mut o = [0u8; 16];
-        o[..4].copy_from_slice(&a);
-        o[4..8].copy_from_slice(&b);
-        format!("{}/{}", Ipv6Addr::from(o), k.prefix_len)
-    }
+    let addr = key_addr(k).unwrap_or(std::net::IpAddr::from([0u8; 16]));
+    format!("{addr}/{}", k.prefix_len)
 }
 
 /// Index of `iface` in the calling thread's network namespace.

@@ -11,8 +11,15 @@
 //! on `limit / nodes` (`"split"`); the sync retries with back-off and
 //! pushes what accumulated once the store is back.
 
+mod classes;
 pub mod ledger;
+mod status;
 pub mod store;
+
+pub use self::{
+    classes::{ClassWindow, Classes},
+    status::{FleetStatus, SyncError},
+};
 
 use std::{
     sync::{Arc, Mutex},
@@ -22,7 +29,6 @@ use std::{
 use aya::maps::{HashMap, MapData};
 use limiter_common::{BucketKey, window::Touch};
 use redis::RedisError;
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use self::{
@@ -40,123 +46,6 @@ pub const MAX_PUSH: usize = 50_000;
 pub const RECENT: usize = 128;
 /// Longest wait between attempts while the store is down.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
-/// A window quota (of a class or an override) as the sync needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClassWindow {
-    /// Names its keys in the store: the class, or `override:CIDR`.
-    pub name: String,
-    pub limit: u64,
-    pub slice_ns: u64,
-    pub slices: u32,
-    pub fleet: bool,
-}
-
-/// The window quotas of the policy in force.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Classes {
-    /// By class index (`None`: not a window quota).
-    pub by_index: Vec<Option<ClassWindow>>,
-    /// Window overrides of the default class, most specific first.
-    pub overrides: Vec<(ipnet::IpNet, ClassWindow)>,
-}
-
-impl Classes {
-    /// The window that counts `key`: for the default class the most
-    /// specific window override containing its prefix (the program only
-    /// counts a prefix in a window when that is what it resolved to),
-    /// else its class's.
-    #[must_use]
-    pub fn of(&self, key: &BucketKey) -> Option<&ClassWindow> {
-        if key.class == 0
-            && let Some(addr) = key_addr(key)
-            && let Some((_, w)) = self.overrides.iter().find(|(n, _)| n.contains(&addr))
-        {
-            return Some(w);
-        }
-        self.by_index.get(usize::from(key.class))?.as_ref()
-    }
-}
-
-/// The address of a bucket key's prefix.
-fn key_addr(k: &BucketKey) -> Option<std::net::IpAddr> {
-    let [a, b] = k.addr.map(u32::to_ne_bytes);
-    match k.family {
-        limiter_common::family::IPV4 => Some(std::net::IpAddr::from(a)),
-        limiter_common::family::IPV6 => {
-            let mut o = [0u8; 16];
-            o[..4].copy_from_slice(&a);
-            o[4..8].copy_from_slice(&b);
-            Some(std::net::IpAddr::from(o))
-        }
-        _ => None,
-    }
-}
-
-/// Why a sync failed (bounded metric labels).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SyncError {
-    Timeout,
-    Connection,
-    Server,
-}
-
-impl SyncError {
-    pub const ALL: [SyncError; 3] = [SyncError::Timeout, SyncError::Connection, SyncError::Server];
-
-    #[must_use]
-    pub fn label(self) -> &'static str {
-        match self {
-            SyncError::Timeout => "timeout",
-            SyncError::Connection => "connection",
-            SyncError::Server => "server",
-        }
-    }
-
-    fn of(e: &RedisError) -> Self {
-        if e.is_timeout() {
-            SyncError::Timeout
-        } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-            SyncError::Connection
-        } else {
-            SyncError::Server
-        }
-    }
-}
-
-/// What `limiter fleet status` and the metrics show.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct FleetStatus {
-    pub node: String,
-    pub store: Vec<String>,
-    pub cluster: bool,
-    pub sync_interval_ms: u64,
-    pub store_up: bool,
-    /// Nodes whose heartbeat is at most 10 sync intervals (and 5 s) old.
-    pub nodes_seen: Vec<String>,
-    pub last_sync_unix_ms: Option<u64>,
-    pub syncs: u64,
-    /// Failed syncs by [`SyncError`] in its `ALL` order.
-    pub errors: [u64; 3],
-    pub outages: u64,
-    /// Seconds the store was down, finished outages.
-    pub outage_secs_total: f64,
-    /// Unix ms the current outage began.
-    pub down_since_unix_ms: Option<u64>,
-    pub last_latency_ms: f64,
-    pub max_latency_ms: f64,
-    /// The latest sync latencies, oldest first (at most `RECENT`).
-    pub recent_latency_ms: Vec<f64>,
-    pub latency_sum_secs: f64,
-    pub prefixes_pushed_total: u64,
-    pub commands_total: u64,
-    pub request_bytes_total: u64,
-    pub pending: usize,
-    /// Prefixes near their limit, read back every sync.
-    pub hot: usize,
-    pub remembered: usize,
-    pub dropped: u64,
-}
 
 /// Wall-clock Unix ns and its offset from the program's clock
 /// (`CLOCK_MONOTONIC`).
@@ -470,39 +359,5 @@ impl Readers {
             HashMap::try_from(Map::LruHashMap(MapData::from_id(id)?))
         };
         Ok(Self { windows: open(w.windows.map())?, fleet: open(w.fleet.map())? })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use limiter_common::family;
-
-    use super::*;
-
-    fn window(name: &str) -> ClassWindow {
-        ClassWindow { name: name.into(), limit: 60, slice_ns: 500_000_000, slices: 12, fleet: true }
-    }
-
-    #[test]
-    fn a_default_class_prefix_is_counted_by_its_most_specific_window_override() {
-        let c = Classes {
-            by_index: vec![None, Some(window("syn"))],
-            overrides: vec![
-                ("198.18.5.0/24".parse().unwrap(), window("override:198.18.5.0/24")),
-                ("198.18.0.0/16".parse().unwrap(), window("override:198.18.0.0/16")),
-            ],
-        };
-        let key = |a: [u8; 4], class| BucketKey {
-            family: family::IPV4,
-            prefix_len: 24,
-            class,
-            pad: 0,
-            addr: [u32::from_ne_bytes(a), 0],
-        };
-        let name = |k| c.of(&k).map(|w| w.name.clone());
-        assert_eq!(name(key([198, 18, 5, 0], 0)).as_deref(), Some("override:198.18.5.0/24"));
-        assert_eq!(name(key([198, 18, 9, 0], 0)).as_deref(), Some("override:198.18.0.0/16"));
-        assert_eq!(name(key([198, 19, 9, 0], 0)), None);
-        assert_eq!(name(key([198, 18, 5, 0], 1)).as_deref(), Some("syn"), "classes are not overridden");
     }
 }
