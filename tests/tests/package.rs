@@ -79,6 +79,8 @@ fn field(deb: &Path, name: &str) -> String {
 #[test]
 fn it_builds_and_lintian_finds_no_error() {
     let (deb, _) = debs();
+    // Other test processes (nextest) may be rebuilding the package.
+    let _lock = Lock::take();
     let o = Command::new("lintian").args(["--allow-root", "--fail-on", "error"]).arg(deb).output().expect("lintian");
     let report = String::from_utf8_lossy(&o.stdout);
     println!("lintian:\n{report}");
@@ -116,6 +118,8 @@ fn verbs(bin: &Path, prefix: &[&str]) -> Vec<Vec<String>> {
 #[test]
 fn its_files_are_the_ones_the_readme_lists() {
     let (deb, _) = debs();
+    // Other test processes (nextest) may be rebuilding the package.
+    let _lock = Lock::take();
     let listing = stdout(Command::new("dpkg-deb").arg("-c").arg(deb));
     let files: BTreeSet<String> = listing
         .lines()
