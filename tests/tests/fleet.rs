@@ -259,10 +259,11 @@ fn with_the_store_down_a_split_class_admits_limit_over_nodes_on_each_node() {
 }
 
 /// A policy apply moves a running fleet sync to another store (the node
-/// name and interval with it), and starts the sync on a daemon that ran
-/// without `[fleet]`, with no daemon restarted.
+/// name and interval with it), starts the sync on a daemon that ran
+/// without `[fleet]`, and stops it when `[fleet]` is gone, with no daemon
+/// restarted.
 #[test]
-fn a_policy_apply_moves_the_sync_to_another_store_or_starts_it() {
+fn a_policy_apply_moves_starts_or_stops_the_sync() {
     require_root();
     let tmp = TempDir::new("flr");
     let (dir_a, dir_b) = (tmp.0.join("a"), tmp.0.join("b"));
@@ -306,4 +307,39 @@ fn a_policy_apply_moves_the_sync_to_another_store_or_starts_it() {
     let key = "lim:{quota|198.18.1.0/24}";
     assert!(eventually(Duration::from_secs(5), || b.cli(&["--scan", "--pattern", "lim:{*"]).lines().any(|k| k == key)));
     println!("after the apply: {:?}", Client::new(&nodes[2].socket).fleet_status().unwrap());
+
+    // Node 0 gets the same class without [fleet]: its sync stops, it
+    // forgets the others' counts, and it no longer writes to the store.
+    let _ = run(&nodes, &[Flow { src: CLIENT, times: schedule(30, 1, SLICE_NS, 200_000_000, 25_000_000) }], 11);
+    let counts = |n: &Node| {
+        let rows = Client::new(&n.socket).prefix_show(CLIENT).unwrap().windows;
+        rows.iter().find(|r| r.class == "quota").map(|r| (r.local, r.fleet)).unwrap()
+    };
+    assert!(eventually(Duration::from_secs(2), || counts(&nodes[0]).1 > 0), "n0 never saw the others' counts");
+    let alone = tmp.0.join("alone.toml");
+    let text = policy(&[b.url()], 60, 100);
+    std::fs::write(&alone, &text[..text.find("[fleet]").unwrap()]).unwrap();
+    let o = cli(&nodes[0], &["policy", "apply", alone.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut seen = String::new();
+    limiter_tests::scenario::wait_for(
+        &nodes[0].log.lock().unwrap(),
+        "stopped (the policy has no [fleet] section)",
+        Duration::from_secs(5),
+        &mut seen,
+    )
+    .unwrap_or_else(|e| panic!("{e}: {seen}"));
+    assert!(Client::new(&nodes[0].socket).fleet_status().unwrap().is_none(), "n0 still reports a sync");
+    let (local, fleet) = counts(&nodes[0]);
+    assert_eq!(fleet, 0, "n0 kept the others' counts ({local} local)");
+    let beat = || b.cli(&["HGET", "lim:nodes", "m0"]);
+    let before = beat();
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(beat(), before, "n0 still beats in the store");
+    assert!(beat().trim().parse::<u64>().is_ok(), "{before}");
+    // And [fleet] back: it syncs again, with no restart.
+    let o = cli(&nodes[0], &["policy", "apply", tmp.0.join("moved-0.toml").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(eventually(Duration::from_secs(10), || moved(&nodes[0])), "n0 never synced again");
+    assert!(eventually(Duration::from_secs(2), || beat() != before), "n0 never beat again");
 }

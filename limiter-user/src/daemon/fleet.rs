@@ -26,7 +26,13 @@ pub(super) enum FleetSide {
     Off(Option<Box<WindowMaps>>),
     /// The sync, its read handles, and the `[fleet]` it started with.
     On(Box<(FleetSync, Readers, Fleet)>),
+    /// `[fleet]` was removed: the sync is winding down (the maps come back
+    /// when it has); a `[fleet]` applied meanwhile starts then.
+    Stopping(Box<(FleetSync, Readers, Next)>),
 }
+
+/// The sync to start once a stopping one has handed its maps back.
+type Next = Option<(Fleet, Classes)>;
 
 /// The window quotas of `config` (classes, named) and `policy` (its
 /// window overrides).
@@ -93,18 +99,46 @@ impl FleetSide {
         }
     }
 
-    /// Once a second without a sync: keep the wall-clock offset current.
+    /// Once a second: take the maps back from a sync that has stopped
+    /// (and start the one a later policy asked for); without a sync, keep
+    /// the wall-clock offset current.
     pub(super) fn tick(&mut self) {
+        if let Self::Stopping(s) = self {
+            if let Some(maps) = s.0.stopped() {
+                let next = s.2.take();
+                *self = Self::Off(Some(maps));
+                if let Some((cfg, classes)) = next {
+                    self.set_classes(classes, Some(&cfg));
+                }
+            } else if s.0.stopped_for_good() {
+                tracing::warn!(
+                    "limiter: the fleet sync's thread died; window quotas run without their maps' upkeep until the daemon restarts"
+                );
+                *self = Self::Off(None);
+            }
+        }
         if let Self::Off(Some(m)) = self {
             let _ = m.state.set(2, wall_and_offset().1, 0);
         }
     }
 
     /// The policy changed: its classes apply at once, and so does a
-    /// changed or new `[fleet]` section (the sync takes the new store, node
-    /// name and interval from its next round, or starts). A section removed
-    /// stops nothing until the daemon restarts, which is said.
+    /// changed, new or removed `[fleet]` section (the sync takes the new
+    /// store, node name and interval from its next round, starts, or
+    /// stops and forgets the other nodes' counts).
     pub(super) fn set_classes(&mut self, classes: Classes, fleet: Option<&Fleet>) {
+        if fleet.is_none() && matches!(self, Self::On(_)) {
+            let Self::On(on) = std::mem::replace(self, Self::Off(None)) else { unreachable!("matched above") };
+            let (sync, readers, cfg) = *on;
+            tracing::info!(
+                "limiter: the policy has no [fleet] section any more; stopping the fleet sync with {} as {:?}",
+                cfg.store.join(", "),
+                cfg.node
+            );
+            sync.stop();
+            *self = Self::Stopping(Box::new((sync, readers, None)));
+            return;
+        }
         match self {
             Self::On(on) => {
                 on.0.set_classes(classes);
@@ -119,14 +153,10 @@ impl FleetSide {
                         on.0.set_config(cfg.clone());
                         on.2 = cfg.clone();
                     }
-                    Some(_) => {}
-                    None => tracing::warn!(
-                        "limiter: the policy has no [fleet] section any more; the running sync keeps {} as {:?} until the daemon restarts",
-                        on.2.store.join(", "),
-                        on.2.node
-                    ),
+                    Some(_) | None => {}
                 }
             }
+            Self::Stopping(s) => s.2 = fleet.map(|f| (f.clone(), classes)),
             Self::Off(maps @ Some(_)) if fleet.is_some() => match Self::start(fleet, maps.take(), classes) {
                 Ok(side) => *self = side,
                 Err(e) => tracing::warn!(
@@ -141,7 +171,7 @@ impl FleetSide {
     pub(super) fn status(&self) -> Option<FleetStatus> {
         match self {
             Self::On(on) => Some(on.0.status()),
-            Self::Off(_) => None,
+            Self::Off(_) | Self::Stopping(_) => None,
         }
     }
 }
@@ -151,6 +181,7 @@ impl FleetSide {
     fn maps(&self) -> Option<(&WindowMap, &WindowMap)> {
         match self {
             Self::On(on) => Some((&on.1.windows, &on.1.fleet)),
+            Self::Stopping(s) => Some((&s.1.windows, &s.1.fleet)),
             Self::Off(Some(m)) => Some((&m.windows, &m.fleet)),
             Self::Off(None) => None,
         }

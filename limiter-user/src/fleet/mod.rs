@@ -66,7 +66,10 @@ pub fn wall_and_offset() -> (u64, u64) {
 pub struct FleetSync {
     pub status: Arc<Mutex<FleetStatus>>,
     classes: watch::Sender<Classes>,
-    config: watch::Sender<Fleet>,
+    /// `None`: stop.
+    config: watch::Sender<Option<Fleet>>,
+    /// The sync's thread; it hands the maps back when it stops.
+    thread: Option<std::thread::JoinHandle<Box<WindowMaps>>>,
 }
 
 impl FleetSync {
@@ -80,15 +83,37 @@ impl FleetSync {
             ..FleetStatus::default()
         }));
         let (tx, rx) = watch::channel(classes);
-        let (config, config_rx) = watch::channel(cfg.clone());
+        let (config, config_rx) = watch::channel(Some(cfg.clone()));
         let out = Arc::clone(&status);
-        std::thread::Builder::new().name("fleet-sync".into()).spawn(move || {
+        let thread = std::thread::Builder::new().name("fleet-sync".into()).spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
             let sync =
                 Sync { cfg, config: config_rx, maps, classes: rx, ledger: Ledger::default(), status: out, store: None };
-            rt.block_on(sync.run());
+            rt.block_on(sync.run())
         })?;
-        Ok(Self { status, classes: tx, config })
+        Ok(Self { status, classes: tx, config, thread: Some(thread) })
+    }
+
+    /// The policy has no `[fleet]` any more: stop after the sync in flight
+    /// (if any), forget the other nodes' counts (fleet-scope quotas then
+    /// count this host only) and hand the maps back ([`Self::stopped`]).
+    pub fn stop(&self) {
+        self.config.send_replace(None);
+    }
+
+    /// The maps, once the sync has stopped (`None` while it is still
+    /// winding down, or for good if its thread died).
+    pub fn stopped(&mut self) -> Option<Box<WindowMaps>> {
+        if !self.thread.as_ref().is_some_and(std::thread::JoinHandle::is_finished) {
+            return None;
+        }
+        self.thread.take()?.join().ok()
+    }
+
+    /// Its thread is gone without handing the maps back (it panicked).
+    #[must_use]
+    pub fn stopped_for_good(&self) -> bool {
+        self.thread.is_none()
     }
 
     /// The policy changed: sync its classes from now on.
@@ -100,7 +125,7 @@ impl FleetSync {
     /// changed store is connected to afresh; what this node counted and has
     /// not pushed yet goes to the new one).
     pub fn set_config(&self, cfg: Fleet) {
-        self.config.send_replace(cfg);
+        self.config.send_replace(Some(cfg));
     }
 
     #[must_use]
@@ -114,8 +139,8 @@ type Planned = (BucketKey, limiter_common::window::WindowState, u64, u32, Push);
 
 struct Sync {
     cfg: Fleet,
-    /// A new `[fleet]` from a policy apply.
-    config: watch::Receiver<Fleet>,
+    /// A new `[fleet]` from a policy apply (`None`: stop).
+    config: watch::Receiver<Option<Fleet>>,
     maps: Box<WindowMaps>,
     classes: watch::Receiver<Classes>,
     ledger: Ledger,
@@ -124,7 +149,8 @@ struct Sync {
 }
 
 impl Sync {
-    async fn run(mut self) {
+    /// Sync until told to stop; then the maps go back to the daemon.
+    async fn run(mut self) -> Box<WindowMaps> {
         let mut every = u64::try_from(self.cfg.sync_interval.as_nanos()).unwrap_or(u64::MAX).max(1);
         let (mut epoch, mut n) = (1u64, 0u64);
         let mut backoff = Duration::ZERO;
@@ -133,7 +159,7 @@ impl Sync {
         let mut nodes_read: Option<Instant> = None;
         loop {
             if self.config.has_changed().unwrap_or(false) {
-                let cfg = self.config.borrow_and_update().clone();
+                let Some(cfg) = self.config.borrow_and_update().clone() else { return self.wind_down() };
                 self.reconfigure(cfg);
                 every = u64::try_from(self.cfg.sync_interval.as_nanos()).unwrap_or(u64::MAX).max(1);
                 (n, backoff, next_try, nodes_read) = (0, Duration::ZERO, Instant::now(), None);
@@ -141,7 +167,20 @@ impl Sync {
             // Every node syncs on the same wall-clock ticks (multiples of
             // the interval), so the views they pull are of the same moment.
             let now = wall_and_offset().0;
-            tokio::time::sleep(Duration::from_nanos(every - now % every)).await;
+            let tick = tokio::time::sleep(Duration::from_nanos(every - now % every));
+            tokio::select! {
+                () = tick => {}
+                changed = self.config.changed() => {
+                    // Gone: the daemon is exiting; the maps (pinned or
+                    // not) keep the last view for the program.
+                    if changed.is_err() {
+                        return self.maps;
+                    }
+                    // Seen at the top of the loop.
+                    self.config.mark_changed();
+                    continue;
+                }
+            }
             let (wall, offset) = wall_and_offset();
             epoch += 1;
             let _ = self.maps.state.set(2, offset, 0);
@@ -181,6 +220,26 @@ impl Sync {
                 }
             }
         }
+    }
+
+    /// Stop: the other nodes' counts are forgotten (without `[fleet]`
+    /// fleet-scope quotas count this host only, and a view that no longer
+    /// refreshes must not refuse anyone), a split for an outage is lifted.
+    fn wind_down(mut self) -> Box<WindowMaps> {
+        let keys: Vec<BucketKey> = self.maps.fleet.keys().filter_map(Result::ok).collect();
+        for k in &keys {
+            let _ = self.maps.fleet.remove(k);
+        }
+        let _ = self.maps.state.set(1, 0, 0);
+        tracing::info!(
+            event = "fleet_sync",
+            stopped = true,
+            "limiter: fleet sync with {} stopped (the policy has no [fleet] section); forgot the other nodes' counts of {} prefixes: fleet-scope quotas count this host only",
+            self.cfg.store.join(", "),
+            keys.len()
+        );
+        self.publish(|s| s.store_up = false);
+        self.maps
     }
 
     /// Take a new `[fleet]`: another store is connected to at the next
