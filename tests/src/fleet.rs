@@ -236,6 +236,14 @@ impl Lcg {
     }
 }
 
+/// The node of each packet of each flow: `seed`'s generator drawn packet
+/// after packet, flow after flow (the case study's for one flow).
+#[must_use]
+pub fn assign(flows: &[Flow], nodes: usize, seed: u32) -> Vec<Vec<usize>> {
+    let mut rng = Lcg::new(seed);
+    flows.iter().map(|f| f.times.iter().map(|_| rng.below(nodes)).collect()).collect()
+}
+
 /// Send every flow's packets, each to a node picked at random, at their
 /// times; return, per flow, the receipt times (Unix ns) of the packets
 /// that got through, merged over the nodes, and how many were sent.
@@ -247,11 +255,10 @@ pub fn run(nodes: &[Node], flows: &[Flow], seed: u32) -> Vec<(usize, Vec<u64>)> 
 /// [`run`] to UDP port `port`.
 #[must_use]
 pub fn run_to(nodes: &[Node], flows: &[Flow], seed: u32, port: u16) -> Vec<(usize, Vec<u64>)> {
-    let mut rng = Lcg::new(seed);
     let mut plan: Vec<Vec<(u64, usize)>> = vec![Vec::new(); nodes.len()];
-    for (f, flow) in flows.iter().enumerate() {
-        for &t in &flow.times {
-            plan[rng.below(nodes.len())].push((t, f));
+    for (f, (flow, to)) in flows.iter().zip(assign(flows, nodes.len(), seed)).enumerate() {
+        for (&t, node) in flow.times.iter().zip(to) {
+            plan[node].push((t, f));
         }
     }
     for p in &mut plan {

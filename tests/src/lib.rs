@@ -8,3 +8,4 @@ pub mod netns;
 pub mod packet;
 pub mod scenario;
 pub mod seccomp;
+pub mod study;
