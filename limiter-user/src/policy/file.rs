@@ -27,15 +27,18 @@
 mod locate;
 mod ports;
 mod render;
+mod window;
 
 use std::path::Path;
 
 use serde::Deserialize;
 use toml::Spanned;
 
+use self::window::WindowSpec;
+
 use super::{
-    Aggregate, Class, Compiled, CostUnit, DEFAULT_AGGREGATE_PREFIXES, DEFAULT_SLICES, Limit, Mode, Override,
-    OverrideAction, Policy, PolicyError, Protocol, Scope, StoreFailure, SynCookies, Window, bad,
+    Aggregate, Class, Compiled, CostUnit, DEFAULT_AGGREGATE_PREFIXES, Limit, Mode, Override, OverrideAction, Policy,
+    PolicyError, Protocol, Scope, StoreFailure, SynCookies, bad,
 };
 
 /// Largest policy file read: 131,072 overrides take about 8 MB.
@@ -126,50 +129,6 @@ struct OverrideSpec {
     slices: Option<u32>,
     scope: Option<Scope>,
     on_store_failure: Option<StoreFailure>,
-}
-
-/// The window-quota fields of a class or an override.
-struct WindowSpec {
-    limit: Option<u64>,
-    window: Option<std::time::Duration>,
-    slices: Option<u32>,
-    scope: Option<Scope>,
-    on_store_failure: Option<StoreFailure>,
-}
-
-impl WindowSpec {
-    /// `Some` window if `window` is given (then `limit` is needed and
-    /// neither `rate` nor `burst` may be); an error names the field.
-    fn build(self, at: &str, bucket: (Option<u64>, Option<u64>)) -> Result<Option<Window>, PolicyError> {
-        let Self { limit, window, slices, scope, on_store_failure } = self;
-        let Some(length) = window else {
-            let stray = [("limit", limit.is_some()), ("slices", slices.is_some()), ("scope", scope.is_some())]
-                .into_iter()
-                .chain([("on_store_failure", on_store_failure.is_some())])
-                .find(|(_, set)| *set);
-            if let Some((field, _)) = stray {
-                return Err(bad(format!("{at}{field}"), "belongs to a window quota: give window (and limit) too"));
-            }
-            return Ok(None);
-        };
-        if bucket.0.is_some() || bucket.1.is_some() {
-            let field = if bucket.0.is_some() { "rate" } else { "burst" };
-            return Err(bad(format!("{at}{field}"), "a window quota has limit and window, not rate and burst"));
-        }
-        let Some(limit) = limit else {
-            return Err(bad(format!("{at}limit"), "a window quota needs limit (units per window)"));
-        };
-        if on_store_failure.is_some() && scope != Some(Scope::Fleet) {
-            return Err(bad(format!("{at}on_store_failure"), "applies to scope = \"fleet\" only"));
-        }
-        Ok(Some(Window {
-            limit,
-            length,
-            slices: slices.unwrap_or(DEFAULT_SLICES),
-            scope: scope.unwrap_or_default(),
-            on_store_failure: on_store_failure.unwrap_or_default(),
-        }))
-    }
 }
 
 #[derive(Clone, Copy, Deserialize, PartialEq)]

@@ -1,0 +1,64 @@
+//! What the daemon's loop shows of the policy in force (`status`, the
+//! metrics, the fleet's classes), refreshed after start and each change.
+
+use super::Daemon;
+use crate::forward;
+
+/// What the loop shows of the policy, kept while a change has it away.
+#[derive(Debug, Default)]
+pub(super) struct View {
+    pub(super) version: u64,
+    pub(super) source: String,
+    /// The effective policy's summary line.
+    pub(super) summary: String,
+    /// Class names by index (0 = `default`).
+    pub(super) class_names: Vec<String>,
+    /// Feedback decisions: applied, shadow, then refusals by reason, then
+    /// escalations decided.
+    pub(super) feedback: [u64; 7],
+    /// The escalation rule in force, if any.
+    pub(super) escalate: Option<crate::policy::feedback::Escalate>,
+    /// Classes with SYN cookies: index, name and mode (`limiter_common::cookie::mode`),
+    /// and whether the data plane has them on.
+    pub(super) syn_cookies: Vec<(u32, String, u8)>,
+    pub(super) syn_cookies_on: bool,
+}
+
+impl Daemon {
+    /// Show the policy state in force (after start and each change),
+    /// and run the forwarders it declares.
+    pub(super) fn refresh_view(&mut self) {
+        if let Some((p, _)) = &self.policy {
+            let effective = p.effective(p.base());
+            self.view = View {
+                version: p.version(),
+                source: p.source().to_owned(),
+                summary: match p.syn_cookies_off() {
+                    Some(why) => format!("{}; syn cookies OFF: {why}", effective.summary(p.version())),
+                    None => effective.summary(p.version()).to_string(),
+                },
+                class_names: effective.class_names().into_iter().map(str::to_owned).collect(),
+                feedback: {
+                    let g = p.governed();
+                    [g.applied, g.shadowed, g.refused[0], g.refused[1], g.refused[2], g.refused[3], g.escalations]
+                },
+                escalate: p.base().feedback.as_ref().and_then(|f| f.escalate),
+                syn_cookies: p.config().map_or_else(Vec::new, |c| {
+                    (0u32..)
+                        .zip(effective.class_names())
+                        .zip(c.cookies.mode)
+                        .filter(|(_, m)| *m != limiter_common::cookie::mode::OFF)
+                        .map(|((i, n), m)| (i, n.to_owned(), m))
+                        .collect()
+                }),
+                syn_cookies_on: p.config().is_some_and(|c| c.flags & limiter_common::flags::SYN_COOKIES != 0),
+            };
+            if let Some(classes) = self.fleet_classes() {
+                self.fleet.set_classes(classes, p.base().fleet.as_ref());
+            }
+            let Some((p, _)) = &self.policy else { return };
+            let ctx = forward::Context { version: p.version(), config: p.config().copied().unwrap_or_default() };
+            self.forwards.update(&p.base().forwards, ctx);
+        }
+    }
+}
