@@ -13,11 +13,14 @@
 
 mod classes;
 pub mod ledger;
+mod readers;
 mod status;
 pub mod store;
 
+use self::status::SyncedRound;
 pub use self::{
     classes::{ClassWindow, Classes},
+    readers::Readers,
     status::{FleetStatus, SyncError},
 };
 
@@ -26,7 +29,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, MapData};
 use limiter_common::{BucketKey, window::Touch};
 use redis::RedisError;
 use tokio::sync::watch;
@@ -294,52 +296,17 @@ impl Sync {
         let commands: usize = pushes.iter().map(Push::commands).sum::<usize>() + 1 + usize::from(read_nodes);
         let bytes: usize = pushes.iter().map(|p| p.pipeline().get_packed_pipeline().len()).sum();
         let (cfg_interval, cluster) = (self.cfg.sync_interval, self.cfg.is_cluster());
-        self.publish(|s| {
-            if !s.store_up {
-                if let Some(since) = s.down_since_unix_ms.take() {
-                    #[expect(clippy::cast_precision_loss, reason = "milliseconds of an outage")]
-                    let secs = (wall_ns / 1_000_000).saturating_sub(since) as f64 / 1e3;
-                    s.outage_secs_total += secs;
-                    tracing::info!(
-                        event = "fleet_store",
-                        up = true,
-                        outage_secs = secs,
-                        "limiter: fleet store {} is back after {secs:.1} s; pushed {} prefixes",
-                        s.store.join(","),
-                        pushes.len()
-                    );
-                } else {
-                    tracing::info!(
-                        event = "fleet_store",
-                        up = true,
-                        cluster,
-                        "limiter: fleet store {} reached",
-                        s.store.join(",")
-                    );
-                }
-            }
-            s.store_up = true;
-            s.syncs += 1;
-            s.last_sync_unix_ms = Some(wall_ns / 1_000_000);
-            let ms = latency.as_secs_f64() * 1e3;
-            s.last_latency_ms = ms;
-            s.max_latency_ms = s.max_latency_ms.max(ms);
-            if s.recent_latency_ms.len() == RECENT {
-                s.recent_latency_ms.remove(0);
-            }
-            s.recent_latency_ms.push(ms);
-            s.latency_sum_secs += latency.as_secs_f64();
-            s.prefixes_pushed_total += pushes.len() as u64;
-            s.commands_total += commands as u64;
-            s.request_bytes_total += bytes as u64;
-            if let Some(nodes) = nodes {
-                let fresh = (10 * u64::try_from(cfg_interval.as_millis()).unwrap_or(0)).max(5_000);
-                let now = wall_ns / 1_000_000;
-                s.nodes_seen =
-                    nodes.into_iter().filter(|(_, t)| now.saturating_sub(*t) <= fresh).map(|(n, _)| n).collect();
-                s.nodes_seen.sort();
-            }
-        });
+        let round = SyncedRound {
+            wall_ns,
+            latency,
+            pushed: pushes.len(),
+            commands,
+            bytes,
+            nodes,
+            interval: cfg_interval,
+            cluster,
+        };
+        self.publish(|s| s.synced(round));
         Ok(())
     }
 
@@ -399,24 +366,5 @@ impl Sync {
         s.remembered = self.ledger.remembered();
         s.dropped = self.ledger.dropped;
         f(&mut s);
-    }
-}
-
-/// Read-only handles on `WINDOWS` and `FLEET` for `limiter prefix show`
-/// (the sync owns the writable ones).
-pub struct Readers {
-    pub windows: HashMap<MapData, BucketKey, limiter_common::window::WindowState>,
-    pub fleet: HashMap<MapData, BucketKey, limiter_common::window::WindowState>,
-}
-
-impl Readers {
-    /// Second handles on the maps of `w`.
-    pub fn of(w: &WindowMaps) -> Result<Self, aya::maps::MapError> {
-        use aya::maps::{IterableMap as _, Map};
-        let open = |m: &MapData| -> Result<HashMap<MapData, BucketKey, _>, aya::maps::MapError> {
-            let id = m.info()?.id();
-            HashMap::try_from(Map::LruHashMap(MapData::from_id(id)?))
-        };
-        Ok(Self { windows: open(w.windows.map())?, fleet: open(w.fleet.map())? })
     }
 }
