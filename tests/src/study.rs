@@ -5,6 +5,41 @@
 //! limit, and a sync sets the view to the fleet's exact total, taking no
 //! time.
 
+use crate::fleet::Lcg;
+
+/// The study's seed for its generator.
+pub const SEED: u32 = 20_260_730;
+
+/// The node (of `n`) of each of the study's first `count` requests: its
+/// generator and seed, drawn request after request.
+#[must_use]
+pub fn nodes(count: usize, n: usize) -> Vec<usize> {
+    let mut rng = Lcg::new(SEED);
+    (0..count).map(|_| rng.below(n)).collect()
+}
+
+/// The study's requests at `rate` a second (request `i` at `i / rate` s,
+/// in ns) on `nodes`.
+#[must_use]
+pub fn requests(rate: u32, nodes: &[usize]) -> Vec<(u64, usize)> {
+    (0u64..).zip(nodes).map(|(i, &k)| (i * 1_000_000_000 / u64::from(rate), k)).collect()
+}
+
+/// The study's split quota: each of `n` nodes admits `limit / n` of the
+/// requests on `nodes`. How many are refused.
+#[must_use]
+pub fn split_quota(nodes: &[usize], n: usize, limit: u64) -> u64 {
+    let (mut local, mut refused) = (vec![0u64; n], 0);
+    for &k in nodes {
+        if local[k] < limit / n as u64 {
+            local[k] += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    refused
+}
+
 /// The study's code as written: request `i` at `i / rate` seconds on node
 /// `nodes[i]` (of `n`); a sync at the first request at least `interval`
 /// seconds after the last sync, compared in `f64` as the study does (so
@@ -51,29 +86,29 @@ pub fn on_ticks(requests: &[(u64, usize)], n: usize, limit: u64, interval_ns: u6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::Lcg;
-
-    fn nodes(rate: u32) -> Vec<usize> {
-        let mut rng = Lcg::new(20_260_730);
-        (0..rate * 60).map(|_| rng.below(8)).collect()
-    }
 
     /// The transcription gives the study's published table (its
     /// generator, seed, 8 nodes, 600 per 60 s).
     #[test]
     fn as_written_gives_the_studys_table() {
-        let at_90: Vec<u64> = [0.2, 1.0, 2.0, 5.0].iter().map(|&i| as_written(90, i, &nodes(90), 8, 600)).collect();
+        let at_90: Vec<u64> =
+            [0.2, 1.0, 2.0, 5.0].iter().map(|&i| as_written(90, i, &nodes(90 * 60, 8), 8, 600)).collect();
         assert_eq!(at_90, [609, 630, 720, 900]);
-        assert_eq!(as_written(10, 0.2, &nodes(10), 8, 600), 600);
+        assert_eq!(as_written(10, 0.2, &nodes(10 * 60, 8), 8, 600), 600);
+    }
+
+    /// Its split quota refuses 25 of a client exactly at the limit.
+    #[test]
+    fn split_quota_gives_the_studys_figure() {
+        assert_eq!(split_quota(&nodes(10 * 60, 8), 8, 600), 25);
     }
 
     /// Where the study's `f64` test does not drift (whole seconds), its
     /// syncs fall on the ticks and both give the same.
     #[test]
     fn on_ticks_is_the_study_where_its_syncs_fall_on_the_ticks() {
-        let n = nodes(90);
-        let requests: Vec<(u64, usize)> =
-            n.iter().enumerate().map(|(i, &k)| (u64::try_from(i).unwrap() * 1_000_000_000 / 90, k)).collect();
+        let n = nodes(90 * 60, 8);
+        let requests = requests(90, &n);
         for s in [1u32, 2, 5] {
             assert_eq!(
                 on_ticks(&requests, 8, 600, u64::from(s) * 1_000_000_000),

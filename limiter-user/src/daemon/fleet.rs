@@ -103,18 +103,18 @@ impl FleetSide {
     /// (and start the one a later policy asked for); without a sync, keep
     /// the wall-clock offset current.
     pub(super) fn tick(&mut self) {
-        if let Self::Stopping(s) = self {
-            if let Some(maps) = s.0.stopped() {
-                let next = s.2.take();
-                *self = Self::Off(Some(maps));
-                if let Some((cfg, classes)) = next {
-                    self.set_classes(classes, Some(&cfg));
-                }
-            } else if s.0.stopped_for_good() {
+        if let Self::Stopping(s) = self
+            && let Some(maps) = s.0.stopped()
+        {
+            let next = s.2.take();
+            if maps.is_none() {
                 tracing::warn!(
                     "limiter: the fleet sync's thread died; window quotas run without their maps' upkeep until the daemon restarts"
                 );
-                *self = Self::Off(None);
+            }
+            *self = Self::Off(maps);
+            if let Some((cfg, classes)) = next {
+                self.set_classes(classes, Some(&cfg));
             }
         }
         if let Self::Off(Some(m)) = self {
@@ -153,7 +153,7 @@ impl FleetSide {
                         on.0.set_config(cfg.clone());
                         on.2 = cfg.clone();
                     }
-                    Some(_) | None => {}
+                    _ => {}
                 }
             }
             Self::Stopping(s) => s.2 = fleet.map(|f| (f.clone(), classes)),

@@ -17,7 +17,6 @@ mod readers;
 mod status;
 pub mod store;
 
-use self::status::SyncedRound;
 pub use self::{
     classes::{ClassWindow, Classes},
     readers::Readers,
@@ -35,6 +34,7 @@ use tokio::sync::watch;
 
 use self::{
     ledger::Ledger,
+    status::SyncedRound,
     store::{Push, Store},
 };
 use crate::{
@@ -103,19 +103,13 @@ impl FleetSync {
         self.config.send_replace(None);
     }
 
-    /// The maps, once the sync has stopped (`None` while it is still
-    /// winding down, or for good if its thread died).
-    pub fn stopped(&mut self) -> Option<Box<WindowMaps>> {
-        if !self.thread.as_ref().is_some_and(std::thread::JoinHandle::is_finished) {
+    /// `None` while the sync is still winding down; once it has stopped,
+    /// the maps it hands back (`Some(None)`: its thread died without them).
+    pub fn stopped(&mut self) -> Option<Option<Box<WindowMaps>>> {
+        if !self.thread.as_ref().is_none_or(std::thread::JoinHandle::is_finished) {
             return None;
         }
-        self.thread.take()?.join().ok()
-    }
-
-    /// Its thread is gone without handing the maps back (it panicked).
-    #[must_use]
-    pub fn stopped_for_good(&self) -> bool {
-        self.thread.is_none()
+        Some(self.thread.take().and_then(|t| t.join().ok()))
     }
 
     /// The policy changed: sync its classes from now on.
@@ -240,7 +234,6 @@ impl Sync {
             self.cfg.store.join(", "),
             keys.len()
         );
-        self.publish(|s| s.store_up = false);
         self.maps
     }
 
@@ -295,17 +288,7 @@ impl Sync {
         let _ = self.maps.state.set(1, 0, 0);
         let commands: usize = pushes.iter().map(Push::commands).sum::<usize>() + 1 + usize::from(read_nodes);
         let bytes: usize = pushes.iter().map(|p| p.pipeline().get_packed_pipeline().len()).sum();
-        let (cfg_interval, cluster) = (self.cfg.sync_interval, self.cfg.is_cluster());
-        let round = SyncedRound {
-            wall_ns,
-            latency,
-            pushed: pushes.len(),
-            commands,
-            bytes,
-            nodes,
-            interval: cfg_interval,
-            cluster,
-        };
+        let round = SyncedRound { wall_ns, latency, pushed: pushes.len(), commands, bytes, nodes };
         self.publish(|s| s.synced(round));
         Ok(())
     }

@@ -1,9 +1,9 @@
 //! What the sync reports: `limiter fleet status` and the metrics.
 
 use redis::RedisError;
+use serde::{Deserialize, Serialize};
 
 use super::RECENT;
-use serde::{Deserialize, Serialize};
 
 /// Why a sync failed (bounded metric labels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,57 +81,55 @@ pub(super) struct SyncedRound {
     pub bytes: usize,
     /// Heartbeats read back, if they were.
     pub nodes: Option<Vec<(String, u64)>>,
-    pub interval: std::time::Duration,
-    pub cluster: bool,
 }
 
 impl FleetStatus {
     /// A sync succeeded: the store is up (logged when it was not), and the
     /// round's figures are added.
     pub(super) fn synced(&mut self, r: SyncedRound) {
-        let s = self;
-        if !s.store_up {
-            if let Some(since) = s.down_since_unix_ms.take() {
+        if !self.store_up {
+            if let Some(since) = self.down_since_unix_ms.take() {
                 #[expect(clippy::cast_precision_loss, reason = "milliseconds of an outage")]
                 let secs = (r.wall_ns / 1_000_000).saturating_sub(since) as f64 / 1e3;
-                s.outage_secs_total += secs;
+                self.outage_secs_total += secs;
                 tracing::info!(
                     event = "fleet_store",
                     up = true,
                     outage_secs = secs,
                     "limiter: fleet store {} is back after {secs:.1} s; pushed {} prefixes",
-                    s.store.join(","),
+                    self.store.join(","),
                     r.pushed
                 );
             } else {
                 tracing::info!(
                     event = "fleet_store",
                     up = true,
-                    cluster = r.cluster,
+                    cluster = self.cluster,
                     "limiter: fleet store {} reached",
-                    s.store.join(",")
+                    self.store.join(",")
                 );
             }
         }
-        s.store_up = true;
-        s.syncs += 1;
-        s.last_sync_unix_ms = Some(r.wall_ns / 1_000_000);
+        self.store_up = true;
+        self.syncs += 1;
+        self.last_sync_unix_ms = Some(r.wall_ns / 1_000_000);
         let ms = r.latency.as_secs_f64() * 1e3;
-        s.last_latency_ms = ms;
-        s.max_latency_ms = s.max_latency_ms.max(ms);
-        if s.recent_latency_ms.len() == RECENT {
-            s.recent_latency_ms.remove(0);
+        self.last_latency_ms = ms;
+        self.max_latency_ms = self.max_latency_ms.max(ms);
+        if self.recent_latency_ms.len() == RECENT {
+            self.recent_latency_ms.remove(0);
         }
-        s.recent_latency_ms.push(ms);
-        s.latency_sum_secs += r.latency.as_secs_f64();
-        s.prefixes_pushed_total += r.pushed as u64;
-        s.commands_total += r.commands as u64;
-        s.request_bytes_total += r.bytes as u64;
+        self.recent_latency_ms.push(ms);
+        self.latency_sum_secs += r.latency.as_secs_f64();
+        self.prefixes_pushed_total += r.pushed as u64;
+        self.commands_total += r.commands as u64;
+        self.request_bytes_total += r.bytes as u64;
         if let Some(nodes) = r.nodes {
-            let fresh = (10 * u64::try_from(r.interval.as_millis()).unwrap_or(0)).max(5_000);
+            let fresh = self.sync_interval_ms.saturating_mul(10).max(5_000);
             let now = r.wall_ns / 1_000_000;
-            s.nodes_seen = nodes.into_iter().filter(|(_, t)| now.saturating_sub(*t) <= fresh).map(|(n, _)| n).collect();
-            s.nodes_seen.sort();
+            self.nodes_seen =
+                nodes.into_iter().filter(|(_, t)| now.saturating_sub(*t) <= fresh).map(|(n, _)| n).collect();
+            self.nodes_seen.sort();
         }
     }
 }

@@ -5,8 +5,6 @@
 
 mod http;
 
-pub use self::http::{HEADER_TIMEOUT, MAX_CONNS, ScrapeCall, serve};
-use crate::dataplane::Totals;
 use limiter_common::{Action, ClassCounters, Reason, STAT_FAMILIES};
 use prometheus_client::{
     collector::Collector,
@@ -14,6 +12,9 @@ use prometheus_client::{
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
+
+pub use self::http::{HEADER_TIMEOUT, MAX_CONNS, ScrapeCall, serve};
+use crate::dataplane::Totals;
 
 /// Default listen address of `/metrics`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
@@ -66,17 +67,10 @@ impl SnapshotCollector {
         Ok(())
     }
 
-    /// Per forwarder (labels bounded by the policy: forwarder names and
-    /// upstream addresses it declares).
     /// The fleet sync's series (only when it runs).
     fn fleet(enc: &mut DescriptorEncoder, f: &crate::fleet::FleetStatus) -> std::fmt::Result {
         let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        let gauge = |enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64| -> std::fmt::Result {
-            ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
-        };
-        let counter = |enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64| -> std::fmt::Result {
-            ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
-        };
+        let (gauge, counter) = (Self::gauge, Self::counter);
         gauge(enc, "limiter_fleet_store_up", "1 while the fleet's store answers syncs.", i64::from(f.store_up))?;
         gauge(
             enc,
@@ -129,6 +123,8 @@ impl SnapshotCollector {
         Ok(())
     }
 
+    /// Per forwarder (labels bounded by the policy: forwarder names and
+    /// upstream addresses it declares).
     fn forwards(enc: &mut DescriptorEncoder, forwards: &[crate::control::ForwardInfo]) -> std::fmt::Result {
         let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let mut m =
@@ -206,6 +202,10 @@ impl SnapshotCollector {
     fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
         ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
     }
+
+    fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+        ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
+    }
 }
 
 impl Collector for SnapshotCollector {
@@ -271,12 +271,12 @@ impl Collector for SnapshotCollector {
         )?;
         ConstGauge::new(i64::from(s.attached))
             .encode(m.encode_family(&[("interface", s.iface.as_str()), ("mode", s.attach_mode.as_str())])?)?;
-        ConstCounter::new(s.reattaches).encode(enc.encode_descriptor(
+        Self::counter(
+            &mut enc,
             "limiter_reattaches",
             "Times the daemon found its XDP link or pin gone and put it back.",
-            None,
-            MetricType::Counter,
-        )?)?;
+            s.reattaches,
+        )?;
         Self::syn_cookies(&mut enc, &s.syn_cookies)?;
         Self::forwards(&mut enc, &s.forwards)?;
         if let Some(f) = &s.fleet {

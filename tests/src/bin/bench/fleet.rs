@@ -108,8 +108,8 @@ pub fn fleet() {
                 Flow { src: CLIENTS[k], times: grid[skip..].to_vec() }
             })
             .collect();
-        let to = assign(&flows, NODES, 20_260_730);
-        let got = run(&nodes, &flows, 20_260_730);
+        let to = assign(&flows, NODES, study::SEED);
+        let got = run(&nodes, &flows, study::SEED);
         let model: Vec<u64> = flows
             .iter()
             .zip(&to)
@@ -129,35 +129,19 @@ pub fn fleet() {
             let (_tmp, _redis, nodes) = group(&format!("br{i}"), 200_000_000, down, &CLIENTS[..1]);
             assert!(ready(&nodes, down), "group br{i} never reached its state");
             let times = schedule(10, 60, SLICE_NS, 2_000_000_000, 50_000_000);
-            let (sent, got) = run(&nodes, &[Flow { src: CLIENTS[0], times }], 20_260_730).remove(0);
+            let (sent, got) = run(&nodes, &[Flow { src: CLIENTS[0], times }], study::SEED).remove(0);
             (sent, got.len())
         })
         .collect();
     table(&rows);
     println!("{:<34} {:>10} {:>10} {:>12}", "client at 10/s for 60 s", "sent", "refused", "study");
-    let study_split = split_quota(10);
+    let study_split = study::split_quota(&study::nodes(10 * 60, NODES), NODES, 600);
     for ((name, want), (sent, got)) in
         [("split quota (store down, limit/8)", study_split), ("delayed sync, 0.2 s", 0)].iter().zip(&at_rate)
     {
         println!("{:<34} {:>10} {:>10} {:>12}", name, sent, sent - got, want);
     }
     cost();
-}
-
-/// The study's split quota for a client at `rate`: refused of `rate x 60`.
-fn split_quota(rate: u32) -> u64 {
-    let mut rng = limiter_tests::fleet::Lcg::new(20_260_730);
-    let mut local = [0u64; NODES];
-    let mut refused = 0;
-    for _ in 0..rate * 60 {
-        let node = rng.below(NODES);
-        if local[node] < 600 / NODES as u64 {
-            local[node] += 1;
-        } else {
-            refused += 1;
-        }
-    }
-    refused
 }
 
 /// The overshoot table: per sync interval, this system's busiest 60 s per
@@ -176,8 +160,7 @@ fn table(rows: &[(&str, u64, Vec<u64>, Vec<u64>)]) {
         "{:<6} {:<28} {:>7} {:<28} {:>7} {:>24}",
         "sync", "this system, busiest 60 s", "mean", "study's model, same requests", "mean", "1st start: here / study"
     );
-    let mut study = limiter_tests::fleet::Lcg::new(20_260_730);
-    let nodes: Vec<usize> = (0..90 * 60).map(|_| study.below(NODES)).collect();
+    let nodes = study::nodes(90 * 60, NODES);
     let mut vs_model = true;
     let mut published = Vec::new();
     let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64 / 600.0;
@@ -196,12 +179,7 @@ fn table(rows: &[(&str, u64, Vec<u64>, Vec<u64>)]) {
             format!("{} / {p} (x{:.3})", ours[0], p as f64 / 600.0)
         );
     }
-    let on_ticks = study::on_ticks(
-        &nodes.iter().enumerate().map(|(i, &n)| (i as u64 * 1_000_000_000 / 90, n)).collect::<Vec<_>>(),
-        NODES,
-        600,
-        200_000_000,
-    );
+    let on_ticks = study::on_ticks(&study::requests(90, &nodes), NODES, 600, 200_000_000);
     println!(
         "goal: overshoot at or under the study's model on the same requests, every interval and start -> {}",
         if vs_model { "met" } else { "NOT met" }
