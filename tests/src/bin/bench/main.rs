@@ -5,6 +5,7 @@
 
 mod fleet;
 mod forward;
+mod profile;
 mod syn;
 mod system;
 mod window;

@@ -34,6 +34,7 @@ use std::{
     time::Duration,
 };
 
+use crate::profile::{self, Profile};
 use limiter::dataplane::{AttachMode, DataPlane};
 use limiter_common::{Reason, programs};
 use limiter_tests::{
@@ -115,6 +116,8 @@ struct Row {
     gen_secs: f64,
     conform_sent: u64,
     conform_lost: u64,
+    /// Where CPU 0's time went (`LIMITER_BENCH_PROFILE`, generator's CPU).
+    profile: Profile,
 }
 
 /// The cells every table starts with: receiver, sent, received, dropped.
@@ -288,7 +291,7 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
         Shape::One => programs::BENCH_TX,
         Shape::Spread => programs::BENCH_TX_SPREAD,
     };
-    let (frames, received, dropped, [gen_secs, cpu_secs]) = net.a.run_in(|| {
+    let (frames, received, dropped, [gen_secs, cpu_secs], profile) = net.a.run_in(|| {
         pin_to_cpu(0, 0);
         let mut g = DataPlane::open_bench(1024).expect("load the generator");
         // Each call costs two RCU grace periods (the kernel swaps the XDP
@@ -298,15 +301,17 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
         #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "clamped to 1e6..=2e8")]
         let repeat = (SECS / probe.as_secs_f64().max(1e-9)).clamp(1e6, 2e8) as u32;
         let (d0, r0) = (dropped(filter, &net.b, &xdp), veth_stat(&net.b, B_IF, "_xdp_packets"));
+        let perf = (profile::wanted() && place == Place::SameCpu).then(|| profile::Recording::start(0));
         let b0 = busy_ticks();
         g.test_run_live(generator, &frame, A_IF, repeat).expect("live-frames run");
         // The receiver may still be draining the ring.
         std::thread::sleep(Duration::from_millis(100));
         let b1 = busy_ticks();
+        let profile = perf.map(|p| p.stop(u64::from(repeat))).unwrap_or_default();
         let (d1, r1) = (dropped(filter, &net.b, &xdp), veth_stat(&net.b, B_IF, "_xdp_packets"));
         // SAFETY: sysconf has no preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        (u64::from(repeat), r1 - r0, d1 - d0, [0, 1].map(|c| (b1[c] - b0[c]) as f64 / hz))
+        (u64::from(repeat), r1 - r0, d1 - d0, [0, 1].map(|c| (b1[c] - b0[c]) as f64 / hz), profile)
     });
     let cpu_secs = if place == Place::OwnCpu { cpu_secs } else { gen_secs };
 
@@ -324,6 +329,7 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
         gen_secs,
         conform_sent,
         conform_lost: conform_sent.saturating_sub(conform_got),
+        profile,
     }
 }
 
@@ -362,6 +368,9 @@ pub fn system_flood() {
                 }
             }
             let rows: Vec<Row> = runs.into_iter().map(best_round).collect();
+            if profile::wanted() && place == Place::SameCpu {
+                profile::print(title, &rows[0].profile, &rows[2].profile);
+            }
             if quick {
                 let rate = |r: &Row| r.dropped as f64 / r.cpu_secs;
                 println!(

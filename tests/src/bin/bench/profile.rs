@@ -1,0 +1,107 @@
+//! `LIMITER_BENCH_PROFILE=1`: `perf record` on the generator's CPU while
+//! each system-flood row runs, and each symbol's time per frame, the
+//! limiter's row beside a bare `XDP_DROP`'s (what the limiter adds to a
+//! live flood, kernel functions included, not only its own program).
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+/// One sample every this many ns of CPU time (`cpu-clock`: this VM has no
+/// hardware counters).
+const PERIOD_NS: u64 = 100_000;
+
+/// Whether rows are profiled.
+pub fn wanted() -> bool {
+    std::env::var_os("LIMITER_BENCH_PROFILE").is_some()
+}
+
+/// A `perf record` of one CPU, running.
+pub struct Recording {
+    child: Child,
+    file: PathBuf,
+}
+
+impl Recording {
+    /// Start recording `cpu`, and give perf time to set up before the
+    /// caller's measurement begins.
+    pub fn start(cpu: usize) -> Self {
+        let file = std::env::temp_dir().join(format!("limiter-bench-{}.perf", std::process::id()));
+        let child = Command::new("perf")
+            .args(["record", "-q", "-e", "cpu-clock", "-c", &PERIOD_NS.to_string(), "-C", &cpu.to_string(), "-o"])
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run perf (LIMITER_BENCH_PROFILE needs the linux-perf package)");
+        std::thread::sleep(Duration::from_millis(700));
+        Self { child, file }
+    }
+
+    /// Stop, and each symbol's ns per frame over `frames` (idle left out).
+    pub fn stop(mut self, frames: u64) -> Profile {
+        // SAFETY: kill has no memory preconditions; perf writes its file
+        // on SIGINT.
+        unsafe { libc::kill(self.child.id().cast_signed(), libc::SIGINT) };
+        let _ = self.child.wait();
+        let out = Command::new("perf")
+            .args(["report", "--stdio", "-q", "-n", "--sort", "sym", "-i"])
+            .arg(&self.file)
+            .output()
+            .expect("perf report");
+        let _ = std::fs::remove_file(&self.file);
+        let mut ns = HashMap::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // "    12.34%      5678  [k] symbol"
+            let mut f = line.split_whitespace();
+            let (Some(_), Some(n), Some(_), Some(sym)) = (f.next(), f.next(), f.next(), f.next()) else { continue };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            if sym.contains("safe_halt") || sym.contains("cpuidle") {
+                continue;
+            }
+            *ns.entry(name(sym)).or_insert(0.0) += (n * PERIOD_NS) as f64 / frames.max(1) as f64;
+        }
+        Profile(ns)
+    }
+}
+
+/// A BPF program's symbol without its tag, and the receivers' programs
+/// under one name, so that rows compare.
+fn name(sym: &str) -> String {
+    let Some(rest) = sym.strip_prefix("bpf_prog_") else { return sym.to_string() };
+    let prog = rest.split_once('_').map_or(rest, |(_, p)| p);
+    match prog {
+        "limiter" | "baseline_drop" | "bench_touch_drop" => "receiver's XDP program".into(),
+        p => format!("bpf_prog {p}"),
+    }
+}
+
+/// ns per frame by symbol.
+#[derive(Default)]
+pub struct Profile(HashMap<String, f64>);
+
+/// The symbols that differ most between `bare` and `lim`, ns per frame.
+pub fn print(title: &str, bare: &Profile, lim: &Profile) {
+    let total = |p: &Profile| p.0.values().sum::<f64>();
+    println!(
+        "profile, {title} (perf on CPU 0, ns per frame; a bare XDP_DROP {:.1} ns, the limiter {:.1} ns):",
+        total(bare),
+        total(lim)
+    );
+    let mut syms: Vec<&String> = bare.0.keys().chain(lim.0.keys()).collect();
+    syms.sort();
+    syms.dedup();
+    let get = |p: &Profile, s: &str| p.0.get(s).copied().unwrap_or(0.0);
+    syms.sort_by(|a, b| {
+        let d = |s: &str| (get(lim, s) - get(bare, s)).abs();
+        d(b).total_cmp(&d(a))
+    });
+    println!("  {:<44} {:>8} {:>8} {:>8}", "symbol", "bare", "limiter", "added");
+    for s in syms.iter().take(16) {
+        let (b, l) = (get(bare, s), get(lim, s));
+        println!("  {s:<44} {b:>8.2} {l:>8.2} {:>+8.2}", l - b);
+    }
+}
