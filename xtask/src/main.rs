@@ -46,9 +46,10 @@ const APT_PACKAGES: &[&str] = &[
     // Redis Cluster), started by the fleet tests on private sockets.
     "redis-server",
 ];
-/// Only `bench` needs these: the netfilter peers of the system flood, and
-/// nginx's stream module for the forwarder's peers.
-const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool", "libnginx-mod-stream"];
+/// Only `bench` needs these: the netfilter peers of the system flood,
+/// nginx's stream module for the forwarder's peers, and perf for the
+/// system flood's profile (`LIMITER_BENCH_PROFILE=1`).
+const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool", "libnginx-mod-stream", "linux-perf"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(Parser)]
