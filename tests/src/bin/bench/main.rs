@@ -5,6 +5,7 @@
 
 mod fleet;
 mod forward;
+mod jitlines;
 mod profile;
 mod syn;
 mod system;

@@ -3,6 +3,7 @@
 //! limiter's row beside a bare `XDP_DROP`'s (what the limiter adds to a
 //! live flood, kernel functions included, not only its own program).
 
+use crate::jitlines::JitLines;
 use std::{
     collections::HashMap,
     path::PathBuf,
@@ -41,8 +42,9 @@ impl Recording {
         Self { child, file }
     }
 
-    /// Stop, and each symbol's ns per frame over `frames` (idle left out).
-    pub fn stop(mut self, frames: u64) -> Profile {
+    /// Stop, and each symbol's ns per frame over `frames` (idle left out);
+    /// with `lines` (the limiter's), its program's by source line too.
+    pub fn stop(mut self, frames: u64, lines: Option<&JitLines>) -> Profile {
         // SAFETY: kill has no memory preconditions; perf writes its file
         // on SIGINT.
         unsafe { libc::kill(self.child.id().cast_signed(), libc::SIGINT) };
@@ -52,6 +54,7 @@ impl Recording {
             .arg(&self.file)
             .output()
             .expect("perf report");
+        let by_line = lines.map(|l| program_lines(&self.file, l, frames)).unwrap_or_default();
         let _ = std::fs::remove_file(&self.file);
         let mut ns = HashMap::new();
         for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -64,8 +67,22 @@ impl Recording {
             }
             *ns.entry(name(sym)).or_insert(0.0) += (n * PERIOD_NS) as f64 / frames.max(1) as f64;
         }
-        Profile(ns)
+        Profile { ns, by_line }
     }
+}
+
+/// ns per frame of the limiter's main function, by source line.
+fn program_lines(file: &std::path::Path, lines: &JitLines, frames: u64) -> HashMap<String, f64> {
+    let out =
+        Command::new("perf").args(["script", "-F", "ip,sym,symoff", "-i"]).arg(file).output().expect("perf script");
+    let mut ns = HashMap::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        // "ffffffffc0035b51 bpf_prog_f17dcd4fe987cb19_limiter+0x2e5"
+        let Some((_, off)) = l.split_whitespace().nth(1).and_then(|s| s.split_once("_limiter+0x")) else { continue };
+        let Some(line) = u64::from_str_radix(off, 16).ok().and_then(|o| lines.at(o)) else { continue };
+        *ns.entry(line.to_string()).or_insert(0.0) += PERIOD_NS as f64 / frames.max(1) as f64;
+    }
+    ns
 }
 
 /// A BPF program's symbol without its tag, and the receivers' programs
@@ -79,22 +96,25 @@ fn name(sym: &str) -> String {
     }
 }
 
-/// ns per frame by symbol.
+/// ns per frame by symbol, and the limiter program's by source line.
 #[derive(Default)]
-pub struct Profile(HashMap<String, f64>);
+pub struct Profile {
+    ns: HashMap<String, f64>,
+    by_line: HashMap<String, f64>,
+}
 
 /// The symbols that differ most between `bare` and `lim`, ns per frame.
 pub fn print(title: &str, bare: &Profile, lim: &Profile) {
-    let total = |p: &Profile| p.0.values().sum::<f64>();
+    let total = |p: &Profile| p.ns.values().sum::<f64>();
     println!(
         "profile, {title} (perf on CPU 0, ns per frame; a bare XDP_DROP {:.1} ns, the limiter {:.1} ns):",
         total(bare),
         total(lim)
     );
-    let mut syms: Vec<&String> = bare.0.keys().chain(lim.0.keys()).collect();
+    let mut syms: Vec<&String> = bare.ns.keys().chain(lim.ns.keys()).collect();
     syms.sort();
     syms.dedup();
-    let get = |p: &Profile, s: &str| p.0.get(s).copied().unwrap_or(0.0);
+    let get = |p: &Profile, s: &str| p.ns.get(s).copied().unwrap_or(0.0);
     syms.sort_by(|a, b| {
         let d = |s: &str| (get(lim, s) - get(bare, s)).abs();
         d(b).total_cmp(&d(a))
@@ -103,5 +123,13 @@ pub fn print(title: &str, bare: &Profile, lim: &Profile) {
     for s in syms.iter().take(16) {
         let (b, l) = (get(bare, s), get(lim, s));
         println!("  {s:<44} {b:>8.2} {l:>8.2} {:>+8.2}", l - b);
+    }
+    let mut lines: Vec<(&String, &f64)> = lim.by_line.iter().collect();
+    lines.sort_by(|a, b| b.1.total_cmp(a.1));
+    let of = lim.by_line.values().sum::<f64>();
+    println!("  the limiter's program by source line (a sample lands just after the instruction that held the CPU):");
+    for (line, ns) in lines.iter().take(24) {
+        let line: String = line.chars().take(96).collect();
+        println!("  {ns:>6.2} ns {:>5.1}%  {line}", *ns / of.max(1e-9) * 100.0);
     }
 }

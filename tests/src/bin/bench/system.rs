@@ -34,7 +34,10 @@ use std::{
     time::Duration,
 };
 
-use crate::profile::{self, Profile};
+use crate::{
+    jitlines::JitLines,
+    profile::{self, Profile},
+};
 use limiter::dataplane::{AttachMode, DataPlane};
 use limiter_common::{Reason, programs};
 use limiter_tests::{
@@ -307,7 +310,8 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
         // The receiver may still be draining the ring.
         std::thread::sleep(Duration::from_millis(100));
         let b1 = busy_ticks();
-        let profile = perf.map(|p| p.stop(u64::from(repeat))).unwrap_or_default();
+        let lines = (perf.is_some() && filter == Filter::Limiter).then(|| JitLines::of("limiter")).flatten();
+        let profile = perf.map(|p| p.stop(u64::from(repeat), lines.as_ref())).unwrap_or_default();
         let (d1, r1) = (dropped(filter, &net.b, &xdp), veth_stat(&net.b, B_IF, "_xdp_packets"));
         // SAFETY: sysconf has no preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
