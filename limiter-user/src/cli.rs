@@ -183,9 +183,11 @@ pub struct UnloadArgs {
     /// Keep the pinned maps (buckets, counters, config) for a later `run --pin`.
     #[arg(long)]
     pub keep_maps: bool,
-    /// Directory on bpffs holding the pins.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
-    pub pin_dir: std::path::PathBuf,
+    /// Directory on bpffs holding the pins [default: /sys/fs/bpf/limiter
+    /// if anything is pinned there, else the one pin directory of a
+    /// `limiter@IFACE` service, /sys/fs/bpf/limiter-IFACE].
+    #[arg(long, value_name = "DIR")]
+    pub pin_dir: Option<std::path::PathBuf>,
 }
 
 /// Arguments of `limiter run`; unset limits take the built-in default policy.
