@@ -56,23 +56,35 @@ fn default_socket(default: &Path) -> anyhow::Result<PathBuf> {
         return Ok(default.to_owned());
     }
     let dir = default.parent().unwrap_or(Path::new("/"));
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+    let found = entries(dir, |name| Path::new(name).extension().is_some_and(|e| e == "sock"), 64);
+    only_one(found, default, "several daemons run here", "--socket")
+}
+
+/// Up to `limit` paths in `dir` whose file names `name_ok` takes (none if
+/// `dir` cannot be read).
+fn entries(dir: &Path, name_ok: impl Fn(&str) -> bool, limit: usize) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
         .map(|entries| {
             entries
                 .filter_map(Result::ok)
+                .filter(|e| name_ok(&e.file_name().to_string_lossy()))
                 .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|e| e == "sock"))
-                .take(64)
+                .take(limit)
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// `default` when nothing was `found`, the one path found, or with
+/// several an error that names them and the flag that picks one.
+fn only_one(mut found: Vec<PathBuf>, default: &Path, several: &str, flag: &str) -> anyhow::Result<PathBuf> {
     found.sort();
     match found.len() {
         0 => Ok(default.to_owned()),
         1 => Ok(found.swap_remove(0)),
         _ => {
             let names: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
-            anyhow::bail!("several daemons run here ({}): pick one with --socket", names.join(", "))
+            anyhow::bail!("{several} ({}): pick one with {flag}", names.join(", "))
         }
     }
 }

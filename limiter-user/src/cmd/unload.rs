@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::{entries, only_one};
 use crate::{cli::UnloadArgs, dataplane::pin};
 
 pub fn unload(args: &UnloadArgs, json: bool) -> anyhow::Result<()> {
@@ -35,26 +36,9 @@ fn default_pin_dir(default: &Path) -> anyhow::Result<PathBuf> {
         return Ok(default.to_owned());
     };
     let prefix = format!("{}-", name.to_string_lossy());
-    let mut found: Vec<PathBuf> = std::fs::read_dir(parent)
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                .map(|e| e.path())
-                .take(256)
-                .filter(|p| pin::has_pins(p))
-                .collect()
-        })
-        .unwrap_or_default();
-    found.sort();
-    match found.len() {
-        0 => Ok(default.to_owned()),
-        1 => Ok(found.swap_remove(0)),
-        _ => {
-            let names: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
-            anyhow::bail!("several pin directories hold a limiter ({}): pick one with --pin-dir", names.join(", "))
-        }
-    }
+    let mut found = entries(parent, |n| n.starts_with(&prefix), 256);
+    found.retain(|d| pin::has_pins(d));
+    only_one(found, default, "several pin directories hold a limiter", "--pin-dir")
 }
 
 #[cfg(test)]
