@@ -2,29 +2,35 @@
 //! function, from the kernel's line info (`BPF_OBJ_GET_INFO_BY_FD`) and the
 //! program's BTF strings: what turns a perf sample at
 //! `bpf_prog_<tag>_limiter+0x2e5` into a line of the program's source.
+//! The kernel's structures are aya-obj's bindings of the UAPI header.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
 
-use aya::programs::loaded_programs;
+use aya::programs::{ProgramInfo, loaded_programs};
+use aya_obj::generated::{bpf_attr, bpf_btf_info, bpf_cmd, bpf_line_info, bpf_prog_info, btf_header};
 
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
-/// Offsets in `struct bpf_prog_info` (include/uapi/linux/bpf.h).
-const NR_JITED_KSYMS: usize = 104;
-const JITED_KSYMS: usize = 112;
-const BTF_ID: usize = 128;
-const NR_LINE_INFO: usize = 148;
-const LINE_INFO: usize = 152;
-const JITED_LINE_INFO: usize = 160;
-const NR_JITED_LINE_INFO: usize = 168;
-const LINE_INFO_REC_SIZE: usize = 172;
-const JITED_LINE_INFO_REC_SIZE: usize = 176;
-const JITED_FUNC_LENS: usize = 120;
-const NR_JITED_FUNC_LENS: usize = 108;
-const INFO_LEN: usize = 256;
+/// A line of the program's source.
+pub struct Line {
+    /// The source file's path as the compiler recorded it.
+    pub path: String,
+    pub number: u32,
+    pub text: String,
+}
 
-/// The main function's JIT offsets, each with its source line, sorted.
-pub struct JitLines(Vec<(u64, String)>);
+impl std::fmt::Display for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let file = self.path.rsplit('/').next().unwrap_or_default();
+        write!(f, "{file}:{} {}", self.number, self.text.trim())
+    }
+}
+
+/// A loaded program's main function: its JIT offsets, each with its
+/// source line, sorted.
+pub struct JitLines {
+    /// The program's name, as in its kernel symbol `bpf_prog_<tag>_<name>`.
+    pub name: String,
+    lines: Vec<(u64, Line)>,
+}
 
 impl JitLines {
     /// The newest loaded program named `name`.
@@ -32,102 +38,101 @@ impl JitLines {
         let info = loaded_programs()
             .filter_map(Result::ok)
             .filter(|p| p.name_as_str() == Some(name))
-            .max_by_key(aya::programs::ProgramInfo::id)?;
+            .max_by_key(ProgramInfo::id)?;
         let fd = info.fd().ok()?;
         let fd = fd.as_fd().as_raw_fd();
-        let mut buf = [0u8; INFO_LEN];
-        obj_info(fd, &mut buf).ok()?;
-        let rd32 = |b: &[u8], o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
-        let (n_ksyms, n_lens, n_lines, n_jited_lines) = (
-            rd32(&buf, NR_JITED_KSYMS),
-            rd32(&buf, NR_JITED_FUNC_LENS),
-            rd32(&buf, NR_LINE_INFO),
-            rd32(&buf, NR_JITED_LINE_INFO),
-        );
-        let (lrs, jlrs, btf_id) =
-            (rd32(&buf, LINE_INFO_REC_SIZE), rd32(&buf, JITED_LINE_INFO_REC_SIZE), rd32(&buf, BTF_ID));
-        if n_ksyms == 0 || n_lines == 0 || n_lines != n_jited_lines || lrs < 16 || jlrs != 8 {
+        // SAFETY: a plain C struct, all zeroes valid.
+        let mut counts: bpf_prog_info = unsafe { std::mem::zeroed() };
+        obj_info(fd, &mut counts).ok()?;
+        let (n, rec) = (counts.nr_line_info as usize, counts.line_info_rec_size as usize);
+        if counts.nr_jited_ksyms == 0
+            || n == 0
+            || counts.nr_jited_line_info as usize != n
+            || rec < size_of::<bpf_line_info>()
+        {
             return None;
         }
-        let mut ksyms = vec![0u64; n_ksyms as usize];
-        let mut lens = vec![0u32; n_lens as usize];
-        let mut li = vec![0u8; (n_lines * lrs) as usize];
-        let mut jli = vec![0u64; n_jited_lines as usize];
-        let mut buf = [0u8; INFO_LEN];
-        let put32 = |b: &mut [u8], o: usize, v: u32| b[o..o + 4].copy_from_slice(&v.to_ne_bytes());
-        let put64 = |b: &mut [u8], o: usize, v: u64| b[o..o + 8].copy_from_slice(&v.to_ne_bytes());
-        put32(&mut buf, NR_JITED_KSYMS, n_ksyms);
-        put64(&mut buf, JITED_KSYMS, ksyms.as_mut_ptr() as u64);
-        put32(&mut buf, NR_JITED_FUNC_LENS, n_lens);
-        put64(&mut buf, JITED_FUNC_LENS, lens.as_mut_ptr() as u64);
-        put32(&mut buf, NR_LINE_INFO, n_lines);
-        put64(&mut buf, LINE_INFO, li.as_mut_ptr() as u64);
-        put32(&mut buf, NR_JITED_LINE_INFO, n_jited_lines);
-        put64(&mut buf, JITED_LINE_INFO, jli.as_mut_ptr() as u64);
-        put32(&mut buf, LINE_INFO_REC_SIZE, lrs);
-        put32(&mut buf, JITED_LINE_INFO_REC_SIZE, jlrs);
-        obj_info(fd, &mut buf).ok()?;
-        let strings = btf_strings(btf_id)?;
+        let mut ksyms = vec![0u64; counts.nr_jited_ksyms as usize];
+        let mut lens = vec![0u32; counts.nr_jited_func_lens as usize];
+        let mut li = vec![0u8; n * rec];
+        let mut jli = vec![0u64; n];
+        // SAFETY: as above.
+        let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+        (info.nr_jited_ksyms, info.jited_ksyms) = (counts.nr_jited_ksyms, ksyms.as_mut_ptr() as u64);
+        (info.nr_jited_func_lens, info.jited_func_lens) = (counts.nr_jited_func_lens, lens.as_mut_ptr() as u64);
+        (info.nr_line_info, info.line_info, info.line_info_rec_size) =
+            (counts.nr_line_info, li.as_mut_ptr() as u64, counts.line_info_rec_size);
+        (info.nr_jited_line_info, info.jited_line_info) = (counts.nr_jited_line_info, jli.as_mut_ptr() as u64);
+        info.jited_line_info_rec_size = counts.jited_line_info_rec_size;
+        obj_info(fd, &mut info).ok()?;
+        let strings = btf_strings(counts.btf_id)?;
         let text = |off: u32| {
             let s = strings.get(off as usize..).unwrap_or_default();
             String::from_utf8_lossy(&s[..s.iter().position(|&c| c == 0).unwrap_or(s.len())]).into_owned()
         };
         let (base, len) = (ksyms[0], u64::from(*lens.first()?));
-        let mut lines: Vec<(u64, String)> = (0..n_lines as usize)
-            .filter_map(|i| {
-                let r = &li[i * lrs as usize..];
-                let off = jli[i].checked_sub(base).filter(|o| *o < len)?;
-                let file = text(rd32(r, 4));
-                let file = file.rsplit('/').next().unwrap_or_default().to_string();
-                let line = rd32(r, 12) >> 10;
-                Some((off, format!("{file}:{line} {}", text(rd32(r, 8)).trim())))
+        let mut lines: Vec<(u64, Line)> = li
+            .chunks_exact(rec)
+            .zip(&jli)
+            .filter_map(|(r, &addr)| {
+                // SAFETY: `rec` bytes the kernel wrote, at least a bpf_line_info.
+                let r: bpf_line_info = unsafe { r.as_ptr().cast::<bpf_line_info>().read_unaligned() };
+                let off = addr.checked_sub(base).filter(|o| *o < len)?;
+                Some((off, Line { path: text(r.file_name_off), number: r.line_col >> 10, text: text(r.line_off) }))
             })
             .collect();
         lines.sort_by_key(|(o, _)| *o);
-        Some(Self(lines))
+        Some(Self { name: name.to_owned(), lines })
     }
 
     /// The source line of the instruction at `off`.
-    pub fn at(&self, off: u64) -> Option<&str> {
-        let i = self.0.partition_point(|(o, _)| *o <= off).checked_sub(1)?;
-        Some(&self.0[i].1)
+    pub fn at(&self, off: u64) -> Option<&Line> {
+        let i = self.lines.partition_point(|(o, _)| *o <= off).checked_sub(1)?;
+        Some(&self.lines[i].1)
     }
 }
 
-/// `BPF_OBJ_GET_INFO_BY_FD` into `buf`.
-fn obj_info(fd: i32, buf: &mut [u8]) -> std::io::Result<()> {
-    // union bpf_attr.info: bpf_fd, info_len, info.
-    let mut attr = [0u8; 16];
-    attr[..4].copy_from_slice(&fd.to_ne_bytes());
-    attr[4..8].copy_from_slice(&u32::try_from(buf.len()).unwrap().to_ne_bytes());
-    attr[8..16].copy_from_slice(&(buf.as_mut_ptr() as u64).to_ne_bytes());
-    // SAFETY: attr points at a valid bpf_attr prefix naming buf, which
-    // outlives the call.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, attr.as_mut_ptr(), attr.len()) };
-    if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+/// `bpf(cmd, attr)`.
+fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<i64> {
+    // SAFETY: attr is a whole bpf_attr, and whatever it points at outlives
+    // the call.
+    let rc =
+        unsafe { libc::syscall(libc::SYS_bpf, cmd as libc::c_long, std::ptr::from_mut(attr), size_of::<bpf_attr>()) };
+    if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(rc) }
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` into `info` (a `bpf_*_info`).
+fn obj_info<T>(fd: i32, info: &mut T) -> std::io::Result<()> {
+    // SAFETY: a C union, all zeroes valid.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    attr.info.bpf_fd = u32::try_from(fd).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    attr.info.info_len = u32::try_from(size_of::<T>()).unwrap_or(u32::MAX);
+    attr.info.info = std::ptr::from_mut(info) as u64;
+    bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(|_| ())
 }
 
 /// The string section of BTF object `id`.
 fn btf_strings(id: u32) -> Option<Vec<u8>> {
-    let mut attr = [0u8; 16];
-    attr[..4].copy_from_slice(&id.to_ne_bytes());
-    // SAFETY: attr is a valid bpf_attr prefix (btf_id).
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_BTF_GET_FD_BY_ID, attr.as_mut_ptr(), attr.len()) };
-    let fd = i32::try_from(fd).ok().filter(|f| *f >= 0)?;
+    // SAFETY: a C union, all zeroes valid.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    attr.__bindgen_anon_6.__bindgen_anon_1.btf_id = id;
+    let fd = i32::try_from(bpf(bpf_cmd::BPF_BTF_GET_FD_BY_ID, &mut attr).ok()?).ok()?;
     // SAFETY: a descriptor the kernel just gave us.
-    let fd: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
-    // struct bpf_btf_info: btf (u64), btf_size (u32), id (u32), ...
-    let mut info = [0u8; 32];
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: a plain C struct, all zeroes valid.
+    let mut info: bpf_btf_info = unsafe { std::mem::zeroed() };
     obj_info(fd.as_raw_fd(), &mut info).ok()?;
-    let size = u32::from_ne_bytes(info[8..12].try_into().unwrap());
-    let mut btf = vec![0u8; size as usize];
-    let mut info = [0u8; 32];
-    info[..8].copy_from_slice(&(btf.as_mut_ptr() as u64).to_ne_bytes());
-    info[8..12].copy_from_slice(&size.to_ne_bytes());
+    let mut btf = vec![0u8; info.btf_size as usize];
+    let size = info.btf_size;
+    // SAFETY: as above.
+    let mut info: bpf_btf_info = unsafe { std::mem::zeroed() };
+    (info.btf, info.btf_size) = (btf.as_mut_ptr() as u64, size);
     obj_info(fd.as_raw_fd(), &mut info).ok()?;
-    // struct btf_header: magic, version, flags, hdr_len, type_off,
-    // type_len, str_off, str_len.
-    let rd = |o: usize| -> Option<usize> { Some(u32::from_ne_bytes(btf.get(o..o + 4)?.try_into().ok()?) as usize) };
-    let (hdr, str_off, str_len) = (rd(4)?, rd(16)?, rd(20)?);
-    btf.get(hdr + str_off..hdr + str_off + str_len).map(<[u8]>::to_vec)
+    if btf.len() < size_of::<btf_header>() {
+        return None;
+    }
+    // SAFETY: the buffer holds at least a header.
+    let h: btf_header = unsafe { btf.as_ptr().cast::<btf_header>().read_unaligned() };
+    let start = h.hdr_len as usize + h.str_off as usize;
+    btf.get(start..start + h.str_len as usize).map(<[u8]>::to_vec)
 }

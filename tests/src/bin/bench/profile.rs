@@ -3,13 +3,14 @@
 //! limiter's row beside a bare `XDP_DROP`'s (what the limiter adds to a
 //! live flood, kernel functions included, not only its own program).
 
-use crate::jitlines::JitLines;
 use std::{
     collections::HashMap,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::Duration,
 };
+
+use crate::jitlines::JitLines;
 
 /// One sample every this many ns of CPU time (`cpu-clock`: this VM has no
 /// hardware counters).
@@ -43,46 +44,40 @@ impl Recording {
     }
 
     /// Stop, and each symbol's ns per frame over `frames` (idle left out);
-    /// with `lines` (the limiter's), its program's by source line too.
+    /// with `lines`, that program's main function by source line too.
     pub fn stop(mut self, frames: u64, lines: Option<&JitLines>) -> Profile {
         // SAFETY: kill has no memory preconditions; perf writes its file
         // on SIGINT.
         unsafe { libc::kill(self.child.id().cast_signed(), libc::SIGINT) };
         let _ = self.child.wait();
         let out = Command::new("perf")
-            .args(["report", "--stdio", "-q", "-n", "--sort", "sym", "-i"])
+            .args(["script", "-F", "ip,sym,symoff", "-i"])
             .arg(&self.file)
             .output()
-            .expect("perf report");
-        let by_line = lines.map(|l| program_lines(&self.file, l, frames)).unwrap_or_default();
+            .expect("perf script");
         let _ = std::fs::remove_file(&self.file);
-        let mut ns = HashMap::new();
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            // "    12.34%      5678  [k] symbol"
-            let mut f = line.split_whitespace();
-            let (Some(_), Some(n), Some(_), Some(sym)) = (f.next(), f.next(), f.next(), f.next()) else { continue };
-            let Ok(n) = n.parse::<u64>() else { continue };
+        let per_sample = PERIOD_NS as f64 / frames.max(1) as f64;
+        let main = lines.map(|l| format!("_{}", l.name));
+        let mut p = Profile::default();
+        for sample in String::from_utf8_lossy(&out.stdout).lines() {
+            // "ffffffffc0035b51 bpf_prog_f17dcd4fe987cb19_limiter+0x2e5"
+            let Some(sym) = sample.split_whitespace().nth(1) else { continue };
+            let (sym, off) = sym.rsplit_once("+0x").map_or((sym, None), |(s, o)| (s, u64::from_str_radix(o, 16).ok()));
             if sym.contains("safe_halt") || sym.contains("cpuidle") {
                 continue;
             }
-            *ns.entry(name(sym)).or_insert(0.0) += (n * PERIOD_NS) as f64 / frames.max(1) as f64;
+            *p.ns.entry(name(sym)).or_insert(0.0) += per_sample;
+            if let (Some(lines), Some(main), Some(off)) = (lines, &main, off)
+                && sym.starts_with("bpf_prog_")
+                && sym.ends_with(main.as_str())
+                && let Some(line) = lines.at(off)
+            {
+                *p.by_file.entry(part(&line.path)).or_insert(0.0) += per_sample;
+                *p.by_line.entry(line.to_string()).or_insert(0.0) += per_sample;
+            }
         }
-        Profile { ns, by_line }
+        p
     }
-}
-
-/// ns per frame of the limiter's main function, by source line.
-fn program_lines(file: &std::path::Path, lines: &JitLines, frames: u64) -> HashMap<String, f64> {
-    let out =
-        Command::new("perf").args(["script", "-F", "ip,sym,symoff", "-i"]).arg(file).output().expect("perf script");
-    let mut ns = HashMap::new();
-    for l in String::from_utf8_lossy(&out.stdout).lines() {
-        // "ffffffffc0035b51 bpf_prog_f17dcd4fe987cb19_limiter+0x2e5"
-        let Some((_, off)) = l.split_whitespace().nth(1).and_then(|s| s.split_once("_limiter+0x")) else { continue };
-        let Some(line) = u64::from_str_radix(off, 16).ok().and_then(|o| lines.at(o)) else { continue };
-        *ns.entry(line.to_string()).or_insert(0.0) += PERIOD_NS as f64 / frames.max(1) as f64;
-    }
-    ns
 }
 
 /// A BPF program's symbol without its tag, and the receivers' programs
@@ -96,10 +91,11 @@ fn name(sym: &str) -> String {
     }
 }
 
-/// ns per frame by symbol, and the limiter program's by source line.
+/// ns per frame by symbol, and a program's by source file and line.
 #[derive(Default)]
 pub struct Profile {
     ns: HashMap<String, f64>,
+    by_file: HashMap<&'static str, f64>,
     by_line: HashMap<String, f64>,
 }
 
@@ -124,11 +120,7 @@ pub fn print(title: &str, bare: &Profile, lim: &Profile) {
         let (b, l) = (get(bare, s), get(lim, s));
         println!("  {s:<44} {b:>8.2} {l:>8.2} {:>+8.2}", l - b);
     }
-    let mut files: HashMap<&str, f64> = HashMap::new();
-    for (line, ns) in &lim.by_line {
-        *files.entry(part(line)).or_insert(0.0) += ns;
-    }
-    let mut files: Vec<(&str, f64)> = files.into_iter().collect();
+    let mut files: Vec<(&str, f64)> = lim.by_file.iter().map(|(p, ns)| (*p, *ns)).collect();
     files.sort_by(|a, b| b.1.total_cmp(&a.1));
     let of = lim.by_line.values().sum::<f64>();
     println!("  the limiter's program by source file:");
@@ -144,20 +136,23 @@ pub fn print(title: &str, bare: &Profile, lim: &Profile) {
     }
 }
 
-/// What part of the program a source line (`file:line text`) belongs to,
-/// by its file: every function but the entry point's own is inlined from
-/// a file of its own.
-fn part(line: &str) -> &'static str {
-    let file = line.split(':').next().unwrap_or_default();
+/// What part of the program a source file belongs to (by its path as the
+/// compiler recorded it: every function but the entry point's own is
+/// inlined from a file of its own).
+fn part(path: &str) -> &'static str {
+    let file = path.rsplit('/').next().unwrap_or_default();
+    let ours = path.contains("/limiter-common/") || path.contains("/limiter-ebpf/");
     match file {
-        "packet.rs" | "xdp.rs" => "packet.rs: parsing",
-        "lease.rs" | "equality.rs" => "lease.rs: this CPU's slot (and the key compare)",
-        "count.rs" | "reason.rs" => "count.rs, reason.rs: counters, drop sample, verdict",
-        "rules.rs" | "prefix.rs" => "rules.rs, prefix.rs: class and key",
-        "gcra.rs" => "gcra.rs: clock and charge arithmetic",
-        "helpers.rs" | "array.rs" | "per_cpu_array.rs" => "aya's map lookups (all maps)",
-        "program.rs" => "program.rs: the entry point's own lines (bounds, policy, clock cache, cookie test)",
-        "lib.rs" => "lib.rs: limiter_common (key derive, stat index)",
-        _ => "core library lines (integer and option helpers)",
+        "packet.rs" if ours => "packet.rs: parsing",
+        "xdp.rs" if path.contains("/aya-ebpf") => "packet.rs: parsing",
+        "lease.rs" if ours => "lease.rs: this CPU's slot",
+        "count.rs" | "reason.rs" if ours => "count.rs, reason.rs: counters, drop sample, verdict",
+        "rules.rs" | "prefix.rs" if ours => "rules.rs, prefix.rs: class and key",
+        "gcra.rs" if ours => "gcra.rs: clock and charge arithmetic",
+        "program.rs" if ours => "program.rs: the entry point's own lines (bounds, policy, clock cache, cookie test)",
+        "lib.rs" if ours => "lib.rs: limiter_common (key derive, stat index)",
+        "helpers.rs" | "array.rs" | "per_cpu_array.rs" if path.contains("/aya-ebpf") => "aya's map lookups (all maps)",
+        _ if ours => "other files of the limiter",
+        _ => "core library lines (integer, option, equality helpers)",
     }
 }
