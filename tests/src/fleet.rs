@@ -255,9 +255,16 @@ pub fn run(nodes: &[Node], flows: &[Flow], seed: u32) -> Vec<(usize, Vec<u64>)> 
 /// [`run`] to UDP port `port`.
 #[must_use]
 pub fn run_to(nodes: &[Node], flows: &[Flow], seed: u32, port: u16) -> Vec<(usize, Vec<u64>)> {
+    run_assigned(nodes, flows, &assign(flows, nodes.len(), seed), port)
+}
+
+/// [`run`] with each packet's node given: `to[f][i]` for packet `i` of
+/// flow `f` (see [`assign`]).
+#[must_use]
+pub fn run_assigned(nodes: &[Node], flows: &[Flow], to: &[Vec<usize>], port: u16) -> Vec<(usize, Vec<u64>)> {
     let mut plan: Vec<Vec<(u64, usize)>> = vec![Vec::new(); nodes.len()];
-    for (f, (flow, to)) in flows.iter().zip(assign(flows, nodes.len(), seed)).enumerate() {
-        for (&t, node) in flow.times.iter().zip(to) {
+    for (f, (flow, to)) in flows.iter().zip(to).enumerate() {
+        for (&t, &node) in flow.times.iter().zip(to) {
             plan[node].push((t, f));
         }
     }

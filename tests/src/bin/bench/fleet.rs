@@ -28,7 +28,7 @@ use std::{
 
 use limiter::control::client::Client;
 use limiter_tests::{
-    fleet::{Flow, Node, Redis, assign, busiest, eventually, run, schedule, start_nodes},
+    fleet::{Flow, Node, Redis, assign, busiest, eventually, run, run_assigned, schedule, start_nodes},
     kernel::TempDir,
     netns::A_IF,
     packet::{ETH_P_IP, Frame, IPPROTO_UDP},
@@ -108,8 +108,9 @@ pub fn fleet() {
                 Flow { src: CLIENTS[k], times: grid[skip..].to_vec() }
             })
             .collect();
+        // One draw of the nodes, for the fleet and the model alike.
         let to = assign(&flows, NODES, study::SEED);
-        let got = run(&nodes, &flows, study::SEED);
+        let got = run_assigned(&nodes, &flows, &to, PORT);
         let model: Vec<u64> = flows
             .iter()
             .zip(&to)
