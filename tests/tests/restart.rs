@@ -245,3 +245,72 @@ fn runtime_overrides_survive_kill_9_and_restart() {
     assert_eq!(flood_got, 0, "the runtime deny was lost across the restart");
     assert_eq!(conform_got, conform_sent, "conforming packets lost; links:\n{}", net.link_counters());
 }
+
+/// What an older build leaves pinned, made by hand: `CONFIG` of another
+/// layout (holding policy version 1000) and no `SYN_GUARD`. A restart of
+/// this build upgrades in place: the policy's maps and `SYN_GUARD` are
+/// renewed and named in the log, every other map (the buckets first) is
+/// re-adopted as it is, the old program enforces until this one replaces
+/// it on the pinned link, and policy versions continue past 1000.
+#[test]
+fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
+    let (net, pins) = flood_setup("up");
+    let (mut daemon, _rx, _) = start_daemon(&net, &pins.0);
+    let netload = env!("CARGO_BIN_EXE_netload");
+    let d = scenario::start_traffic(&net, netload.as_ref(), 20_000, 100, 1.0).unwrap().finish().unwrap();
+    assert!(d.flood_got < d.flood_sent, "the flood was not limited: {} of {}", d.flood_got, d.flood_sent);
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    let before = flood_bucket(&pins.0);
+
+    let config = pins.0.join(maps::CONFIG);
+    let old_size = size_of::<limiter_common::Config>() - 8;
+    std::fs::remove_file(&config).unwrap();
+    let bpftool = |args: &[&str]| {
+        let o = std::process::Command::new("bpftool").args(args).output().unwrap();
+        assert!(o.status.success(), "bpftool {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    let path = config.to_str().unwrap();
+    let size = old_size.to_string();
+    bpftool(&["map", "create", path, "type", "array", "key", "4", "value", &size, "entries", "2", "name", "CONFIG"]);
+    let mut value: Vec<String> = vec!["0".into(); old_size];
+    value[..8].clone_from_slice(&1000u64.to_le_bytes().map(|b| b.to_string()));
+    let mut update = vec!["map", "update", "pinned", path, "key", "0", "0", "0", "0", "value"];
+    update.extend(value.iter().map(String::as_str));
+    bpftool(&update);
+    std::fs::remove_file(pins.0.join(maps::SYN_GUARD)).unwrap();
+
+    let (daemon, _rx2, log) = start_daemon(&net, &pins.0);
+    assert!(log.contains("re-adopted pinned maps but those renewed above"), "{log}");
+    assert!(log.contains("replaced the program on the pinned link"), "{log}");
+    for m in limiter::dataplane::pin::POLICY_MAPS.iter().chain([&maps::SYN_GUARD]) {
+        assert!(log.contains(&format!("pinned {m} renewed")), "{m} not renewed: {log}");
+    }
+    assert!(log.contains(&format!("key/value sizes 4/{old_size}")), "{log}");
+    for m in [maps::BUCKETS, maps::STATS, maps::RUNTIME] {
+        assert!(!log.contains(&format!("pinned {m} renewed")), "{m} renewed: {log}");
+    }
+    assert_eq!(flood_bucket(&pins.0), before, "the upgrade reset the flood prefix's bucket");
+    let info = MapData::from_pin(&config).unwrap().info().unwrap();
+    assert_eq!(info.value_size() as usize, size_of::<limiter_common::Config>());
+    assert!(pins.0.join(maps::SYN_GUARD).exists());
+    let leftovers: Vec<_> = std::fs::read_dir(&pins.0)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(limiter::dataplane::pin::NEW_SUFFIX))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let listed = cli(&net, &["prefix", "list"]);
+    assert!(listed["version"].as_u64().unwrap() > 1000, "versions did not continue: {listed}");
+
+    // The new program enforces with the new maps: the flood prefix's
+    // bucket goes on being charged, not reset.
+    let d = scenario::start_traffic(&net, netload.as_ref(), 20_000, 100, 1.0).unwrap().finish().unwrap();
+    assert!(d.flood_got < d.flood_sent / 2, "not enforcing after the upgrade: {} of {}", d.flood_got, d.flood_sent);
+    assert_eq!(d.conform_got, d.conform_sent, "conforming packets lost; links:\n{}", net.link_counters());
+    drop(daemon);
+
+    // Now the pins are this build's: the next start renews nothing.
+    let (_daemon, _rx3, log) = start_daemon(&net, &pins.0);
+    assert!(log.contains("re-adopted pinned maps (buckets and counters kept)"), "{log}");
+}

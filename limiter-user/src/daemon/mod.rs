@@ -39,7 +39,11 @@ use crate::{
         ReloadInfo,
         server::{self, Access, Bound, Call},
     },
-    dataplane::{AttachMode, Attachment, DataPlane, Health, PolicyMaps as _, maps::Tables},
+    dataplane::{
+        AttachMode, Attachment, DataPlane, Health, PolicyMaps as _,
+        maps::Tables,
+        pin::{Renewal, renewal_loss},
+    },
     forward,
     metrics::{self, ScrapeCall},
     policy::{self, Loaded, Overlay, PolicyError},
@@ -141,10 +145,11 @@ impl Daemon {
         let capacity = loaded.policy.capacity;
         let (mut dp, adopted) = match &settings.pin_dir {
             Some(dir) => DataPlane::open_pinned(capacity, dir)?,
-            None => (DataPlane::open(capacity)?, false),
+            None => (DataPlane::open(capacity)?, None),
         };
-        // Versions continue from what a re-adopted data plane enforces.
-        let version = dp.active_config()?.map_or(0, |c| c.version);
+        // Versions continue from what a re-adopted data plane enforces
+        // (or a renewed CONFIG held).
+        let version = dp.active_config()?.map_or(0, |c| c.version).max(dp.carried_version());
         let mut policy = Enforcer::new(version, dp.capacity());
         let summary = first_apply(&mut policy, &mut dp, &settings, loaded, checked)?;
         let (attachment, replaced) = match &settings.pin_dir {
@@ -195,7 +200,7 @@ impl Daemon {
         let fleet_cfg = d.policy.as_ref().and_then(|(p, _)| p.base().fleet.clone());
         let classes = d.fleet_classes().unwrap_or_default();
         d.fleet = fleet::FleetSide::start(fleet_cfg.as_ref(), d.dp.maps.windows.take(), classes)?;
-        d.announce(&summary, adopted, replaced);
+        d.announce(&summary, adopted.as_deref(), replaced);
         tracing::info!("limiter: control socket {} (mode 0660)", d.socket.path().display());
         if let Some(addr) = d.settings.metrics {
             // Metrics are an aid; a busy port must not leave the interface unprotected.
@@ -257,7 +262,7 @@ impl Daemon {
     }
 
     /// The lines printed once the program is attached.
-    fn announce(&self, summary: &str, adopted: bool, replaced: bool) {
+    fn announce(&self, summary: &str, adopted: Option<&[Renewal]>, replaced: bool) {
         let (s, capacity) = (&self.settings, self.dp.capacity());
         tracing::info!(
             event = "attach",
@@ -270,10 +275,24 @@ impl Daemon {
             s.mode
         );
         if let Some(dir) = &s.pin_dir {
+            for r in adopted.unwrap_or_default() {
+                tracing::warn!(
+                    event = "renewed",
+                    map = r.name,
+                    "limiter: pinned {} renewed, empty ({}): {}",
+                    r.name,
+                    r.why,
+                    renewal_loss(r.name)
+                );
+            }
             tracing::info!(
                 "limiter: pinned in {}; {}; {}",
                 dir.display(),
-                if adopted { "re-adopted pinned maps (buckets and counters kept)" } else { "new maps" },
+                match adopted {
+                    None => "new maps",
+                    Some([]) => "re-adopted pinned maps (buckets and counters kept)",
+                    Some(_) => "re-adopted pinned maps but those renewed above (an upgrade)",
+                },
                 if replaced { "replaced the program on the pinned link atomically" } else { "new link" },
             );
             if self.policy.as_ref().is_some_and(|(p, _)| capacity != p.base().capacity) {

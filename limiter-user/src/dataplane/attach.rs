@@ -140,7 +140,11 @@ impl DataPlane {
         self.xdp(programs::LIMITER)?
             .pin(&prog_path)
             .map_err(|source| LoadError::PinObject { what: "program", source })?;
+        // The old program is off the link: renewed maps take the old pins'
+        // names, and `META` says the pins are this build's from now on.
+        pin::finish_renewal(dir, &std::mem::take(&mut self.renewing))?;
         meta.ifindex = ifindex;
+        meta.schema = limiter_common::SCHEMA_VERSION;
         self.maps.tables().set_meta(&meta)?;
         let link = FdLink::from(PinnedLink::from_pin(&link_path).map_err(LoadError::Adopt)?);
         Ok((Attachment::new(link, iface, mode, Some(dir.into())), replaced))

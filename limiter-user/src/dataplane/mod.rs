@@ -138,6 +138,11 @@ pub struct DataPlane {
     /// The pin directory's lock, held while this data plane lives (never
     /// read: the lock lives as long as the file).
     pin_lock: Option<std::fs::File>,
+    /// Renewed maps, pinned beside the old ones until the program is on
+    /// the link.
+    renewing: Vec<pin::Renewal>,
+    /// See [`DataPlane::carried_version`].
+    carried_version: u64,
 }
 
 /// `AYA_LOG_LEVEL` for the program: its debug lines are compiled in but
@@ -151,15 +156,27 @@ impl DataPlane {
     /// Load the production object with a bucket map of `capacity` entries.
     /// Programs are verified lazily by [`DataPlane::load_program`].
     pub fn open(capacity: u32) -> Result<Self, LoadError> {
-        Self::load(OBJECT, capacity, None)
+        Self::load(OBJECT, capacity, None, &[])
     }
 
     /// Load `object`; with `pin_dir`, its maps are pinned there (and pinned
-    /// maps already there are re-adopted as they are).
-    fn load(object: &[u8], capacity: u32, pin_dir: Option<&Path>) -> Result<Self, LoadError> {
+    /// maps already there are re-adopted as they are), but for those in
+    /// `renew`, made new and pinned beside the old ones (see
+    /// [`pin::NEW_SUFFIX`]) until [`DataPlane::attach_pinned`] puts them
+    /// in place.
+    fn load(object: &[u8], capacity: u32, pin_dir: Option<&Path>, renew: &[pin::Renewal]) -> Result<Self, LoadError> {
         let level = ebpf_log_level();
-        let paths: Vec<(&'static str, PathBuf)> =
-            pin_dir.map(|dir| pin::PINNED_MAPS.iter().map(|(n, ..)| (*n, dir.join(n))).collect()).unwrap_or_default();
+        let paths: Vec<(&'static str, PathBuf)> = pin_dir
+            .map(|dir| {
+                pin::PINNED_MAPS
+                    .iter()
+                    .map(|(n, ..)| {
+                        let renewed = renew.iter().any(|r| r.name == *n);
+                        (*n, if renewed { dir.join(format!("{n}{}", pin::NEW_SUFFIX)) } else { dir.join(n) })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut loader = EbpfLoader::new();
         for map in [names::BUCKETS, names::WINDOWS, names::FLEET] {
             loader.map_max_entries(map, capacity);
@@ -171,23 +188,38 @@ impl DataPlane {
         let mut ebpf = loader.load(object).map_err(LoadError::Object)?;
         let maps = Maps::take(&mut ebpf)?;
         let drop_events = ebpf.take_map(names::DROP_EVENTS).and_then(|m| RingBuf::try_from(m).ok());
-        Ok(Self { ebpf, maps, drop_events, pin_lock: None })
+        Ok(Self { ebpf, maps, drop_events, pin_lock: None, renewing: Vec::new(), carried_version: 0 })
     }
 
     /// Load the object with its maps pinned in `dir`, re-adopting pinned
-    /// maps (buckets, counters and config kept) after checking they match
-    /// this build's schema. Returns the data plane and whether maps were
-    /// adopted.
-    pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, bool), LoadError> {
+    /// maps (buckets, counters and config kept) after checking them
+    /// against this build's schema; a pinned map of an older build's
+    /// layout is renewed instead ([`pin::plan`]), and the old one keeps
+    /// serving the old program until this one replaces it on the link.
+    /// Returns the data plane and, when maps were adopted, the renewals.
+    pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, Option<Vec<pin::Renewal>>), LoadError> {
         pin::ensure_dir(dir)?;
         let lock = pin::lock_dir(dir)?;
-        let adopted = pin::check(dir)?.is_some();
-        let mut d = Self::load(OBJECT, capacity, Some(dir))?;
+        pin::remove_unfinished(dir);
+        let adoption = pin::check(dir)?;
+        let renew = adoption.as_ref().map(|a| a.renew.clone()).unwrap_or_default();
+        let mut d = Self::load(OBJECT, capacity, Some(dir), &renew)?;
         d.pin_lock = Some(lock);
-        if !adopted {
+        if adoption.as_ref().is_some_and(|a| a.renews(names::CONFIG)) {
+            d.carried_version = pin::pinned_config_version(&dir.join(names::CONFIG));
+        }
+        if adoption.is_none() {
             d.maps.tables().set_meta(&Meta { magic: META_MAGIC, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 })?;
         }
-        Ok((d, adopted))
+        d.renewing.clone_from(&renew);
+        Ok((d, adoption.map(|_| renew)))
+    }
+
+    /// The policy version a renewed `CONFIG` held (0 if none was renewed):
+    /// versions continue from it.
+    #[must_use]
+    pub fn carried_version(&self) -> u64 {
+        self.carried_version
     }
 
     fn xdp(&mut self, name: &'static str) -> Result<&mut Xdp, LoadError> {

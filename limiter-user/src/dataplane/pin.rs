@@ -23,26 +23,39 @@ use limiter_common::{
 
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
-/// Maps pinned with the program, with their expected type and sizes.
-pub const PINNED_MAPS: [(&str, MapType, usize, usize); 17] = [
-    (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>()),
-    (maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>()),
-    (maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>()),
-    (maps::FLEET_STATE, MapType::Array, 4, 8),
-    (maps::CONFIG, MapType::Array, 4, size_of::<Config>()),
-    (maps::ACTIVE, MapType::Array, 4, 4),
-    (maps::NEW_SOURCES, MapType::Array, 4, 8),
-    (maps::OVR4[0], MapType::LpmTrie, 8, 4),
-    (maps::OVR4[1], MapType::LpmTrie, 8, 4),
-    (maps::OVR6[0], MapType::LpmTrie, 20, 4),
-    (maps::OVR6[1], MapType::LpmTrie, 20, 4),
-    (maps::OVR_LIMITS, MapType::Array, 4, size_of::<ClassLimits>()),
-    (maps::CLASS_STATS, MapType::PerCpuArray, 4, size_of::<ClassCounters>()),
-    (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>()),
-    (maps::META, MapType::Array, 4, size_of::<Meta>()),
-    (maps::RUNTIME, MapType::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>()),
-    (maps::SYN_GUARD, MapType::Array, 4, size_of::<SynGuard>()),
+/// Maps pinned with the program: name, type, key and value size, and the
+/// schema ([`SCHEMA_VERSION`]) in which the map's layout or meaning last
+/// changed. A pinned map is re-adopted when its type and sizes are this
+/// build's and the schema that pinned it is at least that one; otherwise
+/// an upgrade renews it (see [`plan`]). Whoever changes a pinned map's
+/// key, value or meaning bumps `SCHEMA_VERSION` and sets the map's entry
+/// here to the new number.
+pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 17] = [
+    (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 11),
+    (maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 11),
+    (maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 11),
+    (maps::FLEET_STATE, MapType::Array, 4, 8, 11),
+    (maps::CONFIG, MapType::Array, 4, size_of::<Config>(), 11),
+    (maps::ACTIVE, MapType::Array, 4, 4, 11),
+    (maps::NEW_SOURCES, MapType::Array, 4, 8, 11),
+    (maps::OVR4[0], MapType::LpmTrie, 8, 4, 11),
+    (maps::OVR4[1], MapType::LpmTrie, 8, 4, 11),
+    (maps::OVR6[0], MapType::LpmTrie, 20, 4, 11),
+    (maps::OVR6[1], MapType::LpmTrie, 20, 4, 11),
+    (maps::OVR_LIMITS, MapType::Array, 4, size_of::<ClassLimits>(), 11),
+    (maps::CLASS_STATS, MapType::PerCpuArray, 4, size_of::<ClassCounters>(), 11),
+    (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>(), 11),
+    (maps::META, MapType::Array, 4, size_of::<Meta>(), 1),
+    (maps::RUNTIME, MapType::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>(), 11),
+    (maps::SYN_GUARD, MapType::Array, 4, size_of::<SynGuard>(), 11),
 ];
+/// The oldest schema whose pins this build adopts or upgrades from: the
+/// first whose `META` and map table are as above. Older pins are refused.
+pub const OLDEST_SCHEMA: u32 = 11;
+/// Suffix of a renewed map's pin until the new program is on the link
+/// (then it is renamed over the old pin). Not a dot: bpffs keeps names
+/// with dots for itself.
+pub const NEW_SUFFIX: &str = "-new";
 /// File names of the pinned link and program inside the pin directory.
 pub const LINK: &str = "link";
 pub const PROG: &str = "prog";
@@ -85,6 +98,12 @@ pub enum PinError {
         "pinned map {path} is incompatible with this limiter ({problem}); refusing to reuse it: run `limiter unload` to remove the old state"
     )]
     Incompatible { path: PathBuf, problem: String },
+    #[error("putting the renewed map in place at {path}")]
+    Rename {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("removing {path}")]
     Remove {
         path: PathBuf,
@@ -149,41 +168,204 @@ pub fn has_pins(dir: &Path) -> bool {
     PINNED_MAPS.iter().any(|(n, ..)| dir.join(n).exists()) || dir.join(LINK).exists()
 }
 
-/// Check pinned maps before re-adopting them. Returns the pinned `Meta`,
-/// or `None` when nothing is pinned yet.
-pub fn check(dir: &Path) -> Result<Option<Meta>, PinError> {
+/// A pinned map as found: type and key and value sizes, or nothing there.
+pub type Found = Option<(MapType, usize, usize)>;
+
+/// A pinned map an upgrade replaces with a new, empty one, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Renewal {
+    pub name: &'static str,
+    pub why: String,
+}
+
+/// What a start does with the pins in a directory.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Adoption {
+    /// `META` as pinned.
+    pub meta: Meta,
+    /// Maps renewed (all others are re-adopted as they are).
+    pub renew: Vec<Renewal>,
+}
+
+impl Adoption {
+    /// Whether `name` is renewed.
+    #[must_use]
+    pub fn renews(&self, name: &str) -> bool {
+        self.renew.iter().any(|r| r.name == name)
+    }
+}
+
+/// Decide, from `META` as pinned and each map of `table` as found, which
+/// pinned maps are re-adopted and which renewed: renewed are those
+/// missing, of another type or size, or last changed in a schema newer
+/// than the one that pinned them. Refused: pins of a schema newer than
+/// this build's (a downgrade cannot know what a newer build changed) or
+/// older than [`OLDEST_SCHEMA`], and a `META` that is not ours.
+pub fn plan(
+    meta: Option<Meta>,
+    table: &[(&'static str, MapType, usize, usize, u32)],
+    found: &[Found],
+) -> Result<Vec<Renewal>, String> {
+    let Some(m) = meta.filter(|m| m.magic == META_MAGIC) else {
+        return Err(format!("no {} of this project's (magic {META_MAGIC:#x}) beside them", maps::META));
+    };
+    if m.schema > SCHEMA_VERSION {
+        return Err(format!(
+            "schema {}, written by a newer limiter; this one uses schema {SCHEMA_VERSION} and does not downgrade",
+            m.schema
+        ));
+    }
+    if m.schema < OLDEST_SCHEMA {
+        return Err(format!(
+            "schema {}, this limiter uses schema {SCHEMA_VERSION} and upgrades from schema {OLDEST_SCHEMA} on",
+            m.schema
+        ));
+    }
+    let mut renew = Vec::new();
+    for (&(name, kind, key, value, since), found) in table.iter().zip(found) {
+        let why = match *found {
+            None => "missing".to_owned(),
+            Some((k, ..)) if k != kind => format!("type {k:?}, this build's {kind:?}"),
+            Some((_, k, v)) if (k, v) != (key, value) => {
+                format!("key/value sizes {k}/{v}, this build's {key}/{value}")
+            }
+            Some(_) if m.schema < since => format!("pinned under schema {}, changed in schema {since}", m.schema),
+            Some(_) => continue,
+        };
+        renew.push(Renewal { name, why });
+    }
+    // The policy's maps go together: `ACTIVE` picks a slot of `CONFIG`
+    // and of the override tries, and the old program reads them until
+    // the new one is on the link, so a new `CONFIG` beside an old
+    // `ACTIVE` would flip the old program to a slot it never had written.
+    if renew.iter().any(|r| POLICY_MAPS.contains(&r.name)) {
+        for (name, ..) in table {
+            if POLICY_MAPS.contains(name) && !renew.iter().any(|r| r.name == *name) {
+                renew.push(Renewal { name, why: "renewed with the policy's other maps".into() });
+            }
+        }
+    }
+    Ok(renew)
+}
+
+/// The maps the policy is written into, selected together by `ACTIVE`'s
+/// slot: renewed all together or not at all.
+pub const POLICY_MAPS: [&str; 7] =
+    [maps::CONFIG, maps::ACTIVE, maps::OVR4[0], maps::OVR4[1], maps::OVR6[0], maps::OVR6[1], maps::OVR_LIMITS];
+
+/// What renewing the pinned map `name` loses, for the operator.
+#[must_use]
+pub fn renewal_loss(name: &str) -> &'static str {
+    match name {
+        maps::BUCKETS => "every prefix starts again from a full bucket",
+        maps::WINDOWS | maps::FLEET | maps::FLEET_STATE => "window quotas start again from zero",
+        maps::NEW_SOURCES => "the new-source budget starts full",
+        maps::STATS | maps::CLASS_STATS => "its counters start again from zero",
+        maps::RUNTIME => "overrides set with `limiter prefix` before the upgrade are gone: set them again",
+        maps::SYN_GUARD => "an engaged `auto` SYN-cookie trigger is released until the next SYN flood trips it",
+        _ => "nothing: the policy is written into it again",
+    }
+}
+
+/// Check pinned maps before re-adopting them: `None` when nothing is
+/// pinned yet; else `META` and the maps an upgrade renews ([`plan`]).
+/// `META` itself is never renewed: pins without a readable one of ours
+/// are refused.
+pub fn check(dir: &Path) -> Result<Option<Adoption>, PinError> {
     if !has_pins(dir) {
         return Ok(None);
     }
-    for (name, kind, key, value) in PINNED_MAPS {
+    let mut found = Vec::with_capacity(PINNED_MAPS.len());
+    for (name, ..) in PINNED_MAPS {
         let path = dir.join(name);
-        let incompatible = |problem: String| PinError::Incompatible { path: path.clone(), problem };
         if !path.exists() {
-            return Err(incompatible("missing while other pins exist".into()));
+            found.push(None);
+            continue;
         }
         let md = MapData::from_pin(&path).map_err(|source| PinError::Open { path: path.clone(), source })?;
         let info = md.info().map_err(|source| PinError::Open { path: path.clone(), source })?;
-        let got_kind = info.map_type().map_err(|source| PinError::Open { path: path.clone(), source })?;
-        if got_kind != kind {
-            return Err(incompatible(format!("type {got_kind:?}, expected {kind:?}")));
-        }
-        let (got_key, got_value) = (info.key_size() as usize, info.value_size() as usize);
-        if (got_key, got_value) != (key, value) {
-            return Err(incompatible(format!("key/value sizes {got_key}/{got_value}, expected {key}/{value}")));
-        }
+        let kind = info.map_type().map_err(|source| PinError::Open { path: path.clone(), source })?;
+        found.push(Some((kind, info.key_size() as usize, info.value_size() as usize)));
     }
     let path = dir.join(maps::META);
-    let md = MapData::from_pin(&path).map_err(|source| PinError::Open { path: path.clone(), source })?;
-    let meta: Array<MapData, Meta> =
-        Array::try_from(Map::Array(md)).map_err(|source| PinError::Open { path: path.clone(), source })?;
-    let m = meta.get(&0, 0).map_err(|source| PinError::Open { path: path.clone(), source })?;
-    if m.magic != META_MAGIC || m.schema != SCHEMA_VERSION {
-        return Err(PinError::Incompatible {
-            path,
-            problem: format!("schema {} (magic {:#x}), this limiter uses schema {SCHEMA_VERSION}", m.schema, m.magic),
-        });
+    let meta_at = PINNED_MAPS.iter().position(|(n, ..)| *n == maps::META).expect("META is pinned");
+    let (_, kind, key, value, _) = PINNED_MAPS[meta_at];
+    let meta = if found[meta_at] == Some((kind, key, value)) {
+        let md = MapData::from_pin(&path).map_err(|source| PinError::Open { path: path.clone(), source })?;
+        let a: Array<MapData, Meta> =
+            Array::try_from(Map::Array(md)).map_err(|source| PinError::Open { path: path.clone(), source })?;
+        Some(a.get(&0, 0).map_err(|source| PinError::Open { path: path.clone(), source })?)
+    } else {
+        None
+    };
+    let renew = plan(meta, &PINNED_MAPS, &found).map_err(|problem| PinError::Incompatible { path, problem })?;
+    Ok(meta.map(|meta| Adoption { meta, renew }))
+}
+
+/// The policy version a pinned `CONFIG` of any layout holds (the larger
+/// of its two slots; 0 if unreadable): `version` is the first field of
+/// every layout of `Config`, so a renewed `CONFIG` continues the count
+/// and no bucket's cached resolution of an older policy can match a new
+/// one by its number.
+#[must_use]
+pub fn pinned_config_version(path: &Path) -> u64 {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let Ok(md) = MapData::from_pin(path) else { return 0 };
+    let Ok(info) = md.info() else { return 0 };
+    let size = info.value_size() as usize;
+    if info.key_size() != 4 || size < 8 {
+        return 0;
     }
-    Ok(Some(m))
+    let fd = md.fd().as_fd().as_raw_fd();
+    (0u32..2)
+        .filter_map(|slot| {
+            let mut value = vec![0u8; size];
+            let attr = Elem {
+                map_fd: u32::try_from(fd).ok()?,
+                pad: 0,
+                key: (&raw const slot) as u64,
+                value: value.as_mut_ptr() as u64,
+                flags: 0,
+            };
+            // SAFETY: BPF_MAP_LOOKUP_ELEM reads a 4-byte key and writes
+            // `value_size` bytes, which `value` holds.
+            let rc = unsafe {
+                libc::syscall(libc::SYS_bpf, 1 /* BPF_MAP_LOOKUP_ELEM */, &raw const attr, size_of::<Elem>())
+            };
+            (rc == 0).then(|| u64::from_ne_bytes(value[..8].try_into().expect("8 bytes")))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// `union bpf_attr` as BPF_MAP_LOOKUP_ELEM reads it: map_fd, 4 bytes of
+/// padding, key pointer, value pointer, flags.
+#[repr(C)]
+struct Elem {
+    map_fd: u32,
+    pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// Remove what an interrupted upgrade left: pins of renewed maps made
+/// before the new program was on the link (the old pins still hold the
+/// state the old program uses).
+pub fn remove_unfinished(dir: &Path) {
+    for (name, ..) in PINNED_MAPS {
+        let _ = std::fs::remove_file(dir.join(format!("{name}{NEW_SUFFIX}")));
+    }
+}
+
+/// Put renewed maps' pins in place of the old ones (each rename replaces
+/// the old pin at once), once the new program is on the link.
+pub fn finish_renewal(dir: &Path, renew: &[Renewal]) -> Result<(), PinError> {
+    for r in renew {
+        let (from, to) = (dir.join(format!("{}{NEW_SUFFIX}", r.name)), dir.join(r.name));
+        std::fs::rename(&from, &to).map_err(|source| PinError::Rename { path: to, source })?;
+    }
+    Ok(())
 }
 
 /// Take an exclusive, non-blocking `flock` on `path` (a directory, or a
@@ -254,6 +436,7 @@ pub fn unload(dir: &Path, keep_maps: bool) -> Result<Vec<String>, PinError> {
     let mut names = vec![LINK, PROG];
     if !keep_maps {
         names.extend(PINNED_MAPS.iter().map(|(n, ..)| *n));
+        remove_unfinished(dir);
     }
     let mut removed = Vec::new();
     for n in names {
@@ -269,4 +452,78 @@ pub fn unload(dir: &Path, keep_maps: bool) -> Result<Vec<String>, PinError> {
         let _ = std::fs::remove_dir(dir);
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ours(schema: u32) -> Meta {
+        Meta { magic: META_MAGIC, schema, ifindex: 0, pad: 0 }
+    }
+
+    /// Every map of the table as this build makes it.
+    fn as_built() -> Vec<Found> {
+        PINNED_MAPS.iter().map(|&(_, kind, key, value, _)| Some((kind, key, value))).collect()
+    }
+
+    fn at(name: &str) -> usize {
+        PINNED_MAPS.iter().position(|(n, ..)| *n == name).unwrap()
+    }
+
+    fn names(r: &[Renewal]) -> Vec<&str> {
+        let mut n: Vec<&str> = r.iter().map(|r| r.name).collect();
+        n.sort_unstable();
+        n
+    }
+
+    #[test]
+    fn pins_of_this_build_are_all_re_adopted() {
+        assert_eq!(plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &as_built()), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_map_of_another_layout_or_missing_is_renewed_alone() {
+        let mut found = as_built();
+        found[at(maps::STATS)] = Some((MapType::PerCpuArray, 4, 8));
+        found[at(maps::SYN_GUARD)] = None;
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found).unwrap();
+        assert_eq!(names(&r), [maps::STATS, maps::SYN_GUARD]);
+        assert!(r[0].why.contains("key/value sizes 4/8"), "{r:?}");
+        assert_eq!(r[1].why, "missing");
+        found[at(maps::STATS)] = Some((MapType::Array, 4, size_of::<Counter>()));
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found).unwrap();
+        assert!(r[0].why.contains("type Array"), "{r:?}");
+    }
+
+    #[test]
+    fn a_policy_map_renews_the_policy_maps_and_nothing_else() {
+        let mut found = as_built();
+        found[at(maps::CONFIG)] = Some((MapType::Array, 4, size_of::<Config>() - 8));
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found).unwrap();
+        let mut want = POLICY_MAPS.to_vec();
+        want.sort_unstable();
+        assert_eq!(names(&r), want);
+        assert!(!names(&r).contains(&maps::BUCKETS));
+    }
+
+    #[test]
+    fn a_map_changed_since_the_pinning_schema_is_renewed_even_at_the_same_size() {
+        let mut table = PINNED_MAPS;
+        table[at(maps::RUNTIME)].4 = SCHEMA_VERSION + 1;
+        let r = plan(Some(ours(SCHEMA_VERSION)), &table, &as_built()).unwrap();
+        assert_eq!(names(&r), [maps::RUNTIME]);
+        assert!(r[0].why.contains(&format!("changed in schema {}", SCHEMA_VERSION + 1)), "{r:?}");
+    }
+
+    #[test]
+    fn newer_older_or_foreign_pins_are_refused() {
+        let e = plan(Some(ours(SCHEMA_VERSION + 1)), &PINNED_MAPS, &as_built()).unwrap_err();
+        assert!(e.contains("newer limiter") && e.contains("does not downgrade"), "{e}");
+        let e = plan(Some(ours(OLDEST_SCHEMA - 1)), &PINNED_MAPS, &as_built()).unwrap_err();
+        assert!(e.contains(&format!("upgrades from schema {OLDEST_SCHEMA}")), "{e}");
+        let foreign = Some(Meta { magic: 1, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 });
+        assert!(plan(foreign, &PINNED_MAPS, &as_built()).unwrap_err().contains("no META"));
+        assert!(plan(None, &PINNED_MAPS, &as_built()).is_err());
+    }
 }

@@ -17,7 +17,7 @@ pub static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_D
 impl DataPlane {
     /// Load the bench object (production programs plus the bench's).
     pub fn open_bench(capacity: u32) -> Result<Self, LoadError> {
-        Self::load(BENCH_OBJECT, capacity, None)
+        Self::load(BENCH_OBJECT, capacity, None, &[])
     }
 
     /// Switch to `cfg` with no overrides.
