@@ -45,6 +45,8 @@ const APT_PACKAGES: &[&str] = &[
     // The fleet's shared store (redis-server, and redis-cli to form a
     // Redis Cluster), started by the fleet tests on private sockets.
     "redis-server",
+    // The upgrade test makes an older build's pinned map with it.
+    "bpftool",
 ];
 /// Only `bench` needs these: the netfilter peers of the system flood,
 /// nginx's stream module for the forwarder's peers, and perf for the
