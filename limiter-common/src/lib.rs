@@ -291,6 +291,8 @@ pub struct Matcher {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
     /// Policy version; buckets cache per-prefix resolutions against it.
+    /// The first field of every layout: an upgrade that renews `CONFIG`
+    /// reads it from the old one to continue the count.
     pub version: u64,
     /// IPv4 source prefix length, 0..=32.
     pub v4_prefix: u32,

@@ -279,7 +279,7 @@ impl Daemon {
                 tracing::warn!(
                     event = "renewed",
                     map = r.name,
-                    "limiter: pinned {} renewed, empty ({}): {}",
+                    "limiter: pinned {} renewed ({}); {}",
                     r.name,
                     r.why,
                     renewal_loss(r.name)

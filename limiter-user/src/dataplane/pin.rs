@@ -263,7 +263,7 @@ pub fn renewal_loss(name: &str) -> &'static str {
         maps::STATS | maps::CLASS_STATS => "its counters start again from zero",
         maps::RUNTIME => "overrides set with `limiter prefix` before the upgrade are gone: set them again",
         maps::SYN_GUARD => "an engaged `auto` SYN-cookie trigger is released until the next SYN flood trips it",
-        _ => "nothing: the policy is written into it again",
+        _ => "nothing is lost: the policy is written into it again",
     }
 }
 
