@@ -247,7 +247,8 @@ fn runtime_overrides_survive_kill_9_and_restart() {
 }
 
 /// What an older build leaves pinned, made by hand: `CONFIG` of another
-/// layout (holding policy version 1000) and no `SYN_GUARD`. A restart of
+/// layout (holding policy version 1000), no `SYN_GUARD`, and the pin of
+/// an upgrade interrupted before. A restart of
 /// this build upgrades in place: the policy's maps and `SYN_GUARD` are
 /// renewed and named in the log, every other map (the buckets first) is
 /// re-adopted as it is, the old program enforces until this one replaces
@@ -279,6 +280,25 @@ fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
     update.extend(value.iter().map(String::as_str));
     bpftool(&update);
     std::fs::remove_file(pins.0.join(maps::SYN_GUARD)).unwrap();
+    // And what a crash in the middle of an upgrade leaves: a renewed map
+    // pinned beside the old one (here of a size nothing uses), never to
+    // be adopted.
+    let stray = pins.0.join(format!("{}{}", maps::CONFIG, limiter::dataplane::pin::NEW_SUFFIX));
+    bpftool(&[
+        "map",
+        "create",
+        stray.to_str().unwrap(),
+        "type",
+        "array",
+        "key",
+        "4",
+        "value",
+        "8",
+        "entries",
+        "2",
+        "name",
+        "CONFIG",
+    ]);
 
     let (daemon, _rx2, log) = start_daemon(&net, &pins.0);
     assert!(log.contains("re-adopted pinned maps but those renewed above"), "{log}");
