@@ -247,8 +247,8 @@ fn runtime_overrides_survive_kill_9_and_restart() {
 }
 
 /// What an older build leaves pinned, made by hand: `CONFIG` of another
-/// layout (holding policy version 1000), no `SYN_GUARD`, and the pin of
-/// an upgrade interrupted before. A restart of
+/// layout (holding policy version 1000), `SYN_GUARD` with fewer entries,
+/// and the pin of an upgrade interrupted before. A restart of
 /// this build upgrades in place: the policy's maps and `SYN_GUARD` are
 /// renewed and named in the log, every other map (the buckets first) is
 /// re-adopted as it is, the old program enforces until this one replaces
@@ -279,7 +279,26 @@ fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
     let mut update = vec!["map", "update", "pinned", path, "key", "0", "0", "0", "0", "value"];
     update.extend(value.iter().map(String::as_str));
     bpftool(&update);
-    std::fs::remove_file(pins.0.join(maps::SYN_GUARD)).unwrap();
+    // SYN_GUARD with fewer entries than this build's (one per class).
+    let guard = pins.0.join(maps::SYN_GUARD);
+    std::fs::remove_file(&guard).unwrap();
+    let guard_size = size_of::<limiter_common::cookie::SynGuard>().to_string();
+    let guard_path = guard.to_str().unwrap();
+    bpftool(&[
+        "map",
+        "create",
+        guard_path,
+        "type",
+        "array",
+        "key",
+        "4",
+        "value",
+        &guard_size,
+        "entries",
+        "2",
+        "name",
+        "SYN_GUARD",
+    ]);
     // And what a crash in the middle of an upgrade leaves: a renewed map
     // pinned beside the old one (here of a size nothing uses), never to
     // be adopted.
@@ -307,6 +326,8 @@ fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
         assert!(log.contains(&format!("pinned {m} renewed")), "{m} not renewed: {log}");
     }
     assert!(log.contains(&format!("key/value sizes 4/{old_size}")), "{log}");
+    let classes = limiter_common::MAX_CLASSES;
+    assert!(log.contains(&format!("pinned SYN_GUARD renewed (2 entries, this build's {classes})")), "{log}");
     for m in [maps::BUCKETS, maps::STATS, maps::RUNTIME] {
         assert!(!log.contains(&format!("pinned {m} renewed")), "{m} renewed: {log}");
     }

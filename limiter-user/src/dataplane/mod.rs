@@ -201,7 +201,7 @@ impl DataPlane {
         pin::ensure_dir(dir)?;
         let lock = pin::lock_dir(dir)?;
         pin::remove_unfinished(dir);
-        let adoption = pin::check(dir)?;
+        let adoption = pin::check(dir, OBJECT)?;
         let renew = adoption.as_ref().map(|a| a.renew.clone()).unwrap_or_default();
         let mut d = Self::load(OBJECT, capacity, Some(dir), &renew)?;
         d.pin_lock = Some(lock);

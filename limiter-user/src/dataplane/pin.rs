@@ -168,8 +168,26 @@ pub fn has_pins(dir: &Path) -> bool {
     PINNED_MAPS.iter().any(|(n, ..)| dir.join(n).exists()) || dir.join(LINK).exists()
 }
 
-/// A pinned map as found: type and key and value sizes, or nothing there.
-pub type Found = Option<(MapType, usize, usize)>;
+/// A pinned map as found: type, key and value sizes and max entries, or
+/// nothing there.
+pub type Found = Option<(MapType, usize, usize, u32)>;
+
+/// The max entries each map of [`PINNED_MAPS`] has in `object` (the
+/// program's own definitions); `None` for the maps sized by the policy's
+/// capacity, whose pinned size is kept whatever it is.
+pub fn object_entries(object: &[u8]) -> Result<Vec<Option<u32>>, String> {
+    let obj = aya_obj::Object::parse(object).map_err(|e| format!("parsing the XDP object: {e}"))?;
+    PINNED_MAPS
+        .iter()
+        .map(|(name, ..)| {
+            if [maps::BUCKETS, maps::WINDOWS, maps::FLEET].contains(name) {
+                return Ok(None);
+            }
+            let m = obj.maps.get(*name).ok_or_else(|| format!("the XDP object has no map {name}"))?;
+            Ok(Some(m.max_entries()))
+        })
+        .collect()
+}
 
 /// A pinned map an upgrade replaces with a new, empty one, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -197,7 +215,8 @@ impl Adoption {
 
 /// Decide, from `META` as pinned and each map of `table` as found, which
 /// pinned maps are re-adopted and which renewed: renewed are those
-/// missing, of another type or size, or last changed in a schema newer
+/// missing, of another type or size or number of entries (`entries`,
+/// where given), or last changed in a schema newer
 /// than the one that pinned them. Refused: pins of a schema newer than
 /// this build's (a downgrade cannot know what a newer build changed) or
 /// older than [`OLDEST_SCHEMA`], and a `META` that is not ours.
@@ -205,6 +224,7 @@ pub fn plan(
     meta: Option<Meta>,
     table: &[(&'static str, MapType, usize, usize, u32)],
     found: &[Found],
+    entries: &[Option<u32>],
 ) -> Result<Vec<Renewal>, String> {
     let Some(m) = meta.filter(|m| m.magic == META_MAGIC) else {
         return Err(format!("no {} of this project's (magic {META_MAGIC:#x}) beside them", maps::META));
@@ -222,12 +242,15 @@ pub fn plan(
         ));
     }
     let mut renew = Vec::new();
-    for (&(name, kind, key, value, since), found) in table.iter().zip(found) {
+    for ((&(name, kind, key, value, since), found), &want) in table.iter().zip(found).zip(entries) {
         let why = match *found {
             None => "missing".to_owned(),
             Some((k, ..)) if k != kind => format!("type {k:?}, this build's {kind:?}"),
-            Some((_, k, v)) if (k, v) != (key, value) => {
+            Some((_, k, v, _)) if (k, v) != (key, value) => {
                 format!("key/value sizes {k}/{v}, this build's {key}/{value}")
+            }
+            Some((.., n)) if want.is_some_and(|w| w != n) => {
+                format!("{n} entries, this build's {}", want.unwrap_or_default())
             }
             Some(_) if m.schema < since => format!("pinned under schema {}, changed in schema {since}", m.schema),
             Some(_) => continue,
@@ -271,7 +294,7 @@ pub fn renewal_loss(name: &str) -> &'static str {
 /// pinned yet; else `META` and the maps an upgrade renews ([`plan`]).
 /// `META` itself is never renewed: pins without a readable one of ours
 /// are refused.
-pub fn check(dir: &Path) -> Result<Option<Adoption>, PinError> {
+pub fn check(dir: &Path, object: &[u8]) -> Result<Option<Adoption>, PinError> {
     if !has_pins(dir) {
         return Ok(None);
     }
@@ -285,12 +308,12 @@ pub fn check(dir: &Path) -> Result<Option<Adoption>, PinError> {
         let md = MapData::from_pin(&path).map_err(|source| PinError::Open { path: path.clone(), source })?;
         let info = md.info().map_err(|source| PinError::Open { path: path.clone(), source })?;
         let kind = info.map_type().map_err(|source| PinError::Open { path: path.clone(), source })?;
-        found.push(Some((kind, info.key_size() as usize, info.value_size() as usize)));
+        found.push(Some((kind, info.key_size() as usize, info.value_size() as usize, info.max_entries())));
     }
     let path = dir.join(maps::META);
     let meta_at = PINNED_MAPS.iter().position(|(n, ..)| *n == maps::META).expect("META is pinned");
     let (_, kind, key, value, _) = PINNED_MAPS[meta_at];
-    let meta = if found[meta_at] == Some((kind, key, value)) {
+    let meta = if found[meta_at].is_some_and(|(k, ks, vs, _)| (k, ks, vs) == (kind, key, value)) {
         let md = MapData::from_pin(&path).map_err(|source| PinError::Open { path: path.clone(), source })?;
         let a: Array<MapData, Meta> =
             Array::try_from(Map::Array(md)).map_err(|source| PinError::Open { path: path.clone(), source })?;
@@ -298,7 +321,9 @@ pub fn check(dir: &Path) -> Result<Option<Adoption>, PinError> {
     } else {
         None
     };
-    let renew = plan(meta, &PINNED_MAPS, &found).map_err(|problem| PinError::Incompatible { path, problem })?;
+    let entries = object_entries(object).map_err(|problem| PinError::Incompatible { path: path.clone(), problem })?;
+    let renew =
+        plan(meta, &PINNED_MAPS, &found, &entries).map_err(|problem| PinError::Incompatible { path, problem })?;
     Ok(meta.map(|meta| Adoption { meta, renew }))
 }
 
@@ -464,7 +489,16 @@ mod tests {
 
     /// Every map of the table as this build makes it.
     fn as_built() -> Vec<Found> {
-        PINNED_MAPS.iter().map(|&(_, kind, key, value, _)| Some((kind, key, value))).collect()
+        PINNED_MAPS
+            .iter()
+            .zip(entries())
+            .map(|(&(_, kind, key, value, _), n)| Some((kind, key, value, n.unwrap_or(1024))))
+            .collect()
+    }
+
+    /// The production object's own.
+    fn entries() -> Vec<Option<u32>> {
+        object_entries(crate::dataplane::OBJECT).unwrap()
     }
 
     fn at(name: &str) -> usize {
@@ -479,28 +513,43 @@ mod tests {
 
     #[test]
     fn pins_of_this_build_are_all_re_adopted() {
-        assert_eq!(plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &as_built()), Ok(vec![]));
+        assert_eq!(plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &as_built(), &entries()), Ok(vec![]));
     }
 
     #[test]
     fn a_map_of_another_layout_or_missing_is_renewed_alone() {
         let mut found = as_built();
-        found[at(maps::STATS)] = Some((MapType::PerCpuArray, 4, 8));
+        found[at(maps::STATS)] = Some((MapType::PerCpuArray, 4, 8, 1));
         found[at(maps::SYN_GUARD)] = None;
-        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found).unwrap();
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
         assert_eq!(names(&r), [maps::STATS, maps::SYN_GUARD]);
         assert!(r[0].why.contains("key/value sizes 4/8"), "{r:?}");
         assert_eq!(r[1].why, "missing");
-        found[at(maps::STATS)] = Some((MapType::Array, 4, size_of::<Counter>()));
-        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found).unwrap();
+        found[at(maps::STATS)] = Some((MapType::Array, 4, size_of::<Counter>(), 1));
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
         assert!(r[0].why.contains("type Array"), "{r:?}");
+    }
+
+    /// A build that counts more reasons has a longer `STATS` at the same
+    /// sizes: its lookups past the old end would find nothing and count
+    /// nothing. The buckets' number of entries is the policy's capacity,
+    /// kept whatever it is.
+    #[test]
+    fn a_map_of_another_number_of_entries_is_renewed_but_the_buckets_are_kept() {
+        let mut found = as_built();
+        let stats = entries()[at(maps::STATS)].unwrap();
+        found[at(maps::STATS)] = Some((MapType::PerCpuArray, 4, size_of::<Counter>(), stats - 3));
+        found[at(maps::BUCKETS)] = Some((MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 7));
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
+        assert_eq!(names(&r), [maps::STATS]);
+        assert_eq!(r[0].why, format!("{} entries, this build's {stats}", stats - 3));
     }
 
     #[test]
     fn a_policy_map_renews_the_policy_maps_and_nothing_else() {
         let mut found = as_built();
-        found[at(maps::CONFIG)] = Some((MapType::Array, 4, size_of::<Config>() - 8));
-        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found).unwrap();
+        found[at(maps::CONFIG)] = Some((MapType::Array, 4, size_of::<Config>() - 8, 2));
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
         let mut want = POLICY_MAPS.to_vec();
         want.sort_unstable();
         assert_eq!(names(&r), want);
@@ -511,19 +560,19 @@ mod tests {
     fn a_map_changed_since_the_pinning_schema_is_renewed_even_at_the_same_size() {
         let mut table = PINNED_MAPS;
         table[at(maps::RUNTIME)].4 = SCHEMA_VERSION + 1;
-        let r = plan(Some(ours(SCHEMA_VERSION)), &table, &as_built()).unwrap();
+        let r = plan(Some(ours(SCHEMA_VERSION)), &table, &as_built(), &entries()).unwrap();
         assert_eq!(names(&r), [maps::RUNTIME]);
         assert!(r[0].why.contains(&format!("changed in schema {}", SCHEMA_VERSION + 1)), "{r:?}");
     }
 
     #[test]
     fn newer_older_or_foreign_pins_are_refused() {
-        let e = plan(Some(ours(SCHEMA_VERSION + 1)), &PINNED_MAPS, &as_built()).unwrap_err();
+        let e = plan(Some(ours(SCHEMA_VERSION + 1)), &PINNED_MAPS, &as_built(), &entries()).unwrap_err();
         assert!(e.contains("newer limiter") && e.contains("does not downgrade"), "{e}");
-        let e = plan(Some(ours(OLDEST_SCHEMA - 1)), &PINNED_MAPS, &as_built()).unwrap_err();
+        let e = plan(Some(ours(OLDEST_SCHEMA - 1)), &PINNED_MAPS, &as_built(), &entries()).unwrap_err();
         assert!(e.contains(&format!("upgrades from schema {OLDEST_SCHEMA}")), "{e}");
         let foreign = Some(Meta { magic: 1, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 });
-        assert!(plan(foreign, &PINNED_MAPS, &as_built()).unwrap_err().contains("no META"));
-        assert!(plan(None, &PINNED_MAPS, &as_built()).is_err());
+        assert!(plan(foreign, &PINNED_MAPS, &as_built(), &entries()).unwrap_err().contains("no META"));
+        assert!(plan(None, &PINNED_MAPS, &as_built(), &entries()).is_err());
     }
 }
