@@ -25,11 +25,12 @@ use limiter_common::{
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// Maps pinned with the program: name, type, key and value size, and the
 /// schema ([`SCHEMA_VERSION`]) in which the map's layout or meaning last
-/// changed. A pinned map is re-adopted when its type and sizes are this
-/// build's and the schema that pinned it is at least that one; otherwise
-/// an upgrade renews it (see [`plan`]). Whoever changes a pinned map's
-/// key, value or meaning bumps `SCHEMA_VERSION` and sets the map's entry
-/// here to the new number.
+/// changed. A pinned map is re-adopted when its type, sizes and number
+/// of entries are this build's and the schema that pinned it is at least
+/// that one; otherwise an upgrade renews it (see [`plan`]). Whoever
+/// changes a pinned map's key, value or meaning bumps `SCHEMA_VERSION`
+/// and sets the map's entry here to the new number. `META` is never
+/// renewed (it says what the other pins are): its layout stays.
 pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 17] = [
     (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 11),
     (maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 11),
@@ -255,6 +256,9 @@ pub fn plan(
             Some(_) if m.schema < since => format!("pinned under schema {}, changed in schema {since}", m.schema),
             Some(_) => continue,
         };
+        if name == maps::META {
+            return Err(format!("{} {why}", maps::META));
+        }
         renew.push(Renewal { name, why });
     }
     // The policy's maps go together: `ACTIVE` picks a slot of `CONFIG`
@@ -571,6 +575,10 @@ mod tests {
         assert!(e.contains("newer limiter") && e.contains("does not downgrade"), "{e}");
         let e = plan(Some(ours(OLDEST_SCHEMA - 1)), &PINNED_MAPS, &as_built(), &entries()).unwrap_err();
         assert!(e.contains(&format!("upgrades from schema {OLDEST_SCHEMA}")), "{e}");
+        let mut found = as_built();
+        found[at(maps::META)] = Some((MapType::Array, 4, size_of::<Meta>(), 2));
+        let e = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap_err();
+        assert_eq!(e, "META 2 entries, this build's 1");
         let foreign = Some(Meta { magic: 1, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 });
         assert!(plan(foreign, &PINNED_MAPS, &as_built(), &entries()).unwrap_err().contains("no META"));
         assert!(plan(None, &PINNED_MAPS, &as_built(), &entries()).is_err());
