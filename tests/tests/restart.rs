@@ -246,13 +246,89 @@ fn runtime_overrides_survive_kill_9_and_restart() {
     assert_eq!(conform_got, conform_sent, "conforming packets lost; links:\n{}", net.link_counters());
 }
 
-/// What an older build leaves pinned, made by hand: `CONFIG` of another
-/// layout (holding policy version 1000), `SYN_GUARD` with fewer entries,
-/// and the pin of an upgrade interrupted before. A restart of
-/// this build upgrades in place: the policy's maps and `SYN_GUARD` are
-/// renewed and named in the log, every other map (the buckets first) is
-/// re-adopted as it is, the old program enforces until this one replaces
-/// it on the pinned link, and policy versions continue past 1000.
+/// `bpftool` with `args`, which must succeed.
+fn bpftool(args: &[&str]) {
+    let o = std::process::Command::new("bpftool").args(args).output().unwrap();
+    assert!(o.status.success(), "bpftool {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Pin at `dir/file` a new map named `name` of `kind` with a 4-byte key.
+fn create_pinned(dir: &Path, file: &str, name: &str, kind: &str, value: usize, entries: usize) -> MapData {
+    let p = dir.join(file);
+    let _ = std::fs::remove_file(&p);
+    let (value, entries) = (value.to_string(), entries.to_string());
+    let path = p.to_str().unwrap();
+    bpftool(&["map", "create", path, "type", kind, "key", "4", "value", &value, "entries", &entries, "name", name]);
+    MapData::from_pin(&p).unwrap()
+}
+
+/// What [`leave_older_build`] left that the upgrade must carry over.
+struct Older {
+    config_size: usize,
+    guard: limiter_common::cookie::SynGuard,
+    stats_len: usize,
+    counted: Vec<limiter_common::Counter>,
+}
+
+/// Replace pins in `dir` with what an older build would have left:
+/// `CONFIG` of another layout (holding policy version 1000); `SYN_GUARD`
+/// with fewer entries (one per class), the second holding a count;
+/// `STATS` with one entry fewer (as before a reason was added), its first
+/// counting on every CPU; and the pin of an upgrade interrupted before.
+fn leave_older_build(dir: &Path) -> Older {
+    use limiter_common::{Counter, cookie::SynGuard};
+    let config_size = size_of::<limiter_common::Config>() - 8;
+    create_pinned(dir, maps::CONFIG, maps::CONFIG, "array", config_size, 2);
+    let mut value: Vec<String> = vec!["0".into(); config_size];
+    value[..8].clone_from_slice(&1000u64.to_le_bytes().map(|b| b.to_string()));
+    let path = dir.join(maps::CONFIG);
+    let mut update = vec!["map", "update", "pinned", path.to_str().unwrap(), "key", "0", "0", "0", "0", "value"];
+    update.extend(value.iter().map(String::as_str));
+    bpftool(&update);
+
+    let guard = SynGuard { period: 7, count: 9, until: 11 };
+    let md = create_pinned(dir, maps::SYN_GUARD, maps::SYN_GUARD, "array", size_of::<SynGuard>(), 2);
+    aya::maps::Array::<_, SynGuard>::try_from(Map::Array(md)).unwrap().set(1, guard, 0).unwrap();
+
+    let stats_len = limiter_common::REASON_COUNT * limiter_common::STAT_FAMILIES;
+    let md = create_pinned(dir, maps::STATS, maps::STATS, "percpu_array", size_of::<Counter>(), stats_len - 1);
+    let cpus = aya::util::nr_cpus().unwrap() as u64;
+    let counted: Vec<_> = (0..cpus).map(|c| Counter { packets: 1_000_000 + c, bytes: 64_000_000 }).collect();
+    let mut stats = aya::maps::PerCpuArray::<_, Counter>::try_from(Map::PerCpuArray(md)).unwrap();
+    stats.set(0, aya::maps::PerCpuValues::try_from(counted.clone()).unwrap(), 0).unwrap();
+
+    // Of a size nothing uses: adopted, it would fail the new program.
+    let stray = format!("{}{}", maps::CONFIG, limiter::dataplane::pin::NEW_SUFFIX);
+    create_pinned(dir, &stray, maps::CONFIG, "array", 8, 2);
+    Older { config_size, guard, stats_len, counted }
+}
+
+/// `SYN_GUARD` and `STATS`, renewed with the entries they held.
+fn check_copied(dir: &Path, old: &Older, log: &str) {
+    use limiter_common::{Counter, cookie::SynGuard};
+    let copied = |m: &str, n: usize, of: usize| {
+        format!("pinned {m} renewed ({n} entries, this build's {of}); its {n} entries were copied over")
+    };
+    assert!(log.contains(&copied(maps::SYN_GUARD, 2, limiter_common::MAX_CLASSES)), "{log}");
+    assert!(log.contains(&copied(maps::STATS, old.stats_len - 1, old.stats_len)), "{log}");
+    let md = MapData::from_pin(dir.join(maps::SYN_GUARD)).unwrap();
+    let guard = aya::maps::Array::<_, SynGuard>::try_from(Map::Array(md)).unwrap();
+    assert_eq!(guard.len() as usize, limiter_common::MAX_CLASSES);
+    assert_eq!(guard.get(&1, 0).unwrap(), old.guard);
+    let md = MapData::from_pin(dir.join(maps::STATS)).unwrap();
+    let stats = aya::maps::PerCpuArray::<_, Counter>::try_from(Map::PerCpuArray(md)).unwrap();
+    assert_eq!(stats.len() as usize, old.stats_len);
+    for (now, before) in stats.get(&0, 0).unwrap().iter().zip(&old.counted) {
+        assert!(now.packets >= before.packets && now.bytes >= before.bytes, "STATS lost counts: {now:?} < {before:?}");
+    }
+}
+
+/// A restart of this build over [`leave_older_build`]'s pins upgrades in
+/// place: the policy's maps, `SYN_GUARD` and `STATS` are renewed and named
+/// in the log, the last two keeping what they held; every other map (the
+/// buckets first) is re-adopted as it is; the old program enforces until
+/// this one replaces it on the pinned link; policy versions continue past
+/// 1000; the stray pin is removed.
 #[test]
 fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
     let (net, pins) = flood_setup("up");
@@ -263,72 +339,18 @@ fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
     daemon.0.kill().unwrap();
     daemon.0.wait().unwrap();
     let before = flood_bucket(&pins.0);
-
+    let old = leave_older_build(&pins.0);
     let config = pins.0.join(maps::CONFIG);
-    let old_size = size_of::<limiter_common::Config>() - 8;
-    std::fs::remove_file(&config).unwrap();
-    let bpftool = |args: &[&str]| {
-        let o = std::process::Command::new("bpftool").args(args).output().unwrap();
-        assert!(o.status.success(), "bpftool {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    };
-    let path = config.to_str().unwrap();
-    let size = old_size.to_string();
-    bpftool(&["map", "create", path, "type", "array", "key", "4", "value", &size, "entries", "2", "name", "CONFIG"]);
-    let mut value: Vec<String> = vec!["0".into(); old_size];
-    value[..8].clone_from_slice(&1000u64.to_le_bytes().map(|b| b.to_string()));
-    let mut update = vec!["map", "update", "pinned", path, "key", "0", "0", "0", "0", "value"];
-    update.extend(value.iter().map(String::as_str));
-    bpftool(&update);
-    // SYN_GUARD with fewer entries than this build's (one per class).
-    let guard = pins.0.join(maps::SYN_GUARD);
-    std::fs::remove_file(&guard).unwrap();
-    let guard_size = size_of::<limiter_common::cookie::SynGuard>().to_string();
-    let guard_path = guard.to_str().unwrap();
-    bpftool(&[
-        "map",
-        "create",
-        guard_path,
-        "type",
-        "array",
-        "key",
-        "4",
-        "value",
-        &guard_size,
-        "entries",
-        "2",
-        "name",
-        "SYN_GUARD",
-    ]);
-    // And what a crash in the middle of an upgrade leaves: a renewed map
-    // pinned beside the old one (here of a size nothing uses), never to
-    // be adopted.
-    let stray = pins.0.join(format!("{}{}", maps::CONFIG, limiter::dataplane::pin::NEW_SUFFIX));
-    bpftool(&[
-        "map",
-        "create",
-        stray.to_str().unwrap(),
-        "type",
-        "array",
-        "key",
-        "4",
-        "value",
-        "8",
-        "entries",
-        "2",
-        "name",
-        "CONFIG",
-    ]);
 
     let (daemon, _rx2, log) = start_daemon(&net, &pins.0);
     assert!(log.contains("re-adopted pinned maps but those renewed above"), "{log}");
     assert!(log.contains("replaced the program on the pinned link"), "{log}");
-    for m in limiter::dataplane::pin::POLICY_MAPS.iter().chain([&maps::SYN_GUARD]) {
+    for m in limiter::dataplane::pin::POLICY_MAPS.iter().chain([&maps::SYN_GUARD, &maps::STATS]) {
         assert!(log.contains(&format!("pinned {m} renewed")), "{m} not renewed: {log}");
     }
-    assert!(log.contains(&format!("key/value sizes 4/{old_size}")), "{log}");
-    let classes = limiter_common::MAX_CLASSES;
-    assert!(log.contains(&format!("pinned SYN_GUARD renewed (2 entries, this build's {classes})")), "{log}");
-    for m in [maps::BUCKETS, maps::STATS, maps::RUNTIME] {
+    assert!(log.contains(&format!("key/value sizes 4/{}", old.config_size)), "{log}");
+    check_copied(&pins.0, &old, &log);
+    for m in [maps::BUCKETS, maps::RUNTIME] {
         assert!(!log.contains(&format!("pinned {m} renewed")), "{m} renewed: {log}");
     }
     assert_eq!(flood_bucket(&pins.0), before, "the upgrade reset the flood prefix's bucket");

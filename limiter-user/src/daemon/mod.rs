@@ -282,7 +282,7 @@ impl Daemon {
                     "limiter: pinned {} renewed ({}); {}",
                     r.name,
                     r.why,
-                    renewal_loss(r.name)
+                    renewal_loss(r)
                 );
             }
             tracing::info!(

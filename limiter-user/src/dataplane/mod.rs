@@ -202,8 +202,18 @@ impl DataPlane {
         let lock = pin::lock_dir(dir)?;
         pin::remove_unfinished(dir);
         let adoption = pin::check(dir, OBJECT)?;
-        let renew = adoption.as_ref().map(|a| a.renew.clone()).unwrap_or_default();
+        let mut renew = adoption.as_ref().map(|a| a.renew.clone()).unwrap_or_default();
         let mut d = Self::load(OBJECT, capacity, Some(dir), &renew)?;
+        // Maps of the same layout, only longer or shorter, keep what they
+        // hold. Copied before the swap: the old program counts on into
+        // the old map until then.
+        for r in renew.iter_mut().filter(|r| r.copy) {
+            let new = dir.join(format!("{}{}", r.name, pin::NEW_SUFFIX));
+            match pin::copy_entries(&dir.join(r.name), &new) {
+                Ok(n) => r.copied = Some(n),
+                Err(e) => tracing::warn!("limiter: copying pinned {} into its renewal: {e}", r.name),
+            }
+        }
         d.pin_lock = Some(lock);
         if adoption.as_ref().is_some_and(|a| a.renews(names::CONFIG)) {
             d.carried_version = pin::pinned_config_version(&dir.join(names::CONFIG));

@@ -195,6 +195,12 @@ pub fn object_entries(object: &[u8]) -> Result<Vec<Option<u32>>, String> {
 pub struct Renewal {
     pub name: &'static str,
     pub why: String,
+    /// Only the number of entries changed (not the layout nor the
+    /// meaning) and the policy does not rewrite it: its entries are
+    /// copied into the new map ([`copy_entries`]).
+    pub copy: bool,
+    /// How many entries were copied, once they were.
+    pub copied: Option<u32>,
 }
 
 /// What a start does with the pins in a directory.
@@ -244,22 +250,26 @@ pub fn plan(
     }
     let mut renew = Vec::new();
     for ((&(name, kind, key, value, since), found), &want) in table.iter().zip(found).zip(entries) {
-        let why = match *found {
-            None => "missing".to_owned(),
-            Some((k, ..)) if k != kind => format!("type {k:?}, this build's {kind:?}"),
+        let (why, copy) = match *found {
+            None => ("missing".to_owned(), false),
+            Some((k, ..)) if k != kind => (format!("type {k:?}, this build's {kind:?}"), false),
             Some((_, k, v, _)) if (k, v) != (key, value) => {
-                format!("key/value sizes {k}/{v}, this build's {key}/{value}")
+                (format!("key/value sizes {k}/{v}, this build's {key}/{value}"), false)
             }
+            Some(_) if m.schema < since => {
+                (format!("pinned under schema {}, changed in schema {since}", m.schema), false)
+            }
+            // Same layout and meaning, another size: what it holds fits.
             Some((.., n)) if want.is_some_and(|w| w != n) => {
-                format!("{n} entries, this build's {}", want.unwrap_or_default())
+                let copy = !POLICY_MAPS.contains(&name);
+                (format!("{n} entries, this build's {}", want.unwrap_or_default()), copy)
             }
-            Some(_) if m.schema < since => format!("pinned under schema {}, changed in schema {since}", m.schema),
             Some(_) => continue,
         };
         if name == maps::META {
             return Err(format!("{} {why}", maps::META));
         }
-        renew.push(Renewal { name, why });
+        renew.push(Renewal { name, why, copy, copied: None });
     }
     // The policy's maps go together: `ACTIVE` picks a slot of `CONFIG`
     // and of the override tries, and the old program reads them until
@@ -268,7 +278,12 @@ pub fn plan(
     if renew.iter().any(|r| POLICY_MAPS.contains(&r.name)) {
         for (name, ..) in table {
             if POLICY_MAPS.contains(name) && !renew.iter().any(|r| r.name == *name) {
-                renew.push(Renewal { name, why: "renewed with the policy's other maps".into() });
+                renew.push(Renewal {
+                    name,
+                    why: "renewed with the policy's other maps".into(),
+                    copy: false,
+                    copied: None,
+                });
             }
         }
     }
@@ -280,9 +295,19 @@ pub fn plan(
 pub const POLICY_MAPS: [&str; 7] =
     [maps::CONFIG, maps::ACTIVE, maps::OVR4[0], maps::OVR4[1], maps::OVR6[0], maps::OVR6[1], maps::OVR_LIMITS];
 
-/// What renewing the pinned map `name` loses, for the operator.
+/// What renewing a pinned map loses, for the operator.
 #[must_use]
-pub fn renewal_loss(name: &str) -> &'static str {
+pub fn renewal_loss(r: &Renewal) -> String {
+    match r.copied {
+        Some(n) => format!(
+            "its {n} entries were copied over (what the old program counted between the copy and the swap is not)"
+        ),
+        None => renewal_loss_of(r.name).to_owned(),
+    }
+}
+
+/// What renewing the pinned map `name` empty loses.
+fn renewal_loss_of(name: &str) -> &'static str {
     match name {
         maps::BUCKETS => "every prefix starts again from a full bucket",
         maps::WINDOWS | maps::FLEET | maps::FLEET_STATE => "window quotas start again from zero",
@@ -338,37 +363,82 @@ pub fn check(dir: &Path, object: &[u8]) -> Result<Option<Adoption>, PinError> {
 /// one by its number.
 #[must_use]
 pub fn pinned_config_version(path: &Path) -> u64 {
-    use std::os::fd::{AsFd as _, AsRawFd as _};
     let Ok(md) = MapData::from_pin(path) else { return 0 };
     let Ok(info) = md.info() else { return 0 };
     let size = info.value_size() as usize;
     if info.key_size() != 4 || size < 8 {
         return 0;
     }
-    let fd = md.fd().as_fd().as_raw_fd();
     (0u32..2)
         .filter_map(|slot| {
             let mut value = vec![0u8; size];
-            let attr = Elem {
-                map_fd: u32::try_from(fd).ok()?,
-                pad: 0,
-                key: (&raw const slot) as u64,
-                value: value.as_mut_ptr() as u64,
-                flags: 0,
-            };
-            // SAFETY: BPF_MAP_LOOKUP_ELEM reads a 4-byte key and writes
-            // `value_size` bytes, which `value` holds.
-            let rc = unsafe {
-                libc::syscall(libc::SYS_bpf, 1 /* BPF_MAP_LOOKUP_ELEM */, &raw const attr, size_of::<Elem>())
-            };
-            (rc == 0).then(|| u64::from_ne_bytes(value[..8].try_into().expect("8 bytes")))
+            elem(&md, Cmd::Lookup, &slot.to_ne_bytes(), value.as_mut_ptr()).ok()?;
+            Some(u64::from_ne_bytes(value[..8].try_into().expect("8 bytes")))
         })
         .max()
         .unwrap_or(0)
 }
 
-/// `union bpf_attr` as BPF_MAP_LOOKUP_ELEM reads it: map_fd, 4 bytes of
-/// padding, key pointer, value pointer, flags.
+/// Copy the entries of the pinned map at `from` into the one at `to`, of
+/// the same type and key and value sizes but another number of entries
+/// (arrays: the indexes both have; hash maps: every key while there is
+/// room). Returns how many were copied.
+pub fn copy_entries(from: &Path, to: &Path) -> Result<u32, String> {
+    let open = |p: &Path| MapData::from_pin(p).map_err(|e| format!("{}: {e}", p.display()));
+    let (old, new) = (open(from)?, open(to)?);
+    let info = old.info().map_err(|e| format!("{}: {e}", from.display()))?;
+    let per_cpu = matches!(info.map_type(), Ok(MapType::PerCpuArray | MapType::PerCpuHash | MapType::LruPerCpuHash));
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| format!("possible CPUs: {e}"))?;
+    let size = info.value_size() as usize;
+    let mut value = vec![0u8; if per_cpu { size.next_multiple_of(8) * cpus } else { size }];
+    let (mut key, mut next) = (vec![0u8; info.key_size() as usize], vec![0u8; info.key_size() as usize]);
+    let mut copied = 0;
+    // Bounded: a map holds at most max_entries keys.
+    for i in 0..info.max_entries() {
+        let at = if i == 0 { std::ptr::null() } else { key.as_ptr() };
+        if elem_raw(&old, Cmd::NextKey, at, next.as_mut_ptr()).is_err() {
+            break;
+        }
+        key.copy_from_slice(&next);
+        if elem(&old, Cmd::Lookup, &key, value.as_mut_ptr()).is_ok()
+            && elem(&new, Cmd::Update, &key, value.as_mut_ptr()).is_ok()
+        {
+            copied += 1;
+        }
+    }
+    Ok(copied)
+}
+
+/// The BPF map commands used on maps whose layouts this build does not
+/// know (so aya's typed maps cannot open them).
+#[derive(Clone, Copy)]
+enum Cmd {
+    Lookup = 1,
+    Update = 2,
+    NextKey = 4,
+}
+
+/// `cmd` on `map` with `key` (of the map's key size) and `out` (a value,
+/// or for [`Cmd::NextKey`] a key, buffer of the map's size: per CPU
+/// values take one 8-byte-rounded value per possible CPU).
+fn elem(map: &MapData, cmd: Cmd, key: &[u8], out: *mut u8) -> io::Result<()> {
+    elem_raw(map, cmd, key.as_ptr(), out)
+}
+
+fn elem_raw(map: &MapData, cmd: Cmd, key: *const u8, out: *mut u8) -> io::Result<()> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let fd = map.fd().as_fd().as_raw_fd();
+    let attr =
+        Elem { map_fd: u32::try_from(fd).unwrap_or(u32::MAX), pad: 0, key: key as u64, value: out as u64, flags: 0 };
+    // SAFETY: the kernel reads a key of the map's key size at `key` (or
+    // none, for the first NextKey) and reads or writes one value (or key)
+    // of the map's size at `out`; callers size both from the map's info.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd as i32, &raw const attr, size_of::<Elem>()) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// `union bpf_attr` as the map element commands read it: map_fd, 4 bytes
+/// of padding, key pointer, value (or next key) pointer, flags.
 #[repr(C)]
 struct Elem {
     map_fd: u32,
@@ -547,6 +617,14 @@ mod tests {
         let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
         assert_eq!(names(&r), [maps::STATS]);
         assert_eq!(r[0].why, format!("{} entries, this build's {stats}", stats - 3));
+        assert!(r[0].copy, "same layout, same meaning: its entries are copied");
+        // A policy map of another length is written again, not copied.
+        let mut found = as_built();
+        let limits = entries()[at(maps::OVR_LIMITS)].unwrap();
+        found[at(maps::OVR_LIMITS)] = Some((MapType::Array, 4, size_of::<ClassLimits>(), limits / 2));
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
+        assert_eq!(r.len(), POLICY_MAPS.len());
+        assert!(r.iter().all(|r| !r.copy), "{r:?}");
     }
 
     #[test]
