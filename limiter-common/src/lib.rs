@@ -94,6 +94,13 @@ pub mod maps {
     /// the program; pinned beside the maps so a later daemon can tell
     /// whether it may re-adopt them.
     pub const META: &str = "META";
+    /// `HASH<[u8; 16], u32>`: each pinned map's name (zero-padded) and the
+    /// schema its layout or meaning last changed in, as the build that
+    /// pinned them knew it; an older build reads it to roll back. Written
+    /// by: userspace. Not read by XDP.
+    pub const LAYOUT: &str = "LAYOUT";
+    /// Entries of [`LAYOUT`]: room for every pinned map of any build.
+    pub const LAYOUT_ENTRIES: u32 = 64;
     /// `LRU_HASH<BucketKey, crate::window::WindowState>`: the slice
     /// counts of each prefix of a window-quota class, written by the
     /// program only (atomically, from every CPU).

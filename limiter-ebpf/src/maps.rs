@@ -109,6 +109,13 @@ map! {
     Array<Meta> = Array::with_max_entries(1, 0)
 }
 
+map! {
+    /// Written by: userspace, once the program is on the link. Read by:
+    /// userspace, an older build rolling back. The program never touches it.
+    LAYOUT = maps::LAYOUT;
+    HashMap<[u8; 16], u32> = HashMap::with_max_entries(maps::LAYOUT_ENTRIES, 0)
+}
+
 // Overrides, one trie per family per CONFIG slot. Written by: userspace,
 // the idle slot only, before the ACTIVE flip. Read by: XDP, only when a
 // bucket is created or the policy version changed.

@@ -138,15 +138,40 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     clean_restart_keeps_the_bucket_and_unload_removes_all(&net, &pins.0, daemon);
 }
 
+/// `limiter run` against `pins` in `net`'s receiver namespace, to its end
+/// (a refusal).
+fn refused_run(net: &VethPair, pins: &Path, tag: &str) -> String {
+    let bin = scenario::locate_bin("limiter").unwrap();
+    let o = net
+        .b
+        .net_command(&bin)
+        .args(["run", "--iface", B_IF, "--pin", "--socket"])
+        .arg(scenario::unique_socket(tag))
+        .arg("--pin-dir")
+        .arg(pins)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+/// Pins of a newer schema (a rollback) are refused unless the newer build
+/// pinned its table of what changed when (`LAYOUT`); with it, what it
+/// changed after this build's schema is renewed and the rest, the buckets
+/// first, is kept.
 #[test]
-fn incompatible_pins_are_refused_not_reused() {
-    require_root();
-    let net = VethPair::new("ic");
-    let pins = Pins::new("ic");
+fn a_rollback_is_refused_without_the_newer_layout_and_keeps_the_buckets_with_it() {
+    let (net, pins) = flood_setup("ic");
     let (mut daemon, _rx, _) = start_daemon(&net, &pins.0);
+    let netload = env!("CARGO_BIN_EXE_netload");
+    scenario::start_traffic(&net, netload.as_ref(), 5_000, 100, 0.5).unwrap().finish().unwrap();
     daemon.0.kill().unwrap();
     daemon.0.wait().unwrap();
-    // Pretend the pins were made by a daemon of another schema.
+    let before = flood_bucket(&pins.0);
+    // Pretend the pins were made by a daemon of schema 999 that pinned no
+    // table of what it changed.
     {
         let md = MapData::from_pin(pins.0.join(maps::META)).unwrap();
         let mut a: aya::maps::Array<MapData, limiter_common::Meta> =
@@ -155,25 +180,38 @@ fn incompatible_pins_are_refused_not_reused() {
         m.schema = 999;
         a.set(0, m, 0).unwrap();
     }
-    let bin = scenario::locate_bin("limiter").unwrap();
-    let o = net
-        .b
-        .net_command(&bin)
-        .args(["run", "--iface", B_IF, "--pin", "--socket"])
-        .arg(scenario::unique_socket("ic"))
-        .arg("--pin-dir")
-        .arg(&pins.0)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
+    let layout = pins.0.join(maps::LAYOUT);
+    let written: Vec<([u8; 16], u32)> = {
+        let md = MapData::from_pin(&layout).unwrap();
+        let m: HashMap<MapData, [u8; 16], u32> = HashMap::try_from(Map::HashMap(md)).unwrap();
+        m.iter().map(Result::unwrap).collect()
+    };
+    assert_eq!(written.len(), limiter::dataplane::pin::PINNED_MAPS.len(), "LAYOUT as this build wrote it");
+    std::fs::remove_file(&layout).unwrap();
+    let err = refused_run(&net, &pins.0, "ic");
     assert!(err.contains("incompatible") && err.contains("schema 999") && err.contains("limiter unload"), "{err}");
+    assert!(err.contains("does not say which maps it changed"), "{err}");
     // The old program is still the one attached: refusal changed nothing.
     let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
     assert!(String::from_utf8_lossy(&link.stdout).contains("xdp"));
     // The daemon killed with -9 above could not remove its socket.
     let _ = std::fs::remove_file(scenario::unique_socket(&net.b.name));
+
+    // Now as schema 999 would have pinned its table: STATS changed in 999.
+    let md = create_pinned(&pins.0, maps::LAYOUT, maps::LAYOUT, "hash", 4, 64);
+    let mut m: HashMap<MapData, [u8; 16], u32> = HashMap::try_from(Map::HashMap(md)).unwrap();
+    for (k, since) in written {
+        let stats = k.starts_with(maps::STATS.as_bytes()) && k[maps::STATS.len()] == 0;
+        m.insert(k, if stats { 999 } else { since }, 0).unwrap();
+    }
+    let (_daemon, _rx2, log) = start_daemon(&net, &pins.0);
+    assert!(log.contains("pinned STATS renewed (changed in schema 999, after this build's)"), "{log}");
+    assert!(log.contains("re-adopted pinned maps but those renewed above"), "{log}");
+    assert_eq!(log.matches(" renewed (").count(), 1, "only STATS: {log}");
+    assert_eq!(flood_bucket(&pins.0), before, "the rollback reset the flood prefix's bucket");
+    let md = MapData::from_pin(pins.0.join(maps::META)).unwrap();
+    let a: aya::maps::Array<MapData, limiter_common::Meta> = aya::maps::Array::try_from(Map::Array(md)).unwrap();
+    assert_eq!(a.get(&0, 0).unwrap().schema, limiter_common::SCHEMA_VERSION);
 }
 
 #[test]
@@ -252,13 +290,15 @@ fn bpftool(args: &[&str]) {
     assert!(o.status.success(), "bpftool {args:?}: {}", String::from_utf8_lossy(&o.stderr));
 }
 
-/// Pin at `dir/file` a new map named `name` of `kind` with a 4-byte key.
+/// Pin at `dir/file` a new map named `name` of `kind` with a 4-byte key
+/// (16 bytes for a hash map).
 fn create_pinned(dir: &Path, file: &str, name: &str, kind: &str, value: usize, entries: usize) -> MapData {
     let p = dir.join(file);
     let _ = std::fs::remove_file(&p);
     let (value, entries) = (value.to_string(), entries.to_string());
+    let key = if kind == "hash" { "16" } else { "4" };
     let path = p.to_str().unwrap();
-    bpftool(&["map", "create", path, "type", kind, "key", "4", "value", &value, "entries", &entries, "name", name]);
+    bpftool(&["map", "create", path, "type", kind, "key", key, "value", &value, "entries", &entries, "name", name]);
     MapData::from_pin(&p).unwrap()
 }
 

@@ -143,6 +143,7 @@ impl DataPlane {
         // The old program is off the link: renewed maps take the old pins'
         // names, and `META` says the pins are this build's from now on.
         pin::finish_renewal(dir, &std::mem::take(&mut self.renewing))?;
+        pin::write_layout(dir)?;
         meta.ifindex = ifindex;
         meta.schema = limiter_common::SCHEMA_VERSION;
         self.maps.tables().set_meta(&meta)?;

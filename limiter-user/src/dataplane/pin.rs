@@ -31,7 +31,7 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// changes a pinned map's key, value or meaning bumps `SCHEMA_VERSION`
 /// and sets the map's entry here to the new number. `META` is never
 /// renewed (it says what the other pins are): its layout stays.
-pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 17] = [
+pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 18] = [
     (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 11),
     (maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 11),
     (maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 11),
@@ -47,6 +47,7 @@ pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 17] = [
     (maps::CLASS_STATS, MapType::PerCpuArray, 4, size_of::<ClassCounters>(), 11),
     (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>(), 11),
     (maps::META, MapType::Array, 4, size_of::<Meta>(), 1),
+    (maps::LAYOUT, MapType::Hash, 16, 4, 11),
     (maps::RUNTIME, MapType::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>(), 11),
     (maps::SYN_GUARD, MapType::Array, 4, size_of::<SynGuard>(), 11),
 ];
@@ -224,24 +225,45 @@ impl Adoption {
 /// pinned maps are re-adopted and which renewed: renewed are those
 /// missing, of another type or size or number of entries (`entries`,
 /// where given), or last changed in a schema newer
-/// than the one that pinned them. Refused: pins of a schema newer than
-/// this build's (a downgrade cannot know what a newer build changed) or
-/// older than [`OLDEST_SCHEMA`], and a `META` that is not ours.
+/// than the one that pinned them. Pins of a newer schema (a rollback)
+/// are judged by `newer`, the newer build's own table as it pinned it in
+/// `LAYOUT`: maps it changed after this build's schema are renewed.
+/// Refused: pins of a newer schema without that table, pins older than
+/// [`OLDEST_SCHEMA`], and a `META` that is not ours.
 pub fn plan(
     meta: Option<Meta>,
     table: &[(&'static str, MapType, usize, usize, u32)],
     found: &[Found],
     entries: &[Option<u32>],
+    newer: Option<&[(String, u32)]>,
 ) -> Result<Vec<Renewal>, String> {
     let Some(m) = meta.filter(|m| m.magic == META_MAGIC) else {
         return Err(format!("no {} of this project's (magic {META_MAGIC:#x}) beside them", maps::META));
     };
-    if m.schema > SCHEMA_VERSION {
-        return Err(format!(
-            "schema {}, written by a newer limiter; this one uses schema {SCHEMA_VERSION} and does not downgrade",
-            m.schema
-        ));
-    }
+    let newer = match (m.schema > SCHEMA_VERSION, newer) {
+        (false, _) => None,
+        (true, Some(n)) => Some(n),
+        (true, None) => {
+            return Err(format!(
+                "schema {}, written by a newer limiter that does not say which maps it changed (no {}); this one \
+                 uses schema {SCHEMA_VERSION}",
+                m.schema,
+                maps::LAYOUT
+            ));
+        }
+    };
+    // Whether the map changed after what the pins' build and this one
+    // share: on an upgrade, after the schema that pinned it (this build's
+    // table says); on a rollback, after this build's schema (the newer
+    // build's table, pinned in LAYOUT, says).
+    let changed = |name: &str, since: u32| match newer {
+        Some(n) => match n.iter().find(|(k, _)| k == name) {
+            None => Some(format!("not in the layout of schema {}", m.schema)),
+            Some(&(_, s)) if s > SCHEMA_VERSION => Some(format!("changed in schema {s}, after this build's")),
+            Some(_) => None,
+        },
+        None => (m.schema < since).then(|| format!("pinned under schema {}, changed in schema {since}", m.schema)),
+    };
     if m.schema < OLDEST_SCHEMA {
         return Err(format!(
             "schema {}, this limiter uses schema {SCHEMA_VERSION} and upgrades from schema {OLDEST_SCHEMA} on",
@@ -256,9 +278,7 @@ pub fn plan(
             Some((_, k, v, _)) if (k, v) != (key, value) => {
                 (format!("key/value sizes {k}/{v}, this build's {key}/{value}"), false)
             }
-            Some(_) if m.schema < since => {
-                (format!("pinned under schema {}, changed in schema {since}", m.schema), false)
-            }
+            Some(_) if changed(name, since).is_some() => (changed(name, since).unwrap_or_default(), false),
             // Same layout and meaning, another size: what it holds fits.
             Some((.., n)) if want.is_some_and(|w| w != n) => {
                 let copy = !POLICY_MAPS.contains(&name);
@@ -351,9 +371,45 @@ pub fn check(dir: &Path, object: &[u8]) -> Result<Option<Adoption>, PinError> {
         None
     };
     let entries = object_entries(object).map_err(|problem| PinError::Incompatible { path: path.clone(), problem })?;
-    let renew =
-        plan(meta, &PINNED_MAPS, &found, &entries).map_err(|problem| PinError::Incompatible { path, problem })?;
+    let newer = read_layout(dir);
+    let renew = plan(meta, &PINNED_MAPS, &found, &entries, newer.as_deref())
+        .map_err(|problem| PinError::Incompatible { path, problem })?;
     Ok(meta.map(|meta| Adoption { meta, renew }))
+}
+
+/// `LAYOUT`'s key for the map `name`: its name, zero-padded.
+fn layout_key(name: &str) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    let n = name.len().min(16);
+    k[..n].copy_from_slice(&name.as_bytes()[..n]);
+    k
+}
+
+/// The pinned `LAYOUT` (each map's name and the schema it last changed
+/// in, by the build that pinned them), if there is a readable one.
+fn read_layout(dir: &Path) -> Option<Vec<(String, u32)>> {
+    let md = MapData::from_pin(dir.join(maps::LAYOUT)).ok()?;
+    let m: aya::maps::HashMap<MapData, [u8; 16], u32> = aya::maps::HashMap::try_from(Map::HashMap(md)).ok()?;
+    let entries = m.iter().take(maps::LAYOUT_ENTRIES as usize).flatten();
+    Some(entries.map(|(k, v)| (String::from_utf8_lossy(&k).trim_end_matches('\0').to_owned(), v)).collect())
+}
+
+/// Write this build's [`PINNED_MAPS`] table into the pinned `LAYOUT`, for
+/// an older build that may roll back onto these pins.
+pub fn write_layout(dir: &Path) -> Result<(), PinError> {
+    let path = dir.join(maps::LAYOUT);
+    let open = |source| PinError::Open { path: path.clone(), source };
+    let md = MapData::from_pin(&path).map_err(open)?;
+    let mut m: aya::maps::HashMap<MapData, [u8; 16], u32> =
+        aya::maps::HashMap::try_from(Map::HashMap(md)).map_err(open)?;
+    let stale: Vec<[u8; 16]> = m.keys().flatten().collect();
+    for k in stale {
+        let _ = m.remove(&k);
+    }
+    for (name, .., since) in PINNED_MAPS {
+        m.insert(layout_key(name), since, 0).map_err(open)?;
+    }
+    Ok(())
 }
 
 /// The policy version a pinned `CONFIG` of any layout holds (the larger
@@ -587,7 +643,7 @@ mod tests {
 
     #[test]
     fn pins_of_this_build_are_all_re_adopted() {
-        assert_eq!(plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &as_built(), &entries()), Ok(vec![]));
+        assert_eq!(plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &as_built(), &entries(), None), Ok(vec![]));
     }
 
     #[test]
@@ -595,12 +651,12 @@ mod tests {
         let mut found = as_built();
         found[at(maps::STATS)] = Some((MapType::PerCpuArray, 4, 8, 1));
         found[at(maps::SYN_GUARD)] = None;
-        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap();
         assert_eq!(names(&r), [maps::STATS, maps::SYN_GUARD]);
         assert!(r[0].why.contains("key/value sizes 4/8"), "{r:?}");
         assert_eq!(r[1].why, "missing");
         found[at(maps::STATS)] = Some((MapType::Array, 4, size_of::<Counter>(), 1));
-        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap();
         assert!(r[0].why.contains("type Array"), "{r:?}");
     }
 
@@ -614,7 +670,7 @@ mod tests {
         let stats = entries()[at(maps::STATS)].unwrap();
         found[at(maps::STATS)] = Some((MapType::PerCpuArray, 4, size_of::<Counter>(), stats - 3));
         found[at(maps::BUCKETS)] = Some((MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 7));
-        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap();
         assert_eq!(names(&r), [maps::STATS]);
         assert_eq!(r[0].why, format!("{} entries, this build's {stats}", stats - 3));
         assert!(r[0].copy, "same layout, same meaning: its entries are copied");
@@ -622,7 +678,7 @@ mod tests {
         let mut found = as_built();
         let limits = entries()[at(maps::OVR_LIMITS)].unwrap();
         found[at(maps::OVR_LIMITS)] = Some((MapType::Array, 4, size_of::<ClassLimits>(), limits / 2));
-        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap();
         assert_eq!(r.len(), POLICY_MAPS.len());
         assert!(r.iter().all(|r| !r.copy), "{r:?}");
     }
@@ -631,7 +687,7 @@ mod tests {
     fn a_policy_map_renews_the_policy_maps_and_nothing_else() {
         let mut found = as_built();
         found[at(maps::CONFIG)] = Some((MapType::Array, 4, size_of::<Config>() - 8, 2));
-        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap();
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap();
         let mut want = POLICY_MAPS.to_vec();
         want.sort_unstable();
         assert_eq!(names(&r), want);
@@ -642,23 +698,42 @@ mod tests {
     fn a_map_changed_since_the_pinning_schema_is_renewed_even_at_the_same_size() {
         let mut table = PINNED_MAPS;
         table[at(maps::RUNTIME)].4 = SCHEMA_VERSION + 1;
-        let r = plan(Some(ours(SCHEMA_VERSION)), &table, &as_built(), &entries()).unwrap();
+        let r = plan(Some(ours(SCHEMA_VERSION)), &table, &as_built(), &entries(), None).unwrap();
         assert_eq!(names(&r), [maps::RUNTIME]);
         assert!(r[0].why.contains(&format!("changed in schema {}", SCHEMA_VERSION + 1)), "{r:?}");
     }
 
+    /// A rollback: the newer build's own table (pinned in LAYOUT) says
+    /// which maps changed after this build's schema; those are renewed,
+    /// the rest kept, a map it does not list renewed too.
+    #[test]
+    fn a_rollback_renews_what_the_newer_build_changed_after_this_one() {
+        let newer = SCHEMA_VERSION + 2;
+        let mut layout: Vec<(String, u32)> =
+            PINNED_MAPS.iter().map(|(n, .., since)| ((*n).to_owned(), *since)).collect();
+        let r = plan(Some(ours(newer)), &PINNED_MAPS, &as_built(), &entries(), Some(&layout)).unwrap();
+        assert_eq!(r, vec![]);
+        layout.iter_mut().find(|(n, _)| n == maps::STATS).unwrap().1 = SCHEMA_VERSION + 1;
+        layout.retain(|(n, _)| n != maps::SYN_GUARD);
+        let r = plan(Some(ours(newer)), &PINNED_MAPS, &as_built(), &entries(), Some(&layout)).unwrap();
+        assert_eq!(names(&r), [maps::STATS, maps::SYN_GUARD]);
+        assert_eq!(r[0].why, format!("changed in schema {}, after this build's", SCHEMA_VERSION + 1));
+        assert_eq!(r[1].why, format!("not in the layout of schema {newer}"));
+        assert!(r.iter().all(|r| !r.copy));
+    }
+
     #[test]
     fn newer_older_or_foreign_pins_are_refused() {
-        let e = plan(Some(ours(SCHEMA_VERSION + 1)), &PINNED_MAPS, &as_built(), &entries()).unwrap_err();
-        assert!(e.contains("newer limiter") && e.contains("does not downgrade"), "{e}");
-        let e = plan(Some(ours(OLDEST_SCHEMA - 1)), &PINNED_MAPS, &as_built(), &entries()).unwrap_err();
+        let e = plan(Some(ours(SCHEMA_VERSION + 1)), &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err();
+        assert!(e.contains("newer limiter") && e.contains("does not say which maps it changed"), "{e}");
+        let e = plan(Some(ours(OLDEST_SCHEMA - 1)), &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err();
         assert!(e.contains(&format!("upgrades from schema {OLDEST_SCHEMA}")), "{e}");
         let mut found = as_built();
         found[at(maps::META)] = Some((MapType::Array, 4, size_of::<Meta>(), 2));
-        let e = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries()).unwrap_err();
+        let e = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap_err();
         assert_eq!(e, "META 2 entries, this build's 1");
         let foreign = Some(Meta { magic: 1, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 });
-        assert!(plan(foreign, &PINNED_MAPS, &as_built(), &entries()).unwrap_err().contains("no META"));
-        assert!(plan(None, &PINNED_MAPS, &as_built(), &entries()).is_err());
+        assert!(plan(foreign, &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err().contains("no META"));
+        assert!(plan(None, &PINNED_MAPS, &as_built(), &entries(), None).is_err());
     }
 }
