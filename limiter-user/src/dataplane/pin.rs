@@ -335,6 +335,7 @@ fn renewal_loss_of(name: &str) -> &'static str {
         maps::STATS | maps::CLASS_STATS => "its counters start again from zero",
         maps::RUNTIME => "overrides set with `limiter prefix` before the upgrade are gone: set them again",
         maps::SYN_GUARD => "an engaged `auto` SYN-cookie trigger is released until the next SYN flood trips it",
+        maps::LAYOUT => "nothing is lost: this build's table is written into it",
         _ => "nothing is lost: the policy is written into it again",
     }
 }
