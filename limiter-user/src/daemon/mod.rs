@@ -291,7 +291,7 @@ impl Daemon {
                 match adopted {
                     None => "new maps",
                     Some([]) => "re-adopted pinned maps (buckets and counters kept)",
-                    Some(_) => "re-adopted pinned maps but those renewed above (an upgrade)",
+                    Some(_) => "re-adopted pinned maps but those renewed above (pins of another build)",
                 },
                 if replaced { "replaced the program on the pinned link atomically" } else { "new link" },
             );
