@@ -338,7 +338,7 @@ fn leave_older_build(dir: &Path) -> Older {
     stats.set(0, aya::maps::PerCpuValues::try_from(counted.clone()).unwrap(), 0).unwrap();
 
     // Of a size nothing uses: adopted, it would fail the new program.
-    let stray = format!("{}{}", maps::CONFIG, limiter::dataplane::pin::NEW_SUFFIX);
+    let stray = format!("{}{}", maps::CONFIG, limiter::dataplane::upgrade::NEW_SUFFIX);
     create_pinned(dir, &stray, maps::CONFIG, "array", 8, 2);
     Older { config_size, guard, stats_len, counted }
 }
@@ -385,7 +385,7 @@ fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
     let (daemon, _rx2, log) = start_daemon(&net, &pins.0);
     assert!(log.contains("re-adopted pinned maps but those renewed above"), "{log}");
     assert!(log.contains("replaced the program on the pinned link"), "{log}");
-    for m in limiter::dataplane::pin::POLICY_MAPS.iter().chain([&maps::SYN_GUARD, &maps::STATS]) {
+    for m in limiter::dataplane::upgrade::POLICY_MAPS.iter().chain([&maps::SYN_GUARD, &maps::STATS]) {
         assert!(log.contains(&format!("pinned {m} renewed")), "{m} not renewed: {log}");
     }
     assert!(log.contains(&format!("key/value sizes 4/{}", old.config_size)), "{log}");
@@ -400,7 +400,7 @@ fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
     let leftovers: Vec<_> = std::fs::read_dir(&pins.0)
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(limiter::dataplane::pin::NEW_SUFFIX))
+        .filter(|e| e.file_name().to_string_lossy().ends_with(limiter::dataplane::upgrade::NEW_SUFFIX))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     let listed = cli(&net, &["prefix", "list"]);

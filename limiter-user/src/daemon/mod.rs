@@ -42,7 +42,7 @@ use crate::{
     dataplane::{
         AttachMode, Attachment, DataPlane, Health, PolicyMaps as _,
         maps::Tables,
-        pin::{Renewal, renewal_loss},
+        upgrade::{Renewal, renewal_loss},
     },
     forward,
     metrics::{self, ScrapeCall},

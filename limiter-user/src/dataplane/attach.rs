@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use aya::programs::links::{FdLink, PinnedLink};
 use limiter_common::programs;
 
-use super::{AttachMode, DataPlane, LoadError, ifindex, pin};
+use super::{AttachMode, DataPlane, LoadError, ifindex, pin, upgrade};
 
 /// The program on its interface.
 pub struct Attachment {
@@ -142,8 +142,8 @@ impl DataPlane {
             .map_err(|source| LoadError::PinObject { what: "program", source })?;
         // The old program is off the link: renewed maps take the old pins'
         // names, and `META` says the pins are this build's from now on.
-        pin::finish_renewal(dir, &std::mem::take(&mut self.renewing))?;
-        pin::write_layout(dir)?;
+        upgrade::finish_renewal(dir, &std::mem::take(&mut self.renewing))?;
+        upgrade::write_layout(dir)?;
         meta.ifindex = ifindex;
         meta.schema = limiter_common::SCHEMA_VERSION;
         self.maps.tables().set_meta(&meta)?;

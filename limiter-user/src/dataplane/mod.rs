@@ -9,8 +9,10 @@ pub mod counters;
 pub mod maps;
 pub mod pin;
 mod port;
+mod rawmap;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod upgrade;
 
 use std::path::{Path, PathBuf};
 
@@ -140,7 +142,7 @@ pub struct DataPlane {
     pin_lock: Option<std::fs::File>,
     /// Renewed maps, pinned beside the old ones until the program is on
     /// the link.
-    renewing: Vec<pin::Renewal>,
+    renewing: Vec<upgrade::Renewal>,
     /// See [`DataPlane::carried_version`].
     carried_version: u64,
 }
@@ -162,9 +164,14 @@ impl DataPlane {
     /// Load `object`; with `pin_dir`, its maps are pinned there (and pinned
     /// maps already there are re-adopted as they are), but for those in
     /// `renew`, made new and pinned beside the old ones (see
-    /// [`pin::NEW_SUFFIX`]) until [`DataPlane::attach_pinned`] puts them
+    /// [`upgrade::new_pin`]) until [`DataPlane::attach_pinned`] puts them
     /// in place.
-    fn load(object: &[u8], capacity: u32, pin_dir: Option<&Path>, renew: &[pin::Renewal]) -> Result<Self, LoadError> {
+    fn load(
+        object: &[u8],
+        capacity: u32,
+        pin_dir: Option<&Path>,
+        renew: &[upgrade::Renewal],
+    ) -> Result<Self, LoadError> {
         let level = ebpf_log_level();
         let paths: Vec<(&'static str, PathBuf)> = pin_dir
             .map(|dir| {
@@ -172,7 +179,7 @@ impl DataPlane {
                     .iter()
                     .map(|(n, ..)| {
                         let renewed = renew.iter().any(|r| r.name == *n);
-                        (*n, if renewed { dir.join(format!("{n}{}", pin::NEW_SUFFIX)) } else { dir.join(n) })
+                        (*n, if renewed { upgrade::new_pin(dir, n) } else { dir.join(n) })
                     })
                     .collect()
             })
@@ -194,35 +201,35 @@ impl DataPlane {
     /// Load the object with its maps pinned in `dir`, re-adopting pinned
     /// maps (buckets, counters and config kept) after checking them
     /// against this build's schema; a pinned map of an older build's
-    /// layout is renewed instead ([`pin::plan`]), and the old one keeps
+    /// layout is renewed instead ([`upgrade::plan`]), and the old one keeps
     /// serving the old program until this one replaces it on the link.
     /// Returns the data plane and, when maps were adopted, the renewals.
-    pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, Option<Vec<pin::Renewal>>), LoadError> {
+    pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, Option<Vec<upgrade::Renewal>>), LoadError> {
         pin::ensure_dir(dir)?;
         let lock = pin::lock_dir(dir)?;
-        pin::remove_unfinished(dir);
-        let adoption = pin::check(dir, OBJECT)?;
-        let mut renew = adoption.as_ref().map(|a| a.renew.clone()).unwrap_or_default();
+        upgrade::remove_unfinished(dir);
+        let adoption = upgrade::check(dir, OBJECT)?;
+        let adopted = adoption.is_some();
+        let mut renew = adoption.unwrap_or_default();
         let mut d = Self::load(OBJECT, capacity, Some(dir), &renew)?;
         // Maps of the same layout, only longer or shorter, keep what they
         // hold. Copied before the swap: the old program counts on into
         // the old map until then.
         for r in renew.iter_mut().filter(|r| r.copy) {
-            let new = dir.join(format!("{}{}", r.name, pin::NEW_SUFFIX));
-            match pin::copy_entries(&dir.join(r.name), &new) {
+            match upgrade::copy_entries(&dir.join(r.name), &upgrade::new_pin(dir, r.name)) {
                 Ok(n) => r.copied = Some(n),
                 Err(e) => tracing::warn!("limiter: copying pinned {} into its renewal: {e}", r.name),
             }
         }
         d.pin_lock = Some(lock);
-        if adoption.as_ref().is_some_and(|a| a.renews(names::CONFIG)) {
-            d.carried_version = pin::pinned_config_version(&dir.join(names::CONFIG));
+        if renew.iter().any(|r| r.name == names::CONFIG) {
+            d.carried_version = upgrade::pinned_config_version(&dir.join(names::CONFIG));
         }
-        if adoption.is_none() {
+        if !adopted {
             d.maps.tables().set_meta(&Meta { magic: META_MAGIC, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 })?;
         }
         d.renewing.clone_from(&renew);
-        Ok((d, adoption.map(|_| renew)))
+        Ok((d, adopted.then_some(renew)))
     }
 
     /// The policy version a renewed `CONFIG` held (0 if none was renewed):

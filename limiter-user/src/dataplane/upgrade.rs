@@ -1,0 +1,458 @@
+//! Upgrades and rollbacks over pins another build left: which pinned maps
+//! are re-adopted as they are, which renewed (made new beside the old,
+//! put in place once the new program is on the link), what a renewal
+//! carries over, and the table of what changed when (`LAYOUT`) that lets
+//! an older build roll back.
+
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, Map, MapData, MapType};
+use limiter_common::{META_MAGIC, Meta, SCHEMA_VERSION, maps};
+
+use super::{
+    pin::{PINNED_MAPS, PinError, has_pins},
+    rawmap::{Cmd, elem, elem_raw},
+};
+
+/// The oldest schema whose pins this build adopts or upgrades from: the
+/// first whose `META` and map table are as above. Older pins are refused.
+pub const OLDEST_SCHEMA: u32 = 11;
+/// Suffix of a renewed map's pin until the new program is on the link
+/// (then it is renamed over the old pin). Not a dot: bpffs keeps names
+/// with dots for itself.
+pub const NEW_SUFFIX: &str = "-new";
+
+/// Where the renewal of the pinned map `name` is pinned until it is put in
+/// place.
+#[must_use]
+pub fn new_pin(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}{NEW_SUFFIX}"))
+}
+/// A pinned map as found: type, key and value sizes and max entries, or
+/// nothing there.
+pub type Found = Option<(MapType, usize, usize, u32)>;
+
+/// The max entries each map of [`PINNED_MAPS`] has in `object` (the
+/// program's own definitions); `None` for the maps sized by the policy's
+/// capacity, whose pinned size is kept whatever it is.
+pub fn object_entries(object: &[u8]) -> Result<Vec<Option<u32>>, String> {
+    let obj = aya_obj::Object::parse(object).map_err(|e| format!("parsing the XDP object: {e}"))?;
+    PINNED_MAPS
+        .iter()
+        .map(|(name, ..)| {
+            if [maps::BUCKETS, maps::WINDOWS, maps::FLEET].contains(name) {
+                return Ok(None);
+            }
+            let m = obj.maps.get(*name).ok_or_else(|| format!("the XDP object has no map {name}"))?;
+            Ok(Some(m.max_entries()))
+        })
+        .collect()
+}
+
+/// A pinned map an upgrade replaces with a new, empty one, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Renewal {
+    pub name: &'static str,
+    pub why: String,
+    /// Only the number of entries changed (not the layout nor the
+    /// meaning) and the policy does not rewrite it: its entries are
+    /// copied into the new map ([`copy_entries`]).
+    pub copy: bool,
+    /// How many entries were copied, once they were.
+    pub copied: Option<u32>,
+}
+
+/// Decide, from `META` as pinned and each map of `table` as found, which
+/// pinned maps are re-adopted and which renewed: renewed are those
+/// missing, of another type or size or number of entries (`entries`,
+/// where given), or last changed in a schema newer
+/// than the one that pinned them. Pins of a newer schema (a rollback)
+/// are judged by `newer`, the newer build's own table as it pinned it in
+/// `LAYOUT`: maps it changed after this build's schema are renewed.
+/// Refused: pins of a newer schema without that table, pins older than
+/// [`OLDEST_SCHEMA`], and a `META` that is not ours.
+pub fn plan(
+    meta: Option<Meta>,
+    table: &[(&'static str, MapType, usize, usize, u32)],
+    found: &[Found],
+    entries: &[Option<u32>],
+    newer: Option<&[(String, u32)]>,
+) -> Result<Vec<Renewal>, String> {
+    let Some(m) = meta.filter(|m| m.magic == META_MAGIC) else {
+        return Err(format!("no {} of this project's (magic {META_MAGIC:#x}) beside them", maps::META));
+    };
+    let newer = match (m.schema > SCHEMA_VERSION, newer) {
+        (false, _) => None,
+        (true, Some(n)) => Some(n),
+        (true, None) => {
+            return Err(format!(
+                "schema {}, written by a newer limiter that does not say which maps it changed (no {}); this one \
+                 uses schema {SCHEMA_VERSION}",
+                m.schema,
+                maps::LAYOUT
+            ));
+        }
+    };
+    // Whether the map changed after what the pins' build and this one
+    // share: on an upgrade, after the schema that pinned it (this build's
+    // table says); on a rollback, after this build's schema (the newer
+    // build's table, pinned in LAYOUT, says).
+    let changed = |name: &str, since: u32| match newer {
+        Some(n) => match n.iter().find(|(k, _)| k == name) {
+            None => Some(format!("not in the layout of schema {}", m.schema)),
+            Some(&(_, s)) if s > SCHEMA_VERSION => Some(format!("changed in schema {s}, after this build's")),
+            Some(_) => None,
+        },
+        None => (m.schema < since).then(|| format!("pinned under schema {}, changed in schema {since}", m.schema)),
+    };
+    if m.schema < OLDEST_SCHEMA {
+        return Err(format!(
+            "schema {}, this limiter uses schema {SCHEMA_VERSION} and upgrades from schema {OLDEST_SCHEMA} on",
+            m.schema
+        ));
+    }
+    let mut renew = Vec::new();
+    for ((&(name, kind, key, value, since), found), &want) in table.iter().zip(found).zip(entries) {
+        let (why, copy) = match (*found, changed(name, since)) {
+            (None, _) => ("missing".to_owned(), false),
+            (Some((k, ..)), _) if k != kind => (format!("type {k:?}, this build's {kind:?}"), false),
+            (Some((_, k, v, _)), _) if (k, v) != (key, value) => {
+                (format!("key/value sizes {k}/{v}, this build's {key}/{value}"), false)
+            }
+            (Some(_), Some(why)) => (why, false),
+            // Same layout and meaning, another size: what it holds fits.
+            (Some((.., n)), None) if want.is_some_and(|w| w != n) => {
+                let copy = !POLICY_MAPS.contains(&name);
+                (format!("{n} entries, this build's {}", want.unwrap_or_default()), copy)
+            }
+            (Some(_), None) => continue,
+        };
+        if name == maps::META {
+            return Err(format!("{} {why}", maps::META));
+        }
+        renew.push(Renewal { name, why, copy, copied: None });
+    }
+    // The policy's maps go together: `ACTIVE` picks a slot of `CONFIG`
+    // and of the override tries, and the old program reads them until
+    // the new one is on the link, so a new `CONFIG` beside an old
+    // `ACTIVE` would flip the old program to a slot it never had written.
+    if renew.iter().any(|r| POLICY_MAPS.contains(&r.name)) {
+        for (name, ..) in table {
+            if POLICY_MAPS.contains(name) && !renew.iter().any(|r| r.name == *name) {
+                renew.push(Renewal {
+                    name,
+                    why: "renewed with the policy's other maps".into(),
+                    copy: false,
+                    copied: None,
+                });
+            }
+        }
+    }
+    Ok(renew)
+}
+
+/// The maps the policy is written into, selected together by `ACTIVE`'s
+/// slot: renewed all together or not at all.
+pub const POLICY_MAPS: [&str; 7] =
+    [maps::CONFIG, maps::ACTIVE, maps::OVR4[0], maps::OVR4[1], maps::OVR6[0], maps::OVR6[1], maps::OVR_LIMITS];
+
+/// What renewing a pinned map loses, for the operator.
+#[must_use]
+pub fn renewal_loss(r: &Renewal) -> String {
+    match r.copied {
+        Some(n) => format!(
+            "its {n} entries were copied over (what the old program counted between the copy and the swap is not)"
+        ),
+        None => renewal_loss_of(r.name).to_owned(),
+    }
+}
+
+/// What renewing the pinned map `name` empty loses.
+fn renewal_loss_of(name: &str) -> &'static str {
+    match name {
+        maps::BUCKETS => "every prefix starts again from a full bucket",
+        maps::WINDOWS | maps::FLEET | maps::FLEET_STATE => "window quotas start again from zero",
+        maps::NEW_SOURCES => "the new-source budget starts full",
+        maps::STATS | maps::CLASS_STATS => "its counters start again from zero",
+        maps::RUNTIME => "overrides set with `limiter prefix` before the upgrade are gone: set them again",
+        maps::SYN_GUARD => "an engaged `auto` SYN-cookie trigger is released until the next SYN flood trips it",
+        maps::LAYOUT => "nothing is lost: this build's table is written into it",
+        _ => "nothing is lost: the policy is written into it again",
+    }
+}
+
+/// Check pinned maps before re-adopting them: `None` when nothing is
+/// pinned yet; else the maps an upgrade renews ([`plan`]), all others
+/// being re-adopted as they are. `META` itself is never renewed: pins
+/// without a readable one of ours are refused.
+pub fn check(dir: &Path, object: &[u8]) -> Result<Option<Vec<Renewal>>, PinError> {
+    if !has_pins(dir) {
+        return Ok(None);
+    }
+    let mut found = Vec::with_capacity(PINNED_MAPS.len());
+    for (name, ..) in PINNED_MAPS {
+        let path = dir.join(name);
+        if !path.exists() {
+            found.push(None);
+            continue;
+        }
+        let md = MapData::from_pin(&path).map_err(|source| PinError::Open { path: path.clone(), source })?;
+        let info = md.info().map_err(|source| PinError::Open { path: path.clone(), source })?;
+        let kind = info.map_type().map_err(|source| PinError::Open { path: path.clone(), source })?;
+        found.push(Some((kind, info.key_size() as usize, info.value_size() as usize, info.max_entries())));
+    }
+    let path = dir.join(maps::META);
+    let meta_at = PINNED_MAPS.iter().position(|(n, ..)| *n == maps::META).expect("META is pinned");
+    let (_, kind, key, value, _) = PINNED_MAPS[meta_at];
+    let meta = if found[meta_at].is_some_and(|(k, ks, vs, _)| (k, ks, vs) == (kind, key, value)) {
+        let md = MapData::from_pin(&path).map_err(|source| PinError::Open { path: path.clone(), source })?;
+        let a: Array<MapData, Meta> =
+            Array::try_from(Map::Array(md)).map_err(|source| PinError::Open { path: path.clone(), source })?;
+        Some(a.get(&0, 0).map_err(|source| PinError::Open { path: path.clone(), source })?)
+    } else {
+        None
+    };
+    let entries = object_entries(object).map_err(|problem| PinError::Incompatible { path: path.clone(), problem })?;
+    let newer = read_layout(dir);
+    let renew = plan(meta, &PINNED_MAPS, &found, &entries, newer.as_deref())
+        .map_err(|problem| PinError::Incompatible { path, problem })?;
+    Ok(Some(renew))
+}
+
+/// `LAYOUT`'s key for the map `name`: its name, zero-padded.
+fn layout_key(name: &str) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    let n = name.len().min(16);
+    k[..n].copy_from_slice(&name.as_bytes()[..n]);
+    k
+}
+
+/// The pinned `LAYOUT` (each map's name and the schema it last changed
+/// in, by the build that pinned them), if there is a readable one.
+fn read_layout(dir: &Path) -> Option<Vec<(String, u32)>> {
+    let md = MapData::from_pin(dir.join(maps::LAYOUT)).ok()?;
+    let m: aya::maps::HashMap<MapData, [u8; 16], u32> = aya::maps::HashMap::try_from(Map::HashMap(md)).ok()?;
+    let entries = m.iter().take(maps::LAYOUT_ENTRIES as usize).flatten();
+    Some(entries.map(|(k, v)| (String::from_utf8_lossy(&k).trim_end_matches('\0').to_owned(), v)).collect())
+}
+
+/// Write this build's [`PINNED_MAPS`] table into the pinned `LAYOUT`, for
+/// an older build that may roll back onto these pins.
+pub fn write_layout(dir: &Path) -> Result<(), PinError> {
+    let path = dir.join(maps::LAYOUT);
+    let open = |source| PinError::Open { path: path.clone(), source };
+    let md = MapData::from_pin(&path).map_err(open)?;
+    let mut m: aya::maps::HashMap<MapData, [u8; 16], u32> =
+        aya::maps::HashMap::try_from(Map::HashMap(md)).map_err(open)?;
+    let stale: Vec<[u8; 16]> = m.keys().flatten().collect();
+    for k in stale {
+        let _ = m.remove(&k);
+    }
+    for (name, .., since) in PINNED_MAPS {
+        m.insert(layout_key(name), since, 0).map_err(open)?;
+    }
+    Ok(())
+}
+
+/// The policy version a pinned `CONFIG` of any layout holds (the larger
+/// of its two slots; 0 if unreadable): `version` is the first field of
+/// every layout of `Config`, so a renewed `CONFIG` continues the count
+/// and no bucket's cached resolution of an older policy can match a new
+/// one by its number.
+#[must_use]
+pub fn pinned_config_version(path: &Path) -> u64 {
+    let Ok(md) = MapData::from_pin(path) else { return 0 };
+    let Ok(info) = md.info() else { return 0 };
+    let size = info.value_size() as usize;
+    if info.key_size() != 4 || size < 8 {
+        return 0;
+    }
+    (0u32..2)
+        .filter_map(|slot| {
+            let mut value = vec![0u8; size];
+            elem(&md, Cmd::Lookup, &slot.to_ne_bytes(), value.as_mut_ptr()).ok()?;
+            Some(u64::from_ne_bytes(value[..8].try_into().expect("8 bytes")))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Copy the entries of the pinned map at `from` into the one at `to`, of
+/// the same type and key and value sizes but another number of entries
+/// (arrays: the indexes both have; hash maps: every key while there is
+/// room). Returns how many were copied.
+pub fn copy_entries(from: &Path, to: &Path) -> Result<u32, String> {
+    let open = |p: &Path| MapData::from_pin(p).map_err(|e| format!("{}: {e}", p.display()));
+    let (old, new) = (open(from)?, open(to)?);
+    let info = old.info().map_err(|e| format!("{}: {e}", from.display()))?;
+    let per_cpu = matches!(info.map_type(), Ok(MapType::PerCpuArray | MapType::PerCpuHash | MapType::LruPerCpuHash));
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| format!("possible CPUs: {e}"))?;
+    let size = info.value_size() as usize;
+    let mut value = vec![0u8; if per_cpu { size.next_multiple_of(8) * cpus } else { size }];
+    let (mut key, mut next) = (vec![0u8; info.key_size() as usize], vec![0u8; info.key_size() as usize]);
+    let mut copied = 0;
+    // Bounded: a map holds at most max_entries keys.
+    for i in 0..info.max_entries() {
+        let at = if i == 0 { std::ptr::null() } else { key.as_ptr() };
+        if elem_raw(&old, Cmd::NextKey, at, next.as_mut_ptr()).is_err() {
+            break;
+        }
+        key.copy_from_slice(&next);
+        if elem(&old, Cmd::Lookup, &key, value.as_mut_ptr()).is_ok()
+            && elem(&new, Cmd::Update, &key, value.as_mut_ptr()).is_ok()
+        {
+            copied += 1;
+        }
+    }
+    Ok(copied)
+}
+
+/// Remove what an interrupted upgrade left: pins of renewed maps made
+/// before the new program was on the link (the old pins still hold the
+/// state the old program uses).
+pub fn remove_unfinished(dir: &Path) {
+    for (name, ..) in PINNED_MAPS {
+        let _ = std::fs::remove_file(new_pin(dir, name));
+    }
+}
+
+/// Put renewed maps' pins in place of the old ones (each rename replaces
+/// the old pin at once), once the new program is on the link.
+pub fn finish_renewal(dir: &Path, renew: &[Renewal]) -> Result<(), PinError> {
+    for r in renew {
+        let (from, to) = (new_pin(dir, r.name), dir.join(r.name));
+        std::fs::rename(&from, &to).map_err(|source| PinError::Rename { path: to, source })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use limiter_common::{BucketKey, BucketState, ClassLimits, Config, Counter};
+
+    use super::*;
+
+    fn ours(schema: u32) -> Meta {
+        Meta { magic: META_MAGIC, schema, ifindex: 0, pad: 0 }
+    }
+
+    /// Every map of the table as this build makes it.
+    fn as_built() -> Vec<Found> {
+        PINNED_MAPS
+            .iter()
+            .zip(entries())
+            .map(|(&(_, kind, key, value, _), n)| Some((kind, key, value, n.unwrap_or(1024))))
+            .collect()
+    }
+
+    /// The production object's own.
+    fn entries() -> Vec<Option<u32>> {
+        object_entries(crate::dataplane::OBJECT).unwrap()
+    }
+
+    fn at(name: &str) -> usize {
+        PINNED_MAPS.iter().position(|(n, ..)| *n == name).unwrap()
+    }
+
+    fn names(r: &[Renewal]) -> Vec<&str> {
+        let mut n: Vec<&str> = r.iter().map(|r| r.name).collect();
+        n.sort_unstable();
+        n
+    }
+
+    #[test]
+    fn pins_of_this_build_are_all_re_adopted() {
+        assert_eq!(plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &as_built(), &entries(), None), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_map_of_another_layout_or_missing_is_renewed_alone() {
+        let mut found = as_built();
+        found[at(maps::STATS)] = Some((MapType::PerCpuArray, 4, 8, 1));
+        found[at(maps::SYN_GUARD)] = None;
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap();
+        assert_eq!(names(&r), [maps::STATS, maps::SYN_GUARD]);
+        assert!(r[0].why.contains("key/value sizes 4/8"), "{r:?}");
+        assert_eq!(r[1].why, "missing");
+        found[at(maps::STATS)] = Some((MapType::Array, 4, size_of::<Counter>(), 1));
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap();
+        assert!(r[0].why.contains("type Array"), "{r:?}");
+    }
+
+    /// A build that counts more reasons has a longer `STATS` at the same
+    /// sizes: its lookups past the old end would find nothing and count
+    /// nothing. The buckets' number of entries is the policy's capacity,
+    /// kept whatever it is.
+    #[test]
+    fn a_map_of_another_number_of_entries_is_renewed_but_the_buckets_are_kept() {
+        let mut found = as_built();
+        let stats = entries()[at(maps::STATS)].unwrap();
+        found[at(maps::STATS)] = Some((MapType::PerCpuArray, 4, size_of::<Counter>(), stats - 3));
+        found[at(maps::BUCKETS)] = Some((MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 7));
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap();
+        assert_eq!(names(&r), [maps::STATS]);
+        assert_eq!(r[0].why, format!("{} entries, this build's {stats}", stats - 3));
+        assert!(r[0].copy, "same layout, same meaning: its entries are copied");
+        // A policy map of another length is written again, not copied.
+        let mut found = as_built();
+        let limits = entries()[at(maps::OVR_LIMITS)].unwrap();
+        found[at(maps::OVR_LIMITS)] = Some((MapType::Array, 4, size_of::<ClassLimits>(), limits / 2));
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap();
+        assert_eq!(r.len(), POLICY_MAPS.len());
+        assert!(r.iter().all(|r| !r.copy), "{r:?}");
+    }
+
+    #[test]
+    fn a_policy_map_renews_the_policy_maps_and_nothing_else() {
+        let mut found = as_built();
+        found[at(maps::CONFIG)] = Some((MapType::Array, 4, size_of::<Config>() - 8, 2));
+        let r = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap();
+        let mut want = POLICY_MAPS.to_vec();
+        want.sort_unstable();
+        assert_eq!(names(&r), want);
+        assert!(!names(&r).contains(&maps::BUCKETS));
+    }
+
+    #[test]
+    fn a_map_changed_since_the_pinning_schema_is_renewed_even_at_the_same_size() {
+        let mut table = PINNED_MAPS;
+        table[at(maps::RUNTIME)].4 = SCHEMA_VERSION + 1;
+        let r = plan(Some(ours(SCHEMA_VERSION)), &table, &as_built(), &entries(), None).unwrap();
+        assert_eq!(names(&r), [maps::RUNTIME]);
+        assert!(r[0].why.contains(&format!("changed in schema {}", SCHEMA_VERSION + 1)), "{r:?}");
+    }
+
+    /// A rollback: the newer build's own table (pinned in LAYOUT) says
+    /// which maps changed after this build's schema; those are renewed,
+    /// the rest kept, a map it does not list renewed too.
+    #[test]
+    fn a_rollback_renews_what_the_newer_build_changed_after_this_one() {
+        let newer = SCHEMA_VERSION + 2;
+        let mut layout: Vec<(String, u32)> =
+            PINNED_MAPS.iter().map(|(n, .., since)| ((*n).to_owned(), *since)).collect();
+        let r = plan(Some(ours(newer)), &PINNED_MAPS, &as_built(), &entries(), Some(&layout)).unwrap();
+        assert_eq!(r, vec![]);
+        layout.iter_mut().find(|(n, _)| n == maps::STATS).unwrap().1 = SCHEMA_VERSION + 1;
+        layout.retain(|(n, _)| n != maps::SYN_GUARD);
+        let r = plan(Some(ours(newer)), &PINNED_MAPS, &as_built(), &entries(), Some(&layout)).unwrap();
+        assert_eq!(names(&r), [maps::STATS, maps::SYN_GUARD]);
+        assert_eq!(r[0].why, format!("changed in schema {}, after this build's", SCHEMA_VERSION + 1));
+        assert_eq!(r[1].why, format!("not in the layout of schema {newer}"));
+        assert!(r.iter().all(|r| !r.copy));
+    }
+
+    #[test]
+    fn newer_older_or_foreign_pins_are_refused() {
+        let e = plan(Some(ours(SCHEMA_VERSION + 1)), &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err();
+        assert!(e.contains("newer limiter") && e.contains("does not say which maps it changed"), "{e}");
+        let e = plan(Some(ours(OLDEST_SCHEMA - 1)), &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err();
+        assert!(e.contains(&format!("upgrades from schema {OLDEST_SCHEMA}")), "{e}");
+        let mut found = as_built();
+        found[at(maps::META)] = Some((MapType::Array, 4, size_of::<Meta>(), 2));
+        let e = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap_err();
+        assert_eq!(e, "META 2 entries, this build's 1");
+        let foreign = Some(Meta { magic: 1, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 });
+        assert!(plan(foreign, &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err().contains("no META"));
+        assert!(plan(None, &PINNED_MAPS, &as_built(), &entries(), None).is_err());
+    }
+}
