@@ -201,14 +201,21 @@ fn version_names_the_git_revision() {
     assert!(out.starts_with(&want), "{out:?} does not start with {want:?}");
 }
 
-/// `limiter man --dir` writes limiter(1) and a page per verb and sub-verb.
+/// `limiter man --dir` writes limiter(8) and a page per verb and sub-verb,
+/// in section 8 (system administration: the package installs the binary
+/// in /usr/sbin), their references to each other too.
 #[test]
 fn man_dir_writes_a_page_per_verb() {
     let dir = limiter_tests::kernel::TempDir::new("man");
     let o = limiter(&["man", "--dir", dir.0.to_str().unwrap()]);
     assert!(o.status.success(), "{:?}", stderr_lines(&o));
-    for page in ["limiter.1", "limiter-run.1", "limiter-policy-check.1", "limiter-prefix-deny.1"] {
+    for page in ["limiter.8", "limiter-run.8", "limiter-policy-check.8", "limiter-prefix-deny.8"] {
         let text = std::fs::read_to_string(dir.0.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
-        assert!(text.contains(&format!(".TH {} 1", page.trim_end_matches(".1"))), "{page} is not its man page");
+        assert!(text.contains(&format!(".TH {} 8", page.trim_end_matches(".8"))), "{page} is not its man page");
     }
+    let top = std::fs::read_to_string(dir.0.join("limiter.8")).unwrap();
+    assert!(top.contains("limiter\\-policy(8)"), "limiter(8) does not name limiter-policy(8)");
+    let pages = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap());
+    let stray: Vec<String> = pages.filter(|p| !p.ends_with(".8")).collect();
+    assert!(stray.is_empty(), "pages outside section 8: {stray:?}");
 }

@@ -141,7 +141,7 @@ fn its_files_are_the_ones_the_readme_lists() {
         "/usr/share/doc/limiter/README.md.gz",
         "/usr/share/doc/limiter/examples/forward.conf",
         "/usr/share/doc/limiter/examples/limiter.toml",
-        "/usr/share/man/man1/limiter.1.gz",
+        "/usr/share/man/man8/limiter.8.gz",
     ]
     .into_iter()
     .map(str::to_owned)
@@ -150,7 +150,7 @@ fn its_files_are_the_ones_the_readme_lists() {
     let verbs = verbs(&bin, &[]);
     assert!(verbs.iter().any(|v| v == &["policy", "check"]), "{verbs:?}");
     for v in &verbs {
-        expected.insert(format!("/usr/share/man/man1/limiter-{}.1.gz", v.join("-")));
+        expected.insert(format!("/usr/share/man/man8/limiter-{}.8.gz", v.join("-")));
     }
     assert_eq!(files, expected, "the package's files");
     assert!(
@@ -295,7 +295,7 @@ fn installed_it_runs_and_removes_cleanly() {
     assert!(check.contains("valid"), "{check}");
     for page in ["limiter", "limiter-run", "limiter-policy-check"] {
         let at = stdout(Command::new("man").args(["-w", page]));
-        assert_eq!(at.trim(), format!("/usr/share/man/man1/{page}.1.gz"));
+        assert_eq!(at.trim(), format!("/usr/share/man/man8/{page}.8.gz"));
     }
     // bash-completion loads the packaged script on demand and completes a verb.
     let completed = stdout(Command::new("bash").arg("-c").arg(

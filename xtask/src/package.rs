@@ -14,7 +14,7 @@
 //! | `/usr/sbin/limiter` | the release binary, stripped |
 //! | `/lib/systemd/system/limiter@.service` | `packaging/limiter@.service` |
 //! | `/etc/limiter/limiter.toml` (conffile) | `packaging/limiter.toml` |
-//! | `/usr/share/man/man1/limiter*.1.gz` | `limiter man --dir` |
+//! | `/usr/share/man/man8/limiter*.8.gz` | `limiter man --dir` |
 //! | bash, zsh, fish completions | `limiter completions SHELL` |
 //! | `/usr/share/limiter/{grafana,prometheus}/` | `packaging/grafana`, `packaging/prometheus` |
 //! | `/usr/share/doc/limiter/` | copyright, changelog, README, examples |
@@ -31,7 +31,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// Where each generated or copied file goes, relative to the package root.
-const MAN_DIR: &str = "usr/share/man/man1";
+const MAN_DIR: &str = "usr/share/man/man8";
 const COMPLETIONS: [(&str, &str); 3] = [
     ("bash", "usr/share/bash-completion/completions/limiter"),
     ("zsh", "usr/share/zsh/vendor-completions/_limiter"),

@@ -11,15 +11,29 @@ pub fn completions(shell: clap_complete::Shell) {
     clap_complete::generate(shell, &mut Cli::command(), "limiter", &mut std::io::stdout());
 }
 
-/// limiter(1) on stdout, or every page (one per verb and sub-verb, named
-/// as `man` looks them up: `limiter-policy-check.1`) written into `dir`.
+/// The manual section of every page: 8, system administration, as
+/// Debian files the commands it installs in `/usr/sbin`.
+pub const MAN_SECTION: &str = "8";
+
+/// limiter(8) on stdout, or every page (one per verb and sub-verb, named
+/// as `man` looks them up: `limiter-policy-check.8`) written into `dir`.
 pub fn man(dir: Option<&Path>) -> anyhow::Result<()> {
-    let cmd = Cli::command().disable_help_subcommand(true);
+    let mut cmd = Cli::command().disable_help_subcommand(true);
     match dir {
-        None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
+        None => clap_mangen::Man::new(cmd).section(MAN_SECTION).render(&mut std::io::stdout())?,
         Some(dir) => {
-            clap_mangen::generate_to(cmd, dir).with_context(|| format!("writing man pages into {}", dir.display()))?;
+            cmd.build();
+            write_pages(cmd, dir).with_context(|| format!("writing man pages into {}", dir.display()))?;
         }
     }
+    Ok(())
+}
+
+/// `clap_mangen::generate_to`, which only writes section 1, in section 8.
+fn write_pages(cmd: clap::Command, dir: &Path) -> std::io::Result<()> {
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned() {
+        write_pages(sub, dir)?;
+    }
+    clap_mangen::Man::new(cmd).section(MAN_SECTION).generate_to(dir)?;
     Ok(())
 }
