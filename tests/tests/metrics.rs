@@ -114,7 +114,9 @@ fn one_hundred_thousand_spoofed_sources_add_no_series() {
         after = scrape(&net);
     }
     let tracked = value(&after, "limiter_tracked_prefixes");
-    assert!(tracked >= 100_000, "tracked {tracked}");
+    // The spoofed sources, and at most a few of the namespace's own IPv6
+    // link-local chatter.
+    assert!((100_000..=100_016).contains(&tracked), "tracked {tracked}");
     assert_eq!(series(&after), series(&before), "series grew with sources");
     assert!(!after.contains("198.18.") && !after.contains("2001:"), "an address leaked into a label");
     assert_eq!(value(&after, "limiter_tracked_prefixes_capacity"), 262_144);

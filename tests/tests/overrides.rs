@@ -205,3 +205,33 @@ fn one_hundred_thousand_overrides_apply_whole() {
         }
     }
 }
+
+/// The daemon counts tracked prefixes in batches of 4,096 map entries:
+/// over several batches, and again after the LRU evicted some, the count
+/// is the number of prefixes that got a bucket and what a walk of the
+/// map's keys finds.
+#[test]
+fn tracked_prefixes_are_counted_across_batches() {
+    const CAPACITY: u32 = 16_384;
+    let p =
+        Policy { default: lim(1000, 1000), new_sources: None, v4_prefix: 32, capacity: CAPACITY, ..Policy::default() };
+    let mut l = kernel::open_with_capacity(&p.compile(1).unwrap(), CAPACITY);
+    assert_eq!(l.tracked(), 0);
+    let mut sent = 0u32;
+    for n in [1u32, 4_095, 4_097, 10_001] {
+        while sent < n {
+            let [_, _, c, d] = sent.to_be_bytes();
+            assert_eq!(reasons(&mut l, &udp4([198, 19, c, d]), 1), vec![Reason::Admitted]);
+            sent += 1;
+        }
+        assert_eq!((l.tracked(), l.tracked_by_walk()), (n as usize, n as usize), "after {n} sources");
+    }
+    // Past capacity the LRU evicts: whatever it kept, both counts agree.
+    for i in 0..CAPACITY {
+        let [_, _, c, d] = i.to_be_bytes();
+        let _ = reasons(&mut l, &udp4([198, 20, c, d]), 1);
+    }
+    let (batched, walked) = (l.tracked(), l.tracked_by_walk());
+    assert_eq!(batched, walked);
+    assert!(batched > 10_001 && batched <= CAPACITY as usize, "{batched}");
+}

@@ -310,6 +310,34 @@ impl DataPlane {
     }
 }
 
+/// Tracked prefixes: the entries of the bucket map `map`, counted in
+/// batches (a few hundred system calls for a million prefixes); by
+/// walking its keys where the kernel refuses batches.
+#[must_use]
+pub fn tracked_prefixes(map: &aya::maps::MapData) -> usize {
+    rawmap::count_entries(map).unwrap_or_else(|_| walk_keys(map))
+}
+
+/// The entries of a bucket map, by walking its keys (one system call each).
+#[must_use]
+pub fn walk_keys(map: &aya::maps::MapData) -> usize {
+    let mut n = 0;
+    let mut key = [0u8; size_of::<limiter_common::BucketKey>()];
+    let mut next = key;
+    let mut first = true;
+    while rawmap::elem_raw(
+        map,
+        rawmap::Cmd::NextKey,
+        if first { std::ptr::null() } else { key.as_ptr() },
+        next.as_mut_ptr(),
+    )
+    .is_ok()
+    {
+        (first, key, n) = (false, next, n + 1);
+    }
+    n
+}
+
 /// The address of a bucket key's prefix (`None`: not an IP family).
 #[must_use]
 pub fn key_addr(k: &limiter_common::BucketKey) -> Option<std::net::IpAddr> {

@@ -82,10 +82,22 @@ impl DataPlane {
         Ok(self.run_with(name, opts)?.1)
     }
 
-    /// Number of tracked prefixes (walks the map's keys).
+    /// Number of tracked prefixes, as the daemon counts them (in batches;
+    /// panics where the kernel refuses them, which the daemon would walk).
     #[must_use]
     pub fn tracked(&self) -> usize {
-        self.maps.counters.buckets.keys().flatten().count()
+        super::rawmap::count_entries(self.buckets_map()).expect("BPF_MAP_LOOKUP_BATCH on the bucket map")
+    }
+
+    /// Number of tracked prefixes, by walking the bucket map's keys.
+    #[must_use]
+    pub fn tracked_by_walk(&self) -> usize {
+        super::walk_keys(self.buckets_map())
+    }
+
+    fn buckets_map(&self) -> &aya::maps::MapData {
+        use aya::maps::IterableMap as _;
+        self.maps.counters.buckets.map()
     }
 
     /// One prefix's window slice counts, if tracked.
