@@ -50,7 +50,8 @@ pub mod maps {
     pub const CONFIG: &str = "CONFIG";
     /// `ARRAY<u32>` with one entry: index of the active `CONFIG` slot.
     pub const ACTIVE: &str = "ACTIVE";
-    /// `PERCPU_ARRAY<ClassCounters>` indexed by rule class.
+    /// Pinned by schemas before 12: `PERCPU_ARRAY<ClassCounters>` indexed
+    /// by rule class, now folded into [`STATS`]. An upgrade removes its pin.
     pub const CLASS_STATS: &str = "CLASS_STATS";
     /// `LPM_TRIE<Key<u32>, u32>` per `CONFIG` slot: IPv4 overrides, valued
     /// with a [`crate::resolution`] code.
@@ -85,8 +86,9 @@ pub mod maps {
     pub const CPU_SLOTS_ENTRIES: u32 = 1024;
     /// Overrides one policy may hold (both families together).
     pub const MAX_OVERRIDES: u32 = 131_072;
-    /// `PERCPU_ARRAY<Counter>` indexed by
-    /// `reason * STAT_FAMILIES + stat_family` ([`crate::stat_index`]).
+    /// `PERCPU_ARRAY<Counter>`, [`crate::STAT_ENTRIES`] entries: every
+    /// packet counted once, under its class (or [`crate::UNCLASSIFIED`]),
+    /// reason and stat family ([`crate::stat_index`]).
     pub const STATS: &str = "STATS";
     /// `ARRAY<u64>` with one entry: the injected clock of the test entry point.
     pub const TEST_CLOCK: &str = "TEST_CLOCK";
@@ -168,10 +170,31 @@ pub mod programs {
 pub const STAT_FAMILIES: usize = STAT_FAMILIES_U32 as usize;
 const STAT_FAMILIES_U32: u32 = 3;
 
-/// Slot of `STATS` for a reason and a stat family (`0..STAT_FAMILIES`).
+/// The class dimension of `STATS` for packets counted before they are
+/// classified: malformed, not IP, or no policy yet.
+pub const UNCLASSIFIED: usize = MAX_CLASSES;
+/// Entries of `STATS`: one per class (and [`UNCLASSIFIED`]), reason and
+/// stat family. One counter per packet, so the program looks up one.
+pub const STAT_ENTRIES: usize = (MAX_CLASSES + 1) * REASON_COUNT * STAT_FAMILIES;
+
+/// Slot of `STATS` for a class (`0..=UNCLASSIFIED`), a reason and a stat
+/// family (`0..STAT_FAMILIES`).
 #[must_use]
-pub const fn stat_index(reason: Reason, stat_family: u32) -> u32 {
-    reason as u32 * STAT_FAMILIES_U32 + stat_family
+#[expect(clippy::cast_possible_truncation, reason = "class <= UNCLASSIFIED, a small constant")]
+pub const fn stat_index(class: usize, reason: Reason, stat_family: u32) -> u32 {
+    ((class as u32) * REASON_COUNT as u32 + reason as u32) * STAT_FAMILIES_U32 + stat_family
+}
+
+/// The class, reason and stat family of the `STATS` slot `index`.
+#[must_use]
+pub const fn stat_slot(index: usize) -> Option<(usize, Reason, usize)> {
+    let fam = index % STAT_FAMILIES;
+    let reason = (index / STAT_FAMILIES) % REASON_COUNT;
+    let class = index / STAT_FAMILIES / REASON_COUNT;
+    if class > UNCLASSIFIED {
+        return None;
+    }
+    Some((class, Reason::ALL[reason], fam))
 }
 
 /// Address families as stored in [`BucketKey::family`].
@@ -341,8 +364,10 @@ pub const DROP_SAMPLE: u32 = 64;
 /// "LIMT": marks a [`Meta`] written by this project.
 pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
-/// value or meaning changes; a daemon refuses pins of another version.
-pub const SCHEMA_VERSION: u32 = 11;
+/// value or meaning changes (and say so in the map's entry of the
+/// daemon's table of pinned maps). 12: `STATS` counts per class too, and
+/// `CLASS_STATS` is gone.
+pub const SCHEMA_VERSION: u32 = 12;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -473,7 +498,7 @@ pub struct DropEvent {
     pub reason: u32,
 }
 
-/// One slot of [`maps::CLASS_STATS`]: what a rule class did.
+/// What a rule class did: its packets in `STATS` summed by action.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassCounters {
@@ -577,4 +602,27 @@ mod pod {
     unsafe impl aya::Pod for super::cookie::SynGuard {}
     unsafe impl aya::Pod for super::RuntimeKey {}
     unsafe impl aya::Pod for super::RuntimeOverride {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every class, reason and family has a slot of its own inside
+    /// `STATS`, and the slot gives them back.
+    #[test]
+    fn stat_slots_are_distinct_and_invertible() {
+        let mut seen = [false; STAT_ENTRIES];
+        for class in 0..=UNCLASSIFIED {
+            for reason in Reason::ALL {
+                for fam in 0..STAT_FAMILIES {
+                    let i = stat_index(class, reason, u32::try_from(fam).unwrap()) as usize;
+                    assert!(i < STAT_ENTRIES && !seen[i], "{class} {reason:?} {fam}");
+                    seen[i] = true;
+                    assert_eq!(stat_slot(i), Some((class, reason, fam)));
+                }
+            }
+        }
+        assert_eq!(stat_slot(STAT_ENTRIES), None);
+    }
 }

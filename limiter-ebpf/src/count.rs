@@ -1,42 +1,31 @@
-//! What every packet leaves behind: its reason's counter (per CPU, so no
-//! atomics in softirq), its class's counter, a 1-in-N sample of drops for
-//! the top-offenders list.
+//! What every packet leaves behind: one counter, of its class, reason and
+//! family (per CPU, so no atomics in softirq), and for a 1-in-N sample of
+//! drops an event for the top-offenders list.
 
 use aya_ebpf::programs::XdpContext;
 use aya_log_ebpf::debug;
 use limiter_common::{BucketKey, Config, DropEvent, Reason, gcra, stat_index};
 
-use crate::maps::{CLASS_STATS, DROP_EVENTS, DROP_SAMPLER, STATS};
+use crate::maps::{DROP_EVENTS, DROP_SAMPLER, STATS};
 
-/// Count one packet of `len` bytes under `reason` and stat family `fam`.
+/// Count one packet of `len` bytes of `class` (or `UNCLASSIFIED`) under
+/// `reason` and stat family `fam`; returns that counter's packets on this
+/// CPU (so far, this one included).
 #[inline(always)]
-pub fn count_reason(reason: Reason, fam: u32, len: u64) {
-    if let Some(c) = STATS.get_ptr_mut(stat_index(reason, fam)) {
-        // SAFETY: per-CPU slot, only this CPU's softirq writes it.
-        unsafe {
-            (*c).packets += 1;
-            (*c).bytes += len;
-        }
-    }
-}
-
-/// Count one packet of `class` under its reason's action; returns that
-/// action's packet count on this CPU (so far, this one included).
-#[inline(always)]
-#[expect(clippy::cast_possible_truncation, reason = "class < MAX_CLASSES")]
-pub fn count_class(class: usize, reason: Reason, len: u64) -> u64 {
-    let Some(c) = CLASS_STATS.get_ptr_mut(class as u32) else {
+pub fn count(class: usize, reason: Reason, fam: u32, len: u64) -> u64 {
+    let Some(c) = STATS.get_ptr_mut(stat_index(class, reason, fam)) else {
         return 0;
     };
     // SAFETY: per-CPU slot, only this CPU's softirq writes it.
-    let slot = unsafe { (*c).slot(reason.action()) };
-    slot.packets += 1;
-    slot.bytes += len;
-    slot.packets
+    unsafe {
+        (*c).packets += 1;
+        (*c).bytes += len;
+        (*c).packets
+    }
 }
 
-/// One in `drop_sample` drops (per CPU and class: `seen` is the class's
-/// drop count on this CPU) goes to the ring buffer for the top-offenders
+/// One in `drop_sample` drops (per CPU, class and reason: `seen` is their
+/// counter's packets on this CPU) goes to the ring buffer for the top-offenders
 /// list. Drop path only; the admit path pays nothing, and a drop that is
 /// not sampled pays one test. A sampled drop is also logged through
 /// aya-log, at debug level only (off unless the daemon runs with debug

@@ -10,8 +10,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, ClassLimits, ClockCache, Config, Counter, MAX_CLASSES, Meta, REASON_COUNT,
-    RuntimeKey, RuntimeOverride, STAT_FAMILIES,
+    BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, MAX_CLASSES, Meta, RuntimeKey, RuntimeOverride,
+    STAT_ENTRIES,
     cookie::{REFRESH_SLOTS, SynGuard},
     lease::CpuSlot,
     maps::{self, CPU_SLOTS_ENTRIES, DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES, TOUCHED_BYTES},
@@ -82,18 +82,12 @@ map! {
 }
 
 map! {
-    /// Written by: XDP, per CPU, one slot per rule class. Read by: userspace.
-    #[expect(clippy::cast_possible_truncation, reason = "a small constant")]
-    CLASS_STATS = maps::CLASS_STATS;
-    PerCpuArray<ClassCounters> = PerCpuArray::with_max_entries(MAX_CLASSES as u32, 0)
-}
-
-map! {
-    /// Written by: XDP, per CPU, one slot per `Reason`. Read by: userspace,
-    /// summed over CPUs at read time. Per-CPU, so no atomics in softirq.
+    /// Written by: XDP, per CPU, one slot per class, `Reason` and stat
+    /// family. Read by: userspace, summed over CPUs at read time. Per-CPU,
+    /// so no atomics in softirq.
     #[expect(clippy::cast_possible_truncation, reason = "a small constant")]
     STATS = maps::STATS;
-    PerCpuArray<Counter> = PerCpuArray::with_max_entries((REASON_COUNT * STAT_FAMILIES) as u32, 0)
+    PerCpuArray<Counter> = PerCpuArray::with_max_entries(STAT_ENTRIES as u32, 0)
 }
 
 map! {
@@ -161,7 +155,7 @@ map! {
 map! {
     /// Written and read by: XDP, per CPU: the time of the last debug log
     /// line of a sampled drop, to rate-limit it. (Which drops are sampled
-    /// follows each class's drop count in `CLASS_STATS`.)
+    /// follows their counters in `STATS`.)
     DROP_SAMPLER = maps::DROP_SAMPLER;
     PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0)
 }

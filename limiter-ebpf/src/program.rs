@@ -1,7 +1,7 @@
 //! Entry points: parse, classify, key, then this CPU's slot (a lease or a
-//! cached refusal) or a charge;
-//! every path ends in [`finish`], which counts the reason and returns its
-//! verdict (invariant 9).
+//! cached refusal) or a charge; every packet is counted once, under its
+//! class, reason and family, and every path ends in [`finish`], which
+//! returns the reason's verdict (invariant 9).
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
-    Reason, Verdict, flags, gcra,
+    Reason, UNCLASSIFIED, Verdict, flags, gcra,
     packet::{Frame, IPPROTO_TCP, parse},
     rules::{bucket_key, classify},
 };
@@ -18,7 +18,7 @@ use limiter_common::{
 use crate::{
     charge::{Charge, charge},
     cookie,
-    count::{count_class, count_reason, sample_drop},
+    count::{count, sample_drop},
     lease::Slot,
     maps::{ACTIVE, CLOCK_CACHE, CONFIG, TEST_CLOCK},
 };
@@ -75,8 +75,8 @@ impl Frame for Packet<'_> {
 pub fn limiter(ctx: XdpContext) -> u32 {
     let pkt = Packet(&ctx);
     let mut fam = 0;
-    let reason = try_limiter(&pkt, &mut fam, coarse_now);
-    finish(&pkt, reason, fam)
+    let counted = try_limiter(&pkt, &mut fam, coarse_now);
+    finish(&pkt, counted, fam)
 }
 
 /// `bpf_ktime_get_coarse_ns`, read once per jiffy on each CPU: the coarse
@@ -110,14 +110,22 @@ fn coarse_now() -> u64 {
 pub fn limiter_test_clock(ctx: XdpContext) -> u32 {
     let pkt = Packet(&ctx);
     let mut fam = 0;
-    let reason = try_limiter(&pkt, &mut fam, || TEST_CLOCK.get(0).copied().unwrap_or(0));
-    finish(&pkt, reason, fam)
+    let counted = try_limiter(&pkt, &mut fam, || TEST_CLOCK.get(0).copied().unwrap_or(0));
+    finish(&pkt, counted, fam)
 }
 
-/// Count the reason and turn it into the XDP action. Every path ends here.
+/// Turn the reason into the XDP action, counting it first if the packet
+/// was not classified (`Err`: malformed, not IP, no policy; a classified
+/// packet, `Ok`, was counted under its class). Every path ends here.
 #[inline(always)]
-fn finish(pkt: &Packet, reason: Reason, fam: u32) -> u32 {
-    count_reason(reason, fam, pkt.len());
+fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: u32) -> u32 {
+    let reason = match counted {
+        Ok(r) => r,
+        Err(r) => {
+            let _ = count(UNCLASSIFIED, r, fam, pkt.len());
+            r
+        }
+    };
     match reason.verdict() {
         Verdict::Pass => xdp_action::XDP_PASS,
         Verdict::Drop => xdp_action::XDP_DROP,
@@ -127,17 +135,14 @@ fn finish(pkt: &Packet, reason: Reason, fam: u32) -> u32 {
 
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "class < MAX_CLASSES; versions compare in their low 32 bits")]
-fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason {
-    let src = match parse(pkt, fam) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Result<Reason, Reason> {
+    let src = parse(pkt, fam)?;
     let slot = ACTIVE.get(0).copied().unwrap_or(0) & 1;
     let Some(cfg) = CONFIG.get(slot) else {
-        return Reason::NoConfig;
+        return Err(Reason::NoConfig);
     };
     if cfg.flags & flags::CONFIGURED == 0 {
-        return Reason::NoConfig;
+        return Err(Reason::NoConfig);
     }
     let class = classify(cfg, &src);
     let key = bucket_key(&src, cfg.v4_prefix, cfg.v6_prefix, class as u8);
@@ -146,8 +151,8 @@ fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason
     let cookies = cfg.flags & flags::SYN_COOKIES != 0 && src.proto == IPPROTO_TCP && src.port_known == 1;
     let c = Charge { pkt, cfg, src: &src, class, key: &key, slot, version, now };
     if cookies && let Some(r) = cookie::intercept(&c) {
-        let _ = count_class(class, r, pkt.len());
-        return r;
+        let _ = count(class, r, *fam, pkt.len());
+        return Ok(r);
     }
     // Slots are used only while no aggregate refund can lower a tat (see
     // `limiter_common::lease::CpuSlot`); otherwise not even probed.
@@ -162,9 +167,9 @@ fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Reason
         Reason::NewSourceLimited if cookies => cookie::on_budget_refusal(&c).unwrap_or(reason),
         r => r,
     };
-    let seen = count_class(class, reason, pkt.len());
+    let seen = count(class, reason, *fam, pkt.len());
     if reason.verdict() == Verdict::Drop {
         sample_drop(pkt.0, cfg, &key, reason, now, seen);
     }
-    reason
+    Ok(reason)
 }

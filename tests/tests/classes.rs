@@ -77,9 +77,18 @@ fn each_class_has_its_own_budget_per_prefix() {
     for (what, f, want) in seq {
         assert_eq!(reason(&mut l, &f), want, "{what}");
     }
+    // A frame cut short is counted under its reason, in no class.
+    let mut cut = tcp(443, SYN);
+    cut.truncate(40);
+    assert_eq!(reason(&mut l, &cut), Reason::L4Truncated);
     let c = l.maps.class_totals().unwrap();
     let got: Vec<(u64, u64)> = c[..3].iter().map(|x| (x.admitted.packets, x.dropped.packets)).collect();
     assert_eq!(got, vec![(3, 2), (1, 1), (2, 1)], "per-class admitted/dropped");
+    assert!(c[3..].iter().all(|x| *x == limiter_common::ClassCounters::default()), "{c:?}");
+    // Every class's packets are in the reasons' totals, and the cut one too.
+    let t = l.maps.totals().unwrap();
+    assert_eq!((t.get(Reason::Admitted).packets, t.get(Reason::RateLimited).packets), (6, 4));
+    assert_eq!(t.get(Reason::L4Truncated).packets, 1);
     // Three classes, one prefix: three buckets.
     assert_eq!(l.tracked(), 3);
 }

@@ -330,7 +330,7 @@ fn leave_older_build(dir: &Path) -> Older {
     let md = create_pinned(dir, maps::SYN_GUARD, maps::SYN_GUARD, "array", size_of::<SynGuard>(), 2);
     aya::maps::Array::<_, SynGuard>::try_from(Map::Array(md)).unwrap().set(1, guard, 0).unwrap();
 
-    let stats_len = limiter_common::REASON_COUNT * limiter_common::STAT_FAMILIES;
+    let stats_len = limiter_common::STAT_ENTRIES;
     let md = create_pinned(dir, maps::STATS, maps::STATS, "percpu_array", size_of::<Counter>(), stats_len - 1);
     let cpus = aya::util::nr_cpus().unwrap() as u64;
     let counted: Vec<_> = (0..cpus).map(|c| Counter { packets: 1_000_000 + c, bytes: 64_000_000 }).collect();
@@ -340,6 +340,8 @@ fn leave_older_build(dir: &Path) -> Older {
     // Of a size nothing uses: adopted, it would fail the new program.
     let stray = format!("{}{}", maps::CONFIG, limiter::dataplane::upgrade::NEW_SUFFIX);
     create_pinned(dir, &stray, maps::CONFIG, "array", 8, 2);
+    // A map of schema 11 this build counts in STATS instead.
+    create_pinned(dir, maps::CLASS_STATS, maps::CLASS_STATS, "percpu_array", 48, limiter_common::MAX_CLASSES);
     Older { config_size, guard, stats_len, counted }
 }
 
@@ -368,7 +370,7 @@ fn check_copied(dir: &Path, old: &Older, log: &str) {
 /// in the log, the last two keeping what they held; every other map (the
 /// buckets first) is re-adopted as it is; the old program enforces until
 /// this one replaces it on the pinned link; policy versions continue past
-/// 1000; the stray pin is removed.
+/// 1000; the stray pin and the retired map's pin are removed.
 #[test]
 fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
     let (net, pins) = flood_setup("up");
@@ -403,6 +405,8 @@ fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
         .filter(|e| e.file_name().to_string_lossy().ends_with(limiter::dataplane::upgrade::NEW_SUFFIX))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert!(log.contains(&format!("pinned {} removed", maps::CLASS_STATS)), "{log}");
+    assert!(!pins.0.join(maps::CLASS_STATS).exists(), "the retired map's pin is left");
     let listed = cli(&net, &["prefix", "list"]);
     assert!(listed["version"].as_u64().unwrap() > 1000, "versions did not continue: {listed}");
 

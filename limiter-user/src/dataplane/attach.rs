@@ -142,7 +142,9 @@ impl DataPlane {
             .map_err(|source| LoadError::PinObject { what: "program", source })?;
         // The old program is off the link: renewed maps take the old pins'
         // names, and `META` says the pins are this build's from now on.
-        upgrade::finish_renewal(dir, &std::mem::take(&mut self.renewing))?;
+        for name in upgrade::finish_renewal(dir, &std::mem::take(&mut self.renewing))? {
+            tracing::info!(event = "retired", map = name, "limiter: pinned {name} removed (an earlier build's map)");
+        }
         upgrade::write_layout(dir)?;
         meta.ifindex = ifindex;
         meta.schema = limiter_common::SCHEMA_VERSION;

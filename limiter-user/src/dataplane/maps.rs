@@ -13,8 +13,7 @@ use aya::{
 };
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, Reason, RuntimeKey,
-    RuntimeOverride, STAT_FAMILIES, cookie::SynGuard, flags, maps, maps::MAX_OVERRIDES, stat_index,
-    window::WindowState,
+    RuntimeOverride, STAT_ENTRIES, cookie::SynGuard, flags, maps, maps::MAX_OVERRIDES, stat_slot, window::WindowState,
 };
 
 use super::{LoadError, counters::Totals};
@@ -80,7 +79,6 @@ pub struct Tables {
 /// What the program counts: per reason, per class, and its buckets.
 pub struct Counters {
     stats: PerCpuArray<MapData, Counter>,
-    class_stats: PerCpuArray<MapData, ClassCounters>,
     #[cfg_attr(not(feature = "testing"), expect(dead_code, reason = "read by the testing helpers"))]
     pub(crate) buckets: HashMap<MapData, BucketKey, BucketState>,
     /// Capacity and kernel id of `BUCKETS` (a re-adopted map keeps the
@@ -110,7 +108,6 @@ impl Maps {
         };
         let counters = Counters {
             stats: take(ebpf, maps::STATS)?,
-            class_stats: take(ebpf, maps::CLASS_STATS)?,
             buckets: take(ebpf, maps::BUCKETS)?,
             bucket_capacity: info.max_entries(),
             buckets_id: info.id(),
@@ -236,23 +233,41 @@ impl Tables {
 }
 
 impl Counters {
-    /// Packets counted under one reason (all families), summed over CPUs.
-    pub fn reason_packets(&self, reason: Reason) -> Result<u64, LoadError> {
-        let mut n = 0;
-        for fam in 0..STAT_FAMILIES {
-            let idx = stat_index(reason, u32::try_from(fam).expect("small"));
-            n += sum_cpus(&self.stats.get(&idx, 0).on(maps::STATS)?).packets;
+    /// Every slot of `STATS`, summed over CPUs: one batch read of the
+    /// whole map (a lookup per slot where the kernel refuses batches).
+    fn stats(&self) -> Result<Vec<Counter>, LoadError> {
+        let mut out = vec![Counter::default(); STAT_ENTRIES];
+        let map = aya::maps::IterableMap::map(&self.stats);
+        let read = super::rawmap::for_each_entry(map, |k, v| {
+            let Some(slot) = k.first_chunk().and_then(|k| out.get_mut(u32::from_ne_bytes(*k) as usize)) else {
+                return;
+            };
+            for cpu in v.chunks_exact(size_of::<Counter>()) {
+                let word = |i: usize| u64::from_ne_bytes(cpu[i..i + 8].try_into().expect("8 bytes"));
+                *slot += Counter { packets: word(0), bytes: word(8) };
+            }
+        });
+        if read.is_err() {
+            out.fill(Counter::default());
+            for (i, slot) in (0u32..).zip(out.iter_mut()) {
+                *slot = sum_cpus(&self.stats.get(&i, 0).on(maps::STATS)?);
+            }
         }
-        Ok(n)
+        Ok(out)
     }
 
-    /// Counters per reason and family, summed over CPUs.
+    /// Packets counted under one reason (all classes and families),
+    /// summed over CPUs.
+    pub fn reason_packets(&self, reason: Reason) -> Result<u64, LoadError> {
+        Ok(self.totals()?.get(reason).packets)
+    }
+
+    /// Counters per reason and family (all classes), summed over CPUs.
     pub fn totals(&self) -> Result<Totals, LoadError> {
         let mut t = Totals::default();
-        for reason in Reason::ALL {
-            for fam in 0..STAT_FAMILIES {
-                let idx = stat_index(reason, u32::try_from(fam).expect("small"));
-                t.add(reason, fam, sum_cpus(&self.stats.get(&idx, 0).on(maps::STATS)?));
+        for (i, c) in self.stats()?.into_iter().enumerate() {
+            if let Some((_, reason, fam)) = stat_slot(i) {
+                t.add(reason, fam, c);
             }
         }
         Ok(t)
@@ -265,11 +280,16 @@ impl Counters {
         Ok(limiter_common::gcra::to_fixed(now_ns) < g.until)
     }
 
-    /// Per-class counters summed over CPUs.
+    /// Per-class counters by action (all families), summed over CPUs.
+    /// Packets counted before they were classified are in no class.
     pub fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError> {
         let mut out = [ClassCounters::default(); MAX_CLASSES];
-        for (i, slot) in (0u32..).zip(out.iter_mut()) {
-            *slot = sum_cpus(&self.class_stats.get(&i, 0).on(maps::CLASS_STATS)?);
+        for (i, c) in self.stats()?.into_iter().enumerate() {
+            if let Some((class, reason, _)) = stat_slot(i)
+                && let Some(slot) = out.get_mut(class)
+            {
+                *slot.slot(reason.action()) += c;
+            }
         }
         Ok(out)
     }

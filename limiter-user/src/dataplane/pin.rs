@@ -16,8 +16,8 @@ use std::{
 
 use aya::maps::MapType;
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, Meta, RuntimeKey, RuntimeOverride,
-    cookie::SynGuard, maps, window::WindowState,
+    BucketKey, BucketState, ClassLimits, Config, Counter, Meta, RuntimeKey, RuntimeOverride, cookie::SynGuard, maps,
+    window::WindowState,
 };
 
 use super::upgrade::remove_unfinished;
@@ -32,7 +32,7 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// changes a pinned map's key, value or meaning bumps `SCHEMA_VERSION`
 /// and sets the map's entry here to the new number. `META` is never
 /// renewed (it says what the other pins are): its layout stays.
-pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 18] = [
+pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 17] = [
     (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 11),
     (maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 11),
     (maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 11),
@@ -45,13 +45,17 @@ pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 18] = [
     (maps::OVR6[0], MapType::LpmTrie, 20, 4, 11),
     (maps::OVR6[1], MapType::LpmTrie, 20, 4, 11),
     (maps::OVR_LIMITS, MapType::Array, 4, size_of::<ClassLimits>(), 11),
-    (maps::CLASS_STATS, MapType::PerCpuArray, 4, size_of::<ClassCounters>(), 11),
-    (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>(), 11),
+    (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>(), 12),
     (maps::META, MapType::Array, 4, size_of::<Meta>(), 1),
     (maps::LAYOUT, MapType::Hash, 16, 4, 11),
     (maps::RUNTIME, MapType::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>(), 11),
     (maps::SYN_GUARD, MapType::Array, 4, size_of::<SynGuard>(), 11),
 ];
+/// Maps earlier schemas pinned that this build has not: their pins are
+/// removed once this build's program is on the link (the old program
+/// used them until then), and by `limiter unload`. A rollback to a build
+/// that has them makes them again ("missing").
+pub const RETIRED_MAPS: [&str; 1] = [maps::CLASS_STATS];
 /// File names of the pinned link and program inside the pin directory.
 pub const LINK: &str = "link";
 pub const PROG: &str = "prog";
@@ -232,6 +236,7 @@ pub fn unload(dir: &Path, keep_maps: bool) -> Result<Vec<String>, PinError> {
     let mut names = vec![LINK, PROG];
     if !keep_maps {
         names.extend(PINNED_MAPS.iter().map(|(n, ..)| *n));
+        names.extend(RETIRED_MAPS);
         remove_unfinished(dir);
     }
     let mut removed = Vec::new();

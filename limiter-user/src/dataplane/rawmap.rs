@@ -54,20 +54,27 @@ const BATCH: u32 = 4096;
 /// entries added or removed during the count may or may not be counted,
 /// as in a walk.
 pub fn count_entries(map: &MapData) -> io::Result<usize> {
+    for_each_entry(map, |_, _| ())
+}
+
+/// Every entry of `map` (a hash map or an array, per CPU or not) as its
+/// key's and value's bytes, read in batches of [`BATCH`]; a per-CPU
+/// value is each possible CPU's in turn, each rounded up to 8 bytes.
+/// Returns how many entries there were.
+pub fn for_each_entry(map: &MapData, mut each: impl FnMut(&[u8], &[u8])) -> io::Result<usize> {
     use std::os::fd::{AsFd as _, AsRawFd as _};
 
     use aya::maps::MapType;
     let info = map.info().map_err(io::Error::other)?;
-    let cpus = match info.map_type() {
-        Ok(MapType::PerCpuHash | MapType::LruPerCpuHash) => aya::util::nr_cpus().map_err(|(_, e)| e)?,
-        _ => 1,
-    };
+    let per_cpu = matches!(info.map_type(), Ok(MapType::PerCpuHash | MapType::LruPerCpuHash | MapType::PerCpuArray));
+    let cpus = if per_cpu { aya::util::nr_cpus().map_err(|(_, e)| e)? } else { 1 };
     let value = usize::try_from(info.value_size()).unwrap_or(usize::MAX).next_multiple_of(8) * cpus;
     let key = usize::try_from(info.key_size()).unwrap_or(usize::MAX);
     let fd = u32::try_from(map.fd().as_fd().as_raw_fd()).unwrap_or(u32::MAX);
     let mut ask = BATCH;
     let (mut keys, mut values) = (Vec::new(), Vec::new());
-    // The hash table's batch token is its next bucket index (a u32).
+    // The batch token: a hash table's next bucket index (a u32), an
+    // array's last key (a u32).
     let (mut token_in, mut token_out) = (0u64, 0u64);
     let mut total = 0;
     let mut first = true;
@@ -90,16 +97,24 @@ pub fn count_entries(map: &MapData) -> io::Result<usize> {
         // `out_batch`; it reads the token back from `in_batch`.
         let rc = unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &raw mut attr, size_of::<BatchAttr>()) };
         let err = (rc != 0).then(io::Error::last_os_error);
+        let got = (attr.count as usize).min(n);
         match err.as_ref().and_then(io::Error::raw_os_error) {
-            None => total += attr.count as usize,
-            // The end of the map: `count` is the last batch's.
-            Some(libc::ENOENT) => return Ok(total + attr.count as usize),
             // One hash bucket holds more entries than were asked for.
             Some(libc::ENOSPC) if ask < 1 << 20 => {
                 ask *= 2;
                 continue;
             }
+            // `ENOENT`: the end of the map; `count` is the last batch's.
+            None | Some(libc::ENOENT) => {
+                for (k, v) in keys.chunks_exact(key.max(1)).zip(values.chunks_exact(value.max(1))).take(got) {
+                    each(k, v);
+                }
+                total += got;
+            }
             Some(_) => return Err(err.unwrap_or_else(io::Error::last_os_error)),
+        }
+        if err.is_some() {
+            return Ok(total);
         }
         token_in = token_out;
         first = false;

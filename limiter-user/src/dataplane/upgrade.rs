@@ -10,7 +10,7 @@ use aya::maps::{Array, Map, MapData, MapType};
 use limiter_common::{META_MAGIC, Meta, SCHEMA_VERSION, maps};
 
 use super::{
-    pin::{PINNED_MAPS, PinError, has_pins},
+    pin::{PINNED_MAPS, PinError, RETIRED_MAPS, has_pins},
     rawmap::{Cmd, elem, elem_raw},
 };
 
@@ -173,7 +173,7 @@ fn renewal_loss_of(name: &str) -> &'static str {
         maps::BUCKETS => "every prefix starts again from a full bucket",
         maps::WINDOWS | maps::FLEET | maps::FLEET_STATE => "window quotas start again from zero",
         maps::NEW_SOURCES => "the new-source budget starts full",
-        maps::STATS | maps::CLASS_STATS => "its counters start again from zero",
+        maps::STATS => "its counters start again from zero",
         maps::RUNTIME => "overrides set with `limiter prefix` before the upgrade are gone: set them again",
         maps::SYN_GUARD => "an engaged `auto` SYN-cookie trigger is released until the next SYN flood trips it",
         maps::LAYOUT => "nothing is lost: this build's table is written into it",
@@ -317,13 +317,24 @@ pub fn remove_unfinished(dir: &Path) {
 }
 
 /// Put renewed maps' pins in place of the old ones (each rename replaces
-/// the old pin at once), once the new program is on the link.
-pub fn finish_renewal(dir: &Path, renew: &[Renewal]) -> Result<(), PinError> {
+/// the old pin at once), once the new program is on the link, and remove
+/// the pins of maps this build no longer has ([`RETIRED_MAPS`]). Returns
+/// the retired pins removed.
+pub fn finish_renewal(dir: &Path, renew: &[Renewal]) -> Result<Vec<&'static str>, PinError> {
     for r in renew {
         let (from, to) = (new_pin(dir, r.name), dir.join(r.name));
         std::fs::rename(&from, &to).map_err(|source| PinError::Rename { path: to, source })?;
     }
-    Ok(())
+    let mut removed = Vec::new();
+    for name in RETIRED_MAPS {
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed.push(name),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(PinError::Remove { path, source }),
+        }
+    }
+    Ok(removed)
 }
 
 #[cfg(test)]
