@@ -17,9 +17,11 @@ pub mod packet;
 pub mod prefix;
 pub mod reason;
 pub mod rules;
+pub mod stats;
 pub mod window;
 
 pub use reason::{Action, REASON_COUNT, Reason, Verdict};
+pub use stats::{ClassCounters, Counter, STAT_ENTRIES, STAT_FAMILIES, UNCLASSIFIED, stat_index, stat_slot};
 
 /// `a == b`, usable in constants: the XDP program asserts at compile time
 /// that each map's symbol is spelled as in [`maps`].
@@ -163,38 +165,6 @@ pub mod programs {
     /// Entry points of the production object; the others are in the bench
     /// object only (limiter-ebpf's `bench` feature).
     pub const PRODUCTION: [&str; 2] = [LIMITER, LIMITER_TEST_CLOCK];
-}
-
-/// Address-family dimension of `STATS`: 0 = not IP (or unknown), 1 =
-/// IPv4, 2 = IPv6.
-pub const STAT_FAMILIES: usize = STAT_FAMILIES_U32 as usize;
-const STAT_FAMILIES_U32: u32 = 3;
-
-/// The class dimension of `STATS` for packets counted before they are
-/// classified: malformed, not IP, or no policy yet.
-pub const UNCLASSIFIED: usize = MAX_CLASSES;
-/// Entries of `STATS`: one per class (and [`UNCLASSIFIED`]), reason and
-/// stat family. One counter per packet, so the program looks up one.
-pub const STAT_ENTRIES: usize = (MAX_CLASSES + 1) * REASON_COUNT * STAT_FAMILIES;
-
-/// Slot of `STATS` for a class (`0..=UNCLASSIFIED`), a reason and a stat
-/// family (`0..STAT_FAMILIES`).
-#[must_use]
-#[expect(clippy::cast_possible_truncation, reason = "class <= UNCLASSIFIED, a small constant")]
-pub const fn stat_index(class: usize, reason: Reason, stat_family: u32) -> u32 {
-    ((class as u32) * REASON_COUNT as u32 + reason as u32) * STAT_FAMILIES_U32 + stat_family
-}
-
-/// The class, reason and stat family of the `STATS` slot `index`.
-#[must_use]
-pub const fn stat_slot(index: usize) -> Option<(usize, Reason, usize)> {
-    let fam = index % STAT_FAMILIES;
-    let reason = (index / STAT_FAMILIES) % REASON_COUNT;
-    let class = index / STAT_FAMILIES / REASON_COUNT;
-    if class > UNCLASSIFIED {
-        return None;
-    }
-    Some((class, Reason::ALL[reason], fam))
 }
 
 /// Address families as stored in [`BucketKey::family`].
@@ -498,74 +468,6 @@ pub struct DropEvent {
     pub reason: u32,
 }
 
-/// What a rule class did: its packets in `STATS` summed by action.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClassCounters {
-    /// Passed: admitted, allowed, or let through when no bucket could be
-    /// made (reported as `action="pass"`).
-    pub admitted: Counter,
-    pub dropped: Counter,
-    /// Would have been dropped; passed because the class is in shadow mode.
-    pub shadow: Counter,
-}
-
-impl ClassCounters {
-    /// What was counted under `action`.
-    #[must_use]
-    pub const fn get(&self, action: Action) -> Counter {
-        match action {
-            Action::Pass => self.admitted,
-            Action::Drop => self.dropped,
-            Action::ShadowDrop => self.shadow,
-        }
-    }
-
-    /// The slot of `action`.
-    #[inline(always)]
-    pub fn slot(&mut self, action: Action) -> &mut Counter {
-        match action {
-            Action::Pass => &mut self.admitted,
-            Action::Drop => &mut self.dropped,
-            Action::ShadowDrop => &mut self.shadow,
-        }
-    }
-}
-
-impl core::ops::AddAssign for ClassCounters {
-    fn add_assign(&mut self, o: Self) {
-        self.admitted += o.admitted;
-        self.dropped += o.dropped;
-        self.shadow += o.shadow;
-    }
-}
-
-/// One slot of [`maps::STATS`].
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counter {
-    pub packets: u64,
-    pub bytes: u64,
-}
-
-impl Counter {
-    /// `self - earlier` (counters only grow; saturates at zero).
-    #[must_use]
-    pub const fn since(self, earlier: Counter) -> Counter {
-        Counter {
-            packets: self.packets.saturating_sub(earlier.packets),
-            bytes: self.bytes.saturating_sub(earlier.bytes),
-        }
-    }
-}
-
-impl core::ops::AddAssign for Counter {
-    fn add_assign(&mut self, o: Self) {
-        self.packets += o.packets;
-        self.bytes += o.bytes;
-    }
-}
-
 const _: () = assert!(core::mem::size_of::<ClassLimits>() == 32);
 const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
 const _: () = assert!(core::mem::size_of::<Config>() == 72 + 32 * MAX_CLASSES + 8 * MAX_MATCHERS + 88);
@@ -602,27 +504,4 @@ mod pod {
     unsafe impl aya::Pod for super::cookie::SynGuard {}
     unsafe impl aya::Pod for super::RuntimeKey {}
     unsafe impl aya::Pod for super::RuntimeOverride {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every class, reason and family has a slot of its own inside
-    /// `STATS`, and the slot gives them back.
-    #[test]
-    fn stat_slots_are_distinct_and_invertible() {
-        let mut seen = [false; STAT_ENTRIES];
-        for class in 0..=UNCLASSIFIED {
-            for reason in Reason::ALL {
-                for fam in 0..STAT_FAMILIES {
-                    let i = stat_index(class, reason, u32::try_from(fam).unwrap()) as usize;
-                    assert!(i < STAT_ENTRIES && !seen[i], "{class} {reason:?} {fam}");
-                    seen[i] = true;
-                    assert_eq!(stat_slot(i), Some((class, reason, fam)));
-                }
-            }
-        }
-        assert_eq!(stat_slot(STAT_ENTRIES), None);
-    }
 }
