@@ -58,10 +58,11 @@ impl Daemon {
         let _ = reply.send(response);
     }
 
-    /// Each class of the running policy by name, with its counters.
-    fn class_counters(&self) -> Result<Vec<(String, limiter_common::ClassCounters)>, LoadError> {
-        let per_class = self.dp.maps.class_totals()?;
-        Ok(self.view.class_names.iter().cloned().zip(per_class).collect())
+    /// The counters per reason, and per class of the running policy by
+    /// name, read together.
+    fn counters(&self) -> Result<(crate::dataplane::Totals, Vec<(String, limiter_common::ClassCounters)>), LoadError> {
+        let (t, per_class) = self.dp.maps.counters.read()?;
+        Ok((t, self.view.class_names.iter().cloned().zip(per_class).collect()))
     }
 
     /// Each class with SYN cookies and whether they are engaged now.
@@ -81,9 +82,10 @@ impl Daemon {
 
     /// Numbers for one metrics scrape, read from the kernel now.
     pub(super) fn snapshot(&self) -> Result<Snapshot, LoadError> {
+        let (totals, classes) = self.counters()?;
         Ok(Snapshot {
-            totals: self.dp.maps.totals()?,
-            classes: self.class_counters()?,
+            totals,
+            classes,
             policy_version: self.view.version,
             capacity: self.dp.capacity(),
             tracked: self.observer.tracked(),
@@ -128,7 +130,7 @@ impl Daemon {
     }
 
     fn stats(&self) -> Result<Response, LoadError> {
-        let t = self.dp.maps.totals()?;
+        let (t, classes) = self.counters()?;
         let reasons = Reason::ALL
             .iter()
             .map(|r| {
@@ -141,8 +143,7 @@ impl Daemon {
                 }
             })
             .collect();
-        let classes = self
-            .class_counters()?
+        let classes = classes
             .into_iter()
             .map(|(class, c)| ClassRow {
                 class,

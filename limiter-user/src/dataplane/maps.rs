@@ -264,13 +264,22 @@ impl Counters {
 
     /// Counters per reason and family (all classes), summed over CPUs.
     pub fn totals(&self) -> Result<Totals, LoadError> {
-        let mut t = Totals::default();
+        Ok(self.read()?.0)
+    }
+
+    /// [`Self::totals`] and [`Self::class_totals`] from one read, so that
+    /// they agree.
+    pub fn read(&self) -> Result<(Totals, [ClassCounters; MAX_CLASSES]), LoadError> {
+        let (mut t, mut classes) = (Totals::default(), [ClassCounters::default(); MAX_CLASSES]);
         for (i, c) in self.stats()?.into_iter().enumerate() {
-            if let Some((_, reason, fam)) = stat_slot(i) {
-                t.add(reason, fam, c);
+            let Some((class, reason, fam)) = stat_slot(i) else { continue };
+            t.add(reason, fam, c);
+            // Packets counted before they were classified are in no class.
+            if let Some(slot) = classes.get_mut(class) {
+                *slot.slot(reason.action()) += c;
             }
         }
-        Ok(t)
+        Ok((t, classes))
     }
 
     /// Whether `class`'s `auto` SYN cookies are engaged at `now` (ns on
@@ -283,15 +292,7 @@ impl Counters {
     /// Per-class counters by action (all families), summed over CPUs.
     /// Packets counted before they were classified are in no class.
     pub fn class_totals(&self) -> Result<[ClassCounters; MAX_CLASSES], LoadError> {
-        let mut out = [ClassCounters::default(); MAX_CLASSES];
-        for (i, c) in self.stats()?.into_iter().enumerate() {
-            if let Some((class, reason, _)) = stat_slot(i)
-                && let Some(slot) = out.get_mut(class)
-            {
-                *slot.slot(reason.action()) += c;
-            }
-        }
-        Ok(out)
+        Ok(self.read()?.1)
     }
 }
 
