@@ -318,22 +318,22 @@ pub fn tracked_prefixes(map: &aya::maps::MapData) -> usize {
     rawmap::count_entries(map).unwrap_or_else(|_| walk_keys(map))
 }
 
-/// The entries of a bucket map, by walking its keys (one system call each).
+/// The entries of a bucket map, by walking its keys (one system call
+/// each). Bounded by the map's capacity: a key evicted under the walk
+/// sends the kernel back to the first key, so a walk during churn may
+/// count some twice, never forever.
 #[must_use]
 pub fn walk_keys(map: &aya::maps::MapData) -> usize {
-    let mut n = 0;
+    let capacity = map.info().map_or(limiter_common::maps::MAX_BUCKET_CAPACITY, |i| i.max_entries());
     let mut key = [0u8; size_of::<limiter_common::BucketKey>()];
     let mut next = key;
-    let mut first = true;
-    while rawmap::elem_raw(
-        map,
-        rawmap::Cmd::NextKey,
-        if first { std::ptr::null() } else { key.as_ptr() },
-        next.as_mut_ptr(),
-    )
-    .is_ok()
-    {
-        (first, key, n) = (false, next, n + 1);
+    let mut n = 0;
+    while n < capacity as usize {
+        let at = if n == 0 { std::ptr::null() } else { key.as_ptr() };
+        if rawmap::elem_raw(map, rawmap::Cmd::NextKey, at, next.as_mut_ptr()).is_err() {
+            break;
+        }
+        (key, n) = (next, n + 1);
     }
     n
 }
