@@ -26,10 +26,10 @@ pub fn count(class: usize, reason: Reason, fam: u32, len: u64) -> u64 {
 
 /// One in `drop_sample` drops (per CPU, class, reason and family: `seen`
 /// is their counter's packets on this CPU) goes to the ring buffer for the
-/// top-offenders list. Drop path only; the admit path pays nothing, and a drop that is
-/// not sampled pays one test. A sampled drop is also logged through
-/// aya-log, at debug level only (off unless the daemon runs with debug
-/// logging) and at most once a second per CPU.
+/// top-offenders list. Drop path only; the admit path pays nothing, and a
+/// drop that is not sampled pays one test. A sampled drop is also logged
+/// through aya-log, at debug level only (off unless the daemon runs with
+/// debug logging) and at most once a second per CPU.
 #[inline(always)]
 pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reason, now: u64, seen: u64) {
     let every = u64::from(cfg.drop_sample);
