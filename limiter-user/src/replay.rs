@@ -18,7 +18,11 @@ use std::{
     path::Path,
 };
 
-use limiter_common::{Reason, packet, rules::bucket_key};
+use limiter_common::{
+    Config, Reason, packet,
+    rules::{bucket_key, classify},
+    stat_index,
+};
 use serde::Serialize;
 
 use crate::{
@@ -198,10 +202,9 @@ impl InOrder {
 
 /// The source prefix a frame is charged to, by the policy's prefix
 /// lengths: the program's own parser and key, run on the host.
-fn prefix_of(data: &[u8], p: &Policy) -> String {
-    let mut fam = 0;
-    match packet::parse(data, &mut fam) {
-        Ok(src) => crate::top::cidr(&bucket_key(&src, p.v4_prefix, p.v6_prefix, 0)),
+fn prefix_of(parsed: &Result<packet::Source, Reason>, p: &Policy) -> String {
+    match parsed {
+        Ok(src) => crate::top::cidr(&bucket_key(src, p.v4_prefix, p.v6_prefix, 0)),
         Err(Reason::NonIp) => "non-ip".into(),
         Err(_) => "malformed".into(),
     }
@@ -216,25 +219,41 @@ fn has_shadow(p: &Policy) -> bool {
 }
 
 /// One frame through the program at `now`, counted under its prefix.
+/// With `shadow` (the compiled policy, when part of it is in shadow mode)
+/// a passed frame is a shadow drop if the counter of its class and family
+/// under `shadow_dropped` moved: the same parser and classifier as the
+/// program's tell which, so one counter is read.
 fn run_frame<'a>(
     l: &mut DataPlane,
     policy: &Policy,
-    shadow: bool,
+    shadow: Option<&Config>,
     now: u64,
     data: &[u8],
     out: &'a mut BTreeMap<String, PrefixTotals>,
 ) -> anyhow::Result<&'a mut PrefixTotals> {
-    let prefix = prefix_of(data, policy);
+    let mut fam = 0;
+    let parsed = packet::parse(data, &mut fam);
+    let prefix = prefix_of(&parsed, policy);
     let row = out.entry(prefix.clone()).or_insert_with(|| PrefixTotals { prefix, ..PrefixTotals::default() });
     row.packets += 1;
-    let shadow_before = if shadow { l.maps.counters.reason_packets(Reason::ShadowDropped)? } else { 0 };
+    // Only a classified frame can be a shadow drop.
+    let slot = match (shadow, &parsed) {
+        (Some(cfg), Ok(src)) => Some(stat_index(classify(cfg, src), Reason::ShadowDropped, fam)),
+        _ => None,
+    };
+    let shadow_before = match slot {
+        Some(i) => l.maps.counters.slot_packets(i)?,
+        None => 0,
+    };
     // The kernel refuses frames shorter than an Ethernet header.
     let Ok(action) = l.run_at(now, data) else {
         row.dropped += 1;
         return Ok(row);
     };
     if action == xdp_action::XDP_PASS {
-        if shadow && l.maps.counters.reason_packets(Reason::ShadowDropped)? > shadow_before {
+        if let Some(i) = slot
+            && l.maps.counters.slot_packets(i)? > shadow_before
+        {
             row.shadow_dropped += 1;
         }
         row.passed += 1;
@@ -253,7 +272,7 @@ pub fn replay<R: Read>(policy: &Policy, pcap: &mut Pcap<R>) -> anyhow::Result<Re
     let compiled = policy.compile(1)?;
     let mut l = DataPlane::open(policy.capacity)?;
     l.maps.apply(&compiled)?;
-    let shadow = has_shadow(policy);
+    let shadow = has_shadow(policy).then_some(&compiled.config);
     let mut out: BTreeMap<String, PrefixTotals> = BTreeMap::new();
     let mut report = Report::default();
     let (mut window, mut newest) = (InOrder::default(), 0);

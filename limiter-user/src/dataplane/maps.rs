@@ -12,7 +12,7 @@ use aya::{
     },
 };
 use limiter_common::{
-    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, Reason, RuntimeKey,
+    BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, RuntimeKey,
     RuntimeOverride, STAT_ENTRIES, cookie::SynGuard, flags, maps, maps::MAX_OVERRIDES, stat_slot, window::WindowState,
 };
 
@@ -256,10 +256,10 @@ impl Counters {
         Ok(out)
     }
 
-    /// Packets counted under one reason (all classes and families),
-    /// summed over CPUs.
-    pub fn reason_packets(&self, reason: Reason) -> Result<u64, LoadError> {
-        Ok(self.totals()?.get(reason).packets)
+    /// Packets counted in one slot of `STATS` (see
+    /// [`limiter_common::stat_index`]), summed over CPUs: one lookup.
+    pub fn slot_packets(&self, index: u32) -> Result<u64, LoadError> {
+        Ok(sum_cpus(&self.stats.get(&index, 0).on(maps::STATS)?).packets)
     }
 
     /// Counters per reason and family (all classes), summed over CPUs.
