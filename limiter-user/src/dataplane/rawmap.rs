@@ -1,5 +1,6 @@
-//! Map commands on pinned maps of layouts this build does not know, which
-//! aya's typed maps cannot open: an upgrade reads and copies them as bytes.
+//! Map commands as bytes: on pinned maps of layouts this build does not
+//! know, which aya's typed maps cannot open (an upgrade reads and copies
+//! them), and whole-map reads in batches, which aya has not.
 
 use std::io;
 
@@ -19,6 +20,13 @@ pub enum Cmd {
 /// values take one 8-byte-rounded value per possible CPU).
 pub fn elem(map: &MapData, cmd: Cmd, key: &[u8], out: *mut u8) -> io::Result<()> {
     elem_raw(map, cmd, key.as_ptr(), out)
+}
+
+/// Write `value` (of the map's size; per CPU values as for [`elem`])
+/// under `key`.
+pub fn update(map: &MapData, key: &[u8], value: &[u8]) -> io::Result<()> {
+    // The kernel only reads the value of an update.
+    elem_raw(map, Cmd::Update, key.as_ptr(), value.as_ptr().cast_mut())
 }
 
 pub fn elem_raw(map: &MapData, cmd: Cmd, key: *const u8, out: *mut u8) -> io::Result<()> {
