@@ -337,8 +337,8 @@ pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// Version of the pinned-map layout. Bump it whenever a pinned map's key,
 /// value or meaning changes (and say so in the map's entry of the
 /// daemon's table of pinned maps). 12: `STATS` counts per class too, and
-/// `CLASS_STATS` is gone.
-pub const SCHEMA_VERSION: u32 = 12;
+/// `CLASS_STATS` is gone. 13: `STATS` has a slot for `tcp_bad_flags`.
+pub const SCHEMA_VERSION: u32 = 13;
 
 /// Value of [`maps::META`].
 #[repr(C)]

@@ -237,6 +237,13 @@ fn read_l4<F: Frame + ?Sized>(f: &F, off: usize, src: &mut Source) -> Result<(),
     match src.proto {
         IPPROTO_TCP => {
             let tcp = f.bytes_at::<{ TcpHdr::LEN }>(off).ok_or(Reason::L4Truncated)?;
+            // SYN+RST and SYN+FIN are invalid in every state, and a data
+            // offset under 5 words is no header: refused here, before any
+            // bucket or budget is touched.
+            let flags = tcp[13];
+            if tcp[12] >> 4 < 5 || (flags & tcp_flag::SYN != 0 && flags & (tcp_flag::RST | tcp_flag::FIN) != 0) {
+                return Err(Reason::TcpBadFlags);
+            }
             src.dport = be16(tcp, 2);
             src.tcp_flags = tcp[13];
             src.syn = u8::from(tcp[13] & (tcp_flag::SYN | tcp_flag::ACK) == tcp_flag::SYN);

@@ -134,13 +134,19 @@ reasons! {
     /// An ACK whose cookie the kernel's helper accepted: the source proved
     /// its address and its prefix got a bucket, budget or not.
     SynCookieVerified = 23 => Pass, "syn_cookie_verified";
-    /// An ACK from a prefix without a bucket, while cookies are engaged,
-    /// that carries no valid cookie.
+    /// A TCP segment other than a plain SYN from a prefix without a
+    /// bucket, while cookies are engaged, that carries no valid cookie (an
+    /// ACK with a wrong one, a RST, a FIN, no flags): only a verified
+    /// cookie gives such a prefix a bucket.
     SynCookieInvalid = 24 => Drop, "syn_cookie_invalid";
+    /// A TCP header no stack accepts: SYN with RST, SYN with FIN, or a
+    /// data offset under 5 words. Never charged, so it never makes a
+    /// bucket nor spends the new-source budget.
+    TcpBadFlags = 25 => Drop, "tcp_bad_flags";
 }
 
 /// Number of counter slots in `STATS`.
-pub const REASON_COUNT: usize = 25;
+pub const REASON_COUNT: usize = 26;
 
 impl Reason {
     /// The action category of this reason (see [`Action`]).

@@ -52,11 +52,12 @@ pub fn intercept(s: &Charge) -> Option<Reason> {
         }
         return answer(s);
     }
-    if f & (tcp_flag::SYN | tcp_flag::RST) != 0 || f & tcp_flag::ACK == 0 {
-        return None;
-    }
-    // An ACK: the class its connection's SYN was in (an ACK itself is in
-    // another class when the SYN's class matches `syn = true` only).
+    // Any other segment: the class its connection's SYN was in (an ACK
+    // itself is in another class when the SYN's class matches `syn = true`
+    // only). While that class's cookies are engaged, a prefix without a
+    // bucket gets one only through a verified cookie: a RST, a FIN, a
+    // SYN-ACK or a segment without flags from it is refused, so spoofed
+    // segments can neither make buckets nor spend the new-source budget.
     let syn_class = s.cfg.cookies.class_of(s.src.dport)?;
     let m = *s.cfg.cookies.mode.get(syn_class)?;
     if m == mode::OFF || !engaged(s.cfg, syn_class, m, s.now, false) {
@@ -66,6 +67,9 @@ pub fn intercept(s: &Charge) -> Option<Reason> {
     let skey = bucket_key(s.src, s.cfg.v4_prefix, s.cfg.v6_prefix, syn_class as u8);
     if BUCKETS.get_ptr(skey).is_some() {
         return None;
+    }
+    if f != tcp_flag::ACK {
+        return Some(Reason::SynCookieInvalid);
     }
     if !valid(s.pkt, s.src)? {
         return Some(Reason::SynCookieInvalid);

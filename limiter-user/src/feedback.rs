@@ -130,6 +130,10 @@ async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::
                 Some(Answer::Error { message }) => {
                     let code = if message.contains("governor: cap") {
                         StatusCode::TOO_MANY_REQUESTS
+                    } else if message.contains("governor: allowed") {
+                        // The operator or the policy file allows it: a
+                        // conflict with a higher layer, not a bad request.
+                        StatusCode::CONFLICT
                     } else {
                         StatusCode::UNPROCESSABLE_ENTITY
                     };

@@ -42,7 +42,8 @@ fn documented_action(r: Reason) -> u32 {
         | Reason::Denied
         | Reason::NewSourceLimited
         | Reason::AggregateLimited
-        | Reason::SynCookieInvalid => XDP_DROP,
+        | Reason::SynCookieInvalid
+        | Reason::TcpBadFlags => XDP_DROP,
     }
 }
 

@@ -382,3 +382,43 @@ fn with_timestamps_the_syn_ack_offers_window_scale_sack_and_timestamps() {
         }
     }
 }
+
+/// Trust boundaries, item 3: SYN+RST, SYN+FIN and a data offset under 5
+/// are refused under a reason of their own before any state is touched
+/// (with cookies or without: they used to be charged, so each made a
+/// bucket and spent the new-source budget); while cookies are engaged, a
+/// prefix without a bucket gets one only through a verified cookie (a RST,
+/// a FIN, a SYN-ACK or a segment without flags used to be charged too).
+#[test]
+fn malformed_and_non_initial_tcp_never_make_state() {
+    let src = |i: u8| IpAddr::V4(Ipv4Addr::new(198, 18, 100, i));
+    for cookies in [SynCookies::Always, SynCookies::Off] {
+        // A budget of 4 new sources (burst), refilled at 1/s.
+        let mut l = kernel::open(&policy(cookies, None, Some((1, 4))).compile(1).unwrap());
+        for (i, flags) in [0x06u8, 0x03, 0x07, 0x16, 0x13].into_iter().enumerate() {
+            let seg = Seg { flags, ..Seg::syn(src(u8::try_from(i).unwrap()), 0) };
+            let (r, action, _) = run(&mut l, T0 + MS * u64::try_from(i).unwrap(), &seg.bytes());
+            assert_eq!((r, action), (Reason::TcpBadFlags, XDP_DROP), "{cookies:?}: flags {flags:#04x}");
+        }
+        // Data offset 4 (16 bytes): no TCP header a stack takes.
+        let mut f = Seg { flags: 0x10, options: vec![], ..Seg::syn(src(9), 0) }.bytes();
+        let l4 = f.len() - 20;
+        f[l4 + 12] = 4 << 4;
+        assert_eq!(run(&mut l, T0 + 10 * MS, &f).0, Reason::TcpBadFlags, "{cookies:?}: data offset 4");
+        assert_eq!(l.tracked(), 0, "{cookies:?}: no bucket from any of them");
+        // The budget is whole: a new source's SYN is admitted (without
+        // cookies; it would be `new_source_limited` had the six above
+        // spent the burst of 4) or answered as any (with them).
+        let expect = if cookies == SynCookies::Off { Reason::Admitted } else { Reason::SynCookieToKernel };
+        assert_eq!(run(&mut l, T0 + 11 * MS, &Seg::syn(src(20), 0).bytes()).0, expect, "{cookies:?}");
+    }
+    // Cookies engaged: every segment but a SYN or a valid cookie ACK from
+    // a prefix without a bucket is refused and stores nothing.
+    let mut l = kernel::open(&policy(SynCookies::Always, None, None).compile(1).unwrap());
+    for (i, flags) in [0x04u8, 0x01, 0x00, 0x12, 0x14, 0x11, 0x08].into_iter().enumerate() {
+        let seg = Seg { flags, options: vec![], ..Seg::syn(src(30 + u8::try_from(i).unwrap()), 0) };
+        let (r, action, _) = run(&mut l, T0 + MS * u64::try_from(i).unwrap(), &seg.bytes());
+        assert_eq!((r, action), (Reason::SynCookieInvalid, XDP_DROP), "flags {flags:#04x}");
+    }
+    assert_eq!(l.tracked(), 0);
+}

@@ -106,6 +106,21 @@ fn list(client: Client, json: bool) -> anyhow::Result<()> {
         let num = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |n| n.to_string());
         let ttl = e.expires_in_secs.map_or_else(|| "never".to_owned(), |s| format!("{s} s"));
         println!("{:<44} {:<7} {:>12} {:>12} {:<8} {:>10}", e.cidr, e.action, num(e.rate), num(e.burst), e.origin, ttl);
+        // Every layer that spoke, highest first: the one in force, and
+        // those beneath it (in force again when what is above them ends).
+        for l in &e.layers {
+            let ttl = l.expires_in_secs.map_or_else(|| "never".to_owned(), |s| format!("{s} s"));
+            let mark = if l.in_force { "  in force:" } else { "  beneath:" };
+            println!(
+                "{:<44} {:<7} {:>12} {:>12} {:<8} {:>10}",
+                mark,
+                l.action,
+                num(l.rate),
+                num(l.burst),
+                l.layer,
+                ttl
+            );
+        }
     }
     Ok(())
 }

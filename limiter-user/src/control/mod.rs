@@ -277,6 +277,27 @@ pub struct PrefixEntry {
     /// Why the tenant layer asked for it (feedback only).
     #[serde(default)]
     pub reason: Option<String>,
+    /// Every layer that decided something about this network, highest
+    /// first, when more than one did (the fields above are the one in
+    /// force).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<LayerEntry>,
+}
+
+/// One layer's decision about a network: the operator's (`runtime`), the
+/// policy file's (`file`), or automation's (`feedback`, `escalation`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerEntry {
+    pub layer: String,
+    /// `limit`, `allow`, `deny`, or `unset` (the operator removed the
+    /// file's override).
+    pub action: String,
+    pub rate: Option<u64>,
+    pub burst: Option<u64>,
+    /// Seconds until it expires (`None`: never).
+    pub expires_in_secs: Option<u64>,
+    /// Whether this layer is the one enforced.
+    pub in_force: bool,
 }
 
 #[cfg(test)]

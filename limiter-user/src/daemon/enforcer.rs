@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use limiter_common::{flags, maps::RUNTIME};
 
 use crate::{
-    control::PrefixEntry,
+    control::{LayerEntry, PrefixEntry},
     dataplane::{LoadError, PolicyMaps},
     policy::{
         Compiled, Loaded, Origin, Override, OverrideAction, Policy, PolicyError,
@@ -57,9 +57,12 @@ pub struct Enforcer {
     base: Policy,
     /// Where `base` came from.
     source: String,
-    /// Overrides set at run time: `Some` adds or replaces, `None` removes
-    /// a file override. Merged over `base` on every apply.
-    runtime: BTreeMap<IpNet, RuntimeEntry>,
+    /// Overrides set at run time, one per network and layer (the
+    /// operator's, then automation's): `Some` adds or replaces, `None`
+    /// (the operator's only) removes a file override. Merged over `base`
+    /// on every apply by [`Enforcer::in_force`]; a layer never replaces
+    /// another's entry, so when one ends the one beneath is in force again.
+    runtime: BTreeMap<(IpNet, SetBy), RuntimeEntry>,
     /// Version the data plane enforces.
     version: u64,
     /// Capacity of the bucket map in use (fixed until a restart).
@@ -118,8 +121,9 @@ impl Enforcer {
         &self.source
     }
 
-    /// `base` with the runtime overrides merged in: a file override keeps
-    /// its place (replaced, or gone if unset at run time), runtime-only
+    /// `base` with the runtime overrides merged in, layer by layer (see
+    /// [`Enforcer::in_force`]): a file override keeps its place (as the
+    /// layers make it, or gone if the operator unset it), runtime-only
     /// ones follow in address order.
     #[must_use]
     pub fn effective(&self, base: &Policy) -> Policy {
@@ -128,18 +132,49 @@ impl Enforcer {
         p.overrides = base
             .overrides
             .iter()
-            .filter_map(|o| match self.runtime.get(&o.net) {
-                None => Some(*o),
-                Some(e) => e.action.map(|action| Override { net: o.net, action }),
-            })
+            .filter_map(|o| self.in_force(base, o.net, Some(o.action)))
+            .map(|(net, action, _)| Override { net, action })
             .collect();
+        let mut runtime_only: Vec<IpNet> =
+            self.runtime.keys().map(|(net, _)| *net).filter(|net| !in_file.contains(net)).collect();
+        runtime_only.dedup();
         p.overrides.extend(
-            self.runtime
-                .iter()
-                .filter(|(net, _)| !in_file.contains(net))
-                .filter_map(|(net, e)| e.action.map(|action| Override { net: *net, action })),
+            runtime_only
+                .into_iter()
+                .filter_map(|net| self.in_force(base, net, None))
+                .map(|(net, action, _)| Override { net, action }),
         );
         p
+    }
+
+    /// What is in force for `net` (whose file override is `file`) and which
+    /// layer said it: the operator's entry, else the file's; automation (a
+    /// penalty) overlays either unless it is a `deny` already, or an
+    /// `allow` and the policy does not set `feedback.may_override_allow`.
+    /// A penalty never removes what is beneath it: when it ends, that is
+    /// in force again as it was.
+    #[must_use]
+    pub fn in_force(
+        &self,
+        base: &Policy,
+        net: IpNet,
+        file: Option<OverrideAction>,
+    ) -> Option<(IpNet, OverrideAction, Layer)> {
+        let upper = match self.runtime.get(&(net, SetBy::Operator)) {
+            Some(e) => e.action.map(|a| (a, Layer::Operator)),
+            None => file.map(|a| (a, Layer::File)),
+        };
+        let auto = self
+            .runtime
+            .range((net, SetBy::Feedback)..=(net, SetBy::Escalation))
+            .find_map(|((_, by), e)| e.action.map(|a| (a, Layer::Automation(*by))));
+        let may_override_allow = base.feedback.as_ref().is_some_and(|f| f.may_override_allow);
+        let chosen = match (upper, auto) {
+            (Some((OverrideAction::Deny, _)), _) | (Some(_), None) => upper,
+            (Some((OverrideAction::Allow, _)), Some(_)) if !may_override_allow => upper,
+            (_, a) => a,
+        };
+        chosen.map(|(a, l)| (net, a, l))
     }
 
     /// Apply `loaded` (with the runtime overrides) as the next version.
@@ -228,8 +263,11 @@ impl Enforcer {
         Ok(summary)
     }
 
-    /// Add, replace or remove (`None`) one override as a new version; a
-    /// `ttl` makes it expire (see [`Enforcer::expire`]).
+    /// Add, replace or remove (`None`) the operator's override of one
+    /// network as a new version; a `ttl` makes it expire (see
+    /// [`Enforcer::expire`]). Automation's entries on the same network are
+    /// kept beneath it, except that an unset with no operator or file
+    /// entry left to remove lifts them (the operator outranks automation).
     pub fn change_prefix(
         &mut self,
         maps: &mut impl PolicyMaps,
@@ -239,18 +277,36 @@ impl Enforcer {
     ) -> Result<String, ApplyError> {
         let net = cidr.parse::<IpNet>().map_err(|e| ApplyError::Request(format!("{cidr:?} is not a CIDR: {e}")))?;
         let in_file = self.base.overrides.iter().any(|o| o.net == net);
-        if action.is_none() && !self.runtime.contains_key(&net) && !in_file {
+        let operator = self.runtime.get(&(net, SetBy::Operator)).copied();
+        let expires = ttl.map(|t| unix_now() + t);
+        if action.is_some() {
+            let entry = RuntimeEntry { action, expires, origin: SetBy::Operator };
+            return self.change_entries(maps, &[((net, SetBy::Operator), Some(entry))]);
+        }
+        // Unset: a runtime-only override is forgotten; the file's is
+        // removed by an entry of its own; with neither, automation's go.
+        let changes: Vec<((IpNet, SetBy), Option<RuntimeEntry>)> = match (operator, in_file) {
+            (Some(e), true) if e.action.is_none() => self.automation_of(net),
+            (_, true) => {
+                vec![((net, SetBy::Operator), Some(RuntimeEntry { action: None, expires, origin: SetBy::Operator }))]
+            }
+            (Some(_), false) => vec![((net, SetBy::Operator), None)],
+            (None, false) => self.automation_of(net),
+        };
+        if changes.is_empty() {
             return Err(ApplyError::Request(format!("{net} has no override")));
         }
-        // Unsetting a runtime-only override forgets it; unsetting the
-        // file's is an entry of its own (the file's override is removed).
-        let expires = ttl.map(|t| unix_now() + t);
-        let entry = if action.is_none() && !in_file {
-            None
-        } else {
-            Some(RuntimeEntry { action, expires, origin: SetBy::Operator })
-        };
-        self.change_entries(maps, &[(net, entry)])
+        for ((n, by), _) in &changes {
+            if by.governed() {
+                self.governor.reasons.remove(n);
+            }
+        }
+        self.change_entries(maps, &changes)
+    }
+
+    /// Removals of automation's entries on `net`.
+    fn automation_of(&self, net: IpNet) -> Vec<((IpNet, SetBy), Option<RuntimeEntry>)> {
+        self.runtime.range((net, SetBy::Feedback)..=(net, SetBy::Escalation)).map(|(k, _)| (*k, None)).collect()
     }
 
     /// Record `changes` (`None` forgets an entry) and apply, all or
@@ -258,10 +314,10 @@ impl Enforcer {
     fn change_entries(
         &mut self,
         maps: &mut impl PolicyMaps,
-        changes: &[(IpNet, Option<RuntimeEntry>)],
+        changes: &[((IpNet, SetBy), Option<RuntimeEntry>)],
     ) -> Result<String, ApplyError> {
-        let previous: Vec<(IpNet, Option<RuntimeEntry>)> =
-            changes.iter().map(|(net, _)| (*net, self.runtime.get(net).copied())).collect();
+        let previous: Vec<((IpNet, SetBy), Option<RuntimeEntry>)> =
+            changes.iter().map(|(k, _)| (*k, self.runtime.get(k).copied())).collect();
         // Recorded in the pinned RUNTIME map first, so a daemon that dies
         // right after the apply still puts them back when it restarts.
         let mut done = 0;
@@ -280,24 +336,29 @@ impl Enforcer {
         if result.is_err() {
             for (net, entry) in previous.iter().take(done).rev() {
                 if let Err(e) = self.record(maps, *net, *entry) {
-                    tracing::warn!("limiter: runtime override of {net} not restored in {RUNTIME}: {e}");
+                    tracing::warn!("limiter: runtime override of {} not restored in {RUNTIME}: {e}", net.0);
                 }
             }
         }
         result
     }
 
-    /// Set (`Some`) or forget (`None`) the runtime entry of `net`, in the
-    /// `RUNTIME` map and then in memory.
-    fn record(&mut self, maps: &mut impl PolicyMaps, net: IpNet, entry: Option<RuntimeEntry>) -> Result<(), LoadError> {
+    /// Set (`Some`) or forget (`None`) the runtime entry of a network's
+    /// layer, in the `RUNTIME` map and then in memory.
+    fn record(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        at: (IpNet, SetBy),
+        entry: Option<RuntimeEntry>,
+    ) -> Result<(), LoadError> {
         let value = entry.map(|e| {
             let expires = e.expires.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX));
-            runtime::value(e.action.as_ref(), expires, e.origin)
+            runtime::value(e.action.as_ref(), expires, at.1)
         });
-        maps.set_runtime_override(&runtime::key(&net), value.as_ref())?;
+        maps.set_runtime_override(&runtime::key(&at.0, at.1), value.as_ref())?;
         match entry {
-            Some(e) => self.runtime.insert(net, e),
-            None => self.runtime.remove(&net),
+            Some(e) => self.runtime.insert(at, e),
+            None => self.runtime.remove(&at),
         };
         Ok(())
     }
@@ -305,11 +366,18 @@ impl Enforcer {
     /// Put back the overrides a previous daemon set at run time (kept in
     /// the pinned `RUNTIME` map). Returns how many; entries this build
     /// cannot read are skipped with a warning.
-    pub fn restore(&mut self, maps: &impl PolicyMaps) -> Result<usize, LoadError> {
+    pub fn restore(&mut self, maps: &mut impl PolicyMaps) -> Result<usize, LoadError> {
         for (k, v) in maps.runtime_overrides()? {
             if let Some((net, action, expires, origin)) = runtime::decode(&k, &v) {
                 let expires = (expires != 0).then_some(u64::from(expires));
-                self.runtime.insert(net, RuntimeEntry { action, expires, origin });
+                let entry = RuntimeEntry { action, expires, origin };
+                if runtime::stale_key(&k, origin) {
+                    // A record of a build before layers: moved under its
+                    // layer's key, so that its removal finds it.
+                    maps.set_runtime_override(&k, None)?;
+                    self.record(maps, (net, origin), Some(entry))?;
+                }
+                self.runtime.insert((net, origin), entry);
             } else {
                 tracing::warn!("limiter: skipped an unreadable entry of {RUNTIME}: {k:?}");
             }
@@ -332,28 +400,87 @@ impl Enforcer {
         list
     }
 
+    /// One entry per network with an override in force (its top-level
+    /// fields are the layer in force), listing every layer that spoke.
     fn enforced(&self) -> Vec<PrefixEntry> {
+        let now = unix_now();
+        let file: BTreeMap<IpNet, OverrideAction> = self.base.overrides.iter().map(|o| (o.net, o.action)).collect();
         self.effective(&self.base)
             .overrides
             .iter()
             .map(|o| {
-                let (action, rate, burst) = match o.action {
-                    OverrideAction::Limit(l) => ("limit", Some(l.rate), Some(l.burst)),
-                    OverrideAction::Allow => ("allow", None, None),
-                    OverrideAction::Deny => ("deny", None, None),
+                let (_, _, force) = self.in_force(&self.base, o.net, file.get(&o.net).copied()).unwrap_or((
+                    o.net,
+                    o.action,
+                    Layer::File,
+                ));
+                let mut layers: Vec<LayerEntry> = Vec::new();
+                let mut add = |layer: Layer, action: Option<OverrideAction>, expires: Option<u64>| {
+                    layers.push(LayerEntry::new(layer, action, expires.map(|t| t.saturating_sub(now)), layer == force));
                 };
-                let rt = self.runtime.get(&o.net);
+                if let Some(e) = self.runtime.get(&(o.net, SetBy::Operator)) {
+                    add(Layer::Operator, e.action, e.expires);
+                }
+                if let Some(a) = file.get(&o.net) {
+                    add(Layer::File, Some(*a), None);
+                }
+                for ((_, by), e) in self.runtime.range((o.net, SetBy::Feedback)..=(o.net, SetBy::Escalation)) {
+                    add(Layer::Automation(*by), e.action, e.expires);
+                }
+                let top = layers
+                    .iter()
+                    .find(|l| l.in_force)
+                    .cloned()
+                    .unwrap_or_else(|| LayerEntry::new(force, Some(o.action), None, true));
                 PrefixEntry {
                     cidr: o.net.to_string(),
-                    action: action.into(),
-                    rate,
-                    burst,
-                    origin: rt.map_or("file", |e| e.origin.label()).into(),
-                    expires_in_secs: rt.and_then(|e| e.expires).map(|t| t.saturating_sub(unix_now())),
-                    reason: self.governor.reasons.get(&o.net).cloned(),
+                    action: top.action,
+                    rate: top.rate,
+                    burst: top.burst,
+                    origin: top.layer,
+                    expires_in_secs: top.expires_in_secs,
+                    reason: matches!(force, Layer::Automation(_))
+                        .then(|| self.governor.reasons.get(&o.net).cloned())
+                        .flatten(),
+                    layers: if layers.len() > 1 { layers } else { Vec::new() },
                 }
             })
             .collect()
+    }
+}
+
+/// A layer of decisions about a network, highest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layer {
+    /// `limiter prefix ...` (the control socket).
+    Operator,
+    /// An `[[override]]` of the policy file.
+    File,
+    /// A penalty: the tenant layer's feedback or the daemon's escalation.
+    Automation(SetBy),
+}
+
+impl Layer {
+    /// How `prefix list` names it.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Layer::Operator => SetBy::Operator.label(),
+            Layer::File => "file",
+            Layer::Automation(by) => by.label(),
+        }
+    }
+}
+
+impl LayerEntry {
+    fn new(layer: Layer, action: Option<OverrideAction>, expires_in_secs: Option<u64>, in_force: bool) -> Self {
+        let (action, rate, burst) = match action {
+            Some(OverrideAction::Limit(l)) => ("limit", Some(l.rate), Some(l.burst)),
+            Some(OverrideAction::Allow) => ("allow", None, None),
+            Some(OverrideAction::Deny) => ("deny", None, None),
+            None => ("unset", None, None),
+        };
+        LayerEntry { layer: layer.label().into(), action: action.into(), rate, burst, expires_in_secs, in_force }
     }
 }
 
@@ -365,5 +492,7 @@ pub fn unix_now() -> u64 {
 
 mod bulk;
 mod feedback;
+#[cfg(test)]
+mod layer_tests;
 #[cfg(test)]
 mod tests;

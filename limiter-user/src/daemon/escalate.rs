@@ -94,8 +94,12 @@ mod tests {
 
     #[test]
     fn only_a_prefix_above_the_rate_for_the_whole_time_is_escalated_once() {
-        let rule =
-            Escalate { drops_per_sec: 6400, sustained: Duration::from_secs(3), deny_for: Duration::from_secs(10) };
+        let rule = Escalate {
+            drops_per_sec: 6400,
+            sustained: Duration::from_secs(3),
+            deny_for: Duration::from_secs(10),
+            max_denied: 100,
+        };
         let mut e = Escalator::default();
         let (flood, gap, low) = (key(1, 0), key(2, 0), key(3, 1));
         let mut seen = Vec::new();

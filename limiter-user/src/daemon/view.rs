@@ -13,9 +13,8 @@ pub(super) struct View {
     pub(super) summary: String,
     /// Class names by index (0 = `default`).
     pub(super) class_names: Vec<String>,
-    /// Feedback decisions: applied, shadow, then refusals by reason, then
-    /// escalations decided.
-    pub(super) feedback: [u64; 7],
+    /// Feedback decisions and escalations.
+    pub(super) feedback: crate::metrics::FeedbackCounts,
     /// The escalation rule in force, if any.
     pub(super) escalate: Option<crate::policy::feedback::Escalate>,
     /// Classes with SYN cookies: index, name and mode (`limiter_common::cookie::mode`),
@@ -40,7 +39,12 @@ impl Daemon {
                 class_names: effective.class_names().into_iter().map(str::to_owned).collect(),
                 feedback: {
                     let g = p.governed();
-                    [g.applied, g.shadowed, g.refused[0], g.refused[1], g.refused[2], g.refused[3], g.escalations]
+                    crate::metrics::FeedbackCounts {
+                        applied: g.applied,
+                        shadowed: g.shadowed,
+                        refused: g.refused,
+                        escalations: g.escalations,
+                    }
                 },
                 escalate: p.base().feedback.as_ref().and_then(|f| f.escalate),
                 syn_cookies: p.config().map_or_else(Vec::new, |c| {

@@ -45,7 +45,7 @@ pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 17] = [
     (maps::OVR6[0], MapType::LpmTrie, 20, 4, 11),
     (maps::OVR6[1], MapType::LpmTrie, 20, 4, 11),
     (maps::OVR_LIMITS, MapType::Array, 4, size_of::<ClassLimits>(), 11),
-    (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>(), 12),
+    (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>(), 13),
     (maps::META, MapType::Array, 4, size_of::<Meta>(), 1),
     (maps::LAYOUT, MapType::Hash, 16, 4, 11),
     (maps::RUNTIME, MapType::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>(), 11),

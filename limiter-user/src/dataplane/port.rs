@@ -74,6 +74,8 @@ fn runtime_id(k: &RuntimeKey) -> [u8; 20] {
     let mut id = [0; 20];
     id[0] = k.family;
     id[1] = k.prefix_len;
+    // Every byte of the key, as the kernel's hash map compares them.
+    id[2..4].copy_from_slice(&k.pad);
     id[4..].copy_from_slice(&k.addr);
     id
 }

@@ -14,7 +14,7 @@ use prometheus_client::{
 };
 
 pub use self::http::{HEADER_TIMEOUT, MAX_CONNS, ScrapeCall, serve};
-use crate::dataplane::Totals;
+use crate::{dataplane::Totals, policy::feedback::Refusal};
 
 /// Default listen address of `/metrics`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
@@ -35,9 +35,8 @@ pub struct Snapshot {
     /// Times a lost link or pin was put back.
     pub reattaches: u64,
     pub forwards: Vec<crate::control::ForwardInfo>,
-    /// Feedback decisions (applied, shadow, refusals by reason), then
-    /// escalations decided.
-    pub feedback: [u64; 7],
+    /// Feedback decisions and escalations.
+    pub feedback: FeedbackCounts,
     /// The fleet sync, if the daemon runs one.
     pub fleet: Option<crate::fleet::FleetStatus>,
     /// Classes with SYN cookies: name, mode (`auto`, `always`) and whether
@@ -47,6 +46,17 @@ pub struct Snapshot {
     pub reloads_failed: u64,
     pub last_reload_ok: Option<u64>,
     pub last_reload_failed: Option<u64>,
+}
+
+/// What the feedback governor decided since the daemon started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FeedbackCounts {
+    pub applied: u64,
+    pub shadowed: u64,
+    /// Refusals, by [`Refusal`] in its `ALL` order.
+    pub refused: [u64; Refusal::ALL.len()],
+    /// Escalations the daemon decided (then governed like any penalty).
+    pub escalations: u64,
 }
 
 const FAMILIES: [&str; STAT_FAMILIES] = ["none", "ipv4", "ipv6"];
@@ -288,10 +298,12 @@ impl Collector for SnapshotCollector {
             None,
             MetricType::Counter,
         )?;
-        let results =
-            ["applied", "shadow", "refused_bad_request", "refused_too_wide", "refused_ttl_too_long", "refused_cap"];
-        for (result, n) in results.iter().zip(s.feedback) {
-            ConstCounter::new(n).encode(m.encode_family(&[("result", *result)])?)?;
+        let f = &s.feedback;
+        ConstCounter::new(f.applied).encode(m.encode_family(&[("result", "applied")])?)?;
+        ConstCounter::new(f.shadowed).encode(m.encode_family(&[("result", "shadow")])?)?;
+        for (r, n) in Refusal::ALL.iter().zip(f.refused) {
+            let result = format!("refused_{}", r.label());
+            ConstCounter::new(n).encode(m.encode_family(&[("result", result.as_str())])?)?;
         }
         let m = enc.encode_descriptor(
             "limiter_escalations",
@@ -299,7 +311,7 @@ impl Collector for SnapshotCollector {
             None,
             MetricType::Counter,
         )?;
-        ConstCounter::new(s.feedback[6]).encode(m)?;
+        ConstCounter::new(s.feedback.escalations).encode(m)?;
         let mut m = enc.encode_descriptor("limiter_build_info", "Build information.", None, MetricType::Gauge)?;
         let labels = [("version", crate::VERSION), ("revision", crate::GIT_REVISION)];
         ConstGauge::new(1i64).encode(m.encode_family(&labels)?)?;
@@ -374,9 +386,9 @@ mod tests {
         let series = text.lines().filter(|l| !l.starts_with('#')).count();
         // packets and bytes: every reason x 3 families each; one class x 3
         // actions; tracked, capacity, version; reloads x 2 results; two
-        // reload timestamps; attached; reattaches; 6 feedback results;
+        // reload timestamps; attached; reattaches; 7 feedback results;
         // escalations; build_info.
         let reasons = limiter_common::REASON_COUNT;
-        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 6 + 1 + 1, "series count is fixed");
+        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 7 + 1 + 1, "series count is fixed");
     }
 }

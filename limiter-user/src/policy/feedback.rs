@@ -40,6 +40,10 @@ pub struct Feedback {
     pub max_ttl: Duration,
     #[serde(default)]
     pub shadow: bool,
+    /// Whether a penalty may overlay an operator's or the file's `allow`
+    /// (refused with 409 otherwise).
+    #[serde(default)]
+    pub may_override_allow: bool,
     #[serde(default)]
     pub escalate: Option<Escalate>,
 }
@@ -55,6 +59,10 @@ pub struct Escalate {
     pub sustained: Duration,
     #[serde(deserialize_with = "duration")]
     pub deny_for: Duration,
+    /// Prefixes denied by escalation at once: a cap of its own, so that
+    /// escalations never spend the tenant's `max_denied`.
+    #[serde(default = "defaults::escalate_max_denied")]
+    pub max_denied: usize,
 }
 
 mod defaults {
@@ -68,6 +76,9 @@ mod defaults {
     }
     pub const fn min_v6() -> u8 {
         32
+    }
+    pub const fn escalate_max_denied() -> usize {
+        100
     }
     pub const fn max_ttl() -> Duration {
         Duration::from_hours(1)
@@ -102,6 +113,9 @@ pub fn check(f: &Feedback) -> Result<(), PolicyError> {
         if e.deny_for.as_secs() == 0 || e.deny_for > f.max_ttl {
             return Err(bad("feedback.escalate.deny_for", "must be at least 1s and at most feedback.max_ttl"));
         }
+        if e.max_denied == 0 {
+            return Err(bad("feedback.escalate.max_denied", "must be at least 1"));
+        }
     }
     Ok(())
 }
@@ -115,12 +129,16 @@ pub enum Refusal {
     TooWide,
     /// A TTL past `max_ttl`.
     TtlTooLong,
-    /// `max_denied` prefixes are denied by feedback already.
+    /// `max_denied` prefixes are denied by this kind of automation already.
     Cap,
+    /// Inside an `allow` of the operator or the policy file (and
+    /// `may_override_allow` is not set).
+    Allowed,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 4] = [Refusal::BadRequest, Refusal::TooWide, Refusal::TtlTooLong, Refusal::Cap];
+    pub const ALL: [Refusal; 5] =
+        [Refusal::BadRequest, Refusal::TooWide, Refusal::TtlTooLong, Refusal::Cap, Refusal::Allowed];
 
     #[must_use]
     pub fn label(self) -> &'static str {
@@ -129,15 +147,27 @@ impl Refusal {
             Refusal::TooWide => "too_wide",
             Refusal::TtlTooLong => "ttl_too_long",
             Refusal::Cap => "cap",
+            Refusal::Allowed => "allowed",
         }
     }
 }
 
 impl Feedback {
     /// The governor's check of one penalty on `net` for `ttl` seconds,
-    /// `denied` prefixes being denied by feedback now (this one not
-    /// counted if it is among them: a refresh).
-    pub fn govern(&self, net: &ipnet::IpNet, ttl: u64, denied: usize) -> Result<(), Refusal> {
+    /// `denied` prefixes being denied by the same kind of automation now
+    /// (this one not counted if it is among them: a refresh) against its
+    /// `cap`; `allowed` when an operator's or the file's `allow` holds it.
+    pub fn govern(
+        &self,
+        net: &ipnet::IpNet,
+        ttl: u64,
+        denied: usize,
+        cap: usize,
+        allowed: bool,
+    ) -> Result<(), Refusal> {
+        if allowed && !self.may_override_allow {
+            return Err(Refusal::Allowed);
+        }
         let min = if net.addr().is_ipv4() { self.min_v4_prefix } else { self.min_v6_prefix };
         if net.prefix_len() < min {
             return Err(Refusal::TooWide);
@@ -148,7 +178,7 @@ impl Feedback {
         if ttl > self.max_ttl.as_secs() {
             return Err(Refusal::TtlTooLong);
         }
-        if denied >= self.max_denied {
+        if denied >= cap {
             return Err(Refusal::Cap);
         }
         Ok(())
@@ -168,6 +198,7 @@ mod tests {
             min_v6_prefix: 32,
             max_ttl: Duration::from_mins(10),
             shadow: false,
+            may_override_allow: false,
             escalate: None,
         }
     }
@@ -176,18 +207,26 @@ mod tests {
     fn the_governor_refuses_wide_prefixes_long_ttls_and_past_its_cap() {
         let g = governor();
         let net = |s: &str| s.parse::<ipnet::IpNet>().unwrap();
-        assert_eq!(g.govern(&net("198.18.5.0/24"), 60, 0), Ok(()));
-        assert_eq!(g.govern(&net("198.0.0.0/8"), 60, 0), Err(Refusal::TooWide));
-        assert_eq!(g.govern(&net("2001:2::/16"), 60, 0), Err(Refusal::TooWide));
-        assert_eq!(g.govern(&net("198.18.5.0/24"), 601, 0), Err(Refusal::TtlTooLong));
-        assert_eq!(g.govern(&net("198.18.5.0/24"), 0, 0), Err(Refusal::BadRequest));
-        assert_eq!(g.govern(&net("198.18.5.0/24"), 60, 2), Err(Refusal::Cap));
+        assert_eq!(g.govern(&net("198.18.5.0/24"), 60, 0, 2, false), Ok(()));
+        assert_eq!(g.govern(&net("198.0.0.0/8"), 60, 0, 2, false), Err(Refusal::TooWide));
+        assert_eq!(g.govern(&net("2001:2::/16"), 60, 0, 2, false), Err(Refusal::TooWide));
+        assert_eq!(g.govern(&net("198.18.5.0/24"), 601, 0, 2, false), Err(Refusal::TtlTooLong));
+        assert_eq!(g.govern(&net("198.18.5.0/24"), 0, 0, 2, false), Err(Refusal::BadRequest));
+        assert_eq!(g.govern(&net("198.18.5.0/24"), 60, 2, 2, false), Err(Refusal::Cap));
+        assert_eq!(g.govern(&net("198.18.5.0/24"), 60, 0, 2, true), Err(Refusal::Allowed));
+        let overriding = Feedback { may_override_allow: true, ..g.clone() };
+        assert_eq!(overriding.govern(&net("198.18.5.0/24"), 60, 0, 2, true), Ok(()));
         let mut far = g.clone();
         far.listen = "198.18.0.2:9465".parse().unwrap();
         assert_eq!(check(&far).unwrap_err().field, "feedback.listen");
         let mut esc = g.clone();
         let rule = |d: u64, s: u64, t: u64| {
-            Some(Escalate { drops_per_sec: d, sustained: Duration::from_secs(s), deny_for: Duration::from_secs(t) })
+            Some(Escalate {
+                drops_per_sec: d,
+                sustained: Duration::from_secs(s),
+                deny_for: Duration::from_secs(t),
+                max_denied: 100,
+            })
         };
         esc.escalate = rule(1000, 5, 600);
         assert_eq!(check(&esc), Ok(()));

@@ -10,9 +10,16 @@ use limiter_common::{RuntimeKey, RuntimeOverride, family, runtime_action};
 
 use super::{CostUnit, Limit, Mode, OverrideAction};
 
-/// The map key of `net`.
+/// The map key of `net`'s entry of layer `by`: each layer of decisions
+/// about a network is an entry of its own (its code in `pad[0]`; records
+/// of builds before layers have 0 there, whoever set them), so a penalty
+/// never overwrites the operator's entry and a restart restores the stack.
 #[must_use]
-pub fn key(net: &IpNet) -> RuntimeKey {
+pub fn key(net: &IpNet, by: SetBy) -> RuntimeKey {
+    RuntimeKey { pad: [by.code(), 0], ..net_key(net) }
+}
+
+fn net_key(net: &IpNet) -> RuntimeKey {
     let mut addr = [0; 16];
     let fam = match net.addr() {
         IpAddr::V4(a) => {
@@ -34,8 +41,10 @@ pub const FROM_FEEDBACK: u32 = 0x100;
 /// daemon's own escalation.
 pub const FROM_ESCALATION: u32 = 0x200;
 
-/// Who set a runtime override.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who set a runtime override: the layers of decisions under the
+/// operator's, highest first (the policy file's sits between the operator
+/// and automation, and is the file itself, not a record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SetBy {
     /// An operator (`limiter prefix ...`).
     Operator,
@@ -60,6 +69,16 @@ impl SetBy {
     #[must_use]
     pub fn governed(self) -> bool {
         self != SetBy::Operator
+    }
+
+    /// The layer's code in [`RuntimeKey::pad`]`[0]`.
+    #[must_use]
+    pub fn code(self) -> u8 {
+        match self {
+            SetBy::Operator => 0,
+            SetBy::Feedback => 1,
+            SetBy::Escalation => 2,
+        }
     }
 
     fn flag(self) -> u32 {
@@ -108,7 +127,9 @@ fn value_of(action: Option<&OverrideAction>) -> RuntimeOverride {
 
 /// A map entry back as a network, its override, when it expires (0 =
 /// never) and who set it; `None` for an entry this
-/// build does not understand (it is skipped, and said so).
+/// build does not understand (it is skipped, and said so). Who set it is
+/// read from the value: a record of a build before layers has no layer
+/// in its key (see [`stale_key`]).
 #[must_use]
 pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>, u32, SetBy)> {
     let addr = match k.family {
@@ -133,6 +154,13 @@ pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<Over
     Some((net, action, v.expires, SetBy::of(v.action)))
 }
 
+/// Whether `k` is not where this build keeps the record of its layer
+/// (written by a build before layers): it is then moved.
+#[must_use]
+pub fn stale_key(k: &RuntimeKey, by: SetBy) -> bool {
+    k.pad != [by.code(), 0]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,7 +180,8 @@ mod tests {
             cases.into_iter().zip([SetBy::Feedback, SetBy::Escalation, SetBy::Operator].repeat(2))
         {
             let net: IpNet = cidr.parse().unwrap();
-            let back = decode(&key(&net), &value(action.as_ref(), 1_900_000_000, origin));
+            let back = decode(&key(&net, origin), &value(action.as_ref(), 1_900_000_000, origin));
+            assert!(!stale_key(&key(&net, origin), origin));
             assert_eq!(back, Some((net, action, 1_900_000_000, origin)), "{cidr}");
         }
     }
@@ -161,10 +190,22 @@ mod tests {
     fn entries_of_another_build_are_skipped() {
         let net: IpNet = "198.18.1.0/24".parse().unwrap();
         let bad_action = RuntimeOverride { action: 99, ..value(None, 0, SetBy::Operator) };
-        assert_eq!(decode(&key(&net), &bad_action), None);
-        let bad_family = RuntimeKey { family: 9, ..key(&net) };
+        assert_eq!(decode(&key(&net, SetBy::Operator), &bad_action), None);
+        let bad_family = RuntimeKey { family: 9, ..key(&net, SetBy::Operator) };
         assert_eq!(decode(&bad_family, &value(None, 0, SetBy::Operator)), None);
-        let bad_len = RuntimeKey { prefix_len: 33, ..key(&net) };
+        let bad_len = RuntimeKey { prefix_len: 33, ..key(&net, SetBy::Operator) };
         assert_eq!(decode(&bad_len, &value(None, 0, SetBy::Operator)), None);
+    }
+
+    #[test]
+    fn layers_of_one_network_are_entries_of_their_own() {
+        let net: IpNet = "198.18.7.0/24".parse().unwrap();
+        let keys = [SetBy::Operator, SetBy::Feedback, SetBy::Escalation].map(|by| key(&net, by));
+        assert!(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2]);
+        // A record of a build before layers: a penalty under the layer-less key.
+        let old = RuntimeKey { pad: [0; 2], ..key(&net, SetBy::Feedback) };
+        let (_, _, _, by) = decode(&old, &value(Some(&OverrideAction::Deny), 5, SetBy::Feedback)).unwrap();
+        assert_eq!(by, SetBy::Feedback);
+        assert!(stale_key(&old, by) && !stale_key(&old, SetBy::Operator));
     }
 }

@@ -37,7 +37,10 @@ impl Enforcer {
             if !seen.insert(net) {
                 return Err(refuse(format!("{net} is listed twice")));
             }
-            changes.push((net, Some(RuntimeEntry { action: Some(action), expires, origin: SetBy::Operator })));
+            changes.push((
+                (net, SetBy::Operator),
+                Some(RuntimeEntry { action: Some(action), expires, origin: SetBy::Operator }),
+            ));
         }
         self.change_entries(maps, &changes)
     }
@@ -46,10 +49,12 @@ impl Enforcer {
     /// seconds), as one new version; `None` when none is.
     pub fn expire(&mut self, maps: &mut impl PolicyMaps, now: u64) -> Option<Result<String, ApplyError>> {
         self.governor.expire_shadow(now);
-        let due: Vec<(IpNet, Option<RuntimeEntry>)> =
-            self.runtime.iter().filter(|(_, e)| e.expires.is_some_and(|t| t <= now)).map(|(n, _)| (*n, None)).collect();
-        for (net, _) in &due {
-            self.governor.reasons.remove(net);
+        let due: Vec<((IpNet, SetBy), Option<RuntimeEntry>)> =
+            self.runtime.iter().filter(|(_, e)| e.expires.is_some_and(|t| t <= now)).map(|(k, _)| (*k, None)).collect();
+        for ((net, by), _) in &due {
+            if by.governed() {
+                self.governor.reasons.remove(net);
+            }
         }
         (!due.is_empty()).then(|| self.change_entries(maps, &due))
     }
@@ -65,26 +70,27 @@ impl Enforcer {
     /// valid), from memory and from the `RUNTIME` map, so that they cannot
     /// keep a restarted daemon from starting. Returns each one with why.
     pub fn drop_unfit(&mut self, maps: &mut impl PolicyMaps, base: &Policy) -> Vec<String> {
-        let unfit: Vec<(IpNet, String)> = self
+        let unfit: Vec<((IpNet, SetBy), String)> = self
             .runtime
             .iter()
-            .filter_map(|(net, action)| {
+            .filter_map(|(&(net, by), action)| {
                 let bucket = if net.addr().is_ipv4() { base.v4_prefix } else { base.v6_prefix };
                 if u32::from(net.prefix_len()) > bucket {
-                    return Some((*net, format!("finer than the policy's /{bucket} buckets")));
+                    return Some(((net, by), format!("finer than the policy's /{bucket} buckets")));
                 }
                 match action.action {
-                    Some(OverrideAction::Limit(l)) => l.to_kernel("").err().map(|e| (*net, e.to_string())),
+                    Some(OverrideAction::Limit(l)) => l.to_kernel("").err().map(|e| ((net, by), e.to_string())),
                     _ => None,
                 }
             })
             .collect();
         unfit
             .into_iter()
-            .map(|(net, why)| {
-                if let Err(e) = self.record(maps, net, None) {
+            .map(|(at, why)| {
+                let net = at.0;
+                if let Err(e) = self.record(maps, at, None) {
                     tracing::warn!("limiter: {net} not removed from {RUNTIME}: {e}");
-                    self.runtime.remove(&net);
+                    self.runtime.remove(&at);
                 }
                 format!("{net} ({why})")
             })

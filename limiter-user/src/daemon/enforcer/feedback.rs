@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, RuntimeEntry, unix_now};
+use super::{ApplyError, Enforcer, Layer, RuntimeEntry, unix_now};
 use crate::{
     control::PrefixEntry,
     dataplane::PolicyMaps,
@@ -28,7 +28,7 @@ pub struct Governed {
     pub escalations: u64,
     pub shadowed: u64,
     /// Refusals, by [`Refusal`] in its `ALL` order.
-    pub refused: [u64; 4],
+    pub refused: [u64; Refusal::ALL.len()],
 }
 
 impl Governed {
@@ -54,12 +54,34 @@ impl Governed {
                 origin: format!("{} (shadow)", by.label()),
                 expires_in_secs: Some(t.saturating_sub(now)),
                 reason: Some(why.clone()),
+                layers: Vec::new(),
             })
             .collect()
     }
 }
 
 impl Enforcer {
+    /// The operator's or the file's `allow` that holds `net` (equal or
+    /// wider), if any: a penalty there would take away what they allowed.
+    /// (An allow inside a wider penalty keeps winning its own addresses:
+    /// the longest prefix decides in XDP.)
+    fn allowed_above(&self, net: &IpNet) -> Option<(IpNet, Layer)> {
+        let operator = self
+            .runtime
+            .iter()
+            .filter(|((n, by), e)| *by == SetBy::Operator && e.action == Some(OverrideAction::Allow) && n.contains(net))
+            .map(|((n, _), _)| (*n, Layer::Operator));
+        let file = self
+            .base
+            .overrides
+            .iter()
+            .filter(|o| o.action == OverrideAction::Allow && o.net.contains(net))
+            // The operator may have unset or replaced the file's allow.
+            .filter(|o| !self.runtime.contains_key(&(o.net, SetBy::Operator)))
+            .map(|o| (o.net, Layer::File));
+        operator.chain(file).max_by_key(|(n, _)| n.prefix_len())
+    }
+
     /// Deny `cidr` for `ttl` seconds at the tenant layer's request (or the
     /// daemon's own escalation: `by`), if the governor allows it.
     pub fn penalize(
@@ -90,13 +112,27 @@ impl Enforcer {
         if u32::from(net.prefix_len()) > bucket {
             return refuse(self, Refusal::BadRequest, format!("{net} is finer than the bucket prefix /{bucket}"));
         }
-        let denied = self.runtime.iter().filter(|(n, e)| e.origin.governed() && **n != net).count();
-        if let Err(r) = g.govern(&net, ttl, denied) {
+        // Each kind of automation has its own cap: escalations cannot
+        // spend the tenant's, nor the tenant's the escalations'.
+        let denied = self.runtime.keys().filter(|(n, b)| *b == by && *n != net).count();
+        let cap =
+            if by == SetBy::Escalation { g.escalate.map_or(g.max_denied, |e| e.max_denied) } else { g.max_denied };
+        let allowed_above = self.allowed_above(&net);
+        if let Err(r) = g.govern(&net, ttl, denied, cap, allowed_above.is_some()) {
             let why = match r {
                 Refusal::TooWide => format!("{net} is wider than the governor allows"),
                 Refusal::TtlTooLong => format!("a TTL of {ttl} s is past the governor's {} s", g.max_ttl.as_secs()),
-                Refusal::Cap => format!("{} prefixes are denied by feedback already (max_denied)", g.max_denied),
+                Refusal::Cap if by == SetBy::Escalation => {
+                    format!("{cap} prefixes are denied by escalation already (feedback.escalate.max_denied)")
+                }
+                Refusal::Cap => format!("{cap} prefixes are denied by feedback already (max_denied)"),
                 Refusal::BadRequest => "a penalty needs a TTL".into(),
+                Refusal::Allowed => format!(
+                    "{net} is inside {}, which the {} allows; automation does not override an allow (unless the \
+                     policy sets feedback.may_override_allow = true)",
+                    allowed_above.map_or_else(String::new, |(n, _)| n.to_string()),
+                    allowed_above.map_or("", |(_, l)| if l == Layer::File { "policy file" } else { "operator" }),
+                ),
             };
             return refuse(self, r, why);
         }
@@ -108,7 +144,7 @@ impl Enforcer {
             return Ok(format!("shadow: {net} would be denied for {ttl} s (not enforced)"));
         }
         let entry = RuntimeEntry { action: Some(OverrideAction::Deny), expires: Some(expires), origin: by };
-        let summary = self.change_entries(maps, &[(net, Some(entry))])?;
+        let summary = self.change_entries(maps, &[((net, by), Some(entry))])?;
         self.governor.reasons.insert(net, reason.to_owned());
         self.governor.applied += 1;
         tracing::info!(event = "feedback", decision = "applied", origin, cidr = %net, ttl, reason = %reason, "limiter: {origin}: denied {net} for {ttl} s: {reason}");

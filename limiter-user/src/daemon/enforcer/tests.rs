@@ -61,7 +61,7 @@ fn a_start_with_nothing_to_put_back_reuses_the_check() {
     let mut e = started(&mut maps);
     e.change_prefix(&mut maps, "198.18.3.0/24", Some(OverrideAction::Deny), None).unwrap();
     let mut restarted = Enforcer::new(e.version(), 1024);
-    restarted.restore(&maps).unwrap();
+    restarted.restore(&mut maps).unwrap();
     let l = loaded(FILE);
     let checked = l.check().unwrap();
     restarted.apply_checked(&mut maps, l, checked).unwrap();
@@ -121,7 +121,7 @@ fn a_restarted_daemon_puts_runtime_overrides_back_over_the_file() {
     let before = e.prefixes();
     // A new daemon over the same (pinned) maps, version continued.
     let mut again = Enforcer::new(maps.active_config().unwrap().unwrap().version, 1024);
-    assert_eq!(again.restore(&maps).unwrap(), 2, "the deny and the file override's removal");
+    assert_eq!(again.restore(&mut maps).unwrap(), 2, "the deny and the file override's removal");
     again.apply(&mut maps, loaded(FILE)).unwrap();
     assert_eq!(again.prefixes(), before);
     assert_eq!(again.version(), 6);
@@ -147,7 +147,7 @@ fn runtime_overrides_that_no_longer_fit_are_dropped_at_restart() {
     // Restarted with /16 buckets: the /24 deny cannot be held any more.
     let coarse = loaded("v4_prefix = 16\n");
     let mut again = Enforcer::new(e.version(), 1024);
-    assert_eq!(again.restore(&maps).unwrap(), 2);
+    assert_eq!(again.restore(&mut maps).unwrap(), 2);
     let dropped = again.drop_unfit(&mut maps, &coarse.policy);
     assert_eq!(dropped, ["198.18.3.0/24 (finer than the policy's /16 buckets)"]);
     again.apply(&mut maps, coarse).unwrap();
@@ -173,7 +173,7 @@ fn an_override_with_a_ttl_expires_and_a_file_override_comes_back() {
     assert_eq!(maps.runtime.len(), 1, "the expired record is gone, the other kept");
     // A restarted daemon keeps the expiry of what it puts back.
     let mut again = Enforcer::new(e.version(), 1024);
-    again.restore(&maps).unwrap();
+    again.restore(&mut maps).unwrap();
     assert!(again.next_expiry().is_some_and(|t| t >= now + 599));
 }
 

@@ -1,0 +1,210 @@
+//! Layers of decisions (operator > policy file > automation): for every
+//! pair, the lower one never replaces or removes the higher one, and when
+//! an overlay ends the entry beneath is in force again exactly as it was,
+//! across a restart over the pinned record and a reload in between.
+
+use limiter_common::RuntimeKey;
+
+use super::*;
+use crate::{
+    dataplane::FakeMaps,
+    policy::{Limit, feedback::Refusal, file},
+};
+
+const FEEDBACK: &str =
+    "\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"/dev/null\"\nmax_denied = 2\nmax_ttl = \"1h\"\n";
+const ESCALATE: &str =
+    "\n[feedback.escalate]\ndrops_per_sec = 5000\nsustained = \"3s\"\ndeny_for = \"10m\"\nmax_denied = 1\n";
+
+/// The file: a deny, an allow and a limit (with its own cost and mode),
+/// then the feedback section (`extra` lines go into it) and escalation.
+fn policy(extra: &str) -> String {
+    format!(
+        "rate = 1000\nburst = 2000\n\n[[override]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n\n[[override]]\ncidr = \"198.18.2.0/24\"\naction = \"allow\"\n\n[[override]]\ncidr = \"198.18.3.0/24\"\nrate = 77\nburst = 99\nmode = \"shadow\"\n{FEEDBACK}{extra}{ESCALATE}"
+    )
+}
+
+fn loaded(text: &str) -> Loaded {
+    file::parse("p.toml", text.to_owned()).unwrap()
+}
+
+fn started(maps: &mut FakeMaps, text: &str) -> Enforcer {
+    let mut e = Enforcer::new(0, 1024);
+    e.apply(maps, loaded(text)).unwrap();
+    e
+}
+
+/// What is enforced for `cidr` now, from the effective policy.
+fn enforced(e: &Enforcer, cidr: &str) -> Option<OverrideAction> {
+    let net: IpNet = cidr.parse().unwrap();
+    e.effective(e.base()).overrides.iter().find(|o| o.net == net).map(|o| o.action)
+}
+
+/// The last applied policy with its version taken out, to compare two.
+fn last(maps: &FakeMaps) -> Compiled {
+    let mut c = maps.applied.last().unwrap().clone();
+    c.config.version = 0;
+    c
+}
+
+fn penalize(e: &mut Enforcer, maps: &mut FakeMaps, cidr: &str, ttl: u64, by: SetBy) -> Result<String, ApplyError> {
+    e.penalize(maps, cidr, ttl, "test", by)
+}
+
+fn limit(rate: u64, burst: u64) -> OverrideAction {
+    OverrideAction::Limit(Limit { rate, burst, ..Policy::default().default })
+}
+
+/// Restart over the same (pinned) record, then apply `text` (a reload
+/// of the same file, or of a changed one).
+fn restarted(maps: &mut FakeMaps, e: &Enforcer, text: &str) -> Enforcer {
+    let mut again = Enforcer::new(e.version(), 1024);
+    again.restore(maps).unwrap();
+    again.apply(maps, loaded(text)).unwrap();
+    again
+}
+
+#[test]
+fn a_penalty_over_an_operator_deny_leaves_it_in_force_when_it_ends() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps, &policy(""));
+    e.change_prefix(&mut maps, "198.18.7.0/24", Some(OverrideAction::Deny), None).unwrap();
+    let before = last(&maps);
+    penalize(&mut e, &mut maps, "198.18.7.0/24", 1, SetBy::Feedback).unwrap();
+    assert_eq!(enforced(&e, "198.18.7.0/24"), Some(OverrideAction::Deny));
+    let listed = e.prefixes().into_iter().find(|p| p.cidr == "198.18.7.0/24").unwrap();
+    assert_eq!(listed.origin, "runtime", "the operator's deny is the one in force");
+    let layers: Vec<_> = listed.layers.iter().map(|l| (l.layer.as_str(), l.action.as_str(), l.in_force)).collect();
+    assert_eq!(layers, [("runtime", "deny", true), ("feedback", "deny", false)]);
+    // Through a restart and a reload, then the penalty's time is up.
+    let mut e = restarted(&mut maps, &e, &policy(""));
+    e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
+    assert_eq!(enforced(&e, "198.18.7.0/24"), Some(OverrideAction::Deny), "the operator's deny is still there");
+    assert_eq!(last(&maps), before, "the policy is as before the penalty");
+    assert_eq!(maps.runtime.len(), 1, "only the penalty's record went");
+}
+
+#[test]
+fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps, &policy(""));
+    e.change_prefix(&mut maps, "198.18.8.0/24", Some(OverrideAction::Allow), None).unwrap();
+    for (cidr, who) in [("198.18.8.0/24", "operator"), ("198.18.2.0/24", "policy file")] {
+        for by in [SetBy::Feedback, SetBy::Escalation] {
+            let err = penalize(&mut e, &mut maps, cidr, 60, by).unwrap_err();
+            assert!(matches!(err, ApplyError::Governor { refusal: "allowed", .. }), "{err}");
+            assert!(err.to_string().contains(who), "{err}");
+        }
+        assert_eq!(enforced(&e, cidr), Some(OverrideAction::Allow));
+    }
+    assert_eq!(e.governed().refused[Refusal::Allowed as usize], 4);
+    // Wider than the allow: taken, and the allow keeps its own addresses
+    // (the longest prefix wins in XDP).
+    penalize(&mut e, &mut maps, "198.18.0.0/16", 60, SetBy::Feedback).unwrap();
+    assert_eq!(enforced(&e, "198.18.8.0/24"), Some(OverrideAction::Allow));
+    // With `may_override_allow`, a penalty overlays an allow and the allow
+    // is back, as it was, when it ends.
+    let text = policy("may_override_allow = true\n");
+    let mut e = restarted(&mut maps, &e, &text);
+    let before = last(&maps);
+    // The operator lifts the /16 penalty (the tenant's cap is 2).
+    e.change_prefix(&mut maps, "198.18.0.0/16", None, None).unwrap();
+    penalize(&mut e, &mut maps, "198.18.8.0/24", 5, SetBy::Feedback).unwrap();
+    penalize(&mut e, &mut maps, "198.18.2.0/24", 5, SetBy::Feedback).unwrap();
+    assert_eq!(enforced(&e, "198.18.8.0/24"), Some(OverrideAction::Deny));
+    assert_eq!(enforced(&e, "198.18.2.0/24"), Some(OverrideAction::Deny));
+    let mut e = restarted(&mut maps, &e, &text);
+    e.expire(&mut maps, unix_now() + 6).unwrap().unwrap();
+    assert_eq!(enforced(&e, "198.18.8.0/24"), Some(OverrideAction::Allow));
+    assert_eq!(enforced(&e, "198.18.2.0/24"), Some(OverrideAction::Allow));
+    let mut without_the_16 = before.clone();
+    without_the_16.overrides.v4.retain(|(len, ..)| *len != 16);
+    assert_eq!(last(&maps), without_the_16);
+}
+
+#[test]
+fn a_penalty_overlays_a_limit_and_the_limit_comes_back_exactly() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps, &policy(""));
+    // The operator's limit (the escalation's case of the finding) and the
+    // file's (shadow).
+    e.change_prefix(&mut maps, "198.18.9.0/24", Some(limit(100, 200)), None).unwrap();
+    let file_limit = enforced(&e, "198.18.3.0/24").unwrap();
+    let before = last(&maps);
+    penalize(&mut e, &mut maps, "198.18.9.0/24", 1, SetBy::Escalation).unwrap();
+    penalize(&mut e, &mut maps, "198.18.3.0/24", 1, SetBy::Feedback).unwrap();
+    for cidr in ["198.18.9.0/24", "198.18.3.0/24"] {
+        assert_eq!(enforced(&e, cidr), Some(OverrideAction::Deny), "{cidr}");
+    }
+    let listed = e.prefixes().into_iter().find(|p| p.cidr == "198.18.9.0/24").unwrap();
+    assert_eq!((listed.action.as_str(), listed.origin.as_str()), ("deny", "escalation"));
+    assert_eq!(listed.layers[0].rate, Some(100), "the limit is listed beneath");
+    let mut e = restarted(&mut maps, &e, &policy(""));
+    e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
+    assert_eq!(enforced(&e, "198.18.9.0/24"), Some(limit(100, 200)));
+    assert_eq!(enforced(&e, "198.18.3.0/24"), Some(file_limit), "rate, burst and mode as they were");
+    assert_eq!(last(&maps), before);
+}
+
+#[test]
+fn the_operator_outranks_the_file_and_lifts_penalties() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps, &policy(""));
+    // Operator over the file: allow where the file denies, then unset.
+    e.change_prefix(&mut maps, "198.18.1.0/24", Some(OverrideAction::Allow), None).unwrap();
+    assert_eq!(enforced(&e, "198.18.1.0/24"), Some(OverrideAction::Allow));
+    let mut e = restarted(&mut maps, &e, &policy(""));
+    e.change_prefix(&mut maps, "198.18.1.0/24", None, None).unwrap();
+    assert_eq!(enforced(&e, "198.18.1.0/24"), None, "unset removes the file's override too");
+    // A penalty under the operator's deny of another prefix: the
+    // operator's own unset removes its deny only, the next the penalty.
+    e.change_prefix(&mut maps, "198.18.6.0/24", Some(OverrideAction::Deny), None).unwrap();
+    penalize(&mut e, &mut maps, "198.18.6.0/24", 600, SetBy::Feedback).unwrap();
+    e.change_prefix(&mut maps, "198.18.6.0/24", None, None).unwrap();
+    assert_eq!(enforced(&e, "198.18.6.0/24"), Some(OverrideAction::Deny), "the penalty is still there");
+    assert_eq!(e.prefixes().iter().find(|p| p.cidr == "198.18.6.0/24").unwrap().origin, "feedback");
+    e.change_prefix(&mut maps, "198.18.6.0/24", None, None).unwrap();
+    assert_eq!(enforced(&e, "198.18.6.0/24"), None);
+    // A reload that drops the file's deny keeps the layers above and below.
+    penalize(&mut e, &mut maps, "198.18.5.0/24", 600, SetBy::Feedback).unwrap();
+    let trimmed = policy("")
+        .replace("cidr = \"198.18.1.0/24\"\naction = \"deny\"", "cidr = \"198.18.4.0/24\"\naction = \"deny\"");
+    let e = restarted(&mut maps, &e, &trimmed);
+    assert_eq!(enforced(&e, "198.18.5.0/24"), Some(OverrideAction::Deny));
+    assert_eq!(enforced(&e, "198.18.4.0/24"), Some(OverrideAction::Deny));
+}
+
+#[test]
+fn feedback_and_escalation_stack_on_one_prefix_and_have_caps_of_their_own() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps, &policy(""));
+    penalize(&mut e, &mut maps, "198.18.10.0/24", 1, SetBy::Feedback).unwrap();
+    penalize(&mut e, &mut maps, "198.18.10.0/24", 600, SetBy::Escalation).unwrap();
+    assert_eq!(maps.runtime.len(), 2, "one record per layer");
+    // The escalation cap (1) is full; the tenant's (2) is not.
+    let err = penalize(&mut e, &mut maps, "198.18.11.0/24", 60, SetBy::Escalation).unwrap_err();
+    assert!(err.to_string().contains("feedback.escalate.max_denied"), "{err}");
+    penalize(&mut e, &mut maps, "198.18.11.0/24", 60, SetBy::Feedback).unwrap();
+    let err = penalize(&mut e, &mut maps, "198.18.12.0/24", 60, SetBy::Feedback).unwrap_err();
+    assert!(err.to_string().contains("(max_denied)"), "{err}");
+    // The feedback's ends; the escalation's is still in force.
+    let mut e = restarted(&mut maps, &e, &policy(""));
+    e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
+    assert_eq!(enforced(&e, "198.18.10.0/24"), Some(OverrideAction::Deny));
+    assert_eq!(e.prefixes().iter().find(|p| p.cidr == "198.18.10.0/24").unwrap().origin, "escalation");
+}
+
+#[test]
+fn a_record_of_a_build_before_layers_is_moved_under_its_layer() {
+    let mut maps = FakeMaps::default();
+    let e = started(&mut maps, &policy(""));
+    let net: IpNet = "198.18.12.0/24".parse().unwrap();
+    let old_key = RuntimeKey { pad: [0; 2], ..runtime::key(&net, SetBy::Feedback) };
+    let value = runtime::value(Some(&OverrideAction::Deny), 1, SetBy::Feedback);
+    maps.set_runtime_override(&old_key, Some(&value)).unwrap();
+    let mut e = restarted(&mut maps, &e, &policy(""));
+    let keys: Vec<RuntimeKey> = maps.runtime.values().map(|(k, _)| *k).collect();
+    assert_eq!(keys, [runtime::key(&net, SetBy::Feedback)]);
+    e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
+    assert!(maps.runtime.is_empty(), "its removal found it");
+}
