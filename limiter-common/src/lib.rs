@@ -460,13 +460,20 @@ pub mod runtime_action {
     pub const DENY: u32 = 3;
 }
 
-/// A sampled drop, for the top-offenders list: which bucket, and why.
+/// A sampled drop, for the top-offenders list and escalation: which
+/// bucket, why, and from which address. Also sent, unsampled, for every
+/// `syn_cookie_verified` ACK: that address proved itself (escalation
+/// counts only the drops of proven addresses).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DropEvent {
     pub key: BucketKey,
     /// The [`Reason`] as its index.
     pub reason: u32,
+    /// The packet's source address, network byte order (IPv4 in
+    /// `src[0]`; the family is the key's). Events of builds before it are
+    /// 16 bytes long and have none.
+    pub src: [u32; 4],
 }
 
 const _: () = assert!(core::mem::size_of::<ClassLimits>() == 32);
@@ -474,7 +481,7 @@ const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
 const _: () = assert!(core::mem::size_of::<Config>() == 72 + 32 * MAX_CLASSES + 8 * MAX_MATCHERS + 88);
 const _: () = assert!(core::mem::size_of::<cookie::Cookies>() == 88);
 const _: () = assert!(core::mem::size_of::<cookie::SynGuard>() == 24);
-const _: () = assert!(core::mem::size_of::<DropEvent>() == 16);
+const _: () = assert!(core::mem::size_of::<DropEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 12);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 48);

@@ -27,6 +27,7 @@ mod options;
 use self::options::{ClientOptions, NO_WSCALE, limiter_syn_options};
 use crate::{
     charge::{BPF_NOEXIST, Charge, resolve},
+    count::proven,
     maps::{BUCKETS, KERNEL_SYNS, SYN_GUARD},
     program::Packet,
 };
@@ -77,6 +78,8 @@ pub fn intercept(s: &Charge) -> Option<Reason> {
     // Proven: a bucket with its whole allowance, new-source budget or not.
     let resolved = (u64::from(s.version) << 32) | u64::from(resolve(&skey, s.slot));
     let _ = BUCKETS.insert(skey, BucketState { tat: gcra::fresh_tat(s.now), resolved }, BPF_NOEXIST);
+    // The address proved itself: escalation may count its drops.
+    proven(s.pkt.0, &skey);
     Some(Reason::SynCookieVerified)
 }
 

@@ -1,12 +1,80 @@
 //! What every packet leaves behind: one counter, of its class, reason and
 //! family (per CPU, so no atomics in softirq), and for a 1-in-N sample of
-//! drops an event for the top-offenders list.
+//! drops an event for the top-offenders list and escalation (with each
+//! verified SYN cookie's address as proof of source).
 
+use aya_ebpf::bindings::xdp_md;
 use aya_ebpf::programs::XdpContext;
 use aya_log_ebpf::debug;
-use limiter_common::{BucketKey, Config, DropEvent, Reason, gcra, stat_index};
+use limiter_common::{BucketKey, Config, DropEvent, Reason, family, gcra, packet::Frame as _, stat_index};
+
+use crate::program::Packet;
 
 use crate::maps::{DROP_EVENTS, DROP_SAMPLER, STATS};
+
+/// An address proved itself (a verified SYN cookie): told to userspace
+/// unsampled, in the drop events' ring, for escalation's proof of source.
+#[inline(always)]
+pub fn proven(ctx: &XdpContext, key: &BucketKey) {
+    let (head, tail) = key.words();
+    limiter_drop_event(ctx.ctx, head, tail, Reason::SynCookieVerified as u64);
+}
+
+/// One event, written in place in the ring (reserve, fill, submit): built
+/// on the stack and copied, its 32 bytes took the SYN-ACK path's call
+/// chain past the verifier's 512-byte combined stack limit.
+#[inline(always)]
+fn event(key: &BucketKey, src: Option<&[u32; 4]>, reason: Reason) {
+    let Some(mut e) = DROP_EVENTS.reserve::<DropEvent>(0) else { return };
+    let p = e.as_mut_ptr();
+    // SAFETY: `p` is the reserved record, DropEvent-sized; each field is
+    // written straight into it (no copy of the whole on the stack).
+    unsafe {
+        (&raw mut (*p).key).write(*key);
+        (&raw mut (*p).reason).write(reason as u32);
+        (&raw mut (*p).src).write(src.copied().unwrap_or_default());
+    }
+    e.submit(0);
+}
+
+/// A sampled drop's event, with the packet's source address read again
+/// from the packet here, as a global function: the address is not kept
+/// on the main program's stack to the end of a packet's path, which kept
+/// the combined stack of the call chain through the SYN-ACK builder over
+/// the verifier's 512 bytes.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, reason: u64) -> u64 {
+    let xdp = XdpContext::new(ctx);
+    let pkt = Packet(&xdp);
+    let key = BucketKey::from_words(head, tail);
+    let src = source_of(&pkt, key.family == family::IPV6);
+    let reason = Reason::from_index(u32::try_from(reason).unwrap_or(u32::MAX)).unwrap_or(Reason::NoConfig);
+    event(&key, src.as_ref(), reason);
+    0
+}
+
+/// The source address of an IPv4 or IPv6 packet behind up to two VLAN
+/// tags (as the parser found it), network byte order.
+#[inline(always)]
+fn source_of(pkt: &Packet, v6: bool) -> Option<[u32; 4]> {
+    let tag = |et: [u8; 2]| et == [0x81, 0x00] || et == [0x88, 0xa8];
+    let mut l3 = 14;
+    if tag(*pkt.bytes_at::<2>(12)?) {
+        l3 = 18;
+        if tag(*pkt.bytes_at::<2>(16)?) {
+            l3 = 22;
+        }
+    }
+    let w = |b: &[u8], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    if v6 {
+        let a = pkt.bytes_at::<16>(l3 + 8)?;
+        Some([w(a, 0), w(a, 4), w(a, 8), w(a, 12)])
+    } else {
+        let a = pkt.bytes_at::<4>(l3 + 12)?;
+        Some([w(a, 0), 0, 0, 0])
+    }
+}
 
 /// Count one packet of `len` bytes of `class` (or `UNCLASSIFIED`) under
 /// `reason` and stat family `fam`; returns that counter's packets on this
@@ -36,7 +104,8 @@ pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reas
     if every == 0 || seen & (every - 1) != 0 {
         return;
     }
-    let _ = DROP_EVENTS.output(DropEvent { key: *key, reason: reason as u32 }, 0);
+    let (head, tail) = key.words();
+    limiter_drop_event(ctx.ctx, head, tail, reason as u64);
     let Some(last) = DROP_SAMPLER.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU slot, only this CPU's softirq writes it.
     unsafe {

@@ -358,3 +358,20 @@ pub fn two_cpus(
     }
     Ok(out)
 }
+
+/// A listener on `port` in `net.b` and a TCP connection to it from `src`
+/// in `net.a`: a handshake the kernel accepted (the source proved its
+/// address), held open while both ends are kept.
+#[must_use]
+pub fn tcp_handshake(net: &VethPair, src: &str, port: u16) -> (std::net::TcpListener, socket2::Socket) {
+    let listener = net.b.run_in(|| std::net::TcpListener::bind((B_ADDR, port)).unwrap());
+    let src: std::net::SocketAddr = format!("{src}:0").parse().unwrap();
+    let dst: std::net::SocketAddr = format!("{B_ADDR}:{port}").parse().unwrap();
+    let client = net.a.run_in(move || {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&src.into()).unwrap();
+        s.connect_timeout(&dst.into(), Duration::from_secs(5)).unwrap();
+        s
+    });
+    (listener, client)
+}

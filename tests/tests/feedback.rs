@@ -180,6 +180,10 @@ fn a_prefix_dropped_above_the_threshold_long_enough_is_escalated_to_a_deny() {
     let netload = scenario::locate_bin("netload").unwrap();
     let dst = format!("{}:{}", limiter_tests::netns::B_ADDR, scenario::PORT);
     r.net.add_source(scenario::CONFORM_SRC);
+    // Both sources proved their addresses (a TCP handshake the kernel
+    // accepted): only the drops of proven addresses count.
+    let _proofs = [FLOOD_SRC, scenario::CONFORM_SRC]
+        .map(|s| scenario::tcp_handshake(&r.net, s, 7000 + u16::from(s == FLOOD_SRC)));
     // The flood: 8,000/s against a rate of 1,000/s; the other source at
     // 500/s stays under its rate.
     let flood = Guard(

@@ -94,7 +94,11 @@ impl Daemon {
             attached: self.watch.health == Health::Attached,
             reattaches: self.watch.repairs,
             forwards: self.forwards.reports(),
-            feedback: self.view.feedback,
+            feedback: crate::metrics::FeedbackCounts {
+                unproven: self.observer.escalator.unproven,
+                proven_sources: self.observer.escalator.proven.len() as u64,
+                ..self.view.feedback
+            },
             fleet: self.fleet.status(),
             syn_cookies: self.syn_cookie_states()?,
             reloads_ok: self.reloads.count[0],

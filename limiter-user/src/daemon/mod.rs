@@ -10,6 +10,7 @@ mod escalate;
 mod fleet;
 mod observe;
 mod os;
+mod proof;
 mod view;
 mod watch;
 

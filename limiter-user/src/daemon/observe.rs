@@ -45,7 +45,7 @@ impl Observer {
         Self {
             tracked: spawn_counter(buckets_map_id, Duration::from_secs(2)),
             top: Tracker::default(),
-            escalator: Escalator::default(),
+            escalator: Escalator::with_sockets(),
             drop_events,
             ebpf_log,
             last_tick: None,
@@ -65,13 +65,26 @@ impl Observer {
         let now = unix_now();
         let Some(rb) = self.drop_events.as_mut() else { return };
         while let Some(item) = rb.next() {
-            if item.len() >= std::mem::size_of::<DropEvent>() {
-                // SAFETY: the program writes whole DropEvents; read unaligned.
-                let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<DropEvent>()) };
-                self.top.record(now, ev.key);
-                if ev.reason == Reason::RateLimited as u32 {
-                    self.escalator.record(ev.key);
+            // A program of a build before addresses were sent writes 16
+            // bytes: no address, so nothing of it is proven.
+            let mut ev = DropEvent::default();
+            let n = item.len().min(std::mem::size_of::<DropEvent>());
+            if n < std::mem::offset_of!(DropEvent, src) {
+                continue;
+            }
+            // SAFETY: `n` bytes of a DropEvent written by the program,
+            // copied into a zeroed one.
+            unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (&raw mut ev).cast::<u8>(), n) };
+            let src = (n == std::mem::size_of::<DropEvent>()).then(|| source(&ev)).flatten();
+            if ev.reason == Reason::SynCookieVerified as u32 {
+                if let Some(a) = src {
+                    self.escalator.proven.prove(a, now);
                 }
+                continue;
+            }
+            self.top.record(now, ev.key);
+            if ev.reason == Reason::RateLimited as u32 {
+                self.escalator.record(ev.key, src);
             }
         }
     }
@@ -83,6 +96,16 @@ impl Observer {
             self.top.tick(unix_now(), d.passed().packets, d.dropped().packets);
         }
         self.last_tick = Some(*t);
+    }
+}
+
+/// The source address of an event.
+pub(super) fn source(ev: &DropEvent) -> Option<std::net::IpAddr> {
+    let bytes: Vec<u8> = ev.src.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    match ev.key.family {
+        limiter_common::family::IPV4 => Some(std::net::IpAddr::from(<[u8; 4]>::try_from(&bytes[..4]).ok()?)),
+        limiter_common::family::IPV6 => Some(std::net::IpAddr::from(<[u8; 16]>::try_from(&bytes[..]).ok()?)),
+        _ => None,
     }
 }
 

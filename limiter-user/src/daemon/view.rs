@@ -44,6 +44,7 @@ impl Daemon {
                         shadowed: g.shadowed,
                         refused: g.refused,
                         escalations: g.escalations,
+                        ..crate::metrics::FeedbackCounts::default()
                     }
                 },
                 escalate: p.base().feedback.as_ref().and_then(|f| f.escalate),

@@ -57,6 +57,12 @@ pub struct FeedbackCounts {
     pub refused: [u64; Refusal::ALL.len()],
     /// Escalations the daemon decided (then governed like any penalty).
     pub escalations: u64,
+    /// Prefix-seconds above the escalation rate whose drops came from
+    /// addresses that never proved themselves: dropped, not escalated.
+    pub unproven: u64,
+    /// Addresses proven now (a verified SYN cookie or a TCP connection
+    /// the kernel accepted, within the last 10 minutes).
+    pub proven_sources: u64,
 }
 
 const FAMILIES: [&str; STAT_FAMILIES] = ["none", "ipv4", "ipv6"];
@@ -193,6 +199,44 @@ impl SnapshotCollector {
         Ok(())
     }
 
+    /// The feedback governor's decisions, escalations and proofs.
+    fn feedback(enc: &mut DescriptorEncoder, f: &FeedbackCounts) -> std::fmt::Result {
+        let mut m = enc.encode_descriptor(
+            "limiter_feedback_decisions",
+            "Penalties from the tenant layer by result: applied, shadow, or refused by the governor and why.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(f.applied).encode(m.encode_family(&[("result", "applied")])?)?;
+        ConstCounter::new(f.shadowed).encode(m.encode_family(&[("result", "shadow")])?)?;
+        for (r, n) in Refusal::ALL.iter().zip(f.refused) {
+            let result = format!("refused_{}", r.label());
+            ConstCounter::new(n).encode(m.encode_family(&[("result", result.as_str())])?)?;
+        }
+        let m = enc.encode_descriptor(
+            "limiter_escalations",
+            "Prefixes the daemon's automatic escalation asked to deny (then governed like any penalty).",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(f.escalations).encode(m)?;
+        let m = enc.encode_descriptor(
+            "limiter_escalations_unproven",
+            "Prefix-seconds above the escalation rate whose drops came from addresses that never proved themselves (a verified SYN cookie or a TCP handshake the kernel accepted): dropped, not escalated.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(f.unproven).encode(m)?;
+        let m = enc.encode_descriptor(
+            "limiter_proven_sources",
+            "Source addresses proven now (a verified SYN cookie or a TCP handshake the kernel accepted in the last 10 minutes); only their drops count toward escalation.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::try_from(f.proven_sources).unwrap_or(i64::MAX)).encode(m)?;
+        Ok(())
+    }
+
     fn syn_cookies(enc: &mut DescriptorEncoder, classes: &[(String, &'static str, bool)]) -> std::fmt::Result {
         if classes.is_empty() {
             return Ok(());
@@ -292,26 +336,7 @@ impl Collector for SnapshotCollector {
         if let Some(f) = &s.fleet {
             Self::fleet(&mut enc, f)?;
         }
-        let mut m = enc.encode_descriptor(
-            "limiter_feedback_decisions",
-            "Penalties from the tenant layer by result: applied, shadow, or refused by the governor and why.",
-            None,
-            MetricType::Counter,
-        )?;
-        let f = &s.feedback;
-        ConstCounter::new(f.applied).encode(m.encode_family(&[("result", "applied")])?)?;
-        ConstCounter::new(f.shadowed).encode(m.encode_family(&[("result", "shadow")])?)?;
-        for (r, n) in Refusal::ALL.iter().zip(f.refused) {
-            let result = format!("refused_{}", r.label());
-            ConstCounter::new(n).encode(m.encode_family(&[("result", result.as_str())])?)?;
-        }
-        let m = enc.encode_descriptor(
-            "limiter_escalations",
-            "Prefixes the daemon's automatic escalation asked to deny (then governed like any penalty).",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(s.feedback.escalations).encode(m)?;
+        Self::feedback(&mut enc, &s.feedback)?;
         let mut m = enc.encode_descriptor("limiter_build_info", "Build information.", None, MetricType::Gauge)?;
         let labels = [("version", crate::VERSION), ("revision", crate::GIT_REVISION)];
         ConstGauge::new(1i64).encode(m.encode_family(&labels)?)?;
@@ -387,8 +412,8 @@ mod tests {
         // packets and bytes: every reason x 3 families each; one class x 3
         // actions; tracked, capacity, version; reloads x 2 results; two
         // reload timestamps; attached; reattaches; 7 feedback results;
-        // escalations; build_info.
+        // escalations, unproven, proven sources; build_info.
         let reasons = limiter_common::REASON_COUNT;
-        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 7 + 1 + 1, "series count is fixed");
+        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 7 + 3 + 1, "series count is fixed");
     }
 }

@@ -8,6 +8,10 @@
 //!                                                   sources, IPv4 as above or
 //!                                                   IPv6 in 2001:2:100::/40,
 //!                                                   as fast as it can for SECS)
+//!   netload spoof-prefix IFACE DST_MAC DST_IP:PORT A.B.C PPS SECS
+//!                                                  (UDP from every host of
+//!                                                   the /24 A.B.C.0 in turn,
+//!                                                   PPS a second for SECS)
 //!   netload get HOST:PORT PATH                     (HTTP GET, prints the body)
 //!
 //! `send` prints `sent N secs S`; `recv` prints `ready`, then after SECS one
@@ -43,6 +47,14 @@ fn main() -> anyhow::Result<()> {
         ["spoof-syn", iface, mac, dst, secs] => {
             spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?)
         }
+        ["spoof-prefix", iface, mac, dst, net, pps, secs] => spoof_prefix(
+            iface,
+            mac,
+            dst.parse().context("DST_IP:PORT")?,
+            net,
+            pps.parse().context("PPS")?,
+            secs.parse().context("SECS")?,
+        ),
         ["get", addr, path] => get(addr, path),
         _ => bail!("usage: netload send SRC DST:PORT PPS SECS [PAYLOAD] | netload recv BIND:PORT SECS"),
     }
@@ -143,6 +155,36 @@ fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<
         if send_frame(fd, &addr, &frame)? {
             sent += 1;
         }
+    }
+    // SAFETY: closing our own fd.
+    unsafe { libc::close(fd) };
+    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// UDP to DST out of IFACE from each host of the /24 `net` (`A.B.C`) in
+/// turn, paced at `pps` for `secs` (at most 60): a flood spoofed inside
+/// one victim's prefix. Bounded by time and by MAX_PACKETS.
+fn spoof_prefix(iface: &str, mac: &str, dst: SocketAddr, net: &str, pps: u64, secs: f64) -> anyhow::Result<()> {
+    let std::net::IpAddr::V4(dst_ip) = dst.ip() else { bail!("IPv4 only") };
+    let octets: Vec<u8> = net.split('.').map(str::parse).collect::<Result<_, _>>().context("A.B.C")?;
+    let [o1, o2, o3] = octets[..] else { bail!("give the /24 as A.B.C") };
+    let mac = parse_mac(mac)?;
+    let (fd, addr) = packet_socket(iface, &mac)?;
+    let dur = Duration::from_secs_f64(secs.clamp(0.0, 60.0));
+    let (start, mut sent, mut i) = (Instant::now(), 0u64, 0u64);
+    while start.elapsed() < dur && i < MAX_PACKETS {
+        // Paced: packet i leaves at i / pps seconds.
+        #[expect(clippy::cast_precision_loss, reason = "pacing only")]
+        let due = Duration::from_secs_f64(i as f64 / pps.max(1) as f64);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let frame = udp_frame(&mac, [o1, o2, o3, u8::try_from(i % 256)?], dst_ip, dst.port());
+        if send_frame(fd, &addr, &frame)? {
+            sent += 1;
+        }
+        i += 1;
     }
     // SAFETY: closing our own fd.
     unsafe { libc::close(fd) };
