@@ -190,7 +190,21 @@ pub fn start_nodes(
     policy: &str,
     sources: &[&str],
     dir: &Path,
+    before: impl FnMut(&VethPair),
+) -> Vec<Node> {
+    start_nodes_wrapped(tag, n, policy, sources, dir, before, |_| Vec::new())
+}
+
+/// [`start_nodes`], each daemon's command line behind `wrap(i)` (a
+/// program and its arguments, such as `faketime -f +5s`; empty: none).
+pub fn start_nodes_wrapped(
+    tag: &str,
+    n: usize,
+    policy: &str,
+    sources: &[&str],
+    dir: &Path,
     mut before: impl FnMut(&VethPair),
+    wrap: impl Fn(usize) -> Vec<String>,
 ) -> Vec<Node> {
     (0..n)
         .map(|i| {
@@ -202,7 +216,15 @@ pub fn start_nodes(
             let file = dir.join(format!("policy-n{i}.toml"));
             std::fs::write(&file, policy.replace("{node}", &format!("n{i}"))).unwrap();
             let socket = unique_socket(&format!("{tag}{i}"));
-            let mut c = net.b.net_command(locate_bin("limiter").unwrap());
+            let pre = wrap(i);
+            let mut c = match pre.split_first() {
+                Some((prog, args)) => {
+                    let mut c = net.b.net_command(prog);
+                    c.args(args).arg(locate_bin("limiter").unwrap());
+                    c
+                }
+                None => net.b.net_command(locate_bin("limiter").unwrap()),
+            };
             c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"])
                 .arg(&file)
                 .arg("--socket")

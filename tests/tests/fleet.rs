@@ -336,7 +336,9 @@ fn a_policy_apply_moves_starts_or_stops_the_sync() {
     let before = beat();
     thread::sleep(Duration::from_millis(400));
     assert_eq!(beat(), before, "n0 still beats in the store");
-    assert!(beat().trim().parse::<u64>().is_ok(), "{before}");
+    // A heartbeat is the node's clock and the store's (NODE_MS:STORE_MS).
+    let stamps: Vec<Option<u64>> = beat().trim().split(':').map(|t| t.parse().ok()).collect();
+    assert!(stamps.len() == 2 && stamps.iter().all(Option::is_some), "{before}");
     // And [fleet] back: it syncs again, with no restart.
     let o = cli(&nodes[0], &["policy", "apply", tmp.0.join("moved-0.toml").to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

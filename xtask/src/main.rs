@@ -45,6 +45,8 @@ const APT_PACKAGES: &[&str] = &[
     // The fleet's shared store (redis-server, and redis-cli to form a
     // Redis Cluster), started by the fleet tests on private sockets.
     "redis-server",
+    // The fleet's clock test runs one node 5 s ahead (libfaketime).
+    "faketime",
     // The upgrade test makes an older build's pinned map with it.
     "bpftool",
 ];

@@ -200,6 +200,10 @@ pub struct StatusInfo {
     pub dropped_packets: u64,
     pub uptime_secs: u64,
     pub last_reload: Option<ReloadInfo>,
+    /// Why the kernel refuses the connections of the SYN cookies XDP
+    /// verified, when it does (and what to do).
+    #[serde(default)]
+    pub syn_cookies_failing: Option<String>,
 }
 
 /// A forwarder's state.

@@ -101,6 +101,7 @@ impl Daemon {
             },
             fleet: self.fleet.status(),
             syn_cookies: self.syn_cookie_states()?,
+            syn_cookies_refused: self.observer.cookies.refusing.is_some(),
             reloads_ok: self.reloads.count[0],
             reloads_failed: self.reloads.count[1],
             last_reload_ok: self.reloads.at[0],
@@ -130,6 +131,7 @@ impl Daemon {
             dropped_packets: t.dropped().packets,
             uptime_secs: self.started.elapsed().as_secs(),
             last_reload: self.reloads.last.clone(),
+            syn_cookies_failing: self.observer.cookies.refusing.clone(),
         }))
     }
 

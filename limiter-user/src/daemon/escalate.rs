@@ -11,7 +11,7 @@
 //! never gets the prefix denied. Memory is bounded: at most `MAX_KEYS`
 //! prefixes a second are tracked, `MAX_ADDRS` addresses each.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::{collections::HashMap, net::IpAddr, time::Instant};
 
 use limiter_common::{BucketKey, DROP_SAMPLE};
 
@@ -31,6 +31,8 @@ pub(super) struct Escalator {
     /// Rate-limited drop samples since the last tick, per prefix and
     /// source address (`None`: past `MAX_ADDRS`, or no address known).
     samples: HashMap<BucketKey, HashMap<Option<IpAddr>, u64>>,
+    /// When each prefix's first sample of this second was drained.
+    first: HashMap<BucketKey, Instant>,
     /// Addresses that proved themselves.
     pub proven: Proven,
     /// Prefix-seconds above the rate, not escalated because too few of
@@ -57,6 +59,7 @@ impl Escalator {
     pub fn record(&mut self, key: BucketKey, src: Option<IpAddr>) {
         let key = BucketKey { class: 0, ..key };
         if self.samples.len() < MAX_KEYS || self.samples.contains_key(&key) {
+            self.first.entry(key).or_insert_with(Instant::now);
             let by = self.samples.entry(key).or_default();
             let src = if by.len() < MAX_ADDRS || by.contains_key(&src) { src } else { None };
             *by.entry(src).or_default() += 1;
@@ -69,6 +72,7 @@ impl Escalator {
     /// its estimated drops a second.
     pub fn second(&mut self, rule: Option<&Escalate>, now: u64) -> Vec<(BucketKey, u64)> {
         let samples = std::mem::take(&mut self.samples);
+        let first = std::mem::take(&mut self.first);
         self.proven.tick(now);
         let Some(rule) = rule else {
             self.streaks.clear();
@@ -93,7 +97,18 @@ impl Escalator {
         let mut streaks = HashMap::new();
         let mut out = Vec::new();
         for (k, by) in samples {
-            let rate = proven_rate(&self.proven, &by);
+            let mut rate = proven_rate(&self.proven, &by);
+            // The first second of a streak is partial (the drops began
+            // during it): its rate is taken over the part it had drops,
+            // from the first sample's drain on (200 ms of drain lag added,
+            // at least a quarter second), so a streak of `sustained` + 1
+            // ticks ends at most `sustained` + 1 s after the drops began.
+            if !self.streaks.contains_key(&k)
+                && let Some(t) = first.get(&k)
+            {
+                let ms = (u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX) + 200).clamp(250, 1000);
+                rate = rate.saturating_mul(1000) / ms;
+            }
             if rate < rule.drops_per_sec {
                 if to_rate(by.values().sum()) >= rule.drops_per_sec {
                     if let Some(s) = self.streaks.get(&k) {

@@ -5,6 +5,7 @@
 
 mod answers;
 mod changes;
+mod cookie_watch;
 mod enforcer;
 mod escalate;
 mod fleet;
@@ -238,7 +239,9 @@ impl Daemon {
                 }
                 _ = drain.tick() => self.observer.drain_drop_events(),
                 _ = second.tick() => {
-                    self.observer.tick_second(&self.dp.maps.totals()?);
+                    let cookies = !self.view.syn_cookies.is_empty();
+                    self.observer.tick_second(&self.dp.maps.totals()?, cookies);
+                    self.observer.cookies.arm(&self.view.syn_cookie_ports);
                     self.check_attachment();
                     self.expire_overrides();
                     self.escalate();

@@ -29,6 +29,8 @@ pub(super) struct Observer {
     pub top: Tracker,
     /// Sampled rate-limited drops, for automatic escalation.
     pub escalator: Escalator,
+    /// Whether the kernel takes the cookie ACKs XDP verified.
+    pub cookies: super::cookie_watch::CookieWatch,
     drop_events: Option<RingBuf<MapData>>,
     /// Forwards the program's aya-log lines (debug level only).
     ebpf_log: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -46,6 +48,7 @@ impl Observer {
             tracked: spawn_counter(buckets_map_id, Duration::from_secs(2)),
             top: Tracker::default(),
             escalator: Escalator::with_sockets(),
+            cookies: super::cookie_watch::CookieWatch::default(),
             drop_events,
             ebpf_log,
             last_tick: None,
@@ -89,8 +92,15 @@ impl Observer {
         }
     }
 
-    /// Once a second: note packets passed and dropped for the sparkline.
-    pub fn tick_second(&mut self, t: &Totals) {
+    /// Once a second: note packets passed and dropped for the sparkline,
+    /// and whether the kernel takes the cookie ACKs XDP verified (when a
+    /// class has SYN cookies).
+    pub fn tick_second(&mut self, t: &Totals, cookies: bool) {
+        if cookies {
+            let verified = t.get(Reason::SynCookieVerified).packets;
+            let handed = t.get(Reason::SynCookieToKernel).packets;
+            self.cookies.second(verified, handed, super::cookie_watch::syncookies());
+        }
         if let Some(last) = self.last_tick {
             let d = t.since(&last);
             self.top.tick(unix_now(), d.passed().packets, d.dropped().packets);

@@ -20,6 +20,8 @@ pub(super) struct View {
     /// Classes with SYN cookies: index, name and mode (`limiter_common::cookie::mode`),
     /// and whether the data plane has them on.
     pub(super) syn_cookies: Vec<(u32, String, u8)>,
+    /// The port ranges of the classes with SYN cookies in force.
+    pub(super) syn_cookie_ports: Vec<(u16, u16)>,
     pub(super) syn_cookies_on: bool,
 }
 
@@ -56,6 +58,16 @@ impl Daemon {
                         .map(|((i, n), m)| (i, n.to_owned(), m))
                         .collect()
                 }),
+                syn_cookie_ports: if p.config().is_some_and(|c| c.flags & limiter_common::flags::SYN_COOKIES != 0) {
+                    effective
+                        .classes
+                        .iter()
+                        .filter(|c| c.syn_cookies != crate::policy::SynCookies::Off)
+                        .flat_map(|c| c.ports.iter().copied())
+                        .collect()
+                } else {
+                    Vec::new()
+                },
                 syn_cookies_on: p.config().is_some_and(|c| c.flags & limiter_common::flags::SYN_COOKIES != 0),
             };
             if let Some(classes) = self.fleet_classes() {

@@ -40,6 +40,18 @@ impl Classes {
         }
         self.by_index.get(usize::from(key.class))?.as_ref()
     }
+
+    /// The shortest slice of a fleet-scope window quota, in ns.
+    #[must_use]
+    pub fn finest_fleet_slice_ns(&self) -> Option<u64> {
+        self.by_index
+            .iter()
+            .flatten()
+            .chain(self.overrides.iter().map(|(_, w)| w))
+            .filter(|w| w.fleet)
+            .map(|w| w.slice_ns)
+            .min()
+    }
 }
 
 #[cfg(test)]

@@ -43,6 +43,49 @@ pub fn slices_of(w: &WindowState, cur: u64, slices: u32) -> Vec<(u64, u64)> {
     v
 }
 
+/// The other nodes' counts of a prefix's window ending with `cur`, from
+/// what was read of their fields: `reads[i]` is (peer, slice on this
+/// node's clock) of `values[i]`. Only slices of the window (and one slice
+/// ahead, for clocks a little ahead) count, and each peer's share of the
+/// window is clamped at `limit` (its slices summed oldest first; what
+/// passes the limit is not counted): a peer, or a writer to the store in
+/// its name, can never count for more than one node at its limit could.
+#[must_use]
+pub fn others(reads: &[(usize, u64)], values: &[u64], cur: u64, slices: u32, limit: u64) -> WindowState {
+    let lo = cur.saturating_add(1).saturating_sub(u64::from(slices));
+    let mut seen: Vec<(usize, u64, u64)> = reads
+        .iter()
+        .zip(values)
+        .filter(|((_, s), n)| (lo..=cur + 1).contains(s) && **n > 0)
+        .map(|((p, s), n)| (*p, *s, *n))
+        .collect();
+    seen.sort_unstable();
+    let mut per_slice: Vec<(u64, u64)> = Vec::new();
+    let mut peer = usize::MAX;
+    let mut left = 0;
+    for (p, s, n) in seen {
+        if p != peer {
+            (peer, left) = (p, limit);
+        }
+        let n = n.min(left);
+        left -= n;
+        match per_slice.iter_mut().find(|(x, _)| *x == s) {
+            Some((_, total)) => *total = total.saturating_add(n),
+            None => per_slice.push((s, n)),
+        }
+    }
+    let mut out = WindowState::default();
+    for (s, n) in per_slice {
+        let i = window::slot_of(s, slices);
+        // The slot of the slice ahead is the oldest one's: that one wins
+        // (the program counts the slice ahead only once it is current).
+        if i < MAX_SLICES && n > 0 && s <= cur {
+            out.slots[i] = window::slot(s, n.min(u64::from(u32::MAX)));
+        }
+    }
+    out
+}
+
 /// This node's sync bookkeeping.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -129,20 +172,17 @@ impl Ledger {
         self.hot.remove(key);
     }
 
-    /// The other nodes' counts of `key` from the fleet's `totals` per
-    /// (full) slice: each total less what this node pushed to that slice.
+    /// Slices this node pushed for `key` that have left the window
+    /// ending with `cur`: its own fields to delete from the store.
     #[must_use]
-    pub fn others(&self, key: &BucketKey, totals: &[(u64, u64)], cur: u64, slices: u32) -> WindowState {
-        let mine = self.pushed.get(key).map(|p| slices_of(p, cur, slices)).unwrap_or_default();
-        let mut out = WindowState::default();
-        for &(s, total) in totals {
-            let own = mine.iter().find(|(m, _)| *m == s).map_or(0, |(_, c)| *c);
-            let i = window::slot_of(s, slices);
-            if i < MAX_SLICES {
-                out.slots[i] = window::slot(s, total.saturating_sub(own));
-            }
-        }
-        out
+    pub fn expired(&self, key: &BucketKey, cur: u64, slices: u32) -> Vec<u64> {
+        let Some(p) = self.pushed.get(key) else { return Vec::new() };
+        let oldest = cur.saturating_add(1).saturating_sub(u64::from(slices));
+        let mut v: Vec<u64> =
+            p.slots.iter().filter(|s| **s != 0).map(|s| full_slice(*s >> 32, cur)).filter(|s| *s < oldest).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Forget what was pushed to windows that have ended (`now_slice` of
@@ -191,13 +231,28 @@ mod tests {
     }
 
     #[test]
-    fn others_are_the_fleet_totals_less_this_nodes_share() {
-        let mut l = Ledger::default();
+    fn others_are_the_peers_counts_each_clamped_at_the_limit_inside_the_window() {
         let cur = 77;
+        // Peer 0: 10 and 5 in the window. Peer 1 (hostile): a million now,
+        // a million in slices before the window and far ahead.
+        let reads = [(0, cur - 1), (0, cur), (1, cur - 12), (1, cur), (1, cur + 1), (1, cur + 5), (0, cur - 5)];
+        let values = [10, 5, 1_000_000, 1_000_000, 1_000_000, 1_000_000, 3];
+        let o = others(&reads, &values, cur, 12, 600);
+        assert_eq!(slices_of(&o, cur, 12), vec![(cur - 5, 3), (cur - 1, 10), (cur, 605)]);
+        assert_eq!(window::total(&o, cur, 12), 618, "peer 1 counts for its limit at most, peer 0 for what it sent");
+        // Clamped oldest first: the limit is spent by the older slices.
+        let o = others(&[(0, cur - 2), (0, cur)], &[500, 500], cur, 12, 600);
+        assert_eq!(slices_of(&o, cur, 12), vec![(cur - 2, 500), (cur, 100)]);
+    }
+
+    #[test]
+    fn own_fields_that_left_the_window_are_named_for_deletion() {
+        let mut l = Ledger::default();
+        let cur = 100;
         l.pushed(key(), state(&[(cur - 1, 10), (cur, 4)]));
-        let o = l.others(&key(), &[(cur - 1, 25), (cur, 4), (cur - 5, 3)], cur, 12);
-        assert_eq!(slices_of(&o, cur, 12), vec![(cur - 5, 3), (cur - 1, 15)]);
-        assert_eq!(window::total(&o, cur, 12), 18);
+        assert!(l.expired(&key(), cur, 12).is_empty());
+        assert_eq!(l.expired(&key(), cur + 12, 12), vec![cur - 1, cur]);
+        assert_eq!(l.expired(&key(), cur + 11, 12), vec![cur - 1]);
     }
 
     #[test]

@@ -28,7 +28,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_common::{BucketKey, window::Touch};
+use limiter_common::{
+    BucketKey,
+    window::{self, Touch},
+};
 use redis::RedisError;
 use tokio::sync::watch;
 
@@ -79,7 +82,7 @@ impl FleetSync {
     pub fn spawn(cfg: Fleet, maps: Box<WindowMaps>, classes: Classes) -> std::io::Result<Self> {
         let status = Arc::new(Mutex::new(FleetStatus {
             node: cfg.node.clone(),
-            store: cfg.store.clone(),
+            store: cfg.store.iter().map(|a| crate::policy::fleet::redacted(a)).collect(),
             cluster: cfg.is_cluster(),
             sync_interval_ms: u64::try_from(cfg.sync_interval.as_millis()).unwrap_or(u64::MAX),
             ..FleetStatus::default()
@@ -89,8 +92,18 @@ impl FleetSync {
         let out = Arc::clone(&status);
         let thread = std::thread::Builder::new().name("fleet-sync".into()).spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
-            let sync =
-                Sync { cfg, config: config_rx, maps, classes: rx, ledger: Ledger::default(), status: out, store: None };
+            let sync = Sync {
+                cfg,
+                config: config_rx,
+                maps,
+                classes: rx,
+                ledger: Ledger::default(),
+                status: out,
+                store: None,
+                peers: Vec::new(),
+                offset_ms: 0,
+                skewed: Vec::new(),
+            };
             rt.block_on(sync.run())
         })?;
         Ok(Self { status, classes: tx, config, thread: Some(thread) })
@@ -130,8 +143,64 @@ impl FleetSync {
     }
 }
 
-/// One prefix's push: key, local counts, current slice, slices, push.
-type Planned = (BucketKey, limiter_common::window::WindowState, u64, u32, Push);
+/// One prefix's push, and how to read what comes back.
+struct Planned {
+    key: BucketKey,
+    /// The local counts pushed.
+    local: limiter_common::window::WindowState,
+    /// The current slice on this node's clock.
+    cur: u64,
+    slices: u32,
+    limit: u64,
+    push: Push,
+    /// (peer, slice on this node's clock) of each field `push` reads.
+    reads: Vec<(usize, u64)>,
+}
+
+/// A peer whose counts this node reads: its name and its clock's offset
+/// from the store's, in ms (0 when its heartbeat does not say).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub name: String,
+    pub offset_ms: i64,
+}
+
+/// The peers to read from heartbeats read back at the store's `store_ms`:
+/// every other node whose heartbeat is at most `fresh_ms` old on the
+/// store's clock, freshest first, at most [`store::MAX_PEERS`].
+#[must_use]
+pub fn peers_of(beats: &[(String, u64, u64)], me: &str, store_ms: u64, fresh_ms: u64) -> Vec<Peer> {
+    let mut v: Vec<(u64, Peer)> = beats
+        .iter()
+        .filter(|(n, _, _)| n != me)
+        .filter_map(|(n, node_ms, store_at)| {
+            // A heartbeat without the store's clock: judged by the node's.
+            let stamped = *store_at != 0;
+            let at = if stamped { *store_at } else { *node_ms };
+            let age = store_ms.saturating_sub(at);
+            let offset_ms = if stamped { offset(*node_ms, *store_at) } else { 0 };
+            (age <= fresh_ms).then(|| (age, Peer { name: n.clone(), offset_ms }))
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
+    v.into_iter().take(store::MAX_PEERS).map(|(_, p)| p).collect()
+}
+
+/// `a - b` in ms, as a signed number.
+#[must_use]
+pub fn offset(a: u64, b: u64) -> i64 {
+    i64::try_from(a).unwrap_or(i64::MAX).saturating_sub(i64::try_from(b).unwrap_or(i64::MAX))
+}
+
+/// How many slices of `slice_ms` a peer whose clock is `peer_ms` ahead of
+/// the store's numbers its slices ahead of this node's (`own_ms` ahead):
+/// 0 within a slice (sync latency, not skew).
+#[must_use]
+pub fn shift(peer_ms: i64, own_ms: i64, slice_ms: u64) -> i64 {
+    let d = peer_ms.saturating_sub(own_ms);
+    let slice = i64::try_from(slice_ms.max(1)).unwrap_or(i64::MAX);
+    if d.abs() <= slice { 0 } else { (d + d.signum() * slice / 2) / slice }
+}
 
 struct Sync {
     cfg: Fleet,
@@ -142,6 +211,12 @@ struct Sync {
     ledger: Ledger,
     status: Arc<Mutex<FleetStatus>>,
     store: Option<Store>,
+    /// The peers whose counts are read (from the last heartbeats read).
+    peers: Vec<Peer>,
+    /// This node's clock's offset from the store's, in ms.
+    offset_ms: i64,
+    /// Nodes reported as skewed (logged once per episode).
+    skewed: Vec<String>,
 }
 
 impl Sync {
@@ -245,7 +320,7 @@ impl Sync {
         }
         let mut st = self.status.lock().expect("not poisoned");
         st.node.clone_from(&cfg.node);
-        st.store.clone_from(&cfg.store);
+        st.store = cfg.store.iter().map(|a| crate::policy::fleet::redacted(a)).collect();
         st.cluster = cfg.is_cluster();
         st.sync_interval_ms = u64::try_from(cfg.sync_interval.as_millis()).unwrap_or(u64::MAX);
         st.nodes_seen.clear();
@@ -262,7 +337,7 @@ impl Sync {
             self.store = Some(s);
         }
         let batch = self.plan(wall_ns);
-        let pushes: Vec<Push> = batch.iter().map(|b| b.4.clone()).collect();
+        let pushes: Vec<Push> = batch.iter().map(|b| b.push.clone()).collect();
         let started = Instant::now();
         let store = self.store.as_mut().expect("connected above");
         let barrier = (self.cfg.nodes > 1).then(|| store::Barrier {
@@ -270,33 +345,84 @@ impl Sync {
             nodes: self.cfg.nodes,
             wait: (self.cfg.sync_interval / 4).min(Duration::from_millis(100)),
         });
-        let exchange = store.exchange(&pushes, &self.cfg.node, wall_ns / 1_000_000, read_nodes, barrier);
-        let (windows, nodes) = match tokio::time::timeout(self.cfg.timeout, exchange).await {
+        let known: Vec<String> = self.peers.iter().map(|p| p.name.clone()).collect();
+        let sent_ms = wall_ns / 1_000_000;
+        let exchange =
+            store.exchange(&pushes, &self.cfg.node, sent_ms, read_nodes.then_some(known.as_slice()), barrier);
+        let got = match tokio::time::timeout(self.cfg.timeout, exchange).await {
             Ok(r) => r?,
             Err(_) => return Err(RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))),
         };
         let latency = started.elapsed();
-        for ((key, local, cur, slices, _), totals) in batch.iter().zip(&windows) {
-            self.ledger.pushed(*key, *local);
-            let others = self.ledger.others(key, totals, *cur, *slices);
-            let fleet: u64 = totals.iter().map(|(_, n)| n).sum();
-            if let Some(c) = self.classes.borrow().of(key) {
-                self.ledger.heat(*key, fleet, c.limit);
-            }
-            let _ = self.maps.fleet.insert(key, others, 0);
+        // The store took the heartbeat about half the round trip after it
+        // left: this node's clock's offset from the store's.
+        let half = u64::try_from(latency.as_millis() / 2).unwrap_or(0);
+        self.offset_ms = offset(sent_ms + half, got.store_ms);
+        for (b, values) in batch.iter().zip(&got.windows) {
+            self.ledger.pushed(b.key, b.local);
+            let others = ledger::others(&b.reads, values, b.cur, b.slices, b.limit);
+            let fleet = window::total(&others, b.cur, b.slices) + window::total(&b.local, b.cur, b.slices);
+            self.ledger.heat(b.key, fleet, b.limit);
+            let _ = self.maps.fleet.insert(b.key, others, 0);
         }
         let _ = self.maps.state.set(1, 0, 0);
-        let commands: usize = pushes.iter().map(Push::commands).sum::<usize>() + 1 + usize::from(read_nodes);
+        let mut nodes = None;
+        if let Some(beats) = &got.beats {
+            let fresh =
+                u64::try_from(self.cfg.sync_interval.as_millis()).unwrap_or(u64::MAX).saturating_mul(10).max(5_000);
+            self.peers = peers_of(&beats.nodes, &self.cfg.node, got.store_ms, fresh);
+            let mut seen: Vec<String> = self.peers.iter().map(|p| p.name.clone()).collect();
+            seen.push(self.cfg.node.clone());
+            nodes = Some((seen, beats.fields));
+            self.report_skew();
+        }
+        let commands: usize = pushes.iter().map(Push::commands).sum::<usize>() + 1 + 3 * usize::from(read_nodes);
         let bytes: usize = pushes.iter().map(|p| p.pipeline().get_packed_pipeline().len()).sum();
         let round = SyncedRound { wall_ns, latency, pushed: pushes.len(), commands, bytes, nodes };
-        self.publish(|s| s.synced(round));
+        let offset_ms = self.offset_ms;
+        self.publish(|s| {
+            s.clock_offset_ms = offset_ms;
+            s.synced(round);
+        });
         Ok(())
+    }
+
+    /// Say which nodes (this one included) are more than one slice of the
+    /// finest fleet class off the store's clock: in the status, and in a
+    /// log line when a node becomes skewed. Their slices are read on this
+    /// node's clock (see [`shift`]), so their counts still land in the
+    /// right slices.
+    fn report_skew(&mut self) {
+        let classes = self.classes.borrow().clone();
+        let slice_ms = classes.finest_fleet_slice_ns().map_or(u64::MAX, |ns| ns / 1_000_000).max(1);
+        let limit = i64::try_from(slice_ms).unwrap_or(i64::MAX);
+        let mut skewed: Vec<(String, i64)> = self
+            .peers
+            .iter()
+            .map(|p| (p.name.clone(), p.offset_ms))
+            .chain(std::iter::once((self.cfg.node.clone(), self.offset_ms)))
+            .filter(|(_, o)| o.abs() > limit)
+            .collect();
+        skewed.sort();
+        for (n, o) in &skewed {
+            if !self.skewed.contains(n) {
+                tracing::warn!(
+                    event = "fleet_clock",
+                    node = %n,
+                    offset_ms = o,
+                    "limiter: fleet node {n}'s clock is {o} ms off the store's (more than one {slice_ms} ms slice): its slices are read on this node's clock; fix its time (NTP)"
+                );
+            }
+        }
+        self.skewed = skewed.iter().map(|(n, _)| n.clone()).collect();
+        self.publish(|s| s.skewed = skewed);
     }
 
     /// The pushes of this sync: each pending prefix of a fleet class
     /// still in the map, with its local counts and the deltas to send.
     fn plan(&mut self, wall_ns: u64) -> Vec<Planned> {
         let classes = self.classes.borrow().clone();
+        let me = self.cfg.node.clone();
         let mut batch: Vec<Planned> = Vec::new();
         for key in self.ledger.pending().into_iter().take(MAX_PUSH) {
             let Some(c) = classes.of(&key).filter(|c| c.fleet) else {
@@ -310,16 +436,26 @@ impl Sync {
             let cur = wall_ns / c.slice_ns;
             let deltas = self.ledger.deltas(&key, &local, cur, c.slices);
             let n = u64::from(c.slices);
-            let starts = deltas.iter().any(|(s, _)| *s == cur)
-                && ledger::slices_of(&local, cur, c.slices).iter().all(|(s, _)| *s == cur);
+            // Each peer's fields of the window and the slice ahead, each
+            // named by the slice on the peer's own clock.
+            let mut reads = Vec::new();
+            let mut fields = Vec::new();
+            for (i, p) in self.peers.iter().enumerate() {
+                let k = shift(p.offset_ms, self.offset_ms, c.slice_ns / 1_000_000);
+                for s in (cur + 1).saturating_sub(n)..=cur + 1 {
+                    let theirs = s.saturating_add_signed(k);
+                    reads.push((i, s));
+                    fields.push(store::field(&p.name, theirs));
+                }
+            }
             let push = Push {
                 key: store::key(&c.name, &cidr(&BucketKey { class: 0, ..key })),
-                deltas,
-                window: (cur + 1 - n..=cur).collect(),
-                expired: starts.then(|| cur - n),
+                deltas: deltas.into_iter().map(|(s, d)| (store::field(&me, s), d)).collect(),
+                read: fields,
+                expired: self.ledger.expired(&key, cur, c.slices).into_iter().map(|s| store::field(&me, s)).collect(),
                 ttl: Duration::from_nanos(c.slice_ns.saturating_mul(n + 1)),
             };
-            batch.push((key, local, cur, c.slices, push));
+            batch.push(Planned { key, local, cur, slices: c.slices, limit: c.limit, push, reads });
         }
         batch
     }
@@ -337,7 +473,8 @@ impl Sync {
                 s.store_up = false;
                 s.outages += 1;
                 s.down_since_unix_ms = Some(wall_ns / 1_000_000);
-                tracing::warn!(event = "fleet_store", up = false, kind = kind.label(), "limiter: fleet store {} unreachable ({e}); deciding on the last view plus local counts (split classes: limit / nodes) until it is back", s.store.join(","));
+                let why = kind.remedy(e);
+                tracing::warn!(event = "fleet_store", up = false, kind = kind.label(), "limiter: fleet store {} unreachable ({why}); deciding on the last view plus local counts (split classes: limit / nodes) until it is back", s.store.join(","));
             }
         });
     }

@@ -11,10 +11,13 @@ pub enum SyncError {
     Timeout,
     Connection,
     Server,
+    /// The store wants a password (`NOAUTH`) or refuses the one given
+    /// (`WRONGPASS`).
+    Auth,
 }
 
 impl SyncError {
-    pub const ALL: [SyncError; 3] = [SyncError::Timeout, SyncError::Connection, SyncError::Server];
+    pub const ALL: [SyncError; 4] = [SyncError::Timeout, SyncError::Connection, SyncError::Server, SyncError::Auth];
 
     #[must_use]
     pub fn label(self) -> &'static str {
@@ -22,11 +25,30 @@ impl SyncError {
             SyncError::Timeout => "timeout",
             SyncError::Connection => "connection",
             SyncError::Server => "server",
+            SyncError::Auth => "auth",
+        }
+    }
+
+    /// What to do about it, for the log line.
+    #[must_use]
+    pub fn remedy(self, e: &RedisError) -> String {
+        match (self, e.to_string().contains("NOAUTH")) {
+            (SyncError::Auth, true) => {
+                "the store requires a password (NOAUTH): give it in a file named by fleet.password_file".into()
+            }
+            (SyncError::Auth, _) => {
+                "the store refused the password (WRONGPASS): check the file named by fleet.password_file".into()
+            }
+            _ => e.to_string(),
         }
     }
 
     pub(super) fn of(e: &RedisError) -> Self {
-        if e.is_timeout() {
+        // A pipeline's error lists each command's (no code of its own).
+        let text = e.to_string();
+        if matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) || text.contains("NOAUTH") || text.contains("WRONGPASS") {
+            SyncError::Auth
+        } else if e.is_timeout() {
             SyncError::Timeout
         } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
             SyncError::Connection
@@ -49,7 +71,18 @@ pub struct FleetStatus {
     pub last_sync_unix_ms: Option<u64>,
     pub syncs: u64,
     /// Failed syncs by [`SyncError`] in its `ALL` order.
-    pub errors: [u64; 3],
+    pub errors: [u64; 4],
+    /// This node's clock's offset from the store's, in ms.
+    #[serde(default)]
+    pub clock_offset_ms: i64,
+    /// Nodes (this one included) more than one slice of the finest fleet
+    /// class off the store's clock, with their offsets in ms.
+    #[serde(default)]
+    pub skewed: Vec<(String, i64)>,
+    /// Fields in the store's heartbeat hash (a huge one is read one page
+    /// at a time, never whole).
+    #[serde(default)]
+    pub heartbeat_fields: u64,
     pub outages: u64,
     /// Seconds the store was down, finished outages.
     pub outage_secs_total: f64,
@@ -79,8 +112,9 @@ pub(super) struct SyncedRound {
     pub commands: usize,
     /// Request bytes.
     pub bytes: usize,
-    /// Heartbeats read back, if they were.
-    pub nodes: Option<Vec<(String, u64)>>,
+    /// The nodes seen (fresh heartbeats, this one included) and the
+    /// heartbeat hash's size, if they were read back.
+    pub nodes: Option<(Vec<String>, u64)>,
 }
 
 impl FleetStatus {
@@ -124,12 +158,10 @@ impl FleetStatus {
         self.prefixes_pushed_total += r.pushed as u64;
         self.commands_total += r.commands as u64;
         self.request_bytes_total += r.bytes as u64;
-        if let Some(nodes) = r.nodes {
-            let fresh = self.sync_interval_ms.saturating_mul(10).max(5_000);
-            let now = r.wall_ns / 1_000_000;
-            self.nodes_seen =
-                nodes.into_iter().filter(|(_, t)| now.saturating_sub(*t) <= fresh).map(|(n, _)| n).collect();
+        if let Some((nodes, fields)) = r.nodes {
+            self.nodes_seen = nodes;
             self.nodes_seen.sort();
+            self.heartbeat_fields = fields;
         }
     }
 }

@@ -42,6 +42,9 @@ pub struct Snapshot {
     /// Classes with SYN cookies: name, mode (`auto`, `always`) and whether
     /// the data plane answers SYNs with cookies now.
     pub syn_cookies: Vec<(String, &'static str, bool)>,
+    /// The kernel answers the cookie ACKs XDP verified with RST (see the
+    /// daemon's `cookie_watch`).
+    pub syn_cookies_refused: bool,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
     pub last_reload_ok: Option<u64>,
@@ -95,13 +98,28 @@ impl SnapshotCollector {
             i(f.nodes_seen.len() as u64),
         )?;
         gauge(enc, "limiter_fleet_pending_prefixes", "Prefixes with counts not yet pushed.", i(f.pending as u64))?;
+        gauge(
+            enc,
+            "limiter_fleet_nodes_skewed",
+            "Fleet nodes (this one included) whose clock is more than one slice of the finest fleet class off the store's.",
+            i(f.skewed.len() as u64),
+        )?;
+        #[expect(clippy::cast_precision_loss, reason = "milliseconds of a clock offset")]
+        let offset = f.clock_offset_ms as f64 / 1e3;
+        let m = enc.encode_descriptor(
+            "limiter_fleet_clock_offset_seconds",
+            "This node's wall clock minus the store's (measured at each sync, to half its round trip).",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(offset).encode(m)?;
         counter(enc, "limiter_fleet_syncs", "Successful syncs with the store.", f.syncs)?;
         counter(enc, "limiter_fleet_outages", "Times the store became unreachable.", f.outages)?;
         counter(enc, "limiter_fleet_prefixes_pushed", "Prefix pushes to the store.", f.prefixes_pushed_total)?;
         counter(enc, "limiter_fleet_store_commands", "Commands sent to the store.", f.commands_total)?;
         let mut m = enc.encode_descriptor(
             "limiter_fleet_sync_errors",
-            "Failed syncs by kind: timeout, connection, server.",
+            "Failed syncs by kind: timeout, connection, server, auth (NOAUTH or WRONGPASS).",
             None,
             MetricType::Counter,
         )?;
@@ -237,10 +255,20 @@ impl SnapshotCollector {
         Ok(())
     }
 
-    fn syn_cookies(enc: &mut DescriptorEncoder, classes: &[(String, &'static str, bool)]) -> std::fmt::Result {
+    fn syn_cookies(
+        enc: &mut DescriptorEncoder,
+        classes: &[(String, &'static str, bool)],
+        refused: bool,
+    ) -> std::fmt::Result {
         if classes.is_empty() {
             return Ok(());
         }
+        Self::gauge(
+            enc,
+            "limiter_syn_cookies_refused",
+            "1 while the kernel answers the cookie ACKs XDP verified with RST (it took none of them in the last 5 s: no route back to the SYNs' sources, most likely).",
+            i64::from(refused),
+        )?;
         let mut m = enc.encode_descriptor(
             "limiter_syn_cookies_engaged",
             "1 while a class answers SYNs from sources without a bucket with SYN cookies.",
@@ -331,7 +359,7 @@ impl Collector for SnapshotCollector {
             "Times the daemon found its XDP link or pin gone and put it back.",
             s.reattaches,
         )?;
-        Self::syn_cookies(&mut enc, &s.syn_cookies)?;
+        Self::syn_cookies(&mut enc, &s.syn_cookies, s.syn_cookies_refused)?;
         Self::forwards(&mut enc, &s.forwards)?;
         if let Some(f) = &s.fleet {
             Self::fleet(&mut enc, f)?;

@@ -8,11 +8,12 @@
 //! nodes = 8                          # the fleet's size (on_store_failure = "split" divides by it)
 //! sync_interval = "200ms"            # push local counts, pull the fleet's, every interval
 //! timeout = "1s"                     # a sync slower than this counts as the store being down
+//! password_file = "/etc/limiter/redis.password"  # optional: the store's password, one line
 //! ```
 //!
 //! Unix sockets: `redis+unix:///run/redis/redis.sock`.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
@@ -31,6 +32,46 @@ pub struct Fleet {
     pub sync_interval: Duration,
     #[serde(default = "defaults::timeout", deserialize_with = "duration")]
     pub timeout: Duration,
+    /// The store's password (`AUTH`), read from this file at each connect:
+    /// never written in the policy, printed or logged.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+}
+
+/// Largest password file read.
+pub const MAX_PASSWORD_FILE: u64 = 4096;
+
+/// `url` with any password in it hidden (for status, logs and `policy
+/// show`): `redis://user:secret@host` shows as `redis://user:***@host`.
+#[must_use]
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else { return url.to_owned() };
+    let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+    format!("{scheme}://{user}:***@{host}")
+}
+
+/// The password in `path`: a regular file of at most 4 KiB, its first
+/// line without the line end. Errors say what is wrong, never the content.
+pub fn read_password(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).map_err(|e| format!("fleet.password_file {}: {e}", path.display()))?;
+    let m = f.metadata().map_err(|e| format!("fleet.password_file {}: {e}", path.display()))?;
+    if !m.is_file() || m.len() > MAX_PASSWORD_FILE {
+        return Err(format!(
+            "fleet.password_file {}: not a regular file of at most {MAX_PASSWORD_FILE} bytes",
+            path.display()
+        ));
+    }
+    let mut text = String::new();
+    f.take(MAX_PASSWORD_FILE)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("fleet.password_file {}: {e}", path.display()))?;
+    let pw = text.lines().next().unwrap_or("").to_owned();
+    if pw.is_empty() {
+        return Err(format!("fleet.password_file {}: empty", path.display()));
+    }
+    Ok(pw)
 }
 
 mod defaults {
@@ -105,6 +146,7 @@ mod tests {
             nodes: 8,
             sync_interval: Duration::from_millis(200),
             timeout: Duration::from_secs(1),
+            password_file: None,
         };
         assert_eq!(check(&good), Ok(()));
         assert!(!good.is_cluster());
@@ -120,5 +162,22 @@ mod tests {
         ] {
             assert_eq!(check(&f).unwrap_err().field, field, "{f:?}");
         }
+    }
+
+    #[test]
+    fn passwords_are_never_shown_and_their_file_is_bounded() {
+        assert_eq!(redacted("redis://:s3cret@10.0.0.5:6379"), "redis://:***@10.0.0.5:6379");
+        assert_eq!(redacted("redis://edge:s3cret@h:1/0"), "redis://edge:***@h:1/0");
+        assert_eq!(redacted("redis://10.0.0.5:6379"), "redis://10.0.0.5:6379");
+        let dir = std::env::temp_dir().join(format!("limiter-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("pw");
+        std::fs::write(&p, "s3cret\nignored\n").unwrap();
+        assert_eq!(read_password(&p).as_deref(), Ok("s3cret"));
+        std::fs::write(&p, "x".repeat(5000)).unwrap();
+        let e = read_password(&p).unwrap_err();
+        assert!(e.contains("at most 4096 bytes") && !e.contains("xxx"), "{e}");
+        assert!(read_password(&dir).unwrap_err().contains("not a regular file"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

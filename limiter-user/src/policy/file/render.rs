@@ -112,27 +112,30 @@ fn services(s: &mut String, p: &Policy) {
     if let Some(f) = &p.feedback {
         let _ = write!(
             *s,
-            "\n[feedback]\nlisten = \"{}\"\ntoken_file = {:?}\nmax_denied = {}\nmin_v4_prefix = {}\nmin_v6_prefix = {}\nmax_ttl = \"{}s\"\nshadow = {}\n",
+            "\n[feedback]\nlisten = \"{}\"\ntoken_file = {:?}\nmax_denied = {}\nmin_v4_prefix = {}\nmin_v6_prefix = {}\nmax_ttl = \"{}s\"\nshadow = {}\nmay_override_allow = {}\n",
             f.listen,
             f.token_file.display().to_string(),
             f.max_denied,
             f.min_v4_prefix,
             f.min_v6_prefix,
             f.max_ttl.as_secs(),
-            f.shadow
+            f.shadow,
+            f.may_override_allow
         );
         if let Some(e) = &f.escalate {
             let _ = write!(
                 s,
-                "\n[feedback.escalate]\ndrops_per_sec = {}\nsustained = \"{}ms\"\ndeny_for = \"{}s\"\n",
+                "\n[feedback.escalate]\ndrops_per_sec = {}\nsustained = \"{}ms\"\ndeny_for = \"{}s\"\nmax_denied = {}\n",
                 e.drops_per_sec,
                 e.sustained.as_millis(),
-                e.deny_for.as_secs()
+                e.deny_for.as_secs(),
+                e.max_denied
             );
         }
     }
     if let Some(f) = &p.fleet {
-        let list: Vec<String> = f.store.iter().map(|a| format!("{a:?}")).collect();
+        // A password in an address is never shown (`policy show`).
+        let list: Vec<String> = f.store.iter().map(|a| format!("{:?}", crate::policy::fleet::redacted(a))).collect();
         let _ = write!(
             *s,
             "\n[fleet]\nstore = [{}]\nnode = {:?}\nnodes = {}\nsync_interval = \"{}ms\"\ntimeout = \"{}ms\"\n",
@@ -142,5 +145,8 @@ fn services(s: &mut String, p: &Policy) {
             f.sync_interval.as_millis(),
             f.timeout.as_millis()
         );
+        if let Some(pw) = &f.password_file {
+            let _ = writeln!(*s, "password_file = {:?}", pw.display().to_string());
+        }
     }
 }
