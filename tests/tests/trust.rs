@@ -180,3 +180,108 @@ fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
     assert!(after <= Duration::from_millis(4_500), "escalated {after:?} after the flood began");
     assert_eq!(delivered(&r, abuser, 20), 0, "the escalated deny drops the abuser");
 }
+
+/// Finding 1 across a pinned restart and a SIGHUP: the operator's limit
+/// under a tenant's penalty, `kill -9`, a restart over the pins, a SIGHUP;
+/// both layers are listed throughout, and when the penalty ends the
+/// operator's limit (rate 100, burst 200) is in force again, exactly.
+#[test]
+fn the_layers_survive_a_pinned_restart_and_a_reload() {
+    require_root();
+    let net = VethPair::new("trp");
+    let tmp = TempDir::new("trp");
+    let pins = PathBuf::from(format!("/sys/fs/bpf/limiter-test-trp-{}", std::process::id()));
+    let _unpin = Unpin(pins.clone());
+    let token = tmp.0.join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let policy = tmp.0.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "rate = 1000\nburst = 2000\n\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"{}\"\nmin_v4_prefix = 16\n",
+            token.display()
+        ),
+    )
+    .unwrap();
+    let socket = unique_socket("trp");
+    let (_log_tx, idle) = std::sync::mpsc::channel();
+    let r = Running { net, _daemon: Guard(Command::new("true").spawn().unwrap()), log: idle, socket, _tmp: tmp };
+    let run = |r: &Running| {
+        let mut c = r.net.b.net_command(scenario::locate_bin("limiter").unwrap());
+        c.args(["run", "--iface", B_IF, "--status-interval", "0", "--pin", "--pin-dir"])
+            .arg(&pins)
+            .arg("--policy")
+            .arg(&policy)
+            .arg("--socket")
+            .arg(&r.socket);
+        let (g, log) = spawn_lines(c).unwrap();
+        wait_for(&log, "metrics on", Duration::from_secs(20), &mut String::new()).unwrap();
+        (g, log)
+    };
+    let (mut daemon, _log) = run(&r);
+    let src = "198.18.9.10";
+    r.net.add_source(src);
+    cli(&r, &["prefix", "set", "198.18.9.0/24", "--rate", "100", "--burst", "200"]);
+    let (code, body) = penalize(&r, "198.18.9.0/24", "6s");
+    assert_eq!(code, 200, "{body}");
+    let set_at = Instant::now();
+    let layers = |r: &Running| -> Vec<(String, String, bool)> {
+        let j: serde_json::Value = serde_json::from_str(&cli(r, &["prefix", "list", "--json"])).unwrap();
+        let e = j["overrides"].as_array().unwrap().iter().find(|e| e["cidr"] == "198.18.9.0/24").cloned();
+        let e = e.unwrap_or_default();
+        e["layers"]
+            .as_array()
+            .map(|l| {
+                l.iter()
+                    .map(|x| {
+                        (
+                            x["layer"].as_str().unwrap().to_owned(),
+                            x["action"].as_str().unwrap().to_owned(),
+                            x["in_force"] == true,
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let want =
+        vec![("runtime".to_owned(), "limit".to_owned(), false), ("feedback".to_owned(), "deny".to_owned(), true)];
+    assert_eq!(layers(&r), want);
+    assert_eq!(delivered(&r, src, 20), 0, "the penalty is in force");
+    // kill -9, restart over the pins: the same stack.
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    let (again, log) = run(&r);
+    assert_eq!(layers(&r), want, "after the restart");
+    // SIGHUP: the file's layer is read again, the others stay.
+    let pid = again.0.id();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(i32::try_from(pid).unwrap(), libc::SIGHUP) };
+    wait_for(&log, "SIGHUP: applied", Duration::from_secs(10), &mut String::new()).unwrap();
+    assert_eq!(layers(&r), want, "after the reload");
+    // The penalty ends: the operator's limit, exactly, and nothing else.
+    thread_sleep_until(set_at + Duration::from_secs(8));
+    let j: serde_json::Value = serde_json::from_str(&cli(&r, &["prefix", "list", "--json"])).unwrap();
+    let e = j["overrides"].as_array().unwrap().iter().find(|e| e["cidr"] == "198.18.9.0/24").cloned().unwrap();
+    assert_eq!(
+        (e["action"].as_str(), e["rate"].as_u64(), e["burst"].as_u64(), e["origin"].as_str()),
+        (Some("limit"), Some(100), Some(200), Some("runtime")),
+        "{j}"
+    );
+    assert_eq!(delivered(&r, src, 50), 50, "the operator's limit admits its burst again");
+}
+
+/// Removes a test's pins even when it fails.
+struct Unpin(PathBuf);
+
+impl Drop for Unpin {
+    fn drop(&mut self) {
+        let _ = limiter::dataplane::pin::unload(&self.0, false);
+    }
+}
+
+fn thread_sleep_until(t: Instant) {
+    if let Some(d) = t.checked_duration_since(Instant::now()) {
+        std::thread::sleep(d);
+    }
+}

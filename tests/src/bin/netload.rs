@@ -12,6 +12,9 @@
 //!                                                  (UDP from every host of
 //!                                                   the /24 A.B.C.0 in turn,
 //!                                                   PPS a second for SECS)
+//!   netload spoof-tcp IFACE DST_MAC DST_IP:PORT SECS FLAGS
+//!                                                  (the same with the TCP
+//!                                                   flags FLAGS, in hex)
 //!   netload get HOST:PORT PATH                     (HTTP GET, prints the body)
 //!
 //! `send` prints `sent N secs S`; `recv` prints `ready`, then after SECS one
@@ -45,7 +48,11 @@ fn main() -> anyhow::Result<()> {
         ["recv", bind, secs] => recv(bind.parse().context("BIND:PORT")?, secs.parse().context("SECS")?),
         ["spoof", iface, mac, dst, count] => spoof(iface, mac, dst.parse().context("DST_IP:PORT")?, count.parse()?),
         ["spoof-syn", iface, mac, dst, secs] => {
-            spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?)
+            spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?, 0x02)
+        }
+        ["spoof-tcp", iface, mac, dst, secs, flags] => {
+            let flags = u8::from_str_radix(flags.trim_start_matches("0x"), 16).context("FLAGS (hex)")?;
+            spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?, flags)
         }
         ["spoof-prefix", iface, mac, dst, net, pps, secs] => spoof_prefix(
             iface,
@@ -196,7 +203,7 @@ fn spoof_prefix(iface: &str, mac: &str, dst: SocketAddr, net: &str, pps: u64, se
 /// the next source of a range no test client uses: IPv4 hosts of
 /// 198.18.4.0-198.19.255.255, IPv6 hosts of 2001:2:100::/40. Bounded by
 /// time and by MAX_PACKETS.
-fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64) -> anyhow::Result<()> {
+fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64, flags: u8) -> anyhow::Result<()> {
     use limiter_tests::packet::{ETH_P_IP, ETH_P_IPV6, Frame, IPPROTO_TCP};
     let mac = parse_mac(mac)?;
     let (fd, addr) = packet_socket(iface, &mac)?;
@@ -211,7 +218,7 @@ fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64) -> anyhow::Resu
                     let host = 1024 + i % 130_000;
                     let src = std::net::Ipv4Addr::from(0xc612_0000 + host);
                     let mut f =
-                        Frame::eth(ETH_P_IP).ipv4(src, IPPROTO_TCP, 0, 0).tcp_to(dst.port(), 0x02).on_the_wire();
+                        Frame::eth(ETH_P_IP).ipv4(src, IPPROTO_TCP, 0, 0).tcp_to(dst.port(), flags).on_the_wire();
                     f[30..34].copy_from_slice(&d.octets());
                     f
                 }
@@ -219,7 +226,7 @@ fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64) -> anyhow::Resu
                     let src = std::net::Ipv6Addr::from(
                         0x2001_0002_0100_0000_0000_0000_0000_0000u128 | (u128::from(i) << 64) | 7,
                     );
-                    let mut f = Frame::eth(ETH_P_IPV6).ipv6(src, IPPROTO_TCP).tcp_to(dst.port(), 0x02).bytes;
+                    let mut f = Frame::eth(ETH_P_IPV6).ipv6(src, IPPROTO_TCP).tcp_to(dst.port(), flags).bytes;
                     f[18..20].copy_from_slice(&20u16.to_be_bytes());
                     f[38..54].copy_from_slice(&d.octets());
                     f
