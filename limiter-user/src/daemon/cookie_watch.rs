@@ -150,19 +150,7 @@ pub fn listener_of(line: &str) -> Option<(IpAddr, u16)> {
     }
     let (hex, port) = local.split_once(':')?;
     let port = u16::from_str_radix(port, 16).ok()?;
-    let word = |i: usize| u32::from_str_radix(hex.get(8 * i..8 * i + 8)?, 16).ok().map(u32::to_ne_bytes);
-    let addr = match hex.len() {
-        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
-        32 => {
-            let mut b = [0u8; 16];
-            for i in 0..4 {
-                b[4 * i..4 * i + 4].copy_from_slice(&word(i)?);
-            }
-            IpAddr::V6(Ipv6Addr::from(b))
-        }
-        _ => return None,
-    };
-    let addr = match addr {
+    let addr = match super::proof::hex_addr(hex)? {
         IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
         a => a,

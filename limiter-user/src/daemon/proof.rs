@@ -152,6 +152,17 @@ pub fn peer_of(line: &str) -> Option<IpAddr> {
         return None;
     }
     let (hex, _) = remote.split_once(':')?;
+    match hex_addr(hex)? {
+        // A v4 client of a dual-stack socket proves its v4 address.
+        IpAddr::V6(v6) => Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)),
+        v4 @ IpAddr::V4(_) => Some(v4),
+    }
+}
+
+/// An address as `/proc/net/tcp{,6}` prints it: each 32-bit word in hex,
+/// in host byte order (8 digits for IPv4, 32 for IPv6).
+#[must_use]
+pub fn hex_addr(hex: &str) -> Option<IpAddr> {
     let word = |i: usize| u32::from_str_radix(hex.get(8 * i..8 * i + 8)?, 16).ok().map(u32::to_ne_bytes);
     match hex.len() {
         8 => Some(IpAddr::V4(Ipv4Addr::from(word(0)?))),
@@ -160,9 +171,7 @@ pub fn peer_of(line: &str) -> Option<IpAddr> {
             for i in 0..4 {
                 b[4 * i..4 * i + 4].copy_from_slice(&word(i)?);
             }
-            let v6 = Ipv6Addr::from(b);
-            // A v4 client of a dual-stack socket proves its v4 address.
-            Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
+            Some(IpAddr::V6(Ipv6Addr::from(b)))
         }
         _ => None,
     }
