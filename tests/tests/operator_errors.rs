@@ -163,3 +163,56 @@ fn metrics_refuse_methods_other_than_get() {
     }
     drop::<Guard>(daemon);
 }
+
+/// Hardening round 2, the CLI's inputs: on 084fce7 `policy apply
+/// /dev/zero` and `prefix load --deny /dev/zero` grew the client to
+/// 8.6 GB and 9.2 GB in 4 s, and `policy apply FIFO` blocked forever. The
+/// client now applies the daemon's checks (a regular file, a size cap)
+/// before it reads anything: one line, non-zero, at once.
+#[test]
+fn the_cli_reads_no_device_no_fifo_and_no_oversized_file() {
+    let dir = std::env::temp_dir().join(format!("limiter-cli-in-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let big = dir.join("big.toml");
+    std::fs::File::create(&big).unwrap().set_len(33 << 20).unwrap();
+    let socket = dir.join("no-daemon.sock");
+    let cases: [(&[&str], &str); 5] = [
+        (&["policy", "apply", "/dev/zero"], "not a regular file"),
+        (&["policy", "apply", fifo.to_str().unwrap()], "not a regular file"),
+        (&["policy", "apply", big.to_str().unwrap()], "more than the"),
+        (&["prefix", "load", "--deny", "/dev/zero"], "not a regular file"),
+        (&["prefix", "load", "--deny", fifo.to_str().unwrap()], "not a regular file"),
+    ];
+    for (args, want) in cases {
+        let start = std::time::Instant::now();
+        let mut child = Command::new(bin())
+            .args(args)
+            .arg("--socket")
+            .arg(&socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let guard_deadline = start + Duration::from_secs(5);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > guard_deadline {
+                let _ = child.kill();
+                panic!("limiter {args:?} still runs after 5 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(!status.success(), "limiter {args:?} succeeded");
+        assert!(err.lines().count() == 1 && err.contains(want), "limiter {args:?}: {err}");
+        assert!(start.elapsed() < Duration::from_secs(2), "limiter {args:?} took {:?}", start.elapsed());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -29,7 +29,11 @@ pub fn policy(cmd: &PolicyCommand, client: Client, json: bool) -> anyhow::Result
             let req = match file {
                 Some(f) => Request::PolicyApply {
                     name: f.display().to_string(),
-                    text: Some(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?),
+                    // The daemon's own checks, before anything is read.
+                    text: Some(
+                        file::read_text(f, file::MAX_FILE_BYTES, "a policy")
+                            .map_err(|e| anyhow::anyhow!("reading {}: {e}", f.display()))?,
+                    ),
                 },
                 None => Request::PolicyApply { name: String::new(), text: None },
             };

@@ -65,10 +65,17 @@ fn load(
         (None, None) => anyhow::bail!("give --deny FILE or --allow FILE"),
     };
     let name = path.display().to_string();
+    // What one request may carry, checked before anything is read (a FIFO
+    // or /dev/zero would block or grow this process without end).
+    let max = u64::try_from(crate::control::server::MAX_LINE).unwrap_or(u64::MAX) / 2;
     let text = if name == "-" {
-        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(std::io::stdin(), max + 1), &mut text)
+            .context("reading standard input")?;
+        anyhow::ensure!(text.len() as u64 <= max, "standard input: more than the {max} bytes a list may have");
+        text
     } else {
-        std::fs::read_to_string(path).with_context(|| format!("reading {name}"))?
+        crate::policy::file::read_text(path, max, "a list").map_err(|e| anyhow::anyhow!("reading {name}: {e}"))?
     };
     let (cidrs, lines): (Vec<String>, Vec<usize>) = text
         .lines()
