@@ -21,6 +21,23 @@ pub const GIT_REVISION: &str = env!("LIMITER_GIT_REV");
 /// `limiter --version`: `0.1.0 (git 0123456789ab)`.
 pub const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("LIMITER_GIT_REV"), ")");
 
+/// `text` with every control character (newlines, escapes, NUL, ...)
+/// written as `\u{..}`: what an outsider sends and a log line, the status
+/// or a JSON answer shows must not forge a line or drive a terminal.
+#[must_use]
+pub fn escape_control(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 pub mod listen;
 pub mod policy;
 
@@ -40,3 +57,12 @@ pub mod daemon;
 
 pub mod cli;
 pub mod cmd;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_characters_are_escaped_and_the_rest_kept() {
+        assert_eq!(super::escape_control("a\nb\u{1b}[31mc\u{7f}é"), "a\\u{a}b\\u{1b}[31mc\\u{7f}é");
+        assert_eq!(super::escape_control("credential stuffing"), "credential stuffing");
+    }
+}

@@ -227,3 +227,27 @@ fn a_prefix_dropped_above_the_threshold_long_enough_is_escalated_to_a_deny() {
         assert!(m.lines().any(|l| l == line), "{line} not in metrics");
     }
 }
+
+/// Hardening round 2: on 084fce7 a penalty's `reason` with a newline and
+/// ANSI escapes was written raw into the log (a forged log line) and
+/// echoed into the list. Now its control characters are escaped
+/// everywhere it shows.
+#[test]
+fn a_reason_cannot_forge_a_log_line_or_drive_a_terminal() {
+    let r = start("fbcc", false);
+    let body = r#"{"prefix":"198.18.1.0/24","ttl":"30s","reason":"abuse\nlimiter: FORGED line\u001b[31m red"}"#;
+    let (code, resp) = post(&r, body);
+    assert_eq!(code, 200, "{resp}");
+    let (_, list) = http(&r, 9465, "GET", "/v1/penalties", Some(TOKEN), "");
+    let j: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let reason = j["penalties"][0]["reason"].as_str().unwrap().to_owned();
+    assert!(!reason.chars().any(char::is_control), "{reason:?}");
+    assert!(reason.contains("abuse\\u{a}limiter: FORGED line\\u{1b}[31m red"), "{reason:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let log: Vec<String> = r.log.try_iter().collect();
+    assert!(log.iter().any(|l| l.contains("FORGED")), "the penalty was not logged: {log:?}");
+    assert!(
+        log.iter().all(|l| !l.starts_with("limiter: FORGED") && !l.contains('\u{1b}')),
+        "a forged line or an escape reached the log: {log:?}"
+    );
+}

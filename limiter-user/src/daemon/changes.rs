@@ -99,10 +99,13 @@ impl Change {
             Request::PrefixAllow { cidr, ttl_secs } => prefix(cidr, Some(PrefixAction::Allow), ttl_secs),
             Request::PrefixDeny { cidr, ttl_secs } => prefix(cidr, Some(PrefixAction::Deny), ttl_secs),
             Request::PrefixUnset { cidr } => prefix(cidr, None, &None),
+            // The tenant's words reach log lines, `prefix list` and JSON:
+            // control characters (a forged log line, terminal escapes) are
+            // escaped on the way in.
             Request::Penalty { cidr, ttl_secs, reason } => Some(Change::Penalty {
-                cidr: cidr.clone(),
+                cidr: crate::escape_control(cidr),
                 ttl: *ttl_secs,
-                reason: reason.clone(),
+                reason: crate::escape_control(reason),
                 by: SetBy::Feedback,
             }),
             Request::PrefixLoad { cidrs, action, ttl_secs } => {
