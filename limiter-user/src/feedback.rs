@@ -44,12 +44,11 @@ struct Penalty {
 
 /// Serve on `addr`, with `token` as the bearer token, sending penalties to
 /// the daemon through `calls`. Returns the bound address.
-pub async fn serve(addr: SocketAddr, token: String, calls: mpsc::Sender<Sent>) -> std::io::Result<SocketAddr> {
+pub async fn serve(addr: SocketAddr, token: Token, calls: mpsc::Sender<Sent>) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let token: Arc<str> = Arc::from(token);
     crate::listen::spawn("feedback", listener, MAX_CONNS, move |stream| {
-        let (calls, token) = (calls.clone(), Arc::clone(&token));
+        let (calls, token) = (calls.clone(), token.current());
         async move {
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let (calls, token) = (calls.clone(), Arc::clone(&token));
@@ -63,6 +62,63 @@ pub async fn serve(addr: SocketAddr, token: String, calls: mpsc::Sender<Sent>) -
         }
     });
     Ok(bound)
+}
+
+/// The bearer token in force, shared with the endpoint so that a SIGHUP
+/// can replace it (a connection keeps the token it was accepted with).
+#[derive(Clone, Debug)]
+pub struct Token(Arc<std::sync::RwLock<Arc<str>>>);
+
+impl Token {
+    #[must_use]
+    pub fn new(token: &str) -> Self {
+        Self(Arc::new(std::sync::RwLock::new(Arc::from(token))))
+    }
+
+    /// Take `token` from now on.
+    pub fn replace(&self, token: &str) {
+        if let Ok(mut t) = self.0.write() {
+            *t = Arc::from(token);
+        }
+    }
+
+    fn current(&self) -> Arc<str> {
+        self.0.read().map_or_else(|e| Arc::clone(&e.into_inner()), |t| Arc::clone(&t))
+    }
+}
+
+/// Largest token file read.
+pub const MAX_TOKEN_FILE: u64 = 4096;
+
+/// The token in `path` (its first line, trimmed) and what is weak about
+/// it: a regular file of at most 4 KiB (a FIFO or a device is never
+/// read), 16 characters or more; warned of when readable by group or
+/// others, or made of few distinct characters. Errors never show it.
+pub fn read_token(path: &std::path::Path) -> Result<(String, Vec<String>), String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let name = path.display();
+    let text = crate::policy::file::read_text(path, MAX_TOKEN_FILE, "a token")
+        .map_err(|e| format!("feedback token {name}: {e}"))?;
+    let token = text.lines().next().unwrap_or("").trim().to_owned();
+    if token.len() < 16 {
+        return Err(format!("feedback token {name}: at least 16 characters"));
+    }
+    let mut warnings = Vec::new();
+    if let Ok(m) = std::fs::metadata(path)
+        && m.permissions().mode() & 0o077 != 0
+    {
+        warnings.push(format!(
+            "feedback token {name} is readable by group or others (mode {:o}): chmod 600 it",
+            m.permissions().mode() & 0o777
+        ));
+    }
+    let distinct = token.chars().collect::<std::collections::HashSet<_>>().len();
+    if distinct < 8 {
+        warnings.push(format!(
+            "feedback token {name} has {distinct} distinct characters: a guessable token; use a random one (for example `openssl rand -hex 32`)"
+        ));
+    }
+    Ok((token, warnings))
 }
 
 fn reply(code: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {

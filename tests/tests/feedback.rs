@@ -251,3 +251,81 @@ fn a_reason_cannot_forge_a_log_line_or_drive_a_terminal() {
         "a forged line or an escape reached the log: {log:?}"
     );
 }
+
+/// Hardening round 2, the token file: on 084fce7 a FIFO as `token_file`
+/// hung the daemon after it had attached (and it ignored SIGTERM), a
+/// 16-letter token of one letter in a 0644 file was taken silently, and a
+/// rotated token file was ignored on SIGHUP (the old token still
+/// answered, the new one got 403), as was a changed `listen`, while
+/// `policy show` printed the new port.
+#[test]
+fn the_token_file_is_checked_before_attaching_and_read_again_on_sighup() {
+    require_root();
+    let net = VethPair::new("fbtk");
+    let tmp = TempDir::new("fbtk");
+    let token = tmp.0.join("token");
+    let policy = tmp.0.join("policy.toml");
+    let write_policy = |port: u16| {
+        std::fs::write(
+            &policy,
+            format!(
+                "rate = 1000\nburst = 2000\n\n[feedback]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = \"{}\"\n",
+                token.display()
+            ),
+        )
+        .unwrap();
+    };
+    write_policy(9465);
+    let run = || {
+        let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
+        c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"])
+            .arg(&policy)
+            .arg("--socket")
+            .arg(unique_socket("fbtk"));
+        c
+    };
+    // A FIFO: refused at once, nothing attached.
+    let c = std::ffi::CString::new(token.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let started = Instant::now();
+    let o = run().output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success() && err.contains("not a regular file"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    let link = net.b.command("ip").args(["link", "show", B_IF]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&link.stdout).contains("xdp"), "a program was attached");
+    std::fs::remove_file(&token).unwrap();
+
+    // A weak token in a 0644 file: taken, with a warning for each.
+    std::fs::write(&token, "aaaaaaaaaaaaaaaa\n").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let (daemon, log) = spawn_lines(run()).unwrap();
+    let mut seen = String::new();
+    wait_for(&log, "metrics on", Duration::from_secs(20), &mut seen).unwrap();
+    assert!(seen.contains("readable by group or others (mode 644)"), "{seen}");
+    assert!(seen.contains("has 1 distinct characters"), "{seen}");
+    let pid = i32::try_from(daemon.0.id()).unwrap();
+    let r = Running { net, _daemon: daemon, log, _tmp: tmp };
+    let get = |t: &str| http(&r, 9465, "GET", "/v1/penalties", Some(t), "").0;
+    assert_eq!(get("aaaaaaaaaaaaaaaa"), 200);
+    // Rotated, and listen moved: SIGHUP takes the token, says the listen
+    // needs a restart, and policy show shows what is in force.
+    let rotated = "0f8e3c1a9b7d6e5f4a3b2c1d0e9f8a7b";
+    std::fs::write(&token, format!("{rotated}\n")).unwrap();
+    write_policy(9466);
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    let mut seen = String::new();
+    wait_for(&r.log, "feedback token read again", Duration::from_secs(10), &mut seen).unwrap();
+    assert!(seen.contains("take effect at the next restart"), "{seen}");
+    assert_eq!(get(rotated), 200, "the rotated token");
+    assert_eq!(get("aaaaaaaaaaaaaaaa"), 403, "the old token still answers");
+    let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["policy", "show", "--socket"])
+        .arg(unique_socket("fbtk"))
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&o.stdout);
+    assert!(shown.contains("listen = \"127.0.0.1:9465\"") && shown.contains("in force until a restart"), "{shown}");
+}

@@ -38,10 +38,25 @@ impl Daemon {
                     return self.enqueue(Queued::Call(req, reply));
                 };
                 if matches!(req, Request::PolicyShow) {
+                    // What is in force: the feedback endpoint's address and
+                    // token file are the ones it started with (they take a
+                    // restart), said where the file says otherwise.
+                    let mut p = policy.effective(policy.base());
+                    let mut note = String::new();
+                    if let (Some(f), Some((bound, token_file, _))) = (p.feedback.as_mut(), &self.feedback)
+                        && ((f.listen.port() != 0 && f.listen != *bound) || f.token_file != *token_file)
+                    {
+                        note = format!(
+                            "# [feedback] in the file: listen = \"{}\", token_file = {:?}; in force until a restart: the values below\n",
+                            f.listen,
+                            f.token_file.display().to_string()
+                        );
+                        (f.listen, f.token_file) = (*bound, token_file.clone());
+                    }
                     Response::Policy(PolicyText {
                         version: policy.version(),
                         source: policy.source().to_owned(),
-                        text: file::render(&policy.effective(policy.base())),
+                        text: note + &file::render(&p),
                     })
                 } else {
                     Response::Prefixes(PrefixList { version: policy.version(), entries: policy.prefixes() })

@@ -122,6 +122,9 @@ pub struct Daemon {
     hup: Signal,
     calls: mpsc::Receiver<Call>,
     scrapes: mpsc::Receiver<ScrapeCall>,
+    /// The feedback endpoint in force: where it listens, the token file it
+    /// was read from, and the token (replaced on SIGHUP).
+    feedback: Option<(std::net::SocketAddr, std::path::PathBuf, crate::feedback::Token)>,
 }
 
 impl Daemon {
@@ -138,6 +141,18 @@ impl Daemon {
         // nothing (invariant 6). The first apply reuses this compilation
         // unless runtime overrides are put back over it.
         let checked = loaded.check()?;
+        // The feedback token is read and checked before anything is
+        // attached: a bad one changes nothing.
+        let token = match &loaded.policy.feedback {
+            Some(f) => {
+                let (token, warnings) = crate::feedback::read_token(&f.token_file).map_err(|e| anyhow::anyhow!(e))?;
+                for w in warnings {
+                    tracing::warn!(event = "feedback_token", "limiter: {w}");
+                }
+                Some(crate::feedback::Token::new(&token))
+            }
+            None => None,
+        };
         let access = Access { gid: settings.socket_group.as_deref().map(resolve_group).transpose()? };
         // Before touching the kernel: an interface that exists (no pins
         // left behind for a typo), and one daemon per socket.
@@ -162,12 +177,10 @@ impl Daemon {
         let (calls_tx, calls) = mpsc::channel(16);
         let (scrape_tx, scrapes) = mpsc::channel(4);
         let feedback = policy.base().feedback.clone();
-        if let Some(f) = &feedback {
-            let token = std::fs::read_to_string(&f.token_file)
-                .map_err(|e| anyhow::anyhow!("feedback token {}: {e}", f.token_file.display()))?;
-            let token = token.trim().to_owned();
-            anyhow::ensure!(token.len() >= 16, "feedback token {}: at least 16 characters", f.token_file.display());
-            let bound = crate::feedback::serve(f.listen, token, calls_tx.clone()).await?;
+        let mut serving = None;
+        if let (Some(f), Some(token)) = (&feedback, &token) {
+            let bound = crate::feedback::serve(f.listen, token.clone(), calls_tx.clone()).await?;
+            serving = Some((bound, f.token_file.clone(), token.clone()));
             tracing::info!(
                 "limiter: feedback on http://{bound}/v1/penalties (governor: at most {} denied, /{} or /{} at widest, TTL at most {} s{})",
                 f.max_denied,
@@ -197,6 +210,7 @@ impl Daemon {
             hup,
             calls,
             scrapes,
+            feedback: serving,
         };
         d.refresh_view();
         let fleet_cfg = d.policy.as_ref().and_then(|(p, _)| p.base().fleet.clone());
