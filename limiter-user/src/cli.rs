@@ -100,6 +100,11 @@ pub enum PolicyCommand {
     Apply {
         /// The policy file.
         file: Option<PathBuf>,
+        /// Apply it even if it lifts most of the running policy's
+        /// overrides or cuts a rate more than 10x (a truncated file is
+        /// refused otherwise).
+        #[arg(long)]
+        force: bool,
     },
     /// Print the policy the daemon enforces, as a policy file.
     Show,

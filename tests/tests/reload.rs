@@ -69,3 +69,42 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     assert!(flood_got > v1_only, "flood got {flood_got}: v2 never applied?");
     assert_eq!(conform_got, conform_sent, "conforming packets lost during reloads; links:\n{}", net.link_counters());
 }
+
+/// Hardening round 2: on 084fce7 a SIGHUP with the file cut to `rate =
+/// 10` (or at a section boundary) applied: denies lifted, the rate cut
+/// 100x. Now such a reload is refused with the numbers and the running
+/// policy keeps enforcing; the file's `allow_shrink = true` lets it in.
+#[test]
+fn a_truncated_file_is_refused_on_reload_unless_it_says_so() {
+    require_root();
+    let tmp = limiter_tests::kernel::TempDir::new("reltr");
+    let file = tmp.0.join("policy.toml");
+    let full = "rate = 1000\nburst = 2000\n\n[[override]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n\n[[override]]\ncidr = \"198.18.3.0/24\"\naction = \"deny\"\n";
+    std::fs::write(&file, full).unwrap();
+    let net = VethPair::new("rtr");
+    net.add_source(FLOOD_SRC);
+    let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"]).arg(&file);
+    c.arg("--socket").arg(scenario::unique_socket("reltr"));
+    let (daemon, rx) = spawn_lines(c).unwrap();
+    let mut log = String::new();
+    wait_for(&rx, "attached", Duration::from_secs(20), &mut log).unwrap();
+    assert_eq!(scenario::delivered(&net, FLOOD_SRC, 20), 0, "the deny is in force");
+    // Cut short by an editor or a config push.
+    std::fs::write(&file, "rate = 10\n").unwrap();
+    hup(&daemon);
+    wait_for(&rx, "SIGHUP: rejected", Duration::from_secs(5), &mut log).unwrap();
+    let rejected = log.lines().last().unwrap().to_owned();
+    assert!(
+        rejected.contains("lifts 2 of the 2 overrides in force (2 of them denies)")
+            && rejected.contains("cuts the default rate from 1000 to 10")
+            && rejected.contains("policy v1 keeps running"),
+        "{rejected}"
+    );
+    assert_eq!(scenario::delivered(&net, FLOOD_SRC, 20), 0, "the deny was lifted by a truncated file");
+    // Meant: the file says so.
+    std::fs::write(&file, "allow_shrink = true\nrate = 10\n").unwrap();
+    hup(&daemon);
+    wait_for(&rx, "SIGHUP: applied", Duration::from_secs(5), &mut log).unwrap();
+    assert!(scenario::delivered(&net, FLOOD_SRC, 20) > 0, "the meant policy was not applied");
+}

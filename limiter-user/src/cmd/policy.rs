@@ -25,9 +25,11 @@ pub fn policy(cmd: &PolicyCommand, client: Client, json: bool) -> anyhow::Result
             println!("{}: valid; {summary}", file.display());
             Ok(())
         }
-        PolicyCommand::Apply { file } => {
+        PolicyCommand::Apply { file, force } => {
+            let force = *force;
             let req = match file {
                 Some(f) => Request::PolicyApply {
+                    force,
                     name: f.display().to_string(),
                     // The daemon's own checks, before anything is read.
                     text: Some(
@@ -35,7 +37,7 @@ pub fn policy(cmd: &PolicyCommand, client: Client, json: bool) -> anyhow::Result
                             .map_err(|e| anyhow::anyhow!("reading {}: {e}", f.display()))?,
                     ),
                 },
-                None => Request::PolicyApply { name: String::new(), text: None },
+                None => Request::PolicyApply { name: String::new(), text: None, force },
             };
             print_applied(&client.change(&req)?, json)
         }

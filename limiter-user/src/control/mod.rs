@@ -29,6 +29,10 @@ pub enum Request {
     PolicyApply {
         name: String,
         text: Option<String>,
+        /// Apply even if it lifts most overrides or cuts a rate more than
+        /// 10x (`--force`).
+        #[serde(default)]
+        force: bool,
     },
     PrefixList,
     PrefixSet {
@@ -312,7 +316,7 @@ mod tests {
     fn requests_round_trip_as_one_json_line() {
         let reqs = [
             Request::Status,
-            Request::PolicyApply { name: "x.toml".into(), text: Some("rate = 1\n".into()) },
+            Request::PolicyApply { name: "x.toml".into(), text: Some("rate = 1\n".into()), force: false },
             Request::PrefixSet { cidr: "198.18.0.0/16".into(), rate: 5, burst: 10, ttl_secs: Some(600) },
         ];
         for r in reqs {

@@ -22,8 +22,9 @@ const MAX_QUEUED: usize = 64;
 /// A change of policy.
 #[derive(Debug)]
 pub(super) enum Change {
-    /// `policy apply`: text sent by the client, or re-read the daemon's own.
-    Apply { name: String, text: Option<String> },
+    /// `policy apply`: text sent by the client, or re-read the daemon's
+    /// own; `force`: past the guard against truncated files.
+    Apply { name: String, text: Option<String>, force: bool },
     /// SIGHUP.
     Reload,
     /// `prefix set|allow|deny|unset`: the CIDR, and what to do with it
@@ -65,8 +66,9 @@ pub(super) struct Done {
 /// Carry out `change` (on a blocking thread).
 fn run(change: &Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -> Result<String, ApplyError> {
     match change {
-        Change::Apply { name, text: Some(text) } => e.apply(t, file::parse(name, text.clone())?),
-        Change::Apply { text: None, .. } | Change::Reload => e.apply(t, settings.load_policy()?),
+        Change::Apply { name, text: Some(text), force } => e.apply_guarded(t, file::parse(name, text.clone())?, *force),
+        Change::Apply { text: None, force, .. } => e.apply_guarded(t, settings.load_policy()?, *force),
+        Change::Reload => e.apply_guarded(t, settings.load_policy()?, false),
         Change::Load { cidrs, deny, ttl } => {
             e.load(t, cidrs, if *deny { OverrideAction::Deny } else { OverrideAction::Allow }, *ttl)
         }
@@ -92,7 +94,9 @@ impl Change {
         let prefix =
             |cidr: &String, action, ttl: &Option<u64>| Some(Change::Prefix { cidr: cidr.clone(), action, ttl: *ttl });
         match req {
-            Request::PolicyApply { name, text } => Some(Change::Apply { name: name.clone(), text: text.clone() }),
+            Request::PolicyApply { name, text, force } => {
+                Some(Change::Apply { name: name.clone(), text: text.clone(), force: *force })
+            }
             Request::PrefixSet { cidr, rate, burst, ttl_secs } => {
                 prefix(cidr, Some(PrefixAction::Limit { rate: *rate, burst: *burst }), ttl_secs)
             }

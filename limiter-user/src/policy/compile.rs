@@ -116,6 +116,8 @@ impl Policy {
             forwards,
             feedback,
             fleet,
+            // Only a reload reads it (the daemon's guard).
+            allow_shrink: _,
         } = self;
         super::forward::check(forwards)?;
         if let Some(f) = fleet {

@@ -92,6 +92,8 @@ impl Loaded {
 struct Root {
     /// A file that sets nothing is refused unless it says this.
     allow_empty: Option<bool>,
+    /// A reload may lift most overrides or cut a rate more than 10x.
+    allow_shrink: Option<bool>,
     mode: Option<Spanned<Mode>>,
     rate: Option<u64>,
     burst: Option<u64>,
@@ -216,7 +218,7 @@ pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
 impl Root {
     /// Whether nothing but `allow_empty` is set.
     fn sets_nothing(&self) -> bool {
-        *self == Root { allow_empty: self.allow_empty, ..Root::default() }
+        *self == Root { allow_empty: self.allow_empty, allow_shrink: self.allow_shrink, ..Root::default() }
     }
 }
 
@@ -235,6 +237,7 @@ fn pair<T>(a: Option<Spanned<T>>, b: Option<Spanned<T>>, names: [&str; 2]) -> Lo
 fn build(root: Root) -> Located<Policy> {
     let Root {
         allow_empty: _,
+        allow_shrink,
         mode,
         rate,
         burst,
@@ -303,6 +306,7 @@ fn build(root: Root) -> Located<Policy> {
         forwards,
         feedback,
         fleet,
+        allow_shrink: allow_shrink.unwrap_or(false),
     })
 }
 

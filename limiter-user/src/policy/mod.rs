@@ -319,6 +319,9 @@ pub struct Policy {
     /// The fleet's shared store (off by default: fleet-scope quotas then
     /// count this host only, and say so).
     pub fleet: Option<fleet::Fleet>,
+    /// A reload of this policy may lift most of the running one's
+    /// overrides or cut a rate more than 10x (refused otherwise).
+    pub allow_shrink: bool,
 }
 
 impl Default for Policy {
@@ -339,6 +342,7 @@ impl Default for Policy {
             forwards: Vec::new(),
             feedback: None,
             fleet: None,
+            allow_shrink: false,
         }
     }
 }

@@ -208,3 +208,25 @@ fn a_record_of_a_build_before_layers_is_moved_under_its_layer() {
     e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
     assert!(maps.runtime.is_empty(), "its removal found it");
 }
+
+#[test]
+fn a_reload_that_lifts_most_overrides_or_cuts_a_rate_tenfold_is_refused_unless_asked() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps, &policy(""));
+    // Cut to `rate = 10`: every override lifted, the rate cut 100x.
+    let err = e.apply_guarded(&mut maps, loaded("rate = 10\n"), false).unwrap_err().to_string();
+    assert!(err.contains("lifts 3 of the 3 overrides in force (1 of them denies)"), "{err}");
+    assert!(err.contains("cuts the default rate from 1000 to 10") && err.contains("allow_shrink = true"), "{err}");
+    assert_eq!(e.version(), 1, "nothing applied");
+    // One override of three lifted, the rate halved: taken.
+    let lighter = policy("")
+        .replacen("rate = 1000", "rate = 500", 1)
+        .replace("cidr = \"198.18.2.0/24\"\naction = \"allow\"", "cidr = \"198.18.4.0/24\"\naction = \"allow\"");
+    e.apply_guarded(&mut maps, loaded(&lighter), false).unwrap();
+    // Asked for: by the file, or by --force.
+    e.apply_guarded(&mut maps, loaded("allow_shrink = true\nrate = 10\n"), false).unwrap();
+    assert_eq!(e.base().default.rate, 10);
+    let mut e = started(&mut FakeMaps::default(), &policy(""));
+    e.apply_guarded(&mut maps, loaded("rate = 10\n"), true).unwrap();
+    assert_eq!(e.base().default.rate, 10);
+}

@@ -33,6 +33,9 @@ pub fn render(p: &Policy) -> String {
         "mode = \"{}\"\nrate = {}\nburst = {}\ncost = \"{}\"\nv4_prefix = {}\nv6_prefix = {}\ncapacity = {}\n",
         d.mode, d.rate, d.burst, d.cost, p.v4_prefix, p.v6_prefix, p.capacity
     );
+    if p.allow_shrink {
+        s.push_str("allow_shrink = true\n");
+    }
     match p.new_sources {
         Some((rate, burst)) => {
             let _ = writeln!(s, "new_source_rate = {rate}\nnew_source_burst = {burst}");
