@@ -59,6 +59,10 @@ pub enum PcapError {
     LinkType { path: String, linktype: u32 },
     #[error("{path}: record at byte {offset} is cut short")]
     Truncated { path: String, offset: u64 },
+    #[error("{path}: empty, no pcap header (a capture holds at least its 24-byte header)")]
+    Empty { path: String },
+    #[error("{path}: {got} bytes, shorter than a pcap header (24 bytes): not a capture, or cut short")]
+    ShortHeader { path: String, got: usize },
     #[error("{path}: record at byte {offset} claims {len} bytes (at most {MAX_FRAME})")]
     BadLength { path: String, offset: u64, len: u32 },
 }
@@ -93,11 +97,12 @@ impl<R: Read> Pcap<R> {
             0xa1b2_3c4d => (false, true),
             0xd4c3_b2a1 => (true, false),
             0x4d3c_b2a1 => (true, true),
-            _ if got < 4 => return Err(PcapError::Truncated { path, offset: 0 }),
+            _ if got == 0 => return Err(PcapError::Empty { path }),
+            _ if got < 4 => return Err(PcapError::ShortHeader { path, got }),
             magic => return Err(PcapError::Magic { path, magic }),
         };
         if got < head.len() {
-            return Err(PcapError::Truncated { path, offset: 0 });
+            return Err(PcapError::ShortHeader { path, got });
         }
         let p = Self { r, path, big_endian, nanos, offset: 24 };
         let linktype = p.word(&head, 20);

@@ -28,6 +28,11 @@ pub enum ClientError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "the daemon at {path} closed the connection without an answer: it serves its limit of {} clients already (or is stopping); try again",
+        super::server::MAX_CONNS
+    )]
+    Closed { path: PathBuf },
     #[error("the daemon's answer is not valid: {0}")]
     Decode(#[from] serde_json::Error),
     #[error("{0}")]
@@ -103,6 +108,10 @@ pub fn call(path: &Path, req: &Request) -> Result<Response, ClientError> {
 fn call_within(path: &Path, req: &Request, after: Duration) -> Result<Response, ClientError> {
     let io_err = |source: io::Error| match source.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ClientError::Timeout { path: path.into(), after },
+        // Closed at accept: the daemon is at its cap of connections.
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof => {
+            ClientError::Closed { path: path.into() }
+        }
         _ => ClientError::Io { path: path.into(), source },
     };
     let mut s = UnixStream::connect(path).map_err(|source| ClientError::Connect { path: path.into(), source })?;
@@ -142,6 +151,16 @@ mod tests {
         let e = call_within(&path, &Request::Status, Duration::from_millis(300)).unwrap_err();
         assert_eq!(e.to_string(), format!("the daemon at {} did not answer within 0.3 s", path.display()));
         drop(held.join());
+        // One that closes at once (at its cap): said so, not "Broken pipe".
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let closer = std::thread::spawn(move || drop(listener.accept()));
+        let e = call_within(&path, &Request::Status, Duration::from_secs(5)).unwrap_err();
+        closer.join().unwrap();
+        assert!(
+            e.to_string().contains("closed the connection without an answer") && e.to_string().contains("try again"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

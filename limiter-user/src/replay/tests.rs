@@ -68,3 +68,12 @@ fn hostile_lengths_and_cut_records_are_refused() {
     let e = Pcap::new(b.as_slice(), "t".into()).unwrap().next_frame().err().unwrap();
     assert!(matches!(e, PcapError::Truncated { offset: 24, .. }), "{e}");
 }
+
+#[test]
+fn an_empty_or_short_capture_says_what_it_is() {
+    let e = Pcap::new(&[][..], "empty.pcap".into()).err().unwrap();
+    assert_eq!(e.to_string(), "empty.pcap: empty, no pcap header (a capture holds at least its 24-byte header)");
+    let head = file(&[]);
+    let e = Pcap::new(&head[..10], "cut.pcap".into()).err().unwrap();
+    assert!(e.to_string().contains("10 bytes, shorter than a pcap header"), "{e}");
+}
