@@ -273,6 +273,20 @@ fn a_live_socket_cannot_be_taken_and_a_file_is_never_deleted() {
         .unwrap();
     assert!(stderr(&o).contains("is not a socket"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+    // Hardening round 2: another program's live socket (no limiter lock
+    // beside it): on 084fce7 it was unlinked and that program cut off.
+    let theirs = tmp.0.join("theirs.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&theirs).unwrap();
+    let o = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", other.b.name))
+        .arg(bin())
+        .args(["run", "--iface", B_IF, "--metrics", "off", "--socket"])
+        .arg(&theirs)
+        .output()
+        .unwrap();
+    assert!(stderr(&o).contains("another program is serving"), "{}", stderr(&o));
+    assert!(std::os::unix::net::UnixStream::connect(&theirs).is_ok(), "their socket was taken");
+    drop(listener);
 }
 
 struct Pins(PathBuf);

@@ -53,6 +53,8 @@ pub enum ServerError {
     },
     #[error("{path} exists and is not a socket; refusing to replace it (choose another --socket)")]
     NotASocket { path: PathBuf },
+    #[error("{path} is a socket another program is serving; refusing to replace it (choose another --socket)")]
+    Live { path: PathBuf },
     #[error("binding the control socket {path}")]
     Bind {
         path: PathBuf,
@@ -100,8 +102,14 @@ pub fn bind(path: &Path, access: Access) -> Result<Bound, ServerError> {
         None => ServerError::InUse { path: path.into(), lock: lock_path.clone() },
     })?;
     match std::fs::symlink_metadata(path) {
-        // We hold the lock: nobody serves it; a daemon that died left it.
+        // We hold the lock: no limiter serves it. A socket something still
+        // accepts on belongs to another program (unlinking it would cut
+        // that program off): refused. One nobody accepts on was left by a
+        // daemon that died: replaced.
         Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(ServerError::Live { path: path.into() });
+            }
             let _ = std::fs::remove_file(path);
         }
         Ok(_) => return Err(ServerError::NotASocket { path: path.into() }),
