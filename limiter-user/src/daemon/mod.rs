@@ -367,9 +367,11 @@ fn first_apply(
     checked: crate::policy::Compiled,
 ) -> anyhow::Result<String> {
     let restored = policy.restore(dp)?;
-    let unfit = policy.drop_unfit(dp, &loaded.policy);
+    let unfit = policy.drop_unfit(&loaded.policy);
     for u in &unfit {
-        tracing::warn!("limiter: dropped the runtime override of {u}; the policy in force cannot hold it");
+        tracing::warn!(
+            "limiter: set aside the runtime override of {u}: the policy in force cannot hold it; it stays in the pinned record, and a restart with a policy that holds it puts it back"
+        );
     }
     let restored = restored - unfit.len();
     if restored > 0

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, RUNTIME, RuntimeEntry, SetBy, unix_now};
+use super::{ApplyError, Enforcer, RuntimeEntry, SetBy, unix_now};
 use crate::{
     dataplane::PolicyMaps,
     policy::{OverrideAction, Policy},
@@ -65,11 +65,14 @@ impl Enforcer {
         self.runtime.values().filter_map(|e| e.expires).chain(self.governor.next_shadow_expiry()).min()
     }
 
-    /// Drop restored runtime overrides that `base` cannot hold (a /24
+    /// Set aside restored runtime overrides that `base` cannot hold (a /24
     /// deny under a policy whose buckets are now /16, a limit no longer
-    /// valid), from memory and from the `RUNTIME` map, so that they cannot
-    /// keep a restarted daemon from starting. Returns each one with why.
-    pub fn drop_unfit(&mut self, maps: &mut impl PolicyMaps, base: &Policy) -> Vec<String> {
+    /// valid), so that they cannot keep a restarted daemon from starting.
+    /// They stay in the pinned `RUNTIME` record, not applied: a restart
+    /// with a policy that holds them again puts them back (a SIGHUP with
+    /// the same change is refused, and a restart must not lose more).
+    /// Returns each one with why.
+    pub fn drop_unfit(&mut self, base: &Policy) -> Vec<String> {
         let unfit: Vec<((IpNet, SetBy), String)> = self
             .runtime
             .iter()
@@ -87,12 +90,8 @@ impl Enforcer {
         unfit
             .into_iter()
             .map(|(at, why)| {
-                let net = at.0;
-                if let Err(e) = self.record(maps, at, None) {
-                    tracing::warn!("limiter: {net} not removed from {RUNTIME}: {e}");
-                    self.runtime.remove(&at);
-                }
-                format!("{net} ({why})")
+                self.runtime.remove(&at);
+                format!("{} ({why})", at.0)
             })
             .collect()
     }

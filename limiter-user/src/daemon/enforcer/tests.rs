@@ -148,11 +148,18 @@ fn runtime_overrides_that_no_longer_fit_are_dropped_at_restart() {
     let coarse = loaded("v4_prefix = 16\n");
     let mut again = Enforcer::new(e.version(), 1024);
     assert_eq!(again.restore(&mut maps).unwrap(), 2);
-    let dropped = again.drop_unfit(&mut maps, &coarse.policy);
+    let dropped = again.drop_unfit(&coarse.policy);
     assert_eq!(dropped, ["198.18.3.0/24 (finer than the policy's /16 buckets)"]);
     again.apply(&mut maps, coarse).unwrap();
     assert_eq!(again.prefixes().len(), 1, "the /16 allow stays");
-    assert_eq!(maps.runtime.len(), 1, "the unfit one is gone from the record too");
+    // Set aside, not lost: it stays in the pinned record, and a restart
+    // with /24 buckets again puts it back (on 084fce7 it was deleted).
+    assert_eq!(maps.runtime.len(), 2, "the unfit one is kept in the record");
+    let mut back = Enforcer::new(again.version(), 1024);
+    assert_eq!(back.restore(&mut maps).unwrap(), 2);
+    assert!(back.drop_unfit(&loaded(FILE).policy).is_empty());
+    back.apply(&mut maps, loaded(FILE)).unwrap();
+    assert!(back.prefixes().iter().any(|p| p.cidr == "198.18.3.0/24" && p.action == "deny"));
 }
 
 #[test]
