@@ -57,6 +57,24 @@ fn an_interface_with_a_program_is_reported_as_busy() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("vb already has an XDP program attached"), "{err}");
     assert!(!err.contains("driver may not support"), "{err}");
+    // Hardening round 2: with --pin the same failure leaves nothing pinned
+    // (on 084fce7: 17 pins, 132 MB of maps, protecting nothing).
+    let pins = pin_dir("opbz");
+    let o = net
+        .b
+        .net_command(bin())
+        .args(["run", "--iface", B_IF, "--metrics", "off", "--pin", "--pin-dir"])
+        .arg(&pins.0)
+        .arg("--socket")
+        .arg(unique_socket("opbz3"))
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(err.contains("vb already has an XDP program attached"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&pins.0)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a failed start left pins: {left:?}");
     drop::<Guard>(first);
 }
 

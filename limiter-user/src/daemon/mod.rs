@@ -170,7 +170,24 @@ impl Daemon {
         let mut policy = Enforcer::new(version, dp.capacity());
         let summary = first_apply(&mut policy, &mut dp, &settings, loaded, checked)?;
         let (attachment, replaced) = match &settings.pin_dir {
-            Some(dir) => dp.attach_pinned(&settings.iface, settings.mode, dir)?,
+            Some(dir) => match dp.attach_pinned(&settings.iface, settings.mode, dir) {
+                Ok(a) => a,
+                Err(e) => {
+                    // Pins this start made (nothing was adopted) protect
+                    // nothing without the attachment: removed, so that a
+                    // failed start leaves no maps (nor their memory) behind.
+                    if adopted.is_none() {
+                        drop(dp);
+                        if let Err(u) = crate::dataplane::pin::unload(dir, false) {
+                            tracing::warn!(
+                                "limiter: removing the pins of this failed start from {}: {u}",
+                                dir.display()
+                            );
+                        }
+                    }
+                    return Err(e.into());
+                }
+            },
             None => (dp.attach(&settings.iface, settings.mode)?, false),
         };
         let observer = Observer::new(dp.buckets_map_id(), dp.take_drop_events(), dp.take_logger());
