@@ -324,6 +324,26 @@ fn one_daemon_per_pin_directory_and_what_unload_removes_comes_back() {
     assert_eq!((s["attached"].as_bool(), s["reattaches"].as_u64()), (Some(true), Some(1)), "{s}");
     let m = scrape(&net);
     assert!(m.contains("limiter_reattaches_total 1"), "{m}");
+    // Hardening round 2: forced without --keep-maps. On 084fce7 the pin
+    // directory itself went, the daemon failed to pin anything again and
+    // the interface stayed unprotected; the next start was refused (META
+    // missing). The maps and directory stay; the daemon is back at once.
+    let o = Command::new(bin()).args(["unload", "--force", "--pin-dir"]).arg(&dir).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("its maps stay"), "{}", stderr(&o));
+    assert!(dir.join("META").exists() && dir.join("BUCKETS").exists(), "a live daemon's maps were removed");
+    wait_for(&d.log, "pinned the link again", Duration::from_secs(5), &mut log).unwrap();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) && !dir.join("link").exists() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(dir.join("link").exists(), "the link was not pinned again");
+    let s = status_json(&d);
+    assert_eq!((s["attached"].as_bool(), s["reattaches"].as_u64()), (Some(true), Some(2)), "{s}");
+    // And the next start over these pins works.
+    drop(d);
+    let again = start_in(&net.b, B_IF, "adpn3", &pin_args, |_| {});
+    assert!(status_json(&again)["attached"].as_bool() == Some(true));
 }
 
 /// Item 3: an interface that disappears is reported (status, metrics at 0)

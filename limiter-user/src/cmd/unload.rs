@@ -10,10 +10,21 @@ pub fn unload(args: &UnloadArgs, json: bool) -> anyhow::Result<()> {
         Some(d) => d.clone(),
         None => default_pin_dir(Path::new(pin::DEFAULT_PIN_DIR))?,
     };
-    let removed = pin::unload_checked(&dir, args.keep_maps, args.force)?;
+    let (removed, kept_for_daemon) = pin::unload_checked(&dir, args.keep_maps, args.force)?;
     if json {
-        let doc = serde_json::json!({ "pin_dir": dir, "removed": removed, "kept_maps": args.keep_maps });
+        let doc = serde_json::json!({
+            "pin_dir": dir,
+            "removed": removed,
+            "kept_maps": args.keep_maps || kept_for_daemon,
+            "daemon_running": kept_for_daemon,
+        });
         return super::print_json(&doc);
+    }
+    if kept_for_daemon {
+        eprintln!(
+            "limiter: a running daemon serves {}: its maps stay (it needs them to attach again, within a second); stop it first to remove them",
+            dir.display()
+        );
     }
     if removed.is_empty() {
         println!("limiter: nothing pinned in {}", dir.display());

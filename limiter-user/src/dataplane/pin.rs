@@ -208,8 +208,9 @@ pub enum UnloadError {
 
 /// `limiter unload`: refuse while a daemon serves `dir` unless `force`,
 /// and say so when `dir` is not on bpffs here (rather than "nothing
-/// pinned" about pins this mount namespace cannot see).
-pub fn unload_checked(dir: &Path, keep_maps: bool, force: bool) -> Result<Vec<String>, UnloadError> {
+/// pinned" about pins this mount namespace cannot see). Returns what was
+/// removed, and whether the maps were kept for a running daemon.
+pub fn unload_checked(dir: &Path, keep_maps: bool, force: bool) -> Result<(Vec<String>, bool), UnloadError> {
     let root = Path::new("/sys/fs/bpf");
     let on_bpffs = is_bpffs(dir) || (dir.starts_with(root) && is_bpffs(root));
     if !on_bpffs {
@@ -220,14 +221,20 @@ pub fn unload_checked(dir: &Path, keep_maps: bool, force: bool) -> Result<Vec<St
         }
         .into());
     }
-    let _lock = match lock_dir(dir) {
-        Ok(l) => Some(l),
+    let (_lock, live) = match lock_dir(dir) {
+        Ok(l) => (Some(l), false),
         Err(PinError::InUse { .. }) if !force => return Err(UnloadError::DaemonRunning { dir: dir.into() }),
-        // --force, or nothing there to lock (nothing pinned).
-        Err(PinError::InUse { .. } | PinError::Lock { .. }) => None,
+        Err(PinError::InUse { .. }) => (None, true),
+        // Nothing there to lock (nothing pinned).
+        Err(PinError::Lock { .. }) => (None, false),
         Err(e) => return Err(e.into()),
     };
-    Ok(unload(dir, keep_maps)?)
+    // Forced past a running daemon: its maps and the directory are what it
+    // needs to put its program back, so they stay whatever was asked
+    // (removing them left the interface unprotected behind a daemon that
+    // could pin nothing again); the link and program go, and the daemon
+    // attaches and pins them again within a second.
+    Ok((unload(dir, keep_maps || live)?, live && !keep_maps))
 }
 
 /// Remove the pinned link and program (detaching it), and the maps unless
