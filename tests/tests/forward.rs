@@ -446,3 +446,70 @@ fn long_transfers_arrive_intact_by_splice_and_by_buffer_over_ipv4_and_ipv6() {
     let bytes: u64 = (0..2).map(|i| j["forwards"][i]["bytes_up"].as_u64().unwrap_or(0)).sum();
     assert!(bytes >= 3 * len as u64, "bytes counted up: {bytes}\n{j}");
 }
+
+/// Hardening round 2: on 084fce7, 10 clients that never read a bulk
+/// download stayed open past 45 s with `idle_timeout = "10s"` (about 4 MB
+/// of socket memory each): a blocked write had no deadline, in both copy
+/// modes. Now a direction that cannot drain for the idle timeout ends the
+/// connection.
+#[test]
+fn clients_that_stop_reading_are_closed_after_the_idle_timeout() {
+    for (tag, copy) in [("fwsr", "buffer"), ("fwss", "splice")] {
+        let s = setup(tag, &forward(8443, &[9120], &format!("idle_timeout = \"2s\"\ncopy = \"{copy}\"")));
+        let listener = s.net.b.run_in(|| TcpListener::bind("127.0.0.1:9120").unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        // The upstream: a bulk download to whoever connects, until the
+        // connection ends (bounded in time).
+        let up = thread::spawn(move || {
+            listener.set_nonblocking(true).unwrap();
+            let mut writers = Vec::new();
+            while !stop2.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut c, _)) => {
+                        let stop = Arc::clone(&stop2);
+                        writers.push(thread::spawn(move || {
+                            let _ = c.set_nonblocking(false);
+                            let _ = c.set_write_timeout(Some(Duration::from_millis(200)));
+                            let chunk = vec![0x5a; 64 << 10];
+                            let until = Instant::now() + Duration::from_secs(30);
+                            while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+                                match c.write(&chunk) {
+                                    Ok(_) => {}
+                                    Err(e)
+                                        if e.kind() == std::io::ErrorKind::WouldBlock
+                                            || e.kind() == std::io::ErrorKind::TimedOut => {}
+                                    Err(_) => break,
+                                }
+                            }
+                        }));
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            for w in writers {
+                let _ = w.join();
+            }
+        });
+        wait_listening(&s.net.b, 9120);
+        // Ten clients that connect and never read.
+        let clients: Vec<TcpStream> =
+            (0..10).map(|_| s.net.a.run_in(|| TcpStream::connect((FRONT, 8443)).unwrap())).collect();
+        thread::sleep(Duration::from_millis(500));
+        let active = |s: &Setup| status(s)["forwards"][0]["active"].as_u64().unwrap();
+        assert_eq!(active(&s), 10, "{copy}: the clients are connected");
+        let start = Instant::now();
+        while active(&s) > 0 && start.elapsed() < Duration::from_secs(8) {
+            thread::sleep(Duration::from_millis(200));
+        }
+        let left = active(&s);
+        println!(
+            "{copy}: 10 clients that never read closed {:?} after the stall began (idle_timeout 2 s)",
+            start.elapsed()
+        );
+        assert_eq!(left, 0, "{copy}: {left} stalled connections still open after {:?}", start.elapsed());
+        stop.store(true, Ordering::Relaxed);
+        drop(clients);
+        up.join().unwrap();
+    }
+}

@@ -1,8 +1,12 @@
 //! Moving a connection's bytes both ways: `splice(2)` through a pipe per
 //! direction (the bytes never reach user space) or `read`/`write`
 //! through a bounded buffer. Both pass a half-close on and stop when
-//! neither direction has moved for the idle timeout. `cargo xtask bench
-//! forward` measures the two side by side.
+//! neither direction has moved for the idle timeout, and a write that
+//! cannot drain for the idle timeout (a peer that stopped reading) ends
+//! the connection too: a stalled connection holds at most its sockets'
+//! kernel buffers and 16 KiB (`buffer`) or a 64 KiB pipe (`splice`) per
+//! direction, for at most the idle timeout. `cargo xtask bench forward`
+//! measures the two side by side.
 
 use std::{
     io,
@@ -86,10 +90,16 @@ async fn buffered(mut r: OwnedReadHalf, w: &mut OwnedWriteHalf, bytes: &AtomicU6
         if n == 0 {
             return Ok(());
         }
-        w.write_all(&buf[..n]).await?;
+        // A peer that stops reading: this write never drains.
+        tokio::time::timeout(act.idle, w.write_all(&buf[..n])).await.map_err(|_| stalled())??;
         bytes.fetch_add(n as u64, Ordering::Relaxed);
         act.moved();
     }
+}
+
+/// A write that could not drain for the idle timeout.
+fn stalled() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "the peer read nothing for the idle timeout")
 }
 
 /// A pipe whose two ends close with it.
@@ -148,9 +158,10 @@ async fn spliced(r: &TcpStream, w: &TcpStream, bytes: &AtomicU64, act: &Activity
             return Ok(());
         }
         bytes.fetch_add(left as u64, Ordering::Relaxed);
-        // Pipe to socket: all of it, before reading more.
+        // Pipe to socket: all of it, before reading more (within the idle
+        // timeout: a peer that stops reading never lets it drain).
         while left > 0 {
-            w.writable().await?;
+            tokio::time::timeout(act.idle, w.writable()).await.map_err(|_| stalled())??;
             match w.try_io(Interest::WRITABLE, || splice(pr, wfd, left)) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(m) => left -= m,
