@@ -513,3 +513,37 @@ fn clients_that_stop_reading_are_closed_after_the_idle_timeout() {
         up.join().unwrap();
     }
 }
+
+/// Hardening round 2: on 084fce7, with the only upstream out for 3 s while
+/// 40 clients connected, every concurrent failure doubled the back-off to
+/// 30 s, every connection was shed `no_upstream` for 30 s after the
+/// upstream was healthy again, and 44 WARN lines were logged. The
+/// back-off now doubles once per failure episode, one probe at a time
+/// goes through, and the warnings are rate-limited with a count.
+#[test]
+fn an_upstream_back_from_an_outage_serves_within_seconds() {
+    let s = setup("fwbo", &forward(8443, &[9121], ""));
+    // No upstream yet: 40 clients connect within the outage.
+    let failed: usize = thread::scope(|sc| {
+        let handles: Vec<_> = (0..40).map(|_| sc.spawn(|| !request(&s.net.a, 8443, "").contains("\"port\""))).collect();
+        handles.into_iter().map(|h| usize::from(h.join().unwrap())).sum()
+    });
+    assert_eq!(failed, 40, "nothing serves yet");
+    thread::sleep(Duration::from_secs(2));
+    // The upstream comes up.
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
+    let up = tlv_upstream(&s.net.b, 9121, Duration::ZERO, Arc::clone(&stop), Arc::clone(&served));
+    let back = Instant::now();
+    while served.load(Ordering::Relaxed) == 0 && back.elapsed() < Duration::from_secs(15) {
+        let _ = request(&s.net.a, 8443, "");
+        thread::sleep(Duration::from_millis(100));
+    }
+    let took = back.elapsed();
+    println!("an upstream out while 40 clients connected served again {took:?} after it came back");
+    assert!(served.load(Ordering::Relaxed) > 0 && took < Duration::from_secs(5), "served again only after {took:?}");
+    let log: Vec<String> = s.log.try_iter().filter(|l| l.contains("upstream 127.0.0.1:9121 failed")).collect();
+    assert!(log.len() <= 3, "{} warnings for one outage: {log:?}", log.len());
+    stop.store(true, Ordering::Relaxed);
+    up.join().unwrap();
+}

@@ -224,6 +224,10 @@ pub struct ForwardInfo {
     /// Connections closed because every upstream failed.
     pub upstream_failed: u64,
     pub upstream_connect_failures: u64,
+    /// Connections that failed for a local reason (EMFILE, ENFILE,
+    /// ENOBUFS, ENOMEM), not held against an upstream.
+    #[serde(default)]
+    pub local_errors: u64,
     /// (address, in service).
     pub upstreams: Vec<(String, bool)>,
     pub bytes_up: u64,

@@ -100,13 +100,15 @@ impl Escalator {
             let mut rate = proven_rate(&self.proven, &by);
             // The first second of a streak is partial (the drops began
             // during it): its rate is taken over the part it had drops,
-            // from the first sample's drain on (200 ms of drain lag added,
-            // at least a quarter second), so a streak of `sustained` + 1
-            // ticks ends at most `sustained` + 1 s after the drops began.
+            // from the first sample's drain on (at least 100 ms), so a
+            // streak of `sustained` + 1 ticks ends at most `sustained` + 1 s
+            // after the drops began. (The drain runs every 200 ms, so this
+            // can overstate a first second's rate; the whole seconds that
+            // follow must be above the rate on their own.)
             if !self.streaks.contains_key(&k)
                 && let Some(t) = first.get(&k)
             {
-                let ms = (u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX) + 200).clamp(250, 1000);
+                let ms = u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX).clamp(100, 1000);
                 rate = rate.saturating_mul(1000) / ms;
             }
             if rate < rule.drops_per_sec {

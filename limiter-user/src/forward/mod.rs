@@ -45,6 +45,9 @@ pub struct Stats {
     /// Connections closed because every upstream failed.
     pub upstream_failed: AtomicU64,
     pub upstream_connect_failures: AtomicU64,
+    /// Connections that could not reach an upstream for a local reason
+    /// (no descriptor, no buffer): never held against the upstream.
+    pub local_errors: AtomicU64,
     pub accept_errors: AtomicU64,
     pub bytes_up: AtomicU64,
     pub bytes_down: AtomicU64,
@@ -62,6 +65,9 @@ pub struct Shared {
     pub next_id: AtomicU64,
     /// Turned true when the drain timeout ran out: connections end.
     pub kill: watch::Sender<bool>,
+    /// Warnings of failed upstreams and of local errors, each said at most
+    /// every few seconds with how many there were.
+    pub(crate) warned: Mutex<[crate::listen::ErrorLog; 2]>,
 }
 
 /// A running forwarder.
@@ -132,6 +138,7 @@ impl Manager {
             buckets: self.buckets.clone(),
             next_id: AtomicU64::new(1),
             kill: watch::Sender::new(false),
+            warned: Mutex::default(),
             cfg,
         });
         let (mut listeners, mut bind_errors) = (Vec::new(), Vec::new());
@@ -213,6 +220,7 @@ fn report(r: &Running) -> Report {
         shed: Shed::ALL.iter().map(|w| (w.label().to_owned(), s.shed_count(*w))).collect(),
         upstream_failed: load(&s.upstream_failed),
         upstream_connect_failures: load(&s.upstream_connect_failures),
+        local_errors: load(&s.local_errors),
         upstreams: r.shared.upstreams.list.iter().map(|u| (u.addr.to_string(), u.up())).collect(),
         bytes_up: load(&s.bytes_up),
         bytes_down: load(&s.bytes_down),

@@ -146,6 +146,11 @@ pub fn prefix_of(peer: SocketAddr, ctx: &Context) -> PrefixKey {
     }
 }
 
+/// A connect error of this host's own (descriptors, buffers, memory).
+fn local_failure(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+}
+
 /// One accepted connection to its end.
 async fn serve(client: TcpStream, peer: SocketAddr, f: &Shared) {
     let Ok(local) = client.local_addr() else { return };
@@ -157,13 +162,36 @@ async fn serve(client: TcpStream, peer: SocketAddr, f: &Shared) {
         };
         tried.push(i);
         let u = &f.upstreams.list[i];
-        if let Ok(Ok(s)) = tokio::time::timeout(f.cfg.connect_timeout, TcpStream::connect(u.addr)).await {
-            u.succeeded();
-            break (s, i);
+        match tokio::time::timeout(f.cfg.connect_timeout, TcpStream::connect(u.addr)).await {
+            Ok(Ok(s)) => {
+                u.succeeded();
+                break (s, i);
+            }
+            // This host is out of descriptors or buffers: the upstream
+            // is not to blame (and is not marked down for it).
+            Ok(Err(e)) if local_failure(&e) => {
+                u.untried();
+                f.stats.local_errors.fetch_add(1, Ordering::Relaxed);
+                f.warned.lock().expect("not poisoned")[1].note(|n| {
+                    tracing::warn!(
+                        "limiter: forward {}: {n} connection(s) not forwarded for lack of local resources ({e}); upstream {} not blamed",
+                        f.cfg.name,
+                        u.addr
+                    );
+                });
+                return;
+            }
+            _ => {}
         }
         u.failed();
         f.stats.upstream_connect_failures.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!("limiter: forward {}: upstream {} failed; out of service for a while", f.cfg.name, u.addr);
+        f.warned.lock().expect("not poisoned")[0].note(|n| {
+            tracing::warn!(
+                "limiter: forward {}: upstream {} failed ({n} connect failure(s) since last said); out of service for a while",
+                f.cfg.name,
+                u.addr
+            );
+        });
     };
     let u = &f.upstreams.list[index];
     u.active.fetch_add(1, Ordering::Relaxed);

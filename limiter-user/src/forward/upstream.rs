@@ -1,6 +1,9 @@
 //! Upstreams of one forwarder: passive health (a failed connect takes an
-//! upstream out, with a back-off doubling from 1 s to 30 s) and the choice
-//! of the next one (round robin, or least connections).
+//! upstream out, with a back-off doubling from 1 s to 30 s once per
+//! failure episode, not once per connection that failed at the same
+//! time; when the back-off runs out, one probe connection at a time goes
+//! through until one succeeds) and the choice of the next one (round
+//! robin, or least connections).
 
 use std::{
     net::SocketAddr,
@@ -21,30 +24,74 @@ pub struct Upstream {
     pub addr: SocketAddr,
     /// Connections open to it now.
     pub active: AtomicUsize,
-    /// `Some(until)` while taken out after a failure, and the back-off.
-    down: Mutex<(Option<Instant>, Duration)>,
+    /// Its health (see [`Health`]).
+    down: Mutex<Health>,
+}
+
+/// What is known of an upstream's health.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Health {
+    /// Out of service until then, after a failure.
+    until: Option<Instant>,
+    /// The next back-off.
+    backoff: Duration,
+    /// A probe connection is out (the back-off ran out; only it may try).
+    probing: bool,
 }
 
 impl Upstream {
     fn new(addr: SocketAddr) -> Self {
-        Self { addr, active: AtomicUsize::new(0), down: Mutex::new((None, BACKOFF.0)) }
+        let h = Health { until: None, backoff: BACKOFF.0, probing: false };
+        Self { addr, active: AtomicUsize::new(0), down: Mutex::new(h) }
     }
 
-    /// Whether it is in service now.
+    /// Whether a connection may be sent to it now: in service, or out but
+    /// due for a probe that nobody is making.
     pub fn up(&self) -> bool {
-        self.down.lock().expect("not poisoned").0.is_none_or(|until| Instant::now() >= until)
+        let h = self.down.lock().expect("not poisoned");
+        h.until.is_none_or(|until| Instant::now() >= until && !h.probing)
     }
 
-    /// A connect failed: out for the back-off, which doubles.
+    /// Take it for one connection: `true` when in service, or when this
+    /// connection becomes the one probe of an upstream whose back-off ran
+    /// out.
+    fn take(&self) -> bool {
+        let mut h = self.down.lock().expect("not poisoned");
+        match h.until {
+            None => true,
+            Some(until) if Instant::now() >= until && !h.probing => {
+                h.probing = true;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// A connect failed: out for the back-off. It doubles once per failure
+    /// episode: the failure of a probe, or the first after being in
+    /// service; connections that failed at the same time as others do not
+    /// double it again.
     pub fn failed(&self) {
-        let mut d = self.down.lock().expect("not poisoned");
-        let backoff = d.1;
-        *d = (Some(Instant::now() + backoff), (backoff * 2).min(BACKOFF.1));
+        let mut h = self.down.lock().expect("not poisoned");
+        let now = Instant::now();
+        let new_episode = h.probing || h.until.is_none();
+        if !new_episode && h.until.is_some_and(|u| u > now) {
+            return;
+        }
+        let backoff = h.backoff;
+        *h = Health { until: Some(now + backoff), backoff: (backoff * 2).min(BACKOFF.1), probing: false };
     }
 
     /// A connect succeeded: in service, back-off reset.
     pub fn succeeded(&self) {
-        *self.down.lock().expect("not poisoned") = (None, BACKOFF.0);
+        *self.down.lock().expect("not poisoned") = Health { until: None, backoff: BACKOFF.0, probing: false };
+    }
+
+    /// A connection taken for it never reached it (a local failure, such
+    /// as no descriptor left): says nothing of its health; a probe is
+    /// given back.
+    pub fn untried(&self) {
+        self.down.lock().expect("not poisoned").probing = false;
     }
 }
 
@@ -68,7 +115,7 @@ impl Upstreams {
     pub fn pick(&self, tried: &[usize]) -> Option<usize> {
         let n = self.list.len();
         let usable = |i: &usize| !tried.contains(i) && self.list[*i].up();
-        match self.balance {
+        let pick = match self.balance {
             Balance::RoundRobin => {
                 let start = self.next.fetch_add(1, Ordering::Relaxed);
                 (0..n).map(|k| (start + k) % n).find(usable)
@@ -76,7 +123,14 @@ impl Upstreams {
             Balance::LeastConnections => {
                 (0..n).filter(usable).min_by_key(|i| self.list[*i].active.load(Ordering::Relaxed))
             }
+        }?;
+        // Another connection may have taken the probe meanwhile.
+        if self.list[pick].take() {
+            return Some(pick);
         }
+        let mut tried = tried.to_vec();
+        tried.push(pick);
+        self.pick(&tried)
     }
 }
 
@@ -113,12 +167,31 @@ mod tests {
     }
 
     #[test]
-    fn the_backoff_doubles_up_to_its_cap() {
+    fn the_backoff_doubles_once_per_episode_up_to_its_cap() {
         let u = Upstream::new(SocketAddr::from(([127, 0, 0, 1], 1)));
-        for _ in 0..10 {
+        // Forty connections failing at once: one episode, 1 s.
+        for _ in 0..40 {
             u.failed();
         }
         assert!(!u.up());
-        assert_eq!(u.down.lock().unwrap().1, BACKOFF.1);
+        assert_eq!(u.down.lock().unwrap().backoff, BACKOFF.0 * 2, "doubled once");
+        // Probes that fail, one after another: each doubles it, to the cap.
+        for _ in 0..10 {
+            {
+                let mut h = u.down.lock().unwrap();
+                h.until = Some(Instant::now());
+            }
+            assert!(u.take(), "the probe");
+            assert!(!u.take() && !u.up(), "only one probe at a time");
+            u.failed();
+        }
+        assert_eq!(u.down.lock().unwrap().backoff, BACKOFF.1);
+        // A local failure gives the probe back; a success puts it in service.
+        u.down.lock().unwrap().until = Some(Instant::now());
+        assert!(u.take());
+        u.untried();
+        assert!(u.take());
+        u.succeeded();
+        assert!(u.up() && u.take());
     }
 }

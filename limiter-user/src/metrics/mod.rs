@@ -184,6 +184,15 @@ impl SnapshotCollector {
             }
         }
         let mut m = enc.encode_descriptor(
+            "limiter_forward_local_errors",
+            "Connections not forwarded for lack of local resources (EMFILE, ENFILE, ENOBUFS, ENOMEM); never held against an upstream.",
+            None,
+            MetricType::Counter,
+        )?;
+        for f in forwards {
+            ConstCounter::new(f.local_errors).encode(m.encode_family(&[("listener", f.name.as_str())])?)?;
+        }
+        let mut m = enc.encode_descriptor(
             "limiter_forward_shed",
             "Connections closed at accept, by reason.",
             None,
