@@ -123,17 +123,8 @@ impl CookieWatch {
 /// reach it at, port); a wildcard listener is reached on loopback.
 #[must_use]
 pub fn listeners() -> Vec<(IpAddr, u16)> {
-    use std::io::{BufRead as _, BufReader};
     let mut out = Vec::new();
-    for path in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(f) = std::fs::File::open(path) else { continue };
-        for line in BufReader::new(f).lines().skip(1).take(super::proof::MAX_SOCKETS) {
-            let Ok(line) = line else { break };
-            if let Some(l) = listener_of(&line) {
-                out.push(l);
-            }
-        }
-    }
+    super::proof::tcp_sockets(|line| out.extend(listener_of(line)));
     out.sort();
     out.dedup();
     out

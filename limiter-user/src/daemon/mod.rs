@@ -12,6 +12,7 @@ mod fleet;
 mod observe;
 mod os;
 mod proof;
+mod start;
 mod view;
 mod watch;
 
@@ -143,16 +144,7 @@ impl Daemon {
         let checked = loaded.check()?;
         // The feedback token is read and checked before anything is
         // attached: a bad one changes nothing.
-        let token = match &loaded.policy.feedback {
-            Some(f) => {
-                let (token, warnings) = crate::feedback::read_token(&f.token_file).map_err(|e| anyhow::anyhow!(e))?;
-                for w in warnings {
-                    tracing::warn!(event = "feedback_token", "limiter: {w}");
-                }
-                Some(crate::feedback::Token::new(&token))
-            }
-            None => None,
-        };
+        let token = start::feedback_token(&loaded.policy)?;
         let access = Access { gid: settings.socket_group.as_deref().map(resolve_group).transpose()? };
         // Before touching the kernel: an interface that exists (no pins
         // left behind for a typo), and one daemon per socket.
@@ -168,22 +160,13 @@ impl Daemon {
         // (or a renewed CONFIG held).
         let version = dp.active_config()?.map_or(0, |c| c.version).max(dp.carried_version());
         let mut policy = Enforcer::new(version, dp.capacity());
-        let summary = first_apply(&mut policy, &mut dp, &settings, loaded, checked)?;
+        let summary = start::first_apply(&mut policy, &mut dp, &settings, loaded, checked)?;
         let (attachment, replaced) = match &settings.pin_dir {
             Some(dir) => match dp.attach_pinned(&settings.iface, settings.mode, dir) {
                 Ok(a) => a,
                 Err(e) => {
-                    // Pins this start made (nothing was adopted) protect
-                    // nothing without the attachment: removed, so that a
-                    // failed start leaves no maps (nor their memory) behind.
                     if adopted.is_none() {
-                        drop(dp);
-                        if let Err(u) = crate::dataplane::pin::unload(dir, false) {
-                            tracing::warn!(
-                                "limiter: removing the pins of this failed start from {}: {u}",
-                                dir.display()
-                            );
-                        }
+                        start::unpin_failed_start(dp, dir);
                     }
                     return Err(e.into());
                 }
@@ -370,40 +353,5 @@ impl Daemon {
         self.reloads.count[i] += 1;
         self.reloads.at[i] = Some(now);
         self.reloads.last = Some(ReloadInfo { ok, message, unix_time: now });
-    }
-}
-
-/// Apply the first policy: the file's (or the built-in one), with the
-/// overrides a previous daemon set at run time put back over it (they are
-/// part of the policy the pinned data plane enforces).
-fn first_apply(
-    policy: &mut Enforcer,
-    dp: &mut DataPlane,
-    s: &Settings,
-    loaded: Loaded,
-    checked: crate::policy::Compiled,
-) -> anyhow::Result<String> {
-    let restored = policy.restore(dp)?;
-    let unfit = policy.drop_unfit(&loaded.policy);
-    for u in &unfit {
-        tracing::warn!(
-            "limiter: set aside the runtime override of {u}: the policy in force cannot hold it; it stays in the pinned record, and a restart with a policy that holds it puts it back"
-        );
-    }
-    let restored = restored - unfit.len();
-    if restored > 0
-        && let Some(dir) = &s.pin_dir
-    {
-        tracing::info!(
-            "limiter: {restored} runtime override(s) put back from {} (`limiter prefix list` shows them)",
-            dir.join(limiter_common::maps::RUNTIME).display()
-        );
-    }
-    match policy.apply_checked(dp, loaded, checked) {
-        Ok(s) => Ok(s),
-        Err(e) if restored > 0 => anyhow::bail!(
-            "{e} (the policy with {restored} runtime override(s) put back from the pins; the pinned program keeps enforcing the last policy)"
-        ),
-        Err(e) => Err(e.into()),
     }
 }

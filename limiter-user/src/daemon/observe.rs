@@ -111,10 +111,14 @@ impl Observer {
 
 /// The source address of an event.
 pub(super) fn source(ev: &DropEvent) -> Option<std::net::IpAddr> {
-    let bytes: Vec<u8> = ev.src.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    // Each word holds its 4 bytes in network order: no allocation per event.
+    let mut bytes = [0u8; 16];
+    for (chunk, w) in bytes.chunks_exact_mut(4).zip(ev.src) {
+        chunk.copy_from_slice(&w.to_ne_bytes());
+    }
     match ev.key.family {
-        limiter_common::family::IPV4 => Some(std::net::IpAddr::from(<[u8; 4]>::try_from(&bytes[..4]).ok()?)),
-        limiter_common::family::IPV6 => Some(std::net::IpAddr::from(<[u8; 16]>::try_from(&bytes[..]).ok()?)),
+        limiter_common::family::IPV4 => Some(std::net::IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]])),
+        limiter_common::family::IPV6 => Some(std::net::IpAddr::from(bytes)),
         _ => None,
     }
 }

@@ -125,16 +125,20 @@ impl SocketReader {
 #[must_use]
 pub fn connected_peers() -> HashSet<IpAddr> {
     let mut out = HashSet::new();
+    tcp_sockets(|line| out.extend(peer_of(line)));
+    out
+}
+
+/// Each socket line of `/proc/net/tcp` and `/proc/net/tcp6` (this
+/// network namespace's), at most [`MAX_SOCKETS`] of each.
+pub fn tcp_sockets(mut each: impl FnMut(&str)) {
     for path in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let Ok(f) = std::fs::File::open(path) else { continue };
         for line in BufReader::new(f).lines().skip(1).take(MAX_SOCKETS) {
             let Ok(line) = line else { break };
-            if let Some(addr) = peer_of(&line) {
-                out.insert(addr);
-            }
+            each(&line);
         }
     }
-    out
 }
 
 /// The remote address of one line of `/proc/net/tcp{,6}`, if its socket

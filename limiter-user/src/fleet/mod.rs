@@ -13,12 +13,14 @@
 
 mod classes;
 pub mod ledger;
+mod peers;
 mod readers;
 mod status;
 pub mod store;
 
 pub use self::{
     classes::{ClassWindow, Classes},
+    peers::{Peer, offset, peers_of, shift, skewed},
     readers::Readers,
     status::{FleetStatus, SyncError},
 };
@@ -155,51 +157,6 @@ struct Planned {
     push: Push,
     /// (peer, slice on this node's clock) of each field `push` reads.
     reads: Vec<(usize, u64)>,
-}
-
-/// A peer whose counts this node reads: its name and its clock's offset
-/// from the store's, in ms (0 when its heartbeat does not say).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Peer {
-    pub name: String,
-    pub offset_ms: i64,
-}
-
-/// The peers to read from heartbeats read back at the store's `store_ms`:
-/// every other node whose heartbeat is at most `fresh_ms` old on the
-/// store's clock, freshest first, at most [`store::MAX_PEERS`].
-#[must_use]
-pub fn peers_of(beats: &[(String, u64, u64)], me: &str, store_ms: u64, fresh_ms: u64) -> Vec<Peer> {
-    let mut v: Vec<(u64, Peer)> = beats
-        .iter()
-        .filter(|(n, _, _)| n != me)
-        .filter_map(|(n, node_ms, store_at)| {
-            // A heartbeat without the store's clock: judged by the node's.
-            let stamped = *store_at != 0;
-            let at = if stamped { *store_at } else { *node_ms };
-            let age = store_ms.saturating_sub(at);
-            let offset_ms = if stamped { offset(*node_ms, *store_at) } else { 0 };
-            (age <= fresh_ms).then(|| (age, Peer { name: n.clone(), offset_ms }))
-        })
-        .collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
-    v.into_iter().take(store::MAX_PEERS).map(|(_, p)| p).collect()
-}
-
-/// `a - b` in ms, as a signed number.
-#[must_use]
-pub fn offset(a: u64, b: u64) -> i64 {
-    i64::try_from(a).unwrap_or(i64::MAX).saturating_sub(i64::try_from(b).unwrap_or(i64::MAX))
-}
-
-/// How many slices of `slice_ms` a peer whose clock is `peer_ms` ahead of
-/// the store's numbers its slices ahead of this node's (`own_ms` ahead):
-/// 0 within a slice (sync latency, not skew).
-#[must_use]
-pub fn shift(peer_ms: i64, own_ms: i64, slice_ms: u64) -> i64 {
-    let d = peer_ms.saturating_sub(own_ms);
-    let slice = i64::try_from(slice_ms.max(1)).unwrap_or(i64::MAX);
-    if d.abs() <= slice { 0 } else { (d + d.signum() * slice / 2) / slice }
 }
 
 struct Sync {
@@ -393,17 +350,8 @@ impl Sync {
     /// node's clock (see [`shift`]), so their counts still land in the
     /// right slices.
     fn report_skew(&mut self) {
-        let classes = self.classes.borrow().clone();
-        let slice_ms = classes.finest_fleet_slice_ns().map_or(u64::MAX, |ns| ns / 1_000_000).max(1);
-        let limit = i64::try_from(slice_ms).unwrap_or(i64::MAX);
-        let mut skewed: Vec<(String, i64)> = self
-            .peers
-            .iter()
-            .map(|p| (p.name.clone(), p.offset_ms))
-            .chain(std::iter::once((self.cfg.node.clone(), self.offset_ms)))
-            .filter(|(_, o)| o.abs() > limit)
-            .collect();
-        skewed.sort();
+        let slice_ms = self.classes.borrow().finest_fleet_slice_ns().map_or(u64::MAX, |ns| ns / 1_000_000).max(1);
+        let skewed = peers::skewed(&self.peers, &self.cfg.node, self.offset_ms, slice_ms);
         for (n, o) in &skewed {
             if !self.skewed.contains(n) {
                 tracing::warn!(
@@ -436,18 +384,7 @@ impl Sync {
             let cur = wall_ns / c.slice_ns;
             let deltas = self.ledger.deltas(&key, &local, cur, c.slices);
             let n = u64::from(c.slices);
-            // Each peer's fields of the window and the slice ahead, each
-            // named by the slice on the peer's own clock.
-            let mut reads = Vec::new();
-            let mut fields = Vec::new();
-            for (i, p) in self.peers.iter().enumerate() {
-                let k = shift(p.offset_ms, self.offset_ms, c.slice_ns / 1_000_000);
-                for s in (cur + 1).saturating_sub(n)..=cur + 1 {
-                    let theirs = s.saturating_add_signed(k);
-                    reads.push((i, s));
-                    fields.push(store::field(&p.name, theirs));
-                }
-            }
+            let (reads, fields) = peers::reads(&self.peers, self.offset_ms, c.slice_ns / 1_000_000, cur, c.slices);
             let push = Push {
                 key: store::key(&c.name, &cidr(&BucketKey { class: 0, ..key })),
                 deltas: deltas.into_iter().map(|(s, d)| (store::field(&me, s), d)).collect(),
