@@ -24,9 +24,11 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::control::{Request as Call, Response as Answer, server::Call as Sent};
 
-/// Clients at once; a penalty body's largest size.
-const MAX_CONNS: usize = 16;
+/// Clients at once (a quarter of them per peer); a penalty body's largest
+/// size, and how long it may take to arrive.
+const MAX_CONNS: usize = 32;
 const MAX_BODY: usize = 16 << 10;
+const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A penalty as posted.
 #[derive(Debug, Deserialize)]
@@ -47,12 +49,15 @@ struct Penalty {
 pub async fn serve(addr: SocketAddr, token: Token, calls: mpsc::Sender<Sent>) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    crate::listen::spawn("feedback", listener, MAX_CONNS, move |stream| {
+    crate::listen::spawn("feedback", listener, MAX_CONNS, move |stream, conn: crate::listen::Conn| {
         let (calls, token) = (calls.clone(), token.current());
         async move {
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let (calls, token) = (calls.clone(), Arc::clone(&token));
-                async move { Ok::<_, Infallible>(answer(req, &token, &calls).await) }
+                let (calls, token, conn) = (calls.clone(), Arc::clone(&token), conn.clone());
+                async move {
+                    let _busy = conn.busy();
+                    Ok::<_, Infallible>(answer(req, &token, &calls).await)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -164,9 +169,11 @@ async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::
             _ => fail(StatusCode::SERVICE_UNAVAILABLE, "the daemon did not answer"),
         },
         Method::POST => {
-            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(_) => return fail(StatusCode::PAYLOAD_TOO_LARGE, "at most 16 KiB"),
+            let body = match tokio::time::timeout(BODY_TIMEOUT, Limited::new(req.into_body(), MAX_BODY).collect()).await
+            {
+                Ok(Ok(b)) => b.to_bytes(),
+                Ok(Err(_)) => return fail(StatusCode::PAYLOAD_TOO_LARGE, "at most 16 KiB"),
+                Err(_) => return fail(StatusCode::REQUEST_TIMEOUT, "the body must arrive within 5 s"),
             };
             let p: Penalty = match serde_json::from_slice(&body) {
                 Ok(p) => p,

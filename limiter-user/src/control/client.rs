@@ -29,8 +29,9 @@ pub enum ClientError {
         source: io::Error,
     },
     #[error(
-        "the daemon at {path} closed the connection without an answer: it serves its limit of {} clients already (or is stopping); try again",
-        super::server::MAX_CONNS
+        "the daemon at {path} closed the connection without an answer: its clients are all busy ({} at most, {} per user) or it is stopping; try again",
+        super::server::MAX_CONNS,
+        super::server::MAX_CONNS / 4
     )]
     Closed { path: PathBuf },
     #[error("the daemon's answer is not valid: {0}")]

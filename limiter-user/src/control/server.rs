@@ -19,6 +19,7 @@ use tokio::{
 };
 
 use super::{Request, Response};
+use crate::listen::{Busy, Conn};
 
 /// A request from a client, with the channel for its answer.
 pub type Call = (Request, oneshot::Sender<Response>);
@@ -139,8 +140,8 @@ impl Bound {
     pub fn serve(&mut self, calls: mpsc::Sender<Call>) {
         let Some(listener) = self.listener.take() else { return };
         let (access, big) = (self.access, Arc::new(Semaphore::new(1)));
-        crate::listen::spawn("control socket", listener, MAX_CONNS, move |stream| {
-            serve(stream, access, calls.clone(), Arc::clone(&big))
+        crate::listen::spawn("control socket", listener, MAX_CONNS, move |stream, conn| {
+            serve(stream, conn, access, calls.clone(), Arc::clone(&big))
         });
     }
 }
@@ -182,7 +183,9 @@ fn supplementary_groups(pid: i32) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-async fn serve(stream: UnixStream, access: Access, calls: mpsc::Sender<Call>, big: Arc<Semaphore>) {
+/// A connection is busy (never shed to make room for another) from the
+/// first byte of a request until its answer is written.
+async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Sender<Call>, big: Arc<Semaphore>) {
     let verdict = authorised(&stream, access);
     let (read, mut write) = stream.into_split();
     if let Err(message) = verdict {
@@ -191,8 +194,8 @@ async fn serve(stream: UnixStream, access: Access, calls: mpsc::Sender<Call>, bi
     }
     let mut reader = BufReader::new(read);
     loop {
-        let line = match tokio::time::timeout(READ_DEADLINE, read_line(&mut reader, &big)).await {
-            Ok(Ok(Some(line))) => line,
+        let (line, _busy) = match tokio::time::timeout(READ_DEADLINE, read_line(&mut reader, &conn, &big)).await {
+            Ok(Ok(Some(read))) => read,
             Ok(Ok(None)) => return,
             Ok(Err(message)) => {
                 let _ = write_line(&mut write, &Response::Error { message }).await;
@@ -226,14 +229,19 @@ async fn serve(stream: UnixStream, access: Access, calls: mpsc::Sender<Call>, bi
 /// than [`MAX_LINE`] is refused.
 async fn read_line(
     r: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+    conn: &Conn,
     big: &Arc<Semaphore>,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<(Vec<u8>, Busy)>, String> {
     let mut line = Vec::new();
     let mut permit = None;
+    let mut busy = None;
     loop {
         let avail = r.fill_buf().await.map_err(|e| format!("reading the request: {e}"))?;
         if avail.is_empty() {
             return if line.is_empty() { Ok(None) } else { Err("the request ended without a newline".into()) };
+        }
+        if busy.is_none() {
+            busy = Some(conn.busy());
         }
         let (chunk, done) = match avail.iter().position(|b| *b == b'\n') {
             Some(i) => (&avail[..i], true),
@@ -253,7 +261,7 @@ async fn read_line(
         let used = chunk.len() + usize::from(done);
         r.consume(used);
         if done {
-            return Ok(Some(line));
+            return Ok(Some((line, busy.take().unwrap_or_else(|| conn.busy()))));
         }
     }
 }

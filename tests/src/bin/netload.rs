@@ -16,6 +16,15 @@
 //!                                                  (the same with the TCP
 //!                                                   flags FLAGS, in hex)
 //!   netload get HOST:PORT PATH                     (HTTP GET, prints the body)
+//!   netload hold TARGET COUNT SECS MODE            (a hostile client: holds
+//!                                                   COUNT connections to
+//!                                                   tcp:HOST:PORT or
+//!                                                   unix:PATH, reopening
+//!                                                   the oldest ~500 times a
+//!                                                   second for SECS; MODE
+//!                                                   idle, slow (a partial
+//!                                                   request) or scrape (50
+//!                                                   pipelined GET /metrics))
 //!
 //! `send` prints `sent N secs S`; `recv` prints `ready`, then after SECS one
 //! `from ADDR N` line per source and `total N`.
@@ -63,6 +72,10 @@ fn main() -> anyhow::Result<()> {
             secs.parse().context("SECS")?,
         ),
         ["get", addr, path] => get(addr, path),
+        ["hold", target, count, secs, mode] => {
+            hold(target, count.parse()?, secs.parse()?, mode);
+            Ok(())
+        }
         _ => bail!("usage: netload send SRC DST:PORT PPS SECS [PAYLOAD] | netload recv BIND:PORT SECS"),
     }
 }
@@ -141,6 +154,86 @@ fn get(addr: &str, path: &str) -> anyhow::Result<()> {
     }
     print!("{body}");
     Ok(())
+}
+
+/// A connection of `hold`'s.
+enum Held {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl std::io::Read for Held {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.read(b),
+            Self::Unix(s) => s.read(b),
+        }
+    }
+}
+
+impl std::io::Write for Held {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.write(b),
+            Self::Unix(s) => s.write(b),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Hold up to COUNT (at most 1,000) connections for SECS (at most 120),
+/// closing the oldest and opening a new one every 2 ms; prints `opened N
+/// failed F ok200 X too_many Y`.
+fn hold(target: &str, count: usize, secs: f64, mode: &str) {
+    use std::io::{Read as _, Write as _};
+    let (count, secs) = (count.min(1000), secs.min(120.0));
+    let connect = || -> std::io::Result<Held> {
+        if let Some(a) = target.strip_prefix("tcp:") {
+            let s = std::net::TcpStream::connect(a)?;
+            s.set_read_timeout(Some(Duration::from_millis(2)))?;
+            Ok(Held::Tcp(s))
+        } else {
+            let s = std::os::unix::net::UnixStream::connect(target.strip_prefix("unix:").unwrap_or(target))?;
+            s.set_read_timeout(Some(Duration::from_millis(2)))?;
+            Ok(Held::Unix(s))
+        }
+    };
+    let scrape = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(50);
+    let partial: &[u8] = if target.starts_with("tcp:") { b"GET /metrics HTTP/1.1\r\nHo" } else { b"{\"" };
+    let mut held = std::collections::VecDeque::new();
+    let (mut opened, mut failed, mut ok, mut too_many) = (0u64, 0u64, 0u64, 0u64);
+    let mut buf = vec![0u8; 1 << 16];
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < secs {
+        if held.len() >= count {
+            held.pop_front();
+        }
+        match connect() {
+            Ok(mut c) => {
+                opened += 1;
+                let _ = match mode {
+                    "slow" => c.write_all(partial),
+                    "scrape" => c.write_all(scrape.as_bytes()),
+                    _ => Ok(()),
+                };
+                held.push_back(c);
+            }
+            Err(_) => failed += 1,
+        }
+        if mode == "scrape" {
+            for c in &mut held {
+                if let Ok(n) = c.read(&mut buf) {
+                    let text = String::from_utf8_lossy(&buf[..n]);
+                    ok += text.matches("HTTP/1.1 200").count() as u64;
+                    too_many += text.matches("HTTP/1.1 429").count() as u64;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    println!("opened {opened} failed {failed} ok200 {ok} too_many {too_many}");
 }
 
 /// Send COUNT UDP frames, each from a different IPv4 source inside
