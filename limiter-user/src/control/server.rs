@@ -19,7 +19,7 @@ use tokio::{
 };
 
 use super::{Request, Response};
-use crate::listen::{Busy, Conn};
+use crate::listen::Conn;
 
 /// A request from a client, with the channel for its answer.
 pub type Call = (Request, oneshot::Sender<Response>);
@@ -183,8 +183,9 @@ fn supplementary_groups(pid: i32) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// A connection is busy (never shed to make room for another) from the
-/// first byte of a request until its answer is written.
+/// A connection is busy (never shed to make room for another) from a
+/// complete request line until its answer is written; one that is idle or
+/// still sending may be shed (a client sends a line in moments).
 async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Sender<Call>, big: Arc<Semaphore>) {
     let verdict = authorised(&stream, access);
     let (read, mut write) = stream.into_split();
@@ -194,8 +195,8 @@ async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Send
     }
     let mut reader = BufReader::new(read);
     loop {
-        let (line, _busy) = match tokio::time::timeout(READ_DEADLINE, read_line(&mut reader, &conn, &big)).await {
-            Ok(Ok(Some(read))) => read,
+        let line = match tokio::time::timeout(READ_DEADLINE, read_line(&mut reader, &big)).await {
+            Ok(Ok(Some(line))) => line,
             Ok(Ok(None)) => return,
             Ok(Err(message)) => {
                 let _ = write_line(&mut write, &Response::Error { message }).await;
@@ -207,6 +208,7 @@ async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Send
                 return;
             }
         };
+        let _busy = conn.busy();
         let response = match serde_json::from_slice::<Request>(&line) {
             Err(e) => Response::Error { message: format!("bad request: {e}") },
             Ok(req) => {
@@ -229,19 +231,14 @@ async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Send
 /// than [`MAX_LINE`] is refused.
 async fn read_line(
     r: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
-    conn: &Conn,
     big: &Arc<Semaphore>,
-) -> Result<Option<(Vec<u8>, Busy)>, String> {
+) -> Result<Option<Vec<u8>>, String> {
     let mut line = Vec::new();
     let mut permit = None;
-    let mut busy = None;
     loop {
         let avail = r.fill_buf().await.map_err(|e| format!("reading the request: {e}"))?;
         if avail.is_empty() {
             return if line.is_empty() { Ok(None) } else { Err("the request ended without a newline".into()) };
-        }
-        if busy.is_none() {
-            busy = Some(conn.busy());
         }
         let (chunk, done) = match avail.iter().position(|b| *b == b'\n') {
             Some(i) => (&avail[..i], true),
@@ -261,7 +258,7 @@ async fn read_line(
         let used = chunk.len() + usize::from(done);
         r.consume(used);
         if done {
-            return Ok(Some((line, busy.take().unwrap_or_else(|| conn.busy()))));
+            return Ok(Some(line));
         }
     }
 }

@@ -22,8 +22,8 @@ use crate::{
 impl Daemon {
     /// Take one control request: answer it now, start the change it asks
     /// for, or queue it while a change has the policy state.
-    pub(super) fn handle(&mut self, req: Request, reply: oneshot::Sender<Response>) {
-        if let Some(change) = Change::of(&req) {
+    pub(super) fn handle(&mut self, mut req: Request, reply: oneshot::Sender<Response>) {
+        if let Some(change) = Change::of(&mut req) {
             return self.change(change, Some(reply));
         }
         let fail = |e: &dyn std::fmt::Display| Response::Error { message: e.to_string() };

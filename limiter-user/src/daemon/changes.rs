@@ -64,9 +64,12 @@ pub(super) struct Done {
 }
 
 /// Carry out `change` (on a blocking thread).
-fn run(change: &Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -> Result<String, ApplyError> {
+fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -> Result<String, ApplyError> {
     match change {
-        Change::Apply { name, text: Some(text), force } => e.apply_guarded(t, file::parse(name, text.clone())?, *force),
+        // The text moves into the parsed policy (which keeps it): one copy.
+        Change::Apply { name, text: Some(text), force } => {
+            e.apply_guarded(t, file::parse(name, std::mem::take(text))?, *force)
+        }
         Change::Apply { text: None, force, .. } => e.apply_guarded(t, settings.load_policy()?, *force),
         Change::Reload => e.apply_guarded(t, settings.load_policy()?, false),
         Change::Load { cidrs, deny, ttl } => {
@@ -89,13 +92,14 @@ fn run(change: &Change, e: &mut Enforcer, t: &mut Tables, settings: &Settings) -
 }
 
 impl Change {
-    /// The change a request asks for, if it is one.
-    pub(super) fn of(req: &Request) -> Option<Change> {
+    /// The change a request asks for, if it is one; a policy's text and a
+    /// list's prefixes are taken out of the request, not copied.
+    pub(super) fn of(req: &mut Request) -> Option<Change> {
         let prefix =
             |cidr: &String, action, ttl: &Option<u64>| Some(Change::Prefix { cidr: cidr.clone(), action, ttl: *ttl });
         match req {
             Request::PolicyApply { name, text, force } => {
-                Some(Change::Apply { name: name.clone(), text: text.clone(), force: *force })
+                Some(Change::Apply { name: name.clone(), text: text.take(), force: *force })
             }
             Request::PrefixSet { cidr, rate, burst, ttl_secs } => {
                 prefix(cidr, Some(PrefixAction::Limit { rate: *rate, burst: *burst }), ttl_secs)
@@ -113,10 +117,22 @@ impl Change {
                 by: SetBy::Feedback,
             }),
             Request::PrefixLoad { cidrs, action, ttl_secs } => {
-                Some(Change::Load { cidrs: cidrs.clone(), deny: action == "deny", ttl: *ttl_secs })
+                Some(Change::Load { cidrs: std::mem::take(cidrs), deny: action == "deny", ttl: *ttl_secs })
             }
             _ => None,
         }
+    }
+}
+
+/// Return the heap a big change freed (a parsed policy, the old tables)
+/// to the system, so that resident memory after an apply is what the new
+/// policy needs, not the peak.
+fn give_back_memory() {
+    // SAFETY: malloc_trim only releases free memory at the top of each
+    // arena; it touches nothing in use.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -142,7 +158,8 @@ impl Daemon {
         let settings = self.settings.clone();
         let (tx, rx) = oneshot::channel();
         tokio::task::spawn_blocking(move || {
-            let result = run(&change, &mut enforcer, &mut tables, &settings);
+            let mut change = change;
+            let result = run(&mut change, &mut enforcer, &mut tables, &settings);
             let _ = tx.send(Done { enforcer, tables, change, reply, result });
         });
         self.changes.running = Some(rx);
@@ -170,6 +187,9 @@ impl Daemon {
         let Done { enforcer, tables, change, reply, result } = done;
         self.policy = Some((enforcer, tables));
         self.refresh_view();
+        if matches!(change, Change::Apply { .. } | Change::Reload | Change::Load { .. }) {
+            give_back_memory();
+        }
         let response = match change {
             Change::Reload => {
                 self.report_reload(result);

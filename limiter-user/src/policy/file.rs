@@ -27,6 +27,7 @@
 mod locate;
 mod ports;
 mod render;
+mod sections;
 mod window;
 
 use std::path::Path;
@@ -199,13 +200,47 @@ pub fn read_text(path: &Path, max: u64, what: &str) -> Result<String, String> {
 /// Parse policy text; `name` is used in error messages. What the text
 /// leaves out takes [`Policy::default`].
 pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
-    let locate =
-        |e: PolicyError, offset: usize| PolicyError { location: Some((name.to_owned(), line_of(&text, offset))), ..e };
-    let root: Root = toml::from_str(&text).map_err(|e| {
-        let offset = e.span().map_or(0, |s| s.start);
-        let field = field_at(&text, line_of(&text, offset));
-        locate(bad(field, e.message().trim().to_owned()), offset)
+    // Offsets are in the rest's coordinates (see `sections`), whose lines
+    // are the text's.
+    let sections::Split { rest, batches } = sections::split(&text).map_err(|e| PolicyError {
+        field: e.field,
+        problem: e.problem,
+        location: Some((name.to_owned(), line_of(&text, e.offset))),
     })?;
+    let locate =
+        |e: PolicyError, offset: usize| PolicyError { location: Some((name.to_owned(), line_of(&rest, offset))), ..e };
+    let syntax = |e: toml::de::Error, offset: usize| {
+        let field = field_at(&text, line_of(&rest, offset));
+        locate(bad(field, e.message().trim().to_owned()), offset)
+    };
+    let mut root: Root = toml::from_str(&rest).map_err(|e| {
+        let at = e.span().map_or(0, |s| s.start);
+        syntax(e, at)
+    })?;
+    if let (Some(first), Some(b)) = (root.overrides.first(), batches.first()) {
+        let problem = "overrides are given both as [[override]] tables and otherwise (an `override` key or table)";
+        return Err(locate(bad("override", problem), first.span().start.min(b.at)));
+    }
+    for b in batches {
+        #[derive(Deserialize)]
+        struct Batch {
+            #[serde(rename = "override")]
+            overrides: Vec<Spanned<OverrideSpec>>,
+        }
+        let mut mover = b.mover(&text);
+        let batch: Batch = toml::from_str(&text[b.text.clone()]).map_err(|e| {
+            let at = mover.rest_offset(b.text.start + e.span().map_or(0, |s| s.start));
+            syntax(e, at)
+        })?;
+        // Spans (the table's, its cidr's) moved to the rest's coordinates.
+        root.overrides.extend(batch.overrides.into_iter().map(|o| {
+            let at = mover.rest_offset(b.text.start + o.span().start);
+            let mut spec = o.into_inner();
+            let c = mover.rest_offset(b.text.start + spec.cidr.span().start);
+            spec.cidr = Spanned::new(c..c, spec.cidr.into_inner());
+            Spanned::new(at..at, spec)
+        }));
+    }
     if root.sets_nothing() && root.allow_empty != Some(true) {
         let problem = "the file sets nothing, which would replace the running policy with the built-in default (a \
                        truncated file?); write `allow_empty = true` if that is meant";
