@@ -41,6 +41,11 @@ struct Setup {
 }
 
 fn setup(tag: &str, forwards: &str) -> Setup {
+    setup_with(tag, forwards, |_| {})
+}
+
+/// [`setup`], with `pre` applied to the daemon's command.
+fn setup_with(tag: &str, forwards: &str, pre: impl FnOnce(&mut Command)) -> Setup {
     require_root();
     limiter_tests::scenario::raise_nofile();
     let net = VethPair::new(tag);
@@ -60,6 +65,7 @@ fn setup(tag: &str, forwards: &str) -> Setup {
         .arg(&policy)
         .arg("--socket")
         .arg(&socket);
+    pre(&mut c);
     let (daemon, log) = spawn_lines(c).unwrap();
     let mut seen = String::new();
     wait_for(&log, "listening on", Duration::from_secs(20), &mut seen).unwrap();
@@ -544,6 +550,54 @@ fn an_upstream_back_from_an_outage_serves_within_seconds() {
     assert!(served.load(Ordering::Relaxed) > 0 && took < Duration::from_secs(5), "served again only after {took:?}");
     let log: Vec<String> = s.log.try_iter().filter(|l| l.contains("upstream 127.0.0.1:9121 failed")).collect();
     assert!(log.len() <= 3, "{} warnings for one outage: {log:?}", log.len());
+    stop.store(true, Ordering::Relaxed);
+    up.join().unwrap();
+}
+
+/// Hardening round 2: on 084fce7, under `ulimit -n 256` the forwarder
+/// blamed its own EMFILE on the healthy upstream (60 `upstream_failed`, 70
+/// `no_upstream`), and kept shedding after descriptors were free again.
+/// Now a local resource error is counted as such, the upstream stays in
+/// service, and the next connection is served at once.
+#[test]
+fn running_out_of_descriptors_never_blames_the_upstream() {
+    use std::os::unix::process::CommandExt as _;
+    let s = setup_with("fwmf", &forward(8443, &[9122], ""), |c| unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit { rlim_cur: 256, rlim_max: 256 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
+    let up = tlv_upstream(&s.net.b, 9122, Duration::from_secs(3), Arc::clone(&stop), Arc::clone(&served));
+    wait_listening(&s.net.b, 9122);
+    // 300 clients hold their connections: two descriptors each in the
+    // daemon, more than its 256.
+    let held: Vec<TcpStream> =
+        s.net.a.run_in(|| (0..300).filter_map(|_| TcpStream::connect((FRONT, 8443)).ok()).collect());
+    thread::sleep(Duration::from_secs(2));
+    let during = status(&s)["forwards"][0].clone();
+    drop(held);
+    // The upstream lets its connections go after its 3 s hold.
+    thread::sleep(Duration::from_secs(2));
+    let answer = request(&s.net.a, 8443, "");
+    let after = status(&s)["forwards"][0].clone();
+    println!(
+        "300 held connections over 256 descriptors: {} served upstream, local_errors {}, upstream_connect_failures {}, upstream_failed {}; the next request served",
+        served.load(Ordering::Relaxed),
+        after["local_errors"],
+        after["upstream_connect_failures"],
+        after["upstream_failed"]
+    );
+    assert!(answer.contains("\"port\""), "the next connection was not served: {answer:?} ({after})");
+    assert!(after["local_errors"].as_u64().unwrap() > 0, "descriptors never ran out: {during}");
+    assert_eq!(after["upstream_connect_failures"].as_u64(), Some(0), "{after}");
+    assert_eq!(after["upstream_failed"].as_u64(), Some(0), "{after}");
+    assert!(after["upstreams"].as_array().unwrap().iter().all(|u| u[1] == true), "{after}");
     stop.store(true, Ordering::Relaxed);
     up.join().unwrap();
 }
