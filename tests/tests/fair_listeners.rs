@@ -60,6 +60,14 @@ fn finish(c: std::process::Child) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// User and system clock ticks the process has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = stat.rsplit_once(')').unwrap().1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
 fn count(report: &str, field: &str) -> u64 {
     report.split_whitespace().skip_while(|w| *w != field).nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
 }
@@ -87,7 +95,7 @@ fn one_hostile_local_user_cannot_make_a_scrape_a_feedback_post_or_a_status_fail(
         .arg(&policy)
         .arg("--socket")
         .arg(&socket);
-    let (_daemon, log) = spawn_lines(c).unwrap();
+    let (daemon, log) = spawn_lines(c).unwrap();
     let mut seen = String::new();
     wait_for(&log, "metrics on", Duration::from_secs(20), &mut seen).unwrap();
 
@@ -95,6 +103,7 @@ fn one_hostile_local_user_cannot_make_a_scrape_a_feedback_post_or_a_status_fail(
     // reopened all the time; on /metrics partial requests and pipelined
     // scrapes, on the feedback port partial requests, on the control
     // socket partial request lines (which it may send: it is in the group).
+    let cpu0 = cpu_ticks(daemon.0.id());
     let secs = 14;
     let attackers = [
         hostile(&net, "tcp:127.0.0.1:9464", 64, secs, "slow"),
@@ -138,6 +147,10 @@ fn one_hostile_local_user_cannot_make_a_scrape_a_feedback_post_or_a_status_fail(
     }
     let during = started.elapsed();
     let reports: Vec<String> = attackers.into_iter().map(finish).collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = u32::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+    let cpu = f64::from(u32::try_from(cpu_ticks(daemon.0.id()) - cpu0).unwrap()) / f64::from(hz * secs);
+    println!("the daemon used {:.0}% of a core during the attack", cpu * 100.0);
     println!(
         "under attack for {during:?}: {scrapes}/20 scrapes, {posts}/15 feedback POSTs, {statuses}/20 status answered; attackers: {reports:?}"
     );
