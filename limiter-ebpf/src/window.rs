@@ -1,6 +1,7 @@
 //! Window quotas on the data plane (the arithmetic is
-//! `limiter_common::window`): sum the prefix's slices of the current
-//! window, its own and, for a fleet-scope class, the other nodes' as last
+//! `limiter_common::window`): sum the prefix's slices of the exact window
+//! ending now (the leaving slice while its first admission is still in
+//! it), its own and, for a fleet-scope class, the other nodes' as last
 //! synced; admit while the sum with this packet stays within the limit,
 //! and count it in the current slice with one compare-and-swap.
 //!
@@ -17,7 +18,7 @@ use core::{
 use limiter_common::{
     BucketKey, ClassLimits, Reason, gcra,
     reason::MAX_CAS_RETRIES,
-    window::{self, MAX_SLICES, Touch, WindowState, scope},
+    window::{self, SLOTS, Touch, WindowState, scope},
 };
 
 use crate::maps::{FLEET, FLEET_STATE, TOUCHED, WINDOWS};
@@ -35,14 +36,15 @@ fn state(key: &BucketKey) -> Option<*mut WindowState> {
     WINDOWS.get_ptr_mut(key)
 }
 
-/// Units of `w` in the window ending with slice `cur`.
+/// Units of `w` in the window ending in slice `cur` whose start is at
+/// position `at` of the leaving slice.
 #[inline(always)]
-fn counted(w: *const WindowState, cur: u64, slices: u32) -> u64 {
+fn counted(w: *const WindowState, cur: u64, at: u64, slices: u32) -> u64 {
     let mut seen = 0;
-    for i in 0..MAX_SLICES {
+    for i in 0..SLOTS {
         // SAFETY: a live map value; an aligned 8-byte load is single-copy
         // atomic on the BPF ISA.
-        seen += window::count_in(unsafe { read_volatile(&raw const (*w).slots[i]) }, cur, slices);
+        seen += window::count_in(unsafe { read_volatile(&raw const (*w).slots[i]) }, cur, at, slices);
     }
     seen
 }
@@ -53,30 +55,30 @@ fn counted(w: *const WindowState, cur: u64, slices: u32) -> u64 {
 pub fn charge_window(key: &BucketKey, now: u64, units: u64, l: &ClassLimits) -> Reason {
     // Slices on the wall clock (ns): the same on every node of a fleet.
     let offset = FLEET_STATE.get(2).copied().unwrap_or(0);
-    let cur = window::slice_of((now >> gcra::TIME_SHIFT).wrapping_add(offset), l.unit);
+    let (cur, here, edge) = window::locate((now >> gcra::TIME_SHIFT).wrapping_add(offset), l.unit);
     let Some(w) = state(key) else { return Reason::BucketInsertFailed };
     let fleet = l.scope & scope::FLEET != 0;
     let mut limit = l.tau;
-    let mut seen = counted(w, cur, l.slices);
+    let mut seen = counted(w, cur, edge, l.slices);
     if fleet {
         let split = FLEET_STATE.get(1).copied().unwrap_or(0);
         if split != 0 && l.scope & scope::SPLIT_ON_FAILURE != 0 {
             // The store is down: this node's share only.
             limit /= split;
         } else if let Some(f) = FLEET.get_ptr(key) {
-            seen += counted(f, cur, l.slices);
+            seen += counted(f, cur, edge, l.slices);
         }
     }
     if seen + units > limit {
         return Reason::RateLimited;
     }
     let i = window::slot_of(cur, l.slices);
-    if i >= MAX_SLICES {
+    if i >= SLOTS {
         return Reason::NoConfig;
     }
     // SAFETY: as above; `i` is in bounds.
     let p = unsafe { &raw mut (*w).slots[i] };
-    if !cas_bump(p, cur, units) {
+    if !cas_bump(p, cur, here, units) {
         return Reason::Contended;
     }
     if fleet {
@@ -85,10 +87,10 @@ pub fn charge_window(key: &BucketKey, now: u64, units: u64, l: &ClassLimits) -> 
     Reason::Admitted
 }
 
-/// Count `units` in slot `p` for slice `cur`, retried a bounded number of
-/// times when another CPU changed it in between.
+/// Count `units` in slot `p` for position `at` of slice `cur`, retried a
+/// bounded number of times when another CPU changed it in between.
 #[inline(always)]
-fn cas_bump(p: *mut u64, cur: u64, units: u64) -> bool {
+fn cas_bump(p: *mut u64, cur: u64, at: u64, units: u64) -> bool {
     for _ in 0..MAX_CAS_RETRIES {
         // SAFETY: a live map value, as above.
         let old = unsafe { read_volatile(p) };
@@ -97,7 +99,7 @@ fn cas_bump(p: *mut u64, cur: u64, units: u64) -> bool {
             atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
                 p,
                 old,
-                window::bump(old, cur, units),
+                window::bump(old, cur, at, units),
             )
         };
         if swapped {

@@ -271,8 +271,11 @@ fn run_frame<'a>(
 /// Replay the frames of `pcap` through a private copy of the program
 /// under `policy`.
 pub fn replay<R: Read>(policy: &Policy, pcap: &mut Pcap<R>) -> anyhow::Result<Report> {
-    // Timestamps start one second in: time 0 is not special, but a bucket
-    // should never look created before the clock started.
+    // The injected clock starts one second in (time 0 is not special, but
+    // a bucket should never look created before the clock started) and
+    // runs with the capture's timestamps; window quotas see the capture's
+    // own time (the offset below), so their slices fall where the live
+    // program's would have at those times.
     const BASE_NS: u64 = 1_000_000_000;
     let compiled = policy.compile(1)?;
     let mut l = DataPlane::open(policy.capacity)?;
@@ -296,7 +299,12 @@ pub fn replay<R: Read>(policy: &Policy, pcap: &mut Pcap<R>) -> anyhow::Result<Re
             None => more = false,
         }
         while let Some(f) = window.pop(!more) {
-            let t0 = *first.get_or_insert(f.t_ns);
+            let t0 = *first.get_or_insert_with(|| {
+                // Window quotas number slices on the capture's own clock,
+                // as the live program does on the wall clock.
+                let _ = l.set_wall_offset(f.t_ns.wrapping_sub(BASE_NS));
+                f.t_ns
+            });
             let t = BASE_NS + f.t_ns.saturating_sub(t0);
             if t < now {
                 report.late += 1;

@@ -20,7 +20,7 @@ use limiter_tests::{
 };
 
 const CLIENT: &str = "198.18.1.10";
-const KEY: &str = "lim:{quota|198.18.1.0/24}";
+const KEY: &str = "lim2:{quota|198.18.1.0/24}";
 
 /// A fleet class of 60 a window of 6 s in 6 slices of 1 s.
 fn policy(store: &str, nodes: u32, extra: &str) -> String {

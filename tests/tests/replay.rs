@@ -155,3 +155,66 @@ fn replay_charges_original_lengths_and_never_runs_time_back() {
     assert_eq!((j["reordered"].as_u64(), j["late"].as_u64()), (Some(2), Some(0)), "{j}");
     assert_eq!(row(&j, "198.18.51.0/24"), [8, 7, 1, 0], "{j}");
 }
+
+/// The case study's three patterns (ms from the start), 600 per 60 s.
+fn seed_patterns() -> [(&'static str, Vec<u64>, u64); 3] {
+    let uniform: Vec<u64> = (0..3600).map(|i| i * 50).collect();
+    let mut piled: Vec<u64> = [60_000u64, 120_000]
+        .iter()
+        .flat_map(|b| {
+            [(b - 5_000, 600u64), (*b, 600)].into_iter().flat_map(|(s, n)| (0..n).map(move |i| s + i * 5_000 / n))
+        })
+        .collect();
+    piled.sort_unstable();
+    let spaced: Vec<u64> = (0..1800).map(|i| i * 100).collect();
+    [("uniform at 2x", uniform, 1800), ("piled at the boundary", piled, 1200), ("spaced at the limit", spaced, 1800)]
+}
+
+/// Issue 28, item 3: on 084fce7 `replay` numbered window slices from its
+/// own clock (1 s in), not the capture's, and gave 1820 for the seed's
+/// uniform pattern where the live program gives 1800. Now a capture
+/// written at a multiple of the slice gives the seed's row, and one
+/// shifted by a fraction of a slice gives what the live program gives at
+/// those very times.
+#[test]
+fn window_quotas_replay_on_the_captures_own_clock() {
+    use limiter::policy::Scope;
+    use limiter_tests::kernel;
+
+    require_root();
+    let tmp = limiter_tests::kernel::TempDir::new("rpwin");
+    let policy = tmp.0.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "rate = 1000000\nburst = 1000000\n\n[[class]]\nname = \"quota\"\nprotocol = \"udp\"\nlimit = 600\nwindow = \"60s\"\nslices = 12\n",
+    )
+    .unwrap();
+    let pcap = tmp.0.join("seed.pcap");
+    let frame = udp4([198, 18, 10, 1]);
+    // A Unix time that is a multiple of the 5 s slice, in µs.
+    let t0_us = 1_700_000_000_000_000u64;
+    for (name, times, seed_row) in seed_patterns() {
+        for shift_us in [0u64, 2_500_000] {
+            let frames: Vec<(u64, Vec<u8>)> =
+                times.iter().map(|t| (t0_us + shift_us + t * 1_000, frame.clone())).collect();
+            write_pcap(&pcap, &frames);
+            let passed = row(&replay(&pcap, &policy), "198.18.10.0/24")[1];
+            // The live program at those times: its slices on that clock.
+            let mut live = kernel::open(&kernel::window_config(600, 60_000, 12, Scope::Local));
+            let live_passed = frames
+                .iter()
+                .filter(|(t_us, f)| {
+                    live.set_test_clock(t_us * 1_000).unwrap();
+                    live.test_run(limiter_common::programs::LIMITER_TEST_CLOCK, f, 1).unwrap().0 == kernel::XDP_PASS
+                })
+                .count() as u64;
+            println!(
+                "{name}, shifted {shift_us} us: replay {passed}, live program {live_passed} (seed's row {seed_row})"
+            );
+            assert_eq!(passed, live_passed, "{name} shifted {shift_us} us");
+            if shift_us == 0 {
+                assert_eq!(passed, seed_row, "{name}: the seed's row");
+            }
+        }
+    }
+}

@@ -226,8 +226,8 @@ impl Daemon {
             let key = rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, u8::try_from(i).unwrap_or(0));
             let Some(c) = windows.of(&key) else { continue };
             out.cidr = cidr(&BucketKey { class: 0, ..key });
-            let cur = wall / c.slice_ns;
-            let count = |m: &WindowMap| m.get(&key, 0).map_or(0, |w| window::total(&w, cur, c.slices));
+            let (cur, _, edge) = window::locate(wall, c.slice_ns);
+            let count = |m: &WindowMap| m.get(&key, 0).map_or(0, |w| window::total(&w, cur, edge, c.slices));
             let (local, fleet) = maps.map_or((0, 0), |(w, f)| (count(w), if c.fleet { count(f) } else { 0 }));
             #[expect(clippy::cast_precision_loss, reason = "display")]
             let window_secs = (c.slice_ns * u64::from(c.slices)) as f64 / 1e9;

@@ -291,6 +291,14 @@ impl DataPlane {
         self.drop_events.take()
     }
 
+    /// Put the wall clock the window quotas number their slices by
+    /// `offset` ns ahead of the injected clock (the daemon keeps it at the
+    /// wall clock's offset from the monotonic one).
+    pub fn set_wall_offset(&mut self, offset: u64) -> Result<(), LoadError> {
+        let Some(w) = &mut self.maps.windows else { return Ok(()) };
+        maps::Named::on(w.state.set(2, offset, 0), limiter_common::maps::FLEET_STATE)
+    }
+
     /// Run one frame through the injected-clock entry point at `now_ns`
     /// (offline: `limiter replay`). Returns the XDP action.
     pub fn run_at(&mut self, now_ns: u64, frame: &[u8]) -> Result<u32, LoadError> {

@@ -110,6 +110,12 @@ impl DataPlane {
         }
     }
 
+    /// Write the other nodes' counts of a prefix, as the fleet sync does.
+    pub fn set_fleet(&mut self, key: &BucketKey, others: WindowState) -> Result<(), LoadError> {
+        let Some(w) = &mut self.maps.windows else { return Ok(()) };
+        w.fleet.insert(key, others, 0).on(names::FLEET)
+    }
+
     /// BPF_PROG_TEST_RUN of `name` over `data`, `repeat` times on each CPU
     /// of `cpus` at the same moment (a thread pinned to each), to race the
     /// program against itself on shared map entries. The kernel's mean time

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 
 use limiter_common::{
     BucketKey,
-    window::{self, MAX_SLICES, WindowState},
+    window::{self, SLOTS, WindowState},
 };
 
 /// Prefixes remembered at most (pushed counts and pending touches each);
@@ -20,67 +20,87 @@ use limiter_common::{
 /// spoofed flood of a fleet class.
 pub const MAX_PREFIXES: usize = 1 << 20;
 
-/// The full slice number of a slot's 32-bit stamp, `cur` being the
-/// current slice.
+/// The full slice number of `slot`, `cur` being the current slice.
 #[must_use]
-pub fn full_slice(stamp: u64, cur: u64) -> u64 {
-    #[expect(clippy::cast_possible_truncation, reason = "stamps are the low 32 bits")]
-    let back = (cur as u32).wrapping_sub(stamp as u32);
-    cur.wrapping_sub(u64::from(back))
+pub fn full_slice(slot: u64, cur: u64) -> u64 {
+    cur.wrapping_sub(window::age(slot, cur))
 }
 
-/// The slots of `w` inside the window ending with `cur`, as (full slice,
-/// count), oldest first.
+/// The slots of `w` inside the window ending in slice `cur` or leaving
+/// it, as (full slice, count, position of its first admission), oldest
+/// first.
 #[must_use]
-pub fn slices_of(w: &WindowState, cur: u64, slices: u32) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = w
+pub fn slices_of(w: &WindowState, cur: u64, slices: u32) -> Vec<(u64, u64, u64)> {
+    let mut v: Vec<(u64, u64, u64)> = w
         .slots
         .iter()
-        .filter(|s| **s != 0 && window::count_in(**s, cur, slices) > 0)
-        .map(|s| (full_slice(*s >> 32, cur), *s & 0xffff_ffff))
+        .filter(|s| window::count(**s) > 0 && window::age(**s, cur) <= u64::from(slices))
+        .map(|s| (full_slice(*s, cur), window::count(*s), window::first(*s)))
         .collect();
     v.sort_unstable();
     v
 }
 
-/// The other nodes' counts of a prefix's window ending with `cur`, from
-/// what was read of their fields: `reads[i]` is (peer, slice on this
-/// node's clock) of `values[i]`. Only slices of the window (and one slice
-/// ahead, for clocks a little ahead) count, and each peer's share of the
-/// window is clamped at `limit` (its slices summed oldest first; what
-/// passes the limit is not counted): a peer, or a writer to the store in
-/// its name, can never count for more than one node at its limit could.
+/// A store value: the count of a node's slice, and in the bits above 32
+/// the position of its first admission (added once, with the slice's
+/// first push: later pushes add counts only).
+#[must_use]
+pub const fn stored(count: u64, first: Option<u64>) -> u64 {
+    match first {
+        Some(f) => (f << 32) | count,
+        None => count,
+    }
+}
+
+/// The other nodes' counts of a prefix's window ending in slice `cur`,
+/// from what was read of their fields: `reads[i]` is (peer, slice on this
+/// node's clock) of `values[i]` (see [`stored`]). Only the slices of the
+/// window, the one leaving it (with the earliest first admission of any
+/// peer), and one slice ahead (for clocks a little ahead) count, and each
+/// peer's share of the window is clamped at `limit` (its slices summed
+/// oldest first; what passes the limit is not counted; the leaving slice
+/// on its own): a peer, or a writer to the store in its name, can never
+/// count for more than one node at its limit could.
 #[must_use]
 pub fn others(reads: &[(usize, u64)], values: &[u64], cur: u64, slices: u32, limit: u64) -> WindowState {
-    let lo = cur.saturating_add(1).saturating_sub(u64::from(slices));
-    let mut seen: Vec<(usize, u64, u64)> = reads
+    let leaving = cur.saturating_sub(u64::from(slices));
+    let mut seen: Vec<(usize, u64, u64, u64)> = reads
         .iter()
         .zip(values)
-        .filter(|((_, s), n)| (lo..=cur + 1).contains(s) && **n > 0)
-        .map(|((p, s), n)| (*p, *s, *n))
+        .filter(|((_, s), v)| (leaving..=cur + 1).contains(s) && **v & 0xffff_ffff > 0)
+        .map(|((p, s), v)| (*p, *s, *v & 0xffff_ffff, (*v >> 32) & 0xfff))
         .collect();
     seen.sort_unstable();
-    let mut per_slice: Vec<(u64, u64)> = Vec::new();
+    // (slice, count, earliest first admission)
+    let mut per_slice: Vec<(u64, u64, u64)> = Vec::new();
     let mut peer = usize::MAX;
     let mut left = 0;
-    for (p, s, n) in seen {
+    for (p, s, n, first) in seen {
         if p != peer {
             (peer, left) = (p, limit);
         }
-        let n = n.min(left);
-        left -= n;
-        match per_slice.iter_mut().find(|(x, _)| *x == s) {
-            Some((_, total)) => *total = total.saturating_add(n),
-            None => per_slice.push((s, n)),
+        let n = if s == leaving && slices > 0 {
+            n.min(limit)
+        } else {
+            let n = n.min(left);
+            left -= n;
+            n
+        };
+        match per_slice.iter_mut().find(|(x, _, _)| *x == s) {
+            Some((_, total, f)) => {
+                *total = total.saturating_add(n);
+                *f = (*f).min(first);
+            }
+            None => per_slice.push((s, n, first)),
         }
     }
     let mut out = WindowState::default();
-    for (s, n) in per_slice {
+    for (s, n, first) in per_slice {
         let i = window::slot_of(s, slices);
-        // The slot of the slice ahead is the oldest one's: that one wins
+        // The slot of the slice ahead is the leaving one's: that one wins
         // (the program counts the slice ahead only once it is current).
-        if i < MAX_SLICES && n > 0 && s <= cur {
-            out.slots[i] = window::slot(s, n.min(u64::from(u32::MAX)));
+        if i < SLOTS && n > 0 && s <= cur {
+            out.slots[i] = window::slot(s, first, n.min(u64::from(u32::MAX)));
         }
     }
     out
@@ -143,16 +163,17 @@ impl Ledger {
         self.pending.len()
     }
 
-    /// The units to add to the store per (full) slice of `key`'s window
-    /// ending with `cur`: local counts less what was pushed before.
+    /// The values to add to the store per (full) slice of `key`'s window
+    /// ending in slice `cur`: local counts less what was pushed before,
+    /// with the slice's first admission on its first push ([`stored`]).
     #[must_use]
     pub fn deltas(&self, key: &BucketKey, local: &WindowState, cur: u64, slices: u32) -> Vec<(u64, u64)> {
         let before = self.pushed.get(key).map(|p| slices_of(p, cur, slices)).unwrap_or_default();
         slices_of(local, cur, slices)
             .into_iter()
-            .filter_map(|(s, n)| {
-                let had = before.iter().find(|(b, _)| *b == s).map_or(0, |(_, c)| *c);
-                (n > had).then(|| (s, n - had))
+            .filter_map(|(s, n, first)| match before.iter().find(|(b, _, _)| *b == s) {
+                Some((_, had, _)) => (n > *had).then(|| (s, n - had)),
+                None => Some((s, stored(n, Some(first)))),
             })
             .collect()
     }
@@ -177,9 +198,11 @@ impl Ledger {
     #[must_use]
     pub fn expired(&self, key: &BucketKey, cur: u64, slices: u32) -> Vec<u64> {
         let Some(p) = self.pushed.get(key) else { return Vec::new() };
-        let oldest = cur.saturating_add(1).saturating_sub(u64::from(slices));
+        // The leaving slice is kept: the other nodes still read its first
+        // admission.
+        let oldest = cur.saturating_sub(u64::from(slices));
         let mut v: Vec<u64> =
-            p.slots.iter().filter(|s| **s != 0).map(|s| full_slice(*s >> 32, cur)).filter(|s| *s < oldest).collect();
+            p.slots.iter().filter(|s| **s != 0).map(|s| full_slice(*s, cur)).filter(|s| *s < oldest).collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -208,10 +231,11 @@ mod tests {
         BucketKey { family: family::IPV4, prefix_len: 24, class: 1, pad: 0, addr: [7, 0] }
     }
 
+    /// Slices with their counts, each first admitted at position 7.
     fn state(slots: &[(u64, u64)]) -> WindowState {
         let mut w = WindowState::default();
         for &(s, n) in slots {
-            w.slots[window::slot_of(s, 12)] = window::slot(s, n);
+            w.slots[window::slot_of(s, 12)] = window::slot(s, 7, n);
         }
         w
     }
@@ -221,28 +245,40 @@ mod tests {
         let mut l = Ledger::default();
         let cur = 5_000_000_003;
         let local = state(&[(cur - 1, 10), (cur, 4)]);
-        assert_eq!(l.deltas(&key(), &local, cur, 12), vec![(cur - 1, 10), (cur, 4)]);
+        let first = |n| stored(n, Some(7));
+        assert_eq!(
+            l.deltas(&key(), &local, cur, 12),
+            vec![(cur - 1, first(10)), (cur, first(4))],
+            "first push: with its position"
+        );
         l.pushed(key(), local);
         let later = state(&[(cur - 1, 10), (cur, 9)]);
-        assert_eq!(l.deltas(&key(), &later, cur, 12), vec![(cur, 5)]);
-        // A window later the old slices are out of it.
-        let far = state(&[(cur + 12, 2)]);
-        assert_eq!(l.deltas(&key(), &far, cur + 12, 12), vec![(cur + 12, 2)]);
+        assert_eq!(l.deltas(&key(), &later, cur, 12), vec![(cur, 5)], "then counts only");
+        // A window and a slice later the old slices are gone.
+        let far = state(&[(cur + 13, 2)]);
+        assert_eq!(l.deltas(&key(), &far, cur + 13, 12), vec![(cur + 13, first(2))]);
     }
 
     #[test]
     fn others_are_the_peers_counts_each_clamped_at_the_limit_inside_the_window() {
         let cur = 77;
+        let v = |n: u64, first: u64| stored(n, Some(first));
         // Peer 0: 10 and 5 in the window. Peer 1 (hostile): a million now,
         // a million in slices before the window and far ahead.
-        let reads = [(0, cur - 1), (0, cur), (1, cur - 12), (1, cur), (1, cur + 1), (1, cur + 5), (0, cur - 5)];
-        let values = [10, 5, 1_000_000, 1_000_000, 1_000_000, 1_000_000, 3];
+        let reads = [(0, cur - 1), (0, cur), (1, cur - 13), (1, cur), (1, cur + 1), (1, cur + 5), (0, cur - 5)];
+        let values = [v(10, 1), 5, v(1_000_000, 0), v(1_000_000, 0), v(1_000_000, 0), v(1_000_000, 0), v(3, 9)];
         let o = others(&reads, &values, cur, 12, 600);
-        assert_eq!(slices_of(&o, cur, 12), vec![(cur - 5, 3), (cur - 1, 10), (cur, 605)]);
-        assert_eq!(window::total(&o, cur, 12), 618, "peer 1 counts for its limit at most, peer 0 for what it sent");
+        assert_eq!(slices_of(&o, cur, 12), vec![(cur - 5, 3, 9), (cur - 1, 10, 1), (cur, 605, 0)]);
+        assert_eq!(window::total(&o, cur, 0, 12), 618, "peer 1 counts for its limit at most, peer 0 for what it sent");
         // Clamped oldest first: the limit is spent by the older slices.
         let o = others(&[(0, cur - 2), (0, cur)], &[500, 500], cur, 12, 600);
-        assert_eq!(slices_of(&o, cur, 12), vec![(cur - 2, 500), (cur, 100)]);
+        assert_eq!(slices_of(&o, cur, 12), vec![(cur - 2, 500, 0), (cur, 100, 0)]);
+        // The leaving slice: each peer's clamped on its own, the earliest
+        // first admission of any.
+        let o = others(&[(0, cur - 12), (1, cur - 12), (0, cur)], &[v(700, 30), v(5, 20), v(600, 0)], cur, 12, 600);
+        assert_eq!(slices_of(&o, cur, 12), vec![(cur - 12, 605, 20), (cur, 600, 0)]);
+        assert_eq!(window::total(&o, cur, 19, 12), 1205, "the leaving slice while its first admission is inside");
+        assert_eq!(window::total(&o, cur, 20, 12), 600, "and not once it has left");
     }
 
     #[test]
@@ -251,15 +287,16 @@ mod tests {
         let cur = 100;
         l.pushed(key(), state(&[(cur - 1, 10), (cur, 4)]));
         assert!(l.expired(&key(), cur, 12).is_empty());
-        assert_eq!(l.expired(&key(), cur + 12, 12), vec![cur - 1, cur]);
-        assert_eq!(l.expired(&key(), cur + 11, 12), vec![cur - 1]);
+        assert!(l.expired(&key(), cur + 11, 12).is_empty(), "leaving: still read by the others");
+        assert_eq!(l.expired(&key(), cur + 13, 12), vec![cur - 1, cur]);
+        assert_eq!(l.expired(&key(), cur + 12, 12), vec![cur - 1]);
     }
 
     #[test]
-    fn full_slice_numbers_survive_the_32_bit_wrap() {
+    fn full_slice_numbers_survive_the_stamps_wrap() {
         let cur = (1u64 << 32) + 3;
-        assert_eq!(full_slice(u64::from(u32::MAX), cur), (1 << 32) - 1);
-        assert_eq!(full_slice(3, cur), cur);
+        assert_eq!(full_slice(window::slot(cur - 5, 0, 1), cur), cur - 5);
+        assert_eq!(full_slice(window::slot(cur, 0, 1), cur), cur);
     }
 
     #[test]

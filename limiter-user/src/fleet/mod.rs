@@ -318,7 +318,7 @@ impl Sync {
         for (b, values) in batch.iter().zip(&got.windows) {
             self.ledger.pushed(b.key, b.local);
             let others = ledger::others(&b.reads, values, b.cur, b.slices, b.limit);
-            let fleet = window::total(&others, b.cur, b.slices) + window::total(&b.local, b.cur, b.slices);
+            let fleet = window::total(&others, b.cur, 0, b.slices) + window::total(&b.local, b.cur, 0, b.slices);
             self.ledger.heat(b.key, fleet, b.limit);
             let _ = self.maps.fleet.insert(b.key, others, 0);
         }

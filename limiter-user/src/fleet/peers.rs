@@ -59,7 +59,8 @@ pub fn reads(peers: &[Peer], own_ms: i64, slice_ms: u64, cur: u64, slices: u32) 
     let mut fields = Vec::new();
     for (i, p) in peers.iter().enumerate() {
         let k = shift(p.offset_ms, own_ms, slice_ms);
-        for s in (cur + 1).saturating_sub(u64::from(slices))..=cur + 1 {
+        // The window's slices, the one leaving it and one ahead.
+        for s in cur.saturating_sub(u64::from(slices))..=cur + 1 {
             at.push((i, s));
             fields.push(store::field(&p.name, s.saturating_add_signed(k)));
         }
@@ -106,8 +107,24 @@ mod tests {
         assert_eq!(shift(5_100, 5_000, 1_000), 0, "both ahead alike");
         assert_eq!(offset(3, 5), -2);
         let (at, fields) = reads(&peers, 0, 1_000, 100, 2);
-        assert_eq!(at, [(0, 99), (0, 100), (0, 101), (1, 99), (1, 100), (1, 101)]);
-        assert_eq!(fields, ["ahead/104", "ahead/105", "ahead/106", "old-build/99", "old-build/100", "old-build/101"]);
+        assert_eq!(
+            at,
+            [(0, 98), (0, 99), (0, 100), (0, 101), (1, 98), (1, 99), (1, 100), (1, 101)],
+            "leaving, window, ahead"
+        );
+        assert_eq!(
+            fields,
+            [
+                "ahead/103",
+                "ahead/104",
+                "ahead/105",
+                "ahead/106",
+                "old-build/98",
+                "old-build/99",
+                "old-build/100",
+                "old-build/101"
+            ]
+        );
         assert_eq!(skewed(&peers, "me", -1_500, 1_000), [("ahead".to_owned(), 5_100), ("me".to_owned(), -1_500)]);
     }
 }

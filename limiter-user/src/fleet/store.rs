@@ -35,10 +35,14 @@ use redis::{
 
 use crate::policy::fleet::Fleet;
 
-/// The key of `class`'s counts for `cidr`.
+/// The key of `class`'s counts for `cidr`. `lim2`: a value carries the
+/// position of the slice's first admission above its count since the
+/// window became exact at its trailing edge; a node of the older layout
+/// (`lim:`) would read that as a huge count, so the two never share keys
+/// (during a rolling upgrade each counts its own generation's nodes).
 #[must_use]
 pub fn key(class: &str, cidr: &str) -> String {
-    format!("lim:{{{class}|{cidr}}}")
+    format!("lim2:{{{class}|{cidr}}}")
 }
 
 /// The hash of node heartbeats (node name -> `NODE_MS:STORE_MS`).
@@ -365,7 +369,7 @@ mod tests {
     #[test]
     fn a_prefix_has_one_hash_tagged_key_and_its_commands_in_order() {
         let k = key("syn", "198.18.5.0/24");
-        assert_eq!(k, "lim:{syn|198.18.5.0/24}");
+        assert_eq!(k, "lim2:{syn|198.18.5.0/24}");
         // Redis Cluster hashes only what is between the first braces.
         let tag = &k[k.find('{').unwrap() + 1..k.find('}').unwrap()];
         assert_eq!(tag, "syn|198.18.5.0/24");
