@@ -83,6 +83,30 @@ pub fn on_ticks(requests: &[(u64, usize)], n: usize, limit: u64, interval_ns: u6
     accepted
 }
 
+/// The study's three arrival patterns of one client, in ms from the
+/// start, with the admitted counts of its sliding-window row (600 per
+/// 60 s in 12 slices): uniform at 2x the rate (3,600 over 3 minutes),
+/// piled at the boundary (600 in the last 5 s before a minute and 600 in
+/// the first 5 s after, twice), spaced at the limit (600 in the first 5 s
+/// of each minute).
+#[must_use]
+pub fn patterns() -> [(&'static str, Vec<u64>, u64); 3] {
+    let uniform: Vec<u64> = (0..3600).map(|i| i * 50).collect();
+    let mut piled: Vec<u64> = [60_000u64, 120_000]
+        .iter()
+        .flat_map(|b| {
+            [(b - 5_000, 600u64), (*b, 600)].into_iter().flat_map(|(s, n)| (0..n).map(move |i| s + i * 5_000 / n))
+        })
+        .collect();
+    piled.sort_unstable();
+    let spaced: Vec<u64> = (0..3).flat_map(|k| (0..600u64).map(move |i| k * 60_000 + i * 5_000 / 600)).collect();
+    [
+        ("uniform at 2x the rate", uniform, 1800),
+        ("piled at the boundary", piled, 1200),
+        ("spaced at the limit", spaced, 1800),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

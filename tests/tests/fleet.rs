@@ -88,27 +88,24 @@ fn a_flood_starting_at_any_phase_stays_within_the_bound_on_one_host_and_three() 
     let local = format!(
         "rate = 100000\nburst = 100000\n\n[[class]]\nname = \"quota\"\nprotocol = \"udp\"\nports = [{PORT}]\nlimit = 600\nwindow = \"6s\"\nslices = 12\n"
     );
+    let flood = |nodes: &[Node], what: &str| {
+        let times = schedule(900, 13, SLICE_NS, 300_000_000, phase);
+        let got = run(nodes, &[Flow { src: CLIENT, times }], 20_261_202);
+        let peak = busiest(&got[0].1, WINDOW_NS);
+        println!(
+            "9x through {what} from {:.3} s into a slice: busiest 6 s window {peak} ({:.3}x)",
+            phase as f64 / 1e9,
+            peak as f64 / 600.0
+        );
+        peak
+    };
     let one = start_nodes("flph1", 1, &local, &[CLIENT], &tmp.0, |_| {});
-    let times = schedule(900, 13, SLICE_NS, 300_000_000, phase);
-    let got = run(&one, &[Flow { src: CLIENT, times }], 20_261_202);
-    let peak1 = busiest(&got[0].1, WINDOW_NS);
-    println!(
-        "9x through one host from {:.3} s into a slice: busiest 6 s window {peak1} ({:.3}x)",
-        phase as f64 / 1e9,
-        peak1 as f64 / 600.0
-    );
+    let peak1 = flood(&one, "one host");
     drop(one);
     let redis = Redis::unix(&tmp.0);
     let nodes = start_nodes("flph", 3, &policy(&[redis.url()], 600, 20), &[CLIENT], &tmp.0, |_| {});
     assert!(eventually(Duration::from_secs(10), || synced(&nodes)), "the nodes never all synced");
-    let times = schedule(900, 13, SLICE_NS, 300_000_000, phase);
-    let got = run(&nodes, &[Flow { src: CLIENT, times }], 20_261_202);
-    let peak3 = busiest(&got[0].1, WINDOW_NS);
-    println!(
-        "9x through 3 hosts from {:.3} s into a slice: busiest 6 s window {peak3} ({:.3}x)",
-        phase as f64 / 1e9,
-        peak3 as f64 / 600.0
-    );
+    let peak3 = flood(&nodes, "3 hosts");
     assert!((600..=630).contains(&peak1), "one host: busiest window {peak1} (limit 600, bound 1.05x)");
     assert!((600..=660).contains(&peak3), "three hosts: busiest window {peak3} (limit 600, bound 1.10x)");
 }

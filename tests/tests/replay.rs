@@ -156,20 +156,6 @@ fn replay_charges_original_lengths_and_never_runs_time_back() {
     assert_eq!(row(&j, "198.18.51.0/24"), [8, 7, 1, 0], "{j}");
 }
 
-/// The case study's three patterns (ms from the start), 600 per 60 s.
-fn seed_patterns() -> [(&'static str, Vec<u64>, u64); 3] {
-    let uniform: Vec<u64> = (0..3600).map(|i| i * 50).collect();
-    let mut piled: Vec<u64> = [60_000u64, 120_000]
-        .iter()
-        .flat_map(|b| {
-            [(b - 5_000, 600u64), (*b, 600)].into_iter().flat_map(|(s, n)| (0..n).map(move |i| s + i * 5_000 / n))
-        })
-        .collect();
-    piled.sort_unstable();
-    let spaced: Vec<u64> = (0..1800).map(|i| i * 100).collect();
-    [("uniform at 2x", uniform, 1800), ("piled at the boundary", piled, 1200), ("spaced at the limit", spaced, 1800)]
-}
-
 /// Issue 28, item 3: on 084fce7 `replay` numbered window slices from its
 /// own clock (1 s in), not the capture's, and gave 1820 for the seed's
 /// uniform pattern where the live program gives 1800. Now a capture
@@ -193,7 +179,7 @@ fn window_quotas_replay_on_the_captures_own_clock() {
     let frame = udp4([198, 18, 10, 1]);
     // A Unix time that is a multiple of the 5 s slice, in µs.
     let t0_us = 1_700_000_000_000_000u64;
-    for (name, times, seed_row) in seed_patterns() {
+    for (name, times, seed_row) in limiter_tests::study::patterns() {
         for shift_us in [0u64, 2_500_000] {
             let frames: Vec<(u64, Vec<u8>)> =
                 times.iter().map(|t| (t0_us + shift_us + t * 1_000, frame.clone())).collect();

@@ -28,6 +28,7 @@ mod locate;
 mod ports;
 mod render;
 mod sections;
+mod untrusted;
 mod window;
 
 use std::path::Path;
@@ -35,6 +36,7 @@ use std::path::Path;
 use serde::Deserialize;
 use toml::Spanned;
 
+pub use self::untrusted::read_text;
 use self::window::WindowSpec;
 
 use super::{
@@ -175,28 +177,6 @@ pub fn read(path: &Path) -> Result<Loaded, PolicyError> {
     parse(&name, text)
 }
 
-/// The text of `path` if it is a regular file of at most `max` bytes
-/// (`what` names it in the error): a FIFO would block and a device
-/// (`/dev/zero`) never end, so neither is read at all, and a file that
-/// grows between the check and the read is cut at `max + 1` bytes and
-/// refused. The daemon and the command-line client read files this way.
-pub fn read_text(path: &Path, max: u64, what: &str) -> Result<String, String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err(format!("not a regular file (a FIFO or a device is never read as {what})"));
-    }
-    if meta.len() > max {
-        return Err(format!("{} bytes, more than the {max} {what} may have", meta.len()));
-    }
-    let mut text = String::new();
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    std::io::Read::read_to_string(&mut std::io::Read::take(file, max + 1), &mut text).map_err(|e| e.to_string())?;
-    if text.len() as u64 > max {
-        return Err(format!("more than the {max} bytes {what} may have"));
-    }
-    Ok(text)
-}
-
 /// Parse policy text; `name` is used in error messages. What the text
 /// leaves out takes [`Policy::default`].
 pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
@@ -222,24 +202,7 @@ pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
         return Err(locate(bad("override", problem), first.span().start.min(b.at)));
     }
     for b in batches {
-        #[derive(Deserialize)]
-        struct Batch {
-            #[serde(rename = "override")]
-            overrides: Vec<Spanned<OverrideSpec>>,
-        }
-        let mut mover = b.mover(&text);
-        let batch: Batch = toml::from_str(&text[b.text.clone()]).map_err(|e| {
-            let at = mover.rest_offset(b.text.start + e.span().map_or(0, |s| s.start));
-            syntax(e, at)
-        })?;
-        // Spans (the table's, its cidr's) moved to the rest's coordinates.
-        root.overrides.extend(batch.overrides.into_iter().map(|o| {
-            let at = mover.rest_offset(b.text.start + o.span().start);
-            let mut spec = o.into_inner();
-            let c = mover.rest_offset(b.text.start + spec.cidr.span().start);
-            spec.cidr = Spanned::new(c..c, spec.cidr.into_inner());
-            Spanned::new(at..at, spec)
-        }));
+        b.parse_into(&text, &mut root.overrides).map_err(|(e, at)| syntax(e, at))?;
     }
     if root.sets_nothing() && root.allow_empty != Some(true) {
         let problem = "the file sets nothing, which would replace the running policy with the built-in default (a \

@@ -17,7 +17,10 @@
 
 use std::{borrow::Cow, ops::Range};
 
+use toml::Spanned;
 use toml_parser::lexer::TokenKind;
+
+use super::OverrideSpec;
 
 use limiter_common::maps::MAX_OVERRIDES;
 
@@ -49,6 +52,35 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Parse this batch's tables of `text` onto `into`, their spans (the
+    /// table's and its cidr's) moved to the rest's coordinates; a syntax
+    /// error with its offset there.
+    pub(super) fn parse_into(
+        &self,
+        text: &str,
+        into: &mut Vec<Spanned<OverrideSpec>>,
+    ) -> Result<(), (toml::de::Error, usize)> {
+        #[derive(serde::Deserialize)]
+        struct Tables {
+            #[serde(rename = "override")]
+            overrides: Vec<Spanned<OverrideSpec>>,
+        }
+        let mut mover = self.mover(text);
+        let base = self.text.start;
+        let tables: Tables = toml::from_str(&text[self.text.clone()]).map_err(|e| {
+            let at = mover.rest_offset(base + e.span().map_or(0, |s| s.start));
+            (e, at)
+        })?;
+        into.extend(tables.overrides.into_iter().map(|o| {
+            let at = mover.rest_offset(base + o.span().start);
+            let mut spec = o.into_inner();
+            let c = mover.rest_offset(base + spec.cidr.span().start);
+            spec.cidr = Spanned::new(c..c, spec.cidr.into_inner());
+            Spanned::new(at..at, spec)
+        }));
+        Ok(())
+    }
+
     /// A cursor that moves offsets in this batch's text (which `text`
     /// holds at `self.text`) to the rest's coordinates, for offsets given
     /// in increasing order (spans of successive tables).

@@ -434,15 +434,7 @@ fn accuracy() {
         }
         best as f64
     };
-    let uniform: Vec<u64> = (0..3600).map(|i| i * 50).collect();
-    let mut piled: Vec<u64> = [60_000u64, 120_000]
-        .iter()
-        .flat_map(|b| {
-            [(b - 5_000, 600u64), (*b, 600)].into_iter().flat_map(|(s, n)| (0..n).map(move |i| s + i * 5_000 / n))
-        })
-        .collect();
-    piled.sort_unstable();
-    let spaced: Vec<u64> = (0..3).flat_map(|k| (0..600u64).map(move |i| k * 60_000 + i * 5_000 / 600)).collect();
+    let [(_, uniform, _), (_, piled, _), (_, spaced, _)] = limiter_tests::study::patterns();
     let at_rate: Vec<u64> = (0..1800).map(|i| i * 100).collect();
     println!("{:<44} {:>10} {:>12}", "accuracy (rate 10/s, burst 60; case study)", "admitted", "x declared");
     for (name, times) in

@@ -19,6 +19,7 @@ use std::{collections::HashMap, net::Ipv4Addr};
 use limiter::{dataplane::DataPlane, fleet::ledger, policy::Scope};
 use limiter_common::{BucketKey, programs, window};
 use limiter_tests::{
+    fleet::busiest as busiest_of,
     kernel::{self, XDP_PASS},
     packet::{ETH_P_IP, Frame, IPPROTO_UDP},
 };
@@ -92,20 +93,8 @@ fn exact_log(times: &[u64], w: u64, limit: u64) -> Vec<u64> {
     adm
 }
 
-/// Most admissions in any `(t - w, t]`.
-fn busiest_in(adm: &[u64], w: u64) -> usize {
-    let (mut best, mut j) = (0, 0);
-    for i in 0..adm.len() {
-        while adm[i] - adm[j] >= w {
-            j += 1;
-        }
-        best = best.max(i - j + 1);
-    }
-    best
-}
-
 fn busiest(adm: &[u64]) -> usize {
-    busiest_in(adm, WINDOW_MS * 1_000_000)
+    busiest_of(adm, WINDOW_MS * 1_000_000)
 }
 
 fn ratio(a: usize, b: u64) -> f64 {
@@ -224,9 +213,9 @@ fn floods() {
             // back: the new-source budget and the buckets keep time).
             let times = flood(x, T0 + u64::from(run) * 3 * FLOOD_WINDOW_NS + rng.below(FLOOD_WINDOW_NS / 12));
             let adm = replay_from(&mut local, src, &times);
-            one.push(ratio(busiest_in(&adm, FLOOD_WINDOW_NS), FLOOD_LIMIT));
+            one.push(ratio(busiest_of(&adm, FLOOD_WINDOW_NS), FLOOD_LIMIT));
             let adm = fleet(&mut planes, src, &key, &times, &mut rng);
-            many.push(ratio(busiest_in(&adm, FLOOD_WINDOW_NS), FLOOD_LIMIT));
+            many.push(ratio(busiest_of(&adm, FLOOD_WINDOW_NS), FLOOD_LIMIT));
         }
         let (m1, d1) = max_median(&mut one);
         let (m8, d8) = max_median(&mut many);
