@@ -103,6 +103,7 @@ impl FleetSync {
                 status: out,
                 store: None,
                 peers: Vec::new(),
+                remembered: Vec::new(),
                 offset_ms: 0,
                 skewed: Vec::new(),
             };
@@ -170,6 +171,12 @@ struct Sync {
     store: Option<Store>,
     /// The peers whose counts are read (from the last heartbeats read).
     peers: Vec<Peer>,
+    /// Every peer seen fresh, most recent first (at most
+    /// `store::MAX_PEERS`): their heartbeats are asked for by name, so a
+    /// peer that went stale for a while (stopped, or the store blocked
+    /// longer than the freshness allows) is found again when it beats,
+    /// even when a huge heartbeat hash hides it from the one page scanned.
+    remembered: Vec<String>,
     /// This node's clock's offset from the store's, in ms.
     offset_ms: i64,
     /// Nodes reported as skewed (logged once per episode).
@@ -302,7 +309,7 @@ impl Sync {
             nodes: self.cfg.nodes,
             wait: (self.cfg.sync_interval / 4).min(Duration::from_millis(100)),
         });
-        let known: Vec<String> = self.peers.iter().map(|p| p.name.clone()).collect();
+        let known: Vec<String> = self.remembered.clone();
         let sent_ms = wall_ns / 1_000_000;
         let exchange =
             store.exchange(&pushes, &self.cfg.node, sent_ms, read_nodes.then_some(known.as_slice()), barrier);
@@ -328,6 +335,7 @@ impl Sync {
             let fresh =
                 u64::try_from(self.cfg.sync_interval.as_millis()).unwrap_or(u64::MAX).saturating_mul(10).max(5_000);
             self.peers = peers_of(&beats.nodes, &self.cfg.node, got.store_ms, fresh);
+            remember(&mut self.remembered, &self.peers);
             let mut seen: Vec<String> = self.peers.iter().map(|p| p.name.clone()).collect();
             seen.push(self.cfg.node.clone());
             nodes = Some((seen, beats.fields));
@@ -424,4 +432,15 @@ impl Sync {
         s.dropped = self.ledger.dropped;
         f(&mut s);
     }
+}
+
+/// Put the fresh `peers` first in `remembered`, keeping at most
+/// `store::MAX_PEERS` names.
+fn remember(remembered: &mut Vec<String>, peers: &[Peer]) {
+    let fresh: Vec<String> = peers.iter().map(|p| p.name.clone()).collect();
+    remembered.retain(|n| !fresh.contains(n));
+    let mut all = fresh;
+    all.append(remembered);
+    all.truncate(store::MAX_PEERS);
+    *remembered = all;
 }
