@@ -78,8 +78,8 @@ pub enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-    /// Print the man page limiter(1) (roff), or with --dir write it and
-    /// one page per verb (limiter-run(1), limiter-policy-check(1), ...).
+    /// Print the man page limiter(8) (roff), or with --dir write it and
+    /// one page per verb (limiter-run(8), limiter-policy-check(8), ...).
     Man {
         /// Write every page into this directory instead.
         #[arg(long, value_name = "DIR")]

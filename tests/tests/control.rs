@@ -193,6 +193,11 @@ fn completions_and_man_page_come_from_the_cli_definition() {
     }
     let man = ok(&Command::new(&bin).arg("man").output().unwrap());
     assert!(man.contains(".TH limiter") && man.contains("prefix"), "{}", &man[..200.min(man.len())]);
+    // The pages are in section 8, and the help names them so.
+    let th = man.lines().find(|l| l.starts_with(".TH")).unwrap_or_default();
+    assert!(th.split_whitespace().nth(2) == Some("8"), "{th}");
+    let help = ok(&Command::new(&bin).args(["man", "--help"]).output().unwrap());
+    assert!(help.contains("limiter(8)") && !help.contains("(1)"), "{help}");
 }
 
 #[test]
