@@ -14,13 +14,14 @@
 mod classes;
 pub mod ledger;
 mod peers;
+mod plan;
 mod readers;
 mod status;
 pub mod store;
 
 pub use self::{
     classes::{ClassWindow, Classes},
-    peers::{Peer, offset, peers_of, shift, skewed},
+    peers::{Peer, offset, peers_of, remember, shift, skewed},
     readers::Readers,
     status::{FleetStatus, SyncError},
 };
@@ -42,10 +43,7 @@ use self::{
     status::SyncedRound,
     store::{Push, Store},
 };
-use crate::{
-    dataplane::{cidr, maps::WindowMaps},
-    policy::fleet::Fleet,
-};
+use crate::{dataplane::maps::WindowMaps, policy::fleet::Fleet};
 
 /// Most prefixes pushed in one sync; the rest wait for the next.
 pub const MAX_PUSH: usize = 50_000;
@@ -144,20 +142,6 @@ impl FleetSync {
     pub fn status(&self) -> FleetStatus {
         self.status.lock().expect("not poisoned").clone()
     }
-}
-
-/// One prefix's push, and how to read what comes back.
-struct Planned {
-    key: BucketKey,
-    /// The local counts pushed.
-    local: limiter_common::window::WindowState,
-    /// The current slice on this node's clock.
-    cur: u64,
-    slices: u32,
-    limit: u64,
-    push: Push,
-    /// (peer, slice on this node's clock) of each field `push` reads.
-    reads: Vec<(usize, u64)>,
 }
 
 struct Sync {
@@ -374,37 +358,6 @@ impl Sync {
         self.publish(|s| s.skewed = skewed);
     }
 
-    /// The pushes of this sync: each pending prefix of a fleet class
-    /// still in the map, with its local counts and the deltas to send.
-    fn plan(&mut self, wall_ns: u64) -> Vec<Planned> {
-        let classes = self.classes.borrow().clone();
-        let me = self.cfg.node.clone();
-        let mut batch: Vec<Planned> = Vec::new();
-        for key in self.ledger.pending().into_iter().take(MAX_PUSH) {
-            let Some(c) = classes.of(&key).filter(|c| c.fleet) else {
-                self.ledger.forget(&key);
-                continue;
-            };
-            let Ok(local) = self.maps.windows.get(&key, 0) else {
-                self.ledger.forget(&key);
-                continue;
-            };
-            let cur = wall_ns / c.slice_ns;
-            let deltas = self.ledger.deltas(&key, &local, cur, c.slices);
-            let n = u64::from(c.slices);
-            let (reads, fields) = peers::reads(&self.peers, self.offset_ms, c.slice_ns / 1_000_000, cur, c.slices);
-            let push = Push {
-                key: store::key(&c.name, &cidr(&BucketKey { class: 0, ..key })),
-                deltas: deltas.into_iter().map(|(s, d)| (store::field(&me, s), d)).collect(),
-                read: fields,
-                expired: self.ledger.expired(&key, cur, c.slices).into_iter().map(|s| store::field(&me, s)).collect(),
-                ttl: Duration::from_nanos(c.slice_ns.saturating_mul(n + 1)),
-            };
-            batch.push(Planned { key, local, cur, slices: c.slices, limit: c.limit, push, reads });
-        }
-        batch
-    }
-
     /// A sync failed: the store counts as down until one succeeds.
     fn failed(&mut self, e: &RedisError, wall_ns: u64) {
         let kind = SyncError::of(e);
@@ -432,15 +385,4 @@ impl Sync {
         s.dropped = self.ledger.dropped;
         f(&mut s);
     }
-}
-
-/// Put the fresh `peers` first in `remembered`, keeping at most
-/// `store::MAX_PEERS` names.
-fn remember(remembered: &mut Vec<String>, peers: &[Peer]) {
-    let fresh: Vec<String> = peers.iter().map(|p| p.name.clone()).collect();
-    remembered.retain(|n| !fresh.contains(n));
-    let mut all = fresh;
-    all.append(remembered);
-    all.truncate(store::MAX_PEERS);
-    *remembered = all;
 }

@@ -83,6 +83,17 @@ pub fn skewed(peers: &[Peer], me: &str, own_ms: i64, slice_ms: u64) -> Vec<(Stri
     v
 }
 
+/// Put the fresh `peers` first in `remembered`, keeping at most
+/// `store::MAX_PEERS` names.
+pub fn remember(remembered: &mut Vec<String>, peers: &[Peer]) {
+    let fresh: Vec<String> = peers.iter().map(|p| p.name.clone()).collect();
+    remembered.retain(|n| !fresh.contains(n));
+    let mut all = fresh;
+    all.append(remembered);
+    all.truncate(store::MAX_PEERS);
+    *remembered = all;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
