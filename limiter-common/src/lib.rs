@@ -338,7 +338,8 @@ pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// value or meaning changes (and say so in the map's entry of the
 /// daemon's table of pinned maps). 12: `STATS` counts per class too, and
 /// `CLASS_STATS` is gone. 13: `STATS` has a slot for `tcp_bad_flags`.
-pub const SCHEMA_VERSION: u32 = 13;
+/// 14: `WINDOWS` and `FLEET` keep the leaving slice and a share.
+pub const SCHEMA_VERSION: u32 = 14;
 
 /// Value of [`maps::META`].
 #[repr(C)]

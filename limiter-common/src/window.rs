@@ -26,6 +26,18 @@
 //! by a burst the instant its first one leaves, is bounded by the limit
 //! plus that slice's count: at most 2x, as for a counter of whole slices.
 //!
+//! Across a fleet each node adds the other nodes' counts as last synced,
+//! and between two syncs every node sees the budget the moving window
+//! frees: each would spend all of it, so a prefix flooding every node
+//! could pass its limit by one sync interval's arrivals. A sync therefore
+//! also writes a share ([`share`]): how many admissions elsewhere to count
+//! per admission here since the sync (the others' recent admissions per
+//! one of this node's, at most one per other node). The program counts
+//! its admissions since the sync in the `FLEET` value and adds the
+//! estimate once it has refused the prefix within the window (the mark in
+//! `WINDOWS`), or at once when the sync found the fleet admitting the
+//! prefix fast; otherwise (a compliant client) the counts alone decide.
+//!
 //! Each slot is one `u64`: the slice number (low 20 bits) << 44 | the
 //! position of its first admission (12 bits) << 32 | count, so a CPU
 //! moves a slot to a new slice and counts in it with one compare-and-swap
@@ -70,6 +82,12 @@ pub struct WindowState {
     /// ([`crate::maps::FLEET_STATE`]`[0]`) its last touch event was sent
     /// in; the program sends one on its first packet of each epoch.
     pub epoch: u64,
+    /// A fleet-scope prefix's share of what is freed between two syncs.
+    /// In `WINDOWS`: this node's last refusal of the prefix ([`refusal`]),
+    /// 0 if none. In `FLEET`: the last sync's estimate of the other nodes'
+    /// admissions per admission here, and this node's admissions since
+    /// that sync ([`share`]).
+    pub share: u64,
 }
 
 /// One event of [`crate::maps::TOUCHED`].
@@ -81,7 +99,7 @@ pub struct Touch {
     pub epoch: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<WindowState>() == 8 * SLOTS + 8);
+const _: () = assert!(core::mem::size_of::<WindowState>() == 8 * SLOTS + 16);
 const _: () = assert!(core::mem::size_of::<Touch>() == 16);
 
 /// The production program's clock (the coarse one) lags true time by up
@@ -210,6 +228,47 @@ pub const fn bump(old: u64, cur: u64, at: u64, inc: u64) -> u64 {
     } else {
         slot(cur, at, inc)
     }
+}
+
+/// Fixed point of a share's factor: 1/256 of an admission.
+pub const SHARE_SHIFT: u32 = 8;
+/// Largest factor of a share: 255 other nodes each admitting as much.
+pub const MAX_SHARE_FACTOR: u64 = 255 << SHARE_SHIFT;
+/// Bit of a share: apply it whether or not this node has refused the
+/// prefix (the sync found it admitting fast).
+pub const SHARE_NOW: u64 = 1 << 63;
+
+/// A `FLEET` share: `factor` (in 1/256) other-node admissions estimated
+/// per admission here, `since` admissions here since the sync (the
+/// program adds to the low 32 bits), and whether it applies `now`.
+#[inline(always)]
+#[must_use]
+pub const fn share(factor: u64, since: u64, now: bool) -> u64 {
+    let factor = if factor > MAX_SHARE_FACTOR { MAX_SHARE_FACTOR } else { factor };
+    (if now { SHARE_NOW } else { 0 }) | (factor << 32) | (since & COUNT_MASK)
+}
+
+/// The other nodes' admissions since the last sync, as `share` estimates
+/// them: its factor times this node's own since then.
+#[inline(always)]
+#[must_use]
+pub const fn others_since(share: u64) -> u64 {
+    (((share & !SHARE_NOW) >> 32) * (share & COUNT_MASK)) >> SHARE_SHIFT
+}
+
+/// The `WINDOWS` mark of a refusal in slice `cur`.
+#[inline(always)]
+#[must_use]
+pub const fn refusal(cur: u64) -> u64 {
+    cur.wrapping_add(1)
+}
+
+/// Whether `mark` ([`refusal`]) is of a refusal in the window ending in
+/// slice `cur`.
+#[inline(always)]
+#[must_use]
+pub const fn refused_within(mark: u64, cur: u64, slices: u32) -> bool {
+    mark != 0 && refusal(cur).wrapping_sub(mark) <= slices as u64
 }
 
 /// A slot holding `count` units of slice `slice`, the first at `first`.

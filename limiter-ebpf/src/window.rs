@@ -11,8 +11,8 @@
 //! (measured in `cargo xtask bench accuracy`).
 
 use core::{
-    intrinsics::{AtomicOrdering, atomic_cxchg},
-    ptr::read_volatile,
+    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd},
+    ptr::{read_volatile, write_volatile},
 };
 
 use limiter_common::{
@@ -24,6 +24,7 @@ use limiter_common::{
 use crate::maps::{FLEET, FLEET_STATE, TOUCHED, WINDOWS};
 
 const BPF_NOEXIST: u64 = 1;
+static EMPTY: WindowState = WindowState { slots: [0; SLOTS], epoch: 0, share: 0 };
 
 /// The prefix's slice counts, created empty on its first packet.
 #[inline(always)]
@@ -31,8 +32,10 @@ fn state(key: &BucketKey) -> Option<*mut WindowState> {
     if let Some(p) = WINDOWS.get_ptr_mut(key) {
         return Some(p);
     }
-    // A racing CPU may have created it: either way it is there now.
-    let _ = WINDOWS.insert(key, WindowState::default(), BPF_NOEXIST);
+    // A racing CPU may have created it: either way it is there now. (The
+    // empty value is read from .rodata, not built on the stack.)
+    #[expect(clippy::needless_borrows_for_generic_args, reason = "by value it would be copied to the stack")]
+    let _ = WINDOWS.insert(key, &EMPTY, BPF_NOEXIST);
     WINDOWS.get_ptr_mut(key)
 }
 
@@ -60,16 +63,32 @@ pub fn charge_window(key: &BucketKey, now: u64, units: u64, l: &ClassLimits) -> 
     let fleet = l.scope & scope::FLEET != 0;
     let mut limit = l.tau;
     let mut seen = counted(w, cur, edge, l.slices);
+    let mut view: *mut WindowState = core::ptr::null_mut();
     if fleet {
         let split = FLEET_STATE.get(1).copied().unwrap_or(0);
         if split != 0 && l.scope & scope::SPLIT_ON_FAILURE != 0 {
             // The store is down: this node's share only.
             limit /= split;
-        } else if let Some(f) = FLEET.get_ptr(key) {
+        } else if let Some(f) = FLEET.get_ptr_mut(key) {
             seen += counted(f, cur, edge, l.slices);
+            // A prefix the sync found admitting fast, or refused here
+            // within the window: what the others admitted since the sync,
+            // as estimated (see `window::share`).
+            // SAFETY: live map values, as above.
+            let share = unsafe { read_volatile(&raw const (*f).share) };
+            // SAFETY: as above.
+            if share & window::SHARE_NOW != 0
+                || window::refused_within(unsafe { read_volatile(&raw const (*w).share) }, cur, l.slices)
+            {
+                seen += window::others_since(share);
+            }
+            view = f;
         }
     }
     if seen + units > limit {
+        if fleet {
+            refused(w, cur);
+        }
         return Reason::RateLimited;
     }
     let i = window::slot_of(cur, l.slices);
@@ -81,10 +100,30 @@ pub fn charge_window(key: &BucketKey, now: u64, units: u64, l: &ClassLimits) -> 
     if !cas_bump(p, cur, here, units) {
         return Reason::Contended;
     }
+    if !view.is_null() {
+        // SAFETY: a live map value (non-null: `FLEET`'s above); BPF_ATOMIC_ADD on a map value is
+        // verifier-approved. (A sync replacing the value meanwhile loses
+        // this count from the estimate, not from the window.)
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*view).share, units) };
+    }
     if fleet {
         touch(key, w);
     }
     Reason::Admitted
+}
+
+/// Mark `w` refused in slice `cur` (written only when it changes: a flood
+/// refused on every CPU does not bounce the line on each packet).
+#[inline(always)]
+fn refused(w: *mut WindowState, cur: u64) {
+    let mark = window::refusal(cur);
+    // SAFETY: a live map value, as above.
+    unsafe {
+        let p = &raw mut (*w).share;
+        if read_volatile(p) != mark {
+            write_volatile(p, mark);
+        }
+    }
 }
 
 /// Count `units` in slot `p` for position `at` of slice `cur`, retried a

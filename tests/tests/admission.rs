@@ -295,3 +295,46 @@ fn conforming_patterns_lose_nothing() {
     // The GCRA unit for this rate is exact.
     assert_eq!(gcra::unit_interval(RATE) * RATE, gcra::to_fixed(1_000_000_000));
 }
+
+/// A fleet-scope window between two syncs: once this node has refused the
+/// prefix, the budget freed since the sync is shared with the other nodes
+/// as the sync estimated them (here: three admissions elsewhere per one
+/// here); a prefix never refused is judged on the counts alone, so a
+/// compliant client never loses to the estimate.
+#[test]
+fn between_syncs_a_refused_fleet_prefix_spends_its_share_of_what_is_freed() {
+    use limiter_common::window::{self, WindowState};
+    const LIMIT: u64 = 100;
+    const SLICE_NS: u64 = 5_000_000_000;
+    let c = kernel::window_config(LIMIT, 60_000, 12, limiter::policy::Scope::Fleet);
+    let mut l = kernel::open(&c);
+    let t = T0 - T0 % SLICE_NS + SLICE_NS / 2;
+    let cur = t / SLICE_NS;
+    // A sync: the others hold `theirs` in the current slice and admit three
+    // for each one admitted here.
+    let sync = |l: &mut limiter::dataplane::DataPlane, key: &BucketKey, theirs: u64| {
+        let mut v = WindowState::default();
+        v.slots[window::slot_of(cur, 12)] = window::slot(cur, 0, theirs);
+        v.share = window::share(3 << window::SHARE_SHIFT, 0, false);
+        l.set_fleet(&BucketKey { class: 1, ..*key }, v).unwrap();
+    };
+    let admitted = |l: &mut limiter::dataplane::DataPlane, src: Ipv4Addr, n: u64| {
+        (0..n).filter(|i| kernel::reason_at(l, t + i * 1_000, &udp4(src, 0)) == Reason::Admitted).count() as u64
+    };
+    let (quiet, flooded) = (Ipv4Addr::new(198, 18, 40, 1), Ipv4Addr::new(198, 18, 41, 1));
+    let (qk, fk) = (key4(Ipv4Addr::new(198, 18, 40, 0), 24), key4(Ipv4Addr::new(198, 18, 41, 0), 24));
+
+    // Never refused: the others' 40 and its own up to the limit.
+    sync(&mut l, &qk, 40);
+    assert_eq!(admitted(&mut l, quiet, 60), 60, "a prefix never refused lost to the estimate");
+    assert_eq!(admitted(&mut l, quiet, 1), 0, "the limit");
+
+    // Refused (the others' 60 and its own 40), then a sync in which the
+    // others' count fell to 40: 20 were freed, a quarter of them here.
+    sync(&mut l, &fk, 60);
+    assert_eq!(admitted(&mut l, flooded, 41), 40);
+    let local = l.window(&BucketKey { class: 1, ..fk }).unwrap().unwrap();
+    assert!(window::refused_within(local.share, cur, 12), "the refusal is marked");
+    sync(&mut l, &fk, 40);
+    assert_eq!(admitted(&mut l, flooded, 20), 5, "40 + 40 + n + 3n <= 100");
+}

@@ -34,8 +34,8 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// renewed (it says what the other pins are): its layout stays.
 pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 17] = [
     (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 11),
-    (maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 11),
-    (maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 11),
+    (maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 14),
+    (maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 14),
     (maps::FLEET_STATE, MapType::Array, 4, 8, 11),
     (maps::CONFIG, MapType::Array, 4, size_of::<Config>(), 11),
     (maps::ACTIVE, MapType::Array, 4, 4, 11),

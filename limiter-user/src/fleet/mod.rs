@@ -16,6 +16,7 @@ pub mod ledger;
 mod peers;
 mod plan;
 mod readers;
+pub mod share;
 mod status;
 pub mod store;
 
@@ -308,8 +309,9 @@ impl Sync {
         self.offset_ms = offset(sent_ms + half, got.store_ms);
         for (b, values) in batch.iter().zip(&got.windows) {
             self.ledger.pushed(b.key, b.local);
-            let others = ledger::others(&b.reads, values, b.cur, b.slices, b.limit);
-            let fleet = window::total(&others, b.cur, 0, b.slices) + window::total(&b.local, b.cur, 0, b.slices);
+            let others = share::view(&b.reads, values, &b.local, b.at, b.limit);
+            let (cur, n) = (b.at.cur, b.at.slices);
+            let fleet = window::total(&others, cur, 0, n) + window::total(&b.local, cur, 0, n);
             self.ledger.heat(b.key, fleet, b.limit);
             let _ = self.maps.fleet.insert(b.key, others, 0);
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use limiter_common::BucketKey;
 
-use super::{MAX_PUSH, Sync, peers, store};
+use super::{MAX_PUSH, Sync, peers, share, store};
 use crate::dataplane::cidr;
 
 /// One prefix's push, and how to read what comes back.
@@ -15,9 +15,8 @@ pub(super) struct Planned {
     pub key: BucketKey,
     /// The local counts pushed.
     pub local: limiter_common::window::WindowState,
-    /// The current slice on this node's clock.
-    pub cur: u64,
-    pub slices: u32,
+    /// When on this node's clock, in the prefix's class.
+    pub at: share::Moment,
     pub limit: u64,
     pub push: store::Push,
     /// (peer, slice on this node's clock) of each field `push` reads.
@@ -30,6 +29,7 @@ impl Sync {
     pub(super) fn plan(&mut self, wall_ns: u64) -> Vec<Planned> {
         let classes = self.classes.borrow().clone();
         let me = self.cfg.node.clone();
+        let interval_ns = u64::try_from(self.cfg.sync_interval.as_nanos()).unwrap_or(u64::MAX);
         let mut batch: Vec<Planned> = Vec::new();
         for key in self.ledger.pending().into_iter().take(MAX_PUSH) {
             let Some(c) = classes.of(&key).filter(|c| c.fleet) else {
@@ -40,7 +40,8 @@ impl Sync {
                 self.ledger.forget(&key);
                 continue;
             };
-            let cur = wall_ns / c.slice_ns;
+            let at = share::Moment::at(wall_ns, c.slice_ns, interval_ns, c.slices);
+            let cur = at.cur;
             let deltas = self.ledger.deltas(&key, &local, cur, c.slices);
             let n = u64::from(c.slices);
             let (reads, fields) = peers::reads(&self.peers, self.offset_ms, c.slice_ns / 1_000_000, cur, c.slices);
@@ -51,7 +52,7 @@ impl Sync {
                 expired: self.ledger.expired(&key, cur, c.slices).into_iter().map(|s| store::field(&me, s)).collect(),
                 ttl: Duration::from_nanos(c.slice_ns.saturating_mul(n + 1)),
             };
-            batch.push(Planned { key, local, cur, slices: c.slices, limit: c.limit, push, reads });
+            batch.push(Planned { key, local, at, limit: c.limit, push, reads });
         }
         batch
     }

@@ -8,16 +8,19 @@
 //! - floods of 2x, 9x and 100x a quota of 240 per 60 s (12 slices of 5 s)
 //!   starting at 100 random phases, on one host and spread at random over
 //!   8 hosts that sync every 0.2 s with the daemon's own sync arithmetic
-//!   (`limiter::fleet::ledger`, the store a table in memory): the busiest
-//!   exact 60 s window over the limit, max and median;
+//!   (`limiter::fleet::{ledger, share}`, the store a table in memory): the
+//!   busiest exact 60 s window over the limit, max and median; compliant
+//!   clients spread over those 8 hosts (`window/floods.rs`);
 //! - the worst cases: the slice-boundary pattern, a slice spread out then
 //!   a burst the moment its first admission leaves, and CPUs racing past
 //!   the check at one moment; kernel memory per tracked prefix.
 
-use std::{collections::HashMap, net::Ipv4Addr};
+mod floods;
 
-use limiter::{dataplane::DataPlane, fleet::ledger, policy::Scope};
-use limiter_common::{BucketKey, programs, window};
+use std::net::Ipv4Addr;
+
+use limiter::{dataplane::DataPlane, policy::Scope};
+use limiter_common::{programs, window};
 use limiter_tests::{
     fleet::busiest as busiest_of,
     kernel::{self, XDP_PASS},
@@ -113,7 +116,8 @@ fn verdict(ok: bool) -> &'static str {
 pub fn accuracy(uniform: &[u64], piled: &[u64], spaced: &[u64]) {
     println!();
     seed_patterns(uniform, piled, spaced);
-    floods();
+    floods::floods();
+    floods::compliant(spaced);
     worst_cases();
     races();
     memory();
@@ -172,100 +176,6 @@ fn seed_patterns(uniform: &[u64], piled: &[u64], spaced: &[u64]) {
         worst_gap * 100.0,
         verdict(worst_gap <= 0.01)
     );
-}
-
-/// The flood rows' quota: 240 per 60 s in 12 slices of 5 s (the case
-/// study's window, a limit small enough that 100 phases of a 100x flood
-/// run in seconds).
-const FLOOD_LIMIT: u64 = 240;
-const FLOOD_WINDOW_NS: u64 = 60_000_000_000;
-const NODES: usize = 8;
-/// The fleet bench's model: a sync every 0.2 s of the case study's 60 s.
-const SYNC_NS: u64 = 200_000_000;
-
-/// A flood at `x` times the quota's rate from `start` for 2.5 windows.
-fn flood(x: u64, start: u64) -> Vec<u64> {
-    let gap = FLOOD_WINDOW_NS / (FLOOD_LIMIT * x);
-    (0..FLOOD_WINDOW_NS * 5 / 2 / gap).map(|i| start + i * gap).collect()
-}
-
-fn floods() {
-    println!();
-    println!(
-        "{:<44} {:>10} {:>12}   (busiest exact 60 s over the limit, {PHASES} random phases)",
-        "flood of one /24 (240 per 60 s, 12 slices)", "max", "median"
-    );
-    let config = |scope| kernel::window_config(FLOOD_LIMIT, FLOOD_WINDOW_NS / 1_000_000, 12, scope);
-    // Loaded once: each run floods a /24 of its own, so starts empty.
-    let mut local = kernel::open(&config(Scope::Local));
-    let mut planes: Vec<DataPlane> = (0..NODES).map(|_| kernel::open(&config(Scope::Fleet))).collect();
-    let mut rng = Rng(0x5eed_0028);
-    let (mut one_worst, mut fleet_worst) = (0.0f64, 0.0f64);
-    let mut run = 0u32;
-    for x in [2u64, 9, 100] {
-        let (mut one, mut many) = (Vec::new(), Vec::new());
-        for _ in 0..PHASES {
-            run += 1;
-            let [_, _, a, b] = run.to_be_bytes();
-            let src = Ipv4Addr::new(198, 18 + a, b, 1);
-            let key = BucketKey { class: 1, ..kernel::v4_key([198, 18 + a, b, 0], 24) };
-            // Each run later than the last (the planes' clocks never go
-            // back: the new-source budget and the buckets keep time).
-            let times = flood(x, T0 + u64::from(run) * 3 * FLOOD_WINDOW_NS + rng.below(FLOOD_WINDOW_NS / 12));
-            let adm = replay_from(&mut local, src, &times);
-            one.push(ratio(busiest_of(&adm, FLOOD_WINDOW_NS), FLOOD_LIMIT));
-            let adm = fleet(&mut planes, src, &key, &times, &mut rng);
-            many.push(ratio(busiest_of(&adm, FLOOD_WINDOW_NS), FLOOD_LIMIT));
-        }
-        let (m1, d1) = max_median(&mut one);
-        let (m8, d8) = max_median(&mut many);
-        one_worst = one_worst.max(m1);
-        fleet_worst = fleet_worst.max(m8);
-        println!("{:<44} {:>10.3} {:>12.3}", format!("{x}x, one host"), m1, d1);
-        println!("{:<44} {:>10.3} {:>12.3}", format!("{x}x, {NODES} hosts, sync every 0.2 s"), m8, d8);
-    }
-    println!("goal: one host at most 1.05x at every phase ({one_worst:.3}x) -> {}", verdict(one_worst <= 1.05));
-    println!("goal: {NODES} hosts at 0.2 s sync at most 1.10x ({fleet_worst:.3}x) -> {}", verdict(fleet_worst <= 1.10));
-}
-
-/// `times` spread at random over the nodes' programs, which sync every
-/// 0.2 s all at once (as the store's barrier rounds have them): each
-/// pushes what it counted since its last push, then reads the others'.
-fn fleet(planes: &mut [DataPlane], src: Ipv4Addr, key: &BucketKey, times: &[u64], rng: &mut Rng) -> Vec<u64> {
-    let f = frame(src);
-    let slice_ns = FLOOD_WINDOW_NS / 12;
-    let mut ledgers: Vec<ledger::Ledger> = (0..planes.len()).map(|_| ledger::Ledger::default()).collect();
-    // The store: (node, slice) -> value, as `HINCRBY` leaves it.
-    let mut store: HashMap<(usize, u64), u64> = HashMap::new();
-    let mut next_sync = times[0] - times[0] % SYNC_NS + SYNC_NS;
-    let mut adm = Vec::new();
-    for &t in times {
-        while next_sync <= t {
-            let cur = next_sync / slice_ns;
-            for (n, (plane, l)) in planes.iter_mut().zip(&mut ledgers).enumerate() {
-                let local = plane.window(key).unwrap().unwrap_or_default();
-                for (s, d) in l.deltas(key, &local, cur, 12) {
-                    *store.entry((n, s)).or_default() += d;
-                }
-                l.pushed(*key, local);
-            }
-            for (n, plane) in planes.iter_mut().enumerate() {
-                let reads: Vec<(usize, u64)> = (0..NODES)
-                    .filter(|p| *p != n)
-                    .flat_map(|p| (cur.saturating_sub(12)..=cur + 1).map(move |s| (p, s)))
-                    .collect();
-                let values: Vec<u64> = reads.iter().map(|r| store.get(r).copied().unwrap_or(0)).collect();
-                plane.set_fleet(key, ledger::others(&reads, &values, cur, 12, FLOOD_LIMIT)).unwrap();
-            }
-            next_sync += SYNC_NS;
-        }
-        let plane = &mut planes[usize::try_from(rng.below(NODES as u64)).unwrap()];
-        plane.set_test_clock(t).unwrap();
-        if plane.test_run(programs::LIMITER_TEST_CLOCK, &f, 1).unwrap().0 == XDP_PASS {
-            adm.push(t);
-        }
-    }
-    adm
 }
 
 /// The worst cases of the seed's quota.
