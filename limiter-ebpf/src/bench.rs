@@ -18,7 +18,7 @@ use aya_ebpf::{
 use limiter_common::{BucketKey, family, gcra};
 
 use crate::{
-    charge::{Cas, charge_existing},
+    atomic::{Cas, charge_existing},
     maps::{BUCKETS, STATS},
 };
 

@@ -2,25 +2,22 @@
 //! in the bucket per policy version), `allow`/`deny`, the new-source
 //! budget, the GCRA step with compare-and-swap, and the aggregate tier.
 
-use core::{
-    intrinsics::{AtomicOrdering, atomic_cxchg},
-    ptr::{read_volatile, write_volatile},
-};
+use core::ptr::{read_volatile, write_volatile};
 
 use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::{
     BucketKey, BucketState, ClassLimits, Config, REASON_COUNT, Reason, cost, family, gcra, maps::MAX_OVERRIDES, mode,
-    packet::Source, reason::MAX_CAS_RETRIES, resolution, rules::coarser,
+    packet::Source, resolution, rules::coarser,
 };
 
 use crate::{
+    atomic::{Cas, cas, charge_existing, refund},
     lease::{Slot, charge_leasing},
-    maps::{BUCKETS, CONFIG, NEW_SOURCES, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
-    program::Packet,
+    maps::{BPF_NOEXIST, BUCKETS, CONFIG, NEW_SOURCES, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
+    packet::Packet,
     window::charge_window,
 };
 
-pub const BPF_NOEXIST: u64 = 1;
 const EEXIST: i32 = 17;
 
 /// One packet's whole context for charging.
@@ -273,14 +270,6 @@ fn charge_aggregate(j: &Job, fine: Option<*mut BucketState>, f: Fine) -> Reason 
     Reason::AggregateLimited
 }
 
-/// Give back a charge of `inc`: it was added to `tat` by this packet, so
-/// `tat >= inc` and subtracting it returns exactly what was taken.
-#[inline(always)]
-pub fn refund(p: *mut BucketState, inc: u64) {
-    // SAFETY: p points to a live map value.
-    let _ = cas(unsafe { &raw mut (*p).tat }, |cur| Some(cur.saturating_sub(inc)));
-}
-
 /// A prefix without a bucket draws one unit from the shared new-source
 /// budget before a bucket is created, so spoofed sources can neither churn
 /// the LRU nor each buy a fresh allowance faster than the budget allows
@@ -310,55 +299,5 @@ fn charge_new(key: &BucketKey, now: u64, inc: u64, tau: u64, resolved: u64) -> R
             None => Reason::BucketInsertFailed,
         },
         Err(_) => Reason::BucketInsertFailed,
-    }
-}
-
-/// One GCRA step applied with compare-and-swap, retried a bounded number of
-/// times. CAS makes the update exact across CPUs: no race overshoot
-/// (invariant 1).
-#[inline(always)]
-pub fn charge_existing(p: *mut BucketState, now: u64, inc: u64, tau: u64) -> Cas {
-    // SAFETY: p points to a live map value.
-    cas(unsafe { &raw mut (*p).tat }, |cur| gcra::admit(cur, now, inc, tau))
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Cas {
-    Done,
-    /// `step` returned `None` for the value seen: nothing was written.
-    Refused(u64),
-    /// Other CPUs won `MAX_CAS_RETRIES` races in a row.
-    Contended,
-}
-
-/// Replace `*p` with `step(*p)` atomically, retrying a bounded number of
-/// times when another CPU changed it in between.
-#[inline(always)]
-pub fn cas(p: *mut u64, mut step: impl FnMut(u64) -> Option<u64>) -> Cas {
-    for _ in 0..MAX_CAS_RETRIES {
-        // An atomic load crashes the BPF backend; a volatile 8-byte load is
-        // single-copy atomic on the BPF ISA, which is all we need here.
-        // SAFETY: callers pass a live map value.
-        let cur = unsafe { read_volatile(p) };
-        let Some(new) = step(cur) else { return Cas::Refused(cur) };
-        // SAFETY: as above; BPF_CMPXCHG on a map value is verifier-approved.
-        let (_, swapped) =
-            unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, cur, new) };
-        if swapped {
-            return Cas::Done;
-        }
-    }
-    Cas::Contended
-}
-
-impl Cas {
-    /// The reason a bucket charge gives.
-    #[inline(always)]
-    pub fn reason(self) -> Reason {
-        match self {
-            Cas::Done => Reason::Admitted,
-            Cas::Refused(_) => Reason::RateLimited,
-            Cas::Contended => Reason::Contended,
-        }
     }
 }

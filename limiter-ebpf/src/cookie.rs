@@ -26,10 +26,10 @@ mod options;
 
 use self::options::{ClientOptions, NO_WSCALE, limiter_syn_options};
 use crate::{
-    charge::{BPF_NOEXIST, Charge, resolve},
+    charge::{Charge, resolve},
     count::proven,
-    maps::{BUCKETS, KERNEL_SYNS, SYN_GUARD},
-    program::Packet,
+    maps::{BPF_NOEXIST, BUCKETS, KERNEL_SYNS, SYN_GUARD},
+    packet::Packet,
 };
 
 /// TCP option kind and length of MSS.

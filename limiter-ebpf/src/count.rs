@@ -8,7 +8,7 @@ use aya_ebpf::programs::XdpContext;
 use aya_log_ebpf::debug;
 use limiter_common::{BucketKey, Config, DropEvent, Reason, family, gcra, packet::Frame as _, stat_index};
 
-use crate::program::Packet;
+use crate::packet::Packet;
 
 use crate::maps::{DROP_EVENTS, DROP_SAMPLER, STATS};
 

@@ -17,7 +17,7 @@ use limiter_common::{
 };
 
 use crate::{
-    charge::{Cas, cas, charge_existing, refund},
+    atomic::{Cas, cas, charge_existing, refund},
     maps::{BUCKETS, CPU_SLOTS},
 };
 

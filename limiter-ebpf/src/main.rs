@@ -3,7 +3,10 @@
 //! masking and GCRA arithmetic are pure code in `limiter-common`; this
 //! crate is the glue over the maps: `charge` (buckets, overrides, budgets),
 //! `count` (counters, drop sampling), `lease` (per-CPU leases of a
-//! bucket's credit and cached refusals). See
+//! bucket's credit and cached refusals), `window` (window quotas),
+//! `cookie` (SYN cookies). At the bottom, imported by the rest and
+//! importing none of it: `maps`, `packet` (the frame under XDP) and
+//! `atomic` (compare-and-swap and the bucket steps built on it). See
 //! `docs/design.md` for the invariants cited in comments.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
@@ -14,6 +17,8 @@
 // `#[xdp]` entry points take their context by value.
 #![cfg_attr(target_arch = "bpf", expect(clippy::needless_pass_by_value, reason = "the #[xdp] signature"))]
 
+#[cfg(target_arch = "bpf")]
+mod atomic;
 #[cfg(all(target_arch = "bpf", feature = "bench"))]
 mod bench;
 #[cfg(target_arch = "bpf")]
@@ -26,6 +31,8 @@ mod count;
 mod lease;
 #[cfg(target_arch = "bpf")]
 mod maps;
+#[cfg(target_arch = "bpf")]
+mod packet;
 #[cfg(target_arch = "bpf")]
 mod program;
 #[cfg(target_arch = "bpf")]

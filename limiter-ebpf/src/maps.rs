@@ -18,6 +18,9 @@ use limiter_common::{
     window::WindowState,
 };
 
+/// `bpf_map_update_elem`'s flag: create the entry only if it is absent.
+pub const BPF_NOEXIST: u64 = 1;
+
 /// A map whose symbol must equal `$name` of `limiter_common::maps`.
 macro_rules! map {
     ($(#[$doc:meta])* $sym:ident = $name:expr; $ty:ty = $init:expr) => {

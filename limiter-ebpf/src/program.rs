@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use limiter_common::{
     Reason, UNCLASSIFIED, Verdict, flags, gcra,
-    packet::{Frame, IPPROTO_TCP, parse},
+    packet::{IPPROTO_TCP, parse},
     rules::{bucket_key, classify},
 };
 
@@ -21,47 +21,8 @@ use crate::{
     count::{count, sample_drop},
     lease::Slot,
     maps::{ACTIVE, CLOCK_CACHE, CONFIG, TEST_CLOCK},
+    packet::Packet,
 };
-
-/// The packet as a [`Frame`] for the shared parser.
-pub struct Packet<'a>(pub &'a XdpContext);
-
-impl Packet<'_> {
-    /// Frame length in bytes (what a byte-cost class charges).
-    #[inline(always)]
-    pub fn len(&self) -> u64 {
-        (self.0.data_end() - self.0.data()) as u64
-    }
-
-    /// Write `N` bytes at `off`, if they lie inside the packet.
-    #[inline(always)]
-    pub fn put<const N: usize>(&self, off: usize, bytes: &[u8; N]) -> Option<()> {
-        let start = self.0.data();
-        if start + off + N > self.0.data_end() {
-            return None;
-        }
-        // SAFETY: the N bytes at start + off are inside the packet.
-        unsafe { *((start + off) as *mut [u8; N]) = *bytes };
-        Some(())
-    }
-}
-
-impl Frame for Packet<'_> {
-    #[inline(always)]
-    fn bytes_at<const N: usize>(&self, off: usize) -> Option<&[u8; N]> {
-        let start = self.0.data();
-        if start + off + N > self.0.data_end() {
-            return None;
-        }
-        // SAFETY: the N bytes at start + off are inside the packet.
-        Some(unsafe { &*((start + off) as *const [u8; N]) })
-    }
-
-    #[inline(always)]
-    fn holds(&self, off: usize, len: usize) -> bool {
-        self.0.data() + off + len <= self.0.data_end()
-    }
-}
 
 /// Production entry point.
 ///

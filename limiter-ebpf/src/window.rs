@@ -21,9 +21,8 @@ use limiter_common::{
     window::{self, SLOTS, Touch, WindowState, scope},
 };
 
-use crate::maps::{FLEET, FLEET_STATE, TOUCHED, WINDOWS};
+use crate::maps::{BPF_NOEXIST, FLEET, FLEET_STATE, TOUCHED, WINDOWS};
 
-const BPF_NOEXIST: u64 = 1;
 static EMPTY: WindowState = WindowState { slots: [0; SLOTS], epoch: 0, share: 0 };
 
 /// The prefix's slice counts, created empty on its first packet.

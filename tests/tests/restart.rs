@@ -338,7 +338,7 @@ fn leave_older_build(dir: &Path) -> Older {
     stats.set(0, aya::maps::PerCpuValues::try_from(counted.clone()).unwrap(), 0).unwrap();
 
     // Of a size nothing uses: adopted, it would fail the new program.
-    let stray = format!("{}{}", maps::CONFIG, limiter::dataplane::upgrade::NEW_SUFFIX);
+    let stray = format!("{}{}", maps::CONFIG, limiter::dataplane::pin::NEW_SUFFIX);
     create_pinned(dir, &stray, maps::CONFIG, "array", 8, 2);
     // A map of schema 11 this build counts in STATS instead.
     create_pinned(dir, maps::CLASS_STATS, maps::CLASS_STATS, "percpu_array", 48, limiter_common::MAX_CLASSES);
@@ -402,7 +402,7 @@ fn an_upgrade_renews_maps_of_another_layout_and_keeps_the_buckets() {
     let leftovers: Vec<_> = std::fs::read_dir(&pins.0)
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(limiter::dataplane::upgrade::NEW_SUFFIX))
+        .filter(|e| e.file_name().to_string_lossy().ends_with(limiter::dataplane::pin::NEW_SUFFIX))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     assert!(log.contains(&format!("pinned {} removed", maps::CLASS_STATS)), "{log}");

@@ -6,7 +6,7 @@ use core::ptr::read_volatile;
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use limiter_common::packet::Frame as _;
 
-use crate::program::Packet;
+use crate::packet::Packet;
 
 /// What a client's SYN asked for in its options.
 #[derive(Clone, Copy)]

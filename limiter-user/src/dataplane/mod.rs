@@ -164,7 +164,7 @@ impl DataPlane {
     /// Load `object`; with `pin_dir`, its maps are pinned there (and pinned
     /// maps already there are re-adopted as they are), but for those in
     /// `renew`, made new and pinned beside the old ones (see
-    /// [`upgrade::new_pin`]) until [`DataPlane::attach_pinned`] puts them
+    /// [`pin::new_pin`]) until [`DataPlane::attach_pinned`] puts them
     /// in place.
     fn load(
         object: &[u8],
@@ -179,7 +179,7 @@ impl DataPlane {
                     .iter()
                     .map(|(n, ..)| {
                         let renewed = renew.iter().any(|r| r.name == *n);
-                        (*n, if renewed { upgrade::new_pin(dir, n) } else { dir.join(n) })
+                        (*n, if renewed { pin::new_pin(dir, n) } else { dir.join(n) })
                     })
                     .collect()
             })
@@ -207,7 +207,7 @@ impl DataPlane {
     pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, Option<Vec<upgrade::Renewal>>), LoadError> {
         pin::ensure_dir(dir)?;
         let lock = pin::lock_dir(dir)?;
-        upgrade::remove_unfinished(dir);
+        pin::remove_unfinished(dir);
         let adoption = upgrade::check(dir, OBJECT)?;
         let adopted = adoption.is_some();
         let mut renew = adoption.unwrap_or_default();
@@ -216,7 +216,7 @@ impl DataPlane {
         // hold. Copied before the swap: the old program counts on into
         // the old map until then.
         for r in renew.iter_mut().filter(|r| r.copy) {
-            match upgrade::copy_entries(&dir.join(r.name), &upgrade::new_pin(dir, r.name)) {
+            match upgrade::copy_entries(&dir.join(r.name), &pin::new_pin(dir, r.name)) {
                 Ok(n) => r.copied = Some(n),
                 Err(e) => tracing::warn!("limiter: copying pinned {} into its renewal: {e}", r.name),
             }

@@ -20,8 +20,6 @@ use limiter_common::{
     window::WindowState,
 };
 
-use super::upgrade::remove_unfinished;
-
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// Maps pinned with the program: name, type, key and value size, and the
@@ -59,6 +57,26 @@ pub const RETIRED_MAPS: [&str; 1] = [maps::CLASS_STATS];
 /// File names of the pinned link and program inside the pin directory.
 pub const LINK: &str = "link";
 pub const PROG: &str = "prog";
+/// Suffix of a renewed map's pin until the new program is on the link
+/// (then it is renamed over the old pin). Not a dot: bpffs keeps names
+/// with dots for itself.
+pub const NEW_SUFFIX: &str = "-new";
+
+/// Where the renewal of the pinned map `name` is pinned until it is put in
+/// place.
+#[must_use]
+pub fn new_pin(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}{NEW_SUFFIX}"))
+}
+
+/// Remove what an interrupted upgrade left: pins of renewed maps made
+/// before the new program was on the link (the old pins still hold the
+/// state the old program uses).
+pub fn remove_unfinished(dir: &Path) {
+    for (name, ..) in PINNED_MAPS {
+        let _ = std::fs::remove_file(new_pin(dir, name));
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PinError {

@@ -4,30 +4,20 @@
 //! carries over, and the table of what changed when (`LAYOUT`) that lets
 //! an older build roll back.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use aya::maps::{Array, Map, MapData, MapType};
 use limiter_common::{META_MAGIC, Meta, SCHEMA_VERSION, maps};
 
 use super::{
-    pin::{PINNED_MAPS, PinError, RETIRED_MAPS, has_pins},
+    pin::{PINNED_MAPS, PinError, RETIRED_MAPS, has_pins, new_pin},
     rawmap::{self, Cmd, elem},
 };
 
 /// The oldest schema whose pins this build adopts or upgrades from: the
 /// first whose `META` and map table are as above. Older pins are refused.
 pub const OLDEST_SCHEMA: u32 = 11;
-/// Suffix of a renewed map's pin until the new program is on the link
-/// (then it is renamed over the old pin). Not a dot: bpffs keeps names
-/// with dots for itself.
-pub const NEW_SUFFIX: &str = "-new";
 
-/// Where the renewal of the pinned map `name` is pinned until it is put in
-/// place.
-#[must_use]
-pub fn new_pin(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!("{name}{NEW_SUFFIX}"))
-}
 /// A pinned map as found: type, key and value sizes and max entries, or
 /// nothing there.
 pub type Found = Option<(MapType, usize, usize, u32)>;
@@ -292,15 +282,6 @@ pub fn copy_entries(from: &Path, to: &Path) -> Result<u32, String> {
     })
     .map_err(|e| format!("{}: {e}", from.display()))?;
     Ok(copied)
-}
-
-/// Remove what an interrupted upgrade left: pins of renewed maps made
-/// before the new program was on the link (the old pins still hold the
-/// state the old program uses).
-pub fn remove_unfinished(dir: &Path) {
-    for (name, ..) in PINNED_MAPS {
-        let _ = std::fs::remove_file(new_pin(dir, name));
-    }
 }
 
 /// Put renewed maps' pins in place of the old ones (each rename replaces
