@@ -227,6 +227,38 @@ fn setup() -> anyhow::Result<()> {
             .env("PATH", format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default()));
         run(c)?;
     }
+    promtool()
+}
+
+/// Where setup puts Debian's `promtool` (the tests check the alert rules
+/// with it): extracted from the `prometheus` package, which is not
+/// installed (its postinst would start a Prometheus server on the host).
+pub const PROMTOOL: &str = "target/tools/prometheus/usr/bin/promtool";
+
+fn promtool() -> anyhow::Result<()> {
+    if std::path::Path::new(PROMTOOL).exists() {
+        return Ok(());
+    }
+    eprintln!("xtask: extracting promtool from Debian's prometheus package");
+    let dl = std::path::Path::new("target/tools/download");
+    std::fs::create_dir_all(dl)?;
+    let mut get = apt(&["download", "prometheus"]);
+    get.current_dir(dl);
+    if run(get).is_err() {
+        run(apt(&["update", "-q"]))?;
+        let mut get = apt(&["download", "prometheus"]);
+        get.current_dir(dl);
+        run(get)?;
+    }
+    let deb = std::fs::read_dir(dl)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("prometheus_")))
+        .context("apt-get download prometheus left no .deb")?;
+    let mut x = Command::new("dpkg-deb");
+    x.arg("-x").arg(&deb).arg("target/tools/prometheus");
+    run(x)?;
+    std::fs::remove_file(deb)?;
     Ok(())
 }
 
