@@ -5,7 +5,7 @@
 //!
 //! Route: Debian's `rustc-web` ships a precompiled `core` for the BPF
 //! targets, so no nightly and no build-std: the nested cargo runs with
-//! `RUSTC=/usr/bin/rustc` and links with `bpf-linker` (see README,
+//! `RUSTC=/usr/bin/rustc` and links with `bpf-linker` (see docs/operations.md,
 //! "Building on other distributions"). Override the compiler with
 //! `LIMITER_BPF_RUSTC`. `LIMITER_BUILD_SKIP=1` skips the eBPF build and
 //! embeds empty objects (for `cargo check`, docs and IDEs on machines

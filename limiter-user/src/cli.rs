@@ -82,8 +82,11 @@ pub enum Command {
     /// one page per verb (limiter-run(8), limiter-policy-check(8), ...).
     Man {
         /// Write every page into this directory instead.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "policy")]
         dir: Option<PathBuf>,
+        /// Print limiter.toml(5), the policy file's page, instead.
+        #[arg(long)]
+        policy: bool,
     },
 }
 

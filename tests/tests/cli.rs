@@ -219,3 +219,30 @@ fn man_dir_writes_a_page_per_verb() {
     let stray: Vec<String> = pages.filter(|p| !p.ends_with(".8")).collect();
     assert!(stray.is_empty(), "pages outside section 8: {stray:?}");
 }
+
+/// `limiter man --policy` is limiter.toml(5): man renders it, and its body
+/// is the shipped policy file line by line (which the unit tests hold to
+/// the parser: every key, every default).
+#[test]
+fn the_policy_file_has_its_man_page_in_section_5() {
+    let o = limiter(&["man", "--policy"]);
+    assert!(o.status.success(), "{:?}", stderr_lines(&o));
+    let page = String::from_utf8(o.stdout).unwrap();
+    assert!(page.starts_with(".TH LIMITER.TOML 5 "), "{}", &page[..page.len().min(80)]);
+    let dir = limiter_tests::kernel::TempDir::new("man5");
+    let file = dir.0.join("limiter.toml.5");
+    std::fs::write(&file, &page).unwrap();
+    let shown = Command::new("man")
+        .arg("-l")
+        .arg(&file)
+        .env("MANWIDTH", "200")
+        .env("MAN_KEEP_FORMATTING", "0")
+        .output()
+        .unwrap();
+    assert!(shown.status.success(), "{}", String::from_utf8_lossy(&shown.stderr));
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/limiter.toml")).unwrap();
+    for line in shipped.lines().filter(|l| l.starts_with("#[") || l.starts_with("#rate") || l.starts_with("#limit")) {
+        assert!(shown.contains(line), "man limiter.toml does not show {line:?}");
+    }
+}

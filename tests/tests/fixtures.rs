@@ -12,7 +12,7 @@ use limiter_tests::{
 
 const NOW: u64 = 1_000_000_000;
 
-/// The documented verdict of each reason (README "Verdicts and reasons"),
+/// The documented verdict of each reason (docs/concepts.md, "Verdicts and reasons"),
 /// written out here rather than taken from the code under test.
 const XDP_TX: u32 = 3;
 

@@ -12,6 +12,7 @@
 
 use std::{
     collections::BTreeSet,
+    fs,
     path::{Path, PathBuf},
     process::{Command, Output},
     sync::OnceLock,
@@ -142,10 +143,19 @@ fn its_files_are_the_ones_the_readme_lists() {
         "/usr/share/doc/limiter/examples/forward.conf",
         "/usr/share/doc/limiter/examples/limiter.toml",
         "/usr/share/man/man8/limiter.8.gz",
+        "/usr/share/man/man5/limiter.toml.5.gz",
     ]
     .into_iter()
     .map(str::to_owned)
     .collect();
+    // The pages of docs/, beside the README.
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+    for page in fs::read_dir(&docs).unwrap().map(|e| e.unwrap().path()) {
+        if page.extension().is_some_and(|x| x == "md") {
+            expected.insert(format!("/usr/share/doc/limiter/{}.gz", page.file_name().unwrap().to_string_lossy()));
+        }
+    }
+    assert!(expected.contains("/usr/share/doc/limiter/policy.md.gz"), "{expected:?}");
     let bin = scenario::locate_bin("limiter").unwrap();
     let verbs = verbs(&bin, &[]);
     assert!(verbs.iter().any(|v| v == &["policy", "check"]), "{verbs:?}");

@@ -17,7 +17,7 @@
 //! | `/usr/share/man/man8/limiter*.8.gz` | `limiter man --dir` |
 //! | bash, zsh, fish completions | `limiter completions SHELL` |
 //! | `/usr/share/limiter/{grafana,prometheus}/` | `packaging/grafana`, `packaging/prometheus` |
-//! | `/usr/share/doc/limiter/` | copyright, changelog, README, examples |
+//! | `/usr/share/doc/limiter/` | copyright, changelog, README, the pages of `docs/`, examples |
 //! | maintainer scripts | `packaging/debian/{postinst,prerm,postrm}` |
 
 use std::{
@@ -73,6 +73,12 @@ pub fn package(bin: &Path, revision: u32) -> anyhow::Result<PathBuf> {
     }
     let readme = fs::read("README.md").context("reading README.md")?;
     install(&gzip(&readme)?, &root.join("usr/share/doc/limiter/README.md.gz"), 0o644)?;
+    // The operator's pages beside it (the README links to them).
+    for page in doc_pages()? {
+        let text = fs::read(&page).with_context(|| format!("reading {}", page.display()))?;
+        let name = page.file_name().context("a page's name")?.to_string_lossy();
+        install(&gzip(&text)?, &root.join(format!("usr/share/doc/limiter/{name}.gz")), 0o644)?;
+    }
     let changelog = fs::read_to_string("packaging/debian/changelog")?
         .replace("@VERSION@", &deb_version)
         .replace("@REVISION@", &git_rev)
@@ -80,6 +86,11 @@ pub fn package(bin: &Path, revision: u32) -> anyhow::Result<PathBuf> {
     install(&gzip(changelog.as_bytes())?, &root.join("usr/share/doc/limiter/changelog.Debian.gz"), 0o644)?;
 
     man_pages(bin, &root.join(MAN_DIR))?;
+    let policy = Command::new(bin).args(["man", "--policy"]).output().context("limiter man --policy")?;
+    if !policy.status.success() || policy.stdout.is_empty() {
+        bail!("limiter man --policy failed");
+    }
+    install(&gzip(&policy.stdout)?, &root.join("usr/share/man/man5/limiter.toml.5.gz"), 0o644)?;
     for (shell, to) in COMPLETIONS {
         let script = Command::new(bin).args(["completions", shell]).output().context("limiter completions")?;
         if !script.status.success() || script.stdout.is_empty() {
@@ -204,4 +215,17 @@ fn output(cmd: &mut Command) -> anyhow::Result<String> {
         bail!("{shown} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The pages of `docs/` the package installs beside the README: every
+/// `*.md` there, in name order.
+pub fn doc_pages() -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut v: Vec<std::path::PathBuf> = fs::read_dir("docs")
+        .context("reading docs/")?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    v.sort();
+    Ok(v)
 }

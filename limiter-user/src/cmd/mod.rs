@@ -43,7 +43,11 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
             generate::completions(*shell);
             Ok(())
         }
-        Command::Man { dir } => generate::man(dir.as_deref()),
+        Command::Man { policy: true, .. } => {
+            print!("{}", generate::policy_page());
+            Ok(())
+        }
+        Command::Man { dir, .. } => generate::man(dir.as_deref()),
     }
 }
 

@@ -113,7 +113,7 @@ pub enum Mode {
 }
 
 /// When a TCP class answers SYNs from sources without a bucket with SYN
-/// cookies from XDP (see the README, "Spoofed SYN floods").
+/// cookies from XDP (see docs/syn-cookies.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum SynCookies {

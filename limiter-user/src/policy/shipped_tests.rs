@@ -5,6 +5,8 @@
 use super::{Policy, file};
 
 const SHIPPED: &str = include_str!("../../../packaging/limiter.toml");
+/// The policy reference, which ends with the shipped file.
+const REFERENCE: &str = include_str!("../../../docs/policy.md");
 
 /// The shipped text with its option lines (`#key = ...`, `#[section]`)
 /// uncommented: all of them, or with `examples_only` just the section
@@ -77,4 +79,15 @@ fn every_option_is_shown() {
         }
     }
     assert!(checked > 50, "only {checked} fields listed");
+}
+
+/// The reference (`docs/policy.md`, installed as `policy.md.gz` and
+/// `limiter.toml(5)`) lists the keys through the shipped file, whole:
+/// so it lists every key the parser accepts (above) and no other (the
+/// file parses with every option uncommented).
+#[test]
+fn the_policy_reference_holds_the_shipped_file() {
+    let block = format!("```toml\n{SHIPPED}```");
+    assert!(REFERENCE.contains(&block), "docs/policy.md does not end with packaging/limiter.toml as it is");
+    parse(uncomment(false));
 }
