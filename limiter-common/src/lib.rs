@@ -116,12 +116,9 @@ pub mod maps {
     /// packet in each sync epoch, so the daemon syncs what changed without
     /// walking [`WINDOWS`].
     pub const TOUCHED: &str = "TOUCHED";
-    /// `ARRAY<u64>`, 3 entries, written by the daemon: `[0]` the fleet
-    /// sync epoch (bumped every sync), `[1]` 0 while the store is
-    /// reachable, else the fleet's node count (fleet classes with
-    /// `on_store_failure = "split"` then admit `limit / nodes` locally),
-    /// `[2]` the wall clock's offset from the program's clock in ns, so
-    /// that window slices start at the same moment on every node.
+    /// `ARRAY<u64>`, an entry per [`crate::window::FleetSlot`] (the sync
+    /// epoch, the split divisor while the store is down, the wall clock's
+    /// offset), written by the daemon.
     pub const FLEET_STATE: &str = "FLEET_STATE";
     /// `ARRAY<crate::cookie::SynGuard>` indexed by class: the `auto`
     /// trigger of SYN cookies, written by the program; the daemon reads

@@ -72,6 +72,37 @@ pub mod scope {
     pub const SPLIT_ON_FAILURE: u32 = 2;
 }
 
+/// The entries of [`crate::maps::FLEET_STATE`], each a `u64` written by
+/// the daemon and read by the program. Separate entries, not one struct:
+/// the fleet sync and the daemon write different ones from different
+/// threads, and a whole-entry update of a struct would need a
+/// read-modify-write between them.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FleetSlot {
+    /// The sync epoch, bumped every sync (see [`WindowState::epoch`]).
+    Epoch = 0,
+    /// 0 while the store is reachable, else the fleet's node count: a
+    /// class with [`scope::SPLIT_ON_FAILURE`] admits `limit / nodes`.
+    Split = 1,
+    /// The wall clock's offset from the program's clock in ns, so that
+    /// window slices start at the same moment on every node (a replay
+    /// sets the capture's own).
+    WallOffset = 2,
+}
+
+impl FleetSlot {
+    /// Entries of the map.
+    pub const COUNT: u32 = 3;
+
+    /// The entry's index.
+    #[inline(always)]
+    #[must_use]
+    pub const fn index(self) -> u32 {
+        self as u32
+    }
+}
+
 /// Slice counts of one prefix (value of [`crate::maps::WINDOWS`] and
 /// [`crate::maps::FLEET`]).
 #[repr(C)]

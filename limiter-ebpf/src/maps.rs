@@ -15,7 +15,7 @@ use limiter_common::{
     cookie::{REFRESH_SLOTS, SynGuard},
     lease::CpuSlot,
     maps::{self, CPU_SLOTS_ENTRIES, DEFAULT_BUCKET_CAPACITY, DROP_EVENTS_BYTES, MAX_OVERRIDES, TOUCHED_BYTES},
-    window::WindowState,
+    window::{FleetSlot, WindowState},
 };
 
 /// `bpf_map_update_elem`'s flag: create the entry only if it is absent.
@@ -59,7 +59,7 @@ map! {
     /// store is down, the wall clock's offset. Read by: XDP, for window
     /// quotas.
     FLEET_STATE = maps::FLEET_STATE;
-    Array<u64> = Array::with_max_entries(3, 0)
+    Array<u64> = Array::with_max_entries(FleetSlot::COUNT, 0)
 }
 
 map! {

@@ -18,7 +18,7 @@ use core::{
 use limiter_common::{
     BucketKey, ClassLimits, Reason, gcra,
     reason::MAX_CAS_RETRIES,
-    window::{self, SLOTS, Touch, WindowState, scope},
+    window::{self, FleetSlot, SLOTS, Touch, WindowState, scope},
 };
 
 use crate::maps::{BPF_NOEXIST, FLEET, FLEET_STATE, TOUCHED, WINDOWS};
@@ -56,7 +56,7 @@ fn counted(w: *const WindowState, cur: u64, at: u64, slices: u32) -> u64 {
 #[inline(always)]
 pub fn charge_window(key: &BucketKey, now: u64, units: u64, l: &ClassLimits) -> Reason {
     // Slices on the wall clock (ns): the same on every node of a fleet.
-    let offset = FLEET_STATE.get(2).copied().unwrap_or(0);
+    let offset = FLEET_STATE.get(FleetSlot::WallOffset.index()).copied().unwrap_or(0);
     let (cur, here, edge) = window::locate((now >> gcra::TIME_SHIFT).wrapping_add(offset), l.unit);
     let Some(w) = state(key) else { return Reason::BucketInsertFailed };
     let fleet = l.scope & scope::FLEET != 0;
@@ -64,7 +64,7 @@ pub fn charge_window(key: &BucketKey, now: u64, units: u64, l: &ClassLimits) -> 
     let mut seen = counted(w, cur, edge, l.slices);
     let mut view: *mut WindowState = core::ptr::null_mut();
     if fleet {
-        let split = FLEET_STATE.get(1).copied().unwrap_or(0);
+        let split = FLEET_STATE.get(FleetSlot::Split.index()).copied().unwrap_or(0);
         if split != 0 && l.scope & scope::SPLIT_ON_FAILURE != 0 {
             // The store is down: this node's share only.
             limit /= split;
@@ -151,7 +151,7 @@ fn cas_bump(p: *mut u64, cur: u64, at: u64, units: u64) -> bool {
 /// daemon (one CPU wins the swap, so one event per prefix and epoch).
 #[inline(always)]
 fn touch(key: &BucketKey, w: *mut WindowState) {
-    let epoch = FLEET_STATE.get(0).copied().unwrap_or(0);
+    let epoch = FLEET_STATE.get(FleetSlot::Epoch.index()).copied().unwrap_or(0);
     // SAFETY: a live map value, as above.
     let p = unsafe { &raw mut (*w).epoch };
     // SAFETY: as above.

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use limiter_common::{
     BucketKey, Config, MAX_CLASSES, family, packet, rules,
-    window::{self, WindowState, scope},
+    window::{self, FleetSlot, WindowState, scope},
 };
 
 use super::Daemon;
@@ -118,7 +118,7 @@ impl FleetSide {
             }
         }
         if let Self::Off(Some(m)) = self {
-            let _ = m.state.set(2, wall_and_offset().1, 0);
+            let _ = m.state.set(FleetSlot::WallOffset.index(), wall_and_offset().1, 0);
         }
     }
 

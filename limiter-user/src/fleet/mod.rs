@@ -34,7 +34,7 @@ use std::{
 
 use limiter_common::{
     BucketKey,
-    window::{self, Touch},
+    window::{self, FleetSlot, Touch},
 };
 use redis::RedisError;
 use tokio::sync::watch;
@@ -203,8 +203,8 @@ impl Sync {
             }
             let (wall, offset) = wall_and_offset();
             epoch += 1;
-            let _ = self.maps.state.set(2, offset, 0);
-            let _ = self.maps.state.set(0, epoch, 0);
+            let _ = self.maps.state.set(FleetSlot::WallOffset.index(), offset, 0);
+            let _ = self.maps.state.set(FleetSlot::Epoch.index(), epoch, 0);
             while let Some(item) = self.maps.touched.next() {
                 if item.len() >= size_of::<Touch>() {
                     // SAFETY: the program writes whole Touch records; read unaligned.
@@ -250,7 +250,7 @@ impl Sync {
         for k in &keys {
             let _ = self.maps.fleet.remove(k);
         }
-        let _ = self.maps.state.set(1, 0, 0);
+        let _ = self.maps.state.set(FleetSlot::Split.index(), 0, 0);
         tracing::info!(
             event = "fleet_sync",
             stopped = true,
@@ -315,7 +315,7 @@ impl Sync {
             self.ledger.heat(b.key, fleet, b.limit);
             let _ = self.maps.fleet.insert(b.key, others, 0);
         }
-        let _ = self.maps.state.set(1, 0, 0);
+        let _ = self.maps.state.set(FleetSlot::Split.index(), 0, 0);
         let mut nodes = None;
         if let Some(beats) = &got.beats {
             let fresh =
@@ -363,7 +363,7 @@ impl Sync {
     /// A sync failed: the store counts as down until one succeeds.
     fn failed(&mut self, e: &RedisError, wall_ns: u64) {
         let kind = SyncError::of(e);
-        let _ = self.maps.state.set(1, u64::from(self.cfg.nodes), 0);
+        let _ = self.maps.state.set(FleetSlot::Split.index(), u64::from(self.cfg.nodes), 0);
         if matches!(self.store, Some(Store::Cluster(_))) && kind != SyncError::Server {
             self.store = None;
         }
