@@ -177,9 +177,9 @@ impl DataPlane {
             .map(|dir| {
                 pin::PINNED_MAPS
                     .iter()
-                    .map(|(n, ..)| {
-                        let renewed = renew.iter().any(|r| r.name == *n);
-                        (*n, if renewed { pin::new_pin(dir, n) } else { dir.join(n) })
+                    .map(|m| {
+                        let renewed = renew.iter().any(|r| r.name == m.name);
+                        (m.name, if renewed { pin::new_pin(dir, m.name) } else { dir.join(m.name) })
                     })
                     .collect()
             })

@@ -30,25 +30,43 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// changes a pinned map's key, value or meaning bumps `SCHEMA_VERSION`
 /// and sets the map's entry here to the new number. `META` is never
 /// renewed (it says what the other pins are): its layout stays.
-pub const PINNED_MAPS: [(&str, MapType, usize, usize, u32); 17] = [
-    (maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 11),
-    (maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 14),
-    (maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 14),
-    (maps::FLEET_STATE, MapType::Array, 4, 8, 11),
-    (maps::CONFIG, MapType::Array, 4, size_of::<Config>(), 11),
-    (maps::ACTIVE, MapType::Array, 4, 4, 11),
-    (maps::NEW_SOURCES, MapType::Array, 4, 8, 11),
-    (maps::OVR4[0], MapType::LpmTrie, 8, 4, 11),
-    (maps::OVR4[1], MapType::LpmTrie, 8, 4, 11),
-    (maps::OVR6[0], MapType::LpmTrie, 20, 4, 11),
-    (maps::OVR6[1], MapType::LpmTrie, 20, 4, 11),
-    (maps::OVR_LIMITS, MapType::Array, 4, size_of::<ClassLimits>(), 11),
-    (maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>(), 13),
-    (maps::META, MapType::Array, 4, size_of::<Meta>(), 1),
-    (maps::LAYOUT, MapType::Hash, 16, 4, 11),
-    (maps::RUNTIME, MapType::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>(), 11),
-    (maps::SYN_GUARD, MapType::Array, 4, size_of::<SynGuard>(), 11),
+pub const PINNED_MAPS: [PinnedMap; 17] = [
+    PinnedMap::new(maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 11),
+    PinnedMap::new(maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 14),
+    PinnedMap::new(maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 14),
+    PinnedMap::new(maps::FLEET_STATE, MapType::Array, 4, 8, 11),
+    PinnedMap::new(maps::CONFIG, MapType::Array, 4, size_of::<Config>(), 11),
+    PinnedMap::new(maps::ACTIVE, MapType::Array, 4, 4, 11),
+    PinnedMap::new(maps::NEW_SOURCES, MapType::Array, 4, 8, 11),
+    PinnedMap::new(maps::OVR4[0], MapType::LpmTrie, 8, 4, 11),
+    PinnedMap::new(maps::OVR4[1], MapType::LpmTrie, 8, 4, 11),
+    PinnedMap::new(maps::OVR6[0], MapType::LpmTrie, 20, 4, 11),
+    PinnedMap::new(maps::OVR6[1], MapType::LpmTrie, 20, 4, 11),
+    PinnedMap::new(maps::OVR_LIMITS, MapType::Array, 4, size_of::<ClassLimits>(), 11),
+    PinnedMap::new(maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>(), 13),
+    PinnedMap::new(maps::META, MapType::Array, 4, size_of::<Meta>(), 1),
+    PinnedMap::new(maps::LAYOUT, MapType::Hash, 16, 4, 11),
+    PinnedMap::new(maps::RUNTIME, MapType::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>(), 11),
+    PinnedMap::new(maps::SYN_GUARD, MapType::Array, 4, size_of::<SynGuard>(), 11),
 ];
+/// One row of [`PINNED_MAPS`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PinnedMap {
+    pub name: &'static str,
+    pub kind: MapType,
+    /// Key and value sizes in bytes.
+    pub key: usize,
+    pub value: usize,
+    /// The schema in which its layout or meaning last changed.
+    pub since: u32,
+}
+
+impl PinnedMap {
+    const fn new(name: &'static str, kind: MapType, key: usize, value: usize, since: u32) -> Self {
+        Self { name, kind, key, value, since }
+    }
+}
+
 /// Maps earlier schemas pinned that this build has not: their pins are
 /// removed once this build's program is on the link (the old program
 /// used them until then), and by `limiter unload`. A rollback to a build
@@ -73,7 +91,7 @@ pub fn new_pin(dir: &Path, name: &str) -> PathBuf {
 /// before the new program was on the link (the old pins still hold the
 /// state the old program uses).
 pub fn remove_unfinished(dir: &Path) {
-    for (name, ..) in PINNED_MAPS {
+    for PinnedMap { name, .. } in PINNED_MAPS {
         let _ = std::fs::remove_file(new_pin(dir, name));
     }
 }
@@ -183,7 +201,7 @@ fn is_bpffs(p: &Path) -> bool {
 /// Whether anything is pinned in `dir`.
 #[must_use]
 pub fn has_pins(dir: &Path) -> bool {
-    PINNED_MAPS.iter().any(|(n, ..)| dir.join(n).exists()) || dir.join(LINK).exists()
+    PINNED_MAPS.iter().any(|m| dir.join(m.name).exists()) || dir.join(LINK).exists()
 }
 
 /// Take an exclusive, non-blocking `flock` on `path` (a directory, or a
@@ -260,7 +278,7 @@ pub fn unload_checked(dir: &Path, keep_maps: bool, force: bool) -> Result<(Vec<S
 pub fn unload(dir: &Path, keep_maps: bool) -> Result<Vec<String>, PinError> {
     let mut names = vec![LINK, PROG];
     if !keep_maps {
-        names.extend(PINNED_MAPS.iter().map(|(n, ..)| *n));
+        names.extend(PINNED_MAPS.iter().map(|m| m.name));
         names.extend(RETIRED_MAPS);
         remove_unfinished(dir);
     }

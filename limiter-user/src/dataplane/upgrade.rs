@@ -10,7 +10,7 @@ use aya::maps::{Array, Map, MapData, MapType};
 use limiter_common::{META_MAGIC, Meta, SCHEMA_VERSION, maps};
 
 use super::{
-    pin::{PINNED_MAPS, PinError, RETIRED_MAPS, has_pins, new_pin},
+    pin::{PINNED_MAPS, PinError, PinnedMap, RETIRED_MAPS, has_pins, new_pin},
     rawmap::{self, Cmd, elem},
 };
 
@@ -29,7 +29,7 @@ pub fn object_entries(object: &[u8]) -> Result<Vec<Option<u32>>, String> {
     let obj = aya_obj::Object::parse(object).map_err(|e| format!("parsing the XDP object: {e}"))?;
     PINNED_MAPS
         .iter()
-        .map(|(name, ..)| {
+        .map(|PinnedMap { name, .. }| {
             if [maps::BUCKETS, maps::WINDOWS, maps::FLEET].contains(name) {
                 return Ok(None);
             }
@@ -63,7 +63,7 @@ pub struct Renewal {
 /// [`OLDEST_SCHEMA`], and a `META` that is not ours.
 pub fn plan(
     meta: Option<Meta>,
-    table: &[(&'static str, MapType, usize, usize, u32)],
+    table: &[PinnedMap],
     found: &[Found],
     entries: &[Option<u32>],
     newer: Option<&[(String, u32)]>,
@@ -102,7 +102,7 @@ pub fn plan(
         ));
     }
     let mut renew = Vec::new();
-    for ((&(name, kind, key, value, since), found), &want) in table.iter().zip(found).zip(entries) {
+    for ((&PinnedMap { name, kind, key, value, since }, found), &want) in table.iter().zip(found).zip(entries) {
         let (why, copy) = match (*found, changed(name, since)) {
             (None, _) => ("missing".to_owned(), false),
             (Some((k, ..)), _) if k != kind => (format!("type {k:?}, this build's {kind:?}"), false),
@@ -127,7 +127,7 @@ pub fn plan(
     // the new one is on the link, so a new `CONFIG` beside an old
     // `ACTIVE` would flip the old program to a slot it never had written.
     if renew.iter().any(|r| POLICY_MAPS.contains(&r.name)) {
-        for (name, ..) in table {
+        for PinnedMap { name, .. } in table {
             if POLICY_MAPS.contains(name) && !renew.iter().any(|r| r.name == *name) {
                 renew.push(Renewal {
                     name,
@@ -180,7 +180,7 @@ pub fn check(dir: &Path, object: &[u8]) -> Result<Option<Vec<Renewal>>, PinError
         return Ok(None);
     }
     let mut found = Vec::with_capacity(PINNED_MAPS.len());
-    for (name, ..) in PINNED_MAPS {
+    for PinnedMap { name, .. } in PINNED_MAPS {
         let path = dir.join(name);
         if !path.exists() {
             found.push(None);
@@ -192,8 +192,8 @@ pub fn check(dir: &Path, object: &[u8]) -> Result<Option<Vec<Renewal>>, PinError
         found.push(Some((kind, info.key_size() as usize, info.value_size() as usize, info.max_entries())));
     }
     let path = dir.join(maps::META);
-    let meta_at = PINNED_MAPS.iter().position(|(n, ..)| *n == maps::META).expect("META is pinned");
-    let (_, kind, key, value, _) = PINNED_MAPS[meta_at];
+    let meta_at = PINNED_MAPS.iter().position(|m| m.name == maps::META).expect("META is pinned");
+    let PinnedMap { kind, key, value, .. } = PINNED_MAPS[meta_at];
     let meta = if found[meta_at].is_some_and(|(k, ks, vs, _)| (k, ks, vs) == (kind, key, value)) {
         let md = MapData::from_pin(&path).map_err(|source| PinError::Open { path: path.clone(), source })?;
         let a: Array<MapData, Meta> =
@@ -238,7 +238,7 @@ pub fn write_layout(dir: &Path) -> Result<(), PinError> {
     for k in stale {
         let _ = m.remove(&k);
     }
-    for (name, .., since) in PINNED_MAPS {
+    for PinnedMap { name, since, .. } in PINNED_MAPS {
         m.insert(layout_key(name), since, 0).map_err(open)?;
     }
     Ok(())

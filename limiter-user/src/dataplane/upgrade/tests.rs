@@ -10,11 +10,7 @@ fn ours(schema: u32) -> Meta {
 
 /// Every map of the table as this build makes it.
 fn as_built() -> Vec<Found> {
-    PINNED_MAPS
-        .iter()
-        .zip(entries())
-        .map(|(&(_, kind, key, value, _), n)| Some((kind, key, value, n.unwrap_or(1024))))
-        .collect()
+    PINNED_MAPS.iter().zip(entries()).map(|(m, n)| Some((m.kind, m.key, m.value, n.unwrap_or(1024)))).collect()
 }
 
 /// The production object's own.
@@ -23,7 +19,7 @@ fn entries() -> Vec<Option<u32>> {
 }
 
 fn at(name: &str) -> usize {
-    PINNED_MAPS.iter().position(|(n, ..)| *n == name).unwrap()
+    PINNED_MAPS.iter().position(|m| m.name == name).unwrap()
 }
 
 fn names(r: &[Renewal]) -> Vec<&str> {
@@ -88,7 +84,7 @@ fn a_policy_map_renews_the_policy_maps_and_nothing_else() {
 #[test]
 fn a_map_changed_since_the_pinning_schema_is_renewed_even_at_the_same_size() {
     let mut table = PINNED_MAPS;
-    table[at(maps::RUNTIME)].4 = SCHEMA_VERSION + 1;
+    table[at(maps::RUNTIME)].since = SCHEMA_VERSION + 1;
     let r = plan(Some(ours(SCHEMA_VERSION)), &table, &as_built(), &entries(), None).unwrap();
     assert_eq!(names(&r), [maps::RUNTIME]);
     assert!(r[0].why.contains(&format!("changed in schema {}", SCHEMA_VERSION + 1)), "{r:?}");
@@ -100,7 +96,7 @@ fn a_map_changed_since_the_pinning_schema_is_renewed_even_at_the_same_size() {
 #[test]
 fn a_rollback_renews_what_the_newer_build_changed_after_this_one() {
     let newer = SCHEMA_VERSION + 2;
-    let mut layout: Vec<(String, u32)> = PINNED_MAPS.iter().map(|(n, .., since)| ((*n).to_owned(), *since)).collect();
+    let mut layout: Vec<(String, u32)> = PINNED_MAPS.iter().map(|m| (m.name.to_owned(), m.since)).collect();
     let r = plan(Some(ours(newer)), &PINNED_MAPS, &as_built(), &entries(), Some(&layout)).unwrap();
     assert_eq!(r, vec![]);
     layout.iter_mut().find(|(n, _)| n == maps::STATS).unwrap().1 = SCHEMA_VERSION + 1;
