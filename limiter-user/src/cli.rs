@@ -275,11 +275,20 @@ pub struct RunArgs {
     pub status_interval: f64,
 }
 
+/// A `--ttl` that is not one.
+#[derive(Debug, thiserror::Error)]
+pub enum TtlError {
+    #[error(transparent)]
+    Duration(#[from] crate::policy::DurationError),
+    #[error("a ttl must be at least 1s")]
+    Zero,
+}
+
 /// A `--ttl` in whole seconds, at least one.
-fn ttl(s: &str) -> Result<u64, String> {
+fn ttl(s: &str) -> Result<u64, TtlError> {
     let d = crate::policy::parse_duration(s)?;
     if d.as_secs() == 0 {
-        return Err("a ttl must be at least 1s".into());
+        return Err(TtlError::Zero);
     }
     Ok(d.as_secs())
 }

@@ -95,18 +95,27 @@ impl Token {
 /// Largest token file read.
 pub const MAX_TOKEN_FILE: u64 = 4096;
 
+/// A feedback token that was not taken (its text is never shown).
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("feedback token {path}: {cause}")]
+    Read { path: String, cause: crate::policy::file::ReadError },
+    #[error("feedback token {path}: at least 16 characters")]
+    Short { path: String },
+}
+
 /// The token in `path` (its first line, trimmed) and what is weak about
 /// it: a regular file of at most 4 KiB (a FIFO or a device is never
 /// read), 16 characters or more; warned of when readable by group or
 /// others, or made of few distinct characters. Errors never show it.
-pub fn read_token(path: &std::path::Path) -> Result<(String, Vec<String>), String> {
+pub fn read_token(path: &std::path::Path) -> Result<(String, Vec<String>), TokenError> {
     use std::os::unix::fs::PermissionsExt as _;
     let name = path.display();
     let text = crate::policy::file::read_text(path, MAX_TOKEN_FILE, "a token")
-        .map_err(|e| format!("feedback token {name}: {e}"))?;
+        .map_err(|cause| TokenError::Read { path: name.to_string(), cause })?;
     let token = text.lines().next().unwrap_or("").trim().to_owned();
     if token.len() < 16 {
-        return Err(format!("feedback token {name}: at least 16 characters"));
+        return Err(TokenError::Short { path: name.to_string() });
     }
     let mut warnings = Vec::new();
     if let Ok(m) = std::fs::metadata(path)

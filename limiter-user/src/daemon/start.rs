@@ -15,7 +15,7 @@ use crate::{
 /// warned of), if the policy has `[feedback]`.
 pub(super) fn feedback_token(policy: &Policy) -> anyhow::Result<Option<crate::feedback::Token>> {
     let Some(f) = &policy.feedback else { return Ok(None) };
-    let (token, warnings) = crate::feedback::read_token(&f.token_file).map_err(|e| anyhow::anyhow!(e))?;
+    let (token, warnings) = crate::feedback::read_token(&f.token_file)?;
     for w in warnings {
         tracing::warn!(event = "feedback_token", "limiter: {w}");
     }

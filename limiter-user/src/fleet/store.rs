@@ -173,10 +173,9 @@ impl Store {
     pub async fn connect(f: &Fleet) -> Result<Self, RedisError> {
         // Read at each connect, so a rotated password is taken at the next.
         let password = match &f.password_file {
-            Some(p) => Some(
-                crate::policy::fleet::read_password(p)
-                    .map_err(|e| RedisError::from((redis::ErrorKind::InvalidClientConfig, "password file", e)))?,
-            ),
+            Some(p) => Some(crate::policy::fleet::read_password(p).map_err(|e| {
+                RedisError::from((redis::ErrorKind::InvalidClientConfig, "password file", e.to_string()))
+            })?),
             None => None,
         };
         if f.is_cluster() {

@@ -36,7 +36,7 @@ use std::path::Path;
 use serde::Deserialize;
 use toml::Spanned;
 
-pub use self::untrusted::read_text;
+pub use self::untrusted::{ReadError, read_text};
 use self::window::WindowSpec;
 
 use super::{
@@ -173,7 +173,7 @@ struct ClassSpec {
 pub fn read(path: &Path) -> Result<Loaded, PolicyError> {
     let name = path.display().to_string();
     let fail = |problem: String| PolicyError { field: "(file)".into(), problem, location: Some((name.clone(), 0)) };
-    let text = read_text(path, MAX_FILE_BYTES, "a policy").map_err(fail)?;
+    let text = read_text(path, MAX_FILE_BYTES, "a policy").map_err(|e| fail(e.to_string()))?;
     parse(&name, text)
 }
 

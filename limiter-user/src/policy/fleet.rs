@@ -51,25 +51,32 @@ pub fn redacted(url: &str) -> String {
     format!("{scheme}://{user}:***@{host}")
 }
 
+/// A password file that was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum PasswordFileError {
+    #[error("fleet.password_file {path}: {cause}")]
+    Io { path: String, cause: std::io::Error },
+    #[error("fleet.password_file {path}: not a regular file of at most {MAX_PASSWORD_FILE} bytes")]
+    NotAFile { path: String },
+    #[error("fleet.password_file {path}: empty")]
+    Empty { path: String },
+}
+
 /// The password in `path`: a regular file of at most 4 KiB, its first
 /// line without the line end. Errors say what is wrong, never the content.
-pub fn read_password(path: &std::path::Path) -> Result<String, String> {
+pub fn read_password(path: &std::path::Path) -> Result<String, PasswordFileError> {
     use std::io::Read as _;
-    let f = std::fs::File::open(path).map_err(|e| format!("fleet.password_file {}: {e}", path.display()))?;
-    let m = f.metadata().map_err(|e| format!("fleet.password_file {}: {e}", path.display()))?;
+    let io = |cause| PasswordFileError::Io { path: path.display().to_string(), cause };
+    let f = std::fs::File::open(path).map_err(io)?;
+    let m = f.metadata().map_err(io)?;
     if !m.is_file() || m.len() > MAX_PASSWORD_FILE {
-        return Err(format!(
-            "fleet.password_file {}: not a regular file of at most {MAX_PASSWORD_FILE} bytes",
-            path.display()
-        ));
+        return Err(PasswordFileError::NotAFile { path: path.display().to_string() });
     }
     let mut text = String::new();
-    f.take(MAX_PASSWORD_FILE)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("fleet.password_file {}: {e}", path.display()))?;
+    f.take(MAX_PASSWORD_FILE).read_to_string(&mut text).map_err(io)?;
     let pw = text.lines().next().unwrap_or("").to_owned();
     if pw.is_empty() {
-        return Err(format!("fleet.password_file {}: empty", path.display()));
+        return Err(PasswordFileError::Empty { path: path.display().to_string() });
     }
     Ok(pw)
 }
@@ -173,11 +180,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("pw");
         std::fs::write(&p, "s3cret\nignored\n").unwrap();
-        assert_eq!(read_password(&p).as_deref(), Ok("s3cret"));
+        assert_eq!(read_password(&p).unwrap(), "s3cret");
         std::fs::write(&p, "x".repeat(5000)).unwrap();
-        let e = read_password(&p).unwrap_err();
+        let e = read_password(&p).unwrap_err().to_string();
         assert!(e.contains("at most 4096 bytes") && !e.contains("xxx"), "{e}");
-        assert!(read_password(&dir).unwrap_err().contains("not a regular file"));
+        assert!(read_password(&dir).unwrap_err().to_string().contains("not a regular file"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

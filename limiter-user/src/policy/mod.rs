@@ -60,18 +60,27 @@ fn name_of<T: ValueEnum>(v: &T) -> String {
     v.to_possible_value().map_or_else(String::new, |p| p.get_name().to_owned())
 }
 
+/// A duration that is not one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("{0:?} is not a duration like \"250ms\", \"2s\", \"10m\"")]
+    NotADuration(String),
+    #[error("{0:?}: the unit must be ms, s, m or h")]
+    Unit(String),
+}
+
 /// `"250ms"`, `"2s"`, `"10m"`, `"1h"`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration like \"250ms\", \"2s\", \"10m\""))?;
+    let n: u64 = n.parse().map_err(|_| DurationError::NotADuration(s.to_owned()))?;
     let d = match unit.trim() {
         "ms" => Duration::from_millis(n),
         "s" => Duration::from_secs(n),
         "m" => Duration::from_secs(n.saturating_mul(60)),
         "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("{s:?}: the unit must be ms, s, m or h")),
+        _ => return Err(DurationError::Unit(s.to_owned())),
     };
     Ok(d)
 }
