@@ -157,8 +157,8 @@ impl Drop for Bound {
 
 /// Whether the peer is root or in the allowed group (primary or
 /// supplementary, the latter read from /proc for the peer's pid).
-fn authorised(stream: &UnixStream, access: Access) -> Result<(), String> {
-    let cred = stream.peer_cred().map_err(|e| format!("reading peer credentials: {e}"))?;
+fn authorised(stream: &UnixStream, access: Access) -> Result<(), Refused> {
+    let cred = stream.peer_cred().map_err(Refused::Credentials)?;
     if cred.uid() == 0 {
         return Ok(());
     }
@@ -168,8 +168,16 @@ fn authorised(stream: &UnixStream, access: Access) -> Result<(), String> {
             return Ok(());
         }
     }
-    let group = access.gid.map_or_else(|| "no group is configured".to_owned(), |g| format!("not in group {g}"));
-    Err(format!("permission denied: uid {} is not root and {group}", cred.uid()))
+    Err(Refused::Peer { uid: cred.uid(), gid: access.gid })
+}
+
+/// Why a control client was refused.
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    #[error("reading peer credentials: {0}")]
+    Credentials(std::io::Error),
+    #[error("permission denied: uid {uid} is not root and {}", gid.map_or_else(|| "no group is configured".to_owned(), |g| format!("not in group {g}")))]
+    Peer { uid: u32, gid: Option<u32> },
 }
 
 fn supplementary_groups(pid: i32) -> Vec<u32> {
@@ -189,8 +197,8 @@ fn supplementary_groups(pid: i32) -> Vec<u32> {
 async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Sender<Call>, big: Arc<Semaphore>) {
     let verdict = authorised(&stream, access);
     let (read, mut write) = stream.into_split();
-    if let Err(message) = verdict {
-        let _ = write_line(&mut write, &Response::Error { message }).await;
+    if let Err(e) = verdict {
+        let _ = write_line(&mut write, &Response::Error { message: e.to_string() }).await;
         return;
     }
     let mut reader = BufReader::new(read);

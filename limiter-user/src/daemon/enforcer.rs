@@ -198,8 +198,10 @@ impl Enforcer {
         };
         // Never claim protection that is not there: cookies the kernel would
         // not accept would only break the connections they answer.
-        let cookies_off =
-            (compiled.config.flags & flags::SYN_COOKIES != 0).then(super::os::syn_cookies_ready).and_then(Result::err);
+        let cookies_off = (compiled.config.flags & flags::SYN_COOKIES != 0)
+            .then(super::os::syn_cookies_ready)
+            .and_then(Result::err)
+            .map(|e| e.to_string());
         let mut mss_only = None;
         if cookies_off.is_some() {
             compiled.config.flags &= !flags::SYN_COOKIES;

@@ -67,17 +67,26 @@ pub fn raise_memlock() {
 /// cookies sent from XDP: it checks them itself only with
 /// `net.ipv4.tcp_syncookies = 2` (cookies always, so the SYNs the program
 /// hands it keep the listener in its cookie state). `Err` says why not.
-pub fn syn_cookies_ready() -> Result<(), String> {
-    const SYSCTL: &str = "/proc/sys/net/ipv4/tcp_syncookies";
-    match std::fs::read_to_string(SYSCTL) {
+pub fn syn_cookies_ready() -> Result<(), CookiesUnready> {
+    match std::fs::read_to_string(SYNCOOKIES_SYSCTL) {
         Ok(v) if v.trim() == "2" => Ok(()),
-        Ok(v) => Err(format!(
-            "net.ipv4.tcp_syncookies is {} in this network namespace; the kernel accepts the ACKs of cookies sent \
-             from XDP only with 2 (sysctl -w net.ipv4.tcp_syncookies=2)",
-            v.trim()
-        )),
-        Err(e) => Err(format!("cannot read {SYSCTL} (a kernel without CONFIG_SYN_COOKIES?): {e}")),
+        Ok(v) => Err(CookiesUnready::Sysctl(v.trim().to_owned())),
+        Err(e) => Err(CookiesUnready::Unreadable(e)),
     }
+}
+
+const SYNCOOKIES_SYSCTL: &str = "/proc/sys/net/ipv4/tcp_syncookies";
+
+/// Why the kernel would not take the ACKs of cookies sent from XDP.
+#[derive(Debug, thiserror::Error)]
+pub enum CookiesUnready {
+    #[error(
+        "net.ipv4.tcp_syncookies is {0} in this network namespace; the kernel accepts the ACKs of cookies sent \
+         from XDP only with 2 (sysctl -w net.ipv4.tcp_syncookies=2)"
+    )]
+    Sysctl(String),
+    #[error("cannot read {SYNCOOKIES_SYSCTL} (a kernel without CONFIG_SYN_COOKIES?): {0}")]
+    Unreadable(std::io::Error),
 }
 
 /// What a cookie's SYN-ACK may offer beside the MSS on this host, from
