@@ -222,7 +222,7 @@ impl Ledger {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use limiter_common::family;
 
     use super::*;
@@ -232,7 +232,7 @@ mod tests {
     }
 
     /// Slices with their counts, each first admitted at position 7.
-    fn state(slots: &[(u64, u64)]) -> WindowState {
+    pub(in crate::fleet) fn state(slots: &[(u64, u64)]) -> WindowState {
         let mut w = WindowState::default();
         for &(s, n) in slots {
             w.slots[window::slot_of(s, 12)] = window::slot(s, 7, n);

@@ -103,20 +103,11 @@ pub fn share(reads: &[(usize, u64)], values: &[u64], local: &WindowState, at: Mo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::ledger::stored;
-
-    /// Slices with their counts, each first admitted at position 7.
-    fn state(slots: &[(u64, u64)]) -> WindowState {
-        let mut w = WindowState::default();
-        for &(s, n) in slots {
-            w.slots[window::slot_of(s, 12)] = window::slot(s, 7, n);
-        }
-        w
-    }
+    use crate::fleet::ledger::{stored, tests::state};
 
     #[test]
     fn a_share_counts_the_others_per_admission_here_and_applies_early_only_to_a_fast_prefix() {
-        // Slice 5 s, sync every 0.2 s (164 of 4096), half-way into slice 77.
+        // Slice 5 s, sync every 0.2 s (163 of 4096), half-way into slice 77.
         let at = Moment::at(77 * 5_000_000_000 + 2_500_000_000, 5_000_000_000, 200_000_000, 12);
         assert_eq!((at.cur, at.here, at.interval), (77, 2048, 163));
         let v = |n: u64, first: u64| stored(n, Some(first));
