@@ -206,8 +206,8 @@ async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Send
         let line = match tokio::time::timeout(READ_DEADLINE, read_line(&mut reader, &big)).await {
             Ok(Ok(Some(line))) => line,
             Ok(Ok(None)) => return,
-            Ok(Err(message)) => {
-                let _ = write_line(&mut write, &Response::Error { message }).await;
+            Ok(Err(e)) => {
+                let _ = write_line(&mut write, &Response::Error { message: e.to_string() }).await;
                 return;
             }
             Err(_) => {
@@ -234,33 +234,42 @@ async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Send
     }
 }
 
+/// A request line that was not read.
+#[derive(Debug, thiserror::Error)]
+enum BadLine {
+    #[error("reading the request: {0}")]
+    Read(io::Error),
+    #[error("the request ended without a newline")]
+    Unterminated,
+    #[error("request longer than {MAX_LINE} bytes")]
+    TooLong,
+    #[error("another large request is being read; retry")]
+    Busy,
+}
+
 /// One request line without its newline; `None` at a clean end of the
 /// stream. Longer than [`SMALL_LINE`] needs the large-request slot; longer
 /// than [`MAX_LINE`] is refused.
 async fn read_line(
     r: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
     big: &Arc<Semaphore>,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<Vec<u8>>, BadLine> {
     let mut line = Vec::new();
     let mut permit = None;
     loop {
-        let avail = r.fill_buf().await.map_err(|e| format!("reading the request: {e}"))?;
+        let avail = r.fill_buf().await.map_err(BadLine::Read)?;
         if avail.is_empty() {
-            return if line.is_empty() { Ok(None) } else { Err("the request ended without a newline".into()) };
+            return if line.is_empty() { Ok(None) } else { Err(BadLine::Unterminated) };
         }
         let (chunk, done) = match avail.iter().position(|b| *b == b'\n') {
             Some(i) => (&avail[..i], true),
             None => (avail, false),
         };
         if line.len() + chunk.len() > MAX_LINE {
-            return Err(format!("request longer than {MAX_LINE} bytes"));
+            return Err(BadLine::TooLong);
         }
         if line.len() + chunk.len() > SMALL_LINE && permit.is_none() {
-            permit = Some(
-                Arc::clone(big)
-                    .try_acquire_owned()
-                    .map_err(|_| "another large request is being read; retry".to_owned())?,
-            );
+            permit = Some(Arc::clone(big).try_acquire_owned().map_err(|_| BadLine::Busy)?);
         }
         line.extend_from_slice(chunk);
         let used = chunk.len() + usize::from(done);

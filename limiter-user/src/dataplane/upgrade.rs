@@ -25,18 +25,27 @@ pub type Found = Option<(MapType, usize, usize, u32)>;
 /// The max entries each map of [`PINNED_MAPS`] has in `object` (the
 /// program's own definitions); `None` for the maps sized by the policy's
 /// capacity, whose pinned size is kept whatever it is.
-pub fn object_entries(object: &[u8]) -> Result<Vec<Option<u32>>, String> {
-    let obj = aya_obj::Object::parse(object).map_err(|e| format!("parsing the XDP object: {e}"))?;
+pub fn object_entries(object: &[u8]) -> Result<Vec<Option<u32>>, ObjectError> {
+    let obj = aya_obj::Object::parse(object).map_err(|e| ObjectError::Parse(e.to_string()))?;
     PINNED_MAPS
         .iter()
         .map(|PinnedMap { name, .. }| {
             if [maps::BUCKETS, maps::WINDOWS, maps::FLEET].contains(name) {
                 return Ok(None);
             }
-            let m = obj.maps.get(*name).ok_or_else(|| format!("the XDP object has no map {name}"))?;
+            let m = obj.maps.get(*name).ok_or(ObjectError::NoMap(name))?;
             Ok(Some(m.max_entries()))
         })
         .collect()
+}
+
+/// An XDP object whose maps could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    #[error("parsing the XDP object: {0}")]
+    Parse(String),
+    #[error("the XDP object has no map {0}")]
+    NoMap(&'static str),
 }
 
 /// A pinned map an upgrade replaces with a new, empty one, and why.
@@ -67,21 +76,14 @@ pub fn plan(
     found: &[Found],
     entries: &[Option<u32>],
     newer: Option<&[(String, u32)]>,
-) -> Result<Vec<Renewal>, String> {
+) -> Result<Vec<Renewal>, PlanError> {
     let Some(m) = meta.filter(|m| m.magic == META_MAGIC) else {
-        return Err(format!("no {} of this project's (magic {META_MAGIC:#x}) beside them", maps::META));
+        return Err(PlanError::Foreign);
     };
     let newer = match (m.schema > SCHEMA_VERSION, newer) {
         (false, _) => None,
         (true, Some(n)) => Some(n),
-        (true, None) => {
-            return Err(format!(
-                "schema {}, written by a newer limiter that does not say which maps it changed (no {}); this one \
-                 uses schema {SCHEMA_VERSION}",
-                m.schema,
-                maps::LAYOUT
-            ));
-        }
+        (true, None) => return Err(PlanError::NewerUnlisted { schema: m.schema }),
     };
     // Whether the map changed after what the pins' build and this one
     // share: on an upgrade, after the schema that pinned it (this build's
@@ -96,10 +98,7 @@ pub fn plan(
         None => (m.schema < since).then(|| format!("pinned under schema {}, changed in schema {since}", m.schema)),
     };
     if m.schema < OLDEST_SCHEMA {
-        return Err(format!(
-            "schema {}, this limiter uses schema {SCHEMA_VERSION} and upgrades from schema {OLDEST_SCHEMA} on",
-            m.schema
-        ));
+        return Err(PlanError::TooOld(m.schema));
     }
     let mut renew = Vec::new();
     for ((&PinnedMap { name, kind, key, value, since }, found), &want) in table.iter().zip(found).zip(entries) {
@@ -118,7 +117,7 @@ pub fn plan(
             (Some(_), None) => continue,
         };
         if name == maps::META {
-            return Err(format!("{} {why}", maps::META));
+            return Err(PlanError::Meta(why));
         }
         renew.push(Renewal { name, why, copy, copied: None });
     }
@@ -202,11 +201,29 @@ pub fn check(dir: &Path, object: &[u8]) -> Result<Option<Vec<Renewal>>, PinError
     } else {
         None
     };
-    let entries = object_entries(object).map_err(|problem| PinError::Incompatible { path: path.clone(), problem })?;
+    let entries =
+        object_entries(object).map_err(|e| PinError::Incompatible { path: path.clone(), problem: e.to_string() })?;
     let newer = read_layout(dir);
     let renew = plan(meta, &PINNED_MAPS, &found, &entries, newer.as_deref())
-        .map_err(|problem| PinError::Incompatible { path, problem })?;
+        .map_err(|e| PinError::Incompatible { path, problem: e.to_string() })?;
     Ok(Some(renew))
+}
+
+/// Pins an upgrade refuses to take over.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("no {} of this project's (magic {META_MAGIC:#x}) beside them", maps::META)]
+    Foreign,
+    #[error(
+        "schema {schema}, written by a newer limiter that does not say which maps it changed (no {layout}); this one \
+         uses schema {SCHEMA_VERSION}",
+        layout = maps::LAYOUT
+    )]
+    NewerUnlisted { schema: u32 },
+    #[error("schema {0}, this limiter uses schema {SCHEMA_VERSION} and upgrades from schema {OLDEST_SCHEMA} on")]
+    TooOld(u32),
+    #[error("{meta} {0}", meta = maps::META)]
+    Meta(String),
 }
 
 /// `LAYOUT`'s key for the map `name`: its name, zero-padded.
@@ -271,8 +288,9 @@ pub fn pinned_config_version(path: &Path) -> u64 {
 /// the same type and key and value sizes but another number of entries
 /// (arrays: the indexes both have; hash maps: every key while there is
 /// room). Returns how many were copied.
-pub fn copy_entries(from: &Path, to: &Path) -> Result<u32, String> {
-    let open = |p: &Path| MapData::from_pin(p).map_err(|e| format!("{}: {e}", p.display()));
+pub fn copy_entries(from: &Path, to: &Path) -> Result<u32, CopyError> {
+    let open =
+        |p: &Path| MapData::from_pin(p).map_err(|e| CopyError::Open { path: p.to_path_buf(), cause: e.to_string() });
     let (old, new) = (open(from)?, open(to)?);
     let mut copied = 0;
     rawmap::for_each_entry(&old, |key, value| {
@@ -280,8 +298,17 @@ pub fn copy_entries(from: &Path, to: &Path) -> Result<u32, String> {
             copied += 1;
         }
     })
-    .map_err(|e| format!("{}: {e}", from.display()))?;
+    .map_err(|e| CopyError::Read { path: from.to_path_buf(), cause: e.to_string() })?;
     Ok(copied)
+}
+
+/// A renewed map whose entries were not copied.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("{}: {cause}", path.display())]
+    Open { path: std::path::PathBuf, cause: String },
+    #[error("{}: {cause}", path.display())]
+    Read { path: std::path::PathBuf, cause: String },
 }
 
 /// Put renewed maps' pins in place of the old ones (each rename replaces

@@ -110,15 +110,15 @@ fn a_rollback_renews_what_the_newer_build_changed_after_this_one() {
 
 #[test]
 fn newer_older_or_foreign_pins_are_refused() {
-    let e = plan(Some(ours(SCHEMA_VERSION + 1)), &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err();
+    let e = plan(Some(ours(SCHEMA_VERSION + 1)), &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err().to_string();
     assert!(e.contains("newer limiter") && e.contains("does not say which maps it changed"), "{e}");
-    let e = plan(Some(ours(OLDEST_SCHEMA - 1)), &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err();
+    let e = plan(Some(ours(OLDEST_SCHEMA - 1)), &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err().to_string();
     assert!(e.contains(&format!("upgrades from schema {OLDEST_SCHEMA}")), "{e}");
     let mut found = as_built();
     found[at(maps::META)] = Some((MapType::Array, 4, size_of::<Meta>(), 2));
-    let e = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap_err();
+    let e = plan(Some(ours(SCHEMA_VERSION)), &PINNED_MAPS, &found, &entries(), None).unwrap_err().to_string();
     assert_eq!(e, "META 2 entries, this build's 1");
     let foreign = Some(Meta { magic: 1, schema: SCHEMA_VERSION, ifindex: 0, pad: 0 });
-    assert!(plan(foreign, &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err().contains("no META"));
+    assert!(plan(foreign, &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err().to_string().contains("no META"));
     assert!(plan(None, &PINNED_MAPS, &as_built(), &entries(), None).is_err());
 }
