@@ -1,10 +1,10 @@
 //! The bottom of the program's charging: a bounded compare-and-swap on a
-//! map value's `u64` and the two bucket steps built on it (a GCRA charge
-//! and its refund), shared by the charge, the per-CPU leases and the
-//! bench entry points.
+//! map value's `u64`, an atomic add, and the two bucket steps built on the
+//! first (a GCRA charge and its refund), shared by the charge, the per-CPU
+//! leases, window quotas and the bench entry points.
 
 use core::{
-    intrinsics::{AtomicOrdering, atomic_cxchg},
+    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd},
     ptr::read_volatile,
 };
 
@@ -26,6 +26,14 @@ pub enum Cas {
     Refused(u64),
     /// Other CPUs won `MAX_CAS_RETRIES` races in a row.
     Contended,
+}
+
+/// Add `n` to `*p` atomically (BPF_ATOMIC_ADD: no retry needed).
+#[inline(always)]
+pub fn add(p: *mut u64, n: u64) {
+    // SAFETY: callers pass a live map value; an atomic add on a map value
+    // is verifier-approved.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, n) };
 }
 
 /// Replace `*p` with `step(*p)` atomically, retrying a bounded number of

@@ -10,18 +10,17 @@
 //! the limit, so the overshoot is bounded by the CPU count per instant
 //! (measured in `cargo xtask bench accuracy`).
 
-use core::{
-    intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd},
-    ptr::{read_volatile, write_volatile},
-};
+use core::ptr::{read_volatile, write_volatile};
 
 use limiter_common::{
     BucketKey, ClassLimits, Reason, gcra,
-    reason::MAX_CAS_RETRIES,
     window::{self, FleetSlot, SLOTS, Touch, WindowState, scope},
 };
 
-use crate::maps::{BPF_NOEXIST, FLEET, FLEET_STATE, TOUCHED, WINDOWS};
+use crate::{
+    atomic::{self, Cas, cas},
+    maps::{BPF_NOEXIST, FLEET, FLEET_STATE, TOUCHED, WINDOWS},
+};
 
 static EMPTY: WindowState = WindowState { slots: [0; SLOTS], epoch: 0, share: 0 };
 
@@ -96,14 +95,15 @@ pub fn charge_window(key: &BucketKey, now: u64, units: u64, l: &ClassLimits) -> 
     }
     // SAFETY: as above; `i` is in bounds.
     let p = unsafe { &raw mut (*w).slots[i] };
-    if !cas_bump(p, cur, here, units) {
+    if cas(p, |old| Some(window::bump(old, cur, here, units))) != Cas::Done {
         return Reason::Contended;
     }
     if !view.is_null() {
-        // SAFETY: a live map value (non-null: `FLEET`'s above); BPF_ATOMIC_ADD on a map value is
-        // verifier-approved. (A sync replacing the value meanwhile loses
-        // this count from the estimate, not from the window.)
-        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*view).share, units) };
+        // This node's admissions since the sync. (A sync replacing the
+        // value meanwhile loses this count from the estimate, not from
+        // the window.)
+        // SAFETY: a live map value (non-null: `FLEET`'s above).
+        atomic::add(unsafe { &raw mut (*view).share }, units);
     }
     if fleet {
         touch(key, w);
@@ -125,28 +125,6 @@ fn refused(w: *mut WindowState, cur: u64) {
     }
 }
 
-/// Count `units` in slot `p` for position `at` of slice `cur`, retried a
-/// bounded number of times when another CPU changed it in between.
-#[inline(always)]
-fn cas_bump(p: *mut u64, cur: u64, at: u64, units: u64) -> bool {
-    for _ in 0..MAX_CAS_RETRIES {
-        // SAFETY: a live map value, as above.
-        let old = unsafe { read_volatile(p) };
-        // SAFETY: BPF_CMPXCHG on a map value is verifier-approved.
-        let (_, swapped) = unsafe {
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                p,
-                old,
-                window::bump(old, cur, at, units),
-            )
-        };
-        if swapped {
-            return true;
-        }
-    }
-    false
-}
-
 /// The first packet of a fleet-scope prefix in a sync epoch tells the
 /// daemon (one CPU wins the swap, so one event per prefix and epoch).
 #[inline(always)]
@@ -154,15 +132,7 @@ fn touch(key: &BucketKey, w: *mut WindowState) {
     let epoch = FLEET_STATE.get(FleetSlot::Epoch.index()).copied().unwrap_or(0);
     // SAFETY: a live map value, as above.
     let p = unsafe { &raw mut (*w).epoch };
-    // SAFETY: as above.
-    let seen = unsafe { read_volatile(p) };
-    if seen == epoch {
-        return;
-    }
-    // SAFETY: BPF_CMPXCHG on a map value.
-    let (_, won) =
-        unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, seen, epoch) };
-    if won {
+    if cas(p, |seen| (seen != epoch).then_some(epoch)) == Cas::Done {
         #[expect(clippy::cast_possible_truncation, reason = "epochs travel in their low 32 bits")]
         let _ = TOUCHED.output::<Touch>(&Touch { key: *key, epoch: epoch as u32 }, 0);
     }

@@ -2,7 +2,6 @@
 //! from 198.18.5.10 (and 2001:2::10), the daemon's namespace with a
 //! forwarder listening on 198.18.0.2, and upstreams that decode the PROXY
 //! v2 header. Used by `tests/forward.rs` and `tests/forward_streams.rs`.
-#![expect(clippy::many_single_char_names, reason = "short-lived handles in test threads")]
 
 use std::{
     io::{Read as _, Write as _},
@@ -114,11 +113,7 @@ pub fn status(s: &Setup) -> serde_json::Value {
 /// side. Each connection's header source is sent on `sources`.
 #[must_use]
 pub fn echo_upstream(ns: &NetNs, port: u16, sources: std::sync::mpsc::Sender<String>) -> thread::JoinHandle<()> {
-    let path = format!("/run/netns/{}", ns.name);
-    thread::spawn(move || {
-        let f = std::fs::File::open(path).unwrap();
-        // SAFETY: setns on this thread only.
-        assert_eq!(unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) }, 0);
+    ns.spawn_in(move || {
         let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
         for c in l.incoming().take(3) {
             let mut c = c.unwrap();
@@ -181,11 +176,7 @@ pub fn tlv_upstream(
     stop: Arc<AtomicBool>,
     served: Arc<AtomicUsize>,
 ) -> thread::JoinHandle<()> {
-    let path = format!("/run/netns/{}", ns.name);
-    thread::spawn(move || {
-        let f = std::fs::File::open(path).unwrap();
-        // SAFETY: setns on this thread only.
-        assert_eq!(unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) }, 0);
+    ns.spawn_in(move || {
         let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
         l.set_nonblocking(true).unwrap();
         while !stop.load(Ordering::Relaxed) {

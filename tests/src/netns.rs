@@ -16,6 +16,16 @@ fn ip(args: &[&str]) -> Output {
     out
 }
 
+/// Join the network namespace `name` (under /run/netns) on this thread
+/// only; the rest of the process stays where it is.
+pub fn enter(name: &str) {
+    use std::os::fd::AsRawFd as _;
+    let ns = std::fs::File::open(format!("/run/netns/{name}")).expect("open the namespace");
+    // SAFETY: setns on this thread only, with an open netns fd.
+    let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+}
+
 /// A named network namespace, deleted on drop.
 pub struct NetNs {
     pub name: String,
@@ -53,17 +63,23 @@ impl NetNs {
     /// network (the rest of the process stays where it is). A panic in `f`
     /// carries on in the caller.
     pub fn run_in<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        use std::os::fd::AsRawFd as _;
-        let ns = std::fs::File::open(format!("/run/netns/{}", self.name)).expect("open the namespace");
         std::thread::scope(|s| {
             s.spawn(|| {
-                // SAFETY: setns on this thread only, with an open netns fd.
-                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                enter(&self.name);
                 f()
             })
             .join()
             .unwrap_or_else(|e| std::panic::resume_unwind(e))
+        })
+    }
+
+    /// Spawn `f` on a thread that has joined the namespace's network (a
+    /// server that outlives the call, unlike [`NetNs::run_in`]).
+    pub fn spawn_in<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+        let name = self.name.clone();
+        std::thread::spawn(move || {
+            enter(&name);
+            f()
         })
     }
 

@@ -7,8 +7,10 @@ use std::net::Ipv4Addr;
 
 use limiter_common::{BucketKey, Reason, gcra};
 use limiter_tests::{
+    fleet,
     kernel::{self, XDP_DROP, XDP_PASS},
     packet::*,
+    study,
 };
 
 const T0: u64 = 1_000_000_000_000; // 1000 s on the injected clock
@@ -134,30 +136,22 @@ fn no_config_passes_and_is_counted() {
 const LIMIT: u64 = 600;
 const WINDOW_MS: u64 = 60_000;
 const SLICE_MS: u64 = 5_000;
-const DURATION_MS: u64 = 180_000;
 const RATE: u64 = 10; // 600 per 60 s
 const BUCKET: u64 = 60; // HS8
 
+/// The case study's three patterns (`limiter_tests::study`), in ms.
 fn uniform_2x() -> Vec<u64> {
-    (0..DURATION_MS / 1000 * 20).map(|i| i * 50).collect()
+    let [(_, t, _), _, _] = study::patterns();
+    t
 }
 
 fn piled_at_boundary() -> Vec<u64> {
-    let mut t = Vec::new();
-    for boundary in [WINDOW_MS, 2 * WINDOW_MS] {
-        for (start, n) in [(boundary - SLICE_MS, LIMIT), (boundary, LIMIT)] {
-            t.extend((0..n).map(|i| start + i * SLICE_MS / n));
-        }
-    }
-    t.sort_unstable();
+    let [_, (_, t, _), _] = study::patterns();
     t
 }
 
 fn spaced_at_the_limit() -> Vec<u64> {
-    let mut t = Vec::new();
-    for k in 0..DURATION_MS / WINDOW_MS {
-        t.extend((0..LIMIT).map(|i| k * WINDOW_MS + i * SLICE_MS / LIMIT));
-    }
+    let [_, _, (_, t, _)] = study::patterns();
     t
 }
 
@@ -183,14 +177,7 @@ fn replay_compiled(c: &limiter::policy::Compiled, times_ms: &[u64]) -> Vec<u64> 
 
 /// Most admissions in any window `[t, t + w)`, as the case study measures.
 fn busiest(admitted: &[u64], w: u64) -> u64 {
-    let (mut best, mut j) = (0, 0);
-    for i in 0..admitted.len() {
-        while admitted[i] - admitted[j] >= w {
-            j += 1;
-        }
-        best = best.max(i - j + 1);
-    }
-    best as u64
+    fleet::busiest(admitted, w) as u64
 }
 
 /// Exact token-bucket conformance in integer arithmetic (tokens scaled by

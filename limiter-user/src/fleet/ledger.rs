@@ -52,6 +52,13 @@ pub const fn stored(count: u64, first: Option<u64>) -> u64 {
     }
 }
 
+/// A store value read back: (count, position of the slice's first
+/// admission), as [`stored`] wrote them.
+#[must_use]
+pub const fn unstored(value: u64) -> (u64, u64) {
+    (value & 0xffff_ffff, (value >> 32) & ((1 << window::POSITION_BITS) - 1))
+}
+
 /// The other nodes' counts of a prefix's window ending in slice `cur`,
 /// from what was read of their fields: `reads[i]` is (peer, slice on this
 /// node's clock) of `values[i]` (see [`stored`]). Only the slices of the
@@ -67,8 +74,11 @@ pub fn others(reads: &[(usize, u64)], values: &[u64], cur: u64, slices: u32, lim
     let mut seen: Vec<(usize, u64, u64, u64)> = reads
         .iter()
         .zip(values)
-        .filter(|((_, s), v)| (leaving..=cur + 1).contains(s) && **v & 0xffff_ffff > 0)
-        .map(|((p, s), v)| (*p, *s, *v & 0xffff_ffff, (*v >> 32) & 0xfff))
+        .map(|((p, s), v)| {
+            let (n, first) = unstored(*v);
+            (*p, *s, n, first)
+        })
+        .filter(|(_, s, n, _)| (leaving..=cur + 1).contains(s) && *n > 0)
         .collect();
     seen.sort_unstable();
     // (slice, count, earliest first admission)

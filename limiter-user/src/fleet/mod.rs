@@ -294,10 +294,9 @@ impl Sync {
             nodes: self.cfg.nodes,
             wait: (self.cfg.sync_interval / 4).min(Duration::from_millis(100)),
         });
-        let known: Vec<String> = self.remembered.clone();
         let sent_ms = wall_ns / 1_000_000;
-        let exchange =
-            store.exchange(&pushes, &self.cfg.node, sent_ms, read_nodes.then_some(known.as_slice()), barrier);
+        let known = read_nodes.then_some(self.remembered.as_slice());
+        let exchange = store.exchange(&pushes, &self.cfg.node, sent_ms, known, barrier);
         let got = match tokio::time::timeout(self.cfg.timeout, exchange).await {
             Ok(r) => r?,
             Err(_) => return Err(RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))),

@@ -4,7 +4,7 @@
 
 use limiter_common::window::{self, WindowState};
 
-use super::ledger::others;
+use super::ledger::{others, unstored};
 
 /// When a sync falls in a prefix's class: its current slice, the position
 /// in it and the sync interval (both in 1/4096 of a slice), and the
@@ -70,13 +70,13 @@ pub fn share(reads: &[(usize, u64)], values: &[u64], local: &WindowState, at: Mo
         pace[slice].1 = pace[slice].1.min(first);
     };
     for ((p, s), v) in reads.iter().zip(values) {
-        let n = v & 0xffff_ffff;
+        let (n, first) = unstored(*v);
         if n > 0 && recent(*s) {
             theirs = theirs.saturating_add(n);
             if !peers.contains(p) {
                 peers.push(*p);
             }
-            count(usize::from(*s == at.cur), n, (v >> 32) & 0xfff);
+            count(usize::from(*s == at.cur), n, first);
         }
     }
     let mut mine = 0u64;

@@ -20,7 +20,7 @@ use std::{
 
 use limiter::forward::proxy::parse_v2;
 use limiter_tests::{
-    netns::{B_IF, NetNs, VethPair},
+    netns::{B_IF, NetNs, VethPair, enter},
     scenario::{self, Guard, spawn_lines, unique_socket, wait_for},
 };
 
@@ -35,13 +35,6 @@ fn pin_to_cpu(cpu: usize) {
         libc::CPU_SET(cpu, &mut set);
         libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set);
     }
-}
-
-/// Join the network namespace `name` on this thread.
-fn enter(name: &str) {
-    let f = std::fs::File::open(format!("/run/netns/{name}")).unwrap();
-    // SAFETY: setns on this thread only.
-    assert_eq!(unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) }, 0);
 }
 
 /// The upstream on CPU 1: after the PROXY header, `c` gets one byte

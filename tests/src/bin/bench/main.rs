@@ -424,16 +424,6 @@ fn accuracy() {
             })
             .collect()
     };
-    let busiest = |adm: &[u64]| {
-        let (mut best, mut j) = (0usize, 0usize);
-        for i in 0..adm.len() {
-            while adm[i] - adm[j] >= 60_000 {
-                j += 1;
-            }
-            best = best.max(i - j + 1);
-        }
-        best as f64
-    };
     let [(_, uniform, _), (_, piled, _), (_, spaced, _)] = limiter_tests::study::patterns();
     let at_rate: Vec<u64> = (0..1800).map(|i| i * 100).collect();
     println!("{:<44} {:>10} {:>12}", "accuracy (rate 10/s, burst 60; case study)", "admitted", "x declared");
@@ -441,7 +431,7 @@ fn accuracy() {
         [("uniform at 2x the rate", &uniform), ("piled at the boundary", &piled), ("spaced at the limit", &spaced)]
     {
         let adm = replay(10, 60, times);
-        println!("{:<44} {:>10} {:>12.3}", name, adm.len(), busiest(&adm) / 660.0);
+        println!("{:<44} {:>10} {:>12.3}", name, adm.len(), limiter_tests::fleet::busiest(&adm, 60_000) as f64 / 660.0);
     }
     for (name, burst, times) in [
         ("false drops: spaced at the limit, burst 600", 600, &spaced),

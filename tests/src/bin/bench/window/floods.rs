@@ -87,23 +87,23 @@ fn fleet(
     let mut adm = Vec::new();
     for &t in times {
         while next_sync <= t {
-            let cur = next_sync / slice_ns;
+            let at = share::Moment::at(next_sync, slice_ns, SYNC_NS, 12);
+            let mut locals = Vec::with_capacity(planes.len());
             for (n, (plane, l)) in planes.iter_mut().zip(&mut ledgers).enumerate() {
                 let local = plane.window(key).unwrap().unwrap_or_default();
-                for (s, d) in l.deltas(key, &local, cur, 12) {
+                for (s, d) in l.deltas(key, &local, at.cur, 12) {
                     *store.entry((n, s)).or_default() += d;
                 }
                 l.pushed(*key, local);
+                locals.push(local);
             }
-            for (n, plane) in planes.iter_mut().enumerate() {
+            for (n, (plane, local)) in planes.iter_mut().zip(&locals).enumerate() {
                 let reads: Vec<(usize, u64)> = (0..NODES)
                     .filter(|p| *p != n)
-                    .flat_map(|p| (cur.saturating_sub(12)..=cur + 1).map(move |s| (p, s)))
+                    .flat_map(|p| (at.cur.saturating_sub(12)..=at.cur + 1).map(move |s| (p, s)))
                     .collect();
                 let values: Vec<u64> = reads.iter().map(|r| store.get(r).copied().unwrap_or(0)).collect();
-                let local = plane.window(key).unwrap().unwrap_or_default();
-                let at = share::Moment::at(next_sync, slice_ns, SYNC_NS, 12);
-                plane.set_fleet(key, share::view(&reads, &values, &local, at, limit)).unwrap();
+                plane.set_fleet(key, share::view(&reads, &values, local, at, limit)).unwrap();
             }
             next_sync += SYNC_NS;
         }
