@@ -142,6 +142,14 @@ pub fn field(text: &str, prefix: &str, idx: usize) -> Option<u64> {
     text.lines().find(|l| l.starts_with(prefix))?.split_whitespace().nth(idx)?.parse().ok()
 }
 
+/// The number after the word `name` anywhere in `text` ("... ring_full 3").
+#[must_use]
+pub fn named(text: &str, name: &str) -> Option<u64> {
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == name)?;
+    words.next()?.parse().ok()
+}
+
 /// Traffic in flight between the namespaces of a [`VethPair`]: a receiver
 /// on `b`, and on `a` a conforming sender that brackets a flood by half a
 /// second on each side.
@@ -159,6 +167,8 @@ pub struct Delivered {
     /// Flood duration as measured by its sender.
     pub flood_secs: f64,
     pub flood_got: u64,
+    /// Frames the receiver's veth took (netload's "sent": a send its full
+    /// ring refused fails with ENOBUFS and is not counted).
     pub conform_sent: u64,
     pub conform_got: u64,
 }
@@ -295,8 +305,13 @@ pub struct TwoCpus {
     /// The longer of the two flood senders' durations.
     pub flood_secs: f64,
     pub flood_got: u64,
+    /// Frames the receiver's veth ring took: a send the ring had no room
+    /// for fails (ENOBUFS) and is counted in `ring_dropped` instead, as
+    /// no XDP program ever saw it.
     pub conform_sent: u64,
     pub conform_got: u64,
+    /// Sends of both senders that the full veth ring dropped.
+    pub ring_dropped: u64,
 }
 
 /// One /24 flooded from both CPUs at once for `secs` (two senders pinned
@@ -350,11 +365,14 @@ pub fn two_cpus(
     for o in flood_out {
         let o = o?;
         out.flood_sent += field(&o, "sent", 1).context("flood sender output")?;
+        out.ring_dropped += named(&o, "ring_full").unwrap_or(0);
         let s: f64 = o.split_whitespace().nth(3).and_then(|s| s.parse().ok()).context("flood secs")?;
         out.flood_secs = out.flood_secs.max(s);
     }
     for o in conform_out {
-        out.conform_sent += field(&o?, "sent", 1).context("conforming sender output")?;
+        let o = o?;
+        out.conform_sent += field(&o, "sent", 1).context("conforming sender output")?;
+        out.ring_dropped += named(&o, "ring_full").unwrap_or(0);
     }
     Ok(out)
 }

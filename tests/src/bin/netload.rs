@@ -83,10 +83,11 @@ fn main() -> anyhow::Result<()> {
 fn send(src: &str, dst: SocketAddr, pps: u64, secs: f64, payload: usize) -> anyhow::Result<()> {
     let sock = UdpSocket::bind((src, 0)).with_context(|| format!("bind {src}"))?;
     sock.connect(dst)?;
+    report_full_rings(&sock, dst)?;
     let buf = vec![0x5a; payload];
     let dur = Duration::from_secs_f64(secs.clamp(0.0, 600.0));
     let start = Instant::now();
-    let (mut sent, mut attempts) = (0u64, 0u64);
+    let (mut sent, mut attempts, mut ring_full, mut failed) = (0u64, 0u64, 0u64, 0u64);
     while attempts < MAX_PACKETS {
         let elapsed = start.elapsed();
         if elapsed >= dur {
@@ -101,11 +102,35 @@ fn send(src: &str, dst: SocketAddr, pps: u64, secs: f64, payload: usize) -> anyh
             }
         }
         attempts += 1;
-        if sock.send(&buf).is_ok() {
-            sent += 1;
+        match sock.send(&buf) {
+            Ok(_) => sent += 1,
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => ring_full += 1,
+            Err(_) => failed += 1,
         }
     }
-    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
+    let secs = start.elapsed().as_secs_f64();
+    println!("sent {sent} secs {secs:.6} ring_full {ring_full} failed {failed}");
+    Ok(())
+}
+
+/// Make a send that the interface dropped (a veth whose peer's ring is
+/// full) fail with ENOBUFS instead of the kernel's silent success, so
+/// "sent" counts only frames the receiving side's XDP program saw.
+fn report_full_rings(sock: &UdpSocket, dst: SocketAddr) -> anyhow::Result<()> {
+    let (level, name) =
+        if dst.is_ipv4() { (libc::IPPROTO_IP, libc::IP_RECVERR) } else { (libc::IPPROTO_IPV6, libc::IPV6_RECVERR) };
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt on our own socket with a valid int.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (&raw const on).cast(),
+            libc::socklen_t::try_from(size_of::<libc::c_int>())?,
+        )
+    };
+    anyhow::ensure!(rc == 0, "IP_RECVERR: {}", std::io::Error::last_os_error());
     Ok(())
 }
 

@@ -322,7 +322,10 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
     let conform_out = scenario::wait_output(conform).unwrap();
     assert!(recv.0.wait().unwrap().success(), "receiver failed");
     let log: String = recv_rx.iter().map(|l| l + "\n").collect();
-    let conform_sent = scenario::field(&conform_out, "sent", 1).unwrap();
+    // Offered, the full ring's refusals included: the ring's losses are
+    // what this column measures.
+    let conform_sent =
+        scenario::field(&conform_out, "sent", 1).unwrap() + scenario::named(&conform_out, "ring_full").unwrap_or(0);
     let conform_got = scenario::field(&log, &format!("from {}", scenario::CONFORM_SRC), 2).unwrap_or(0);
     Row {
         filter,
