@@ -164,10 +164,33 @@ pub mod programs {
     pub const PRODUCTION: [&str; 2] = [LIMITER, LIMITER_TEST_CLOCK];
 }
 
-/// Address families as stored in [`BucketKey::family`].
+/// Address families, one encoding everywhere: the IP version, as stored
+/// in [`BucketKey::family`] and the other keys, and as [`packet::parse`]
+/// reports it; `STATS` keeps a slot for each ([`family::slot`]).
 pub mod family {
+    /// Not IP, or not yet known.
+    pub const NONE: u8 = 0;
     pub const IPV4: u8 = 4;
     pub const IPV6: u8 = 6;
+    /// Every family, in the order of their `STATS` slots.
+    pub const ALL: [u8; 3] = [NONE, IPV4, IPV6];
+
+    /// The family's slot in `STATS` (0, 1, 2 for [`NONE`], [`IPV4`],
+    /// [`IPV6`]): two shifts, no table and no branch on the hot path.
+    #[must_use]
+    pub const fn slot(family: u8) -> u32 {
+        ((family >> 1) - (family >> 2)) as u32
+    }
+
+    /// The `family` label of the metrics.
+    #[must_use]
+    pub const fn label(family: u8) -> &'static str {
+        match family {
+            IPV4 => "ipv4",
+            IPV6 => "ipv6",
+            _ => "none",
+        }
+    }
 }
 
 /// Enforcement mode of a class.

@@ -49,13 +49,6 @@ const NEXTHDR_SHIM6: u8 = 140;
 /// header are far below it).
 const MAX_OFFSET: usize = 4096;
 
-/// Stat families of [`parse`]'s `fam` (the `STATS` dimension).
-pub mod stat_family {
-    pub const NONE: u32 = 0;
-    pub const IPV4: u32 = 1;
-    pub const IPV6: u32 = 2;
-}
-
 /// Where a frame's bytes come from.
 pub trait Frame {
     /// The `N` bytes at `off`, if they all lie inside the frame.
@@ -117,10 +110,10 @@ fn word(b: &[u8], i: usize) -> u32 {
 }
 
 /// Parse up to the source address; `Err` carries the verdict's reason.
-/// `fam` is set to the [`stat_family`] as soon as the EtherType is known,
-/// so malformed IP is counted under its family.
+/// `fam` is set to the [`family`] as soon as the EtherType is known, so
+/// malformed IP is counted under its family.
 #[inline(always)]
-pub fn parse<F: Frame + ?Sized>(f: &F, fam: &mut u32) -> Result<Source, Reason> {
+pub fn parse<F: Frame + ?Sized>(f: &F, fam: &mut u8) -> Result<Source, Reason> {
     let eth = f.bytes_at::<{ EthHdr::LEN }>(0).ok_or(Reason::EthTruncated)?;
     let mut proto = be16(eth, 12);
     let mut off = EthHdr::LEN;
@@ -135,11 +128,11 @@ pub fn parse<F: Frame + ?Sized>(f: &F, fam: &mut u32) -> Result<Source, Reason> 
     }
     match proto {
         ETH_P_IP => {
-            *fam = stat_family::IPV4;
+            *fam = family::IPV4;
             parse_ipv4(f, off)
         }
         ETH_P_IPV6 => {
-            *fam = stat_family::IPV6;
+            *fam = family::IPV6;
             parse_ipv6(f, off)
         }
         ETH_P_8021Q | ETH_P_8021AD => Err(Reason::VlanDepthExceeded),
@@ -283,7 +276,7 @@ mod tests {
         for vlans in 0..=MAX_VLAN_DEPTH {
             let mut fam = 0;
             let s = parse(v4_syn(vlans).as_slice(), &mut fam).unwrap();
-            assert_eq!(fam, stat_family::IPV4);
+            assert_eq!(fam, family::IPV4);
             assert_eq!(s.addr[0], u32::from_ne_bytes([198, 18, 7, 9]));
             assert_eq!((s.proto, s.dport, s.syn, s.port_known), (IPPROTO_TCP, 443, 1, 1));
             assert_eq!(s.tcp_flags, 0x02);
@@ -313,6 +306,6 @@ mod tests {
         }
         let mut fam = 0;
         assert_eq!(parse(f.as_slice(), &mut fam), Err(Reason::Ipv6ExtLimit));
-        assert_eq!(fam, stat_family::IPV6);
+        assert_eq!(fam, family::IPV6);
     }
 }

@@ -1,12 +1,13 @@
 //! The counters: `STATS`, one per class, reason and stat family, and
 //! what userspace sums them into.
 
-use crate::{Action, MAX_CLASSES, REASON_COUNT, Reason};
+use crate::{Action, MAX_CLASSES, REASON_COUNT, Reason, family};
 
-/// Address-family dimension of `STATS`: 0 = not IP (or unknown), 1 =
-/// IPv4, 2 = IPv6.
-pub const STAT_FAMILIES: usize = STAT_FAMILIES_U32 as usize;
-const STAT_FAMILIES_U32: u32 = 3;
+/// Address-family dimension of `STATS`: one slot per family of
+/// [`family::ALL`] (see [`family::slot`]).
+pub const STAT_FAMILIES: usize = family::ALL.len();
+#[expect(clippy::cast_possible_truncation, reason = "three families")]
+const STAT_FAMILIES_U32: u32 = STAT_FAMILIES as u32;
 
 /// The class dimension of `STATS` for packets counted before they are
 /// classified: malformed, not IP, or no policy yet.
@@ -15,18 +16,18 @@ pub const UNCLASSIFIED: usize = MAX_CLASSES;
 /// stat family. One counter per packet, so the program looks up one.
 pub const STAT_ENTRIES: usize = (MAX_CLASSES + 1) * REASON_COUNT * STAT_FAMILIES;
 
-/// Slot of `STATS` for a class (`0..=UNCLASSIFIED`), a reason and a stat
-/// family (`0..STAT_FAMILIES`).
+/// Slot of `STATS` for a class (`0..=UNCLASSIFIED`), a reason and a
+/// [`family`].
 #[must_use]
 #[expect(clippy::cast_possible_truncation, reason = "class <= UNCLASSIFIED, a small constant")]
-pub const fn stat_index(class: usize, reason: Reason, stat_family: u32) -> u32 {
-    ((class as u32) * REASON_COUNT as u32 + reason as u32) * STAT_FAMILIES_U32 + stat_family
+pub const fn stat_index(class: usize, reason: Reason, family: u8) -> u32 {
+    ((class as u32) * REASON_COUNT as u32 + reason as u32) * STAT_FAMILIES_U32 + family::slot(family)
 }
 
-/// The class, reason and stat family of the `STATS` slot `index`.
+/// The class, reason and [`family`] of the `STATS` slot `index`.
 #[must_use]
-pub const fn stat_slot(index: usize) -> Option<(usize, Reason, usize)> {
-    let fam = index % STAT_FAMILIES;
+pub const fn stat_slot(index: usize) -> Option<(usize, Reason, u8)> {
+    let fam = family::ALL[index % STAT_FAMILIES];
     let reason = (index / STAT_FAMILIES) % REASON_COUNT;
     let class = index / STAT_FAMILIES / REASON_COUNT;
     if class > UNCLASSIFIED {
@@ -114,8 +115,8 @@ mod tests {
         let mut seen = [false; STAT_ENTRIES];
         for class in 0..=UNCLASSIFIED {
             for reason in Reason::ALL {
-                for fam in 0..STAT_FAMILIES {
-                    let i = stat_index(class, reason, u32::try_from(fam).unwrap()) as usize;
+                for fam in family::ALL {
+                    let i = stat_index(class, reason, fam) as usize;
                     assert!(i < STAT_ENTRIES && !seen[i], "{class} {reason:?} {fam}");
                     seen[i] = true;
                     assert_eq!(stat_slot(i), Some((class, reason, fam)));

@@ -80,7 +80,7 @@ fn source_of(pkt: &Packet, v6: bool) -> Option<[u32; 4]> {
 /// `reason` and stat family `fam`; returns that counter's packets on this
 /// CPU (so far, this one included).
 #[inline(always)]
-pub fn count(class: usize, reason: Reason, fam: u32, len: u64) -> u64 {
+pub fn count(class: usize, reason: Reason, fam: u8, len: u64) -> u64 {
     let Some(c) = STATS.get_ptr_mut(stat_index(class, reason, fam)) else {
         return 0;
     };

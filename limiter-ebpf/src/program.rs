@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
-    Reason, UNCLASSIFIED, Verdict, flags, gcra,
+    Reason, UNCLASSIFIED, Verdict, family, flags, gcra,
     packet::{IPPROTO_TCP, parse},
     rules::{bucket_key, classify},
 };
@@ -35,7 +35,7 @@ use crate::{
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
     let pkt = Packet(&ctx);
-    let mut fam = 0;
+    let mut fam = family::NONE;
     let counted = try_limiter(&pkt, &mut fam, coarse_now);
     finish(&pkt, counted, fam)
 }
@@ -70,7 +70,7 @@ fn coarse_now() -> u64 {
 #[xdp]
 pub fn limiter_test_clock(ctx: XdpContext) -> u32 {
     let pkt = Packet(&ctx);
-    let mut fam = 0;
+    let mut fam = family::NONE;
     let counted = try_limiter(&pkt, &mut fam, || TEST_CLOCK.get(0).copied().unwrap_or(0));
     finish(&pkt, counted, fam)
 }
@@ -79,7 +79,7 @@ pub fn limiter_test_clock(ctx: XdpContext) -> u32 {
 /// was not classified (`Err`: malformed, not IP, no policy; a classified
 /// packet, `Ok`, was counted under its class). Every path ends here.
 #[inline(always)]
-fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: u32) -> u32 {
+fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: u8) -> u32 {
     let reason = match counted {
         Ok(r) => r,
         Err(r) => {
@@ -96,7 +96,7 @@ fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: u32) -> u32 {
 
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "class < MAX_CLASSES; versions compare in their low 32 bits")]
-fn try_limiter(pkt: &Packet, fam: &mut u32, now: impl FnOnce() -> u64) -> Result<Reason, Reason> {
+fn try_limiter(pkt: &Packet, fam: &mut u8, now: impl FnOnce() -> u64) -> Result<Reason, Reason> {
     let src = parse(pkt, fam)?;
     let slot = ACTIVE.get(0).copied().unwrap_or(0) & 1;
     let Some(cfg) = CONFIG.get(slot) else {

@@ -2,22 +2,28 @@
 //! operator reads from them: passed, dropped and shadow-dropped by each
 //! reason's [`Action`].
 
-use limiter_common::{Action, Counter, REASON_COUNT, Reason, STAT_FAMILIES};
+use limiter_common::{Action, Counter, REASON_COUNT, Reason, STAT_FAMILIES, family};
 
 /// Packets and bytes per reason (and per reason and stat family), summed
 /// over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
     pub by_reason: [Counter; REASON_COUNT],
-    /// `[reason][family]`, family 0 = not IP, 1 = IPv4, 2 = IPv6.
+    /// `[reason][family::slot(family)]`.
     pub by_family: [[Counter; STAT_FAMILIES]; REASON_COUNT],
 }
 
 impl Totals {
     /// Add one slot's sum.
-    pub fn add(&mut self, r: Reason, family: usize, c: Counter) {
+    pub fn add(&mut self, r: Reason, fam: u8, c: Counter) {
         self.by_reason[r as usize] += c;
-        self.by_family[r as usize][family] += c;
+        self.by_family[r as usize][family::slot(fam) as usize] += c;
+    }
+
+    /// What was counted under reason `r` for the [`family`] `fam`.
+    #[must_use]
+    pub fn of_family(&self, r: Reason, fam: u8) -> Counter {
+        self.by_family[r as usize][family::slot(fam) as usize]
     }
 
     #[must_use]
@@ -73,7 +79,7 @@ mod tests {
     fn pass_and_drop_partition_the_reasons_by_verdict() {
         let mut t = Totals::default();
         for (i, r) in Reason::ALL.iter().enumerate() {
-            t.add(*r, i % STAT_FAMILIES, Counter { packets: 1 << i, bytes: 1 });
+            t.add(*r, family::ALL[i % STAT_FAMILIES], Counter { packets: 1 << i, bytes: 1 });
         }
         assert_eq!(t.passed().packets + t.dropped().packets, (1 << REASON_COUNT) - 1);
         assert_eq!(t.passed().packets & t.dropped().packets, 0);

@@ -6,7 +6,7 @@
 mod features;
 mod http;
 
-use limiter_common::{Action, ClassCounters, Reason, STAT_FAMILIES};
+use limiter_common::{Action, ClassCounters, Reason, family};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _},
@@ -69,8 +69,6 @@ pub struct FeedbackCounts {
     pub proven_sources: u64,
 }
 
-const FAMILIES: [&str; STAT_FAMILIES] = ["none", "ipv4", "ipv6"];
-
 #[derive(Debug)]
 struct SnapshotCollector(Snapshot);
 
@@ -78,9 +76,9 @@ impl SnapshotCollector {
     fn counters(&self, enc: &mut DescriptorEncoder, name: &str, help: &str, bytes: bool) -> std::fmt::Result {
         let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
         for r in Reason::ALL {
-            for (f, fam) in FAMILIES.iter().enumerate() {
-                let c = self.0.totals.by_family[r as usize][f];
-                let labels = [("action", r.action().label()), ("reason", r.label()), ("family", fam)];
+            for fam in family::ALL {
+                let c = self.0.totals.of_family(r, fam);
+                let labels = [("action", r.action().label()), ("reason", r.label()), ("family", family::label(fam))];
                 ConstCounter::new(if bytes { c.bytes } else { c.packets }).encode(m.encode_family(&labels)?)?;
             }
         }
