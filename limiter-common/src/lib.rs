@@ -252,7 +252,8 @@ pub struct ClassLimits {
     /// 0: a token bucket (`unit`, `tau` as above). Otherwise a window
     /// quota of this many slices ([`window`]): `unit` is the slice length
     /// in ns (slices are counted on the wall clock, which in 1/16 ns would
-    /// not fit 64 bits) and `tau` the limit in cost units per window.
+    /// not fit 64 bits) and `tau` the limit in cost units per window; read
+    /// them as [`Self::slice_ns`] and [`Self::window_limit`].
     pub slices: u32,
     /// [`window::scope`] bits of a window quota.
     pub scope: u32,
@@ -284,6 +285,24 @@ impl ClassLimits {
             return None;
         }
         Some(Self { unit: slice_ns, tau: limit, cost, mode, slices, scope })
+    }
+
+    /// Whether these are a window quota's limits (else a token bucket's).
+    #[must_use]
+    pub const fn is_window(&self) -> bool {
+        self.slices != 0
+    }
+
+    /// A window quota's slice length in ns (kept in `unit`).
+    #[must_use]
+    pub const fn slice_ns(&self) -> u64 {
+        self.unit
+    }
+
+    /// A window quota's limit in cost units per window (kept in `tau`).
+    #[must_use]
+    pub const fn window_limit(&self) -> u64 {
+        self.tau
     }
 }
 

@@ -104,14 +104,13 @@ pub extern "C" fn limiter_charge_new(head: u64, tail: u64, now: u64, packed: u64
             Some(limits) => {
                 let units = if limits.cost == cost::BYTES { j.len } else { 1 };
                 let resolved = (u64::from(j.version) << 32) | u64::from(res);
-                if limits.slices == 0 {
-                    let inc = units * limits.unit;
-                    let r = charge_new(&j.key, j.now, inc, limits.tau, resolved);
-                    finish_fine(&j, limits, r, None, Fine { units, inc, resolved })
-                } else {
+                if limits.is_window() {
                     let _ = BUCKETS.insert(j.key, BucketState { tat: 0, resolved }, BPF_NOEXIST);
                     return WINDOW | u64::from(res);
                 }
+                let inc = units * limits.unit;
+                let r = charge_new(&j.key, j.now, inc, limits.tau, resolved);
+                finish_fine(&j, limits, r, None, Fine { units, inc, resolved })
             }
         },
     };
@@ -133,7 +132,7 @@ pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: 
         resolution::DENY => Reason::Denied,
         _ => match limits_for(j.cfg, j.class, j.slot, res) {
             None => Reason::NoConfig,
-            Some(limits) if limits.slices != 0 => return WINDOW | u64::from(res),
+            Some(limits) if limits.is_window() => return WINDOW | u64::from(res),
             Some(limits) => {
                 let units = if limits.cost == cost::BYTES { j.len } else { 1 };
                 let inc = units * limits.unit;

@@ -56,10 +56,10 @@ fn counted(w: *const WindowState, cur: u64, at: u64, slices: u32) -> u64 {
 pub fn charge_window(key: &BucketKey, now: u64, units: u64, l: &ClassLimits) -> Reason {
     // Slices on the wall clock (ns): the same on every node of a fleet.
     let offset = FLEET_STATE.get(FleetSlot::WallOffset.index()).copied().unwrap_or(0);
-    let (cur, here, edge) = window::locate((now >> gcra::TIME_SHIFT).wrapping_add(offset), l.unit);
+    let (cur, here, edge) = window::locate((now >> gcra::TIME_SHIFT).wrapping_add(offset), l.slice_ns());
     let Some(w) = state(key) else { return Reason::BucketInsertFailed };
     let fleet = l.scope & scope::FLEET != 0;
-    let mut limit = l.tau;
+    let mut limit = l.window_limit();
     let mut seen = counted(w, cur, edge, l.slices);
     let mut view: *mut WindowState = core::ptr::null_mut();
     if fleet {

@@ -40,10 +40,10 @@ pub(super) fn classes(config: &Config, names: &[String], policy: &Policy) -> Cla
     let by_index = (0..MAX_CLASSES)
         .map(|i| {
             let l = config.classes[i];
-            (l.slices != 0).then(|| ClassWindow {
+            l.is_window().then(|| ClassWindow {
                 name: names.get(i).cloned().unwrap_or_else(|| format!("class{i}")),
-                limit: l.tau,
-                slice_ns: l.unit,
+                limit: l.window_limit(),
+                slice_ns: l.slice_ns(),
                 slices: l.slices,
                 fleet: l.scope & scope::FLEET != 0,
             })

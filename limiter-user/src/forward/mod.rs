@@ -262,7 +262,7 @@ fn verdict(f: &Shared, peer: SocketAddr, port: u16) -> Verdict {
 /// `u64::MAX` when an override decides (allow, or limits of its own) or
 /// the class is a window quota (`limiter prefix show` tells its count).
 fn remaining(f: &Shared, key: &BucketKey, limits: &limiter_common::ClassLimits) -> u64 {
-    if limits.unit == 0 || limits.slices != 0 {
+    if limits.unit == 0 || limits.is_window() {
         return u64::MAX;
     }
     let burst = limits.tau / limits.unit;
