@@ -20,12 +20,12 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::{PolicyError, bad, duration};
+use super::{PolicyError, bad, duration, duration_out};
 
 /// The feedback endpoint and its governor.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Feedback {
     pub listen: SocketAddr,
@@ -36,7 +36,7 @@ pub struct Feedback {
     pub min_v4_prefix: u8,
     #[serde(default = "defaults::min_v6")]
     pub min_v6_prefix: u8,
-    #[serde(default = "defaults::max_ttl", deserialize_with = "duration")]
+    #[serde(default = "defaults::max_ttl", deserialize_with = "duration", serialize_with = "duration_out")]
     pub max_ttl: Duration,
     #[serde(default)]
     pub shadow: bool,
@@ -44,20 +44,20 @@ pub struct Feedback {
     /// (refused with 409 otherwise).
     #[serde(default)]
     pub may_override_allow: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escalate: Option<Escalate>,
 }
 
 /// Automatic escalation: a prefix whose own bucket drops more than
 /// `drops_per_sec` (estimated from the sampled drops) in each second of
 /// `sustained` is denied for `deny_for`, as if the tenant layer had asked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Escalate {
     pub drops_per_sec: u64,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_out")]
     pub sustained: Duration,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_out")]
     pub deny_for: Duration,
     /// Prefixes denied by escalation at once: a cap of its own, so that
     /// escalations never spend the tenant's `max_denied`.

@@ -33,7 +33,7 @@ mod window;
 
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 pub use self::untrusted::{ReadError, read_text};
@@ -90,7 +90,9 @@ impl Loaded {
     }
 }
 
-#[derive(Default, Deserialize, PartialEq)]
+/// The file model: what the file says, as it says it ([`build`] makes the
+/// policy of it, [`render`] the file of a policy).
+#[derive(Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct Root {
     /// A file that sets nothing is refused unless it says this.
@@ -110,17 +112,17 @@ struct Root {
     aggregate_burst: Option<Spanned<u64>>,
     aggregate_v4_prefix: Option<Spanned<u32>>,
     aggregate_v6_prefix: Option<Spanned<u32>>,
-    #[serde(default, rename = "class")]
+    #[serde(default, rename = "class", skip_serializing_if = "Vec::is_empty")]
     classes: Vec<Spanned<ClassSpec>>,
-    #[serde(default, rename = "override")]
+    #[serde(default, rename = "override", skip_serializing_if = "Vec::is_empty")]
     overrides: Vec<Spanned<OverrideSpec>>,
-    #[serde(default, rename = "forward")]
+    #[serde(default, rename = "forward", skip_serializing_if = "Vec::is_empty")]
     forwards: Vec<super::forward::Forward>,
     feedback: Option<super::feedback::Feedback>,
     fleet: Option<super::fleet::Fleet>,
 }
 
-#[derive(Deserialize, PartialEq)]
+#[derive(Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct OverrideSpec {
     cidr: Spanned<String>,
@@ -129,41 +131,41 @@ struct OverrideSpec {
     burst: Option<u64>,
     mode: Option<Mode>,
     limit: Option<u64>,
-    #[serde(default, deserialize_with = "super::duration_opt")]
+    #[serde(default, deserialize_with = "super::duration_opt", serialize_with = "super::duration_opt_out")]
     window: Option<std::time::Duration>,
     slices: Option<u32>,
     scope: Option<Scope>,
     on_store_failure: Option<StoreFailure>,
 }
 
-#[derive(Clone, Copy, Deserialize, PartialEq)]
+#[derive(Clone, Copy, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "lowercase")]
 enum ListAction {
     Allow,
     Deny,
 }
 
-#[derive(Deserialize, PartialEq)]
+#[derive(Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct ClassSpec {
     name: String,
     #[serde(default)]
     protocol: Protocol,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     ports: Vec<PortSpec>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     syn: bool,
     rate: Option<u64>,
     burst: Option<u64>,
     cost: Option<CostUnit>,
     mode: Option<Mode>,
     limit: Option<u64>,
-    #[serde(default, deserialize_with = "super::duration_opt")]
+    #[serde(default, deserialize_with = "super::duration_opt", serialize_with = "super::duration_opt_out")]
     window: Option<std::time::Duration>,
     slices: Option<u32>,
     scope: Option<Scope>,
     on_store_failure: Option<StoreFailure>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "render::cookies_off")]
     syn_cookies: SynCookies,
     syn_rate: Option<u64>,
 }

@@ -15,12 +15,12 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::{PolicyError, bad, duration};
+use super::{PolicyError, bad, duration, duration_out};
 
 /// The fleet's store and this node's place in it.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fleet {
     pub store: Vec<String>,
@@ -28,13 +28,13 @@ pub struct Fleet {
     pub node: String,
     #[serde(default = "defaults::nodes")]
     pub nodes: u32,
-    #[serde(default = "defaults::sync_interval", deserialize_with = "duration")]
+    #[serde(default = "defaults::sync_interval", deserialize_with = "duration", serialize_with = "duration_out")]
     pub sync_interval: Duration,
-    #[serde(default = "defaults::timeout", deserialize_with = "duration")]
+    #[serde(default = "defaults::timeout", deserialize_with = "duration", serialize_with = "duration_out")]
     pub timeout: Duration,
     /// The store's password (`AUTH`), read from this file at each connect:
     /// never written in the policy, printed or logged.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_file: Option<PathBuf>,
 }
 

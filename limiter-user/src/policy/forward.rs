@@ -54,7 +54,7 @@ pub enum Copy {
 }
 
 /// One forwarder.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Forward {
     /// Names it in metrics and status (bounded by the policy, never by
@@ -72,11 +72,15 @@ pub struct Forward {
     /// 0 = no per-prefix cap.
     #[serde(default)]
     pub max_connections_per_prefix: usize,
-    #[serde(default = "defaults::connect", deserialize_with = "super::duration")]
+    #[serde(
+        default = "defaults::connect",
+        deserialize_with = "super::duration",
+        serialize_with = "super::duration_out"
+    )]
     pub connect_timeout: Duration,
-    #[serde(default = "defaults::idle", deserialize_with = "super::duration")]
+    #[serde(default = "defaults::idle", deserialize_with = "super::duration", serialize_with = "super::duration_out")]
     pub idle_timeout: Duration,
-    #[serde(default = "defaults::drain", deserialize_with = "super::duration")]
+    #[serde(default = "defaults::drain", deserialize_with = "super::duration", serialize_with = "super::duration_out")]
     pub drain_timeout: Duration,
     #[serde(default)]
     pub copy: Copy,

@@ -90,6 +90,34 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
     parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
+/// A duration as the file spells it, in the largest unit that keeps it
+/// exact (`"10m"`, `"1500ms"`): what [`parse_duration`] reads back.
+#[must_use]
+pub fn spell_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0ms".into(),
+        _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms.is_multiple_of(1000) => format!("{}s", ms / 1000),
+        _ => format!("{ms}ms"),
+    }
+}
+
+/// Writes a duration field (`#[serde(serialize_with = "duration_out")]`).
+pub(crate) fn duration_out<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&spell_duration(*d))
+}
+
+/// Writes an optional duration field (skipped when `None`).
+#[expect(clippy::ref_option, reason = "serde's serialize_with passes a reference")]
+pub(crate) fn duration_opt_out<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => duration_out(d, s),
+        None => s.serialize_none(),
+    }
+}
+
 /// An optional duration field (`#[serde(default, deserialize_with =
 /// "duration_opt")]`).
 pub(crate) fn duration_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {

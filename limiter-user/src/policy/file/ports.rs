@@ -1,6 +1,6 @@
 //! Ports of a class: a number, or an inclusive `"low-high"` range.
 
-use serde::{Deserialize, de};
+use serde::{Deserialize, Serialize, de};
 
 /// A port (`443`) or an inclusive range (`"8000-8080"`), checked as read.
 #[derive(PartialEq)]
@@ -31,6 +31,13 @@ impl<'de> Deserialize<'de> for PortSpec {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// Written as read: a number, or `"low-high"`.
+impl Serialize for PortSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0 == self.1 { s.serialize_u16(self.0) } else { s.serialize_str(&format!("{}-{}", self.0, self.1)) }
     }
 }
 

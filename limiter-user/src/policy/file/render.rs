@@ -1,155 +1,138 @@
-//! A policy back as a policy file.
+//! A policy back as a policy file: the file model ([`Root`]) filled from
+//! the policy and written by `toml`, so that what is written is what
+//! [`parse`](super::parse) reads, field for field.
 
-use std::fmt::Write as _;
+use toml::Spanned;
 
-use crate::policy::{Limit, OverrideAction, Policy, Scope, spelling};
+use super::{ClassSpec, ListAction, OverrideSpec, Root, ports::PortSpec};
+use crate::policy::{Limit, OverrideAction, Policy, SynCookies, Window};
 
-/// A bucket's rate and burst, or a window quota's fields.
-fn limits(s: &mut String, l: &Limit) {
-    let _ = match l.window {
-        None => writeln!(s, "rate = {}\nburst = {}", l.rate, l.burst),
-        Some(w) => {
-            let _ = writeln!(
-                s,
-                "limit = {}\nwindow = \"{}ms\"\nslices = {}\nscope = \"{}\"",
-                w.limit,
-                w.length.as_millis(),
-                w.slices,
-                spelling(&w.scope)
-            );
-            if w.scope == Scope::Fleet {
-                let _ = writeln!(s, "on_store_failure = \"{}\"", spelling(&w.on_store_failure));
-            }
-            Ok(())
-        }
-    };
-}
-
-/// The policy as a policy file that [`parse`] reads back to the same policy.
+/// The policy as a policy file that [`parse`](super::parse) reads back to
+/// the same policy. A password in a store address is hidden (`policy
+/// show` prints this).
 #[must_use]
 pub fn render(p: &Policy) -> String {
-    let d = p.default;
-    let mut s = format!(
-        "mode = \"{}\"\nrate = {}\nburst = {}\ncost = \"{}\"\nv4_prefix = {}\nv6_prefix = {}\ncapacity = {}\n",
-        d.mode, d.rate, d.burst, d.cost, p.v4_prefix, p.v6_prefix, p.capacity
-    );
-    if p.allow_shrink {
-        s.push_str("allow_shrink = true\n");
-    }
-    match p.new_sources {
-        Some((rate, burst)) => {
-            let _ = writeln!(s, "new_source_rate = {rate}\nnew_source_burst = {burst}");
-        }
-        None => s.push_str("new_source_rate = 0\n"),
-    }
-    if let Some(a) = p.aggregate {
-        let _ = writeln!(
-            s,
-            "aggregate_rate = {}\naggregate_burst = {}\naggregate_v4_prefix = {}\naggregate_v6_prefix = {}",
-            a.rate, a.burst, a.v4_prefix, a.v6_prefix
-        );
-    }
-    for c in &p.classes {
-        let l = c.limit;
-        let _ = write!(s, "\n[[class]]\nname = {:?}\nprotocol = \"{}\"\n", c.name, c.protocol);
-        if !c.ports.is_empty() {
-            let ports: Vec<String> = c
-                .ports
-                .iter()
-                .map(|&(lo, hi)| if lo == hi { lo.to_string() } else { format!("\"{lo}-{hi}\"") })
-                .collect();
-            let _ = writeln!(s, "ports = [{}]", ports.join(", "));
-        }
-        if c.syn {
-            s.push_str("syn = true\n");
-        }
-        let _ = writeln!(s, "cost = \"{}\"\nmode = \"{}\"", l.cost, l.mode);
-        limits(&mut s, &l);
-        if c.syn_cookies != crate::policy::SynCookies::Off {
-            let _ = writeln!(s, "syn_cookies = \"{}\"", spelling(&c.syn_cookies));
-        }
-        if let Some(r) = c.syn_rate {
-            let _ = writeln!(s, "syn_rate = {r}");
-        }
-    }
-    for o in &p.overrides {
-        let _ = write!(s, "\n[[override]]\ncidr = \"{}\"\n", o.net);
-        match o.action {
-            OverrideAction::Allow => s.push_str("action = \"allow\"\n"),
-            OverrideAction::Deny => s.push_str("action = \"deny\"\n"),
-            OverrideAction::Limit(l) => {
-                let _ = writeln!(s, "mode = \"{}\"", l.mode);
-                limits(&mut s, &l);
-            }
-        }
-    }
-    services(&mut s, p);
-    s
+    toml::to_string(&Root::from(p)).unwrap_or_else(|e| format!("# the policy could not be written: {e}\n"))
 }
 
-/// The forwarders, the feedback endpoint and the fleet store.
-fn services(s: &mut String, p: &Policy) {
-    for f in &p.forwards {
-        let list = |v: &[std::net::SocketAddr]| v.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
-        let _ = write!(
-            *s,
-            "\n[[forward]]\nname = {:?}\nlisten = [{}]\nupstreams = [{}]\nbalance = \"{}\"\nproxy_protocol = \"{}\"\ncopy = \"{}\"\n",
-            f.name,
-            list(&f.listen),
-            list(&f.upstreams),
-            crate::policy::spelling(&f.balance),
-            crate::policy::spelling(&f.proxy_protocol),
-            crate::policy::spelling(&f.copy),
-        );
-        let ms = |d: std::time::Duration| format!("{}ms", d.as_millis());
-        let _ = writeln!(
-            *s,
-            "max_connections = {}\nmax_connections_per_prefix = {}\nconnect_timeout = \"{}\"\nidle_timeout = \"{}\"\ndrain_timeout = \"{}\"",
-            f.max_connections,
-            f.max_connections_per_prefix,
-            ms(f.connect_timeout),
-            ms(f.idle_timeout),
-            ms(f.drain_timeout)
-        );
-    }
-    if let Some(f) = &p.feedback {
-        let _ = write!(
-            *s,
-            "\n[feedback]\nlisten = \"{}\"\ntoken_file = {:?}\nmax_denied = {}\nmin_v4_prefix = {}\nmin_v6_prefix = {}\nmax_ttl = \"{}s\"\nshadow = {}\nmay_override_allow = {}\n",
-            f.listen,
-            f.token_file.display().to_string(),
-            f.max_denied,
-            f.min_v4_prefix,
-            f.min_v6_prefix,
-            f.max_ttl.as_secs(),
-            f.shadow,
-            f.may_override_allow
-        );
-        if let Some(e) = &f.escalate {
-            let _ = write!(
-                s,
-                "\n[feedback.escalate]\ndrops_per_sec = {}\nsustained = \"{}ms\"\ndeny_for = \"{}s\"\nmax_denied = {}\n",
-                e.drops_per_sec,
-                e.sustained.as_millis(),
-                e.deny_for.as_secs(),
-                e.max_denied
-            );
-        }
-    }
-    if let Some(f) = &p.fleet {
-        // A password in an address is never shown (`policy show`).
-        let list: Vec<String> = f.store.iter().map(|a| format!("{:?}", crate::policy::fleet::redacted(a))).collect();
-        let _ = write!(
-            *s,
-            "\n[fleet]\nstore = [{}]\nnode = {:?}\nnodes = {}\nsync_interval = \"{}ms\"\ntimeout = \"{}ms\"\n",
-            list.join(", "),
-            f.node,
-            f.nodes,
-            f.sync_interval.as_millis(),
-            f.timeout.as_millis()
-        );
-        if let Some(pw) = &f.password_file {
-            let _ = writeln!(*s, "password_file = {:?}", pw.display().to_string());
+/// A value with no place in a file (the model's spans are for errors).
+fn here<T>(v: T) -> Spanned<T> {
+    Spanned::new(0..0, v)
+}
+
+/// The window-quota fields of a class or an override: `limit`, `window`,
+/// `slices`, `scope`, `on_store_failure` (only where it may be given).
+type WindowFields = (
+    Option<u64>,
+    Option<std::time::Duration>,
+    Option<u32>,
+    Option<crate::policy::Scope>,
+    Option<crate::policy::StoreFailure>,
+);
+
+fn window_fields(w: Option<Window>) -> WindowFields {
+    w.map_or((None, None, None, None, None), |w| {
+        let fleet = w.scope == crate::policy::Scope::Fleet;
+        (Some(w.limit), Some(w.length), Some(w.slices), Some(w.scope), fleet.then_some(w.on_store_failure))
+    })
+}
+
+/// `rate` and `burst` of a bucket (none for a window quota).
+fn bucket(l: &Limit) -> (Option<u64>, Option<u64>) {
+    if l.window.is_some() { (None, None) } else { (Some(l.rate), Some(l.burst)) }
+}
+
+impl From<&Policy> for Root {
+    fn from(p: &Policy) -> Self {
+        let d = p.default;
+        let (new_source_rate, new_source_burst) = match p.new_sources {
+            Some((rate, burst)) => (Some(here(rate)), Some(here(burst))),
+            // 0 turns the budget off.
+            None => (Some(here(0)), None),
+        };
+        let aggregate = p.aggregate.map(|a| (a.rate, a.burst, a.v4_prefix, a.v6_prefix));
+        Root {
+            allow_empty: None,
+            allow_shrink: p.allow_shrink.then_some(true),
+            mode: Some(here(d.mode)),
+            rate: Some(d.rate),
+            burst: Some(d.burst),
+            cost: Some(d.cost),
+            v4_prefix: Some(p.v4_prefix),
+            v6_prefix: Some(p.v6_prefix),
+            capacity: Some(p.capacity),
+            new_source_rate,
+            new_source_burst,
+            aggregate_rate: aggregate.map(|a| here(a.0)),
+            aggregate_burst: aggregate.map(|a| here(a.1)),
+            aggregate_v4_prefix: aggregate.map(|a| here(a.2)),
+            aggregate_v6_prefix: aggregate.map(|a| here(a.3)),
+            classes: p.classes.iter().map(|c| here(ClassSpec::from(c))).collect(),
+            overrides: p.overrides.iter().map(|o| here(OverrideSpec::from(o))).collect(),
+            forwards: p.forwards.clone(),
+            feedback: p.feedback.clone(),
+            fleet: p.fleet.clone().map(|mut f| {
+                f.store = f.store.iter().map(|a| crate::policy::fleet::redacted(a)).collect();
+                f
+            }),
         }
     }
 }
+
+impl From<&crate::policy::Class> for ClassSpec {
+    fn from(c: &crate::policy::Class) -> Self {
+        let l = c.limit;
+        let (rate, burst) = bucket(&l);
+        let (limit, window, slices, scope, on_store_failure) = window_fields(l.window);
+        ClassSpec {
+            name: c.name.clone(),
+            protocol: c.protocol,
+            ports: c.ports.iter().map(|&(lo, hi)| PortSpec(lo, hi)).collect(),
+            syn: c.syn,
+            rate,
+            burst,
+            cost: Some(l.cost),
+            mode: Some(l.mode),
+            limit,
+            window,
+            slices,
+            scope,
+            on_store_failure,
+            syn_cookies: c.syn_cookies,
+            syn_rate: c.syn_rate,
+        }
+    }
+}
+
+impl From<&crate::policy::Override> for OverrideSpec {
+    fn from(o: &crate::policy::Override) -> Self {
+        let (action, limits) = match o.action {
+            OverrideAction::Allow => (Some(ListAction::Allow), None),
+            OverrideAction::Deny => (Some(ListAction::Deny), None),
+            OverrideAction::Limit(l) => (None, Some(l)),
+        };
+        let (rate, burst) = limits.map_or((None, None), |l| bucket(&l));
+        let (limit, window, slices, scope, on_store_failure) = window_fields(limits.and_then(|l| l.window));
+        OverrideSpec {
+            cidr: here(o.net.to_string()),
+            action,
+            rate,
+            burst,
+            mode: limits.map(|l| l.mode),
+            limit,
+            window,
+            slices,
+            scope,
+            on_store_failure,
+        }
+    }
+}
+
+/// Whether a class leaves SYN cookies off (the default, not written).
+#[expect(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
+pub(super) fn cookies_off(c: &SynCookies) -> bool {
+    *c == SynCookies::Off
+}
+
+#[cfg(test)]
+mod tests;
