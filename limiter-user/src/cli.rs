@@ -4,10 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{
-    dataplane::{AttachMode, pin::DEFAULT_PIN_DIR},
-    policy::CostUnit,
-};
+use crate::dataplane::{AttachMode, pin::DEFAULT_PIN_DIR};
 
 /// XDP edge flood guard: per-source-prefix token buckets enforced at the driver.
 #[derive(Debug, Parser)]
@@ -211,47 +208,9 @@ pub struct RunArgs {
     /// the built-in policy]. Re-read on SIGHUP. Flags below override it.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
-    /// Put every class in shadow mode: count would-be drops, drop nothing.
-    #[arg(long)]
-    pub shadow: bool,
-    /// Units (packets or bytes) per second per prefix [default: 1000].
-    #[arg(long, value_name = "N")]
-    pub rate: Option<u64>,
-    /// Bucket depth in units [default: 2000].
-    #[arg(long, value_name = "N")]
-    pub burst: Option<u64>,
-    /// What a packet costs [default: packets].
-    #[arg(long, value_enum)]
-    pub cost: Option<CostUnit>,
-    /// IPv4 source prefix length [default: 24].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
-    pub v4_prefix: Option<u32>,
-    /// IPv6 source prefix length, at most 64 [default: 56].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
-    pub v6_prefix: Option<u32>,
-    /// New prefixes admitted per second, shared by all sources (with
-    /// --new-source-burst; 0 = unlimited) [default: 5000, burst 10000].
-    #[arg(long, value_name = "N")]
-    pub new_source_rate: Option<u64>,
-    /// Depth of the new-source budget.
-    #[arg(long, value_name = "N", requires = "new_source_rate")]
-    pub new_source_burst: Option<u64>,
-    /// Aggregate tier: units per second per coarser prefix, charged with
-    /// the fine one (with --aggregate-burst) [default: off].
-    #[arg(long, value_name = "N", requires = "aggregate_burst")]
-    pub aggregate_rate: Option<u64>,
-    /// Depth of each aggregate bucket.
-    #[arg(long, value_name = "N", requires = "aggregate_rate")]
-    pub aggregate_burst: Option<u64>,
-    /// Aggregate IPv4 prefix length [default: 16].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
-    pub aggregate_v4_prefix: Option<u32>,
-    /// Aggregate IPv6 prefix length [default: 40].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
-    pub aggregate_v6_prefix: Option<u32>,
-    /// Tracked prefixes (LRU capacity) [default: 262144].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub capacity: Option<u32>,
+    /// The limit flags, laid over the policy file.
+    #[command(flatten)]
+    pub overlay: crate::policy::Overlay,
     /// Pin program, link and maps under --pin-dir: enforcement survives the
     /// daemon stopping or crashing, and a restart re-adopts the pinned
     /// state (buckets kept) and swaps its program in atomically.
@@ -293,6 +252,14 @@ fn ttl(s: &str) -> Result<u64, TtlError> {
     Ok(d.as_secs())
 }
 
+/// clap's message as one line: its first paragraph (a list of missing
+/// arguments follows the line that announces it), without `error: `.
+fn one_line(text: &str) -> String {
+    let para: Vec<&str> =
+        text.lines().map(str::trim).skip_while(|l| l.is_empty()).take_while(|l| !l.is_empty()).collect();
+    if para.is_empty() { "invalid arguments".into() } else { para.join(" ").trim_start_matches("error: ").to_owned() }
+}
+
 /// Parse arguments; on a usage error print one line and exit with status 2.
 #[must_use]
 pub fn parse() -> Cli {
@@ -300,9 +267,7 @@ pub fn parse() -> Cli {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
         Err(e) => {
-            let text = e.to_string();
-            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
-            eprintln!("limiter: {} (see --help)", first.trim_start_matches("error: "));
+            eprintln!("limiter: {} (see --help)", one_line(&e.to_string()));
             std::process::exit(2);
         }
     }

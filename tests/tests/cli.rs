@@ -39,6 +39,15 @@ fn bad_arguments_get_one_line_and_exit_2() {
         assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
         assert!(lines[0].starts_with("limiter: "), "{args:?}: {lines:?}");
     }
+    // The line names what is missing, not only that something is.
+    for (args, missing) in [
+        (&["run"][..], "--iface"),
+        (&["run", "--iface", "x", "--new-source-burst", "5"], "--new-source-rate"),
+        (&["run", "--iface", "x", "--aggregate-rate", "5"], "--aggregate-burst"),
+    ] {
+        let lines = stderr_lines(&limiter(args));
+        assert!(lines.len() == 1 && lines[0].contains(missing), "{args:?}: {lines:?}");
+    }
 }
 
 #[test]

@@ -7,7 +7,6 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::{
     cli::RunArgs,
     daemon::{Daemon, Settings, init_logging},
-    policy::Overlay,
 };
 
 pub fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
@@ -45,24 +44,6 @@ fn settings(args: &RunArgs, socket: &Path) -> anyhow::Result<Settings> {
         metrics,
         status_interval: (args.status_interval > 0.0).then(|| Duration::from_secs_f64(args.status_interval)),
         policy: args.policy.clone(),
-        overlay: overlay(args),
+        overlay: args.overlay.clone(),
     })
-}
-
-/// The limit flags as a typed overlay over the policy file.
-fn overlay(a: &RunArgs) -> Overlay {
-    Overlay {
-        rate: a.rate,
-        burst: a.burst,
-        cost: a.cost,
-        v4_prefix: a.v4_prefix,
-        v6_prefix: a.v6_prefix,
-        capacity: a.capacity,
-        new_source_rate: a.new_source_rate,
-        new_source_burst: a.new_source_burst,
-        aggregate: a.aggregate_rate.zip(a.aggregate_burst),
-        aggregate_v4_prefix: a.aggregate_v4_prefix,
-        aggregate_v6_prefix: a.aggregate_v6_prefix,
-        shadow: a.shadow,
-    }
 }

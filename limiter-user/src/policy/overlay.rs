@@ -3,24 +3,52 @@
 
 use super::{Aggregate, CostUnit, DEFAULT_AGGREGATE_PREFIXES, Mode, Policy, PolicyError, bad};
 
-/// The limit flags of `limiter run`, typed. `None` = not given.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The limit flags of `limiter run`: declared here once, flattened into
+/// its arguments, and laid over the file by [`Overlay::apply`]. `None` =
+/// not given.
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
 pub struct Overlay {
-    pub rate: Option<u64>,
-    pub burst: Option<u64>,
-    pub cost: Option<CostUnit>,
-    pub v4_prefix: Option<u32>,
-    pub v6_prefix: Option<u32>,
-    pub capacity: Option<u32>,
-    /// 0 turns the budget off; above 0 needs `new_source_burst`.
-    pub new_source_rate: Option<u64>,
-    pub new_source_burst: Option<u64>,
-    /// Both or neither (the CLI enforces it).
-    pub aggregate: Option<(u64, u64)>,
-    pub aggregate_v4_prefix: Option<u32>,
-    pub aggregate_v6_prefix: Option<u32>,
-    /// Every class in shadow mode.
+    /// Put every class in shadow mode: count would-be drops, drop nothing.
+    #[arg(long)]
     pub shadow: bool,
+    /// Units (packets or bytes) per second per prefix [default: 1000].
+    #[arg(long, value_name = "N")]
+    pub rate: Option<u64>,
+    /// Bucket depth in units [default: 2000].
+    #[arg(long, value_name = "N")]
+    pub burst: Option<u64>,
+    /// What a packet costs [default: packets].
+    #[arg(long, value_enum)]
+    pub cost: Option<CostUnit>,
+    /// IPv4 source prefix length [default: 24].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
+    pub v4_prefix: Option<u32>,
+    /// IPv6 source prefix length, at most 64 [default: 56].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub v6_prefix: Option<u32>,
+    /// New prefixes admitted per second, shared by all sources (with
+    /// --new-source-burst; 0 = unlimited) [default: 5000, burst 10000].
+    #[arg(long, value_name = "N")]
+    pub new_source_rate: Option<u64>,
+    /// Depth of the new-source budget.
+    #[arg(long, value_name = "N", requires = "new_source_rate")]
+    pub new_source_burst: Option<u64>,
+    /// Aggregate tier: units per second per coarser prefix, charged with
+    /// the fine one (with --aggregate-burst) [default: off].
+    #[arg(long, value_name = "N", requires = "aggregate_burst")]
+    pub aggregate_rate: Option<u64>,
+    /// Depth of each aggregate bucket.
+    #[arg(long, value_name = "N", requires = "aggregate_rate")]
+    pub aggregate_burst: Option<u64>,
+    /// Aggregate IPv4 prefix length [default: 16].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
+    pub aggregate_v4_prefix: Option<u32>,
+    /// Aggregate IPv6 prefix length [default: 40].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub aggregate_v6_prefix: Option<u32>,
+    /// Tracked prefixes (LRU capacity) [default: 262144].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub capacity: Option<u32>,
 }
 
 impl Overlay {
@@ -35,7 +63,8 @@ impl Overlay {
             capacity,
             new_source_rate,
             new_source_burst,
-            aggregate,
+            aggregate_rate,
+            aggregate_burst,
             aggregate_v4_prefix,
             aggregate_v6_prefix,
             shadow,
@@ -55,7 +84,8 @@ impl Overlay {
             }
             (None, _) => {}
         }
-        if let Some((rate, burst)) = *aggregate {
+        // Both or neither (the flags require each other).
+        if let Some((rate, burst)) = aggregate_rate.zip(*aggregate_burst) {
             let (v4_prefix, v6_prefix) = DEFAULT_AGGREGATE_PREFIXES;
             p.aggregate = Some(Aggregate { rate, burst, v4_prefix, v6_prefix });
         }
@@ -83,7 +113,8 @@ mod tests {
         let o = Overlay {
             rate: Some(7),
             new_source_rate: Some(0),
-            aggregate: Some((9, 18)),
+            aggregate_rate: Some(9),
+            aggregate_burst: Some(18),
             shadow: true,
             ..Overlay::default()
         };
