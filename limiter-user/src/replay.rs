@@ -236,7 +236,7 @@ fn run_frame<'a>(
     data: &[u8],
     out: &'a mut BTreeMap<String, PrefixTotals>,
 ) -> anyhow::Result<&'a mut PrefixTotals> {
-    let mut fam = 0;
+    let mut fam = limiter_common::family::NONE;
     let parsed = packet::parse(data, &mut fam);
     let prefix = prefix_of(&parsed, policy);
     let row = out.entry(prefix.clone()).or_insert_with(|| PrefixTotals { prefix, ..PrefixTotals::default() });

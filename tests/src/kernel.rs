@@ -172,5 +172,9 @@ pub fn pinned_rate_limited(pins: &std::path::Path) -> u64 {
     use aya::maps::{Map, MapData, PerCpuArray};
     let md = MapData::from_pin(pins.join(limiter_common::maps::STATS)).unwrap();
     let a: PerCpuArray<MapData, limiter_common::Counter> = PerCpuArray::try_from(Map::PerCpuArray(md)).unwrap();
-    a.get(&limiter_common::stat_index(0, Reason::RateLimited, 1), 0).unwrap().iter().map(|c| c.packets).sum()
+    a.get(&limiter_common::stat_index(0, Reason::RateLimited, limiter_common::family::IPV4), 0)
+        .unwrap()
+        .iter()
+        .map(|c| c.packets)
+        .sum()
 }
