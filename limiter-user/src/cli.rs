@@ -124,12 +124,13 @@ pub enum PrefixCommand {
     /// fleet, and what is left in the current window.
     Show {
         /// An address or its bucket prefix, e.g. 198.18.5.7 or 198.18.5.0/24.
-        cidr: String,
+        #[arg(value_parser = address_or_net)]
+        cidr: ipnet::IpNet,
     },
     /// Give a prefix its own rate and burst.
     Set {
         /// The prefix, e.g. 198.18.0.0/16 (no host bits).
-        cidr: String,
+        cidr: ipnet::IpNet,
         /// Units per second.
         #[arg(long)]
         rate: u64,
@@ -144,7 +145,7 @@ pub enum PrefixCommand {
     /// Never limit a prefix.
     Allow {
         /// The prefix.
-        cidr: String,
+        cidr: ipnet::IpNet,
         /// Expire after this long [default: never].
         #[arg(long, value_name = "DURATION", value_parser = ttl)]
         ttl: Option<u64>,
@@ -152,7 +153,7 @@ pub enum PrefixCommand {
     /// Always drop a prefix.
     Deny {
         /// The prefix.
-        cidr: String,
+        cidr: ipnet::IpNet,
         /// Expire after this long [default: never].
         #[arg(long, value_name = "DURATION", value_parser = ttl)]
         ttl: Option<u64>,
@@ -174,7 +175,7 @@ pub enum PrefixCommand {
     /// Remove a prefix's override.
     Unset {
         /// The prefix.
-        cidr: String,
+        cidr: ipnet::IpNet,
     },
 }
 
@@ -241,6 +242,13 @@ pub enum TtlError {
     Duration(#[from] crate::policy::DurationError),
     #[error("a ttl must be at least 1s")]
     Zero,
+}
+
+/// An address (as its host network) or a CIDR.
+fn address_or_net(s: &str) -> Result<ipnet::IpNet, String> {
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?} is not an address or a CIDR"))
 }
 
 /// A `--ttl` in whole seconds, at least one.

@@ -26,6 +26,8 @@ fn bad_arguments_get_one_line_and_exit_2() {
         &["frobnicate"],
         &[],
         &["prefix", "set", "198.18.0.0/16"],
+        &["prefix", "deny", "nonsense"],
+        &["prefix", "show", "198.18.0.0/33"],
         &["prefix", "set", "198.18.0.0/16", "--rate", "x", "--burst", "1"],
         &["prefix"],
         &["policy", "check"],

@@ -116,7 +116,11 @@ fn every_verb_in_human_and_json_form() {
 
     // Bad input: one line, non-zero, nothing changes.
     one_error_line(&cli(s, &["prefix", "set", "198.18.1.7/24", "--rate", "1", "--burst", "1"]));
-    one_error_line(&cli(s, &["prefix", "deny", "not-a-cidr"]));
+    // Not a CIDR is a bad argument: refused before the daemon is asked
+    // (exit status 2, as every usage error).
+    let o = cli(s, &["prefix", "deny", "not-a-cidr"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(2) && err.lines().count() == 1 && err.contains("not-a-cidr"), "{err}");
     one_error_line(&cli(s, &["prefix", "unset", "203.0.113.0/24"]));
     let bad = r.dir.join("bad.toml");
     std::fs::write(&bad, "rate = 100\nburst = 0\n").unwrap();

@@ -26,6 +26,11 @@ const CALM: &str = "198.18.2.10";
 /// A client under a fleet-scope window override.
 const OVR: &str = "198.18.3.10";
 
+/// An address as `prefix show` asks it: its host network.
+fn host(a: &str) -> ipnet::IpNet {
+    a.parse::<std::net::IpAddr>().unwrap().into()
+}
+
 fn policy(store: &[String], limit: u64, sync_ms: u64) -> String {
     let store: Vec<String> = store.iter().map(|s| format!("{s:?}")).collect();
     format!(
@@ -56,7 +61,7 @@ fn nine_times(nodes: &[Node]) {
     );
     for n in nodes {
         let c = Client::new(&n.socket);
-        println!("{:?}\n{:?}", c.fleet_status().unwrap(), c.prefix_show(CLIENT).unwrap());
+        println!("{:?}\n{:?}", c.fleet_status().unwrap(), c.prefix_show(host(CLIENT)).unwrap());
     }
     assert!(peak >= 600, "the fleet admitted less than the limit in a window: {peak}");
     assert!(peak <= 660, "busiest window {peak} is past 1.1x the limit");
@@ -235,7 +240,7 @@ fn a_store_outage_refuses_nothing_and_the_sync_resumes_when_it_is_back() {
         assert!(f.outages >= 1 && f.outage_secs_total > 0.0, "{f:?}");
         assert!(f.errors.iter().sum::<u64>() > 0, "{f:?}");
     }
-    let show = Client::new(&nodes[0].socket).prefix_show(CLIENT).unwrap();
+    let show = Client::new(&nodes[0].socket).prefix_show(host(CLIENT)).unwrap();
     assert_eq!(show.cidr, "198.18.1.0/24");
     assert_eq!((show.windows[0].class.as_str(), show.windows[0].limit), ("quota", 60));
 }
@@ -261,7 +266,7 @@ fn a_fleet_scope_override_is_counted_across_the_fleet() {
     let peak = busiest(admitted, WINDOW_NS);
     println!("override at 3x through 3 nodes: sent {sent}, admitted {}, busiest 6 s window {peak}", admitted.len());
     assert!((60..=66).contains(&peak), "busiest window {peak} for a limit of 60 across the fleet");
-    let show = Client::new(&nodes[0].socket).prefix_show(OVR).unwrap();
+    let show = Client::new(&nodes[0].socket).prefix_show(host(OVR)).unwrap();
     assert_eq!(show.windows[0].class, "override:198.18.3.0/24", "{show:?}");
 }
 
@@ -351,7 +356,7 @@ fn a_policy_apply_moves_starts_or_stops_the_sync() {
     // forgets the others' counts, and it no longer writes to the store.
     let _ = run(&nodes, &[Flow { src: CLIENT, times: schedule(30, 1, SLICE_NS, 200_000_000, 25_000_000) }], 11);
     let counts = |n: &Node| {
-        let rows = Client::new(&n.socket).prefix_show(CLIENT).unwrap().windows;
+        let rows = Client::new(&n.socket).prefix_show(host(CLIENT)).unwrap().windows;
         rows.iter().find(|r| r.class == "quota").map(|r| (r.local, r.fleet)).unwrap()
     };
     assert!(eventually(Duration::from_secs(2), || counts(&nodes[0]).1 > 0), "n0 never saw the others' counts");

@@ -3,25 +3,26 @@
 use crate::{
     cli::PrefixCommand,
     control::{Request, client::Client},
+    policy::ListAction,
 };
 
 pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result<()> {
     let req = match cmd {
         PrefixCommand::List => return list(client, json),
-        PrefixCommand::Show { cidr } => return show(client, cidr, json),
+        PrefixCommand::Show { cidr } => return show(client, *cidr, json),
         PrefixCommand::Set { cidr, rate, burst, ttl } => {
-            Request::PrefixSet { cidr: cidr.clone(), rate: *rate, burst: *burst, ttl_secs: *ttl }
+            Request::PrefixSet { cidr: *cidr, rate: *rate, burst: *burst, ttl_secs: *ttl }
         }
-        PrefixCommand::Allow { cidr, ttl } => Request::PrefixAllow { cidr: cidr.clone(), ttl_secs: *ttl },
-        PrefixCommand::Deny { cidr, ttl } => Request::PrefixDeny { cidr: cidr.clone(), ttl_secs: *ttl },
-        PrefixCommand::Unset { cidr } => Request::PrefixUnset { cidr: cidr.clone() },
+        PrefixCommand::Allow { cidr, ttl } => Request::PrefixAllow { cidr: *cidr, ttl_secs: *ttl },
+        PrefixCommand::Deny { cidr, ttl } => Request::PrefixDeny { cidr: *cidr, ttl_secs: *ttl },
+        PrefixCommand::Unset { cidr } => Request::PrefixUnset { cidr: *cidr },
         PrefixCommand::Load { deny, allow, ttl } => return load(client, deny.as_deref(), allow.as_deref(), *ttl, json),
     };
     super::policy::print_applied(&client.change(&req)?, json)
 }
 
 /// `prefix show`: one line per window-quota class.
-fn show(client: Client, cidr: &str, json: bool) -> anyhow::Result<()> {
+fn show(client: Client, cidr: ipnet::IpNet, json: bool) -> anyhow::Result<()> {
     let s = client.prefix_show(cidr)?;
     if json {
         return super::print_json(&s);
@@ -60,8 +61,8 @@ fn load(
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let (path, action) = match (deny, allow) {
-        (Some(p), _) => (p, "deny"),
-        (None, Some(p)) => (p, "allow"),
+        (Some(p), _) => (p, ListAction::Deny),
+        (None, Some(p)) => (p, ListAction::Allow),
         (None, None) => anyhow::bail!("give --deny FILE or --allow FILE"),
     };
     let name = path.display().to_string();
@@ -77,15 +78,19 @@ fn load(
     } else {
         crate::policy::file::read_text(path, max, "a list").map_err(|e| anyhow::anyhow!("reading {name}: {e}"))?
     };
-    let (cidrs, lines): (Vec<String>, Vec<usize>) = text
-        .lines()
-        .enumerate()
-        .filter_map(|(i, l)| {
-            let l = l.split('#').next().unwrap_or("").trim();
-            (!l.is_empty()).then(|| (l.to_owned(), i + 1))
-        })
-        .unzip();
-    let req = Request::PrefixLoad { cidrs, action: action.into(), ttl_secs: ttl };
+    let mut cidrs = Vec::new();
+    let mut lines = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        let l = l.split('#').next().unwrap_or("").trim();
+        if l.is_empty() {
+            continue;
+        }
+        let net =
+            l.parse::<ipnet::IpNet>().map_err(|e| anyhow::anyhow!("{name}:{}: {l:?} is not a CIDR: {e}", i + 1))?;
+        cidrs.push(net);
+        lines.push(i + 1);
+    }
+    let req = Request::PrefixLoad { cidrs, action, ttl_secs: ttl };
     match client.change(&req) {
         Ok(a) => super::policy::print_applied(&a, json),
         Err(crate::control::client::ClientError::Refused(m)) => {

@@ -84,8 +84,8 @@ impl<'a> Client<'a> {
         })
     }
 
-    pub fn prefix_show(&self, cidr: &str) -> Result<super::PrefixShow, ClientError> {
-        let req = Request::PrefixShow { cidr: cidr.to_owned() };
+    pub fn prefix_show(&self, cidr: ipnet::IpNet) -> Result<super::PrefixShow, ClientError> {
+        let req = Request::PrefixShow { cidr };
         self.ask("prefix show", &req, |r| if let Response::PrefixShow(p) = r { Some(p) } else { None })
     }
 

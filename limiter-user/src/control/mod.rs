@@ -6,7 +6,10 @@
 pub mod client;
 pub mod server;
 
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
+
+use crate::policy::ListAction;
 
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/limiter/limiter.sock";
@@ -18,9 +21,10 @@ pub enum Request {
     Status,
     /// The fleet sync: store, nodes, last sync, errors.
     FleetStatus,
-    /// A prefix's window counts: local, the fleet's, what is left.
+    /// A prefix's window counts: local, the fleet's, what is left (an
+    /// address is asked as its host network).
     PrefixShow {
-        cidr: String,
+        cidr: IpNet,
     },
     Stats,
     PolicyShow,
@@ -36,7 +40,7 @@ pub enum Request {
     },
     PrefixList,
     PrefixSet {
-        cidr: String,
+        cidr: IpNet,
         rate: u64,
         burst: u64,
         /// Expire after this many seconds (`None`: never).
@@ -44,17 +48,18 @@ pub enum Request {
         ttl_secs: Option<u64>,
     },
     PrefixAllow {
-        cidr: String,
+        cidr: IpNet,
         #[serde(default)]
         ttl_secs: Option<u64>,
     },
     PrefixDeny {
-        cidr: String,
+        cidr: IpNet,
         #[serde(default)]
         ttl_secs: Option<u64>,
     },
     /// A penalty from the tenant layer's feedback: deny `cidr` for
-    /// `ttl_secs`, under the governor.
+    /// `ttl_secs`, under the governor. The tenant's text as sent: the
+    /// governor parses it and counts a bad one as a refusal.
     Penalty {
         cidr: String,
         ttl_secs: u64,
@@ -62,14 +67,13 @@ pub enum Request {
     },
     /// Allow or deny every CIDR of `cidrs` as one version, all or nothing.
     PrefixLoad {
-        cidrs: Vec<String>,
-        /// `allow` or `deny`.
-        action: String,
+        cidrs: Vec<IpNet>,
+        action: ListAction,
         #[serde(default)]
         ttl_secs: Option<u64>,
     },
     PrefixUnset {
-        cidr: String,
+        cidr: IpNet,
     },
     /// The `n` prefixes with the most drops recently.
     Top {
@@ -321,7 +325,7 @@ mod tests {
         let reqs = [
             Request::Status,
             Request::PolicyApply { name: "x.toml".into(), text: Some("rate = 1\n".into()), force: false },
-            Request::PrefixSet { cidr: "198.18.0.0/16".into(), rate: 5, burst: 10, ttl_secs: Some(600) },
+            Request::PrefixSet { cidr: "198.18.0.0/16".parse().unwrap(), rate: 5, burst: 10, ttl_secs: Some(600) },
         ];
         for r in reqs {
             let line = serde_json::to_string(&r).unwrap();
@@ -333,5 +337,23 @@ mod tests {
         let a = Response::Applied(Applied { version: 3, summary: "s".into() });
         assert_eq!(serde_json::to_string(&a).unwrap(), r#"{"kind":"applied","version":3,"summary":"s"}"#);
         assert_eq!(serde_json::from_str::<Response>(&serde_json::to_string(&a).unwrap()).unwrap(), a);
+    }
+
+    /// A CIDR and a list's action are typed: a request that is not one is
+    /// refused as a whole when read, never taken for something else (an
+    /// action other than "deny" used to mean allow).
+    #[test]
+    fn a_request_with_no_cidr_or_an_unknown_action_is_not_read() {
+        for line in [
+            r#"{"cmd":"prefix_deny","cidr":"nonsense"}"#,
+            r#"{"cmd":"prefix_set","cidr":"198.18.0.0/33","rate":1,"burst":1}"#,
+            r#"{"cmd":"prefix_load","cidrs":["198.18.0.0/24"],"action":"alow"}"#,
+            r#"{"cmd":"prefix_load","cidrs":["198.18.0.0/24","x"],"action":"deny"}"#,
+        ] {
+            assert!(serde_json::from_str::<Request>(line).is_err(), "{line}");
+        }
+        let ok = r#"{"cmd":"prefix_load","cidrs":["198.18.0.0/24","2001:2::/48"],"action":"deny"}"#;
+        let Request::PrefixLoad { cidrs, action, .. } = serde_json::from_str(ok).unwrap() else { panic!() };
+        assert_eq!((cidrs.len(), action), (2, ListAction::Deny));
     }
 }

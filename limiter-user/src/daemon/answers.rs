@@ -32,7 +32,7 @@ impl Daemon {
             Request::Stats => self.stats().unwrap_or_else(|e| fail(&e)),
             Request::Top { n } => self.top_info(n),
             Request::FleetStatus => Response::Fleet { status: self.fleet.status() },
-            Request::PrefixShow { cidr } => self.prefix_show(&cidr).map_or_else(|e| fail(&e), Response::PrefixShow),
+            Request::PrefixShow { cidr } => self.prefix_show(cidr).map_or_else(|e| fail(&e), Response::PrefixShow),
             Request::PolicyShow | Request::PrefixList => {
                 let Some((policy, _)) = &self.policy else {
                     return self.enqueue(Queued::Call(req, reply));

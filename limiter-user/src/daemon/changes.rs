@@ -7,13 +7,14 @@
 
 use std::collections::VecDeque;
 
+use ipnet::IpNet;
 use tokio::sync::oneshot;
 
 use super::{ApplyError, Daemon, Enforcer, Settings};
 use crate::{
     control::{Applied, Request, Response},
     dataplane::maps::Tables,
-    policy::{Limit, OverrideAction, file, runtime::SetBy},
+    policy::{Limit, ListAction, OverrideAction, file, runtime::SetBy},
 };
 
 /// Requests waiting for the policy state; more are refused at once.
@@ -30,9 +31,9 @@ pub(super) enum Change {
     /// `prefix set|allow|deny|unset`: the CIDR, and what to do with it
     /// (`None` = unset; a limit takes the default class's cost and mode),
     /// for `ttl` seconds (`None`: until unset).
-    Prefix { cidr: String, action: Option<PrefixAction>, ttl: Option<u64> },
+    Prefix { cidr: IpNet, action: Option<PrefixAction>, ttl: Option<u64> },
     /// `prefix load`: allow or deny every CIDR, all or nothing.
-    Load { cidrs: Vec<String>, deny: bool, ttl: Option<u64> },
+    Load { cidrs: Vec<IpNet>, action: ListAction, ttl: Option<u64> },
     /// Runtime overrides whose time is up.
     Expire,
     /// A penalty from the tenant layer or the daemon's escalation (under
@@ -72,9 +73,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
         }
         Change::Apply { text: None, force, .. } => e.apply_guarded(t, settings.load_policy()?, *force),
         Change::Reload => e.apply_guarded(t, settings.load_policy()?, false),
-        Change::Load { cidrs, deny, ttl } => {
-            e.load(t, cidrs, if *deny { OverrideAction::Deny } else { OverrideAction::Allow }, *ttl)
-        }
+        Change::Load { cidrs, action, ttl } => e.load(t, cidrs, (*action).into(), *ttl),
         Change::Expire => e.expire(t, super::enforcer::unix_now()).unwrap_or_else(|| Ok("nothing expired".into())),
         Change::Penalty { cidr, ttl, reason, by } => e.penalize(t, cidr, *ttl, reason, *by),
         Change::Prefix { cidr, action, ttl } => {
@@ -86,7 +85,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
                 PrefixAction::Allow => OverrideAction::Allow,
                 PrefixAction::Deny => OverrideAction::Deny,
             });
-            e.change_prefix(t, cidr, action, *ttl)
+            e.change_prefix(t, *cidr, action, *ttl)
         }
     }
 }
@@ -95,8 +94,7 @@ impl Change {
     /// The change a request asks for, if it is one; a policy's text and a
     /// list's prefixes are taken out of the request, not copied.
     pub(super) fn of(req: &mut Request) -> Option<Change> {
-        let prefix =
-            |cidr: &String, action, ttl: &Option<u64>| Some(Change::Prefix { cidr: cidr.clone(), action, ttl: *ttl });
+        let prefix = |cidr: &IpNet, action, ttl: &Option<u64>| Some(Change::Prefix { cidr: *cidr, action, ttl: *ttl });
         match req {
             Request::PolicyApply { name, text, force } => {
                 Some(Change::Apply { name: name.clone(), text: text.take(), force: *force })
@@ -117,7 +115,7 @@ impl Change {
                 by: SetBy::Feedback,
             }),
             Request::PrefixLoad { cidrs, action, ttl_secs } => {
-                Some(Change::Load { cidrs: std::mem::take(cidrs), deny: action == "deny", ttl: *ttl_secs })
+                Some(Change::Load { cidrs: std::mem::take(cidrs), action: *action, ttl: *ttl_secs })
             }
             _ => None,
         }

@@ -243,11 +243,10 @@ impl Enforcer {
     pub fn change_prefix(
         &mut self,
         maps: &mut impl PolicyMaps,
-        cidr: &str,
+        net: IpNet,
         action: Option<OverrideAction>,
         ttl: Option<u64>,
     ) -> Result<String, ApplyError> {
-        let net = cidr.parse::<IpNet>().map_err(|e| ApplyError::Request(format!("{cidr:?} is not a CIDR: {e}")))?;
         let in_file = self.base.overrides.iter().any(|o| o.net == net);
         let operator = self.runtime.get(&(net, SetBy::Operator)).copied();
         let expires = ttl.map(|t| unix_now() + t);

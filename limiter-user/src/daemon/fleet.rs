@@ -195,8 +195,6 @@ pub(super) enum ShowError {
     Changing,
     #[error("no policy applied yet")]
     NoPolicy,
-    #[error("{0:?} is not an address or a CIDR")]
-    NotAPrefix(String),
     #[error("{net} is wider than a bucket prefix (/{bucket}): give one address or a /{bucket}")]
     Wider { net: IpNet, bucket: u32 },
 }
@@ -207,13 +205,9 @@ type WindowMap = aya::maps::HashMap<aya::maps::MapData, BucketKey, WindowState>;
 impl Daemon {
     /// `limiter prefix show`: the window quotas of the bucket prefix that
     /// `text` (an address or a CIDR) falls in.
-    pub(super) fn prefix_show(&self, text: &str) -> Result<PrefixShow, ShowError> {
+    pub(super) fn prefix_show(&self, net: IpNet) -> Result<PrefixShow, ShowError> {
         let (p, _) = self.policy.as_ref().ok_or(ShowError::Changing)?;
         let config = p.config().ok_or(ShowError::NoPolicy)?;
-        let net: IpNet = text
-            .parse()
-            .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
-            .map_err(|_| ShowError::NotAPrefix(text.to_owned()))?;
         let bucket = if net.addr().is_ipv4() { config.v4_prefix } else { config.v6_prefix };
         if u32::from(net.prefix_len()) < bucket {
             return Err(ShowError::Wider { net, bucket });

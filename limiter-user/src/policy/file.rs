@@ -40,8 +40,8 @@ pub use self::untrusted::{ReadError, read_text};
 use self::window::WindowSpec;
 
 use super::{
-    Aggregate, Class, Compiled, CostUnit, DEFAULT_AGGREGATE_PREFIXES, Limit, Mode, Override, OverrideAction, Policy,
-    PolicyError, Protocol, Scope, StoreFailure, SynCookies, bad,
+    Aggregate, Class, Compiled, CostUnit, DEFAULT_AGGREGATE_PREFIXES, Limit, ListAction, Mode, Override,
+    OverrideAction, Policy, PolicyError, Protocol, Scope, StoreFailure, SynCookies, bad,
 };
 
 /// Largest policy file read: 131,072 overrides take about 8 MB.
@@ -136,13 +136,6 @@ struct OverrideSpec {
     slices: Option<u32>,
     scope: Option<Scope>,
     on_store_failure: Option<StoreFailure>,
-}
-
-#[derive(Clone, Copy, Deserialize, Serialize, PartialEq)]
-#[serde(rename_all = "lowercase")]
-enum ListAction {
-    Allow,
-    Deny,
 }
 
 #[derive(Deserialize, Serialize, PartialEq)]

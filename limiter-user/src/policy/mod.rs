@@ -298,6 +298,24 @@ pub struct Class {
     pub syn_rate: Option<u64>,
 }
 
+/// An allow or a deny, as a list's entries and an override's `action`
+/// say it (`"allow"`, `"deny"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListAction {
+    Allow,
+    Deny,
+}
+
+impl From<ListAction> for OverrideAction {
+    fn from(a: ListAction) -> Self {
+        match a {
+            ListAction::Allow => OverrideAction::Allow,
+            ListAction::Deny => OverrideAction::Deny,
+        }
+    }
+}
+
 /// What an override does to the prefixes it covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OverrideAction {

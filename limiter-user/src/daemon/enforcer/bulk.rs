@@ -17,16 +17,15 @@ impl Enforcer {
     pub fn load(
         &mut self,
         maps: &mut impl PolicyMaps,
-        cidrs: &[String],
+        cidrs: &[IpNet],
         action: OverrideAction,
         ttl: Option<u64>,
     ) -> Result<String, ApplyError> {
         let expires = ttl.map(|t| unix_now() + t);
         let mut changes = Vec::with_capacity(cidrs.len());
         let mut seen = HashSet::with_capacity(cidrs.len());
-        for (index, c) in cidrs.iter().enumerate() {
+        for (index, &net) in cidrs.iter().enumerate() {
             let refuse = |message: String| ApplyError::Entry { index, message };
-            let net = c.trim().parse::<IpNet>().map_err(|e| refuse(format!("{c:?} is not a CIDR: {e}")))?;
             if net.trunc() != net {
                 return Err(refuse(format!("{net} has host bits set (did you mean {}?)", net.trunc())));
             }

@@ -68,7 +68,7 @@ fn restarted(maps: &mut FakeMaps, e: &Enforcer, text: &str) -> Enforcer {
 fn a_penalty_over_an_operator_deny_leaves_it_in_force_when_it_ends() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps, &policy(""));
-    e.change_prefix(&mut maps, "198.18.7.0/24", Some(OverrideAction::Deny), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.7.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
     let before = last(&maps);
     penalize(&mut e, &mut maps, "198.18.7.0/24", 1, SetBy::Feedback).unwrap();
     assert_eq!(enforced(&e, "198.18.7.0/24"), Some(OverrideAction::Deny));
@@ -88,7 +88,7 @@ fn a_penalty_over_an_operator_deny_leaves_it_in_force_when_it_ends() {
 fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps, &policy(""));
-    e.change_prefix(&mut maps, "198.18.8.0/24", Some(OverrideAction::Allow), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.8.0/24".parse().unwrap(), Some(OverrideAction::Allow), None).unwrap();
     for (cidr, who) in [("198.18.8.0/24", "operator"), ("198.18.2.0/24", "policy file")] {
         for by in [SetBy::Feedback, SetBy::Escalation] {
             let err = penalize(&mut e, &mut maps, cidr, 60, by).unwrap_err();
@@ -108,7 +108,7 @@ fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
     let mut e = restarted(&mut maps, &e, &text);
     let before = last(&maps);
     // The operator lifts the /16 penalty (the tenant's cap is 2).
-    e.change_prefix(&mut maps, "198.18.0.0/16", None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.0.0/16".parse().unwrap(), None, None).unwrap();
     penalize(&mut e, &mut maps, "198.18.8.0/24", 5, SetBy::Feedback).unwrap();
     penalize(&mut e, &mut maps, "198.18.2.0/24", 5, SetBy::Feedback).unwrap();
     assert_eq!(enforced(&e, "198.18.8.0/24"), Some(OverrideAction::Deny));
@@ -128,7 +128,7 @@ fn a_penalty_overlays_a_limit_and_the_limit_comes_back_exactly() {
     let mut e = started(&mut maps, &policy(""));
     // The operator's limit (the escalation's case of the finding) and the
     // file's (shadow).
-    e.change_prefix(&mut maps, "198.18.9.0/24", Some(limit(100, 200)), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.9.0/24".parse().unwrap(), Some(limit(100, 200)), None).unwrap();
     let file_limit = enforced(&e, "198.18.3.0/24").unwrap();
     let before = last(&maps);
     penalize(&mut e, &mut maps, "198.18.9.0/24", 1, SetBy::Escalation).unwrap();
@@ -151,19 +151,19 @@ fn the_operator_outranks_the_file_and_lifts_penalties() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps, &policy(""));
     // Operator over the file: allow where the file denies, then unset.
-    e.change_prefix(&mut maps, "198.18.1.0/24", Some(OverrideAction::Allow), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), Some(OverrideAction::Allow), None).unwrap();
     assert_eq!(enforced(&e, "198.18.1.0/24"), Some(OverrideAction::Allow));
     let mut e = restarted(&mut maps, &e, &policy(""));
-    e.change_prefix(&mut maps, "198.18.1.0/24", None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.1.0/24"), None, "unset removes the file's override too");
     // A penalty under the operator's deny of another prefix: the
     // operator's own unset removes its deny only, the next the penalty.
-    e.change_prefix(&mut maps, "198.18.6.0/24", Some(OverrideAction::Deny), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
     penalize(&mut e, &mut maps, "198.18.6.0/24", 600, SetBy::Feedback).unwrap();
-    e.change_prefix(&mut maps, "198.18.6.0/24", None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.6.0/24"), Some(OverrideAction::Deny), "the penalty is still there");
     assert_eq!(e.prefixes().iter().find(|p| p.cidr == "198.18.6.0/24").unwrap().origin, "feedback");
-    e.change_prefix(&mut maps, "198.18.6.0/24", None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.6.0/24"), None);
     // A reload that drops the file's deny keeps the layers above and below.
     penalize(&mut e, &mut maps, "198.18.5.0/24", 600, SetBy::Feedback).unwrap();

@@ -4,8 +4,8 @@
 
 use toml::Spanned;
 
-use super::{ClassSpec, ListAction, OverrideSpec, Root, ports::PortSpec};
-use crate::policy::{Limit, OverrideAction, Policy, SynCookies, Window};
+use super::{ClassSpec, OverrideSpec, Root, ports::PortSpec};
+use crate::policy::{Limit, ListAction, OverrideAction, Policy, SynCookies, Window};
 
 /// The policy as a policy file that [`parse`](super::parse) reads back to
 /// the same policy. A password in a store address is hidden (`policy
