@@ -13,6 +13,7 @@
 pub mod cookie;
 pub mod gcra;
 pub mod lease;
+pub mod maps;
 pub mod packet;
 pub mod prefix;
 pub mod reason;
@@ -39,104 +40,6 @@ pub const fn same_name(a: &str, b: &str) -> bool {
         i += 1;
     }
     true
-}
-
-/// Map names, one spelling for both sides.
-pub mod maps {
-    /// `LRU_HASH<BucketKey, BucketState>`: one GCRA state per source prefix.
-    pub const BUCKETS: &str = "BUCKETS";
-    /// `ARRAY<Config>` with two slots: the policy the data plane enforces is
-    /// the slot named by [`ACTIVE`]. Userspace writes the other slot whole,
-    /// then flips `ACTIVE` (one 4-byte store), so a packet never sees half
-    /// of one policy and half of another.
-    pub const CONFIG: &str = "CONFIG";
-    /// `ARRAY<u32>` with one entry: index of the active `CONFIG` slot.
-    pub const ACTIVE: &str = "ACTIVE";
-    /// Pinned by schemas before 12: `PERCPU_ARRAY<ClassCounters>` indexed
-    /// by rule class, now folded into [`STATS`]. An upgrade removes its pin.
-    pub const CLASS_STATS: &str = "CLASS_STATS";
-    /// `LPM_TRIE<Key<u32>, u32>` per `CONFIG` slot: IPv4 overrides, valued
-    /// with a [`crate::resolution`] code.
-    pub const OVR4: [&str; 2] = ["OVR4_0", "OVR4_1"];
-    /// `LPM_TRIE<Key<[u32; 4]>, u32>` per `CONFIG` slot: IPv6 overrides.
-    pub const OVR6: [&str; 2] = ["OVR6_0", "OVR6_1"];
-    /// `ARRAY<ClassLimits>`, `2 * MAX_OVERRIDES` entries: the limits of
-    /// override `n` of slot `s` are at `s * MAX_OVERRIDES + n - 1`.
-    pub const OVR_LIMITS: &str = "OVR_LIMITS";
-    /// `RINGBUF` of [`crate::DropEvent`]: one in `Config::drop_sample` drops.
-    pub const DROP_EVENTS: &str = "DROP_EVENTS";
-    /// Size of [`DROP_EVENTS`] in bytes.
-    pub const DROP_EVENTS_BYTES: u32 = 1 << 18;
-    /// `PERCPU_ARRAY<u64>`, one entry: when a sampled drop was last
-    /// logged (debug level), to rate-limit those lines.
-    pub const DROP_SAMPLER: &str = "DROP_SAMPLER";
-    /// `PERCPU_ARRAY<crate::ClockCache>`, one entry: each CPU's copy of the
-    /// coarse clock for the current jiffy.
-    pub const CLOCK_CACHE: &str = "CLOCK_CACHE";
-    /// `ARRAY<u64>`, one entry: GCRA state of the shared new-source budget.
-    pub const NEW_SOURCES: &str = "NEW_SOURCES";
-    /// `PERCPU_ARRAY<crate::lease::CpuSlot>`, [`CPU_SLOTS_ENTRIES`]
-    /// entries: each CPU's leases of buckets' credit, and its cache of
-    /// buckets that refuse until a known time.
-    pub const CPU_SLOTS: &str = "CPU_SLOTS";
-    /// `HASH<crate::RuntimeKey, crate::RuntimeOverride>`, up to
-    /// [`MAX_OVERRIDES`] entries, allocated as used: the overrides set at
-    /// run time (`limiter prefix ...`), pinned so that a restarted daemon
-    /// puts them back. Written and read by userspace only.
-    pub const RUNTIME: &str = "RUNTIME";
-    /// Entries of [`CPU_SLOTS`] per CPU (a power of two).
-    pub const CPU_SLOTS_ENTRIES: u32 = 1024;
-    /// Overrides one policy may hold (both families together).
-    pub const MAX_OVERRIDES: u32 = 131_072;
-    /// `PERCPU_ARRAY<Counter>`, [`crate::STAT_ENTRIES`] entries: every
-    /// packet counted once, under its class (or [`crate::UNCLASSIFIED`]),
-    /// reason and stat family ([`crate::stat_index`]).
-    pub const STATS: &str = "STATS";
-    /// `ARRAY<u64>` with one entry: the injected clock of the test entry point.
-    pub const TEST_CLOCK: &str = "TEST_CLOCK";
-    /// `ARRAY<Meta>` with one entry: schema of the pinned maps. Not read by
-    /// the program; pinned beside the maps so a later daemon can tell
-    /// whether it may re-adopt them.
-    pub const META: &str = "META";
-    /// `HASH<[u8; 16], u32>`: each pinned map's name (zero-padded) and the
-    /// schema its layout or meaning last changed in, as the build that
-    /// pinned them knew it; an older build reads it to roll back. Written
-    /// by: userspace. Not read by XDP.
-    pub const LAYOUT: &str = "LAYOUT";
-    /// Entries of [`LAYOUT`]: room for every pinned map of any build.
-    pub const LAYOUT_ENTRIES: u32 = 64;
-    /// `LRU_HASH<BucketKey, crate::window::WindowState>`: the slice
-    /// counts of each prefix of a window-quota class, written by the
-    /// program only (atomically, from every CPU).
-    pub const WINDOWS: &str = "WINDOWS";
-    /// `LRU_HASH<BucketKey, crate::window::WindowState>`: for fleet-scope
-    /// classes, the other nodes' slice counts, written by the daemon only.
-    pub const FLEET: &str = "FLEET";
-    /// `RINGBUF` of [`crate::window::Touch`]: a fleet-scope prefix's first
-    /// packet in each sync epoch, so the daemon syncs what changed without
-    /// walking [`WINDOWS`].
-    pub const TOUCHED: &str = "TOUCHED";
-    /// `ARRAY<u64>`, an entry per [`crate::window::FleetSlot`] (the sync
-    /// epoch, the split divisor while the store is down, the wall clock's
-    /// offset), written by the daemon.
-    pub const FLEET_STATE: &str = "FLEET_STATE";
-    /// `ARRAY<crate::cookie::SynGuard>` indexed by class: the `auto`
-    /// trigger of SYN cookies, written by the program; the daemon reads
-    /// it to report whether a class's cookies are engaged.
-    pub const SYN_GUARD: &str = "SYN_GUARD";
-    /// `ARRAY<u64>`, [`crate::cookie::REFRESH_SLOTS`] entries, program
-    /// only: when a SYN to each port (per family) was last handed to the
-    /// kernel's own cookie path.
-    pub const KERNEL_SYNS: &str = "KERNEL_SYNS";
-    /// Size of [`TOUCHED`] in bytes.
-    pub const TOUCHED_BYTES: u32 = 1 << 20;
-    /// Default capacity of [`BUCKETS`] (tracked prefixes).
-    pub const DEFAULT_BUCKET_CAPACITY: u32 = 1 << 18;
-    /// Largest capacity of [`BUCKETS`] a policy may ask for: 16 Mi
-    /// prefixes, about 1.6 GB of kernel memory at 96 B each. The kernel
-    /// refuses far larger LRU maps only when the daemon starts; the
-    /// policy check refuses them up front.
-    pub const MAX_BUCKET_CAPACITY: u32 = 1 << 24;
 }
 
 /// Program (entry point) names in the object.

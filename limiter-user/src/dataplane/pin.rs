@@ -15,40 +15,43 @@ use std::{
 };
 
 use aya::maps::MapType;
-use limiter_common::{
-    BucketKey, BucketState, ClassLimits, Config, Counter, Meta, RuntimeKey, RuntimeOverride, cookie::SynGuard, maps,
-    window::WindowState,
-};
+use limiter_common::maps;
 
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
-/// Maps pinned with the program: name, type, key and value size, and the
-/// schema ([`SCHEMA_VERSION`]) in which the map's layout or meaning last
-/// changed. A pinned map is re-adopted when its type, sizes and number
-/// of entries are this build's and the schema that pinned it is at least
-/// that one; otherwise an upgrade renews it (see [`super::upgrade::plan`]). Whoever
-/// changes a pinned map's key, value or meaning bumps `SCHEMA_VERSION`
-/// and sets the map's entry here to the new number. `META` is never
-/// renewed (it says what the other pins are): its layout stays.
-pub const PINNED_MAPS: [PinnedMap; 17] = [
-    PinnedMap::new(maps::BUCKETS, MapType::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), 11),
-    PinnedMap::new(maps::WINDOWS, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 14),
-    PinnedMap::new(maps::FLEET, MapType::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), 14),
-    PinnedMap::new(maps::FLEET_STATE, MapType::Array, 4, 8, 11),
-    PinnedMap::new(maps::CONFIG, MapType::Array, 4, size_of::<Config>(), 11),
-    PinnedMap::new(maps::ACTIVE, MapType::Array, 4, 4, 11),
-    PinnedMap::new(maps::NEW_SOURCES, MapType::Array, 4, 8, 11),
-    PinnedMap::new(maps::OVR4[0], MapType::LpmTrie, 8, 4, 11),
-    PinnedMap::new(maps::OVR4[1], MapType::LpmTrie, 8, 4, 11),
-    PinnedMap::new(maps::OVR6[0], MapType::LpmTrie, 20, 4, 11),
-    PinnedMap::new(maps::OVR6[1], MapType::LpmTrie, 20, 4, 11),
-    PinnedMap::new(maps::OVR_LIMITS, MapType::Array, 4, size_of::<ClassLimits>(), 11),
-    PinnedMap::new(maps::STATS, MapType::PerCpuArray, 4, size_of::<Counter>(), 13),
-    PinnedMap::new(maps::META, MapType::Array, 4, size_of::<Meta>(), 1),
-    PinnedMap::new(maps::LAYOUT, MapType::Hash, 16, 4, 11),
-    PinnedMap::new(maps::RUNTIME, MapType::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>(), 11),
-    PinnedMap::new(maps::SYN_GUARD, MapType::Array, 4, size_of::<SynGuard>(), 11),
-];
+/// Maps pinned with the program, the pinned rows of
+/// [`limiter_common::maps::TABLE`] (name, type, key and value size, and
+/// the schema in which the map's layout or meaning last changed). A pinned
+/// map is re-adopted when its type, sizes and number of entries are this
+/// build's and the schema that pinned it is at least that one; otherwise
+/// an upgrade renews it (see [`super::upgrade::plan`]).
+pub const PINNED_MAPS: [PinnedMap; maps::PINNED] = {
+    let mut out = [PinnedMap::new("", MapType::Unspecified, 0, 0, 0); maps::PINNED];
+    let (mut i, mut n) = (0, 0);
+    while i < maps::TABLE.len() {
+        let m = maps::TABLE[i];
+        if let Some(since) = m.pinned {
+            out[n] = PinnedMap::new(m.name, map_type(m.kind), m.key, m.value, since);
+            n += 1;
+        }
+        i += 1;
+    }
+    out
+};
+
+/// The kernel's map type of a [`maps::Kind`].
+#[must_use]
+pub const fn map_type(kind: maps::Kind) -> MapType {
+    match kind {
+        maps::Kind::Hash => MapType::Hash,
+        maps::Kind::LruHash => MapType::LruHash,
+        maps::Kind::Array => MapType::Array,
+        maps::Kind::PerCpuArray => MapType::PerCpuArray,
+        maps::Kind::LpmTrie => MapType::LpmTrie,
+        maps::Kind::RingBuf => MapType::RingBuf,
+    }
+}
+
 /// One row of [`PINNED_MAPS`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PinnedMap {

@@ -122,3 +122,28 @@ fn newer_older_or_foreign_pins_are_refused() {
     assert!(plan(foreign, &PINNED_MAPS, &as_built(), &entries(), None).unwrap_err().to_string().contains("no META"));
     assert!(plan(None, &PINNED_MAPS, &as_built(), &entries(), None).is_err());
 }
+
+/// The object the program is built into has every map of the table as
+/// its row says (kind, sizes, entries, flags): the row is what pinning,
+/// upgrades and the program's declarations all read.
+#[test]
+fn the_object_declares_every_map_of_the_table_as_its_row() {
+    let obj = aya_obj::Object::parse(crate::dataplane::OBJECT).unwrap();
+    for row in maps::TABLE {
+        let m = obj.maps.get(row.name).unwrap_or_else(|| panic!("{} is not in the object", row.name));
+        assert_eq!(m.map_type(), crate::dataplane::pin::map_type(row.kind) as u32, "{}", row.name);
+        let sizes = if row.kind == maps::Kind::RingBuf { (0, 0) } else { (row.key, row.value) };
+        assert_eq!((m.key_size() as usize, m.value_size() as usize), sizes, "{}", row.name);
+        assert_eq!(m.max_entries(), row.entries, "{}", row.name);
+        // aya makes LPM tries without preallocation whatever is asked.
+        let flags = if row.kind == maps::Kind::LpmTrie { m.map_flags() & !maps::NO_PREALLOC } else { m.map_flags() };
+        assert_eq!(flags, row.flags, "{}", row.name);
+    }
+    // Not ours: the program's constants (`.rodata`) and aya-log's buffer.
+    let others: Vec<&String> = obj
+        .maps
+        .keys()
+        .filter(|n| !maps::TABLE.iter().any(|r| r.name == n.as_str()) && !matches!(n.as_str(), ".rodata" | "AYA_LOGS"))
+        .collect();
+    assert!(others.is_empty(), "maps of the object not in the table: {others:?}");
+}
