@@ -9,10 +9,10 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use limiter_common::{
     BucketKey, Config, MAX_CLASSES, family, packet, rules,
-    window::{self, FleetSlot, WindowState, scope},
+    window::{self, WindowState, scope},
 };
 
-use super::Daemon;
+use super::{Daemon, feature::Feature as _};
 use crate::{
     control::{PrefixShow, WindowRow},
     dataplane::{cidr, maps::WindowMaps},
@@ -96,29 +96,6 @@ impl FleetSide {
                 side.tick();
                 Ok(side)
             }
-        }
-    }
-
-    /// Once a second: take the maps back from a sync that has stopped
-    /// (and start the one a later policy asked for); without a sync, keep
-    /// the wall-clock offset current.
-    pub(super) fn tick(&mut self) {
-        if let Self::Stopping(s) = self
-            && let Some(maps) = s.0.stopped()
-        {
-            let next = s.2.take();
-            if maps.is_none() {
-                tracing::warn!(
-                    "limiter: the fleet sync's thread died; window quotas run without their maps' upkeep until the daemon restarts"
-                );
-            }
-            *self = Self::Off(maps);
-            if let Some((cfg, classes)) = next {
-                self.set_classes(classes, Some(&cfg));
-            }
-        }
-        if let Self::Off(Some(m)) = self {
-            let _ = m.state.set(FleetSlot::WallOffset.index(), wall_and_offset().1, 0);
         }
     }
 

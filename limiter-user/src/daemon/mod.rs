@@ -8,6 +8,7 @@ mod changes;
 mod cookie_watch;
 mod enforcer;
 mod escalate;
+mod feature;
 mod fleet;
 mod observe;
 mod os;
@@ -29,6 +30,7 @@ use tokio::{
 
 use self::{
     changes::{Change, Changes},
+    feature::Feature as _,
     observe::{Observer, status_line},
     os::{notify_ready, raise_memlock, resolve_group},
     view::View,
@@ -275,7 +277,7 @@ impl Daemon {
                 }
             }
         };
-        self.forwards.drain_all().await;
+        self.forwards.drain().await;
         self.stop(why)
     }
 

@@ -1,8 +1,10 @@
 //! What the daemon's loop shows of the policy in force (`status`, the
 //! metrics, the fleet's classes), refreshed after start and each change.
 
-use super::Daemon;
-use crate::forward;
+use super::{
+    Daemon,
+    feature::{Applied, Feature as _},
+};
 
 /// What the loop shows of the policy, kept while a change has it away.
 #[derive(Debug, Default)]
@@ -26,8 +28,8 @@ pub(super) struct View {
 }
 
 impl Daemon {
-    /// Show the policy state in force (after start and each change),
-    /// and run the forwarders it declares.
+    /// Show the policy state in force (after start and each change), and
+    /// hand it to every feature.
     pub(super) fn refresh_view(&mut self) {
         if let Some((p, _)) = &self.policy {
             let effective = p.effective(p.base());
@@ -70,12 +72,16 @@ impl Daemon {
                 },
                 syn_cookies_on: p.config().is_some_and(|c| c.flags & limiter_common::flags::SYN_COOKIES != 0),
             };
-            if let Some(classes) = self.fleet_classes() {
-                self.fleet.set_classes(classes, p.base().fleet.as_ref());
-            }
-            let Some((p, _)) = &self.policy else { return };
-            let ctx = forward::Context { version: p.version(), config: p.config().copied().unwrap_or_default() };
-            self.forwards.update(&p.base().forwards, ctx);
+            // The policy change fans out to every feature from here.
+            let config = p.config().copied().unwrap_or_default();
+            let applied = Applied {
+                version: p.version(),
+                policy: &effective,
+                config: &config,
+                class_names: &self.view.class_names,
+            };
+            self.forwards.apply(&applied);
+            self.fleet.apply(&applied);
         }
     }
 }

@@ -1,0 +1,77 @@
+//! The daemon's features (the forwarders, the fleet sync; the feeds and
+//! coexistence to come) behind one small face: each is told the policy in
+//! force after start and after every change, ticked once a second, and
+//! drained at shutdown. A policy change fans out to every feature from
+//! one place ([`Daemon::refresh_view`](super::Daemon)), so a setting of a
+//! feature goes one way, once: file -> policy -> [`Applied`] -> the feature.
+
+use limiter_common::{Config, window::FleetSlot};
+
+use super::fleet::{FleetSide, classes};
+use crate::{fleet::wall_and_offset, forward, policy::Policy};
+
+/// The policy in force, as every feature sees it.
+pub(super) struct Applied<'a> {
+    pub(super) version: u64,
+    /// The effective policy: the file's, with the runtime overrides.
+    pub(super) policy: &'a Policy,
+    /// What the data plane enforces of it.
+    pub(super) config: &'a Config,
+    /// Class names by index (0 = `default`).
+    pub(super) class_names: &'a [String],
+}
+
+/// A subsystem of the daemon.
+pub(super) trait Feature {
+    /// Take the policy in force: start, change or stop what it declares.
+    fn apply(&mut self, applied: &Applied<'_>);
+
+    /// Once a second, on the daemon's loop (never blocking it).
+    fn tick(&mut self) {}
+
+    /// Let what is in flight finish, each within its own bound.
+    async fn drain(&mut self) {}
+}
+
+impl Feature for forward::Manager {
+    /// Runs exactly the `[[forward]]` sections: unchanged ones keep
+    /// running, changed and removed ones drain, new ones start.
+    fn apply(&mut self, a: &Applied<'_>) {
+        self.update(&a.policy.forwards, forward::Context { version: a.version, config: *a.config });
+    }
+
+    async fn drain(&mut self) {
+        self.drain_all().await;
+    }
+}
+
+impl Feature for FleetSide {
+    /// The window-quota classes apply at once; a changed, new or removed
+    /// `[fleet]` section changes, starts or stops the sync.
+    fn apply(&mut self, a: &Applied<'_>) {
+        self.set_classes(classes(a.config, a.class_names, a.policy), a.policy.fleet.as_ref());
+    }
+
+    /// Once a second: take the maps back from a sync that has stopped
+    /// (and start the one a later policy asked for); without a sync, keep
+    /// the wall-clock offset current.
+    fn tick(&mut self) {
+        if let Self::Stopping(s) = self
+            && let Some(maps) = s.0.stopped()
+        {
+            let next = s.2.take();
+            if maps.is_none() {
+                tracing::warn!(
+                    "limiter: the fleet sync's thread died; window quotas run without their maps' upkeep until the daemon restarts"
+                );
+            }
+            *self = Self::Off(maps);
+            if let Some((cfg, classes)) = next {
+                self.set_classes(classes, Some(&cfg));
+            }
+        }
+        if let Self::Off(Some(m)) = self {
+            let _ = m.state.set(FleetSlot::WallOffset.index(), wall_and_offset().1, 0);
+        }
+    }
+}
