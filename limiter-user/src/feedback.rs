@@ -46,6 +46,16 @@ struct Penalty {
 
 /// Serve on `addr`, with `token` as the bearer token, sending penalties to
 /// the daemon through `calls`. Returns the bound address.
+/// The feedback endpoint in force: where it listens and the token file it
+/// was started with (both take a restart), and the token, which SIGHUP
+/// reads again.
+#[derive(Debug)]
+pub struct Endpoint {
+    pub bound: SocketAddr,
+    pub token_file: std::path::PathBuf,
+    pub token: Token,
+}
+
 pub async fn serve(addr: SocketAddr, token: Token, calls: mpsc::Sender<Sent>) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;

@@ -43,15 +43,15 @@ impl Daemon {
                     // restart), said where the file says otherwise.
                     let mut p = policy.effective(policy.base());
                     let mut note = String::new();
-                    if let (Some(f), Some((bound, token_file, _))) = (p.feedback.as_mut(), &self.feedback)
-                        && ((f.listen.port() != 0 && f.listen != *bound) || f.token_file != *token_file)
+                    if let (Some(f), Some(e)) = (p.feedback.as_mut(), &self.feedback)
+                        && ((f.listen.port() != 0 && f.listen != e.bound) || f.token_file != e.token_file)
                     {
                         note = format!(
                             "# [feedback] in the file: listen = \"{}\", token_file = {:?}; in force until a restart: the values below\n",
                             f.listen,
                             f.token_file.display().to_string()
                         );
-                        (f.listen, f.token_file) = (*bound, token_file.clone());
+                        (f.listen, f.token_file) = (e.bound, e.token_file.clone());
                     }
                     Response::Policy(PolicyText {
                         version: policy.version(),

@@ -254,42 +254,6 @@ impl Daemon {
                 self.note_reload(false, message);
             }
         }
-        self.reload_feedback_token();
-    }
-
-    /// SIGHUP: read the feedback token again (a rotated file is taken at
-    /// once; a bad one is refused and the old token stays), and say
-    /// plainly when the policy's `listen` or `token_file` moved, which
-    /// takes a restart.
-    fn reload_feedback_token(&mut self) {
-        let Some((bound, file, token)) = &self.feedback else { return };
-        let wanted = self.policy.as_ref().and_then(|(p, _)| p.base().feedback.clone());
-        if let Some(f) = &wanted
-            && ((f.listen.port() != 0 && f.listen != *bound) || f.token_file != *file)
-        {
-            tracing::warn!(
-                event = "feedback_token",
-                "limiter: SIGHUP: feedback.listen {} and token_file {} take effect at the next restart; the endpoint stays on http://{bound} with {}",
-                f.listen,
-                f.token_file.display(),
-                file.display()
-            );
-        }
-        match crate::feedback::read_token(file) {
-            Ok((t, warnings)) => {
-                for w in warnings {
-                    tracing::warn!(event = "feedback_token", "limiter: {w}");
-                }
-                token.replace(&t);
-                tracing::info!(
-                    event = "feedback_token",
-                    "limiter: SIGHUP: feedback token read again from {}",
-                    file.display()
-                );
-            }
-            Err(e) => {
-                tracing::warn!(event = "feedback_token", "limiter: SIGHUP: {e}; the token in force stays");
-            }
-        }
+        self.reload_features();
     }
 }

@@ -1,6 +1,7 @@
-//! The daemon's features (the forwarders, the fleet sync; the feeds and
-//! coexistence to come) behind one small face: each is told the policy in
-//! force after start and after every change, ticked once a second, and
+//! The daemon's features (the forwarders, the fleet sync, the feedback
+//! endpoint; the feeds and coexistence to come) behind one small face:
+//! each is told the policy in force after start and after every change,
+//! asked to read its files again on SIGHUP, ticked once a second, and
 //! drained at shutdown. A policy change fans out to every feature from
 //! one place ([`Daemon::refresh_view`](super::Daemon)), so a setting of a
 //! feature goes one way, once: file -> policy -> [`Applied`] -> the feature.
@@ -8,7 +9,7 @@
 use limiter_common::{Config, window::FleetSlot};
 
 use super::fleet::{FleetSide, classes};
-use crate::{fleet::wall_and_offset, forward, policy::Policy};
+use crate::{feedback::Endpoint, fleet::wall_and_offset, forward, policy::Policy};
 
 /// The policy in force, as every feature sees it.
 pub(super) struct Applied<'a> {
@@ -25,6 +26,10 @@ pub(super) struct Applied<'a> {
 pub(super) trait Feature {
     /// Take the policy in force: start, change or stop what it declares.
     fn apply(&mut self, applied: &Applied<'_>);
+
+    /// SIGHUP, after the policy was read again: read again what the
+    /// feature reads from files of its own.
+    fn reload(&mut self, _applied: &Applied<'_>) {}
 
     /// Once a second, on the daemon's loop (never blocking it).
     fn tick(&mut self) {}
@@ -72,6 +77,73 @@ impl Feature for FleetSide {
         }
         if let Self::Off(Some(m)) = self {
             let _ = m.state.set(FleetSlot::WallOffset.index(), wall_and_offset().1, 0);
+        }
+    }
+}
+
+/// A feature the policy may leave out.
+impl<T: Feature> Feature for Option<T> {
+    fn apply(&mut self, applied: &Applied<'_>) {
+        if let Some(f) = self {
+            f.apply(applied);
+        }
+    }
+
+    fn reload(&mut self, applied: &Applied<'_>) {
+        if let Some(f) = self {
+            f.reload(applied);
+        }
+    }
+
+    fn tick(&mut self) {
+        if let Some(f) = self {
+            f.tick();
+        }
+    }
+
+    async fn drain(&mut self) {
+        if let Some(f) = self {
+            f.drain().await;
+        }
+    }
+}
+
+impl Feature for Endpoint {
+    /// Where it listens and its token file take a restart (the token
+    /// itself is read again on SIGHUP): nothing to change here.
+    fn apply(&mut self, _: &Applied<'_>) {}
+
+    /// Read the token again (a rotated file is taken at once; a bad one
+    /// is refused and the old token stays), and say plainly when the
+    /// policy's `listen` or `token_file` moved, which takes a restart.
+    fn reload(&mut self, a: &Applied<'_>) {
+        let Endpoint { bound, token_file: file, token } = self;
+        if let Some(f) = &a.policy.feedback
+            && ((f.listen.port() != 0 && f.listen != *bound) || f.token_file != *file)
+        {
+            tracing::warn!(
+                event = "feedback_token",
+                "limiter: SIGHUP: feedback.listen {} and token_file {} take effect at the next restart; the endpoint stays on http://{bound} with {}",
+                f.listen,
+                f.token_file.display(),
+                file.display()
+            );
+        }
+        match crate::feedback::read_token(file) {
+            Ok((t, warnings)) => {
+                for w in warnings {
+                    tracing::warn!(event = "feedback_token", "limiter: {w}");
+                }
+                token.replace(&t);
+                tracing::info!(
+                    event = "feedback_token",
+                    "limiter: SIGHUP: feedback token read again from {}",
+                    file.display()
+                );
+            }
+            Err(e) => {
+                tracing::warn!(event = "feedback_token", "limiter: SIGHUP: {e}; the token in force stays");
+            }
         }
     }
 }

@@ -125,9 +125,8 @@ pub struct Daemon {
     hup: Signal,
     calls: mpsc::Receiver<Call>,
     scrapes: mpsc::Receiver<ScrapeCall>,
-    /// The feedback endpoint in force: where it listens, the token file it
-    /// was read from, and the token (replaced on SIGHUP).
-    feedback: Option<(std::net::SocketAddr, std::path::PathBuf, crate::feedback::Token)>,
+    /// The feedback endpoint in force.
+    feedback: Option<crate::feedback::Endpoint>,
 }
 
 impl Daemon {
@@ -182,7 +181,7 @@ impl Daemon {
         let mut serving = None;
         if let (Some(f), Some(token)) = (&feedback, &token) {
             let bound = crate::feedback::serve(f.listen, token.clone(), calls_tx.clone()).await?;
-            serving = Some((bound, f.token_file.clone(), token.clone()));
+            serving = Some(crate::feedback::Endpoint { bound, token_file: f.token_file.clone(), token: token.clone() });
             tracing::info!(
                 "limiter: feedback on http://{bound}/v1/penalties (governor: at most {} denied, /{} or /{} at widest, TTL at most {} s{})",
                 f.max_denied,

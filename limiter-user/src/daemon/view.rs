@@ -82,6 +82,18 @@ impl Daemon {
             };
             self.forwards.apply(&applied);
             self.fleet.apply(&applied);
+            self.feedback.apply(&applied);
         }
+    }
+
+    /// SIGHUP: every feature reads its own files again.
+    pub(super) fn reload_features(&mut self) {
+        let Some((p, _)) = &self.policy else { return };
+        let (effective, config) = (p.effective(p.base()), p.config().copied().unwrap_or_default());
+        let applied =
+            Applied { version: p.version(), policy: &effective, config: &config, class_names: &self.view.class_names };
+        self.forwards.reload(&applied);
+        self.fleet.reload(&applied);
+        self.feedback.reload(&applied);
     }
 }
