@@ -50,7 +50,7 @@ use crate::{
         upgrade::{Renewal, renewal_loss},
     },
     forward,
-    metrics::{self, ScrapeCall},
+    metrics::ScrapeCall,
     policy::{self, Loaded, Overlay, PolicyError},
 };
 
@@ -177,20 +177,7 @@ impl Daemon {
         let observer = Observer::new(dp.buckets_map_id(), dp.take_drop_events(), dp.take_logger());
         let (calls_tx, calls) = mpsc::channel(16);
         let (scrape_tx, scrapes) = mpsc::channel(4);
-        let feedback = policy.base().feedback.clone();
-        let mut serving = None;
-        if let (Some(f), Some(token)) = (&feedback, &token) {
-            let bound = crate::feedback::serve(f.listen, token.clone(), calls_tx.clone()).await?;
-            serving = Some(crate::feedback::Endpoint { bound, token_file: f.token_file.clone(), token: token.clone() });
-            tracing::info!(
-                "limiter: feedback on http://{bound}/v1/penalties (governor: at most {} denied, /{} or /{} at widest, TTL at most {} s{})",
-                f.max_denied,
-                f.min_v4_prefix,
-                f.min_v6_prefix,
-                f.max_ttl.as_secs(),
-                if f.shadow { ", shadow" } else { "" }
-            );
-        }
+        let serving = start::serve_feedback(policy.base(), token, &calls_tx).await?;
         socket.serve(calls_tx);
         let tables = dp.maps.take_tables().expect("the policy tables are ours at start");
         let forwards = forward::Manager::new(dp.buckets_map_id());
@@ -219,13 +206,7 @@ impl Daemon {
         d.fleet = fleet::FleetSide::start(fleet_cfg.as_ref(), d.dp.maps.windows.take(), classes)?;
         d.announce(&summary, adopted.as_deref(), replaced);
         tracing::info!("limiter: control socket {} (mode 0660)", d.socket.path().display());
-        if let Some(addr) = d.settings.metrics {
-            // Metrics are an aid; a busy port must not leave the interface unprotected.
-            match metrics::serve(addr, scrape_tx).await {
-                Ok(bound) => tracing::info!("limiter: metrics on http://{bound}/metrics"),
-                Err(e) => tracing::warn!("limiter: metrics not served on {addr}: {e}"),
-            }
-        }
+        start::serve_metrics(d.settings.metrics, scrape_tx).await;
         notify_ready();
         Ok(d)
     }

@@ -22,6 +22,38 @@ pub(super) fn feedback_token(policy: &Policy) -> anyhow::Result<Option<crate::fe
     Ok(Some(crate::feedback::Token::new(&token)))
 }
 
+/// The feedback endpoint, if the policy has `[feedback]` (and so a token).
+pub(super) async fn serve_feedback(
+    policy: &Policy,
+    token: Option<crate::feedback::Token>,
+    calls: &tokio::sync::mpsc::Sender<crate::control::server::Call>,
+) -> anyhow::Result<Option<crate::feedback::Endpoint>> {
+    let (Some(f), Some(token)) = (&policy.feedback, token) else { return Ok(None) };
+    let bound = crate::feedback::serve(f.listen, token.clone(), calls.clone()).await?;
+    tracing::info!(
+        "limiter: feedback on http://{bound}/v1/penalties (governor: at most {} denied, /{} or /{} at widest, TTL at most {} s{})",
+        f.max_denied,
+        f.min_v4_prefix,
+        f.min_v6_prefix,
+        f.max_ttl.as_secs(),
+        if f.shadow { ", shadow" } else { "" }
+    );
+    Ok(Some(crate::feedback::Endpoint { bound, token_file: f.token_file.clone(), token }))
+}
+
+/// `/metrics`, if asked: an aid, so a busy port is said and the interface
+/// stays protected.
+pub(super) async fn serve_metrics(
+    addr: Option<std::net::SocketAddr>,
+    scrapes: tokio::sync::mpsc::Sender<crate::metrics::ScrapeCall>,
+) {
+    let Some(addr) = addr else { return };
+    match crate::metrics::serve(addr, scrapes).await {
+        Ok(bound) => tracing::info!("limiter: metrics on http://{bound}/metrics"),
+        Err(e) => tracing::warn!("limiter: metrics not served on {addr}: {e}"),
+    }
+}
+
 /// Attaching failed after this start made the pins in `dir` (nothing
 /// was adopted): without the attachment they protect nothing, so they go,
 /// and a failed start leaves no maps (nor their memory) behind.
