@@ -47,19 +47,27 @@ fn every_default_it_shows_is_the_real_one() {
     assert_eq!(everything, examples);
 }
 
-/// Each section's fields, as the parser lists them when it meets an unknown
-/// one, are all shown in the file.
+/// The sections of a policy file, each as the text that opens one.
+const SECTIONS: [&str; 7] = [
+    "",
+    "[[class]]\nname = \"x\"\n",
+    "[[override]]\n",
+    "[[forward]]\n",
+    "[feedback]\n",
+    "[feedback.escalate]\n",
+    "[fleet]\n",
+];
+
+/// A section's fields, as the parser lists them when it meets an unknown one.
+fn parser_keys(section: &str) -> Vec<String> {
+    let err = file::parse("p.toml", format!("{section}colour = 1\n")).expect_err("an unknown field is refused");
+    let expected = err.problem.split_once("expected one of ").unwrap_or_else(|| panic!("{err}")).1;
+    expected.split(", ").map(|n| n.trim_matches('`').to_owned()).collect()
+}
+
+/// Each section's fields are all shown in the file.
 #[test]
 fn every_option_is_shown() {
-    let sections = [
-        "",
-        "[[class]]\nname = \"x\"\n",
-        "[[override]]\n",
-        "[[forward]]\n",
-        "[feedback]\n",
-        "[feedback.escalate]\n",
-        "[fleet]\n",
-    ];
     let shown = |name: &str| {
         SHIPPED.lines().any(|l| {
             let l = l.trim_start_matches('#');
@@ -70,15 +78,41 @@ fn every_option_is_shown() {
         })
     };
     let mut checked = 0;
-    for section in sections {
-        let err = file::parse("p.toml", format!("{section}colour = 1\n")).expect_err("an unknown field is refused");
-        let expected = err.problem.split_once("expected one of ").unwrap_or_else(|| panic!("{err}")).1;
-        for name in expected.split(", ").map(|n| n.trim_matches('`')) {
-            assert!(shown(name), "`{name}` ({section:?}) is not shown in packaging/limiter.toml");
+    for section in SECTIONS {
+        for name in parser_keys(section) {
+            assert!(shown(&name), "`{name}` ({section:?}) is not shown in packaging/limiter.toml");
             checked += 1;
         }
     }
     assert!(checked > 50, "only {checked} fields listed");
+}
+
+/// The reference's tables ("Every key: default and range") have a row
+/// for every key the parser accepts in each section, and for no other.
+#[test]
+fn the_reference_tables_list_exactly_the_parsers_keys() {
+    let headings = [
+        "Top level",
+        "`[[class]]`",
+        "`[[override]]`",
+        "`[[forward]]`",
+        "`[feedback]`",
+        "`[feedback.escalate]`",
+        "`[fleet]`",
+    ];
+    for (heading, section) in headings.into_iter().zip(SECTIONS) {
+        let table = REFERENCE
+            .split_once(&format!("\n### {heading}\n"))
+            .unwrap_or_else(|| panic!("docs/policy.md has no table for {heading}"))
+            .1;
+        let table = table.split("\n#").next().unwrap_or_default();
+        let mut rows: Vec<&str> =
+            table.lines().filter_map(|l| l.strip_prefix("| `")?.split_once('`').map(|(k, _)| k)).collect();
+        let mut keys = parser_keys(section);
+        rows.sort_unstable();
+        keys.sort_unstable();
+        assert_eq!(rows, keys, "the table of {heading} in docs/policy.md");
+    }
 }
 
 /// The reference (`docs/policy.md`, installed as `policy.md.gz` and
