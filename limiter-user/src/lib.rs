@@ -1,6 +1,7 @@
 //! Userspace of the XDP flood guard, one room per responsibility; a room
 //! only uses rooms listed above it (see docs/design.md):
 //!
+//! - `counts`: counters kept by the variants of an enum;
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `control`: the control-socket protocol, server and client;
@@ -38,6 +39,7 @@ pub fn escape_control(text: &str) -> String {
     out
 }
 
+pub mod counts;
 pub mod listen;
 pub mod policy;
 

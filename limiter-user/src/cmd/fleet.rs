@@ -45,8 +45,7 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     #[expect(clippy::cast_precision_loss, reason = "display")]
     let mean = if f.syncs == 0 { 0.0 } else { f.latency_sum_secs * 1e3 / f.syncs as f64 };
     println!("latency     last {:.2} ms, mean {mean:.2} ms, max {:.2} ms", f.last_latency_ms, f.max_latency_ms);
-    let errors: Vec<String> =
-        crate::fleet::SyncError::ALL.iter().zip(f.errors).map(|(k, n)| format!("{} {n}", k.label())).collect();
+    let errors: Vec<String> = f.errors.iter().map(|(k, n)| format!("{} {n}", k.label())).collect();
     println!("syncs       {} ok; errors: {}", f.syncs, errors.join(", "));
     println!("outages     {} ({:.1} s in all before this one)", f.outages, f.outage_secs_total);
     println!(

@@ -367,7 +367,7 @@ impl Sync {
             self.store = None;
         }
         self.publish(|s| {
-            s.errors[kind as usize] += 1;
+            s.errors.bump(kind);
             if s.store_up || s.down_since_unix_ms.is_none() {
                 s.store_up = false;
                 s.outages += 1;

@@ -16,6 +16,13 @@ pub enum SyncError {
     Auth,
 }
 
+impl crate::counts::Kinds<4> for SyncError {
+    const ALL: [Self; 4] = SyncError::ALL;
+}
+
+/// Failed syncs, by what failed.
+pub type SyncErrors = crate::counts::Counts<SyncError, 4>;
+
 impl SyncError {
     pub const ALL: [SyncError; 4] = [SyncError::Timeout, SyncError::Connection, SyncError::Server, SyncError::Auth];
 
@@ -70,8 +77,8 @@ pub struct FleetStatus {
     pub nodes_seen: Vec<String>,
     pub last_sync_unix_ms: Option<u64>,
     pub syncs: u64,
-    /// Failed syncs by [`SyncError`] in its `ALL` order.
-    pub errors: [u64; 4],
+    /// Failed syncs by [`SyncError`].
+    pub errors: SyncErrors,
     /// This node's clock's offset from the store's, in ms.
     #[serde(default)]
     pub clock_offset_ms: i64,

@@ -7,7 +7,6 @@ use prometheus_client::{
 };
 
 use super::{FeedbackCounts, SnapshotCollector};
-use crate::policy::feedback::Refusal;
 
 impl SnapshotCollector {
     /// The fleet sync's series (only when it runs).
@@ -47,7 +46,7 @@ impl SnapshotCollector {
             None,
             MetricType::Counter,
         )?;
-        for (k, n) in crate::fleet::SyncError::ALL.iter().zip(f.errors) {
+        for (k, n) in f.errors.iter() {
             ConstCounter::new(n).encode(m.encode_family(&[("kind", k.label())])?)?;
         }
         let now_ms = u64::try_from(
@@ -160,7 +159,7 @@ impl SnapshotCollector {
         )?;
         ConstCounter::new(f.applied).encode(m.encode_family(&[("result", "applied")])?)?;
         ConstCounter::new(f.shadowed).encode(m.encode_family(&[("result", "shadow")])?)?;
-        for (r, n) in Refusal::ALL.iter().zip(f.refused) {
+        for (r, n) in f.refused.iter() {
             let result = format!("refused_{}", r.label());
             ConstCounter::new(n).encode(m.encode_family(&[("result", result.as_str())])?)?;
         }

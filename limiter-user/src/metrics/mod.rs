@@ -15,7 +15,7 @@ use prometheus_client::{
 };
 
 pub use self::http::{HEADER_TIMEOUT, MAX_CONNS, ScrapeCall, serve};
-use crate::{dataplane::Totals, policy::feedback::Refusal};
+use crate::dataplane::Totals;
 
 /// Default listen address of `/metrics`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
@@ -58,7 +58,7 @@ pub struct FeedbackCounts {
     pub applied: u64,
     pub shadowed: u64,
     /// Refusals, by [`Refusal`] in its `ALL` order.
-    pub refused: [u64; Refusal::ALL.len()],
+    pub refused: crate::policy::feedback::Refusals,
     /// Escalations the daemon decided (then governed like any penalty).
     pub escalations: u64,
     /// Prefix-seconds above the escalation rate whose drops came from

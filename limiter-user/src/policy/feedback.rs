@@ -136,6 +136,13 @@ pub enum Refusal {
     Allowed,
 }
 
+impl crate::counts::Kinds<5> for Refusal {
+    const ALL: [Self; 5] = Refusal::ALL;
+}
+
+/// Refusals of the governor, by why.
+pub type Refusals = crate::counts::Counts<Refusal, 5>;
+
 impl Refusal {
     pub const ALL: [Refusal; 5] =
         [Refusal::BadRequest, Refusal::TooWide, Refusal::TtlTooLong, Refusal::Cap, Refusal::Allowed];

@@ -28,7 +28,7 @@ pub struct Governed {
     pub escalations: u64,
     pub shadowed: u64,
     /// Refusals, by [`Refusal`] in its `ALL` order.
-    pub refused: [u64; Refusal::ALL.len()],
+    pub refused: crate::policy::feedback::Refusals,
 }
 
 impl Governed {
@@ -100,7 +100,7 @@ impl Enforcer {
             return Err(ApplyError::Request("feedback is not configured ([feedback] in the policy)".into()));
         };
         let refuse = |this: &mut Self, r: Refusal, why: String| {
-            this.governor.refused[r as usize] += 1;
+            this.governor.refused.bump(r);
             tracing::warn!(event = "feedback", decision = "refused", origin, cidr, reason = %reason, "limiter: governor refused a penalty: {why}");
             Err(ApplyError::Governor { refusal: r.label(), message: why })
         };

@@ -97,7 +97,7 @@ fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
         }
         assert_eq!(enforced(&e, cidr), Some(OverrideAction::Allow));
     }
-    assert_eq!(e.governed().refused[Refusal::Allowed as usize], 4);
+    assert_eq!(e.governed().refused.get(Refusal::Allowed), 4);
     // Wider than the allow: taken, and the allow keeps its own addresses
     // (the longest prefix wins in XDP).
     penalize(&mut e, &mut maps, "198.18.0.0/16", 60, SetBy::Feedback).unwrap();

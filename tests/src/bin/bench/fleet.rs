@@ -240,7 +240,7 @@ fn cost() {
         after.iter().zip(&before).map(|(a, b)| f(a) - f(b)).sum()
     };
     let syncs = d(|f| f.syncs);
-    let errors = d(|f| f.errors.iter().sum());
+    let errors = d(|f| f.errors.total());
     let bytes = d(|f| f.request_bytes_total);
     let pushed = d(|f| f.prefixes_pushed_total);
     let mut lat: Vec<f64> = after.iter().flat_map(|f| f.recent_latency_ms.iter().copied()).collect();
