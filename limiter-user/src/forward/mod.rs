@@ -227,12 +227,13 @@ fn report(r: &Running) -> Report {
     }
 }
 
-/// This limiter's verdict on a connection from `peer` to `port`: the class
-/// its SYN was charged to, the prefix, and what is left of its allowance.
-fn verdict(f: &Shared, peer: SocketAddr, port: u16) -> Verdict {
-    let ctx = f.ctx.borrow().clone();
+/// This limiter's verdict on a connection let in as `a` to `port`: the
+/// class its SYN was charged to, the prefix, and what is left of its
+/// allowance, under the policy it was let in under.
+fn verdict(f: &Shared, a: &serve::Admitted, port: u16) -> Verdict {
+    let ctx = &a.ctx;
     let cfg = &ctx.config;
-    let (family, prefix) = serve::prefix_of(peer, &ctx);
+    let (family, prefix) = a.prefix;
     let mut src = packet::Source {
         family,
         proto: packet::IPPROTO_TCP,

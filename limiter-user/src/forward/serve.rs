@@ -72,14 +72,14 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
         backoff = BACKOFF.0;
         f.stats.accepted.fetch_add(1, Ordering::Relaxed);
         match admit(&f, peer) {
-            Ok((slot, prefix)) => {
+            Ok(a) => {
                 let f = Arc::clone(&f);
                 tokio::spawn(async move {
                     f.stats.active.fetch_add(1, Ordering::Relaxed);
-                    serve(stream, peer, &f).await;
+                    serve(stream, peer, &a, &f).await;
                     f.stats.active.fetch_sub(1, Ordering::Relaxed);
-                    release(&f.prefixes, prefix);
-                    drop(slot);
+                    release(&f.prefixes, a.counted.then_some(a.prefix));
+                    drop(a.slot);
                 });
             }
             Err(why) => {
@@ -91,25 +91,36 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
     }
 }
 
+/// A connection let in: its global slot, the policy it was let in under
+/// and its source prefix by that policy (computed once, for the
+/// per-prefix cap and the PROXY v2 verdict alike), and whether it is
+/// counted against that prefix's cap.
+pub struct Admitted {
+    slot: OwnedSemaphorePermit,
+    pub ctx: Arc<Context>,
+    pub prefix: PrefixKey,
+    counted: bool,
+}
+
 /// The caps, at accept: a global slot and one of the prefix's.
-fn admit(f: &Shared, peer: SocketAddr) -> Result<(OwnedSemaphorePermit, Option<PrefixKey>), Shed> {
+fn admit(f: &Shared, peer: SocketAddr) -> Result<Admitted, Shed> {
     let slot = Arc::clone(&f.slots).try_acquire_owned().map_err(|_| Shed::MaxConnections)?;
     if !f.upstreams.list.iter().any(super::upstream::Upstream::up) {
         return Err(Shed::NoUpstream);
     }
+    let ctx = f.ctx.borrow().clone();
+    let prefix = prefix_of(peer, &ctx);
     let cap = f.cfg.max_connections_per_prefix;
     if cap == 0 {
-        return Ok((slot, None));
+        return Ok(Admitted { slot, ctx, prefix, counted: false });
     }
-    let ctx = f.ctx.borrow().clone();
-    let key = prefix_of(peer, &ctx);
     let mut counts = f.prefixes.lock().expect("not poisoned");
-    let n = counts.entry(key).or_insert(0);
+    let n = counts.entry(prefix).or_insert(0);
     if *n >= cap {
         return Err(Shed::MaxPerPrefix);
     }
     *n += 1;
-    Ok((slot, Some(key)))
+    Ok(Admitted { slot, ctx, prefix, counted: true })
 }
 
 fn release(counts: &PrefixCounts, key: Option<PrefixKey>) {
@@ -152,7 +163,7 @@ fn local_failure(e: &std::io::Error) -> bool {
 }
 
 /// One accepted connection to its end.
-async fn serve(client: TcpStream, peer: SocketAddr, f: &Shared) {
+async fn serve(client: TcpStream, peer: SocketAddr, admitted: &Admitted, f: &Shared) {
     let Ok(local) = client.local_addr() else { return };
     let mut tried = Vec::new();
     let (upstream, index) = loop {
@@ -200,7 +211,7 @@ async fn serve(client: TcpStream, peer: SocketAddr, f: &Shared) {
         ProxyProtocol::V1 => proxy::v1(peer, local),
         ProxyProtocol::V2 => {
             let id = f.next_id.fetch_add(1, Ordering::Relaxed);
-            proxy::v2(peer, local, id, &super::verdict(f, peer, local.port()))
+            proxy::v2(peer, local, id, &super::verdict(f, admitted, local.port()))
         }
     };
     let _ = splice(client, upstream, &header, f).await;
