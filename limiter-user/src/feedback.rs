@@ -178,11 +178,7 @@ async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::
     match *req.method() {
         Method::GET => match ask(calls, Call::PrefixList).await {
             Some(Answer::Prefixes(l)) => {
-                let mine: Vec<_> = l
-                    .entries
-                    .into_iter()
-                    .filter(|e| ["feedback", "escalation"].iter().any(|o| e.origin.starts_with(o)))
-                    .collect();
+                let mine: Vec<_> = l.entries.into_iter().filter(|e| e.origin.is_automation()).collect();
                 reply(StatusCode::OK, &serde_json::json!({ "version": l.version, "penalties": mine }))
             }
             _ => fail(StatusCode::SERVICE_UNAVAILABLE, "the daemon did not answer"),

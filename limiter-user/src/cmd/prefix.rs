@@ -39,7 +39,7 @@ fn show(client: Client, cidr: ipnet::IpNet, json: bool) -> anyhow::Result<()> {
         println!(
             "{:<16} {:<6} {:>10} {:>10} {:>10} {:>10} {:>12}",
             w.class,
-            w.scope,
+            crate::policy::spelling(&w.scope),
             w.limit,
             w.local,
             w.fleet,

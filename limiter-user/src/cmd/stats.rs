@@ -18,7 +18,12 @@ pub fn stats(client: Client, json: bool) -> anyhow::Result<()> {
     if !s.syn_cookies.is_empty() {
         println!("\n{:<22} {:<8} {:>8}", "syn cookies", "mode", "engaged");
         for c in &s.syn_cookies {
-            println!("{:<22} {:<8} {:>8}", c.class, c.mode, if c.engaged { "yes" } else { "no" });
+            println!(
+                "{:<22} {:<8} {:>8}",
+                c.class,
+                crate::policy::spelling(&c.mode),
+                if c.engaged { "yes" } else { "no" }
+            );
         }
     }
     Ok(())

@@ -11,6 +11,72 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::ListAction;
 
+/// A unit enum of the protocol whose wire form (and display, and what it
+/// compares equal to) is its label.
+macro_rules! labels {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $v:ident = $l:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+        pub enum $name {
+            $($(#[$vdoc])* #[serde(rename = $l)] $v),+
+        }
+
+        impl $name {
+            #[must_use]
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$v => $l),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+    };
+}
+
+labels! {
+    /// What an override does, as `prefix list` shows it.
+    EntryAction {
+        Limit = "limit",
+        Allow = "allow",
+        Deny = "deny",
+        /// The operator removed the file's override.
+        Unset = "unset",
+    }
+}
+
+labels! {
+    /// Who decided an override: the operator at run time, the policy file,
+    /// or automation (the tenant layer's feedback, the daemon's
+    /// escalation; in feedback's shadow mode, listed and not enforced).
+    Origin {
+        Runtime = "runtime",
+        File = "file",
+        Feedback = "feedback",
+        Escalation = "escalation",
+        FeedbackShadow = "feedback (shadow)",
+        EscalationShadow = "escalation (shadow)",
+    }
+}
+
+impl Origin {
+    /// Decided by automation (the penalties the tenant layer may list).
+    #[must_use]
+    pub fn is_automation(self) -> bool {
+        !matches!(self, Origin::Runtime | Origin::File)
+    }
+}
+
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/limiter/limiter.sock";
 
@@ -113,8 +179,7 @@ pub struct PrefixShow {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WindowRow {
     pub class: String,
-    /// `local` or `fleet`.
-    pub scope: String,
+    pub scope: crate::policy::Scope,
     pub limit: u64,
     pub window_secs: f64,
     pub slices: u32,
@@ -258,7 +323,7 @@ pub struct StatsInfo {
 pub struct SynCookieRow {
     pub class: String,
     /// `auto` or `always`.
-    pub mode: String,
+    pub mode: crate::policy::SynCookies,
     pub engaged: bool,
 }
 
@@ -281,12 +346,10 @@ pub struct ClassRow {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrefixEntry {
     pub cidr: String,
-    /// `limit`, `allow` or `deny`.
-    pub action: String,
+    pub action: EntryAction,
     pub rate: Option<u64>,
     pub burst: Option<u64>,
-    /// `file` or `runtime`.
-    pub origin: String,
+    pub origin: Origin,
     /// Seconds until a runtime override expires (`None`: never).
     #[serde(default)]
     pub expires_in_secs: Option<u64>,
@@ -304,10 +367,8 @@ pub struct PrefixEntry {
 /// policy file's (`file`), or automation's (`feedback`, `escalation`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerEntry {
-    pub layer: String,
-    /// `limit`, `allow`, `deny`, or `unset` (the operator removed the
-    /// file's override).
-    pub action: String,
+    pub layer: Origin,
+    pub action: EntryAction,
     pub rate: Option<u64>,
     pub burst: Option<u64>,
     /// Seconds until it expires (`None`: never).

@@ -81,16 +81,19 @@ impl Daemon {
     }
 
     /// Each class with SYN cookies and whether they are engaged now.
-    fn syn_cookie_states(&self) -> Result<Vec<(String, &'static str, bool)>, LoadError> {
+    fn syn_cookie_states(&self) -> Result<Vec<SynCookieRow>, LoadError> {
         use limiter_common::cookie::mode;
         let now = super::os::monotonic_coarse_ns();
         let mut out = Vec::with_capacity(self.view.syn_cookies.len());
         for (class, name, m) in &self.view.syn_cookies {
             let (label, on) = match *m {
-                mode::ALWAYS => ("always", self.view.syn_cookies_on),
-                _ => ("auto", self.view.syn_cookies_on && self.dp.maps.counters.syn_cookies_engaged(*class, now)?),
+                mode::ALWAYS => (crate::policy::SynCookies::Always, self.view.syn_cookies_on),
+                _ => (
+                    crate::policy::SynCookies::Auto,
+                    self.view.syn_cookies_on && self.dp.maps.counters.syn_cookies_engaged(*class, now)?,
+                ),
             };
-            out.push((name.clone(), label, on));
+            out.push(SynCookieRow { class: name.clone(), mode: label, engaged: on });
         }
         Ok(out)
     }
@@ -173,11 +176,7 @@ impl Daemon {
                 shadow_dropped: c.get(Action::ShadowDrop).packets,
             })
             .collect();
-        let syn_cookies = self
-            .syn_cookie_states()?
-            .into_iter()
-            .map(|(class, mode, engaged)| SynCookieRow { class, mode: mode.into(), engaged })
-            .collect();
+        let syn_cookies = self.syn_cookie_states()?;
         Ok(Response::Stats(StatsInfo { reasons, classes, syn_cookies }))
     }
 

@@ -217,7 +217,7 @@ impl Daemon {
             let window_secs = (c.slice_ns * u64::from(c.slices)) as f64 / 1e9;
             out.windows.push(WindowRow {
                 class: c.name.clone(),
-                scope: if c.fleet { "fleet" } else { "local" }.into(),
+                scope: if c.fleet { Scope::Fleet } else { Scope::Local },
                 limit: c.limit,
                 window_secs,
                 slices: c.slices,

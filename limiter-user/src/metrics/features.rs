@@ -189,7 +189,7 @@ impl SnapshotCollector {
 
     pub(super) fn syn_cookies(
         enc: &mut DescriptorEncoder,
-        classes: &[(String, &'static str, bool)],
+        classes: &[crate::control::SynCookieRow],
         refused: bool,
     ) -> std::fmt::Result {
         if classes.is_empty() {
@@ -207,8 +207,10 @@ impl SnapshotCollector {
             None,
             MetricType::Gauge,
         )?;
-        for (class, mode, on) in classes {
-            ConstGauge::new(i64::from(*on)).encode(m.encode_family(&[("class", class.as_str()), ("mode", mode)])?)?;
+        for c in classes {
+            let mode = crate::policy::spelling(&c.mode);
+            ConstGauge::new(i64::from(c.engaged))
+                .encode(m.encode_family(&[("class", c.class.as_str()), ("mode", mode.as_str())])?)?;
         }
         Ok(())
     }

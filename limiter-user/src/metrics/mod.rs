@@ -42,7 +42,7 @@ pub struct Snapshot {
     pub fleet: Option<crate::fleet::FleetStatus>,
     /// Classes with SYN cookies: name, mode (`auto`, `always`) and whether
     /// the data plane answers SYNs with cookies now.
-    pub syn_cookies: Vec<(String, &'static str, bool)>,
+    pub syn_cookies: Vec<crate::control::SynCookieRow>,
     /// The kernel answers the cookie ACKs XDP verified with RST (see the
     /// daemon's `cookie_watch`).
     pub syn_cookies_refused: bool,
@@ -190,11 +190,15 @@ pub fn render(snapshot: Snapshot) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{control::SynCookieRow, policy::SynCookies};
 
     #[test]
     fn syn_cookie_classes_have_an_engaged_gauge_each() {
         let s = Snapshot {
-            syn_cookies: vec![("app-syn".into(), "auto", true), ("api".into(), "always", false)],
+            syn_cookies: vec![
+                SynCookieRow { class: "app-syn".into(), mode: SynCookies::Auto, engaged: true },
+                SynCookieRow { class: "api".into(), mode: SynCookies::Always, engaged: false },
+            ],
             ..Snapshot::default()
         };
         let text = render(s);

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 
 use super::{ApplyError, Enforcer, Layer, RuntimeEntry, unix_now};
 use crate::{
-    control::PrefixEntry,
+    control::{EntryAction, Origin, PrefixEntry},
     dataplane::PolicyMaps,
     policy::{OverrideAction, feedback::Refusal, runtime::SetBy},
 };
@@ -48,10 +48,10 @@ impl Governed {
             .iter()
             .map(|(net, (t, why, by))| PrefixEntry {
                 cidr: net.to_string(),
-                action: "deny".into(),
+                action: EntryAction::Deny,
                 rate: None,
                 burst: None,
-                origin: format!("{} (shadow)", by.label()),
+                origin: if *by == SetBy::Escalation { Origin::EscalationShadow } else { Origin::FeedbackShadow },
                 expires_in_secs: Some(t.saturating_sub(now)),
                 reason: Some(why.clone()),
                 layers: Vec::new(),

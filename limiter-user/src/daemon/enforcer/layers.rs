@@ -8,7 +8,7 @@ use ipnet::IpNet;
 
 use super::{ApplyError, Enforcer, unix_now};
 use crate::{
-    control::{LayerEntry, PrefixEntry},
+    control::{EntryAction, LayerEntry, Origin, PrefixEntry},
     dataplane::PolicyMaps,
     policy::{Loaded, Override, OverrideAction, Policy, runtime::SetBy},
 };
@@ -160,11 +160,12 @@ pub enum Layer {
 impl Layer {
     /// How `prefix list` names it.
     #[must_use]
-    pub fn label(self) -> &'static str {
+    pub fn origin(self) -> Origin {
         match self {
-            Layer::Operator => SetBy::Operator.label(),
-            Layer::File => "file",
-            Layer::Automation(by) => by.label(),
+            Layer::Operator | Layer::Automation(SetBy::Operator) => Origin::Runtime,
+            Layer::File => Origin::File,
+            Layer::Automation(SetBy::Feedback) => Origin::Feedback,
+            Layer::Automation(SetBy::Escalation) => Origin::Escalation,
         }
     }
 }
@@ -172,11 +173,11 @@ impl Layer {
 impl LayerEntry {
     fn new(layer: Layer, action: Option<OverrideAction>, expires_in_secs: Option<u64>, in_force: bool) -> Self {
         let (action, rate, burst) = match action {
-            Some(OverrideAction::Limit(l)) => ("limit", Some(l.rate), Some(l.burst)),
-            Some(OverrideAction::Allow) => ("allow", None, None),
-            Some(OverrideAction::Deny) => ("deny", None, None),
-            None => ("unset", None, None),
+            Some(OverrideAction::Limit(l)) => (EntryAction::Limit, Some(l.rate), Some(l.burst)),
+            Some(OverrideAction::Allow) => (EntryAction::Allow, None, None),
+            Some(OverrideAction::Deny) => (EntryAction::Deny, None, None),
+            None => (EntryAction::Unset, None, None),
         };
-        LayerEntry { layer: layer.label().into(), action: action.into(), rate, burst, expires_in_secs, in_force }
+        LayerEntry { layer: layer.origin(), action, rate, burst, expires_in_secs, in_force }
     }
 }

@@ -103,7 +103,7 @@ fn runtime_overrides_replace_file_ones_in_place_and_unset_removes_them() {
     assert_eq!(v4_codes(&maps), [(1, resolution::ALLOW), (2, resolution::ALLOW), (0, resolution::DENY)]);
     e.change_prefix(&mut maps, "198.18.2.0/24".parse().unwrap(), None, None).unwrap();
     assert_eq!(v4_codes(&maps), [(1, resolution::ALLOW), (0, resolution::DENY)]);
-    let origins: Vec<_> = e.prefixes().into_iter().map(|p| (p.cidr, p.origin)).collect();
+    let origins: Vec<_> = e.prefixes().into_iter().map(|p| (p.cidr, p.origin.to_string())).collect();
     assert_eq!(origins, [("198.18.1.0/24".into(), "runtime".into()), ("198.18.0.0/16".into(), "runtime".into())]);
     let err = e.change_prefix(&mut maps, "198.18.9.0/24".parse().unwrap(), None, None).unwrap_err();
     assert_eq!(err.to_string(), "198.18.9.0/24 has no override");
