@@ -57,7 +57,7 @@ pub struct Snapshot {
 pub struct FeedbackCounts {
     pub applied: u64,
     pub shadowed: u64,
-    /// Refusals, by [`Refusal`] in its `ALL` order.
+    /// Refusals of the governor, by why.
     pub refused: crate::policy::feedback::Refusals,
     /// Escalations the daemon decided (then governed like any penalty).
     pub escalations: u64,

@@ -27,7 +27,7 @@ pub struct Governed {
     /// like any penalty).
     pub escalations: u64,
     pub shadowed: u64,
-    /// Refusals, by [`Refusal`] in its `ALL` order.
+    /// Refusals of the governor, by why.
     pub refused: crate::policy::feedback::Refusals,
 }
 
