@@ -7,7 +7,9 @@
 //! - `control`: the control-socket protocol, server and client;
 //! - `fleet`: window quotas kept across hosts through Redis;
 //! - `forward`: the forwarder to the tenant layer (PROXY protocol);
-//! - `feedback`: the tenant layer's penalties over HTTP;
+//! - `sockets`: the kernel's TCP socket tables (`/proc/net/tcp{,6}`);
+//! - `feedback`: the tenant layer's penalties over HTTP, escalation, and
+//!   proof of source;
 //! - `metrics`, `top`, `replay`: Prometheus, top offenders, offline replay;
 //! - `daemon`: the running daemon;
 //! - `cli` and `cmd`: the command line and its verbs.
@@ -48,6 +50,8 @@ pub mod dataplane;
 pub mod control;
 
 pub mod fleet;
+
+pub mod sockets;
 
 pub mod feedback;
 pub mod forward;

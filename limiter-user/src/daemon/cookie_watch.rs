@@ -124,7 +124,7 @@ impl CookieWatch {
 #[must_use]
 pub fn listeners() -> Vec<(IpAddr, u16)> {
     let mut out = Vec::new();
-    super::proof::tcp_sockets(|line| out.extend(listener_of(line)));
+    crate::sockets::tcp_sockets(|line| out.extend(listener_of(line)));
     out.sort();
     out.dedup();
     out
@@ -141,7 +141,7 @@ pub fn listener_of(line: &str) -> Option<(IpAddr, u16)> {
     }
     let (hex, port) = local.split_once(':')?;
     let port = u16::from_str_radix(port, 16).ok()?;
-    let addr = match super::proof::hex_addr(hex)? {
+    let addr = match crate::sockets::hex_addr(hex)? {
         IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
         a => a,

@@ -14,7 +14,7 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use limiter_common::{Action, DropEvent, Reason};
 
-use super::escalate::Escalator;
+use crate::feedback::escalate::Escalator;
 use crate::{dataplane::Totals, top::Tracker};
 
 pub(super) fn unix_now() -> u64 {

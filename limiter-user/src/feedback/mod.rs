@@ -13,6 +13,14 @@
 //! feedback decided, with reasons and time left. Every penalty becomes an
 //! ordinary runtime override with a TTL, applied by the daemon's one
 //! change machinery; the listener has the bounds of every listener.
+//!
+//! Also here: the daemon's own escalation of a prefix its bucket keeps
+//! dropping (`escalate`), and the proof of source it asks first (`proof`).
+//! The policy's `[feedback]` section is `policy::feedback`; the governor,
+//! which decides each penalty as a layer of overrides, is the enforcer's.
+
+pub mod escalate;
+pub mod proof;
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 

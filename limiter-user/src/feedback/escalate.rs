@@ -27,7 +27,7 @@ const MAX_ADDRS: usize = 256;
 const MAX_PER_SECOND: usize = 16;
 
 #[derive(Debug, Default)]
-pub(super) struct Escalator {
+pub struct Escalator {
     /// Rate-limited drop samples since the last tick, per prefix and
     /// source address (`None`: past `MAX_ADDRS`, or no address known).
     samples: HashMap<BucketKey, HashMap<Option<IpAddr>, u64>>,
@@ -50,6 +50,7 @@ pub(super) struct Escalator {
 
 impl Escalator {
     /// With proofs of the kernel's sockets read in the background.
+    #[must_use]
     pub fn with_sockets() -> Self {
         Self { proven: Proven::with_sockets(), ..Self::default() }
     }

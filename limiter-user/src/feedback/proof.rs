@@ -10,15 +10,13 @@
 //! denied; the bucket proves that someone real lives there, not that the
 //! flood comes from them.
 //!
-//! The sockets are read on a thread of their own, at most twice a second
-//! and only while rate-limited drops are being seen, each file cut at
-//! [`MAX_SOCKETS`] lines, so neither a busy host nor a flood stalls the
-//! event loop.
+//! The sockets are read ([`crate::sockets`]) on a thread of their own, at
+//! most twice a second and only while rate-limited drops are being seen,
+//! so neither a busy host nor a flood stalls the event loop.
 
 use std::{
     collections::{HashMap, HashSet},
-    io::{BufRead as _, BufReader},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::IpAddr,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -31,8 +29,6 @@ pub const PROOF_TTL_SECS: u64 = 600;
 /// Most addresses kept proven at once (a handshake each: bounded by what
 /// the host accepted, but bounded here too).
 pub const MAX_PROVEN: usize = 65_536;
-/// Lines read of each of `/proc/net/tcp` and `/proc/net/tcp6` a refresh.
-pub const MAX_SOCKETS: usize = 262_144;
 
 /// The addresses that proved themselves, with the Unix time each was last
 /// seen doing so.
@@ -88,6 +84,12 @@ impl Proven {
     pub fn len(&self) -> usize {
         self.seen.len()
     }
+
+    /// Whether no address is proven now.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
 }
 
 /// Reads the connected peers of the kernel's TCP sockets when asked.
@@ -108,7 +110,7 @@ impl SocketReader {
                 if !w.swap(false, Ordering::Relaxed) {
                     continue;
                 }
-                let peers = connected_peers();
+                let peers = crate::sockets::connected_peers();
                 if let Ok(mut slot) = l.lock() {
                     slot.get_or_insert_with(HashSet::new).extend(peers);
                 }
@@ -120,88 +122,11 @@ impl SocketReader {
     }
 }
 
-/// The remote addresses of the namespace's TCP sockets past the
-/// handshake (established or closing; not listening, not half-open).
-#[must_use]
-pub fn connected_peers() -> HashSet<IpAddr> {
-    let mut out = HashSet::new();
-    tcp_sockets(|line| out.extend(peer_of(line)));
-    out
-}
-
-/// Each socket line of `/proc/net/tcp` and `/proc/net/tcp6` (this
-/// network namespace's), at most [`MAX_SOCKETS`] of each.
-pub fn tcp_sockets(mut each: impl FnMut(&str)) {
-    for path in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(f) = std::fs::File::open(path) else { continue };
-        for line in BufReader::new(f).lines().skip(1).take(MAX_SOCKETS) {
-            let Ok(line) = line else { break };
-            each(&line);
-        }
-    }
-}
-
-/// The remote address of one line of `/proc/net/tcp{,6}`, if its socket
-/// completed a handshake. The kernel prints each 32-bit word of an address
-/// in hex, in host byte order.
-#[must_use]
-pub fn peer_of(line: &str) -> Option<IpAddr> {
-    let mut fields = line.split_whitespace();
-    let remote = fields.nth(2)?;
-    let state = u8::from_str_radix(fields.next()?, 16).ok()?;
-    // ESTABLISHED, FIN_WAIT1, FIN_WAIT2, TIME_WAIT, CLOSE_WAIT, LAST_ACK,
-    // CLOSING: all past the handshake. SYN_SENT (2), SYN_RECV (3), CLOSE
-    // (7) and LISTEN (10) prove nothing.
-    if !matches!(state, 1 | 4 | 5 | 6 | 8 | 9 | 11) {
-        return None;
-    }
-    let (hex, _) = remote.split_once(':')?;
-    match hex_addr(hex)? {
-        // A v4 client of a dual-stack socket proves its v4 address.
-        IpAddr::V6(v6) => Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)),
-        v4 @ IpAddr::V4(_) => Some(v4),
-    }
-}
-
-/// An address as `/proc/net/tcp{,6}` prints it: each 32-bit word in hex,
-/// in host byte order (8 digits for IPv4, 32 for IPv6).
-#[must_use]
-pub fn hex_addr(hex: &str) -> Option<IpAddr> {
-    let word = |i: usize| u32::from_str_radix(hex.get(8 * i..8 * i + 8)?, 16).ok().map(u32::to_ne_bytes);
-    match hex.len() {
-        8 => Some(IpAddr::V4(Ipv4Addr::from(word(0)?))),
-        32 => {
-            let mut b = [0u8; 16];
-            for i in 0..4 {
-                b[4 * i..4 * i + 4].copy_from_slice(&word(i)?);
-            }
-            Some(IpAddr::V6(Ipv6Addr::from(b)))
-        }
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::net::Ipv4Addr;
 
-    #[test]
-    fn proc_net_tcp_lines_give_the_peers_of_completed_handshakes() {
-        // Lines as this kernel prints them (x86, little-endian words).
-        let est4 = "   1: 020012C6:2328 0A0012C6:D431 01 00000000:00000000 00:00000000 00000000     0        0 1 1 0 20 4 30 10 -1";
-        let listen = "   0: 00000000:2328 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0";
-        let synrecv = "   2: 020012C6:2328 0B0012C6:D431 03 00000000:00000000 00:00000000 00000000     0        0 1 1 0 20 4 30 10 -1";
-        let tw6 = "   0: 00000000000000000000000000000000:2328 02000120000000000000000007000000:D431 06 00000000:00000000 03:00000000 00000000     0        0 0 1 0";
-        let mapped = "   0: 0000000000000000FFFF0000020012C6:2328 0000000000000000FFFF00000C0012C6:D431 01 00000000:00000000 00:00000000 00000000     0        0 1 1 0";
-        if cfg!(target_endian = "little") {
-            assert_eq!(peer_of(est4), Some("198.18.0.10".parse().unwrap()));
-            assert_eq!(peer_of(tw6), Some("2001:2::7".parse().unwrap()));
-            assert_eq!(peer_of(mapped), Some("198.18.0.12".parse().unwrap()));
-        }
-        assert_eq!(peer_of(listen), None);
-        assert_eq!(peer_of(synrecv), None, "a half-open connection proves nothing");
-        assert_eq!(peer_of("garbage"), None);
-    }
+    use super::*;
 
     #[test]
     fn proofs_expire_and_stay_bounded() {
