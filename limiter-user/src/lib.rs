@@ -4,8 +4,8 @@
 //! - `counts`: counters kept by the variants of an enum;
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
-//! - `control`: the control-socket protocol, server and client;
 //! - `fleet`: window quotas kept across hosts through Redis;
+//! - `control`: the control-socket protocol, server and client;
 //! - `forward`: the forwarder to the tenant layer (PROXY protocol);
 //! - `sockets`: the kernel's TCP socket tables (`/proc/net/tcp{,6}`);
 //! - `feedback`: the tenant layer's penalties over HTTP, escalation, and
@@ -47,9 +47,9 @@ pub mod policy;
 
 pub mod dataplane;
 
-pub mod control;
-
 pub mod fleet;
+
+pub mod control;
 
 pub mod sockets;
 
