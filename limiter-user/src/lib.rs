@@ -2,6 +2,7 @@
 //! only uses rooms listed above it (see docs/design.md):
 //!
 //! - `counts`: counters kept by the variants of an enum;
+//! - `listen`: what every listener shares (fair slots per peer, bounds);
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `fleet`: window quotas kept across hosts through Redis;
@@ -66,6 +67,51 @@ pub mod cmd;
 
 #[cfg(test)]
 mod tests {
+    /// The rooms in the order this file lists them.
+    fn rooms() -> Vec<String> {
+        include_str!("lib.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! - "))
+            .flat_map(|l| l.split(':').next().unwrap_or_default().split('`').skip(1).step_by(2))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn sources(path: &std::path::Path, out: &mut Vec<(String, String)>) {
+        if path.is_dir() {
+            for e in std::fs::read_dir(path).unwrap() {
+                sources(&e.unwrap().path(), out);
+            }
+        } else if path.is_file() && path.extension().is_some_and(|x| x == "rs") {
+            out.push((path.display().to_string(), std::fs::read_to_string(path).unwrap()));
+        }
+    }
+
+    /// No room imports a room listed below it: the layering this file's
+    /// list states holds, so no import circle can form between rooms.
+    #[test]
+    fn no_room_imports_one_listed_below_it() {
+        let rooms = rooms();
+        assert!(rooms.len() >= 15, "{rooms:?}");
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        for (i, room) in rooms.iter().enumerate() {
+            let mut files = Vec::new();
+            sources(&src.join(room), &mut files);
+            sources(&src.join(format!("{room}.rs")), &mut files);
+            assert!(!files.is_empty(), "room {room} has no source");
+            for (path, text) in &files {
+                for below in &rooms[i + 1..] {
+                    let up = format!("crate::{below}::");
+                    let braced = format!("crate::{{{below}");
+                    assert!(
+                        !text.contains(&up) && !text.contains(&braced),
+                        "{path} ({room}) imports {below}, a room listed below it"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn control_characters_are_escaped_and_the_rest_kept() {
         assert_eq!(super::escape_control("a\nb\u{1b}[31mc\u{7f}é"), "a\\u{a}b\\u{1b}[31mc\\u{7f}é");
