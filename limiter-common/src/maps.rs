@@ -159,10 +159,12 @@ pub struct Spec {
     /// buffer).
     pub key: usize,
     pub value: usize,
-    /// Max entries (a ring buffer: its size in bytes). The loader sets
-    /// those of [`BUCKETS`], [`WINDOWS`] and [`FLEET`] from the policy's
-    /// capacity; this is their default.
+    /// Max entries (a ring buffer: its size in bytes); for a map sized
+    /// `by_capacity`, the default.
     pub entries: u32,
+    /// The loader sizes it from the policy's `capacity` (tracked prefixes),
+    /// and an upgrade keeps a pinned one's size whatever it is.
+    pub by_capacity: bool,
     /// Map flags ([`NO_PREALLOC`]).
     pub flags: u32,
     /// Pinned with the program, and the schema (`SCHEMA_VERSION`) in which
@@ -175,7 +177,11 @@ pub struct Spec {
 
 impl Spec {
     const fn new(name: &'static str, kind: Kind, key: usize, value: usize, entries: u32) -> Self {
-        Self { name, kind, key, value, entries, flags: 0, pinned: None }
+        Self { name, kind, key, value, entries, flags: 0, by_capacity: false, pinned: None }
+    }
+
+    const fn by_capacity(self) -> Self {
+        Self { by_capacity: true, ..self }
     }
 
     const fn pinned(self, since: u32) -> Self {
@@ -196,10 +202,13 @@ const CLASSES_U32: u32 = MAX_CLASSES as u32;
 /// loader pins them.
 pub const TABLE: [Spec; 24] = [
     Spec::new(BUCKETS, Kind::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), DEFAULT_BUCKET_CAPACITY)
+        .by_capacity()
         .pinned(11),
     Spec::new(WINDOWS, Kind::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), DEFAULT_BUCKET_CAPACITY)
+        .by_capacity()
         .pinned(14),
     Spec::new(FLEET, Kind::LruHash, size_of::<BucketKey>(), size_of::<WindowState>(), DEFAULT_BUCKET_CAPACITY)
+        .by_capacity()
         .pinned(14),
     Spec::new(FLEET_STATE, Kind::Array, 4, 8, FleetSlot::COUNT).pinned(11),
     Spec::new(CONFIG, Kind::Array, 4, size_of::<Config>(), 2).pinned(11),

@@ -73,6 +73,36 @@ pub fn hex_addr(hex: &str) -> Option<IpAddr> {
     }
 }
 
+/// The listening TCP sockets of this network namespace: (the address to
+/// reach it at, port); a wildcard listener is reached on loopback.
+#[must_use]
+pub fn listeners() -> Vec<(IpAddr, u16)> {
+    let mut out = Vec::new();
+    tcp_sockets(|line| out.extend(listener_of(line)));
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The local address and port of one line of `/proc/net/tcp{,6}`, if its
+/// socket listens.
+#[must_use]
+pub fn listener_of(line: &str) -> Option<(IpAddr, u16)> {
+    let mut fields = line.split_whitespace();
+    let local = fields.nth(1)?;
+    if fields.nth(1)? != "0A" {
+        return None;
+    }
+    let (hex, port) = local.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let addr = match hex_addr(hex)? {
+        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        a => a,
+    };
+    Some((addr, port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +123,19 @@ mod tests {
         assert_eq!(peer_of(listen), None);
         assert_eq!(peer_of(synrecv), None, "a half-open connection proves nothing");
         assert_eq!(peer_of("garbage"), None);
+    }
+
+    #[test]
+    fn listening_sockets_are_found_and_wildcards_reached_on_loopback() {
+        let listen4 = "   0: 00000000:20FB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0";
+        let bound4 = "   1: 020012C6:20FB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0";
+        let est = "   2: 020012C6:20FB 0A0012C6:D431 01 00000000:00000000 00:00000000 00000000     0        0 1 1 0 20 4 30 10 -1";
+        let listen6 = "   0: 00000000000000000000000000000000:20FB 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0";
+        if cfg!(target_endian = "little") {
+            assert_eq!(listener_of(bound4), Some(("198.18.0.2".parse().unwrap(), 8443)));
+        }
+        assert_eq!(listener_of(listen4), Some(("127.0.0.1".parse().unwrap(), 8443)));
+        assert_eq!(listener_of(listen6), Some(("::1".parse().unwrap(), 8443)));
+        assert_eq!(listener_of(est), None);
     }
 }

@@ -17,7 +17,7 @@
 
 use std::{
     collections::VecDeque,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::IpAddr,
     time::{Duration, Instant},
 };
 
@@ -64,7 +64,9 @@ impl CookieWatch {
         self.remark = false;
         self.armed = Some(Instant::now());
         let mut sent = 0;
-        for (addr, port) in listeners().into_iter().filter(|(_, p)| ports.iter().any(|(a, b)| (a..=b).contains(&p))) {
+        for (addr, port) in
+            crate::sockets::listeners().into_iter().filter(|(_, p)| ports.iter().any(|(a, b)| (a..=b).contains(&p)))
+        {
             match send_syn(addr, port, u16::try_from(40_000 + sent % 20_000).unwrap_or(40_000)) {
                 Ok(()) => sent += 1,
                 Err(e) if !self.arm_failed => {
@@ -117,36 +119,6 @@ impl CookieWatch {
             tracing::info!(event = "syn_cookies_refused", "limiter: the kernel takes cookie ACKs again");
         }
     }
-}
-
-/// The listening TCP sockets of this network namespace: (the address to
-/// reach it at, port); a wildcard listener is reached on loopback.
-#[must_use]
-pub fn listeners() -> Vec<(IpAddr, u16)> {
-    let mut out = Vec::new();
-    crate::sockets::tcp_sockets(|line| out.extend(listener_of(line)));
-    out.sort();
-    out.dedup();
-    out
-}
-
-/// The local address and port of one line of `/proc/net/tcp{,6}`, if its
-/// socket listens.
-#[must_use]
-pub fn listener_of(line: &str) -> Option<(IpAddr, u16)> {
-    let mut fields = line.split_whitespace();
-    let local = fields.nth(1)?;
-    if fields.nth(1)? != "0A" {
-        return None;
-    }
-    let (hex, port) = local.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let addr = match crate::sockets::hex_addr(hex)? {
-        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        a => a,
-    };
-    Some((addr, port))
 }
 
 /// A SYN to `addr`:`port` from `addr`:`sport`, through a raw socket.
@@ -233,17 +205,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn listening_sockets_are_found_and_wildcards_reached_on_loopback() {
-        let listen4 = "   0: 00000000:20FB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0";
-        let bound4 = "   1: 020012C6:20FB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0";
-        let est = "   2: 020012C6:20FB 0A0012C6:D431 01 00000000:00000000 00:00000000 00000000     0        0 1 1 0 20 4 30 10 -1";
-        let listen6 = "   0: 00000000000000000000000000000000:20FB 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0";
-        if cfg!(target_endian = "little") {
-            assert_eq!(listener_of(bound4), Some(("198.18.0.2".parse().unwrap(), 8443)));
-        }
-        assert_eq!(listener_of(listen4), Some(("127.0.0.1".parse().unwrap(), 8443)));
-        assert_eq!(listener_of(listen6), Some(("::1".parse().unwrap(), 8443)));
-        assert_eq!(listener_of(est), None);
+    fn the_marking_syn_checksum_folds_to_zero() {
         // RFC 1071 over a known header (the checksum field zero): folding
         // the result in gives zero.
         let mut h = [0u8; 20];

@@ -72,28 +72,33 @@ impl Daemon {
                 },
                 syn_cookies_on: p.config().is_some_and(|c| c.flags & limiter_common::flags::SYN_COOKIES != 0),
             };
-            // The policy change fans out to every feature from here.
-            let config = p.config().copied().unwrap_or_default();
-            let applied = Applied {
-                version: p.version(),
-                policy: &effective,
-                config: &config,
-                class_names: &self.view.class_names,
-            };
-            self.forwards.apply(&applied);
-            self.fleet.apply(&applied);
-            self.feedback.apply(&applied);
+            self.features(&effective, false);
         }
     }
 
     /// SIGHUP: every feature reads its own files again.
     pub(super) fn reload_features(&mut self) {
+        if let Some((p, _)) = &self.policy {
+            let effective = p.effective(p.base());
+            self.features(&effective, true);
+        }
+    }
+
+    /// Hand `effective`, the policy in force, to every feature: from here
+    /// and from nowhere else (`reload`: SIGHUP).
+    fn features(&mut self, effective: &crate::policy::Policy, reload: bool) {
         let Some((p, _)) = &self.policy else { return };
-        let (effective, config) = (p.effective(p.base()), p.config().copied().unwrap_or_default());
+        let config = p.config().copied().unwrap_or_default();
         let applied =
-            Applied { version: p.version(), policy: &effective, config: &config, class_names: &self.view.class_names };
-        self.forwards.reload(&applied);
-        self.fleet.reload(&applied);
-        self.feedback.reload(&applied);
+            Applied { version: p.version(), policy: effective, config: &config, class_names: &self.view.class_names };
+        if reload {
+            self.forwards.reload(&applied);
+            self.fleet.reload(&applied);
+            self.feedback.reload(&applied);
+        } else {
+            self.forwards.apply(&applied);
+            self.fleet.apply(&applied);
+            self.feedback.apply(&applied);
+        }
     }
 }

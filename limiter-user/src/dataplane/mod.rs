@@ -185,8 +185,8 @@ impl DataPlane {
             })
             .unwrap_or_default();
         let mut loader = EbpfLoader::new();
-        for map in [names::BUCKETS, names::WINDOWS, names::FLEET] {
-            loader.map_max_entries(map, capacity);
+        for m in limiter_common::maps::TABLE.iter().filter(|m| m.by_capacity) {
+            loader.map_max_entries(m.name, capacity);
         }
         loader.override_global(aya_log::LEVEL, &level, true);
         for (name, path) in &paths {
@@ -208,7 +208,7 @@ impl DataPlane {
         pin::ensure_dir(dir)?;
         let lock = pin::lock_dir(dir)?;
         pin::remove_unfinished(dir);
-        let adoption = upgrade::check(dir, OBJECT)?;
+        let adoption = upgrade::check(dir)?;
         let adopted = adoption.is_some();
         let mut renew = adoption.unwrap_or_default();
         let mut d = Self::load(OBJECT, capacity, Some(dir), &renew)?;

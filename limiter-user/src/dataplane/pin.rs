@@ -26,12 +26,13 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 /// build's and the schema that pinned it is at least that one; otherwise
 /// an upgrade renews it (see [`super::upgrade::plan`]).
 pub const PINNED_MAPS: [PinnedMap; maps::PINNED] = {
-    let mut out = [PinnedMap::new("", MapType::Unspecified, 0, 0, 0); maps::PINNED];
+    let mut out = [PinnedMap::new("", MapType::Unspecified, 0, 0, None, 0); maps::PINNED];
     let (mut i, mut n) = (0, 0);
     while i < maps::TABLE.len() {
         let m = maps::TABLE[i];
         if let Some(since) = m.pinned {
-            out[n] = PinnedMap::new(m.name, map_type(m.kind), m.key, m.value, since);
+            let entries = if m.by_capacity { None } else { Some(m.entries) };
+            out[n] = PinnedMap::new(m.name, map_type(m.kind), m.key, m.value, entries, since);
             n += 1;
         }
         i += 1;
@@ -60,13 +61,23 @@ pub struct PinnedMap {
     /// Key and value sizes in bytes.
     pub key: usize,
     pub value: usize,
+    /// Max entries as this build declares them; `None` for the maps sized
+    /// by the policy's capacity, whose pinned size is kept whatever it is.
+    pub entries: Option<u32>,
     /// The schema in which its layout or meaning last changed.
     pub since: u32,
 }
 
 impl PinnedMap {
-    const fn new(name: &'static str, kind: MapType, key: usize, value: usize, since: u32) -> Self {
-        Self { name, kind, key, value, since }
+    const fn new(
+        name: &'static str,
+        kind: MapType,
+        key: usize,
+        value: usize,
+        entries: Option<u32>,
+        since: u32,
+    ) -> Self {
+        Self { name, kind, key, value, entries, since }
     }
 }
 

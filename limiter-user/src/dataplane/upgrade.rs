@@ -22,30 +22,11 @@ pub const OLDEST_SCHEMA: u32 = 11;
 /// nothing there.
 pub type Found = Option<(MapType, usize, usize, u32)>;
 
-/// The max entries each map of [`PINNED_MAPS`] has in `object` (the
-/// program's own definitions); `None` for the maps sized by the policy's
-/// capacity, whose pinned size is kept whatever it is.
-pub fn object_entries(object: &[u8]) -> Result<Vec<Option<u32>>, ObjectError> {
-    let obj = aya_obj::Object::parse(object).map_err(|e| ObjectError::Parse(e.to_string()))?;
-    PINNED_MAPS
-        .iter()
-        .map(|PinnedMap { name, .. }| {
-            if [maps::BUCKETS, maps::WINDOWS, maps::FLEET].contains(name) {
-                return Ok(None);
-            }
-            let m = obj.maps.get(*name).ok_or(ObjectError::NoMap(name))?;
-            Ok(Some(m.max_entries()))
-        })
-        .collect()
-}
-
-/// An XDP object whose maps could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ObjectError {
-    #[error("parsing the XDP object: {0}")]
-    Parse(String),
-    #[error("the XDP object has no map {0}")]
-    NoMap(&'static str),
+/// The max entries of each map of [`PINNED_MAPS`] as this build declares
+/// them (`None`: sized by the policy's capacity).
+#[must_use]
+pub fn table_entries() -> Vec<Option<u32>> {
+    PINNED_MAPS.iter().map(|m| m.entries).collect()
 }
 
 /// A pinned map an upgrade replaces with a new, empty one, and why.
@@ -101,7 +82,7 @@ pub fn plan(
         return Err(PlanError::TooOld(m.schema));
     }
     let mut renew = Vec::new();
-    for ((&PinnedMap { name, kind, key, value, since }, found), &want) in table.iter().zip(found).zip(entries) {
+    for ((&PinnedMap { name, kind, key, value, since, .. }, found), &want) in table.iter().zip(found).zip(entries) {
         let (why, copy) = match (*found, changed(name, since)) {
             (None, _) => ("missing".to_owned(), false),
             (Some((k, ..)), _) if k != kind => (format!("type {k:?}, this build's {kind:?}"), false),
@@ -174,7 +155,7 @@ fn renewal_loss_of(name: &str) -> &'static str {
 /// pinned yet; else the maps an upgrade renews ([`plan`]), all others
 /// being re-adopted as they are. `META` itself is never renewed: pins
 /// without a readable one of ours are refused.
-pub fn check(dir: &Path, object: &[u8]) -> Result<Option<Vec<Renewal>>, PinError> {
+pub fn check(dir: &Path) -> Result<Option<Vec<Renewal>>, PinError> {
     if !has_pins(dir) {
         return Ok(None);
     }
@@ -201,10 +182,8 @@ pub fn check(dir: &Path, object: &[u8]) -> Result<Option<Vec<Renewal>>, PinError
     } else {
         None
     };
-    let entries =
-        object_entries(object).map_err(|e| PinError::Incompatible { path: path.clone(), problem: e.to_string() })?;
     let newer = read_layout(dir);
-    let renew = plan(meta, &PINNED_MAPS, &found, &entries, newer.as_deref())
+    let renew = plan(meta, &PINNED_MAPS, &found, &table_entries(), newer.as_deref())
         .map_err(|e| PinError::Incompatible { path, problem: e.to_string() })?;
     Ok(Some(renew))
 }

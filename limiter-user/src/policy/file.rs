@@ -365,8 +365,7 @@ fn build_override(i: usize, o: Spanned<OverrideSpec>, default: Limit) -> Located
         .map_err(|e| (e, start))?;
     let mode = mode.unwrap_or(default.mode);
     let action = match (action, rate, burst, window) {
-        (Some(ListAction::Allow), None, None, None) => OverrideAction::Allow,
-        (Some(ListAction::Deny), None, None, None) => OverrideAction::Deny,
+        (Some(list), None, None, None) => list.into(),
         (None, Some(rate), Some(burst), None) => {
             OverrideAction::Limit(Limit { rate, burst, cost: default.cost, mode, window: None })
         }

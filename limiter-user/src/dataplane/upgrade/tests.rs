@@ -15,7 +15,7 @@ fn as_built() -> Vec<Found> {
 
 /// The production object's own.
 fn entries() -> Vec<Option<u32>> {
-    object_entries(crate::dataplane::OBJECT).unwrap()
+    table_entries()
 }
 
 fn at(name: &str) -> usize {
