@@ -244,11 +244,16 @@ pub enum TtlError {
     Zero,
 }
 
+/// An argument that is neither an address nor a CIDR.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not an address or a CIDR")]
+pub struct NotANet(String);
+
 /// An address (as its host network) or a CIDR.
-fn address_or_net(s: &str) -> Result<ipnet::IpNet, String> {
+fn address_or_net(s: &str) -> Result<ipnet::IpNet, NotANet> {
     s.parse::<ipnet::IpNet>()
         .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-        .map_err(|_| format!("{s:?} is not an address or a CIDR"))
+        .map_err(|_| NotANet(s.to_owned()))
 }
 
 /// A `--ttl` in whole seconds, at least one.

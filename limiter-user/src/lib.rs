@@ -2,6 +2,7 @@
 //! only uses rooms listed above it (see docs/design.md):
 //!
 //! - `counts`: counters kept by the variants of an enum;
+//! - `series`: how a room's report writes its own Prometheus series;
 //! - `listen`: what every listener shares (fair slots per peer, bounds);
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
@@ -45,6 +46,7 @@ pub fn escape_control(text: &str) -> String {
 pub mod counts;
 pub mod listen;
 pub mod policy;
+pub mod series;
 
 pub mod dataplane;
 

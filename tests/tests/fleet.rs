@@ -241,7 +241,7 @@ fn a_store_outage_refuses_nothing_and_the_sync_resumes_when_it_is_back() {
         assert!(f.errors.total() > 0, "{f:?}");
     }
     let show = Client::new(&nodes[0].socket).prefix_show(host(CLIENT)).unwrap();
-    assert_eq!(show.cidr, "198.18.1.0/24");
+    assert_eq!(show.cidr.to_string(), "198.18.1.0/24");
     assert_eq!((show.windows[0].class.as_str(), show.windows[0].limit), ("quota", 60));
 }
 

@@ -54,20 +54,19 @@ fn client_addr(v6: bool, i: usize) -> IpAddr {
 
 /// Connect from `src`, read the server's greeting: the connect time, or
 /// why it failed.
-fn connect_once(src: IpAddr, dst: SocketAddr) -> Result<Duration, String> {
+fn connect_once(src: IpAddr, dst: SocketAddr) -> anyhow::Result<Duration> {
+    use anyhow::Context as _;
     let domain = if dst.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
-    let s = Socket::new(domain, Type::STREAM, None).map_err(|e| e.to_string())?;
-    s.bind(&SocketAddr::new(src, 0).into()).map_err(|e| format!("bind {src}: {e}"))?;
+    let s = Socket::new(domain, Type::STREAM, None)?;
+    s.bind(&SocketAddr::new(src, 0).into()).with_context(|| format!("bind {src}"))?;
     let start = Instant::now();
-    s.connect_timeout(&dst.into(), Duration::from_secs(5)).map_err(|e| format!("connect from {src}: {e}"))?;
+    s.connect_timeout(&dst.into(), Duration::from_secs(5)).with_context(|| format!("connect from {src}"))?;
     let took = start.elapsed();
     let mut c: std::net::TcpStream = s.into();
-    c.set_read_timeout(Some(Duration::from_secs(3))).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(Duration::from_secs(3)))?;
     let mut hello = [0u8; 3];
-    c.read_exact(&mut hello).map_err(|e| format!("greeting to {src} after {took:?}: {e}"))?;
-    if &hello != b"hi\n" {
-        return Err(format!("greeting {hello:?}"));
-    }
+    c.read_exact(&mut hello).with_context(|| format!("greeting to {src} after {took:?}"))?;
+    anyhow::ensure!(&hello == b"hi\n", "greeting {hello:?}");
     Ok(took)
 }
 
@@ -108,9 +107,9 @@ fn percentile(sorted: &[Duration], pct: usize) -> f64 {
 /// `CLIENTS` sequential connections from new prefixes `first..`: connect
 /// times sorted, or the failures.
 fn clients(net: &VethPair, v6: bool, first: usize, n: usize, dst: SocketAddr) -> Vec<Duration> {
-    let results: Vec<Result<Duration, String>> =
+    let results: Vec<anyhow::Result<Duration>> =
         net.a.run_in(|| (first..first + n).map(|i| connect_once(client_addr(v6, i), dst)).collect());
-    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    let failed: Vec<String> = results.iter().filter_map(|r| r.as_ref().err()).map(|e| format!("{e:#}")).collect();
     assert!(failed.is_empty(), "{} of {n} connections failed: {failed:?}", failed.len());
     let mut t: Vec<Duration> = results.into_iter().map(Result::unwrap).collect();
     t.sort();

@@ -93,16 +93,9 @@ fn load(
     let req = Request::PrefixLoad { cidrs, action, ttl_secs: ttl };
     match client.change(&req) {
         Ok(a) => super::policy::print_applied(&a, json),
-        Err(crate::control::client::ClientError::Refused(m)) => {
-            // "entry N: ..." names the Nth CIDR: say its line instead.
-            let located = m
-                .strip_prefix("entry ")
-                .and_then(|r| r.split_once(": "))
-                .and_then(|(n, rest)| Some((lines.get(n.parse::<usize>().ok()?)?, rest)));
-            match located {
-                Some((line, rest)) => anyhow::bail!("{name}:{line}: {rest}"),
-                None => anyhow::bail!("{m}"),
-            }
+        // The refused entry is the Nth CIDR: say its line instead.
+        Err(crate::control::client::ClientError::Refused { entry: Some(i), message, .. }) if i < lines.len() => {
+            anyhow::bail!("{name}:{}: {message}", lines[i])
         }
         Err(e) => Err(e.into()),
     }

@@ -36,8 +36,9 @@ pub enum ClientError {
     Closed { path: PathBuf },
     #[error("the daemon's answer is not valid: {0}")]
     Decode(#[from] serde_json::Error),
-    #[error("{0}")]
-    Refused(String),
+    /// The daemon's refusal (`entry`: the refused entry of a bulk load).
+    #[error("{}{message}", entry.map(|i| format!("entry {i}: ")).unwrap_or_default())]
+    Refused { code: super::ErrorCode, message: String, entry: Option<usize> },
     #[error("the daemon answered {got} to {asked}")]
     Unexpected { asked: &'static str, got: &'static str },
 }
@@ -131,7 +132,7 @@ fn call_within(path: &Path, req: &Request, after: Duration) -> Result<Response, 
         (Ok(()), Ok(_)) => return Err(io_err(io::Error::new(io::ErrorKind::UnexpectedEof, "no answer"))),
     }
     match serde_json::from_str::<Response>(&answer)? {
-        Response::Error { message } => Err(ClientError::Refused(message)),
+        Response::Error { code, message, entry } => Err(ClientError::Refused { code, message, entry }),
         r => Ok(r),
     }
 }

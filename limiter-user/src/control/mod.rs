@@ -98,16 +98,54 @@ pub enum Response {
         status: Option<crate::fleet::FleetStatus>,
     },
     PrefixShow(PrefixShow),
+    /// Not done: why, in a word a program can act on and a sentence for
+    /// the operator.
     Error {
+        /// Absent in the answers of an earlier build (read as `refused`).
+        #[serde(default)]
+        code: ErrorCode,
         message: String,
+        /// The refused entry of a bulk load (0-based); `message` is then
+        /// that entry's own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        entry: Option<usize>,
     },
+}
+
+/// Why the daemon did not do what was asked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The peer may not use the control socket.
+    Denied,
+    /// Not a request the daemon reads: bad JSON, too long, too slow.
+    BadRequest,
+    /// Too many requests wait for a policy change to finish; retry.
+    Busy,
+    /// The daemon could not read its maps, or is stopping.
+    Unavailable,
+    /// The change is refused; the policy in force keeps running.
+    #[default]
+    Refused,
+    /// A penalty inside an allow of the operator or the policy file.
+    Conflict,
+    /// A penalty past automation's cap of denied prefixes.
+    Capped,
+}
+
+impl Response {
+    /// An error answer about no entry in particular.
+    #[must_use]
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
+        Response::Error { code, message: message.into(), entry: None }
+    }
 }
 
 /// `limiter prefix show`: a bucket prefix's window quotas now.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrefixShow {
     /// The bucket prefix the address or CIDR falls in.
-    pub cidr: String,
+    pub cidr: IpNet,
     pub windows: Vec<WindowRow>,
 }
 
@@ -173,7 +211,7 @@ pub struct TopInfo {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Offender {
-    pub prefix: String,
+    pub prefix: IpNet,
     pub class: String,
     /// Estimated from samples.
     pub drops_per_sec: u64,
@@ -293,6 +331,19 @@ mod tests {
         let a = Response::Applied(Applied { version: 3, summary: "s".into() });
         assert_eq!(serde_json::to_string(&a).unwrap(), r#"{"kind":"applied","version":3,"summary":"s"}"#);
         assert_eq!(serde_json::from_str::<Response>(&serde_json::to_string(&a).unwrap()).unwrap(), a);
+    }
+
+    /// An error carries a code a program acts on (the feedback endpoint's
+    /// HTTP status, the CLI's line of a bulk load) instead of words to
+    /// search; an earlier build's answer without one reads as a refusal.
+    #[test]
+    fn errors_carry_a_code_and_the_refused_entry() {
+        let e = Response::Error { code: ErrorCode::Capped, message: "m".into(), entry: None };
+        let line = serde_json::to_string(&e).unwrap();
+        assert_eq!(line, r#"{"kind":"error","code":"capped","message":"m"}"#);
+        assert_eq!(serde_json::from_str::<Response>(&line).unwrap(), e);
+        let old: Response = serde_json::from_str(r#"{"kind":"error","message":"no"}"#).unwrap();
+        assert_eq!(old, Response::Error { code: ErrorCode::Refused, message: "no".into(), entry: None });
     }
 
     /// A CIDR and a list's action are typed: a request that is not one is

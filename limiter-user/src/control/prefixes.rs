@@ -78,7 +78,7 @@ pub struct PrefixList {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrefixEntry {
-    pub cidr: String,
+    pub cidr: ipnet::IpNet,
     pub action: EntryAction,
     pub rate: Option<u64>,
     pub burst: Option<u64>,

@@ -18,7 +18,7 @@ use tokio::{
     sync::{Semaphore, mpsc, oneshot},
 };
 
-use super::{Request, Response};
+use super::{ErrorCode, Request, Response};
 use crate::listen::Conn;
 
 /// A request from a client, with the channel for its answer.
@@ -198,7 +198,7 @@ async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Send
     let verdict = authorised(&stream, access);
     let (read, mut write) = stream.into_split();
     if let Err(e) = verdict {
-        let _ = write_line(&mut write, &Response::Error { message: e.to_string() }).await;
+        let _ = write_line(&mut write, &Response::error(ErrorCode::Denied, e.to_string())).await;
         return;
     }
     let mut reader = BufReader::new(read);
@@ -207,25 +207,25 @@ async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Send
             Ok(Ok(Some(line))) => line,
             Ok(Ok(None)) => return,
             Ok(Err(e)) => {
-                let _ = write_line(&mut write, &Response::Error { message: e.to_string() }).await;
+                let _ = write_line(&mut write, &Response::error(ErrorCode::BadRequest, e.to_string())).await;
                 return;
             }
             Err(_) => {
                 let message = format!("no complete request within {} s", READ_DEADLINE.as_secs());
-                let _ = write_line(&mut write, &Response::Error { message }).await;
+                let _ = write_line(&mut write, &Response::error(ErrorCode::BadRequest, message)).await;
                 return;
             }
         };
         let _busy = conn.busy();
         let response = match serde_json::from_slice::<Request>(&line) {
-            Err(e) => Response::Error { message: format!("bad request: {e}") },
+            Err(e) => Response::error(ErrorCode::BadRequest, format!("bad request: {e}")),
             Ok(req) => {
                 drop(line);
                 let (tx, rx) = oneshot::channel();
                 if calls.send((req, tx)).await.is_err() {
                     return;
                 }
-                rx.await.unwrap_or(Response::Error { message: "daemon is shutting down".into() })
+                rx.await.unwrap_or_else(|_| Response::error(ErrorCode::Unavailable, "daemon is shutting down"))
             }
         };
         if write_line(&mut write, &response).await.is_err() {

@@ -10,10 +10,11 @@ use super::{
 };
 use crate::{
     control::{
-        ClassRow, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo, StatusInfo, SynCookieRow,
-        TopInfo,
+        ClassRow, ErrorCode, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo, StatusInfo,
+        SynCookieRow, TopInfo,
     },
     dataplane::{Health, LoadError},
+    feedback::FeedbackCounts,
     metrics::Snapshot,
     policy::file,
     top,
@@ -26,12 +27,12 @@ impl Daemon {
         if let Some(change) = Change::of(&mut req) {
             return self.change(change, Some(reply));
         }
-        let fail = |e: &dyn std::fmt::Display| Response::Error { message: e.to_string() };
+        let fail = |e: &dyn std::fmt::Display| Response::error(ErrorCode::Unavailable, e.to_string());
         let response = match req {
             Request::Status => self.status().unwrap_or_else(|e| fail(&e)),
             Request::Stats => self.stats().unwrap_or_else(|e| fail(&e)),
             Request::Top { n } => self.top_info(n),
-            Request::FleetStatus => Response::Fleet { status: self.fleet.status() },
+            Request::FleetStatus => Response::Fleet { status: self.features.fleet.status() },
             Request::PrefixShow { cidr } => self.prefix_show(cidr).map_or_else(|e| fail(&e), Response::PrefixShow),
             Request::PolicyShow | Request::PrefixList => {
                 let Some((policy, _)) = &self.policy else {
@@ -43,7 +44,7 @@ impl Daemon {
                     // restart), said where the file says otherwise.
                     let mut p = policy.effective(policy.base());
                     let mut note = String::new();
-                    if let (Some(f), Some(e)) = (p.feedback.as_mut(), &self.feedback)
+                    if let (Some(f), Some(e)) = (p.feedback.as_mut(), &self.features.feedback)
                         && ((f.listen.port() != 0 && f.listen != e.bound) || f.token_file != e.token_file)
                     {
                         note = format!(
@@ -109,21 +110,25 @@ impl Daemon {
             tracked: self.observer.tracked(),
             iface: self.settings.iface.clone(),
             attach_mode: self.settings.mode.to_string(),
-            attached: self.watch.health == Health::Attached,
-            reattaches: self.watch.repairs,
-            forwards: self.forwards.reports(),
-            feedback: crate::metrics::FeedbackCounts {
-                unproven: self.observer.escalator.unproven,
-                proven_sources: self.observer.escalator.proven.len() as u64,
-                ..self.view.feedback
+            attached: self.link.health == Health::Attached,
+            reattaches: self.link.repairs,
+            features: {
+                // The governor's decisions (the policy state's) and
+                // escalation's proofs (the observer's) after the features'.
+                let mut f = self.features.series();
+                f.push(Box::new(FeedbackCounts {
+                    unproven: self.observer.escalator.unproven,
+                    proven_sources: self.observer.escalator.proven.len() as u64,
+                    ..self.view.feedback
+                }));
+                f
             },
-            fleet: self.fleet.status(),
             syn_cookies: self.syn_cookie_states()?,
             syn_cookies_refused: self.observer.cookies.refusing.is_some(),
-            reloads_ok: self.reloads.count[0],
-            reloads_failed: self.reloads.count[1],
-            last_reload_ok: self.reloads.at[0],
-            last_reload_failed: self.reloads.at[1],
+            reloads_ok: self.reloads.applied,
+            reloads_failed: self.reloads.rejected,
+            last_reload_ok: self.reloads.last_applied,
+            last_reload_failed: self.reloads.last_rejected,
         })
     }
 
@@ -132,13 +137,13 @@ impl Daemon {
         Ok(Response::Status(StatusInfo {
             iface: self.settings.iface.clone(),
             attach_mode: self.settings.mode.to_string(),
-            attached: self.watch.health == Health::Attached,
-            detached_reason: match &self.watch.health {
+            attached: self.link.health == Health::Attached,
+            detached_reason: match &self.link.health {
                 Health::Attached => None,
                 Health::Detached(why) => Some(why.clone()),
             },
-            reattaches: self.watch.repairs,
-            forwards: self.forwards.reports(),
+            reattaches: self.link.repairs,
+            forwards: self.features.forward.reports(),
             pin_dir: self.settings.pin_dir.as_ref().map(|p| p.display().to_string()),
             policy_version: self.view.version,
             policy_source: self.view.source.clone(),
@@ -147,7 +152,7 @@ impl Daemon {
             tracked: self.observer.tracked(),
             passed_packets: t.passed().packets,
             dropped_packets: t.dropped().packets,
-            uptime_secs: self.started.elapsed().as_secs(),
+            uptime_secs: self.reloads.started.elapsed().as_secs(),
             last_reload: self.reloads.last.clone(),
             syn_cookies_failing: self.observer.cookies.refusing.clone(),
         }))
@@ -189,7 +194,7 @@ impl Daemon {
             .offenders(unix_now(), n.min(100))
             .into_iter()
             .map(|(k, rate)| Offender {
-                prefix: top::cidr(&k),
+                prefix: crate::dataplane::net(&k),
                 class: names.get(usize::from(k.class)).cloned().unwrap_or_else(|| k.class.to_string()),
                 drops_per_sec: rate,
             })

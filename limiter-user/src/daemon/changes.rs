@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::{ApplyError, Daemon, Enforcer, Settings};
 use crate::{
-    control::{Applied, Request, Response},
+    control::{Applied, ErrorCode, Request, Response},
     dataplane::maps::Tables,
     policy::{Limit, ListAction, OverrideAction, file, runtime::SetBy},
 };
@@ -172,7 +172,7 @@ impl Daemon {
         if self.changes.queue.len() >= MAX_QUEUED {
             if let Queued::Call(_, reply) | Queued::Change(_, Some(reply)) = q {
                 let message = format!("{MAX_QUEUED} requests already wait for a policy change to finish; retry");
-                let _ = reply.send(Response::Error { message });
+                let _ = reply.send(Response::error(ErrorCode::Busy, message));
             }
             return;
         }
@@ -234,8 +234,8 @@ impl Daemon {
             Err(e) => {
                 let message = format!("{e}; policy v{version} keeps running");
                 tracing::warn!(event = "policy_change", ok = false, version, "limiter: refused: {message}");
-                self.note_reload(false, message.clone());
-                Response::Error { message }
+                self.note_reload(false, message);
+                e.answer(version)
             }
         }
     }

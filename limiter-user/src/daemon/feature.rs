@@ -1,15 +1,20 @@
 //! The daemon's features (the forwarders, the fleet sync, the feedback
 //! endpoint; the feeds and coexistence to come) behind one small face:
-//! each is told the policy in force after start and after every change,
-//! asked to read its files again on SIGHUP, ticked once a second, and
-//! drained at shutdown. A policy change fans out to every feature from
-//! one place ([`Daemon::refresh_view`](super::Daemon)), so a setting of a
-//! feature goes one way, once: file -> policy -> [`Applied`] -> the feature.
+//! each starts from the policy in force, is told the policy after every
+//! change, asked to read its files again on SIGHUP, ticked once a second,
+//! asked for its series at each scrape, and drained at shutdown. A policy
+//! change fans out to every feature from one place
+//! ([`Daemon::refresh_view`](super::Daemon) through [`Features::apply`]),
+//! so a setting of a feature goes one way, once: file -> policy ->
+//! [`Applied`] -> the feature. A new feature is a field of [`Features`]
+//! and a line in each of its methods.
 
 use limiter_common::{Config, window::FleetSlot};
 
 use super::fleet::{FleetSide, classes};
-use crate::{feedback::Endpoint, fleet::wall_and_offset, forward, policy::Policy};
+use crate::{
+    dataplane::maps::WindowMaps, feedback::Endpoint, fleet::wall_and_offset, forward, policy::Policy, series::Series,
+};
 
 /// The policy in force, as every feature sees it.
 pub(super) struct Applied<'a> {
@@ -17,7 +22,7 @@ pub(super) struct Applied<'a> {
     /// The effective policy: the file's, with the runtime overrides.
     pub(super) policy: &'a Policy,
     /// What the data plane enforces of it.
-    pub(super) config: &'a Config,
+    pub(super) config: Config,
     /// Class names by index (0 = `default`).
     pub(super) class_names: &'a [String],
 }
@@ -34,6 +39,12 @@ pub(super) trait Feature {
     /// Once a second, on the daemon's loop (never blocking it).
     fn tick(&mut self) {}
 
+    /// Its report for a scrape, which writes its own series (`None`:
+    /// nothing to show now).
+    fn series(&self) -> Option<Box<dyn Series>> {
+        None
+    }
+
     /// Let what is in flight finish, each within its own bound.
     async fn drain(&mut self) {}
 }
@@ -42,7 +53,11 @@ impl Feature for forward::Manager {
     /// Runs exactly the `[[forward]]` sections: unchanged ones keep
     /// running, changed and removed ones drain, new ones start.
     fn apply(&mut self, a: &Applied<'_>) {
-        self.update(&a.policy.forwards, forward::Context { version: a.version, config: *a.config });
+        self.update(&a.policy.forwards, forward::Context { version: a.version, config: a.config });
+    }
+
+    fn series(&self) -> Option<Box<dyn Series>> {
+        Some(Box::new(forward::Reports(self.reports())))
     }
 
     async fn drain(&mut self) {
@@ -54,7 +69,12 @@ impl Feature for FleetSide {
     /// The window-quota classes apply at once; a changed, new or removed
     /// `[fleet]` section changes, starts or stops the sync.
     fn apply(&mut self, a: &Applied<'_>) {
-        self.set_classes(classes(a.config, a.class_names, a.policy), a.policy.fleet.as_ref());
+        self.set_classes(classes(&a.config, a.class_names, a.policy), a.policy.fleet.as_ref());
+    }
+
+    /// Only while the sync runs.
+    fn series(&self) -> Option<Box<dyn Series>> {
+        self.status().map(|s| Box::new(s) as Box<dyn Series>)
     }
 
     /// Once a second: take the maps back from a sync that has stopped
@@ -105,6 +125,67 @@ impl<T: Feature> Feature for Option<T> {
         if let Some(f) = self {
             f.drain().await;
         }
+    }
+
+    fn series(&self) -> Option<Box<dyn Series>> {
+        self.as_ref().and_then(Feature::series)
+    }
+}
+
+/// The daemon's features, in the order they are told a policy.
+pub(super) struct Features {
+    pub(super) forward: forward::Manager,
+    pub(super) fleet: FleetSide,
+    pub(super) feedback: Option<Endpoint>,
+}
+
+impl Features {
+    /// Start every feature the policy in force declares. `windows`: the
+    /// window-quota maps (the fleet sync takes them); `buckets`: the id of
+    /// the bucket map the forwarders read; `token`: the feedback
+    /// endpoint's, checked before anything was attached; `calls`: where
+    /// the endpoint sends its penalties.
+    pub(super) async fn start(
+        a: &Applied<'_>,
+        windows: Option<Box<WindowMaps>>,
+        buckets: u32,
+        token: Option<crate::feedback::Token>,
+        calls: &tokio::sync::mpsc::Sender<crate::control::server::Call>,
+    ) -> anyhow::Result<Self> {
+        let feedback = super::start::serve_feedback(a.policy, token, calls).await?;
+        let mut forward = forward::Manager::new(buckets);
+        forward.apply(a);
+        let fleet = FleetSide::start(a.policy.fleet.as_ref(), windows, classes(&a.config, a.class_names, a.policy))?;
+        Ok(Self { forward, fleet, feedback })
+    }
+
+    pub(super) fn apply(&mut self, a: &Applied<'_>) {
+        self.forward.apply(a);
+        self.fleet.apply(a);
+        self.feedback.apply(a);
+    }
+
+    pub(super) fn reload(&mut self, a: &Applied<'_>) {
+        self.forward.reload(a);
+        self.fleet.reload(a);
+        self.feedback.reload(a);
+    }
+
+    pub(super) fn tick(&mut self) {
+        self.forward.tick();
+        self.fleet.tick();
+        self.feedback.tick();
+    }
+
+    /// Every feature's report, in this order.
+    pub(super) fn series(&self) -> Vec<Box<dyn Series>> {
+        [self.forward.series(), self.fleet.series(), self.feedback.series()].into_iter().flatten().collect()
+    }
+
+    pub(super) async fn drain(&mut self) {
+        self.forward.drain().await;
+        self.fleet.drain().await;
+        self.feedback.drain().await;
     }
 }
 

@@ -15,7 +15,7 @@ use limiter_common::{
 use super::{Daemon, feature::Feature as _};
 use crate::{
     control::{PrefixShow, WindowRow},
-    dataplane::{cidr, maps::WindowMaps},
+    dataplane::maps::WindowMaps,
     fleet::{ClassWindow, Classes, FleetStatus, FleetSync, Readers, wall_and_offset},
     policy::fleet::Fleet,
     policy::{OverrideAction, Policy, Scope},
@@ -202,14 +202,15 @@ impl Daemon {
                     std::array::from_fn(|i| u32::from_ne_bytes([o[i * 4], o[i * 4 + 1], o[i * 4 + 2], o[i * 4 + 3]]));
             }
         }
-        let maps = self.fleet.maps();
+        let maps = self.features.fleet.maps();
         let wall = wall_and_offset().0;
-        let mut out = PrefixShow { cidr: String::new(), windows: Vec::new() };
+        // Every class's bucket of `src` covers the same network.
+        let cidr = crate::dataplane::net(&rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, 0));
+        let mut out = PrefixShow { cidr, windows: Vec::new() };
         let windows = classes(config, &self.view.class_names, &p.effective(p.base()));
         for i in 0..MAX_CLASSES {
             let key = rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, u8::try_from(i).unwrap_or(0));
             let Some(c) = windows.of(&key) else { continue };
-            out.cidr = cidr(&BucketKey { class: 0, ..key });
             let (cur, _, edge) = window::locate(wall, c.slice_ns);
             let count = |m: &WindowMap| m.get(&key, 0).map_or(0, |w| window::total(&w, cur, edge, c.slices));
             let (local, fleet) = maps.map_or((0, 0), |(w, f)| (count(w), if c.fleet { count(f) } else { 0 }));
@@ -226,16 +227,6 @@ impl Daemon {
                 remaining: c.limit.saturating_sub(local + fleet),
             });
         }
-        if out.cidr.is_empty() {
-            let key = rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, 0);
-            out.cidr = cidr(&key);
-        }
         Ok(out)
-    }
-
-    /// The fleet side's view of the policy in force.
-    pub(super) fn fleet_classes(&self) -> Option<Classes> {
-        let (p, _) = self.policy.as_ref()?;
-        Some(classes(p.config()?, &self.view.class_names, &p.effective(p.base())))
     }
 }

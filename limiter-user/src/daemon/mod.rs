@@ -28,9 +28,9 @@ use tokio::{
 
 use self::{
     changes::{Change, Changes},
-    feature::Feature as _,
+    feature::Features,
     observe::{Observer, status_line},
-    os::{notify_ready, raise_memlock, resolve_group},
+    os::{notify_ready, raise_memlock},
     view::View,
 };
 pub use self::{
@@ -40,14 +40,13 @@ pub use self::{
 use crate::{
     control::{
         ReloadInfo,
-        server::{self, Access, Bound, Call},
+        server::{self, Bound, Call},
     },
     dataplane::{
-        AttachMode, Attachment, DataPlane, Health, PolicyMaps as _,
+        AttachMode, Attachment, DataPlane, Health,
         maps::Tables,
         upgrade::{Renewal, renewal_loss},
     },
-    forward,
     metrics::ScrapeCall,
     policy::{self, Loaded, Overlay, PolicyError},
 };
@@ -83,21 +82,31 @@ impl Settings {
     }
 }
 
-/// Applied and rejected policies since start.
-#[derive(Debug, Default)]
+/// Policy applies since start, for `status` and the metrics.
+#[derive(Debug)]
 struct Reloads {
+    started: Instant,
     last: Option<ReloadInfo>,
-    /// [applied, rejected]: how many, and the Unix time of the last.
-    count: [u64; 2],
-    at: [Option<u64>; 2],
+    applied: u64,
+    rejected: u64,
+    /// Unix times of the last applied and the last rejected policy.
+    last_applied: Option<u64>,
+    last_rejected: Option<u64>,
 }
 
-/// Whether the program is on its interface, as last checked.
-#[derive(Debug)]
-struct Watch {
+/// The program's link to its interface, as last checked.
+struct Link {
+    attachment: Attachment,
     health: Health,
     /// Times the daemon put back a lost link or pin.
     repairs: u64,
+}
+
+/// What wakes the loop besides its timers.
+struct Inputs {
+    hup: Signal,
+    calls: mpsc::Receiver<Call>,
+    scrapes: mpsc::Receiver<ScrapeCall>,
 }
 
 /// A running daemon.
@@ -109,22 +118,13 @@ pub struct Daemon {
     policy: Option<(Enforcer, Tables)>,
     view: View,
     changes: Changes,
-    attachment: Attachment,
-    watch: Watch,
-    /// The forwarders to the tenant layer.
-    forwards: forward::Manager,
-    /// The fleet sync of window quotas (or the maps it would use).
-    fleet: fleet::FleetSide,
+    link: Link,
+    features: Features,
     /// The control socket (removed on drop if still ours).
     socket: Bound,
-    started: Instant,
     reloads: Reloads,
     observer: Observer,
-    hup: Signal,
-    calls: mpsc::Receiver<Call>,
-    scrapes: mpsc::Receiver<ScrapeCall>,
-    /// The feedback endpoint in force.
-    feedback: Option<crate::feedback::Endpoint>,
+    inputs: Inputs,
 }
 
 impl Daemon {
@@ -136,72 +136,36 @@ impl Daemon {
         // runs instead of killing the process.
         let hup = signal(SignalKind::hangup())?;
         crate::listen::raise_nofile();
-        let loaded = settings.load_policy()?;
-        // Validated before anything is touched: a bad policy changes
-        // nothing (invariant 6). The first apply reuses this compilation
-        // unless runtime overrides are put back over it.
-        let checked = loaded.check()?;
-        // The feedback token is read and checked before anything is
-        // attached: a bad one changes nothing.
-        let token = start::feedback_token(&loaded.policy)?;
-        let access = Access { gid: settings.socket_group.as_deref().map(resolve_group).transpose()? };
-        // Before touching the kernel: an interface that exists (no pins
-        // left behind for a typo), and one daemon per socket.
-        crate::dataplane::ifindex(&settings.iface)?;
-        let mut socket = server::bind(&settings.socket, access)?;
+        // Checked before anything is touched: a bad policy or token, an
+        // unknown group or interface changes nothing (invariant 6).
+        let checked = start::Checked::of(&settings)?;
+        // One daemon per socket.
+        let mut socket = server::bind(&settings.socket, checked.access)?;
         raise_memlock();
-        let capacity = loaded.policy.capacity;
-        let (mut dp, adopted) = match &settings.pin_dir {
-            Some(dir) => DataPlane::open_pinned(capacity, dir)?,
-            None => (DataPlane::open(capacity)?, None),
-        };
-        // Versions continue from what a re-adopted data plane enforces
-        // (or a renewed CONFIG held).
-        let version = dp.active_config()?.map_or(0, |c| c.version).max(dp.carried_version());
-        let mut policy = Enforcer::new(version, dp.capacity());
-        let summary = start::first_apply(&mut policy, &mut dp, &settings, loaded, checked)?;
-        let (attachment, replaced) = match &settings.pin_dir {
-            Some(dir) => match dp.attach_pinned(&settings.iface, settings.mode, dir) {
-                Ok(a) => a,
-                Err(e) => {
-                    if adopted.is_none() {
-                        start::unpin_failed_start(dp, dir);
-                    }
-                    return Err(e.into());
-                }
-            },
-            None => (dp.attach(&settings.iface, settings.mode)?, false),
-        };
+        let start::Loaded { mut dp, adopted, enforcer, summary, token } = start::load(&settings, checked)?;
+        let (attachment, replaced) = start::attach(&mut dp, &settings, adopted.is_some())?;
         let observer = Observer::new(dp.buckets_map_id(), dp.take_drop_events(), dp.take_logger());
         let (calls_tx, calls) = mpsc::channel(16);
         let (scrape_tx, scrapes) = mpsc::channel(4);
-        let serving = start::serve_feedback(policy.base(), token, &calls_tx).await?;
-        socket.serve(calls_tx);
         let tables = dp.maps.take_tables().expect("the policy tables are ours at start");
-        let forwards = forward::Manager::new(dp.buckets_map_id());
-        let mut d = Self {
+        let (view, effective) = View::of(&enforcer);
+        let applied = view.applied(&enforcer, &effective);
+        let windows = dp.maps.windows.take();
+        let features = Features::start(&applied, windows, dp.buckets_map_id(), token, &calls_tx).await?;
+        socket.serve(calls_tx);
+        let d = Self {
             settings,
             dp,
-            policy: Some((policy, tables)),
-            view: View::default(),
+            policy: Some((enforcer, tables)),
+            view,
             changes: Changes::default(),
-            attachment,
-            watch: Watch { health: Health::Attached, repairs: 0 },
-            forwards,
-            fleet: fleet::FleetSide::Off(None),
+            link: Link { attachment, health: Health::Attached, repairs: 0 },
+            features,
             socket,
-            started: Instant::now(),
-            reloads: Reloads::default(),
+            reloads: Reloads::new(),
             observer,
-            hup,
-            calls,
-            scrapes,
-            feedback: serving,
+            inputs: Inputs { hup, calls, scrapes },
         };
-        d.refresh_view();
-        let fleet_cfg = d.policy.as_ref().and_then(|(p, _)| p.base().fleet.clone());
-        let classes = d.fleet_classes().unwrap_or_default();
-        d.fleet = fleet::FleetSide::start(fleet_cfg.as_ref(), d.dp.maps.windows.take(), classes)?;
         d.announce(&summary, adopted.as_deref(), replaced);
         tracing::info!("limiter: control socket {} (mode 0660)", d.socket.path().display());
         start::serve_metrics(d.settings.metrics, scrape_tx).await;
@@ -222,8 +186,8 @@ impl Daemon {
         let why = loop {
             tokio::select! {
                 why = &mut shutdown => break why,
-                _ = self.hup.recv() => self.change(Change::Reload, None),
-                Some((req, reply)) = self.calls.recv() => self.handle(req, reply),
+                _ = self.inputs.hup.recv() => self.change(Change::Reload, None),
+                Some((req, reply)) = self.inputs.calls.recv() => self.handle(req, reply),
                 done = async { self.changes.running.as_mut().expect("guarded").await }, if self.changes.running.is_some() => {
                     self.changes.running = None;
                     match done {
@@ -239,9 +203,9 @@ impl Daemon {
                     self.check_attachment();
                     self.expire_overrides();
                     self.escalate();
-                    self.fleet.tick();
+                    self.features.tick();
                 }
-                Some(reply) = self.scrapes.recv() => {
+                Some(reply) = self.inputs.scrapes.recv() => {
                     if let Ok(s) = self.snapshot() {
                         let _ = reply.send(s);
                     }
@@ -255,7 +219,7 @@ impl Daemon {
                 }
             }
         };
-        self.forwards.drain().await;
+        self.features.drain().await;
         self.stop(why)
     }
 
@@ -307,8 +271,9 @@ impl Daemon {
         let t = self.dp.maps.totals()?;
         let (passed, dropped) = (t.passed().packets, t.dropped().packets);
         let iface = &self.settings.iface;
-        match self.attachment.pin_dir() {
-            Some(dir) if self.attachment.is_pinned() => tracing::info!(
+        let attachment = self.link.attachment;
+        match attachment.pin_dir() {
+            Some(dir) if attachment.is_pinned() => tracing::info!(
                 "limiter: {why}: stopping; XDP stays attached to {iface} and enforcing (pinned in {}; `limiter unload` removes it); passed {passed} dropped {dropped} packets in total",
                 dir.display()
             ),
@@ -322,16 +287,25 @@ impl Daemon {
             ),
         }
         // Dropping an unpinned attachment detaches it.
-        drop(self.attachment);
+        drop(attachment);
         Ok(())
     }
 
     /// Record the outcome of a reload for `status` and the metrics.
     fn note_reload(&mut self, ok: bool, message: String) {
         let now = observe::unix_now();
-        let i = usize::from(!ok);
-        self.reloads.count[i] += 1;
-        self.reloads.at[i] = Some(now);
-        self.reloads.last = Some(ReloadInfo { ok, message, unix_time: now });
+        let r = &mut self.reloads;
+        if ok {
+            (r.applied, r.last_applied) = (r.applied + 1, Some(now));
+        } else {
+            (r.rejected, r.last_rejected) = (r.rejected + 1, Some(now));
+        }
+        r.last = Some(ReloadInfo { ok, message, unix_time: now });
+    }
+}
+
+impl Reloads {
+    fn new() -> Self {
+        Self { started: Instant::now(), last: None, applied: 0, rejected: 0, last_applied: None, last_rejected: None }
     }
 }

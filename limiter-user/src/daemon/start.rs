@@ -1,19 +1,86 @@
-//! What a start does besides wiring: the first policy with what a
-//! previous daemon set at run time put back, the feedback token checked
-//! before anything is attached, and the pins of a start that failed to
-//! attach taken away again.
+//! The steps of a start, in order: everything checked before the kernel
+//! is touched ([`Checked`]); the data plane opened or re-adopted with the
+//! first policy written ([`load`]: what a previous daemon set at run time
+//! put back); attached ([`attach`]: a failed start takes its new pins
+//! away again); then the listeners. [`Daemon::start`](super::Daemon)
+//! wires them.
 
 use std::path::Path;
 
-use super::{Enforcer, Settings};
+use super::{Enforcer, Settings, os::resolve_group};
 use crate::{
-    dataplane::DataPlane,
-    policy::{Loaded, Policy},
+    control::server::Access,
+    dataplane::{Attachment, DataPlane, PolicyMaps as _, upgrade::Renewal},
+    policy::{Compiled, Loaded as Read, Policy},
 };
+
+/// What a start checks before it touches the kernel.
+pub(super) struct Checked {
+    loaded: Read,
+    /// Its compilation, which the first apply reuses.
+    compiled: Compiled,
+    token: Option<crate::feedback::Token>,
+    pub(super) access: Access,
+}
+
+impl Checked {
+    /// The policy read and validated, the feedback token read, the
+    /// socket's group and the interface found.
+    pub(super) fn of(settings: &Settings) -> anyhow::Result<Self> {
+        let loaded = settings.load_policy()?;
+        let compiled = loaded.check()?;
+        let token = feedback_token(&loaded.policy)?;
+        let access = Access { gid: settings.socket_group.as_deref().map(resolve_group).transpose()? };
+        // An interface that exists: no pins left behind for a typo.
+        crate::dataplane::ifindex(&settings.iface)?;
+        Ok(Self { loaded, compiled, token, access })
+    }
+}
+
+/// A data plane with the first policy written, not attached yet.
+pub(super) struct Loaded {
+    pub(super) dp: DataPlane,
+    /// `Some`: pinned maps re-adopted (those renewed listed).
+    pub(super) adopted: Option<Vec<Renewal>>,
+    pub(super) enforcer: Enforcer,
+    /// The first policy's summary.
+    pub(super) summary: String,
+    pub(super) token: Option<crate::feedback::Token>,
+}
+
+/// Open the data plane (or re-adopt the pinned one) and write the first
+/// policy into it.
+pub(super) fn load(settings: &Settings, checked: Checked) -> anyhow::Result<Loaded> {
+    let Checked { loaded, compiled, token, .. } = checked;
+    let capacity = loaded.policy.capacity;
+    let (mut dp, adopted) = match &settings.pin_dir {
+        Some(dir) => DataPlane::open_pinned(capacity, dir)?,
+        None => (DataPlane::open(capacity)?, None),
+    };
+    // Versions continue from what a re-adopted data plane enforces (or a
+    // renewed CONFIG held).
+    let version = dp.active_config()?.map_or(0, |c| c.version).max(dp.carried_version());
+    let mut enforcer = Enforcer::new(version, dp.capacity());
+    let summary = first_apply(&mut enforcer, &mut dp, settings, loaded, compiled)?;
+    Ok(Loaded { dp, adopted, enforcer, summary, token })
+}
+
+/// Attach (through the pinned link when pinning): the attachment, and
+/// whether it replaced a program on the pinned link. A pinned start that
+/// adopted nothing and fails to attach takes its pins away again.
+pub(super) fn attach(dp: &mut DataPlane, s: &Settings, adopted: bool) -> anyhow::Result<(Attachment, bool)> {
+    let Some(dir) = &s.pin_dir else { return Ok((dp.attach(&s.iface, s.mode)?, false)) };
+    dp.attach_pinned(&s.iface, s.mode, dir).map_err(|e| {
+        if !adopted {
+            unpin_failed_start(dir);
+        }
+        e.into()
+    })
+}
 
 /// The feedback endpoint's token, read and checked (its weaknesses
 /// warned of), if the policy has `[feedback]`.
-pub(super) fn feedback_token(policy: &Policy) -> anyhow::Result<Option<crate::feedback::Token>> {
+fn feedback_token(policy: &Policy) -> anyhow::Result<Option<crate::feedback::Token>> {
     let Some(f) = &policy.feedback else { return Ok(None) };
     let (token, warnings) = crate::feedback::read_token(&f.token_file)?;
     for w in warnings {
@@ -56,9 +123,9 @@ pub(super) async fn serve_metrics(
 
 /// Attaching failed after this start made the pins in `dir` (nothing
 /// was adopted): without the attachment they protect nothing, so they go,
-/// and a failed start leaves no maps (nor their memory) behind.
-pub(super) fn unpin_failed_start(dp: DataPlane, dir: &Path) {
-    drop(dp);
+/// and a failed start leaves no maps (nor their memory) behind once its
+/// data plane is dropped.
+fn unpin_failed_start(dir: &Path) {
     if let Err(u) = crate::dataplane::pin::unload(dir, false) {
         tracing::warn!("limiter: removing the pins of this failed start from {}: {u}", dir.display());
     }
@@ -67,12 +134,12 @@ pub(super) fn unpin_failed_start(dp: DataPlane, dir: &Path) {
 /// Apply the first policy: the file's (or the built-in one), with the
 /// overrides a previous daemon set at run time put back over it (they are
 /// part of the policy the pinned data plane enforces).
-pub(super) fn first_apply(
+fn first_apply(
     policy: &mut Enforcer,
     dp: &mut DataPlane,
     s: &Settings,
-    loaded: Loaded,
-    checked: crate::policy::Compiled,
+    loaded: Read,
+    checked: Compiled,
 ) -> anyhow::Result<String> {
     let restored = policy.restore(dp)?;
     let unfit = policy.drop_unfit(&loaded.policy);

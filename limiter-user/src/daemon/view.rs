@@ -1,10 +1,8 @@
 //! What the daemon's loop shows of the policy in force (`status`, the
 //! metrics, the fleet's classes), refreshed after start and each change.
 
-use super::{
-    Daemon,
-    feature::{Applied, Feature as _},
-};
+use super::{Daemon, Enforcer, feature::Applied};
+use crate::{feedback::FeedbackCounts, policy::Policy};
 
 /// What the loop shows of the policy, kept while a change has it away.
 #[derive(Debug, Default)]
@@ -16,7 +14,7 @@ pub(super) struct View {
     /// Class names by index (0 = `default`).
     pub(super) class_names: Vec<String>,
     /// Feedback decisions and escalations.
-    pub(super) feedback: crate::metrics::FeedbackCounts,
+    pub(super) feedback: FeedbackCounts,
     /// The escalation rule in force, if any.
     pub(super) escalate: Option<crate::policy::feedback::Escalate>,
     /// Classes with SYN cookies: index, name and mode (`limiter_common::cookie::mode`),
@@ -27,52 +25,73 @@ pub(super) struct View {
     pub(super) syn_cookies_on: bool,
 }
 
+impl View {
+    /// What the loop shows of the policy state `p`, and the effective
+    /// policy (the file's with the runtime overrides) it was read from.
+    pub(super) fn of(p: &Enforcer) -> (Self, Policy) {
+        let effective = p.effective(p.base());
+        let cookies_on = p.config().is_some_and(|c| c.flags & limiter_common::flags::SYN_COOKIES != 0);
+        let view = View {
+            version: p.version(),
+            source: p.source().to_owned(),
+            summary: match p.syn_cookies_off() {
+                Some(why) => format!("{}; syn cookies OFF: {why}", effective.summary(p.version())),
+                None => effective.summary(p.version()).to_string(),
+            },
+            class_names: effective.class_names().into_iter().map(str::to_owned).collect(),
+            feedback: {
+                let g = p.governed();
+                FeedbackCounts {
+                    applied: g.applied,
+                    shadowed: g.shadowed,
+                    refused: g.refused,
+                    escalations: g.escalations,
+                    ..FeedbackCounts::default()
+                }
+            },
+            escalate: p.base().feedback.as_ref().and_then(|f| f.escalate),
+            syn_cookies: p.config().map_or_else(Vec::new, |c| {
+                (0u32..)
+                    .zip(effective.class_names())
+                    .zip(c.cookies.mode)
+                    .filter(|(_, m)| *m != limiter_common::cookie::mode::OFF)
+                    .map(|((i, n), m)| (i, n.to_owned(), m))
+                    .collect()
+            }),
+            syn_cookie_ports: if cookies_on {
+                effective
+                    .classes
+                    .iter()
+                    .filter(|c| c.syn_cookies != crate::policy::SynCookies::Off)
+                    .flat_map(|c| c.ports.iter().copied())
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            syn_cookies_on: cookies_on,
+        };
+        (view, effective)
+    }
+
+    /// The policy in force as the features take it.
+    pub(super) fn applied<'a>(&'a self, p: &Enforcer, effective: &'a Policy) -> Applied<'a> {
+        Applied {
+            version: self.version,
+            policy: effective,
+            config: p.config().copied().unwrap_or_default(),
+            class_names: &self.class_names,
+        }
+    }
+}
+
 impl Daemon {
     /// Show the policy state in force (after start and each change), and
-    /// hand it to every feature.
+    /// hand it to every feature: from here and from nowhere else.
     pub(super) fn refresh_view(&mut self) {
         if let Some((p, _)) = &self.policy {
-            let effective = p.effective(p.base());
-            self.view = View {
-                version: p.version(),
-                source: p.source().to_owned(),
-                summary: match p.syn_cookies_off() {
-                    Some(why) => format!("{}; syn cookies OFF: {why}", effective.summary(p.version())),
-                    None => effective.summary(p.version()).to_string(),
-                },
-                class_names: effective.class_names().into_iter().map(str::to_owned).collect(),
-                feedback: {
-                    let g = p.governed();
-                    crate::metrics::FeedbackCounts {
-                        applied: g.applied,
-                        shadowed: g.shadowed,
-                        refused: g.refused,
-                        escalations: g.escalations,
-                        ..crate::metrics::FeedbackCounts::default()
-                    }
-                },
-                escalate: p.base().feedback.as_ref().and_then(|f| f.escalate),
-                syn_cookies: p.config().map_or_else(Vec::new, |c| {
-                    (0u32..)
-                        .zip(effective.class_names())
-                        .zip(c.cookies.mode)
-                        .filter(|(_, m)| *m != limiter_common::cookie::mode::OFF)
-                        .map(|((i, n), m)| (i, n.to_owned(), m))
-                        .collect()
-                }),
-                syn_cookie_ports: if p.config().is_some_and(|c| c.flags & limiter_common::flags::SYN_COOKIES != 0) {
-                    effective
-                        .classes
-                        .iter()
-                        .filter(|c| c.syn_cookies != crate::policy::SynCookies::Off)
-                        .flat_map(|c| c.ports.iter().copied())
-                        .collect()
-                } else {
-                    Vec::new()
-                },
-                syn_cookies_on: p.config().is_some_and(|c| c.flags & limiter_common::flags::SYN_COOKIES != 0),
-            };
-            self.features(&effective, false);
+            let (view, effective) = View::of(p);
+            self.view = view;
+            self.features.apply(&self.view.applied(p, &effective));
         }
     }
 
@@ -80,25 +99,7 @@ impl Daemon {
     pub(super) fn reload_features(&mut self) {
         if let Some((p, _)) = &self.policy {
             let effective = p.effective(p.base());
-            self.features(&effective, true);
-        }
-    }
-
-    /// Hand `effective`, the policy in force, to every feature: from here
-    /// and from nowhere else (`reload`: SIGHUP).
-    fn features(&mut self, effective: &crate::policy::Policy, reload: bool) {
-        let Some((p, _)) = &self.policy else { return };
-        let config = p.config().copied().unwrap_or_default();
-        let applied =
-            Applied { version: p.version(), policy: effective, config: &config, class_names: &self.view.class_names };
-        if reload {
-            self.forwards.reload(&applied);
-            self.fleet.reload(&applied);
-            self.feedback.reload(&applied);
-        } else {
-            self.forwards.apply(&applied);
-            self.fleet.apply(&applied);
-            self.feedback.apply(&applied);
+            self.features.reload(&self.view.applied(p, &effective));
         }
     }
 }

@@ -32,25 +32,25 @@ impl Daemon {
     /// Once a second: is the program still on its interface (and pinned)?
     /// If not, say so (metrics and status too) and put it back.
     pub(super) fn check_attachment(&mut self) {
-        let health = self.attachment.health();
+        let health = self.link.attachment.health();
         if let Health::Detached(why) = &health {
-            if self.watch.health == Health::Attached {
+            if self.link.health == Health::Attached {
                 tracing::error!(event = "detached", iface = %self.settings.iface, "limiter: NOT ENFORCING: {why}");
             }
-            match self.dp.repair(&mut self.attachment) {
+            match self.dp.repair(&mut self.link.attachment) {
                 Ok(done) => {
-                    self.watch.repairs += 1;
+                    self.link.repairs += 1;
                     tracing::warn!(event = "reattached", iface = %self.settings.iface, "limiter: {done}");
-                    self.watch.health = self.attachment.health();
+                    self.link.health = self.link.attachment.health();
                     return;
                 }
-                Err(e) if self.watch.health == Health::Attached => {
+                Err(e) if self.link.health == Health::Attached => {
                     let e = anyhow::Error::from(e);
                     tracing::error!("limiter: cannot attach again yet (retrying every second): {e:#}");
                 }
                 Err(_) => {}
             }
         }
-        self.watch.health = health;
+        self.link.health = health;
     }
 }

@@ -365,11 +365,18 @@ pub fn key_addr(k: &limiter_common::BucketKey) -> Option<std::net::IpAddr> {
     }
 }
 
-/// A bucket key as a CIDR string.
+/// The network a bucket key stands for (`::/0`-based for a key of no
+/// family, a host network for a length its family cannot have).
+#[must_use]
+pub fn net(k: &limiter_common::BucketKey) -> ipnet::IpNet {
+    let addr = key_addr(k).unwrap_or(std::net::IpAddr::from([0u8; 16]));
+    ipnet::IpNet::new(addr, k.prefix_len).unwrap_or_else(|_| ipnet::IpNet::from(addr))
+}
+
+/// A bucket key as a CIDR string (the fleet store's keys spell it so).
 #[must_use]
 pub fn cidr(k: &limiter_common::BucketKey) -> String {
-    let addr = key_addr(k).unwrap_or(std::net::IpAddr::from([0u8; 16]));
-    format!("{addr}/{}", k.prefix_len)
+    net(k).to_string()
 }
 
 /// Index of `iface` in the calling thread's network namespace.

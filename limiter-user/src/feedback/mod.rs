@@ -21,6 +21,9 @@
 
 pub mod escalate;
 pub mod proof;
+mod series;
+
+pub use self::series::FeedbackCounts;
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -30,7 +33,7 @@ use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::control::{Request as Call, Response as Answer, server::Call as Sent};
+use crate::control::{ErrorCode, Request as Call, Response as Answer, server::Call as Sent};
 
 /// Clients at once (a quarter of them per peer); a penalty body's largest
 /// size, and how long it may take to arrive.
@@ -213,17 +216,16 @@ async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::
                 Some(Answer::Applied(a)) => {
                     reply(StatusCode::OK, &serde_json::json!({ "version": a.version, "summary": a.summary }))
                 }
-                Some(Answer::Error { message }) => {
-                    let code = if message.contains("governor: cap") {
-                        StatusCode::TOO_MANY_REQUESTS
-                    } else if message.contains("governor: allowed") {
+                Some(Answer::Error { code, message, .. }) => {
+                    let status = match code {
+                        ErrorCode::Capped => StatusCode::TOO_MANY_REQUESTS,
                         // The operator or the policy file allows it: a
                         // conflict with a higher layer, not a bad request.
-                        StatusCode::CONFLICT
-                    } else {
-                        StatusCode::UNPROCESSABLE_ENTITY
+                        ErrorCode::Conflict => StatusCode::CONFLICT,
+                        ErrorCode::Busy | ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                        _ => StatusCode::UNPROCESSABLE_ENTITY,
                     };
-                    fail(code, &message)
+                    fail(status, &message)
                 }
                 _ => fail(StatusCode::SERVICE_UNAVAILABLE, "the daemon did not answer"),
             }

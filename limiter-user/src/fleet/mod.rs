@@ -16,6 +16,7 @@ pub mod ledger;
 mod peers;
 mod plan;
 mod readers;
+mod series;
 pub mod share;
 mod status;
 pub mod store;

@@ -7,6 +7,7 @@
 
 pub mod copy;
 pub mod proxy;
+mod series;
 pub mod serve;
 pub mod upstream;
 
@@ -24,6 +25,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use limiter_common::{BucketKey, BucketState, Config, gcra, mode, packet, resolution, rules};
 use tokio::sync::{Semaphore, watch};
 
+pub use self::series::Reports;
 use self::{proxy::Verdict, serve::Shed, upstream::Upstreams};
 use crate::{control::ForwardInfo as Report, policy::forward::Forward};
 

@@ -1,9 +1,10 @@
 //! Prometheus metrics, collected at scrape time: each scrape asks the
-//! daemon for a snapshot of the kernel's counters and encodes it with
-//! prometheus-client. No label carries an address or a prefix, so the
-//! number of series is fixed by reasons, families and classes.
+//! daemon for a snapshot of the kernel's counters and its features'
+//! reports, and encodes it with prometheus-client: the data plane's series
+//! here, then each feature's own ([`Series`]). No label carries an address
+//! or a prefix, so the number of series is fixed by reasons, families,
+//! classes and what the policy declares.
 
-mod features;
 mod http;
 
 use limiter_common::{Action, ClassCounters, Reason, family};
@@ -15,13 +16,16 @@ use prometheus_client::{
 };
 
 pub use self::http::{HEADER_TIMEOUT, MAX_CONNS, ScrapeCall, serve};
-use crate::dataplane::Totals;
+use crate::{
+    dataplane::Totals,
+    series::{Series, counter, gauge},
+};
 
 /// Default listen address of `/metrics`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
 /// What one scrape reports.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct Snapshot {
     pub totals: Totals,
     /// Class name and its counters, in class order.
@@ -35,11 +39,8 @@ pub struct Snapshot {
     pub attached: bool,
     /// Times a lost link or pin was put back.
     pub reattaches: u64,
-    pub forwards: Vec<crate::control::ForwardInfo>,
-    /// Feedback decisions and escalations.
-    pub feedback: FeedbackCounts,
-    /// The fleet sync, if the daemon runs one.
-    pub fleet: Option<crate::fleet::FleetStatus>,
+    /// The reports of the daemon's features, each encoding its series.
+    pub features: Vec<Box<dyn Series>>,
     /// Classes with SYN cookies: name, mode (`auto`, `always`) and whether
     /// the data plane answers SYNs with cookies now.
     pub syn_cookies: Vec<crate::control::SynCookieRow>,
@@ -50,23 +51,6 @@ pub struct Snapshot {
     pub reloads_failed: u64,
     pub last_reload_ok: Option<u64>,
     pub last_reload_failed: Option<u64>,
-}
-
-/// What the feedback governor decided since the daemon started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FeedbackCounts {
-    pub applied: u64,
-    pub shadowed: u64,
-    /// Refusals of the governor, by why.
-    pub refused: crate::policy::feedback::Refusals,
-    /// Escalations the daemon decided (then governed like any penalty).
-    pub escalations: u64,
-    /// Prefix-seconds above the escalation rate whose drops came from
-    /// addresses that never proved themselves: dropped, not escalated.
-    pub unproven: u64,
-    /// Addresses proven now (a verified SYN cookie or a TCP connection
-    /// the kernel accepted, within the last 10 minutes).
-    pub proven_sources: u64,
 }
 
 #[derive(Debug)]
@@ -85,12 +69,32 @@ impl SnapshotCollector {
         Ok(())
     }
 
-    pub(super) fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
-        ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
-    }
-
-    pub(super) fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
-        ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
+    fn syn_cookies(
+        enc: &mut DescriptorEncoder,
+        classes: &[crate::control::SynCookieRow],
+        refused: bool,
+    ) -> std::fmt::Result {
+        if classes.is_empty() {
+            return Ok(());
+        }
+        gauge(
+            enc,
+            "limiter_syn_cookies_refused",
+            "1 while the kernel answers the cookie ACKs XDP verified with RST (it took none of them in the last 5 s: no route back to the SYNs' sources, most likely).",
+            i64::from(refused),
+        )?;
+        let mut m = enc.encode_descriptor(
+            "limiter_syn_cookies_engaged",
+            "1 while a class answers SYNs from sources without a bucket with SYN cookies.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for c in classes {
+            let mode = crate::policy::spelling(&c.mode);
+            ConstGauge::new(i64::from(c.engaged))
+                .encode(m.encode_family(&[("class", c.class.as_str()), ("mode", mode.as_str())])?)?;
+        }
+        Ok(())
     }
 }
 
@@ -112,19 +116,14 @@ impl Collector for SnapshotCollector {
                 ConstCounter::new(c.get(a).packets).encode(m.encode_family(&labels)?)?;
             }
         }
-        Self::gauge(
+        gauge(
             &mut enc,
             "limiter_tracked_prefixes",
             "Prefixes with a bucket (refreshed in the background).",
             i(s.tracked as u64),
         )?;
-        Self::gauge(
-            &mut enc,
-            "limiter_tracked_prefixes_capacity",
-            "Capacity of the bucket map.",
-            i64::from(s.capacity),
-        )?;
-        Self::gauge(
+        gauge(&mut enc, "limiter_tracked_prefixes_capacity", "Capacity of the bucket map.", i64::from(s.capacity))?;
+        gauge(
             &mut enc,
             "limiter_policy_version",
             "Version of the policy the data plane enforces.",
@@ -147,7 +146,7 @@ impl Collector for SnapshotCollector {
                 s.last_reload_failed,
             ),
         ] {
-            Self::gauge(&mut enc, name, help, i(t.unwrap_or(0)))?;
+            gauge(&mut enc, name, help, i(t.unwrap_or(0)))?;
         }
         let mut m = enc.encode_descriptor(
             "limiter_attached",
@@ -157,18 +156,16 @@ impl Collector for SnapshotCollector {
         )?;
         ConstGauge::new(i64::from(s.attached))
             .encode(m.encode_family(&[("interface", s.iface.as_str()), ("mode", s.attach_mode.as_str())])?)?;
-        Self::counter(
+        counter(
             &mut enc,
             "limiter_reattaches",
             "Times the daemon found its XDP link or pin gone and put it back.",
             s.reattaches,
         )?;
         Self::syn_cookies(&mut enc, &s.syn_cookies, s.syn_cookies_refused)?;
-        Self::forwards(&mut enc, &s.forwards)?;
-        if let Some(f) = &s.fleet {
-            Self::fleet(&mut enc, f)?;
+        for f in &s.features {
+            f.encode(&mut enc)?;
         }
-        Self::feedback(&mut enc, &s.feedback)?;
         let mut m = enc.encode_descriptor("limiter_build_info", "Build information.", None, MetricType::Gauge)?;
         let labels = [("version", crate::VERSION), ("revision", crate::GIT_REVISION)];
         ConstGauge::new(1i64).encode(m.encode_family(&labels)?)?;
@@ -217,7 +214,8 @@ mod tests {
             bytes_up: 5,
             ..Default::default()
         };
-        let text = render(Snapshot { forwards: vec![f], ..Snapshot::default() });
+        let features: Vec<Box<dyn Series>> = vec![Box::new(crate::forward::Reports(vec![f]))];
+        let text = render(Snapshot { features, ..Snapshot::default() });
         for line in [
             r#"limiter_forward_connections_active{listener="https"} 3"#,
             r#"limiter_forward_shed_total{listener="https",reason="max_connections"} 9"#,
@@ -229,9 +227,49 @@ mod tests {
         }
     }
 
+    /// docs/operations.md has one table of every series: each family a
+    /// daemon with every feature running exposes is in it.
+    #[test]
+    fn the_operators_table_names_every_series() {
+        let features: Vec<Box<dyn Series>> = vec![
+            Box::new(crate::forward::Reports(vec![crate::control::ForwardInfo {
+                name: "f".into(),
+                shed: vec![("max_connections".into(), 1)],
+                upstreams: vec![("127.0.0.1:1".into(), true)],
+                ..Default::default()
+            }])),
+            Box::new(crate::fleet::FleetStatus::default()),
+            Box::new(crate::feedback::FeedbackCounts::default()),
+        ];
+        let syn_cookies = vec![SynCookieRow { class: "c".into(), mode: SynCookies::Auto, engaged: true }];
+        let mut s = Snapshot { features, syn_cookies, ..Snapshot::default() };
+        s.classes.push(("default".into(), ClassCounters::default()));
+        let text = render(s);
+        let doc = include_str!("../../../docs/operations.md");
+        let table: Vec<&str> = doc.lines().filter(|l| l.trim_start().starts_with("| `limiter_")).collect();
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        for feature in ["limiter_forward_", "limiter_fleet_", "limiter_feedback_", "limiter_syn_cookies_"] {
+            assert!(families.iter().any(|f| f.starts_with(feature)), "no {feature} series in\n{text}");
+        }
+        for f in families {
+            let named = |n: &str| table.iter().any(|row| row.contains(&format!("`{n}`")));
+            assert!(named(f) || named(&format!("{f}_total")), "{f} is not in the metrics table of docs/operations.md");
+        }
+    }
+
     #[test]
     fn names_follow_prometheus_conventions_and_carry_no_addresses() {
-        let mut s = Snapshot { iface: "eth0".into(), attach_mode: "native".into(), ..Snapshot::default() };
+        let feedback: Box<dyn Series> = Box::new(crate::feedback::FeedbackCounts::default());
+        let mut s = Snapshot {
+            iface: "eth0".into(),
+            attach_mode: "native".into(),
+            features: vec![feedback],
+            ..Snapshot::default()
+        };
         s.totals.by_family[Reason::RateLimited as usize][1].packets = 7;
         s.classes.push(("default".into(), ClassCounters::default()));
         let text = render(s);

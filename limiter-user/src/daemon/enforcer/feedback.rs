@@ -47,7 +47,7 @@ impl Governed {
         self.shadow
             .iter()
             .map(|(net, (t, why, by))| PrefixEntry {
-                cidr: net.to_string(),
+                cidr: *net,
                 action: EntryAction::Deny,
                 rate: None,
                 burst: None,
@@ -102,7 +102,7 @@ impl Enforcer {
         let refuse = |this: &mut Self, r: Refusal, why: String| {
             this.governor.refused.bump(r);
             tracing::warn!(event = "feedback", decision = "refused", origin, cidr, reason = %reason, "limiter: governor refused a penalty: {why}");
-            Err(ApplyError::Governor { refusal: r.label(), message: why })
+            Err(ApplyError::Governor { refusal: r, message: why })
         };
         let net = match cidr.parse::<IpNet>() {
             Ok(n) if n.trunc() == n => n,

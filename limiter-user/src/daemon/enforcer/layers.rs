@@ -99,7 +99,7 @@ impl Enforcer {
                     .cloned()
                     .unwrap_or_else(|| LayerEntry::new(force, Some(o.action), None, true));
                 PrefixEntry {
-                    cidr: o.net.to_string(),
+                    cidr: o.net,
                     action: top.action,
                     rate: top.rate,
                     burst: top.burst,

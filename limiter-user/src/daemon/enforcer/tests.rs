@@ -103,7 +103,7 @@ fn runtime_overrides_replace_file_ones_in_place_and_unset_removes_them() {
     assert_eq!(v4_codes(&maps), [(1, resolution::ALLOW), (2, resolution::ALLOW), (0, resolution::DENY)]);
     e.change_prefix(&mut maps, "198.18.2.0/24".parse().unwrap(), None, None).unwrap();
     assert_eq!(v4_codes(&maps), [(1, resolution::ALLOW), (0, resolution::DENY)]);
-    let origins: Vec<_> = e.prefixes().into_iter().map(|p| (p.cidr, p.origin.to_string())).collect();
+    let origins: Vec<_> = e.prefixes().into_iter().map(|p| (p.cidr.to_string(), p.origin.to_string())).collect();
     assert_eq!(origins, [("198.18.1.0/24".into(), "runtime".into()), ("198.18.0.0/16".into(), "runtime".into())]);
     let err = e.change_prefix(&mut maps, "198.18.9.0/24".parse().unwrap(), None, None).unwrap_err();
     assert_eq!(err.to_string(), "198.18.9.0/24 has no override");
@@ -160,7 +160,7 @@ fn runtime_overrides_that_no_longer_fit_are_dropped_at_restart() {
     assert_eq!(back.restore(&mut maps).unwrap(), 2);
     assert!(back.drop_unfit(&loaded(FILE).policy).is_empty());
     back.apply(&mut maps, loaded(FILE)).unwrap();
-    assert!(back.prefixes().iter().any(|p| p.cidr == "198.18.3.0/24" && p.action == "deny"));
+    assert!(back.prefixes().iter().any(|p| p.cidr.to_string() == "198.18.3.0/24" && p.action == "deny"));
 }
 
 #[test]
@@ -173,7 +173,7 @@ fn an_override_with_a_ttl_expires_and_a_file_override_comes_back() {
     assert_eq!(v4_codes(&maps)[0], (1, resolution::ALLOW));
     let now = unix_now();
     assert!(e.next_expiry().is_some_and(|t| (now + 59..=now + 60).contains(&t)), "{:?}", e.next_expiry());
-    let left = e.prefixes().iter().find(|p| p.cidr == "198.18.1.0/24").unwrap().expires_in_secs.unwrap();
+    let left = e.prefixes().iter().find(|p| p.cidr.to_string() == "198.18.1.0/24").unwrap().expires_in_secs.unwrap();
     assert!((58..=60).contains(&left), "{left}");
     assert!(e.expire(&mut maps, now + 30).is_none(), "nothing due yet");
     e.expire(&mut maps, now + 61).unwrap().unwrap();
@@ -202,4 +202,31 @@ fn a_bulk_load_is_all_or_nothing_and_names_the_bad_entry() {
     e.load(&mut maps, &cidrs, OverrideAction::Deny, Some(60)).unwrap();
     assert_eq!((maps.runtime.len(), e.prefixes().len()), (250, 252));
     assert_eq!(maps.applied.last().unwrap().overrides.v4.len(), 252, "one version for all of them");
+}
+
+/// A refusal answers with a code the feedback endpoint and the CLI act
+/// on: the refused entry of a bulk load, the governor's cap and a higher
+/// layer's allow apart from any other refusal.
+#[test]
+fn a_refusal_answers_with_its_code_and_entry() {
+    use crate::control::{ErrorCode, Response};
+    use crate::policy::feedback::Refusal;
+    let entry = ApplyError::Entry { index: 4, message: "bad".into() };
+    assert_eq!(
+        entry.answer(7),
+        Response::Error { code: ErrorCode::Refused, message: "bad; policy v7 keeps running".into(), entry: Some(4) }
+    );
+    for (refusal, code) in [
+        (Refusal::Cap, ErrorCode::Capped),
+        (Refusal::Allowed, ErrorCode::Conflict),
+        (Refusal::TooWide, ErrorCode::Refused),
+    ] {
+        let Response::Error { code: got, message, .. } =
+            ApplyError::Governor { refusal, message: "x".into() }.answer(1)
+        else {
+            panic!()
+        };
+        assert_eq!(got, code, "{message}");
+        assert!(message.starts_with(&format!("governor: {}: x", refusal.label())), "{message}");
+    }
 }
