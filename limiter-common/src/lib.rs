@@ -73,23 +73,30 @@ pub mod programs {
 /// in [`BucketKey::family`] and the other keys, and as [`packet::parse`]
 /// reports it; `STATS` keeps a slot for each ([`family::slot`]).
 pub mod family {
+    /// An address family: its IP version in one byte, the same in every
+    /// key, event and counter slot. A type of its own, so a slot index or
+    /// a prefix length is never taken for one.
+    #[repr(transparent)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct Family(pub u8);
+
     /// Not IP, or not yet known.
-    pub const NONE: u8 = 0;
-    pub const IPV4: u8 = 4;
-    pub const IPV6: u8 = 6;
+    pub const NONE: Family = Family(0);
+    pub const IPV4: Family = Family(4);
+    pub const IPV6: Family = Family(6);
     /// Every family, in the order of their `STATS` slots.
-    pub const ALL: [u8; 3] = [NONE, IPV4, IPV6];
+    pub const ALL: [Family; 3] = [NONE, IPV4, IPV6];
 
     /// The family's slot in `STATS` (0, 1, 2 for [`NONE`], [`IPV4`],
     /// [`IPV6`]): two shifts, no table and no branch on the hot path.
     #[must_use]
-    pub const fn slot(family: u8) -> u32 {
-        ((family >> 1) - (family >> 2)) as u32
+    pub const fn slot(family: Family) -> u32 {
+        ((family.0 >> 1) - (family.0 >> 2)) as u32
     }
 
     /// The `family` label of the metrics.
     #[must_use]
-    pub const fn label(family: u8) -> &'static str {
+    pub const fn label(family: Family) -> &'static str {
         match family {
             IPV4 => "ipv4",
             IPV6 => "ipv6",
@@ -97,6 +104,8 @@ pub mod family {
         }
     }
 }
+
+pub use family::Family;
 
 /// Enforcement mode of a class.
 pub mod mode {
@@ -240,7 +249,7 @@ pub const MAX_V6_BUCKET_PREFIX: u32 = 64;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BucketKey {
     /// [`family::IPV4`] or [`family::IPV6`].
-    pub family: u8,
+    pub family: Family,
     /// Prefix length the address was masked to.
     pub prefix_len: u8,
     /// Rule class (0 = default); reserved for per-class budgets.
@@ -259,7 +268,7 @@ impl BucketKey {
     #[inline(always)]
     #[must_use]
     pub fn words(&self) -> (u64, u64) {
-        let head = u64::from(u32::from_ne_bytes([self.family, self.prefix_len, self.class, self.pad]));
+        let head = u64::from(u32::from_ne_bytes([self.family.0, self.prefix_len, self.class, self.pad]));
         (head | u64::from(self.addr[0]) << 32, u64::from(self.addr[1]))
     }
 
@@ -269,7 +278,7 @@ impl BucketKey {
     #[expect(clippy::cast_possible_truncation, reason = "each half of a word")]
     pub fn from_words(head: u64, tail: u64) -> Self {
         let [family, prefix_len, class, pad] = (head as u32).to_ne_bytes();
-        Self { family, prefix_len, class, pad, addr: [(head >> 32) as u32, tail as u32] }
+        Self { family: Family(family), prefix_len, class, pad, addr: [(head >> 32) as u32, tail as u32] }
     }
 }
 
@@ -302,7 +311,7 @@ pub struct ClockCache {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuntimeKey {
     /// [`family::IPV4`] (address in the first 4 bytes) or [`family::IPV6`].
-    pub family: u8,
+    pub family: Family,
     pub prefix_len: u8,
     /// Always zero (explicit padding).
     pub pad: [u8; 2],

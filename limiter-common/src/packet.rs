@@ -77,7 +77,7 @@ impl Frame for [u8] {
 /// What the limiter needs from a packet.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Source {
-    pub family: u8,
+    pub family: crate::Family,
     /// Source address in network byte order (IPv4 in `addr[0]`).
     pub addr: [u32; 4],
     /// IP protocol of the L4 header (or of the fragment).
@@ -113,7 +113,7 @@ fn word(b: &[u8], i: usize) -> u32 {
 /// `fam` is set to the [`family`] as soon as the EtherType is known, so
 /// malformed IP is counted under its family.
 #[inline(always)]
-pub fn parse<F: Frame + ?Sized>(f: &F, fam: &mut u8) -> Result<Source, Reason> {
+pub fn parse<F: Frame + ?Sized>(f: &F, fam: &mut crate::Family) -> Result<Source, Reason> {
     let eth = f.bytes_at::<{ EthHdr::LEN }>(0).ok_or(Reason::EthTruncated)?;
     let mut proto = be16(eth, 12);
     let mut off = EthHdr::LEN;
@@ -274,14 +274,14 @@ mod tests {
     #[test]
     fn reads_source_port_and_syn_through_vlan_tags() {
         for vlans in 0..=MAX_VLAN_DEPTH {
-            let mut fam = 0;
+            let mut fam = family::NONE;
             let s = parse(v4_syn(vlans).as_slice(), &mut fam).unwrap();
             assert_eq!(fam, family::IPV4);
             assert_eq!(s.addr[0], u32::from_ne_bytes([198, 18, 7, 9]));
             assert_eq!((s.proto, s.dport, s.syn, s.port_known), (IPPROTO_TCP, 443, 1, 1));
             assert_eq!(s.tcp_flags, 0x02);
         }
-        let mut fam = 0;
+        let mut fam = family::NONE;
         assert_eq!(parse(v4_syn(3).as_slice(), &mut fam), Err(Reason::VlanDepthExceeded));
     }
 
@@ -289,7 +289,7 @@ mod tests {
     fn every_cut_of_a_frame_gets_one_reason_and_never_reads_past_it() {
         let whole = v4_syn(1);
         for cut in 0..whole.len() {
-            let mut fam = 0;
+            let mut fam = family::NONE;
             let r = parse(&whole[..cut], &mut fam).unwrap_err();
             assert!(r.verdict() == crate::Verdict::Drop, "cut {cut}: {r:?}");
         }
@@ -304,7 +304,7 @@ mod tests {
         for _ in 0..=MAX_IPV6_EXT_HEADERS {
             f.extend([NEXTHDR_DEST, 0, 0, 0, 0, 0, 0, 0]);
         }
-        let mut fam = 0;
+        let mut fam = family::NONE;
         assert_eq!(parse(f.as_slice(), &mut fam), Err(Reason::Ipv6ExtLimit));
         assert_eq!(fam, family::IPV6);
     }

@@ -20,13 +20,13 @@ pub const STAT_ENTRIES: usize = (MAX_CLASSES + 1) * REASON_COUNT * STAT_FAMILIES
 /// [`family`].
 #[must_use]
 #[expect(clippy::cast_possible_truncation, reason = "class <= UNCLASSIFIED, a small constant")]
-pub const fn stat_index(class: usize, reason: Reason, family: u8) -> u32 {
+pub const fn stat_index(class: usize, reason: Reason, family: crate::Family) -> u32 {
     ((class as u32) * REASON_COUNT as u32 + reason as u32) * STAT_FAMILIES_U32 + family::slot(family)
 }
 
 /// The class, reason and [`family`] of the `STATS` slot `index`.
 #[must_use]
-pub const fn stat_slot(index: usize) -> Option<(usize, Reason, u8)> {
+pub const fn stat_slot(index: usize) -> Option<(usize, Reason, crate::Family)> {
     let fam = family::ALL[index % STAT_FAMILIES];
     let reason = (index / STAT_FAMILIES) % REASON_COUNT;
     let class = index / STAT_FAMILIES / REASON_COUNT;
@@ -117,7 +117,7 @@ mod tests {
             for reason in Reason::ALL {
                 for fam in family::ALL {
                     let i = stat_index(class, reason, fam) as usize;
-                    assert!(i < STAT_ENTRIES && !seen[i], "{class} {reason:?} {fam}");
+                    assert!(i < STAT_ENTRIES && !seen[i], "{class} {reason:?} {fam:?}");
                     seen[i] = true;
                     assert_eq!(stat_slot(i), Some((class, reason, fam)));
                 }

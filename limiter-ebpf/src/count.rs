@@ -6,7 +6,7 @@
 use aya_ebpf::bindings::xdp_md;
 use aya_ebpf::programs::XdpContext;
 use aya_log_ebpf::debug;
-use limiter_common::{BucketKey, Config, DropEvent, Reason, family, gcra, packet::Frame as _, stat_index};
+use limiter_common::{BucketKey, Config, DropEvent, Family, Reason, family, gcra, packet::Frame as _, stat_index};
 
 use crate::packet::Packet;
 
@@ -80,7 +80,7 @@ fn source_of(pkt: &Packet, v6: bool) -> Option<[u32; 4]> {
 /// `reason` and stat family `fam`; returns that counter's packets on this
 /// CPU (so far, this one included).
 #[inline(always)]
-pub fn count(class: usize, reason: Reason, fam: u8, len: u64) -> u64 {
+pub fn count(class: usize, reason: Reason, fam: Family, len: u64) -> u64 {
     let Some(c) = STATS.get_ptr_mut(stat_index(class, reason, fam)) else {
         return 0;
     };
@@ -113,7 +113,11 @@ pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reas
             *last = now;
             debug!(
                 ctx,
-                "sampled drop: family {} /{} class {} reason {}", key.family, key.prefix_len, key.class, reason as u32
+                "sampled drop: family {} /{} class {} reason {}",
+                key.family.0,
+                key.prefix_len,
+                key.class,
+                reason as u32
             );
         }
     }

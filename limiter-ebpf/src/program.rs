@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
-    Reason, UNCLASSIFIED, Verdict, family, flags, gcra,
+    Family, Reason, UNCLASSIFIED, Verdict, family, flags, gcra,
     packet::{IPPROTO_TCP, parse},
     rules::{bucket_key, classify},
 };
@@ -79,7 +79,7 @@ pub fn limiter_test_clock(ctx: XdpContext) -> u32 {
 /// was not classified (`Err`: malformed, not IP, no policy; a classified
 /// packet, `Ok`, was counted under its class). Every path ends here.
 #[inline(always)]
-fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: u8) -> u32 {
+fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: Family) -> u32 {
     let reason = match counted {
         Ok(r) => r,
         Err(r) => {
@@ -96,7 +96,7 @@ fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: u8) -> u32 {
 
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "class < MAX_CLASSES; versions compare in their low 32 bits")]
-fn try_limiter(pkt: &Packet, fam: &mut u8, now: impl FnOnce() -> u64) -> Result<Reason, Reason> {
+fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Result<Reason, Reason> {
     let src = parse(pkt, fam)?;
     let slot = ACTIVE.get(0).copied().unwrap_or(0) & 1;
     let Some(cfg) = CONFIG.get(slot) else {

@@ -177,9 +177,9 @@ mod tests {
     #[test]
     fn the_status_line_lists_what_did_not_pass() {
         let mut now = Totals::default();
-        now.add(Reason::Admitted, 1, Counter { packets: 10, bytes: 0 });
-        now.add(Reason::RateLimited, 1, Counter { packets: 4, bytes: 0 });
-        now.add(Reason::ShadowDropped, 2, Counter { packets: 3, bytes: 0 });
+        now.add(Reason::Admitted, limiter_common::family::IPV4, Counter { packets: 10, bytes: 0 });
+        now.add(Reason::RateLimited, limiter_common::family::IPV4, Counter { packets: 4, bytes: 0 });
+        now.add(Reason::ShadowDropped, limiter_common::family::IPV6, Counter { packets: 3, bytes: 0 });
         let line = status_line(&now, &Totals::default(), Duration::from_secs(1), 5, 9);
         assert_eq!(line, "passed 13 (13/s) dropped 4 (4/s) tracked 5/9 rate_limited=4 shadow_dropped=3");
     }

@@ -2,7 +2,7 @@
 //! operator reads from them: passed, dropped and shadow-dropped by each
 //! reason's [`Action`].
 
-use limiter_common::{Action, Counter, REASON_COUNT, Reason, STAT_FAMILIES, family};
+use limiter_common::{Action, Counter, REASON_COUNT, Reason, STAT_FAMILIES, family, family::Family};
 
 /// Packets and bytes per reason (and per reason and stat family), summed
 /// over CPUs.
@@ -15,14 +15,14 @@ pub struct Totals {
 
 impl Totals {
     /// Add one slot's sum.
-    pub fn add(&mut self, r: Reason, fam: u8, c: Counter) {
+    pub fn add(&mut self, r: Reason, fam: Family, c: Counter) {
         self.by_reason[r as usize] += c;
         self.by_family[r as usize][family::slot(fam) as usize] += c;
     }
 
     /// What was counted under reason `r` for the [`family`] `fam`.
     #[must_use]
-    pub fn of_family(&self, r: Reason, fam: u8) -> Counter {
+    pub fn of_family(&self, r: Reason, fam: Family) -> Counter {
         self.by_family[r as usize][family::slot(fam) as usize]
     }
 

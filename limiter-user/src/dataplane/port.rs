@@ -72,7 +72,7 @@ fn fake_error(what: &'static str) -> LoadError {
 #[cfg(any(test, feature = "testing"))]
 fn runtime_id(k: &RuntimeKey) -> [u8; 20] {
     let mut id = [0; 20];
-    id[0] = k.family;
+    id[0] = k.family.0;
     id[1] = k.prefix_len;
     // Every byte of the key, as the kernel's hash map compares them.
     id[2..4].copy_from_slice(&k.pad);

@@ -254,7 +254,7 @@ fn verdict(f: &Shared, a: &serve::Admitted, port: u16) -> Verdict {
         policy_version: ctx.version,
         class: u8::try_from(class).unwrap_or(0),
         shadow: limits.mode == mode::SHADOW,
-        family,
+        family: family.0,
         prefix_len: key.prefix_len,
         prefix,
         remaining: remaining(f, &key, &limits),

@@ -43,8 +43,8 @@ impl Shed {
     }
 }
 
-/// A source prefix: family byte and masked address.
-pub type PrefixKey = (u8, [u8; 16]);
+/// A source prefix: family and masked address.
+pub type PrefixKey = (limiter_common::Family, [u8; 16]);
 /// Connections open per source prefix.
 pub type PrefixCounts = Mutex<HashMap<PrefixKey, usize>>;
 
@@ -143,7 +143,7 @@ pub fn prefix_of(peer: SocketAddr, ctx: &Context) -> PrefixKey {
         std::net::IpAddr::V4(a) => {
             let m = mask_v4(u32::from_ne_bytes(a.octets()), ctx.config.v4_prefix);
             out[..4].copy_from_slice(&m.to_ne_bytes());
-            (4, out)
+            (limiter_common::family::IPV4, out)
         }
         std::net::IpAddr::V6(a) => {
             let o = a.octets();
@@ -152,7 +152,7 @@ pub fn prefix_of(peer: SocketAddr, ctx: &Context) -> PrefixKey {
             for (chunk, w) in out.chunks_mut(4).zip(mask_v6(words, ctx.config.v6_prefix)) {
                 chunk.copy_from_slice(&w.to_ne_bytes());
             }
-            (6, out)
+            (limiter_common::family::IPV6, out)
         }
     }
 }

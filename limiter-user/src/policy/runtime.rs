@@ -191,7 +191,7 @@ mod tests {
         let net: IpNet = "198.18.1.0/24".parse().unwrap();
         let bad_action = RuntimeOverride { action: 99, ..value(None, 0, SetBy::Operator) };
         assert_eq!(decode(&key(&net, SetBy::Operator), &bad_action), None);
-        let bad_family = RuntimeKey { family: 9, ..key(&net, SetBy::Operator) };
+        let bad_family = RuntimeKey { family: limiter_common::Family(9), ..key(&net, SetBy::Operator) };
         assert_eq!(decode(&bad_family, &value(None, 0, SetBy::Operator)), None);
         let bad_len = RuntimeKey { prefix_len: 33, ..key(&net, SetBy::Operator) };
         assert_eq!(decode(&bad_len, &value(None, 0, SetBy::Operator)), None);
