@@ -51,9 +51,10 @@ const APT_PACKAGES: &[&str] = &[
     "bpftool",
 ];
 /// Only `bench` needs these: the netfilter peers of the system flood,
-/// nginx's stream module for the forwarder's peers, and perf for the
-/// system flood's profile (`LIMITER_BENCH_PROFILE=1`).
-const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool", "libnginx-mod-stream", "linux-perf"];
+/// nginx's stream module for the forwarder's peers, perf for the system
+/// flood's profile (`LIMITER_BENCH_PROFILE=1`), and xdp-filter, the peer
+/// of `hit` and `deny`.
+const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool", "libnginx-mod-stream", "linux-perf", "xdp-tools"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(Parser)]

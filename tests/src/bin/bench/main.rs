@@ -3,6 +3,7 @@
 //! processed-instruction count of each entry point. Ratios, not absolutes.
 #![allow(clippy::cast_precision_loss, reason = "measurements: tick counts far inside f64's exact range")]
 
+mod deny;
 mod fleet;
 mod forward;
 mod jitlines;
@@ -10,6 +11,7 @@ mod profile;
 mod syn;
 mod system;
 mod window;
+mod xdp_filter;
 
 use std::net::Ipv4Addr;
 
@@ -33,8 +35,9 @@ fn measure(l: &mut DataPlane, prog: &'static str, frame: &[u8], want: u32) -> f6
 }
 
 /// Sections in the order they print; `bench [SECTION...]` runs only those.
-const SECTIONS: [(&str, fn()); 12] = [
+const SECTIONS: [(&str, fn()); 13] = [
     ("hit", hit_path),
+    ("deny", deny::deny),
     ("system", system::system_flood),
     ("accuracy", accuracy),
     ("working-sets", working_sets),
@@ -95,8 +98,17 @@ fn hit_path() {
         let d = l.test_run_on_cpus(prog, &frame, REPEAT, &[0, 1]).expect("BPF_PROG_TEST_RUN");
         d.iter().map(|d| d.as_secs_f64() * 1e9).sum::<f64>() / d.len() as f64
     };
+    // The peer: xdp-filter denying this frame's source, and passing a
+    // source it does not list (198.18.6.1).
+    let peer = xdp_filter::XdpFilter::deny(Ipv4Addr::new(198, 18, 5, 1));
+    let other = Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 6, 1), IPPROTO_UDP, 0, 0).udp().payload(22).bytes;
+    let mut peer_rows: [Vec<f64>; 2] = Default::default();
     let mut rows: [Vec<f64>; 7] = Default::default();
     for _ in 0..ROUNDS {
+        if let Some(p) = &peer {
+            peer_rows[0].push(peer_run(p, &frame, kernel::XDP_DROP));
+            peer_rows[1].push(peer_run(p, &other, kernel::XDP_PASS));
+        }
         rows[0].push(measure(&mut admit, programs::BASELINE_DROP, &frame, kernel::XDP_DROP));
         rows[1].push(measure(&mut admit, programs::BENCH_FLOOR, &frame, kernel::XDP_DROP));
         rows[2].push(measure(&mut admit, programs::LIMITER, &frame, kernel::XDP_PASS));
@@ -122,8 +134,28 @@ fn hit_path() {
     ] {
         println!("{label:<44} {min:>10.1} {:>12.2} {med:>10.1}", min / bare.0);
     }
+    let peer = peer.map(|_| {
+        let [drop, pass] = peer_rows.map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            (v[0], v[v.len() / 2])
+        });
+        for (label, (min, med)) in
+            [("xdp-filter, source denied (dropped)", drop), ("xdp-filter, source not listed (passed)", pass)]
+        {
+            println!("{label:<44} {min:>10.1} {:>12.2} {med:>10.1}", min / bare.0);
+        }
+        (drop.0, pass.0)
+    });
     let at_most = |x: f64, goal: f64| if x <= goal { "met" } else { "NOT met" };
     let (bare, floor, hit, drop, hit2, drop2, bare2) = (bare.0, floor.0, hit.0, drop.0, hit2.0, drop2.0, bare2.0);
+    if let Some((peer_drop, peer_pass)) = peer {
+        println!(
+            "goal: a rate-limited drop at most xdp-filter's drop -> {} ({:.2}x); admitted: {:.2}x xdp-filter's pass",
+            at_most(drop / peer_drop, 1.0),
+            drop / peer_drop,
+            hit / peer_pass
+        );
+    }
     println!(
         "goal: hit path admitted at most 2.5x bare -> {} ({:.2}x; {:.2}x the floor), dropped at most 2.0x -> {} ({:.2}x)",
         at_most(hit / bare, 2.5),
@@ -141,6 +173,13 @@ fn hit_path() {
         drop2 / drop,
         bare2 / bare
     );
+}
+
+/// One BPF_PROG_TEST_RUN call of xdp-filter; ns per run.
+fn peer_run(p: &xdp_filter::XdpFilter, frame: &[u8], want: u32) -> f64 {
+    let (action, ns) = p.run(frame, REPEAT);
+    assert_eq!(action, want, "xdp-filter: unexpected action");
+    ns
 }
 
 /// For `perf record -C 0`: the hit path of `bench hit`, admitted or
