@@ -4,7 +4,7 @@ use limiter_common::{Action, Reason};
 use tokio::sync::oneshot;
 
 use super::{
-    Daemon,
+    ApplyError, Daemon,
     changes::{Change, Queued},
     observe::unix_now,
 };
@@ -207,5 +207,21 @@ impl Daemon {
             dropped_per_sec: history.iter().map(|h| h.1).collect(),
             offenders,
         })
+    }
+}
+
+impl ApplyError {
+    /// The answer to the client that asked for a change this refused
+    /// (`version`: the policy that keeps running).
+    #[must_use]
+    pub fn answer(&self, version: u64) -> Response {
+        use crate::policy::feedback::Refusal;
+        let (code, entry, message) = match self {
+            ApplyError::Entry { index, message } => (ErrorCode::Refused, Some(*index), message.clone()),
+            ApplyError::Governor { refusal: Refusal::Cap, .. } => (ErrorCode::Capped, None, self.to_string()),
+            ApplyError::Governor { refusal: Refusal::Allowed, .. } => (ErrorCode::Conflict, None, self.to_string()),
+            _ => (ErrorCode::Refused, None, self.to_string()),
+        };
+        Response::Error { code, message: format!("{message}; policy v{version} keeps running"), entry }
     }
 }

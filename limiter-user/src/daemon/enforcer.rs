@@ -40,22 +40,6 @@ pub enum ApplyError {
     Governor { refusal: crate::policy::feedback::Refusal, message: String },
 }
 
-impl ApplyError {
-    /// The answer to the client that asked for the change (`version`: the
-    /// policy that keeps running).
-    #[must_use]
-    pub fn answer(&self, version: u64) -> crate::control::Response {
-        use crate::{control::ErrorCode, policy::feedback::Refusal};
-        let (code, entry, message) = match self {
-            ApplyError::Entry { index, message } => (ErrorCode::Refused, Some(*index), message.clone()),
-            ApplyError::Governor { refusal: Refusal::Cap, .. } => (ErrorCode::Capped, None, self.to_string()),
-            ApplyError::Governor { refusal: Refusal::Allowed, .. } => (ErrorCode::Conflict, None, self.to_string()),
-            _ => (ErrorCode::Refused, None, self.to_string()),
-        };
-        crate::control::Response::Error { code, message: format!("{message}; policy v{version} keeps running"), entry }
-    }
-}
-
 /// An override set at run time: `None` removes a file override.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RuntimeEntry {

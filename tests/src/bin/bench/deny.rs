@@ -18,7 +18,7 @@ use limiter_tests::{
     packet::{ETH_P_IP, Frame, IPPROTO_UDP},
 };
 
-use super::{REPEAT, jitlines::JitLines, measure, peer_run, profile, xdp_filter::XdpFilter};
+use super::{REPEAT, hit::peer_run, jitlines::JitLines, measure, profile, xdp_filter::XdpFilter};
 
 const ROUNDS: usize = 7;
 const SIZES: [usize; 4] = [1, 10_000, 100_000, 1_000_000];

@@ -6,6 +6,7 @@
 mod deny;
 mod fleet;
 mod forward;
+mod hit;
 mod jitlines;
 mod profile;
 mod syn;
@@ -36,7 +37,7 @@ fn measure(l: &mut DataPlane, prog: &'static str, frame: &[u8], want: u32) -> f6
 
 /// Sections in the order they print; `bench [SECTION...]` runs only those.
 const SECTIONS: [(&str, fn()); 13] = [
-    ("hit", hit_path),
+    ("hit", hit::hit_path),
     ("deny", deny::deny),
     ("system", system::system_flood),
     ("accuracy", accuracy),
@@ -70,116 +71,6 @@ fn main() {
             section();
         }
     }
-}
-
-/// Per-packet cost of the limiter's hit path against a bare `XDP_DROP`,
-/// and against the floor of any exact shared bucket (`bench_floor`).
-fn hit_path() {
-    // Source 198.18.5.1: `bench_floor` charges this frame's /24 bucket.
-    let frame = Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 5, 1), IPPROTO_UDP, 0, 0).udp().payload(22).bytes;
-    // Admit path: a rate so high the bucket never empties.
-    let mut admit = kernel::open_bench(&kernel::config(limiter_common::gcra::MAX_RATE, 1 << 40, false, 24, 56), 1024);
-    // Drop path: one packet of allowance, then everything is refused.
-    let mut refuse = kernel::open_bench(&kernel::config(1, 1, false, 24, 56), 1024);
-    for l in [&mut admit, &mut refuse] {
-        for p in [programs::LIMITER, programs::BASELINE_DROP, programs::BENCH_FLOOR] {
-            l.load_program(p).unwrap();
-        }
-        // Create the bucket first so every measured run is a hit.
-        l.test_run(programs::LIMITER, &frame, 1).unwrap();
-    }
-
-    // Interleaved rounds, so drift on a noisy VM hits every row alike.
-    // Other load only ever adds time: the least disturbed round (the
-    // minimum) is the figure, the median is printed beside it. The last
-    // two rows run the same packet on both CPUs at once (one thread pinned
-    // to each), the mean of the two CPUs' times per packet.
-    let both = |l: &mut DataPlane, prog: &'static str| {
-        let d = l.test_run_on_cpus(prog, &frame, REPEAT, &[0, 1]).expect("BPF_PROG_TEST_RUN");
-        d.iter().map(|d| d.as_secs_f64() * 1e9).sum::<f64>() / d.len() as f64
-    };
-    // The peer: xdp-filter denying this frame's source, and passing a
-    // source it does not list (198.18.6.1).
-    let peer = xdp_filter::XdpFilter::deny(Ipv4Addr::new(198, 18, 5, 1));
-    let other = Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 6, 1), IPPROTO_UDP, 0, 0).udp().payload(22).bytes;
-    let mut peer_rows: [Vec<f64>; 2] = Default::default();
-    let mut rows: [Vec<f64>; 7] = Default::default();
-    for _ in 0..ROUNDS {
-        if let Some(p) = &peer {
-            peer_rows[0].push(peer_run(p, &frame, kernel::XDP_DROP));
-            peer_rows[1].push(peer_run(p, &other, kernel::XDP_PASS));
-        }
-        rows[0].push(measure(&mut admit, programs::BASELINE_DROP, &frame, kernel::XDP_DROP));
-        rows[1].push(measure(&mut admit, programs::BENCH_FLOOR, &frame, kernel::XDP_DROP));
-        rows[2].push(measure(&mut admit, programs::LIMITER, &frame, kernel::XDP_PASS));
-        rows[3].push(measure(&mut refuse, programs::LIMITER, &frame, kernel::XDP_DROP));
-        rows[4].push(both(&mut admit, programs::LIMITER));
-        rows[5].push(both(&mut refuse, programs::LIMITER));
-        rows[6].push(both(&mut admit, programs::BASELINE_DROP));
-    }
-    let [bare, floor, hit, drop, hit2, drop2, bare2] = rows.map(|mut v| {
-        v.sort_by(f64::total_cmp);
-        (v[0], v[v.len() / 2])
-    });
-    println!("BPF_PROG_TEST_RUN, {ROUNDS} interleaved rounds of {REPEAT} runs, 64-byte UDP/IPv4 frame");
-    println!("{:<44} {:>10} {:>12} {:>10}", "program", "ns/packet", "x bare drop", "median ns");
-    for (label, (min, med)) in [
-        ("bare XDP_DROP", bare),
-        ("floor: clock, shared LRU hit, CAS, counter", floor),
-        ("limiter hit path (bucket exists, admitted)", hit),
-        ("limiter hit path (bucket exists, dropped)", drop),
-        ("  the same from both CPUs at once, admitted", hit2),
-        ("  the same from both CPUs at once, dropped", drop2),
-        ("  bare XDP_DROP from both CPUs at once", bare2),
-    ] {
-        println!("{label:<44} {min:>10.1} {:>12.2} {med:>10.1}", min / bare.0);
-    }
-    let peer = peer.map(|_| {
-        let [drop, pass] = peer_rows.map(|mut v| {
-            v.sort_by(f64::total_cmp);
-            (v[0], v[v.len() / 2])
-        });
-        for (label, (min, med)) in
-            [("xdp-filter, source denied (dropped)", drop), ("xdp-filter, source not listed (passed)", pass)]
-        {
-            println!("{label:<44} {min:>10.1} {:>12.2} {med:>10.1}", min / bare.0);
-        }
-        (drop.0, pass.0)
-    });
-    let at_most = |x: f64, goal: f64| if x <= goal { "met" } else { "NOT met" };
-    let (bare, floor, hit, drop, hit2, drop2, bare2) = (bare.0, floor.0, hit.0, drop.0, hit2.0, drop2.0, bare2.0);
-    if let Some((peer_drop, peer_pass)) = peer {
-        println!(
-            "goal: a rate-limited drop at most xdp-filter's drop -> {} ({:.2}x); admitted: {:.2}x xdp-filter's pass",
-            at_most(drop / peer_drop, 1.0),
-            drop / peer_drop,
-            hit / peer_pass
-        );
-    }
-    println!(
-        "goal: hit path admitted at most 2.5x bare -> {} ({:.2}x; {:.2}x the floor), dropped at most 2.0x -> {} ({:.2}x)",
-        at_most(hit / bare, 2.5),
-        hit / bare,
-        hit / floor,
-        at_most(drop / bare, 2.0),
-        drop / bare
-    );
-    println!(
-        "goal: from 2 CPUs at once at most 1.2x one CPU's cost per packet -> admitted {} ({:.2}x), dropped {} \
-         ({:.2}x); a bare XDP_DROP from both: {:.2}x (the two vCPUs' own slowdown, in every row)",
-        at_most(hit2 / hit, 1.2),
-        hit2 / hit,
-        at_most(drop2 / drop, 1.2),
-        drop2 / drop,
-        bare2 / bare
-    );
-}
-
-/// One BPF_PROG_TEST_RUN call of xdp-filter; ns per run.
-fn peer_run(p: &xdp_filter::XdpFilter, frame: &[u8], want: u32) -> f64 {
-    let (action, ns) = p.run(frame, REPEAT);
-    assert_eq!(action, want, "xdp-filter: unexpected action");
-    ns
 }
 
 /// For `perf record -C 0`: the hit path of `bench hit`, admitted or
