@@ -2,7 +2,8 @@
 //! endpoint; the feeds and coexistence to come) behind one small face:
 //! each starts from the policy in force, is told the policy after every
 //! change, asked to read its files again on SIGHUP, ticked once a second,
-//! asked for its series at each scrape, and drained at shutdown. A policy
+//! asked for its report (what `status` shows, and it writes its own
+//! series at each scrape), and drained at shutdown. A policy
 //! change fans out to every feature from one place
 //! ([`Daemon::refresh_view`](super::Daemon) through [`Features::apply`]),
 //! so a setting of a feature goes one way, once: file -> policy ->
@@ -29,6 +30,9 @@ pub(super) struct Applied<'a> {
 
 /// A subsystem of the daemon.
 pub(super) trait Feature {
+    /// What it reports: for the control socket, and its series.
+    type Report: Series + 'static;
+
     /// Take the policy in force: start, change or stop what it declares.
     fn apply(&mut self, applied: &Applied<'_>);
 
@@ -39,10 +43,12 @@ pub(super) trait Feature {
     /// Once a second, on the daemon's loop (never blocking it).
     fn tick(&mut self) {}
 
-    /// Its report for a scrape, which writes its own series (`None`:
-    /// nothing to show now).
+    /// Its report now (`None`: nothing to show).
+    fn report(&self) -> Option<Self::Report>;
+
+    /// Its report for a scrape, which writes its own series.
     fn series(&self) -> Option<Box<dyn Series>> {
-        None
+        self.report().map(|r| Box::new(r) as Box<dyn Series>)
     }
 
     /// Let what is in flight finish, each within its own bound.
@@ -50,14 +56,17 @@ pub(super) trait Feature {
 }
 
 impl Feature for forward::Manager {
+    type Report = forward::Reports;
+
     /// Runs exactly the `[[forward]]` sections: unchanged ones keep
     /// running, changed and removed ones drain, new ones start.
     fn apply(&mut self, a: &Applied<'_>) {
         self.update(&a.policy.forwards, forward::Context { version: a.version, config: a.config });
     }
 
-    fn series(&self) -> Option<Box<dyn Series>> {
-        Some(Box::new(forward::Reports(self.reports())))
+    /// Every forwarder's, in the policy's order.
+    fn report(&self) -> Option<forward::Reports> {
+        Some(forward::Reports(self.reports()))
     }
 
     async fn drain(&mut self) {
@@ -66,6 +75,8 @@ impl Feature for forward::Manager {
 }
 
 impl Feature for FleetSide {
+    type Report = crate::fleet::FleetStatus;
+
     /// The window-quota classes apply at once; a changed, new or removed
     /// `[fleet]` section changes, starts or stops the sync.
     fn apply(&mut self, a: &Applied<'_>) {
@@ -73,8 +84,8 @@ impl Feature for FleetSide {
     }
 
     /// Only while the sync runs.
-    fn series(&self) -> Option<Box<dyn Series>> {
-        self.status().map(|s| Box::new(s) as Box<dyn Series>)
+    fn report(&self) -> Option<crate::fleet::FleetStatus> {
+        self.status()
     }
 
     /// Once a second: take the maps back from a sync that has stopped
@@ -103,6 +114,8 @@ impl Feature for FleetSide {
 
 /// A feature the policy may leave out.
 impl<T: Feature> Feature for Option<T> {
+    type Report = T::Report;
+
     fn apply(&mut self, applied: &Applied<'_>) {
         if let Some(f) = self {
             f.apply(applied);
@@ -127,8 +140,8 @@ impl<T: Feature> Feature for Option<T> {
         }
     }
 
-    fn series(&self) -> Option<Box<dyn Series>> {
-        self.as_ref().and_then(Feature::series)
+    fn report(&self) -> Option<T::Report> {
+        self.as_ref().and_then(Feature::report)
     }
 }
 
@@ -190,6 +203,13 @@ impl Features {
 }
 
 impl Feature for Endpoint {
+    /// Its decisions are the governor's, reported with the policy state.
+    type Report = ();
+
+    fn report(&self) -> Option<()> {
+        None
+    }
+
     /// Where it listens and its token file take a restart (the token
     /// itself is read again on SIGHUP): nothing to change here.
     fn apply(&mut self, _: &Applied<'_>) {}
