@@ -3,6 +3,7 @@
 //!
 //! - `counts`: counters kept by the variants of an enum;
 //! - `series`: how a room's report writes its own Prometheus series;
+//! - `feeds`: blocklist files read into sets of networks, checked, diffed;
 //! - `listen`: what every listener shares (fair slots per peer, bounds);
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
@@ -47,6 +48,8 @@ pub mod counts;
 pub mod listen;
 pub mod policy;
 pub mod series;
+
+pub mod feeds;
 
 pub mod dataplane;
 

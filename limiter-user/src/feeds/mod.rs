@@ -1,0 +1,66 @@
+//! Blocklist feeds as files an operator already fetches: FireHOL netsets
+//! and other plain lists, ipsum's `IP<TAB>count`, and Spamhaus DROP's
+//! JSON lines, read into sets of networks. Reading is bounded (line
+//! length, entries) and says where each refused line is; a set is
+//! checked against the one it would replace (a truncated download must
+//! not lift most of a list) and changes as a diff.
+//!
+//! This room reads and checks; the deny set that enforces a feed, and the
+//! `[[feed]]` section that names one, come with the data plane's deny set
+//! (docs/design.md, "What comes next").
+
+mod bogons;
+mod formats;
+
+use std::collections::BTreeSet;
+
+use ipnet::IpNet;
+
+pub use self::{
+    bogons::{BOGONS, bogon_overlap},
+    formats::{Format, MAX_ENTRIES, MAX_LINE, Parsed, ReadError, Refused, parse},
+};
+
+/// Where a feed's set moves from one version to the next: only the
+/// networks that changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Diff {
+    pub add: Vec<IpNet>,
+    pub remove: Vec<IpNet>,
+}
+
+impl Diff {
+    /// What turns `old` into `new`.
+    #[must_use]
+    pub fn between(old: &BTreeSet<IpNet>, new: &BTreeSet<IpNet>) -> Self {
+        Self { add: new.difference(old).copied().collect(), remove: old.difference(new).copied().collect() }
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.remove.is_empty()
+    }
+}
+
+/// A new version of a feed that would drop more of its set than allowed.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error(
+    "the new version holds {new} networks where the last held {old}: it shrank by more than {}% (a truncated download?); the last version stays",
+    (max_shrink * 100.0).round()
+)]
+pub struct Shrunk {
+    pub old: usize,
+    pub new: usize,
+    pub max_shrink: f64,
+}
+
+/// Refuse a new set of `new` networks replacing one of `old` when it lost
+/// more than the fraction `max_shrink` of it (`1.0`: any shrink is taken).
+pub fn check_shrink(old: usize, new: usize, max_shrink: f64) -> Result<(), Shrunk> {
+    #[expect(clippy::cast_precision_loss, reason = "set sizes far inside f64's exact range")]
+    let lost = old.saturating_sub(new) as f64 / old.max(1) as f64;
+    if lost > max_shrink { Err(Shrunk { old, new, max_shrink }) } else { Ok(()) }
+}
+
+#[cfg(test)]
+mod tests;
