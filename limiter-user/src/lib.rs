@@ -3,9 +3,9 @@
 //!
 //! - `counts`: counters kept by the variants of an enum;
 //! - `series`: how a room's report writes its own Prometheus series;
-//! - `feeds`: blocklist files read into sets of networks, checked, diffed;
 //! - `listen`: what every listener shares (fair slots per peer, bounds);
 //! - `policy`: the model, the file, the overlay, the one compile;
+//! - `feeds`: blocklist files read into sets of networks, checked, diffed;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `fleet`: window quotas kept across hosts through Redis;
 //! - `control`: the control-socket protocol, server and client;
@@ -47,9 +47,9 @@ pub fn escape_control(text: &str) -> String {
 pub mod counts;
 pub mod listen;
 pub mod policy;
-pub mod series;
 
 pub mod feeds;
+pub mod series;
 
 pub mod dataplane;
 

@@ -21,6 +21,35 @@ pub use self::{
     formats::{Format, MAX_ENTRIES, MAX_LINE, Parsed, ReadError, Refused, parse},
 };
 
+/// Largest feed file read (a million networks as CIDR text with comments
+/// is about 20 MB).
+pub const MAX_FILE: u64 = 64 << 20;
+
+/// Why a feed's file gave no set: not read (bounded: a regular file of at
+/// most [`MAX_FILE`] bytes), or not a list in its format.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    #[error("{path}: {source}")]
+    File {
+        path: std::path::PathBuf,
+        #[source]
+        source: crate::policy::file::ReadError,
+    },
+    #[error("{path}: {source}")]
+    Format {
+        path: std::path::PathBuf,
+        #[source]
+        source: ReadError,
+    },
+}
+
+/// Read the feed file at `path` (see [`parse`]).
+pub fn read(path: &std::path::Path, format: Format, min_count: u32, allow_bogons: bool) -> Result<Parsed, FeedError> {
+    let text = crate::policy::file::read_text(path, MAX_FILE, "a feed")
+        .map_err(|source| FeedError::File { path: path.into(), source })?;
+    parse(&text, format, min_count, allow_bogons).map_err(|source| FeedError::Format { path: path.into(), source })
+}
+
 /// Where a feed's set moves from one version to the next: only the
 /// networks that changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

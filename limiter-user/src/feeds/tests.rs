@@ -138,3 +138,19 @@ proptest! {
         prop_assert!(Diff::between(&new, &new).is_empty());
     }
 }
+
+#[test]
+fn a_feed_file_is_read_bounded_and_errors_name_it() {
+    let dir = std::env::temp_dir().join(format!("limiter-feeds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let list = dir.join("level1.netset");
+    std::fs::write(&list, FIREHOL).unwrap();
+    assert_eq!(read(&list, Format::Plain, 0, false).unwrap().nets.len(), 3);
+    std::fs::write(&list, "1.10.16.0/20\nnot-a-net\n").unwrap();
+    let e = read(&list, Format::Plain, 0, false).unwrap_err();
+    assert_eq!(e.to_string(), format!("{}: line 2: \"not-a-net\" is not an address or a CIDR", list.display()));
+    // A device is never read (it would never end).
+    let e = read(std::path::Path::new("/dev/zero"), Format::Plain, 0, false).unwrap_err();
+    assert!(e.to_string().starts_with("/dev/zero: not a regular file"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
