@@ -6,6 +6,7 @@
 //! - `listen`: what every listener shares (fair slots per peer, bounds);
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `feeds`: blocklist files read into sets of networks, checked, diffed;
+//! - `crowdsec`: decisions read from CrowdSec's Local API, typed;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `fleet`: window quotas kept across hosts through Redis;
 //! - `control`: the control-socket protocol, server and client;
@@ -48,6 +49,7 @@ pub mod counts;
 pub mod listen;
 pub mod policy;
 
+pub mod crowdsec;
 pub mod feeds;
 pub mod series;
 

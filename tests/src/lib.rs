@@ -2,6 +2,7 @@
 //! network namespaces with veth pairs, and the flood scenario shared by the
 //! integration test and `cargo xtask demo`. Everything here needs root.
 
+pub mod crowdsec;
 pub mod fleet;
 pub mod forward;
 pub mod kernel;

@@ -228,36 +228,44 @@ fn setup() -> anyhow::Result<()> {
             .env("PATH", format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default()));
         run(c)?;
     }
-    promtool()
+    extract("prometheus", PROMTOOL)?;
+    extract("crowdsec", CROWDSEC)
 }
 
 /// Where setup puts Debian's `promtool` (the tests check the alert rules
 /// with it): extracted from the `prometheus` package, which is not
 /// installed (its postinst would start a Prometheus server on the host).
 pub const PROMTOOL: &str = "target/tools/prometheus/usr/bin/promtool";
+/// Where setup puts Debian's `crowdsec` and `cscli` (the tests run a real
+/// Local API with them): extracted, never installed, since the package's
+/// postinst registers with CrowdSec's central API, which fails without
+/// the internet and leaves dpkg half configured.
+pub const CROWDSEC: &str = "target/tools/crowdsec/usr/bin/crowdsec";
 
-fn promtool() -> anyhow::Result<()> {
-    if std::path::Path::new(PROMTOOL).exists() {
+/// Extract Debian's package `pkg` under `target/tools/PKG` unless `probe`
+/// (a file it holds) is there already.
+fn extract(pkg: &str, probe: &str) -> anyhow::Result<()> {
+    if std::path::Path::new(probe).exists() {
         return Ok(());
     }
-    eprintln!("xtask: extracting promtool from Debian's prometheus package");
+    eprintln!("xtask: extracting Debian's {pkg} package (not installing it)");
     let dl = std::path::Path::new("target/tools/download");
     std::fs::create_dir_all(dl)?;
-    let mut get = apt(&["download", "prometheus"]);
+    let mut get = apt(&["download", pkg]);
     get.current_dir(dl);
     if run(get).is_err() {
         run(apt(&["update", "-q"]))?;
-        let mut get = apt(&["download", "prometheus"]);
+        let mut get = apt(&["download", pkg]);
         get.current_dir(dl);
         run(get)?;
     }
     let deb = std::fs::read_dir(dl)?
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("prometheus_")))
-        .context("apt-get download prometheus left no .deb")?;
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("{pkg}_"))))
+        .with_context(|| format!("apt-get download {pkg} left no .deb"))?;
     let mut x = Command::new("dpkg-deb");
-    x.arg("-x").arg(&deb).arg("target/tools/prometheus");
+    x.arg("-x").arg(&deb).arg(format!("target/tools/{pkg}"));
     run(x)?;
     std::fs::remove_file(deb)?;
     Ok(())

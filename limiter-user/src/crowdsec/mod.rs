@@ -1,0 +1,238 @@
+//! CrowdSec's Local API as a bouncer reads it: `GET /v1/decisions/stream`
+//! with the bouncer's key, `startup=true` once for every decision in
+//! force, then only what changed since the last pull. Each decision is
+//! typed on the way in: an address denies exactly that address (a /32 or
+//! a /128, never its bucket's /24), a range exactly that range, an
+//! IPv4-mapped IPv6 address is IPv4, and its duration is a TTL. A pull is
+//! bounded in time and bytes, and an answer the LAPI should not give is
+//! an error that says what came back.
+//!
+//! This room reads decisions; what enforces them is the deny set
+//! (docs/design.md, "What comes next").
+
+mod duration;
+
+#[cfg(test)]
+mod tests;
+
+use std::{net::IpAddr, time::Duration};
+
+use http_body_util::{BodyExt as _, Empty, Limited};
+use hyper::{Request, StatusCode, body::Bytes};
+use hyper_util::rt::TokioIo;
+use ipnet::IpNet;
+use serde::Deserialize;
+
+pub use self::duration::parse_go_duration;
+
+/// What the LAPI answers at most for one pull (100,000 decisions take
+/// about 20 MB).
+pub const MAX_BODY: usize = 64 << 20;
+/// How long one pull may take, connection to last byte.
+pub const PULL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the LAPI is and the bouncer's key (`cscli bouncers add`).
+#[derive(Clone, Debug)]
+pub struct Lapi {
+    /// `host:port`.
+    authority: String,
+    /// The path the API is under (empty, or `/prefix`).
+    base: String,
+    key: String,
+}
+
+/// A decision, typed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub id: i64,
+    /// `cscli`, `crowdsec`, `CAPI`, `lists`, ...
+    pub origin: String,
+    pub scenario: String,
+    /// `ban`, `captcha`, ...
+    pub kind: String,
+    pub net: IpNet,
+    /// Time left (zero for a deleted decision's leftover).
+    pub ttl: Duration,
+}
+
+impl Decision {
+    /// How `prefix list` would name its source: `crowdsec:ORIGIN`, and for
+    /// a blocklist its name (`crowdsec:lists:NAME`).
+    #[must_use]
+    pub fn source(&self) -> String {
+        match self.origin.as_str() {
+            "lists" => format!("crowdsec:lists:{}", self.scenario),
+            o => format!("crowdsec:{o}"),
+        }
+    }
+}
+
+/// One pull: the decisions new since the last, those deleted, and how
+/// many were left out and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pull {
+    pub new: Vec<Decision>,
+    pub deleted: Vec<Decision>,
+    /// Scopes other than `ip` and `range` (a country, an AS).
+    pub other_scope: usize,
+    /// A value that is not an address or a range of its scope.
+    pub bad_value: usize,
+}
+
+/// Why a pull gave nothing (the decisions in force stay).
+#[derive(Debug, thiserror::Error)]
+pub enum LapiError {
+    #[error("{url:?} is not a LAPI address (http://HOST:PORT[/PATH]; https is not read yet)")]
+    Url { url: String },
+    #[error("connecting to the LAPI at {authority}: {source}")]
+    Connect {
+        authority: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the LAPI at {authority} did not answer within {} s", .after.as_secs())]
+    Timeout { authority: String, after: Duration },
+    #[error("the LAPI refused the bouncer key (HTTP {status}): check api_key_file against `cscli bouncers list`")]
+    Key { status: u16 },
+    #[error("the LAPI answered HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("the LAPI's answer is longer than {max} bytes")]
+    TooBig { max: usize },
+    #[error("talking to the LAPI: {0}")]
+    Http(String),
+    #[error("the LAPI's answer is not a decision stream: {0}")]
+    Decode(#[from] serde_json::Error),
+}
+
+impl Lapi {
+    /// `url` is `http://HOST:PORT` (a trailing path is kept as a prefix).
+    pub fn new(url: &str, key: &str) -> Result<Self, LapiError> {
+        let bad = || LapiError::Url { url: crate::escape_control(url) };
+        let rest = url.strip_prefix("http://").ok_or_else(bad)?;
+        let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+        if authority.is_empty() || authority.contains(['@', ' ']) || !authority.contains(':') {
+            return Err(bad());
+        }
+        let base = path.trim_end_matches('/');
+        let base = if base.is_empty() { String::new() } else { format!("/{base}") };
+        if key.is_empty() || key.contains(['\r', '\n']) {
+            return Err(LapiError::Url { url: "the bouncer key is empty or not one line".into() });
+        }
+        Ok(Self { authority: authority.to_owned(), base, key: key.to_owned() })
+    }
+
+    /// One pull of the decision stream: every decision in force with
+    /// `startup`, else what changed since this key's last pull. Only the
+    /// `ip` and `range` scopes are asked for.
+    pub async fn pull(&self, startup: bool) -> Result<Pull, LapiError> {
+        let path = format!("{}/v1/decisions/stream?startup={startup}&scopes=ip,range", self.base);
+        let body = tokio::time::timeout(PULL_TIMEOUT, self.get(&path))
+            .await
+            .map_err(|_| LapiError::Timeout { authority: self.authority.clone(), after: PULL_TIMEOUT })??;
+        decode(&body)
+    }
+
+    async fn get(&self, path: &str) -> Result<Bytes, LapiError> {
+        let tcp = tokio::net::TcpStream::connect(&self.authority)
+            .await
+            .map_err(|source| LapiError::Connect { authority: self.authority.clone(), source })?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| LapiError::Http(e.to_string()))?;
+        // The connection is driven while the request runs; it ends with it.
+        let driver = tokio::spawn(conn);
+        let req = Request::get(path)
+            .header("Host", &self.authority)
+            .header("X-Api-Key", &self.key)
+            .header("User-Agent", concat!("limiter/", env!("CARGO_PKG_VERSION")))
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| LapiError::Http(e.to_string()))?;
+        let res = sender.send_request(req).await.map_err(|e| LapiError::Http(e.to_string()))?;
+        let status = res.status();
+        let body = Limited::new(res.into_body(), MAX_BODY).collect().await;
+        driver.abort();
+        let body = match body {
+            Ok(b) => b.to_bytes(),
+            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+                return Err(LapiError::TooBig { max: MAX_BODY });
+            }
+            Err(e) => return Err(LapiError::Http(e.to_string())),
+        };
+        match status {
+            StatusCode::OK => Ok(body),
+            StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => Err(LapiError::Key { status: status.as_u16() }),
+            s => {
+                let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+                Err(LapiError::Status { status: s.as_u16(), body: crate::escape_control(&text) })
+            }
+        }
+    }
+}
+
+/// A decision as the LAPI writes it.
+#[derive(Deserialize)]
+struct Raw {
+    id: i64,
+    #[serde(default)]
+    origin: String,
+    #[serde(default)]
+    scenario: String,
+    scope: String,
+    #[serde(rename = "type", default)]
+    kind: String,
+    value: String,
+    #[serde(default)]
+    duration: String,
+}
+
+#[derive(Deserialize)]
+struct Stream {
+    #[serde(default)]
+    new: Option<Vec<Raw>>,
+    #[serde(default)]
+    deleted: Option<Vec<Raw>>,
+}
+
+/// A stream answer's body, typed (see the module's doc).
+pub fn decode(body: &[u8]) -> Result<Pull, LapiError> {
+    let s: Stream = serde_json::from_slice(body)?;
+    let mut pull = Pull::default();
+    let take = |raws: Option<Vec<Raw>>, pull: &mut Pull, deleted: bool| {
+        for r in raws.unwrap_or_default() {
+            match typed(r) {
+                Ok(d) if deleted => pull.deleted.push(d),
+                Ok(d) => pull.new.push(d),
+                Err(Skip::Scope) => pull.other_scope += 1,
+                Err(Skip::Value) => pull.bad_value += 1,
+            }
+        }
+    };
+    take(s.new, &mut pull, false);
+    take(s.deleted, &mut pull, true);
+    Ok(pull)
+}
+
+enum Skip {
+    Scope,
+    Value,
+}
+
+fn typed(r: Raw) -> Result<Decision, Skip> {
+    let net = match r.scope.to_ascii_lowercase().as_str() {
+        "ip" => r.value.parse::<IpAddr>().map(|a| IpNet::from(a.to_canonical())).map_err(|_| Skip::Value)?,
+        "range" => {
+            let n = r.value.parse::<IpNet>().map_err(|_| Skip::Value)?;
+            match n {
+                IpNet::V6(v6) if v6.prefix_len() >= 96 && v6.addr().to_ipv4_mapped().is_some() => {
+                    let v4 = v6.addr().to_ipv4_mapped().expect("checked");
+                    IpNet::new(IpAddr::V4(v4), v6.prefix_len() - 96).map_err(|_| Skip::Value)?
+                }
+                n => n,
+            }
+            .trunc()
+        }
+        _ => return Err(Skip::Scope),
+    };
+    let ttl = parse_go_duration(&r.duration).unwrap_or(Duration::ZERO);
+    Ok(Decision { id: r.id, origin: r.origin, scenario: r.scenario, kind: r.kind, net, ttl })
+}

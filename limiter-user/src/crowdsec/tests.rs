@@ -1,0 +1,50 @@
+use std::time::Duration;
+
+use super::*;
+
+#[test]
+fn go_durations_read_as_the_lapi_writes_them() {
+    let ms = |s: &str| parse_go_duration(s).map(|d| d.as_millis());
+    assert_eq!(ms("3h59m58.760265021s"), Some(14_398_760));
+    assert_eq!(ms("59m59.76s"), Some(3_599_760));
+    assert_eq!(ms("1m30s"), Some(90_000));
+    assert_eq!(ms("500ms"), Some(500));
+    assert_eq!(ms("0"), Some(0));
+    assert_eq!(parse_go_duration("-1.5s"), None, "expired");
+    for bad in ["", "5", "3d", "h", "1.2.3s", "9999999999999999999999h"] {
+        assert_eq!(parse_go_duration(bad), None, "{bad}");
+    }
+}
+
+/// What LAPI 1.4.6 answered to `cscli decisions add` of an address, a
+/// range and an IPv4-mapped address, then a deletion.
+#[test]
+fn a_stream_is_typed_exactly() {
+    let body = br#"{"deleted":[{"duration":"-2m0.5s","id":4,"origin":"cscli","scenario":"x","scope":"Ip","type":"ban","value":"198.51.100.9"}],"new":[
+        {"duration":"59m59.760270049s","id":2,"origin":"cscli","scenario":"manual 'ban'","scope":"Range","type":"ban","value":"2a00:1450::/32"},
+        {"duration":"59m59.760265732s","id":3,"origin":"cscli","scenario":"manual","scope":"Ip","type":"ban","value":"::ffff:5.6.7.8"},
+        {"duration":"3h59m58.760265021s","id":1,"origin":"lists","scenario":"firehol_cybercrime","scope":"Ip","type":"ban","value":"203.0.114.7"},
+        {"duration":"1h","id":5,"origin":"cscli","scenario":"geo","scope":"Country","type":"ban","value":"ZZ"},
+        {"duration":"1h","id":6,"origin":"cscli","scenario":"bad","scope":"Ip","type":"ban","value":"not-an-ip"}]}"#;
+    let p = decode(body).unwrap();
+    let nets: Vec<String> = p.new.iter().map(|d| d.net.to_string()).collect();
+    assert_eq!(nets, ["2a00:1450::/32", "5.6.7.8/32", "203.0.114.7/32"], "an address is exactly itself");
+    assert_eq!((p.other_scope, p.bad_value), (1, 1));
+    assert_eq!(p.new[2].ttl.as_secs(), 14_398);
+    assert_eq!(p.new[2].source(), "crowdsec:lists:firehol_cybercrime");
+    assert_eq!(p.new[0].source(), "crowdsec:cscli");
+    assert_eq!(p.deleted.len(), 1);
+    assert_eq!((p.deleted[0].net.to_string().as_str(), p.deleted[0].ttl), ("198.51.100.9/32", Duration::ZERO));
+    assert_eq!(decode(br#"{"deleted":null,"new":null}"#).unwrap(), Pull::default());
+    assert!(decode(b"<html>").is_err());
+}
+
+#[test]
+fn only_a_plain_http_lapi_address_and_a_one_line_key_are_taken() {
+    assert!(Lapi::new("http://127.0.0.1:8080", "k").is_ok());
+    assert!(Lapi::new("http://127.0.0.1:8080/api/", "k").is_ok());
+    for url in ["https://lapi:8080", "127.0.0.1:8080", "http://", "http://host", "http://u@h:1"] {
+        assert!(Lapi::new(url, "k").is_err(), "{url}");
+    }
+    assert!(Lapi::new("http://127.0.0.1:8080", "k\r\nX-Evil: 1").is_err());
+}
