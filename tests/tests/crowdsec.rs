@@ -74,10 +74,11 @@ fn ten_thousand_imported_decisions_come_in_one_pull() {
     let list: String = std::iter::once("duration,scope,value\n".to_owned())
         .chain((0..10_000u32).map(|i| format!("2h,ip,{}\n", std::net::Ipv4Addr::from(0x0b00_0000 + i))))
         .collect();
-    let file = std::env::temp_dir().join(format!("limiter-crowdsec-import-{}.csv", std::process::id()));
+    // Removed with its directory, whatever happens.
+    let dir = limiter_tests::kernel::TempDir::new("crowdsec-import");
+    let file = dir.0.join("decisions.csv");
     std::fs::write(&file, list).unwrap();
     lapi.cscli(&["decisions", "import", "-i", &file.display().to_string()]);
-    let _ = std::fs::remove_file(&file);
     let pull = runtime().block_on(Client::new(&lapi.url(), &key).unwrap().pull(true)).unwrap();
     assert_eq!(pull.new.len(), 10_000);
     assert!(pull.new.iter().all(|d| d.net.prefix_len() == 32));
