@@ -304,10 +304,19 @@ pub fn run_assigned(nodes: &[Node], flows: &[Flow], to: &[Vec<usize>], port: u16
             })
             .collect();
         thread::sleep(Duration::from_millis(100));
-        for (node, plan) in nodes.iter().zip(&plan) {
-            let ns = &node.net.a;
-            let srcs = &srcs;
-            s.spawn(move || ns.run_in(|| send(plan, srcs, port)));
+        let senders: Vec<_> = nodes
+            .iter()
+            .zip(&plan)
+            .map(|(node, plan)| {
+                let ns = &node.net.a;
+                let srcs = &srcs;
+                s.spawn(move || ns.run_in(|| send(plan, srcs, port)))
+            })
+            .collect();
+        let late = senders.into_iter().map(|h| h.join().unwrap()).max().unwrap_or(0);
+        LAST_LATE_NS.store(late, std::sync::atomic::Ordering::Relaxed);
+        if late > LATE_NS {
+            println!("fleet harness: a sender ran {} ms behind its schedule", late / 1_000_000);
         }
         receivers.into_iter().map(|h| h.join().unwrap()).collect()
     });
@@ -321,28 +330,100 @@ pub fn run_assigned(nodes: &[Node], flows: &[Flow], to: &[Vec<usize>], port: u16
         .collect()
 }
 
-fn send(plan: &[(u64, usize)], srcs: &[&str], port: u16) {
+/// How far behind its schedule a sender may fall before a run is said
+/// not to have sent what it was asked to.
+pub const LATE_NS: u64 = 20_000_000;
+
+static LAST_LATE_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How far behind its schedule the last run's slowest packet was sent:
+/// past [`LATE_NS`] the machine descheduled a sender, which then sent its
+/// backlog at once, so a flow meant to be exactly at its rate was not.
+#[must_use]
+pub fn last_run_late_ns() -> u64 {
+    LAST_LATE_NS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Send the plan on time; how late the latest packet went out.
+fn send(plan: &[(u64, usize)], srcs: &[&str], port: u16) -> u64 {
     let socks: Vec<UdpSocket> = srcs.iter().map(|s| UdpSocket::bind((*s, 0)).expect("bind the source")).collect();
+    let mut late = 0;
     for &(t, f) in plan {
         let now = wall_ns();
         if t > now {
             thread::sleep(Duration::from_nanos(t - now));
         }
+        late = late.max(wall_ns().saturating_sub(t));
         let _ = socks[f].send_to(b"x", (B_ADDR, port));
     }
+    late
 }
 
+/// Each datagram's source and the kernel's time of its arrival: a
+/// receiver descheduled for a while would otherwise stamp its backlog as
+/// one burst and crowd a window that the data plane never crowded.
 fn receive(until: u64, port: u16) -> Vec<(String, u64)> {
+    use std::os::fd::AsRawFd as _;
     let sock = UdpSocket::bind(("0.0.0.0", port)).expect("bind the receiver");
     sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket and an int option.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&raw const on).cast(),
+            libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap(),
+        )
+    };
+    assert_eq!(r, 0, "SO_TIMESTAMPNS: {}", std::io::Error::last_os_error());
     let mut out = Vec::new();
-    let mut buf = [0u8; 64];
     while wall_ns() < until {
-        if let Ok((_, from)) = sock.recv_from(&mut buf) {
-            out.push((from.ip().to_string(), wall_ns()));
+        if let Some(got) = recv_stamped(&sock) {
+            out.push(got);
         }
     }
     out
+}
+
+/// One datagram: its IPv4 source and the kernel's arrival time (Unix ns).
+fn recv_stamped(sock: &UdpSocket) -> Option<(String, u64)> {
+    use std::os::fd::AsRawFd as _;
+    let mut buf = [0u8; 64];
+    // SAFETY: plain C structs, all-zero valid.
+    let mut name: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut control = [0u64; 16];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&raw mut name).cast();
+    msg.msg_namelen = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>()).unwrap();
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: msg points at buffers that live through the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &raw mut msg, 0) };
+    if n < 0 || i32::from(name.sin_family) != libc::AF_INET {
+        return None;
+    }
+    let src = std::net::Ipv4Addr::from(u32::from_be(name.sin_addr.s_addr)).to_string();
+    let mut at = None;
+    // SAFETY: walking the control messages the kernel wrote into `control`.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(&raw const msg) };
+    while !c.is_null() {
+        // SAFETY: c points at a control message header inside `control`.
+        let h = unsafe { &*c };
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_TIMESTAMPNS {
+            // SAFETY: its data is a timespec; read unaligned.
+            let ts: libc::timespec = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
+            at = Some(u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0));
+        }
+        // SAFETY: as above.
+        c = unsafe { libc::CMSG_NXTHDR(&raw const msg, c) };
+    }
+    Some((src, at.unwrap_or_else(wall_ns)))
 }
 
 /// Most receipts in any `[t, t + w)`.

@@ -176,15 +176,32 @@ fn the_same_test_passes_unchanged_on_a_three_master_redis_cluster() {
 #[test]
 fn a_client_exactly_at_its_rate_is_never_refused() {
     require_root();
-    let tmp = TempDir::new("fle");
-    let redis = Redis::unix(&tmp.0);
-    let nodes = start_nodes("fle", 3, &policy(&[redis.url()], 60, 200), &[CLIENT], &tmp.0, |_| {});
-    assert!(eventually(Duration::from_secs(10), || synced(&nodes)), "the nodes never all synced");
-    let times = schedule(10, 13, SLICE_NS, 300_000_000, 50_000_000);
-    let got = run(&nodes, &[Flow { src: CLIENT, times }], 7);
-    let (sent, admitted) = &got[0];
-    println!("at the rate through 3 nodes: sent {sent}, admitted {}", admitted.len());
-    assert_eq!(admitted.len(), *sent, "a client at its rate was refused");
+    // A client exactly at its rate has no slack: a packet its sender sent
+    // late (the machine descheduled it) crosses into the next slice and
+    // makes one too many there. Such a run did not send at the rate, so it
+    // runs again, said, at most three times; a refusal in a run sent on
+    // time fails at once.
+    for attempt in 1..=3 {
+        let tmp = TempDir::new("fle");
+        let redis = Redis::unix(&tmp.0);
+        let nodes = start_nodes("fle", 3, &policy(&[redis.url()], 60, 200), &[CLIENT], &tmp.0, |_| {});
+        assert!(eventually(Duration::from_secs(10), || synced(&nodes)), "the nodes never all synced");
+        let times = schedule(10, 13, SLICE_NS, 300_000_000, 50_000_000);
+        let got = run(&nodes, &[Flow { src: CLIENT, times }], 7);
+        let (sent, admitted) = &got[0];
+        let late = limiter_tests::fleet::last_run_late_ns();
+        println!(
+            "at the rate through 3 nodes: sent {sent}, admitted {} (sender at most {} ms late)",
+            admitted.len(),
+            late / 1_000_000
+        );
+        if admitted.len() < *sent && late > limiter_tests::fleet::LATE_NS && attempt < 3 {
+            println!("run {attempt} was not sent at the rate: again");
+            continue;
+        }
+        assert_eq!(admitted.len(), *sent, "a client at its rate was refused");
+        return;
+    }
 }
 
 /// `redis-server` killed mid-run: the compliant client loses nothing, a
