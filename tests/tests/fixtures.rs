@@ -182,9 +182,9 @@ fn table() -> Vec<(&'static str, Frame, Reason)> {
     ]
 }
 
-/// Stat family the spec says a frame is counted under: the EtherType after
-/// at most two VLAN tags (1 IPv4, 2 IPv6, 0 anything else).
-fn documented_family(frame: &[u8]) -> usize {
+/// Family the spec says a frame is counted under: the EtherType after
+/// at most two VLAN tags (IPv4, IPv6, or none for anything else).
+fn documented_family(frame: &[u8]) -> limiter_common::Family {
     let mut off = 12;
     for _ in 0..2 {
         match frame.get(off..off + 2) {
@@ -193,9 +193,9 @@ fn documented_family(frame: &[u8]) -> usize {
         }
     }
     match frame.get(off..off + 2) {
-        Some([0x08, 0x00]) => 1,
-        Some([0x86, 0xdd]) => 2,
-        _ => 0,
+        Some([0x08, 0x00]) => limiter_common::family::IPV4,
+        Some([0x86, 0xdd]) => limiter_common::family::IPV6,
+        _ => limiter_common::family::NONE,
     }
 }
 
@@ -207,7 +207,7 @@ fn fixture_table() {
         assert_eq!(action, documented_action(reason), "{name}: action");
         assert_counted_once(&delta, reason, f.bytes.len(), name);
         let fam = documented_family(&f.bytes);
-        assert_eq!(delta.by_family[reason as usize][fam].packets, 1, "{name}: family {fam}");
+        assert_eq!(delta.of_family(reason, fam).packets, 1, "{name}: family {fam:?}");
     }
 }
 

@@ -4,13 +4,14 @@
 
 use limiter_common::{Action, Counter, REASON_COUNT, Reason, STAT_FAMILIES, family, family::Family};
 
-/// Packets and bytes per reason (and per reason and stat family), summed
-/// over CPUs.
+/// Packets and bytes per reason (and per reason and family), summed over
+/// CPUs; read by reason and [`Family`] ([`Self::get`], [`Self::of_family`]),
+/// never by position.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
-    pub by_reason: [Counter; REASON_COUNT],
+    by_reason: [Counter; REASON_COUNT],
     /// `[reason][family::slot(family)]`.
-    pub by_family: [[Counter; STAT_FAMILIES]; REASON_COUNT],
+    by_family: [[Counter; STAT_FAMILIES]; REASON_COUNT],
 }
 
 impl Totals {

@@ -270,7 +270,7 @@ mod tests {
             features: vec![feedback],
             ..Snapshot::default()
         };
-        s.totals.by_family[Reason::RateLimited as usize][1].packets = 7;
+        s.totals.add(Reason::RateLimited, family::IPV4, limiter_common::Counter { packets: 7, bytes: 0 });
         s.classes.push(("default".into(), ClassCounters::default()));
         let text = render(s);
         assert!(
