@@ -14,13 +14,6 @@ pub trait Series: std::fmt::Debug + Send + Sync {
     fn encode(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result;
 }
 
-/// Nothing to show.
-impl Series for () {
-    fn encode(&self, _: &mut DescriptorEncoder) -> std::fmt::Result {
-        Ok(())
-    }
-}
-
 /// One gauge without labels.
 pub fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
     ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)

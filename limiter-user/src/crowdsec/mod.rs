@@ -23,6 +23,8 @@ use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
 use serde::Deserialize;
 
+use crate::feeds::unmapped;
+
 pub use self::duration::parse_go_duration;
 
 /// What the LAPI answers at most for one pull (100,000 decisions take
@@ -84,6 +86,8 @@ pub struct Pull {
 pub enum LapiError {
     #[error("{url:?} is not a LAPI address (http://HOST:PORT[/PATH]; https is not read yet)")]
     Url { url: String },
+    #[error("the bouncer key is empty or not one line")]
+    BadKey,
     #[error("connecting to the LAPI at {authority}: {source}")]
     Connect {
         authority: String,
@@ -116,7 +120,7 @@ impl Lapi {
         let base = path.trim_end_matches('/');
         let base = if base.is_empty() { String::new() } else { format!("/{base}") };
         if key.is_empty() || key.contains(['\r', '\n']) {
-            return Err(LapiError::Url { url: "the bouncer key is empty or not one line".into() });
+            return Err(LapiError::BadKey);
         }
         Ok(Self { authority: authority.to_owned(), base, key: key.to_owned() })
     }
@@ -219,18 +223,8 @@ enum Skip {
 
 fn typed(r: Raw) -> Result<Decision, Skip> {
     let net = match r.scope.to_ascii_lowercase().as_str() {
-        "ip" => r.value.parse::<IpAddr>().map(|a| IpNet::from(a.to_canonical())).map_err(|_| Skip::Value)?,
-        "range" => {
-            let n = r.value.parse::<IpNet>().map_err(|_| Skip::Value)?;
-            match n {
-                IpNet::V6(v6) if v6.prefix_len() >= 96 && v6.addr().to_ipv4_mapped().is_some() => {
-                    let v4 = v6.addr().to_ipv4_mapped().expect("checked");
-                    IpNet::new(IpAddr::V4(v4), v6.prefix_len() - 96).map_err(|_| Skip::Value)?
-                }
-                n => n,
-            }
-            .trunc()
-        }
+        "ip" => unmapped(r.value.parse::<IpAddr>().map(IpNet::from).map_err(|_| Skip::Value)?),
+        "range" => unmapped(r.value.parse::<IpNet>().map_err(|_| Skip::Value)?).trunc(),
         _ => return Err(Skip::Scope),
     };
     let ttl = parse_go_duration(&r.duration).unwrap_or(Duration::ZERO);

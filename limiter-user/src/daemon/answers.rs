@@ -6,7 +6,6 @@ use tokio::sync::oneshot;
 use super::{
     ApplyError, Daemon,
     changes::{Change, Queued},
-    feature::Feature as _,
     observe::unix_now,
 };
 use crate::{
@@ -33,7 +32,7 @@ impl Daemon {
             Request::Status => self.status().unwrap_or_else(|e| fail(&e)),
             Request::Stats => self.stats().unwrap_or_else(|e| fail(&e)),
             Request::Top { n } => self.top_info(n),
-            Request::FleetStatus => Response::Fleet { status: self.features.fleet.report() },
+            Request::FleetStatus => Response::Fleet { status: self.features.fleet.status() },
             Request::PrefixShow { cidr } => self.prefix_show(cidr).map_or_else(|e| fail(&e), Response::PrefixShow),
             Request::PolicyShow | Request::PrefixList => {
                 let Some((policy, _)) = &self.policy else {
@@ -144,7 +143,7 @@ impl Daemon {
                 Health::Detached(why) => Some(why.clone()),
             },
             reattaches: self.link.repairs,
-            forwards: self.features.forward.report().map_or_else(Vec::new, |r| r.0),
+            forwards: self.features.forward.reports(),
             pin_dir: self.settings.pin_dir.as_ref().map(|p| p.display().to_string()),
             policy_version: self.view.version,
             policy_source: self.view.source.clone(),

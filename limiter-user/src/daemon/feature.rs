@@ -2,8 +2,8 @@
 //! endpoint; the feeds and coexistence to come) behind one small face:
 //! each starts from the policy in force, is told the policy after every
 //! change, asked to read its files again on SIGHUP, ticked once a second,
-//! asked for its report (what `status` shows, and it writes its own
-//! series at each scrape), and drained at shutdown. A policy
+//! asked at each scrape for its report (which writes its own series),
+//! and drained at shutdown. A policy
 //! change fans out to every feature from one place
 //! ([`Daemon::refresh_view`](super::Daemon) through [`Features::apply`]),
 //! so a setting of a feature goes one way, once: file -> policy ->
@@ -30,9 +30,6 @@ pub(super) struct Applied<'a> {
 
 /// A subsystem of the daemon.
 pub(super) trait Feature {
-    /// What it reports: for the control socket, and its series.
-    type Report: Series + 'static;
-
     /// Take the policy in force: start, change or stop what it declares.
     fn apply(&mut self, applied: &Applied<'_>);
 
@@ -43,21 +40,15 @@ pub(super) trait Feature {
     /// Once a second, on the daemon's loop (never blocking it).
     fn tick(&mut self) {}
 
-    /// Its report now (`None`: nothing to show).
-    fn report(&self) -> Option<Self::Report>;
-
-    /// Its report for a scrape, which writes its own series.
-    fn series(&self) -> Option<Box<dyn Series>> {
-        self.report().map(|r| Box::new(r) as Box<dyn Series>)
-    }
+    /// Its report for a scrape, which writes its own series (`None`:
+    /// nothing to show now).
+    fn series(&self) -> Option<Box<dyn Series>>;
 
     /// Let what is in flight finish, each within its own bound.
     async fn drain(&mut self) {}
 }
 
 impl Feature for forward::Manager {
-    type Report = forward::Reports;
-
     /// Runs exactly the `[[forward]]` sections: unchanged ones keep
     /// running, changed and removed ones drain, new ones start.
     fn apply(&mut self, a: &Applied<'_>) {
@@ -65,8 +56,8 @@ impl Feature for forward::Manager {
     }
 
     /// Every forwarder's, in the policy's order.
-    fn report(&self) -> Option<forward::Reports> {
-        Some(forward::Reports(self.reports()))
+    fn series(&self) -> Option<Box<dyn Series>> {
+        Some(Box::new(forward::Reports(self.reports())))
     }
 
     async fn drain(&mut self) {
@@ -75,8 +66,6 @@ impl Feature for forward::Manager {
 }
 
 impl Feature for FleetSide {
-    type Report = crate::fleet::FleetStatus;
-
     /// The window-quota classes apply at once; a changed, new or removed
     /// `[fleet]` section changes, starts or stops the sync.
     fn apply(&mut self, a: &Applied<'_>) {
@@ -84,8 +73,8 @@ impl Feature for FleetSide {
     }
 
     /// Only while the sync runs.
-    fn report(&self) -> Option<crate::fleet::FleetStatus> {
-        self.status()
+    fn series(&self) -> Option<Box<dyn Series>> {
+        self.status().map(|s| Box::new(s) as Box<dyn Series>)
     }
 
     /// Once a second: take the maps back from a sync that has stopped
@@ -114,8 +103,6 @@ impl Feature for FleetSide {
 
 /// A feature the policy may leave out.
 impl<T: Feature> Feature for Option<T> {
-    type Report = T::Report;
-
     fn apply(&mut self, applied: &Applied<'_>) {
         if let Some(f) = self {
             f.apply(applied);
@@ -140,8 +127,8 @@ impl<T: Feature> Feature for Option<T> {
         }
     }
 
-    fn report(&self) -> Option<T::Report> {
-        self.as_ref().and_then(Feature::report)
+    fn series(&self) -> Option<Box<dyn Series>> {
+        self.as_ref().and_then(Feature::series)
     }
 }
 
@@ -203,10 +190,9 @@ impl Features {
 }
 
 impl Feature for Endpoint {
-    /// Its decisions are the governor's, reported with the policy state.
-    type Report = ();
-
-    fn report(&self) -> Option<()> {
+    /// None of its own: its decisions are the governor's, reported with
+    /// the policy state.
+    fn series(&self) -> Option<Box<dyn Series>> {
         None
     }
 

@@ -2,10 +2,10 @@
 
 use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeMetric as _},
-    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+    metrics::{MetricType, counter::ConstCounter},
 };
 
-use crate::series::Series;
+use crate::series::{Series, clamp, counter, gauge};
 
 /// What the feedback governor decided since the daemon started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -40,27 +40,24 @@ impl Series for FeedbackCounts {
             let result = format!("refused_{}", r.label());
             ConstCounter::new(n).encode(m.encode_family(&[("result", result.as_str())])?)?;
         }
-        let m = enc.encode_descriptor(
+        counter(
+            enc,
             "limiter_escalations",
             "Prefixes the daemon's automatic escalation asked to deny (then governed like any penalty).",
-            None,
-            MetricType::Counter,
+            f.escalations,
         )?;
-        ConstCounter::new(f.escalations).encode(m)?;
-        let m = enc.encode_descriptor(
+        counter(
+            enc,
             "limiter_escalations_unproven",
             "Prefix-seconds above the escalation rate whose drops came from addresses that never proved themselves (a verified SYN cookie or a TCP handshake the kernel accepted): dropped, not escalated.",
-            None,
-            MetricType::Counter,
+            f.unproven,
         )?;
-        ConstCounter::new(f.unproven).encode(m)?;
-        let m = enc.encode_descriptor(
+        gauge(
+            enc,
             "limiter_proven_sources",
             "Source addresses proven now (a verified SYN cookie or a TCP handshake the kernel accepted in the last 10 minutes); only their drops count toward escalation.",
-            None,
-            MetricType::Gauge,
+            clamp(f.proven_sources),
         )?;
-        ConstGauge::new(i64::try_from(f.proven_sources).unwrap_or(i64::MAX)).encode(m)?;
         Ok(())
     }
 }

@@ -150,7 +150,8 @@ fn net(text: &str, line: usize) -> Result<IpNet, ReadError> {
 }
 
 /// `::ffff:a.b.c.d/n` (n >= 96) as `a.b.c.d/(n - 96)`.
-fn unmapped(net: IpNet) -> IpNet {
+#[must_use]
+pub fn unmapped(net: IpNet) -> IpNet {
     if let IpNet::V6(v6) = net
         && v6.prefix_len() >= 96
         && let Some(v4) = Ipv6Addr::to_ipv4_mapped(&v6.addr())

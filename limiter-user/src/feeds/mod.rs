@@ -18,7 +18,7 @@ use ipnet::IpNet;
 
 pub use self::{
     bogons::{BOGONS, bogon_overlap},
-    formats::{Format, MAX_ENTRIES, MAX_LINE, Parsed, ReadError, Refused, parse},
+    formats::{Format, MAX_ENTRIES, MAX_LINE, Parsed, ReadError, Refused, parse, unmapped},
 };
 
 /// Largest feed file read (a million networks as CIDR text with comments

@@ -18,7 +18,7 @@ use prometheus_client::{
 pub use self::http::{HEADER_TIMEOUT, MAX_CONNS, ScrapeCall, serve};
 use crate::{
     dataplane::Totals,
-    series::{Series, counter, gauge},
+    series::{Series, clamp, counter, gauge},
 };
 
 /// Default listen address of `/metrics`.
@@ -101,7 +101,7 @@ impl SnapshotCollector {
 impl Collector for SnapshotCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let s = &self.0;
-        let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let i = clamp;
         self.counters(&mut enc, "limiter_packets", "Packets by action, reason and address family.", false)?;
         self.counters(&mut enc, "limiter_bytes", "Bytes (whole frames) by action, reason and address family.", true)?;
         let mut m = enc.encode_descriptor(
