@@ -11,6 +11,7 @@
 #![expect(clippy::inline_always, reason = "hot-path helpers shared with the XDP program")]
 
 pub mod cookie;
+pub mod deny;
 pub mod gcra;
 pub mod lease;
 mod limits;
@@ -125,6 +126,20 @@ pub mod resolution {
     /// `deny`: always dropped.
     pub const DENY: u32 = u32::MAX - 1;
     // 1..=MAX_OVERRIDES: the override's limits, for the default class.
+    /// Bit: denied by the deny set (`crate::deny`), below the overrides;
+    /// the low 16 bits name the origin. Never with [`FINER`].
+    pub const LISTED: u32 = 1 << 29;
+    /// Bit, beside [`CLASS`] or an override: networks finer than the
+    /// bucket's prefix are denied inside it, so each packet asks whether
+    /// its own address is one (and the bucket is never leased).
+    pub const FINER: u32 = 1 << 30;
+
+    /// Whether `res` (not [`ALLOW`] nor [`DENY`]) is a deny-set denial.
+    #[inline(always)]
+    #[must_use]
+    pub const fn listed(res: u32) -> bool {
+        res != ALLOW && res != DENY && res & LISTED != 0
+    }
 }
 
 /// Rule classes: class 0 is the default; matchers send packets to others.
@@ -222,7 +237,10 @@ pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// daemon's table of pinned maps). 12: `STATS` counts per class too, and
 /// `CLASS_STATS` is gone. 13: `STATS` has a slot for `tcp_bad_flags`.
 /// 14: `WINDOWS` and `FLEET` keep the leaving slice and a share.
-pub const SCHEMA_VERSION: u32 = 14;
+/// 15: the deny set (`DENY`, `DENY_LENS`, `DENY_HITS`, `DENY_ORIGINS`,
+/// `DENY_SOURCES`); `ACTIVE`'s bits above the slot count its changes
+/// (an older program reads only the slot bit).
+pub const SCHEMA_VERSION: u32 = 15;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -376,6 +394,9 @@ const _: () = assert!(core::mem::size_of::<lease::CpuSlot>() == 48);
 const _: () = assert!(core::mem::size_of::<RuntimeKey>() == 20);
 const _: () = assert!(core::mem::size_of::<RuntimeOverride>() == 32);
 const _: () = assert!(maps::CPU_SLOTS_ENTRIES.is_power_of_two());
+const _: () = assert!(core::mem::size_of::<deny::DenyKey>() == 20);
+const _: () = assert!(core::mem::size_of::<deny::DenyLens>() == 2 * deny::MAX_LENS);
+const _: () = assert!(core::mem::size_of::<deny::OriginName>() == deny::ORIGIN_NAME);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -396,4 +417,7 @@ mod pod {
     unsafe impl aya::Pod for super::cookie::SynGuard {}
     unsafe impl aya::Pod for super::RuntimeKey {}
     unsafe impl aya::Pod for super::RuntimeOverride {}
+    unsafe impl aya::Pod for super::deny::DenyKey {}
+    unsafe impl aya::Pod for super::deny::DenyLens {}
+    unsafe impl aya::Pod for super::deny::OriginName {}
 }

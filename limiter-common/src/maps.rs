@@ -12,6 +12,7 @@ use crate::{
     BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, MAX_CLASSES, Meta, RuntimeKey, RuntimeOverride,
     STAT_ENTRIES,
     cookie::{REFRESH_SLOTS, SynGuard},
+    deny::{DenyKey, DenyLens, MAX_ORIGINS, OriginName},
     lease::CpuSlot,
     window::{FleetSlot, WindowState},
 };
@@ -57,6 +58,28 @@ pub const CPU_SLOTS: &str = "CPU_SLOTS";
 /// run time (`limiter prefix ...`), pinned so that a restarted daemon
 /// puts them back. Written and read by userspace only.
 pub const RUNTIME: &str = "RUNTIME";
+/// `HASH<crate::deny::DenyKey, u32>`, up to [`MAX_DENIES`] entries,
+/// allocated as used: the deny set's networks and the markers of finer
+/// ones under their bucket prefix (`crate::deny`). Written by
+/// userspace, entry by entry; read by XDP when a bucket resolves, and
+/// per packet of a bucket with a marker.
+pub const DENY: &str = "DENY";
+/// Entries of [`DENY`]: a million networks and as many markers.
+pub const MAX_DENIES: u32 = 1 << 21;
+/// `ARRAY<crate::deny::DenyLens>`, two slots (`ACTIVE`'s bit 1 names
+/// the one in use): which prefix lengths of [`DENY`] hold a network.
+pub const DENY_LENS: &str = "DENY_LENS";
+/// `PERCPU_ARRAY<u64>`, [`crate::deny::MAX_ORIGINS`] entries: packets
+/// dropped by the deny set, by origin.
+pub const DENY_HITS: &str = "DENY_HITS";
+/// `ARRAY<crate::deny::OriginName>`, [`crate::deny::MAX_ORIGINS`]
+/// entries: each origin's name, so a restarted daemon reads the set
+/// back with its origins. Userspace only.
+pub const DENY_ORIGINS: &str = "DENY_ORIGINS";
+/// `ARRAY<u64>`, one entry: GCRA state of the budget that denied
+/// prefixes' buckets are created under (the new-source budget's rate,
+/// its own state).
+pub const DENY_SOURCES: &str = "DENY_SOURCES";
 /// Entries of [`CPU_SLOTS`] per CPU (a power of two).
 pub const CPU_SLOTS_ENTRIES: u32 = 1024;
 /// Overrides one policy may hold (both families together).
@@ -200,7 +223,7 @@ const CLASSES_U32: u32 = MAX_CLASSES as u32;
 
 /// Every map of the program; the pinned ones first, in the order the
 /// loader pins them.
-pub const TABLE: [Spec; 24] = [
+pub const TABLE: [Spec; 29] = [
     Spec::new(BUCKETS, Kind::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), DEFAULT_BUCKET_CAPACITY)
         .by_capacity()
         .pinned(11),
@@ -226,6 +249,11 @@ pub const TABLE: [Spec; 24] = [
         .flags(NO_PREALLOC)
         .pinned(11),
     Spec::new(SYN_GUARD, Kind::Array, 4, size_of::<SynGuard>(), CLASSES_U32).pinned(11),
+    Spec::new(DENY, Kind::Hash, size_of::<DenyKey>(), 4, MAX_DENIES).flags(NO_PREALLOC).pinned(15),
+    Spec::new(DENY_LENS, Kind::Array, 4, size_of::<DenyLens>(), 2).pinned(15),
+    Spec::new(DENY_HITS, Kind::PerCpuArray, 4, 8, MAX_ORIGINS).pinned(15),
+    Spec::new(DENY_ORIGINS, Kind::Array, 4, size_of::<OriginName>(), MAX_ORIGINS).pinned(15),
+    Spec::new(DENY_SOURCES, Kind::Array, 4, 8, 1).pinned(15),
     Spec::new(TOUCHED, Kind::RingBuf, 0, 0, TOUCHED_BYTES),
     Spec::new(TEST_CLOCK, Kind::Array, 4, 8, 1),
     Spec::new(DROP_EVENTS, Kind::RingBuf, 0, 0, DROP_EVENTS_BYTES),

@@ -2,19 +2,21 @@
 //! in the bucket per policy version), `allow`/`deny`, the new-source
 //! budget, the GCRA step with compare-and-swap, and the aggregate tier.
 
-use core::ptr::{read_volatile, write_volatile};
+use core::ptr::read_volatile;
 
-use aya_ebpf::maps::lpm_trie::Key;
+use aya_ebpf::maps::Array;
 use limiter_common::{
-    BucketKey, BucketState, ClassLimits, Config, REASON_COUNT, Reason, cost, family, gcra, maps::MAX_OVERRIDES, mode,
+    BucketKey, BucketState, ClassLimits, Config, REASON_COUNT, Reason, cost, gcra, maps::MAX_OVERRIDES, mode,
     packet::Source, resolution, rules::coarser,
 };
 
 use crate::{
     atomic::{Cas, cas, charge_existing, refund},
+    deny,
     lease::{Slot, charge_leasing},
-    maps::{BPF_NOEXIST, BUCKETS, CONFIG, NEW_SOURCES, OVR_LIMITS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
+    maps::{BPF_NOEXIST, BUCKETS, CONFIG, DENY_SOURCES, NEW_SOURCES, OVR_LIMITS},
     packet::Packet,
+    resolve::limiter_resolve,
     window::charge_window,
 };
 
@@ -56,6 +58,21 @@ const NO_BUCKET: u64 = u64::MAX;
 /// [`limiter_charge_window`] itself, so that no call chain holds three
 /// stack frames.
 const WINDOW: u64 = 1 << 32;
+/// The answer of both charge functions, uncharged, for a bucket whose
+/// prefix holds finer denied networks ([`resolution::FINER`]) when the
+/// packet's address was not yet asked: the entry point asks
+/// ([`deny::finer`], it has the whole address) and charges again with
+/// [`CHECKED`].
+const FINER_CHECK: u64 = 1 << 33;
+
+// `packed`, the job's scalars: the frame length (bits 0..16, clamped),
+// the class (16..24), the `CONFIG` slot (bit 24), whether this CPU's
+// slot is in use (25), whether the address was asked for finer denied
+// networks (26), and the version resolutions are cached under (32..64).
+const CLASS_SHIFT: u32 = 16;
+pub const SLOT_BIT: u64 = 1 << 24;
+const USABLE_BIT: u64 = 1 << 25;
+const CHECKED: u64 = 1 << 26;
 
 /// The reason a packet gets from its bucket (and the aggregate tier).
 /// Both halves are global functions: the verifier checks each once, on
@@ -63,29 +80,71 @@ const WINDOW: u64 = 1 << 32;
 /// it, which leases and their refusals would multiply past its limit.
 #[inline(always)]
 pub fn charge(c: &Charge, slot: &Slot) -> Reason {
-    let (head, tail) = c.key.words();
-    let packed = c.pkt.len() | (c.class as u64) << 32 | u64::from(c.slot) << 40 | u64::from(slot.usable()) << 41;
-    let mut code = limiter_charge_bucket(head, tail, c.now, packed);
-    if code == NO_BUCKET {
-        code = limiter_charge_new(head, tail, c.now, packed);
+    let usable = slot.usable();
+    // Twice at most: a bucket with finer denied networks answers
+    // uncharged until the address is known not to be one of them.
+    let mut packed = packed(c, usable);
+    let mut code = charge_once(c, packed);
+    while code & FINER_CHECK != 0 && packed & CHECKED == 0 {
+        if deny::finer(c.src, c.key.prefix_len) {
+            return Reason::Denied;
+        }
+        packed |= CHECKED;
+        code = charge_once(c, packed);
     }
     if code & WINDOW != 0 {
+        let (head, tail) = c.key.words();
         code = limiter_charge_window(head, tail, c.now, packed, code & u64::from(u32::MAX));
     }
     reason_of(code)
 }
 
-/// The job of a global charge function: `packed` holds the frame length
-/// (low 32 bits), the class (bits 32..40), the `CONFIG` slot (bit 40),
-/// and whether this CPU's slot is in use (bit 41).
+/// The charge functions' `packed` for `c`.
 #[inline(always)]
-#[expect(clippy::cast_possible_truncation, reason = "fields of `packed`; versions compare in their low 32 bits")]
+fn packed(c: &Charge, usable: bool) -> u64 {
+    let len = if c.pkt.len() > 0xffff { 0xffff } else { c.pkt.len() };
+    len | (c.class as u64) << CLASS_SHIFT
+        | if c.slot != 0 { SLOT_BIT } else { 0 }
+        | if usable { USABLE_BIT } else { 0 }
+        | u64::from(c.version) << 32
+}
+
+/// The bucket's charge, or the new prefix's. The prefix is resolved
+/// here, beside the charge functions rather than inside them, so that no
+/// call chain holds three stack frames: when it has no bucket, or its
+/// bucket's resolution is stale.
+#[inline(always)]
+fn charge_once(c: &Charge, packed: u64) -> u64 {
+    let ((head, tail), now) = (c.key.words(), c.now);
+    let code = limiter_charge_bucket(head, tail, now, packed);
+    if code != NO_BUCKET && code != STALE {
+        return code;
+    }
+    // Stale: the resolution is stored in the bucket, which is charged
+    // again, taking it whatever version it then holds (so at most twice).
+    let res = limiter_resolve(head, tail, packed | if code == STALE { STORE } else { 0 });
+    let code = if code == STALE { limiter_charge_bucket(head, tail, now, packed | ANY_VERSION) } else { NO_BUCKET };
+    if code == NO_BUCKET { limiter_charge_new(head, tail, now, packed, res) } else { code }
+}
+
+/// [`limiter_charge_bucket`]'s answer when its bucket's cached resolution
+/// is older than the policy or the deny set.
+const STALE: u64 = u64::MAX - 1;
+/// `packed`'s bit for [`limiter_resolve`]: store the resolution in the
+/// prefix's bucket.
+pub const STORE: u64 = 1 << 27;
+/// `packed`'s bit for [`limiter_charge_bucket`]: take the bucket's cached
+/// resolution whatever its version.
+const ANY_VERSION: u64 = 1 << 28;
+
+/// The job of a global charge function, from `packed` (see above).
+#[inline(always)]
 fn job(head: u64, tail: u64, now: u64, packed: u64) -> Option<Job<'static>> {
-    let slot = ((packed >> 40) & 1) as u32;
+    let slot = u32::from(packed & SLOT_BIT != 0);
     let cfg = CONFIG.get(slot)?;
     let key = BucketKey::from_words(head, tail);
-    let class = ((packed >> 32) & 0xff) as usize;
-    Some(Job { cfg, key, class, slot, version: cfg.version as u32, now, len: packed & 0xffff_ffff })
+    let class = ((packed >> CLASS_SHIFT) & 0xff) as usize;
+    Some(Job { cfg, key, class, slot, version: (packed >> 32) as u32, now, len: packed & 0xffff })
 }
 
 /// The charge of a packet whose prefix has no bucket: `allow`/`deny`, the
@@ -93,20 +152,35 @@ fn job(head: u64, tail: u64, now: u64, packed: u64) -> Option<Job<'static>> {
 /// Returns the reason's index or [`WINDOW`].
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn limiter_charge_new(head: u64, tail: u64, now: u64, packed: u64) -> u64 {
+#[expect(clippy::cast_possible_truncation, reason = "a resolution is a u32")]
+pub extern "C" fn limiter_charge_new(head: u64, tail: u64, now: u64, packed: u64, res: u64) -> u64 {
     let Some(j) = job(head, tail, now, packed) else { return Reason::NoConfig as u64 };
-    let r = match resolve(&j.key, j.slot) {
-        res @ resolution::ALLOW => admit_listed(&j, res, Reason::Allowed),
-        resolution::DENY => Reason::Denied,
+    let res = res as u32;
+    let resolved = (u64::from(j.version) << 32) | u64::from(res);
+    let r = match res {
+        resolution::ALLOW => admit_listed(&j, resolved),
+        resolution::DENY => deny_listed(&j, resolved),
+        res if resolution::listed(res) => {
+            deny::hit(res);
+            deny_listed(&j, resolved)
+        }
+        // Finer denied networks inside: the bucket is made (uncharged)
+        // to cache that, and the packet's address is asked first.
+        res if res & resolution::FINER != 0 && packed & CHECKED == 0 => {
+            if !new_source_admitted(j.cfg, j.now, &NEW_SOURCES) {
+                return Reason::NewSourceLimited as u64;
+            }
+            let _ = BUCKETS.insert(j.key, BucketState { tat: gcra::fresh_tat(j.now), resolved }, BPF_NOEXIST);
+            return FINER_CHECK;
+        }
         res => match limits_for(j.cfg, j.class, j.slot, res) {
             None => Reason::NoConfig,
-            Some(_) if !new_source_admitted(j.cfg, j.now) => Reason::NewSourceLimited,
+            Some(_) if !new_source_admitted(j.cfg, j.now, &NEW_SOURCES) => Reason::NewSourceLimited,
             Some(limits) => {
                 let units = if limits.cost == cost::BYTES { j.len } else { 1 };
-                let resolved = (u64::from(j.version) << 32) | u64::from(res);
                 if limits.is_window() {
                     let _ = BUCKETS.insert(j.key, BucketState { tat: 0, resolved }, BPF_NOEXIST);
-                    return WINDOW | u64::from(res);
+                    return WINDOW | u64::from(res & !resolution::FINER);
                 }
                 let inc = units * limits.unit;
                 let r = charge_new(&j.key, j.now, inc, limits.tau, resolved);
@@ -126,17 +200,26 @@ pub extern "C" fn limiter_charge_new(head: u64, tail: u64, now: u64, packed: u64
 pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: u64) -> u64 {
     let Some(j) = job(head, tail, now, packed) else { return Reason::NoConfig as u64 };
     let Some(p) = BUCKETS.get_ptr_mut(j.key) else { return NO_BUCKET };
-    let res = cached_resolution(p, &j.key, j.slot, j.version);
+    let Some(res) = cached_resolution(p, j.version, packed & ANY_VERSION != 0) else { return STALE };
     let r = match res {
         resolution::ALLOW => Reason::Allowed,
         resolution::DENY => Reason::Denied,
-        _ => match limits_for(j.cfg, j.class, j.slot, res) {
+        res if resolution::listed(res) => {
+            deny::hit(res);
+            Reason::Denied
+        }
+        res if res & resolution::FINER != 0 && packed & CHECKED == 0 => return FINER_CHECK,
+        res => match limits_for(j.cfg, j.class, j.slot, res) {
             None => Reason::NoConfig,
-            Some(limits) if limits.is_window() => return WINDOW | u64::from(res),
+            Some(limits) if limits.is_window() => return WINDOW | u64::from(res & !resolution::FINER),
             Some(limits) => {
                 let units = if limits.cost == cost::BYTES { j.len } else { 1 };
                 let inc = units * limits.unit;
-                let cpu_slot = Slot::probe(&j.key, (packed >> 41) & 1 != 0);
+                // A bucket with finer denied networks (its packets come
+                // back `CHECKED`) is never leased: a lease would admit
+                // them without asking.
+                let usable = packed & (USABLE_BIT | CHECKED) == USABLE_BIT;
+                let cpu_slot = Slot::probe(&j.key, usable);
                 let r = charge_leasing(p, &cpu_slot, &j.key, j.version, j.now, j.cfg.cpus, limits, inc);
                 let resolved = (u64::from(j.version) << 32) | u64::from(res);
                 finish_fine(&j, limits, r, Some(p), Fine { units, inc, resolved })
@@ -182,61 +265,52 @@ pub extern "C" fn limiter_charge_window(head: u64, tail: u64, now: u64, packed: 
     (if r == Reason::RateLimited && limits.mode == mode::SHADOW { Reason::ShadowDropped } else { r }) as u64
 }
 
-/// The bucket's cached override resolution, refreshed (one trie lookup and
-/// one 8-byte store) when the policy version has changed since.
+/// The bucket's cached resolution, if it is of this `version` (or of
+/// `any` version).
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "the low half of the word is the resolution")]
-fn cached_resolution(p: *mut BucketState, key: &BucketKey, slot: u32, version: u32) -> u32 {
+fn cached_resolution(p: *mut BucketState, version: u32, any: bool) -> Option<u32> {
     // SAFETY: p points to a live map value; an aligned 8-byte access is
     // single-copy atomic, so version and resolution are always a pair.
     let cached = unsafe { read_volatile(&raw const (*p).resolved) };
-    if (cached >> 32) as u32 == version {
-        return cached as u32;
-    }
-    let res = resolve(key, slot);
-    // SAFETY: as above. Racing CPUs write the same value.
-    unsafe { write_volatile(&raw mut (*p).resolved, (u64::from(version) << 32) | u64::from(res)) };
-    res
-}
-
-/// Most specific override containing the bucket's prefix (the bucket's
-/// address is already masked, so overrides no longer than it match).
-#[inline(always)]
-pub fn resolve(key: &BucketKey, slot: u32) -> u32 {
-    let found = if key.family == family::IPV4 {
-        let k = Key::new(32, key.addr[0]);
-        if slot == 0 { OVR4_0.get(&k) } else { OVR4_1.get(&k) }
-    } else {
-        let k = Key::new(128, [key.addr[0], key.addr[1], 0, 0]);
-        if slot == 0 { OVR6_0.get(&k) } else { OVR6_1.get(&k) }
-    };
-    found.copied().unwrap_or(resolution::CLASS)
+    ((cached >> 32) as u32 == version || any).then_some(cached as u32)
 }
 
 /// Limits for a packet of `class` whose prefix resolved to `res`: an
 /// override's own limits apply to the default class only.
 #[inline(always)]
 fn limits_for(cfg: &Config, class: usize, slot: u32, res: u32) -> Option<&ClassLimits> {
+    let res = res & !resolution::FINER;
     if res != resolution::CLASS && class == 0 && res <= MAX_OVERRIDES {
         return OVR_LIMITS.get(slot * MAX_OVERRIDES + res - 1);
     }
     cfg.classes.get(class)
 }
 
-/// `allow` / `deny`: no charge. An allowed prefix gets a bucket only to
-/// cache the trie lookup, and only while the new-source budget admits it
-/// (the packet passes either way). A denied one never does. Otherwise a
-/// spoofed flood across a listed range would fill the LRU with buckets
-/// that hold no state and evict the buckets of real senders, which would
-/// then come back with a fresh allowance (invariant 3); without a bucket a
-/// packet pays one trie lookup instead.
+/// `allow` / `deny`: no charge. A listed prefix gets a bucket only to
+/// cache its resolution, under a budget: an allowed one the new-source
+/// budget (the packet passes either way), a denied one a budget of its
+/// own at the same rate (`DENY_SOURCES`), so that a spoofed flood across
+/// a denied range neither spends the budget real senders need nor fills
+/// the LRU faster than that rate, evicting the buckets of real senders,
+/// which would then come back with a fresh allowance (invariant 3).
+/// Without a bucket a packet pays the resolution instead.
 #[inline(always)]
-fn admit_listed(j: &Job, res: u32, reason: Reason) -> Reason {
-    if new_source_admitted(j.cfg, j.now) {
-        let resolved = (u64::from(j.version) << 32) | u64::from(res);
+fn admit_listed(j: &Job, resolved: u64) -> Reason {
+    if new_source_admitted(j.cfg, j.now, &NEW_SOURCES) {
         let _ = BUCKETS.insert(j.key, BucketState { tat: gcra::fresh_tat(j.now), resolved }, BPF_NOEXIST);
     }
-    reason
+    Reason::Allowed
+}
+
+/// A denied prefix (override or deny set): [`admit_listed`]'s bucket,
+/// under the deny budget.
+#[inline(always)]
+fn deny_listed(j: &Job, resolved: u64) -> Reason {
+    if new_source_admitted(j.cfg, j.now, &DENY_SOURCES) {
+        let _ = BUCKETS.insert(j.key, BucketState { tat: gcra::fresh_tat(j.now), resolved }, BPF_NOEXIST);
+    }
+    Reason::Denied
 }
 
 /// What the fine bucket was charged for this packet.
@@ -274,11 +348,11 @@ fn charge_aggregate(j: &Job, fine: Option<*mut BucketState>, f: Fine) -> Reason 
 /// the LRU nor each buy a fresh allowance faster than the budget allows
 /// (invariant 3).
 #[inline(always)]
-fn new_source_admitted(cfg: &Config, now: u64) -> bool {
+fn new_source_admitted(cfg: &Config, now: u64, budget: &Array<u64>) -> bool {
     if cfg.new_unit == 0 {
         return true;
     }
-    let Some(p) = NEW_SOURCES.get_ptr_mut(0) else { return true };
+    let Some(p) = budget.get_ptr_mut(0) else { return true };
     matches!(cas(p, |cur| gcra::admit(cur, now, cfg.new_unit, cfg.new_tau)), Cas::Done)
 }
 

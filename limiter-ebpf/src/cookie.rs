@@ -14,7 +14,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
-    BucketState, Config, Reason,
+    BucketKey, BucketState, Config, Reason,
     cookie::{self, mode},
     family, gcra,
     packet::{Frame, IPPROTO_TCP, Source, tcp_flag},
@@ -26,10 +26,11 @@ mod options;
 
 use self::options::{ClientOptions, NO_WSCALE, limiter_syn_options};
 use crate::{
-    charge::{Charge, resolve},
+    charge::Charge,
     count::proven,
     maps::{BPF_NOEXIST, BUCKETS, KERNEL_SYNS, SYN_GUARD},
     packet::Packet,
+    resolve::limiter_resolve,
 };
 
 /// TCP option kind and length of MSS.
@@ -48,7 +49,7 @@ pub fn intercept(s: &Charge) -> Option<Reason> {
         if m == mode::OFF || BUCKETS.get_ptr(s.key).is_some() {
             return None;
         }
-        if !engaged(s.cfg, s.class, m, s.now, true) || resolve(s.key, s.slot) != resolution::CLASS {
+        if !engaged(s.cfg, s.class, m, s.now, true) || resolved(s.key, s.slot) != resolution::CLASS {
             return None;
         }
         return answer(s);
@@ -76,11 +77,19 @@ pub fn intercept(s: &Charge) -> Option<Reason> {
         return Some(Reason::SynCookieInvalid);
     }
     // Proven: a bucket with its whole allowance, new-source budget or not.
-    let resolved = (u64::from(s.version) << 32) | u64::from(resolve(&skey, s.slot));
+    let resolved = (u64::from(s.version) << 32) | u64::from(resolved(&skey, s.slot));
     let _ = BUCKETS.insert(skey, BucketState { tat: gcra::fresh_tat(s.now), resolved }, BPF_NOEXIST);
     // The address proved itself: escalation may count its drops.
     proven(s.pkt.0, &skey);
     Some(Reason::SynCookieVerified)
+}
+
+/// The prefix's resolution, through the charge's global function.
+#[inline(always)]
+#[expect(clippy::cast_possible_truncation, reason = "a resolution is a u32")]
+fn resolved(key: &BucketKey, slot: u32) -> u32 {
+    let (head, tail) = key.words();
+    limiter_resolve(head, tail, if slot != 0 { crate::charge::SLOT_BIT } else { 0 }) as u32
 }
 
 /// A SYN of an `auto` (or `always`) class was refused by the new-source

@@ -1,7 +1,8 @@
 //! The XDP flood guard: charge each IP packet to its source prefix's token
 //! bucket and drop what exceeds it. The parser, rule classes, prefix
 //! masking and GCRA arithmetic are pure code in `limiter-common`; this
-//! crate is the glue over the maps: `charge` (buckets, overrides, budgets),
+//! crate is the glue over the maps: `charge` (buckets, budgets), `resolve`
+//! (overrides, then the deny set of `deny`),
 //! `count` (counters, drop sampling), `lease` (per-CPU leases of a
 //! bucket's credit and cached refusals), `window` (window quotas),
 //! `cookie` (SYN cookies). At the bottom, imported by the rest and
@@ -28,6 +29,8 @@ mod cookie;
 #[cfg(target_arch = "bpf")]
 mod count;
 #[cfg(target_arch = "bpf")]
+mod deny;
+#[cfg(target_arch = "bpf")]
 mod lease;
 #[cfg(target_arch = "bpf")]
 mod maps;
@@ -35,6 +38,8 @@ mod maps;
 mod packet;
 #[cfg(target_arch = "bpf")]
 mod program;
+#[cfg(target_arch = "bpf")]
+mod resolve;
 #[cfg(target_arch = "bpf")]
 mod window;
 

@@ -13,7 +13,11 @@ use aya_ebpf::{
 };
 use limiter_common::{
     BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, Meta, RuntimeKey, RuntimeOverride,
-    cookie::SynGuard, lease::CpuSlot, maps, window::WindowState,
+    cookie::SynGuard,
+    deny::{DenyKey, DenyLens, OriginName},
+    lease::CpuSlot,
+    maps,
+    window::WindowState,
 };
 
 /// `bpf_map_update_elem`'s flag: create the entry only if it is absent.
@@ -201,4 +205,35 @@ map! {
     /// Written and read by: XDP: when a SYN to each port (per family) was
     /// last handed to the kernel's own cookie path. Userspace never reads it.
     KERNEL_SYNS: Array<u64>
+}
+
+map! {
+    /// Written by: userspace, entry by entry (adds before removes, then
+    /// `ACTIVE`'s change count moves). Read by: XDP, when a bucket
+    /// resolves, and per packet of a bucket with a finer marker.
+    DENY: HashMap<DenyKey, u32>
+}
+
+map! {
+    /// Written by: userspace, before the networks of a new length and
+    /// after the last of one goes. Read by: XDP, with `DENY`.
+    DENY_LENS: Array<DenyLens>
+}
+
+map! {
+    /// Written by: XDP, per CPU, a packet the deny set drops, under its
+    /// origin. Read by: userspace, summed over CPUs, for the metrics.
+    DENY_HITS: PerCpuArray<u64>
+}
+
+map! {
+    /// Written and read by: userspace only (origins' names, pinned so a
+    /// restarted daemon knows who denied what).
+    DENY_ORIGINS: Array<OriginName>
+}
+
+map! {
+    /// Written and read by: XDP, with compare-and-swap: the budget under
+    /// which a denied prefix gets a bucket (caching its denial).
+    DENY_SOURCES: Array<u64>
 }

@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
-    Family, Reason, UNCLASSIFIED, Verdict, family, flags, gcra,
+    Family, Reason, UNCLASSIFIED, Verdict, deny, family, flags, gcra,
     packet::{IPPROTO_TCP, parse},
     rules::{bucket_key, classify},
 };
@@ -98,7 +98,10 @@ fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: Family) -> u32 {
 #[expect(clippy::cast_possible_truncation, reason = "class < MAX_CLASSES; versions compare in their low 32 bits")]
 fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Result<Reason, Reason> {
     let src = parse(pkt, fam)?;
-    let slot = ACTIVE.get(0).copied().unwrap_or(0) & 1;
+    // `ACTIVE`: the `CONFIG` slot, the `DENY_LENS` slot, and the deny
+    // set's change count above them.
+    let active = ACTIVE.get(0).copied().unwrap_or(0);
+    let slot = active & deny::active::CONFIG_SLOT;
     let Some(cfg) = CONFIG.get(slot) else {
         return Err(Reason::NoConfig);
     };
@@ -107,7 +110,9 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     }
     let class = classify(cfg, &src);
     let key = bucket_key(&src, cfg.v4_prefix, cfg.v6_prefix, class as u8);
-    let version = cfg.version as u32;
+    // Cached resolutions and leases hold until the policy or the deny set
+    // changes: both counts only grow, so their sum names each state.
+    let version = (cfg.version as u32).wrapping_add(active >> deny::active::COUNT_SHIFT);
     let now = gcra::to_fixed(now());
     let cookies = cfg.flags & flags::SYN_COOKIES != 0 && src.proto == IPPROTO_TCP && src.port_known == 1;
     let c = Charge { pkt, cfg, src: &src, class, key: &key, slot, version, now };

@@ -1,5 +1,6 @@
 //! Per-prefix overrides through the real program (injected clock): LPM
-//! tries, most specific prefix wins, allow and deny, a resolution cached in
+//! tries, most specific prefix wins, allow and deny (a denied prefix's bucket
+//! under its own budget), a resolution cached in
 //! the bucket and revalidated when the policy version changes, and an apply
 //! of 100,000 overrides.
 
@@ -125,10 +126,12 @@ fn a_cached_resolution_is_revalidated_when_the_version_changes() {
     assert_eq!(l.bucket(&key).unwrap().unwrap().resolved >> 32, 3);
 }
 
-/// A spoofed flood across a denied range leaves no state behind: no bucket
-/// per prefix, so it cannot evict the buckets of real senders.
+/// A spoofed flood across a denied range leaves at most its own
+/// budget's worth of buckets (the new-source budget's rate, its own
+/// state), so it can neither evict the buckets of real senders faster
+/// than that nor spend the new-source budget real senders need.
 #[test]
-fn denied_ranges_create_no_buckets() {
+fn denied_ranges_create_buckets_only_within_their_own_budget() {
     // Buckets per address (/32) and per /64, so a denied /16 or /56 holds
     // many of them.
     let p = Policy {
@@ -138,6 +141,7 @@ fn denied_ranges_create_no_buckets() {
             ovr("2001:2:0:300::/56", OverrideAction::Deny),
             ovr("198.18.5.0/24", OverrideAction::Allow),
         ],
+        new_sources: Some((10, 5)),
         v4_prefix: 32,
         v6_prefix: 64,
         ..Policy::default()
@@ -147,10 +151,15 @@ fn denied_ranges_create_no_buckets() {
         assert_eq!(reasons(&mut l, &udp4([198, 19, i, 1]), 1), vec![Reason::Denied]);
         assert_eq!(reasons(&mut l, &udp6(&format!("2001:2:0:3{i:02x}::1")), 1), vec![Reason::Denied]);
     }
-    assert_eq!(l.tracked(), 0, "denied packets created buckets");
-    // An allowed prefix still gets one, to cache its lookup.
-    assert_eq!(reasons(&mut l, &udp4([198, 18, 5, 1]), 1), vec![Reason::Allowed]);
-    assert_eq!(l.tracked(), 1);
+    assert_eq!(l.tracked(), 5, "denied prefixes' buckets beyond the deny budget's burst");
+    // The new-source budget is whole: five new senders get their bucket.
+    for i in 0..5u8 {
+        assert_eq!(reasons(&mut l, &udp4([198, 18, 7, i]), 1), vec![Reason::Admitted], "sender {i}");
+    }
+    assert_eq!(reasons(&mut l, &udp4([198, 18, 7, 9]), 1), vec![Reason::NewSourceLimited]);
+    assert_eq!(l.tracked(), 10);
+    // A denied prefix with a bucket is dropped through it: same answer.
+    assert_eq!(reasons(&mut l, &udp4([198, 19, 0, 1]), 3), vec![Reason::Denied; 3]);
 }
 
 /// Spoofed sources inside an allowed range all pass, but get buckets only

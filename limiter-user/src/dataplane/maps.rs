@@ -2,7 +2,7 @@
 //! loaded object once (a missing or mistyped map fails the load with its
 //! name), and the operations on them.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use aya::{
     Ebpf, Pod,
@@ -13,10 +13,15 @@ use aya::{
 };
 use limiter_common::{
     BucketKey, BucketState, ClassCounters, ClassLimits, Config, Counter, MAX_CLASSES, Meta, RuntimeKey,
-    RuntimeOverride, STAT_ENTRIES, cookie::SynGuard, flags, maps, maps::MAX_OVERRIDES, stat_slot, window::WindowState,
+    RuntimeOverride, STAT_ENTRIES, cookie::SynGuard, deny::active, flags, maps, maps::MAX_OVERRIDES, stat_slot,
+    window::WindowState,
 };
 
-use super::{LoadError, counters::Totals};
+use super::{
+    LoadError,
+    counters::Totals,
+    deny::{Active, Change, DenyMaps, Pinned, SETTLE},
+};
 use crate::policy::Compiled;
 
 /// A map operation's error, named.
@@ -73,6 +78,7 @@ pub struct Tables {
     meta: Array<MapData, Meta>,
     runtime: HashMap<MapData, RuntimeKey, RuntimeOverride>,
     test_clock: Array<MapData, u64>,
+    pub(crate) deny: DenyMaps,
     last_flip: Option<Instant>,
 }
 
@@ -86,6 +92,7 @@ pub struct Counters {
     pub(crate) bucket_capacity: u32,
     pub(crate) buckets_id: u32,
     syn_guard: Array<MapData, SynGuard>,
+    deny_hits: PerCpuArray<MapData, u64>,
 }
 
 impl Maps {
@@ -104,6 +111,11 @@ impl Maps {
             meta: take(ebpf, maps::META)?,
             runtime: take(ebpf, maps::RUNTIME)?,
             test_clock: take(ebpf, maps::TEST_CLOCK)?,
+            deny: DenyMaps {
+                deny: take(ebpf, maps::DENY)?,
+                lens: take(ebpf, maps::DENY_LENS)?,
+                origins: take(ebpf, maps::DENY_ORIGINS)?,
+            },
             last_flip: None,
         };
         let counters = Counters {
@@ -112,6 +124,7 @@ impl Maps {
             bucket_capacity: info.max_entries(),
             buckets_id: info.id(),
             syn_guard: take(ebpf, maps::SYN_GUARD)?,
+            deny_hits: take(ebpf, maps::DENY_HITS)?,
         };
         let windows = WindowMaps {
             windows: take(ebpf, maps::WINDOWS)?,
@@ -164,7 +177,6 @@ impl Tables {
     /// slot within well under a microsecond, so the slot it may still be
     /// reading is only rewritten after a settle time.
     pub fn apply(&mut self, c: &Compiled) -> Result<(), LoadError> {
-        const SETTLE: Duration = Duration::from_millis(2);
         if let Some(t) = self.last_flip {
             std::thread::sleep(SETTLE.saturating_sub(t.elapsed()));
         }
@@ -194,13 +206,36 @@ impl Tables {
         // that can run the program (limiter_common::lease).
         let config = Config { cpus: possible_cpus(), ..c.config };
         self.config.set(next, config, 0).on(maps::CONFIG)?;
-        self.active.set(0, next, 0).on(maps::ACTIVE)?;
+        // The deny set's bits of `ACTIVE` stay as they are.
+        let word = self.active.get(&0, 0).on(maps::ACTIVE)?;
+        self.active.set(0, (word & !active::CONFIG_SLOT) | next, 0).on(maps::ACTIVE)?;
         self.last_flip = Some(Instant::now());
         Ok(())
     }
 
     fn active_slot(&self) -> Result<u32, LoadError> {
-        Ok(self.active.get(&0, 0).on(maps::ACTIVE)? & 1)
+        Ok(self.active.get(&0, 0).on(maps::ACTIVE)? & active::CONFIG_SLOT)
+    }
+
+    /// Write a change of the deny set (see [`DenyMaps::write`]).
+    pub fn write_deny(&mut self, ch: &Change) -> Result<(), LoadError> {
+        if ch.is_empty() {
+            return Ok(());
+        }
+        let act = Active { map: &mut self.active, last_flip: &mut self.last_flip };
+        self.deny.write(act, ch)
+    }
+
+    /// The deny set as pinned: its entries, its origins' names, and the
+    /// lengths in force.
+    pub fn deny_pinned(&self) -> Result<Pinned, LoadError> {
+        let word = self.active.get(&0, 0).on(maps::ACTIVE)?;
+        Ok(Pinned { entries: self.deny.entries()?, names: self.deny.origins()?, lens: self.deny.lens_in_force(word)? })
+    }
+
+    /// Record the deny set's origins' names.
+    pub fn set_deny_origins(&mut self, names: &[String]) -> Result<(), LoadError> {
+        self.deny.set_origins(names)
     }
 
     /// The config the data plane enforces now, if any was applied.
@@ -287,6 +322,16 @@ impl Counters {
     pub fn syn_cookies_engaged(&self, class: u32, now_ns: u64) -> Result<bool, LoadError> {
         let g = self.syn_guard.get(&class, 0).on(maps::SYN_GUARD)?;
         Ok(limiter_common::gcra::to_fixed(now_ns) < g.until)
+    }
+
+    /// Packets the deny set dropped, by origin index, summed over CPUs.
+    pub fn deny_hits(&self) -> Result<Vec<u64>, LoadError> {
+        let mut out = Vec::with_capacity(super::deny::MAX_NAMED);
+        for i in 0..super::deny::MAX_NAMED {
+            let i = u32::try_from(i).unwrap_or(u32::MAX);
+            out.push(sum_cpus(&self.deny_hits.get(&i, 0).on(maps::DENY_HITS)?));
+        }
+        Ok(out)
     }
 
     /// Per-class counters by action (all families), summed over CPUs.

@@ -6,6 +6,7 @@
 
 mod attach;
 pub mod counters;
+pub mod deny;
 pub mod maps;
 pub mod pin;
 mod port;

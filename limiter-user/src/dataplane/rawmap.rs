@@ -130,6 +130,63 @@ pub fn for_each_entry(map: &MapData, mut each: impl FnMut(&[u8], &[u8])) -> io::
 }
 
 const BPF_MAP_LOOKUP_BATCH: i32 = 24;
+const BPF_MAP_UPDATE_BATCH: i32 = 26;
+const BPF_MAP_DELETE_BATCH: i32 = 27;
+
+/// Entries written or removed per batch call: each call holds no lock
+/// across entries and yields between them, so a million entries never
+/// stall a CPU; the calls are a few hundred.
+const WRITE_BATCH: usize = 4096;
+
+/// Write every `(key, value)` of `keys`/`values` (the bytes of `n`
+/// keys and `n` values of the map's sizes, one after another) into
+/// `map` in batches (`BPF_MAP_UPDATE_BATCH`, kernel 5.6+).
+pub fn update_batch(map: &MapData, keys: &[u8], values: &[u8], key: usize, value: usize) -> io::Result<()> {
+    for (k, v) in keys.chunks(key * WRITE_BATCH).zip(values.chunks(value * WRITE_BATCH)) {
+        batch(map, BPF_MAP_UPDATE_BATCH, k, Some(v), k.len() / key)?;
+    }
+    Ok(())
+}
+
+/// Remove every key of `keys` (the bytes of keys of `key` bytes) from
+/// `map` in batches (`BPF_MAP_DELETE_BATCH`); keys not there are skipped.
+pub fn delete_batch(map: &MapData, keys: &[u8], key: usize) -> io::Result<()> {
+    for k in keys.chunks(key * WRITE_BATCH) {
+        // A key not there stops a batch with ENOENT after the ones before
+        // it: the rest go one by one.
+        if let Err(e) = batch(map, BPF_MAP_DELETE_BATCH, k, None, k.len() / key) {
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+            for one in k.chunks(key) {
+                match batch(map, BPF_MAP_DELETE_BATCH, one, None, 1) {
+                    Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn batch(map: &MapData, cmd: i32, keys: &[u8], values: Option<&[u8]>, n: usize) -> io::Result<()> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let fd = u32::try_from(map.fd().as_fd().as_raw_fd()).unwrap_or(u32::MAX);
+    let mut attr = BatchAttr {
+        in_batch: 0,
+        out_batch: 0,
+        keys: keys.as_ptr() as u64,
+        values: values.map_or(0, |v| v.as_ptr() as u64),
+        count: u32::try_from(n).unwrap_or(u32::MAX),
+        map_fd: fd,
+        elem_flags: 0,
+        flags: 0,
+    };
+    // SAFETY: the kernel reads `count` keys (and values) of the map's
+    // sizes from buffers that hold that many, and writes `count` back.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, &raw mut attr, size_of::<BatchAttr>()) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
 
 /// `union bpf_attr` as the batch commands read it.
 #[repr(C)]

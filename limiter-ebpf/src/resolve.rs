@@ -1,0 +1,60 @@
+//! A bucket's resolution: the most specific override holding its
+//! prefix (operator and policy file), and below an `allow` or a `deny`
+//! the deny set's answer; as a global function, cached in the bucket
+//! under the packet's version.
+
+use core::ptr::write_volatile;
+
+use aya_ebpf::maps::lpm_trie::Key;
+use limiter_common::{BucketKey, family, resolution};
+
+use crate::{
+    charge::{SLOT_BIT, STORE},
+    deny,
+    maps::{BUCKETS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
+};
+
+/// The prefix's resolution ([`resolve`]) as a global function: its own
+/// stack frame beside the charge functions', so that no call chain holds
+/// three stack frames. `packed` as theirs; with [`STORE`], the prefix's
+/// bucket caches it under the packet's version.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_resolve(head: u64, tail: u64, packed: u64) -> u64 {
+    let key = BucketKey::from_words(head, tail);
+    let res = resolve(&key, u32::from(packed & SLOT_BIT != 0));
+    if packed & STORE != 0
+        && let Some(p) = BUCKETS.get_ptr_mut(key)
+    {
+        // SAFETY: a live map value; an aligned 8-byte store is single-copy
+        // atomic, so version and resolution are always a pair. Racing
+        // CPUs write the same value.
+        unsafe { write_volatile(&raw mut (*p).resolved, (packed >> 32) << 32 | u64::from(res)) };
+    }
+    u64::from(res)
+}
+
+/// Most specific override containing the bucket's prefix (the bucket's
+/// address is already masked, so overrides no longer than it match);
+/// below an `allow` or a `deny`, the deny set's answer
+/// ([`deny::listed`]).
+#[inline(always)]
+pub fn resolve(key: &BucketKey, slot: u32) -> u32 {
+    match override_of(key, slot) {
+        r @ (resolution::ALLOW | resolution::DENY) => r,
+        r => deny::listed(key, r),
+    }
+}
+
+/// The override trie's answer alone.
+#[inline(always)]
+fn override_of(key: &BucketKey, slot: u32) -> u32 {
+    let found = if key.family == family::IPV4 {
+        let k = Key::new(32, key.addr[0]);
+        if slot == 0 { OVR4_0.get(&k) } else { OVR4_1.get(&k) }
+    } else {
+        let k = Key::new(128, [key.addr[0], key.addr[1], 0, 0]);
+        if slot == 0 { OVR6_0.get(&k) } else { OVR6_1.get(&k) }
+    };
+    found.copied().unwrap_or(resolution::CLASS)
+}

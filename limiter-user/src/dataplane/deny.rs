@@ -1,0 +1,381 @@
+//! The deny set as userspace keeps it: every denied network with the
+//! origins that denied it (a feed, a CrowdSec origin), the markers of
+//! networks finer than the bucket prefix, and how many networks each
+//! prefix length holds. Each change to it is a [`Change`], the kernel
+//! writes in the order that keeps the data plane whole: the lengths in
+//! use grow first, then networks and markers are written, then removed,
+//! then `ACTIVE`'s change count moves (buckets re-resolve) and the
+//! lengths shrink. At no moment is a network that both the old and the
+//! new set deny let through. See `limiter_common::deny` for the layout.
+
+use std::collections::{HashMap, HashSet};
+
+use ipnet::IpNet;
+use limiter_common::{
+    Family,
+    deny::{DENIED, DenyKey, DenyLens, FINER, MAX_ORIGINS},
+    family,
+};
+
+/// Origins one set may name at once (an owner set is a 64-bit mask).
+pub const MAX_NAMED: usize = 64;
+
+/// Who denied a network: an index of `DENY_ORIGINS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Origin(pub u16);
+
+/// What a change of the set does to the kernel's maps, in order.
+#[derive(Debug, Default, PartialEq)]
+pub struct Change {
+    /// The lengths in use while the change is written (the old and the
+    /// new ones), if they differ from those in force.
+    pub lens_during: Option<DenyLens>,
+    /// Entries written (new networks, markers, changed values).
+    pub upserts: Vec<(DenyKey, u32)>,
+    /// Entries removed.
+    pub deletes: Vec<DenyKey>,
+    /// The lengths in use once it is written, if they differ from
+    /// `lens_during`.
+    pub lens_after: Option<DenyLens>,
+}
+
+impl Change {
+    /// Whether it changes nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.deletes.is_empty() && self.lens_during.is_none() && self.lens_after.is_none()
+    }
+}
+
+/// Why a network was not taken.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DenyError {
+    #[error("the deny set holds networks of {0} IPv6 prefix lengths already (at most {max})", max = limiter_common::deny::MAX_LENS)]
+    TooManyLengths(usize),
+    #[error("the deny set is full ({0} networks)")]
+    Full(usize),
+    #[error("more than {MAX_NAMED} origins")]
+    TooManyOrigins,
+}
+
+/// The deny set as pinned (read back at a restart).
+#[derive(Debug, Default)]
+pub struct Pinned {
+    pub entries: Vec<(DenyKey, u32)>,
+    pub names: Vec<String>,
+    pub lens: DenyLens,
+}
+
+/// The set, as userspace keeps it.
+#[derive(Debug)]
+pub struct DenySet {
+    /// Denied networks and the origins (bits) that denied each.
+    nets: HashMap<DenyKey, u64>,
+    /// Markers: a bucket prefix's key, and how many finer networks lie in it.
+    markers: HashMap<DenyKey, u32>,
+    /// Networks per prefix length: IPv4's 0..=32, IPv6's 0..=128.
+    counts: [[u32; 129]; 2],
+    /// The bucket prefix lengths the markers are under (IPv4, IPv6).
+    bucket: [u8; 2],
+    /// Names of the origins, by index (empty: free).
+    names: Vec<String>,
+    /// Networks the set may hold.
+    capacity: usize,
+    /// The lengths the kernel has in force.
+    lens: DenyLens,
+    /// Keys touched by the change being built.
+    touched: HashSet<DenyKey>,
+    /// Their values before it.
+    before: HashMap<DenyKey, u32>,
+}
+
+fn slot(fam: Family) -> usize {
+    usize::from(fam != family::IPV4)
+}
+
+impl DenySet {
+    /// An empty set of `capacity` networks, its markers under buckets of
+    /// `v4`/`v6` bits.
+    #[must_use]
+    pub fn new(capacity: usize, v4: u8, v6: u8) -> Self {
+        Self {
+            nets: HashMap::new(),
+            markers: HashMap::new(),
+            counts: [[0; 129]; 2],
+            bucket: [v4, v6],
+            names: Vec::new(),
+            capacity,
+            lens: DenyLens::default(),
+            touched: HashSet::new(),
+            before: HashMap::new(),
+        }
+    }
+
+    /// The set as the kernel holds it (its pinned entries, origins'
+    /// names and lengths in force), and the change that brings the kernel
+    /// to what it should hold (markers under buckets of `v4`/`v6` bits,
+    /// the lengths in use): nothing, unless a write was cut short.
+    #[must_use]
+    pub fn restore(capacity: usize, bucket: (u8, u8), pinned: Pinned) -> (Self, Change) {
+        let mut s = Self::new(capacity, bucket.0, bucket.1);
+        s.names = pinned.names;
+        let mut kernel_markers = Vec::new();
+        for (k, v) in pinned.entries {
+            if v & FINER != 0 {
+                kernel_markers.push(k);
+                s.markers.insert(k, 1);
+            }
+            let origin = v & limiter_common::deny::ORIGIN;
+            if v & DENIED != 0 && origin < 64 {
+                s.nets.insert(k, 1 << origin);
+                s.counts[slot(k.family)][usize::from(k.len.min(128))] += 1;
+            }
+        }
+        s.lens = pinned.lens;
+        let mut fresh: HashMap<DenyKey, u32> = HashMap::new();
+        for k in s.nets.keys() {
+            if let Some(m) = s.marker_of(k) {
+                *fresh.entry(m).or_default() += 1;
+            }
+        }
+        for m in kernel_markers.iter().chain(fresh.keys()) {
+            s.touch(*m);
+        }
+        s.markers = fresh;
+        let ch = s.finish();
+        (s, ch)
+    }
+
+    /// How many networks it holds.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.nets.len()
+    }
+
+    /// Whether it holds none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty()
+    }
+
+    /// How many networks `origin` denies.
+    #[must_use]
+    pub fn count_of(&self, origin: Origin) -> usize {
+        let bit = 1u64 << origin.0;
+        self.nets.values().filter(|o| *o & bit != 0).count()
+    }
+
+    /// The origin named `name`, given an index if it has none yet.
+    pub fn origin(&mut self, name: &str) -> Result<Origin, DenyError> {
+        if let Some(i) = self.names.iter().position(|n| n == name) {
+            return Ok(Origin(u16::try_from(i).unwrap_or(u16::MAX)));
+        }
+        let i = match self.names.iter().position(String::is_empty) {
+            Some(i) => i,
+            None if self.names.len() < MAX_NAMED.min(MAX_ORIGINS as usize) => {
+                self.names.push(String::new());
+                self.names.len() - 1
+            }
+            None => return Err(DenyError::TooManyOrigins),
+        };
+        name.clone_into(&mut self.names[i]);
+        Ok(Origin(u16::try_from(i).unwrap_or(u16::MAX)))
+    }
+
+    /// Every origin's name, by index.
+    #[must_use]
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The networks `origin` denies.
+    pub fn of(&self, origin: Origin) -> impl Iterator<Item = IpNet> + '_ {
+        let bit = 1u64 << origin.0;
+        self.nets.iter().filter(move |(_, o)| *o & bit != 0).map(|(k, _)| net_of(k))
+    }
+
+    /// The origins that deny `net` exactly.
+    #[must_use]
+    pub fn origins_of(&self, net: &IpNet) -> Vec<Origin> {
+        let bits = self.nets.get(&key_of(net)).copied().unwrap_or(0);
+        (0..64).filter(|i| bits & (1 << i) != 0).map(Origin).collect()
+    }
+
+    /// The kernel's value of `k` as the set is now (0: no entry).
+    fn value(&self, k: &DenyKey) -> u32 {
+        let net = self.nets.get(k).map_or(0, |o| DENIED | o.trailing_zeros());
+        let marker = if self.markers.get(k).is_some_and(|n| *n > 0) { FINER } else { 0 };
+        net | marker
+    }
+
+    fn touch(&mut self, k: DenyKey) {
+        if self.touched.insert(k) {
+            let v = self.value(&k);
+            self.before.insert(k, v);
+        }
+    }
+
+    /// The marker of `k` under the bucket prefix, if `k` is finer.
+    fn marker_of(&self, k: &DenyKey) -> Option<DenyKey> {
+        let b = self.bucket[slot(k.family)];
+        (k.len > b).then(|| DenyKey::of(k.family, k.addr, u32::from(b)))
+    }
+
+    /// `origin` denies `net` too.
+    pub fn add(&mut self, origin: Origin, net: &IpNet) -> Result<(), DenyError> {
+        let k = key_of(net);
+        let bit = 1u64 << origin.0;
+        match self.nets.get(&k).copied() {
+            Some(o) if o & bit != 0 => return Ok(()),
+            Some(o) => {
+                self.touch(k);
+                self.nets.insert(k, o | bit);
+                return Ok(());
+            }
+            None => {}
+        }
+        if self.nets.len() >= self.capacity {
+            return Err(DenyError::Full(self.capacity));
+        }
+        let (s, len) = (slot(k.family), usize::from(k.len));
+        if self.counts[s][len] == 0 && s == 1 {
+            let in_use = self.counts[1].iter().filter(|c| **c > 0).count();
+            if in_use >= limiter_common::deny::MAX_LENS {
+                return Err(DenyError::TooManyLengths(in_use));
+            }
+        }
+        self.touch(k);
+        self.nets.insert(k, bit);
+        self.counts[s][len] += 1;
+        if let Some(m) = self.marker_of(&k) {
+            self.touch(m);
+            *self.markers.entry(m).or_default() += 1;
+        }
+        Ok(())
+    }
+
+    /// `origin` no longer denies `net` (others may still).
+    pub fn remove(&mut self, origin: Origin, net: &IpNet) {
+        let k = key_of(net);
+        let bit = 1u64 << origin.0;
+        let Some(o) = self.nets.get(&k).copied().filter(|o| o & bit != 0) else { return };
+        self.touch(k);
+        if o != bit {
+            self.nets.insert(k, o & !bit);
+            return;
+        }
+        self.nets.remove(&k);
+        self.counts[slot(k.family)][usize::from(k.len)] -= 1;
+        if let Some(m) = self.marker_of(&k) {
+            self.touch(m);
+            if let Some(n) = self.markers.get_mut(&m) {
+                *n -= 1;
+                if *n == 0 {
+                    self.markers.remove(&m);
+                }
+            }
+        }
+    }
+
+    /// Make `origin` deny exactly `nets`: a diff (only what changed moves).
+    /// Stops at the first network not taken; what was done stays (and is
+    /// in the change).
+    pub fn replace(&mut self, origin: Origin, nets: &HashSet<IpNet>) -> Result<(), DenyError> {
+        let gone: Vec<IpNet> = self.of(origin).filter(|n| !nets.contains(n)).collect();
+        for n in nets {
+            self.add(origin, n)?;
+        }
+        for n in &gone {
+            self.remove(origin, n);
+        }
+        Ok(())
+    }
+
+    /// Markers under buckets of `v4`/`v6` bits from now on: the new ones
+    /// are added (a first change, to write before the policy's switch),
+    /// and the old ones removed (a second, to write after it).
+    pub fn set_bucket(&mut self, v4: u8, v6: u8) -> (Change, Change) {
+        let old = std::mem::take(&mut self.markers);
+        self.bucket = [v4, v6];
+        let finer: Vec<DenyKey> = self.nets.keys().copied().collect();
+        let mut fresh: HashMap<DenyKey, u32> = HashMap::new();
+        for k in &finer {
+            if let Some(m) = self.marker_of(k) {
+                *fresh.entry(m).or_default() += 1;
+            }
+        }
+        // First: both the old and the new markers.
+        self.markers.clone_from(&old);
+        for m in fresh.keys() {
+            self.touch(*m);
+        }
+        for (m, n) in &fresh {
+            *self.markers.entry(*m).or_default() += n;
+        }
+        let first = self.finish();
+        for m in old.keys().chain(fresh.keys()) {
+            self.touch(*m);
+        }
+        self.markers = fresh;
+        let second = self.finish();
+        (first, second)
+    }
+
+    /// The change built since the last call, to write.
+    pub fn finish(&mut self) -> Change {
+        let mut ch = Change::default();
+        for k in std::mem::take(&mut self.touched) {
+            let (was, now) = (self.before.get(&k).copied().unwrap_or(0), self.value(&k));
+            if was == now {
+                continue;
+            }
+            if now == 0 { ch.deletes.push(k) } else { ch.upserts.push((k, now)) }
+        }
+        self.before.clear();
+        let now = self.lens_now();
+        if now != self.lens {
+            let union = self.lens_union(&now);
+            if union != self.lens {
+                ch.lens_during = Some(union);
+            }
+            if union != now {
+                ch.lens_after = Some(now);
+            }
+            self.lens = now;
+        }
+        ch
+    }
+
+    /// The lengths in use now.
+    fn lens_now(&self) -> DenyLens {
+        let used = |s: usize| (0u8..=128).filter(move |l| self.counts[s][usize::from(*l)] > 0);
+        DenyLens::from_lens(used(0), used(1)).unwrap_or_default()
+    }
+
+    /// The lengths in force or in `now`.
+    fn lens_union(&self, now: &DenyLens) -> DenyLens {
+        let of = |l: &[u8]| l.iter().copied().take_while(|x| *x != limiter_common::deny::END).collect::<Vec<_>>();
+        let merge = |a: &[u8], b: &[u8]| {
+            let mut v: Vec<u8> = of(a).into_iter().chain(of(b)).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let (v4, v6) = (merge(&self.lens.v4, &now.v4), merge(&self.lens.v6, &now.v6));
+        // Two lists of at most MAX_LENS IPv6 lengths each may not fit
+        // together: then the old ones are dropped first (a moment in which
+        // the networks of a length about to go are not asked).
+        DenyLens::from_lens(v4, v6).unwrap_or(*now)
+    }
+}
+
+mod kernel;
+mod keys;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use self::kernel::{Active, SETTLE};
+pub use self::{
+    kernel::DenyMaps,
+    keys::{key_of, net_of},
+};

@@ -1,0 +1,123 @@
+use super::*;
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+fn value_of(ch: &Change, n: &str) -> Option<u32> {
+    let k = key_of(&net(n));
+    ch.upserts.iter().find(|(u, _)| *u == k).map(|(_, v)| *v)
+}
+
+#[test]
+fn keys_and_networks_are_one_another() {
+    for n in ["198.18.5.0/24", "198.18.5.7/32", "0.0.0.0/0", "2001:2::/48", "2001:2:0:1::9/128"] {
+        assert_eq!(net_of(&key_of(&net(n))), net(n), "{n}");
+    }
+    // A key is its network masked: host bits do not make another key.
+    assert_eq!(key_of(&"198.18.5.9/24".parse().unwrap()), key_of(&net("198.18.5.0/24")));
+}
+
+#[test]
+fn a_finer_network_leaves_a_marker_under_its_bucket() {
+    let mut s = DenySet::new(100, 24, 64);
+    let o = s.origin("feed:a").unwrap();
+    s.add(o, &net("198.18.5.7/32")).unwrap();
+    s.add(o, &net("198.18.0.0/16")).unwrap();
+    let ch = s.finish();
+    assert_eq!(value_of(&ch, "198.18.5.7/32"), Some(DENIED | u32::from(o.0)));
+    assert_eq!(value_of(&ch, "198.18.5.0/24"), Some(FINER), "the /24 bucket's marker");
+    assert_eq!(value_of(&ch, "198.18.0.0/16"), Some(DENIED | u32::from(o.0)), "no marker: not finer");
+    assert_eq!(ch.upserts.len(), 3);
+    let lens = ch.lens_during.expect("lengths grow first");
+    assert_eq!(lens.v4[..3], [32, 16, limiter_common::deny::END]);
+    assert_eq!(ch.lens_after, None);
+}
+
+#[test]
+fn a_network_two_origins_deny_stays_until_both_lift_it() {
+    let mut s = DenySet::new(100, 24, 64);
+    let (a, b) = (s.origin("crowdsec:cscli").unwrap(), s.origin("feed:drop").unwrap());
+    s.add(a, &net("2001:2::1/128")).unwrap();
+    s.add(b, &net("2001:2::1/128")).unwrap();
+    s.finish();
+    s.remove(a, &net("2001:2::1/128"));
+    let ch = s.finish();
+    assert_eq!(ch.deletes, vec![]);
+    assert_eq!(value_of(&ch, "2001:2::1/128"), Some(DENIED | u32::from(b.0)), "b's now");
+    assert_eq!(s.origins_of(&net("2001:2::1/128")), vec![b]);
+    s.remove(a, &net("2001:2::1/128"));
+    assert!(s.finish().is_empty(), "a lifts only what it denied");
+    s.remove(b, &net("2001:2::1/128"));
+    let ch = s.finish();
+    let mut gone = ch.deletes.clone();
+    gone.sort_by_key(|k| k.len);
+    assert_eq!(gone, vec![key_of(&net("2001:2::/64")), key_of(&net("2001:2::1/128"))], "the net and its marker");
+    assert_eq!(ch.lens_during, None);
+    assert_eq!(ch.lens_after.expect("lengths shrink last").v6[0], limiter_common::deny::END);
+    assert!(s.is_empty());
+}
+
+#[test]
+fn a_replacement_moves_only_what_changed() {
+    let mut s = DenySet::new(100, 24, 64);
+    let o = s.origin("feed:x").unwrap();
+    let set = |v: &[&str]| v.iter().map(|n| net(n)).collect::<HashSet<_>>();
+    s.replace(o, &set(&["198.18.1.0/24", "198.18.2.0/24", "198.18.3.0/24"])).unwrap();
+    s.finish();
+    s.replace(o, &set(&["198.18.2.0/24", "198.18.3.0/24", "198.18.4.0/24"])).unwrap();
+    let ch = s.finish();
+    assert_eq!(ch.upserts, vec![(key_of(&net("198.18.4.0/24")), DENIED | u32::from(o.0))]);
+    assert_eq!(ch.deletes, vec![key_of(&net("198.18.1.0/24"))]);
+    assert_eq!(s.count_of(o), 3);
+}
+
+#[test]
+fn the_set_is_bounded() {
+    let mut s = DenySet::new(2, 24, 64);
+    let o = s.origin("x").unwrap();
+    s.add(o, &net("198.18.1.1/32")).unwrap();
+    s.add(o, &net("198.18.1.2/32")).unwrap();
+    assert_eq!(s.add(o, &net("198.18.1.3/32")), Err(DenyError::Full(2)));
+    let mut s = DenySet::new(1000, 24, 64);
+    for len in 0..limiter_common::deny::MAX_LENS {
+        let len = u8::try_from(len + 60).unwrap();
+        s.add(o, &IpNet::new("2001:2::".parse().unwrap(), len).unwrap()).unwrap();
+    }
+    assert!(matches!(s.add(o, &net("2001:2::/48")), Err(DenyError::TooManyLengths(_))));
+    for i in 0..MAX_NAMED {
+        s.origin(&format!("o{i}")).ok();
+    }
+    assert_eq!(s.origin("one more"), Err(DenyError::TooManyOrigins));
+}
+
+#[test]
+fn markers_follow_the_bucket_prefix() {
+    let mut s = DenySet::new(100, 24, 64);
+    let o = s.origin("x").unwrap();
+    s.add(o, &net("198.18.5.7/32")).unwrap();
+    s.finish();
+    let (first, second) = s.set_bucket(16, 64);
+    assert_eq!(first.upserts, vec![(key_of(&net("198.18.0.0/16")), FINER)], "the new marker before the switch");
+    assert!(first.deletes.is_empty());
+    assert_eq!(second.deletes, vec![key_of(&net("198.18.5.0/24"))], "the old one after");
+    assert!(second.upserts.is_empty());
+}
+
+#[test]
+fn a_restart_reads_the_set_back_and_mends_a_cut_write() {
+    let mut s = DenySet::new(100, 24, 64);
+    let (a, b) = (s.origin("feed:a").unwrap(), s.origin("crowdsec:cscli").unwrap());
+    s.add(a, &net("198.18.5.7/32")).unwrap();
+    s.add(b, &net("2001:2::/48")).unwrap();
+    let ch = s.finish();
+    // As pinned, but a write cut short left the /32 without its marker.
+    let entries: Vec<_> = ch.upserts.iter().copied().filter(|(k, _)| k.len != 24).collect();
+    let pinned = Pinned { entries, names: s.names().to_vec(), lens: ch.lens_during.unwrap() };
+    let (r, mend) = DenySet::restore(100, (24, 64), pinned);
+    assert_eq!(r.len(), 2);
+    assert_eq!(r.origins_of(&net("2001:2::/48")), vec![b]);
+    assert_eq!(r.names(), s.names());
+    assert_eq!(mend.upserts, vec![(key_of(&net("198.18.5.0/24")), FINER)], "the missing marker");
+    assert!(mend.deletes.is_empty() && mend.lens_during.is_none() && mend.lens_after.is_none());
+}
