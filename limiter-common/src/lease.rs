@@ -78,7 +78,23 @@ pub mod slot_flags {
     pub const SHADOW: u32 = 2;
     /// The lease's class charges bytes: a packet costs `len x unit`.
     pub const BYTES: u32 = 4;
+    /// A cached denial (an override's or the deny set's, `unit` naming the
+    /// deny set's origin, or `u64::MAX`), until the policy or the set
+    /// changes.
+    pub const DENIED: u32 = 8;
+    /// The bucket holds finer denied networks: the packet's address is
+    /// asked first, and the bucket is charged without a lease.
+    pub const FINER: u32 = 16;
+    /// An address the deny set denies (inside a bucket with finer denied
+    /// networks): its key has [`ADDRESS`](super::ADDRESS) as prefix
+    /// length and the address's first 64 bits, `unit` its last 64, `pad`
+    /// the origin.
+    pub const ADDRESS: u32 = 32;
 }
+
+/// The prefix length of an address's entry ([`slot_flags::ADDRESS`]): no
+/// bucket's.
+pub const ADDRESS: u8 = u8::MAX;
 
 /// The lease a CPU takes of a bucket of `tau` whose unit costs `unit` (all
 /// in 1/16 ns), or 0 when leases are off for it: unless it covers two of
@@ -139,7 +155,7 @@ pub struct CpuSlot {
     pub unit: u64,
     /// [`slot_flags`].
     pub flags: u32,
-    /// Always zero (explicit padding).
+    /// An address's denial: the deny set's origin. Otherwise zero.
     pub pad: u32,
 }
 
@@ -164,10 +180,16 @@ impl CpuSlot {
     #[inline(always)]
     #[must_use]
     pub const fn refusal(&self) -> Option<Reason> {
-        if self.flags & slot_flags::LEASE != 0 {
+        if self.flags & (slot_flags::LEASE | slot_flags::FINER) != 0 {
             return None;
         }
-        Some(if self.flags & slot_flags::SHADOW != 0 { Reason::ShadowDropped } else { Reason::RateLimited })
+        Some(if self.flags & slot_flags::DENIED != 0 {
+            Reason::Denied
+        } else if self.flags & slot_flags::SHADOW != 0 {
+            Reason::ShadowDropped
+        } else {
+            Reason::RateLimited
+        })
     }
 
     /// The charge of a packet of `len` bytes under this lease.

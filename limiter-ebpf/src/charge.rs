@@ -79,14 +79,14 @@ const CHECKED: u64 = 1 << 26;
 /// its own, rather than once for every state in which a packet reaches
 /// it, which leases and their refusals would multiply past its limit.
 #[inline(always)]
-pub fn charge(c: &Charge, slot: &Slot) -> Reason {
+pub fn charge(c: &Charge, slot: &Slot, checked: bool) -> Reason {
     let usable = slot.usable();
     // Twice at most: a bucket with finer denied networks answers
     // uncharged until the address is known not to be one of them.
-    let mut packed = packed(c, usable);
+    let mut packed = packed(c, usable) | if checked { CHECKED } else { 0 };
     let mut code = charge_once(c, packed);
     while code & FINER_CHECK != 0 && packed & CHECKED == 0 {
-        if deny::finer(c.src, c.key.prefix_len) {
+        if deny::finer(c.src, c.key.prefix_len, c.version, usable) {
             return Reason::Denied;
         }
         packed |= CHECKED;
@@ -201,14 +201,26 @@ pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: 
     let Some(j) = job(head, tail, now, packed) else { return Reason::NoConfig as u64 };
     let Some(p) = BUCKETS.get_ptr_mut(j.key) else { return NO_BUCKET };
     let Some(res) = cached_resolution(p, j.version, packed & ANY_VERSION != 0) else { return STALE };
+    // This CPU's entry remembers a denial, or finer denied networks, so
+    // that the next packet of the bucket needs no lookup of it.
+    let remember = |finer: bool, origin: u64| {
+        Slot::probe(&j.key, packed & USABLE_BIT != 0).remember(&j.key, j.version, finer, origin);
+    };
     let r = match res {
         resolution::ALLOW => Reason::Allowed,
-        resolution::DENY => Reason::Denied,
-        res if resolution::listed(res) => {
-            deny::hit(res);
+        resolution::DENY => {
+            remember(false, u64::MAX);
             Reason::Denied
         }
-        res if res & resolution::FINER != 0 && packed & CHECKED == 0 => return FINER_CHECK,
+        res if resolution::listed(res) => {
+            deny::hit(res);
+            remember(false, u64::from(res & limiter_common::deny::ORIGIN));
+            Reason::Denied
+        }
+        res if res & resolution::FINER != 0 && packed & CHECKED == 0 => {
+            remember(true, 0);
+            return FINER_CHECK;
+        }
         res => match limits_for(j.cfg, j.class, j.slot, res) {
             None => Reason::NoConfig,
             Some(limits) if limits.is_window() => return WINDOW | u64::from(res & !resolution::FINER),

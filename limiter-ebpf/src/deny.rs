@@ -7,11 +7,15 @@ use limiter_common::{
     BucketKey, Family,
     deny::{DENIED, DenyKey, DenyLens, END, FINER, MAX_LENS, ORIGIN, active, max_len},
     family,
+    lease::ADDRESS,
     packet::Source,
     prefix, resolution,
 };
 
-use crate::maps::{ACTIVE, DENY, DENY_HITS, DENY_LENS};
+use crate::{
+    lease::Slot,
+    maps::{ACTIVE, DENY, DENY_HITS, DENY_LENS},
+};
 
 /// The lists of lengths in use (the slot `ACTIVE` names).
 #[inline(always)]
@@ -46,14 +50,29 @@ pub fn listed(key: &BucketKey, res: u32) -> u32 {
 /// `bucket_len`; if so, the packet is counted under the origin. A
 /// function of its own (not inlined) so that the entry point's frame
 /// keeps nothing more across it.
+/// With `usable` (this CPU's slots in use), a denied address is
+/// remembered in this CPU's entry of it, under `version`: its next packet
+/// is dropped without a lookup of the set.
 #[inline(never)]
-pub fn finer(src: &Source, bucket_len: u8) -> bool {
+pub fn finer(src: &Source, bucket_len: u8, version: u32, usable: bool) -> bool {
     let a = &src.addr;
-    let hi = u64::from(a[0]) | u64::from(a[1]) << 32;
+    let key = BucketKey { family: src.family, prefix_len: ADDRESS, class: 0, pad: 0, addr: [a[0], a[1]] };
     let lo = u64::from(a[2]) | u64::from(a[3]) << 32;
+    let slot = Slot::probe(&key, usable);
+    if let Some(origin) = slot.address_denied(&key, lo, version) {
+        hit(origin);
+        return true;
+    }
+    let hi = u64::from(a[0]) | u64::from(a[1]) << 32;
     let to = u64::from(max_len(src.family) | COUNT);
     let packed = u64::from(src.family.0) | (u64::from(bucket_len) + 1) << 8 | to << 16;
-    limiter_deny_scan(hi, lo, packed) & u64::from(DENIED) != 0
+    #[expect(clippy::cast_possible_truncation, reason = "a map value, a u32")]
+    let v = limiter_deny_scan(hi, lo, packed) as u32;
+    if v & DENIED == 0 {
+        return false;
+    }
+    slot.remember_address(&key, lo, version, v & ORIGIN);
+    true
 }
 
 /// `to`'s bit in a scan: count the packet under the network's origin.

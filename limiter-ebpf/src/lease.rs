@@ -97,6 +97,16 @@ fn swap(p: *mut u64, old: u64, new: u64) -> bool {
     unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(p, old, new).1 }
 }
 
+/// What this CPU's entry knows of a packet's bucket.
+pub enum Hit {
+    /// The packet's reason, from a cached refusal or denial, or a lease.
+    Reason(Reason),
+    /// The bucket holds finer denied networks: ask the address first.
+    Finer,
+    /// Nothing: charge the bucket.
+    Miss,
+}
+
 /// This CPU's entry for a bucket key, if slots are in use.
 pub struct Slot {
     entry: Option<*mut CpuSlot>,
@@ -119,26 +129,66 @@ impl Slot {
         self.entry.is_some()
     }
 
-    /// The fast path: a refusal cached for `key` under `version` that
-    /// still holds, or a packet of `len` bytes admitted from this CPU's
-    /// lease of `key`'s bucket.
+    /// The fast path: a refusal or denial cached for `key` under
+    /// `version` that still holds, a packet of `len` bytes admitted from
+    /// this CPU's lease of `key`'s bucket, or the bucket known to hold
+    /// finer denied networks.
     #[inline(always)]
-    pub fn hit(&self, key: &BucketKey, version: u32, now: u64, len: u64) -> Option<Reason> {
-        let e = self.entry?;
+    pub fn hit(&self, key: &BucketKey, version: u32, now: u64, len: u64) -> Hit {
+        let Some(e) = self.entry else { return Hit::Miss };
         // SAFETY: this CPU's entry; other CPUs only swap its word.
         let s = unsafe { &*e };
         if !s.is_for(key, version, now) {
-            return None;
+            return Hit::Miss;
+        }
+        if s.flags & slot_flags::FINER != 0 {
+            return Hit::Finer;
         }
         if let Some(r) = s.refusal() {
-            return Some(r);
+            if s.flags & slot_flags::DENIED != 0 && s.unit != u64::MAX {
+                #[expect(clippy::cast_possible_truncation, reason = "an origin index")]
+                crate::deny::hit(s.unit as u32);
+            }
+            return Hit::Reason(r);
         }
         // SAFETY: as above.
         let word = unsafe { &raw mut (*e).word };
         // SAFETY: an aligned 8-byte load is single-copy atomic.
         let w = unsafe { read_volatile(word) };
-        let next = lease::spend(w, s.inc(len))?;
-        swap(word, w, next).then_some(Reason::Admitted)
+        match lease::spend(w, s.inc(len)) {
+            Some(next) if swap(word, w, next) => Hit::Reason(Reason::Admitted),
+            _ => Hit::Miss,
+        }
+    }
+
+    /// The origin of the deny set's denial of the address whose entry key
+    /// is `key` (and last 64 bits `lo`), if this CPU's entry remembers
+    /// one under `version`.
+    #[inline(always)]
+    pub fn address_denied(&self, key: &BucketKey, lo: u64, version: u32) -> Option<u32> {
+        // SAFETY: this CPU's entry.
+        let s = unsafe { &*self.entry? };
+        (s.flags == slot_flags::ADDRESS && s.unit == lo && s.version == version && s.key == *key).then_some(s.pad)
+    }
+
+    /// Remember in this CPU's entry that the deny set denies the address
+    /// whose entry key is `key` (and last 64 bits `lo`), for `origin`.
+    #[inline(always)]
+    pub fn remember_address(&self, key: &BucketKey, lo: u64, version: u32, origin: u32) {
+        self.write(key, version, u64::MAX, lo, slot_flags::ADDRESS, 0);
+        if let Some(e) = self.entry {
+            // SAFETY: this CPU's entry, just written.
+            unsafe { (*e).pad = origin };
+        }
+    }
+
+    /// Remember in this CPU's entry that `key`'s bucket (under
+    /// `version`) is denied (`origin`: the deny set's, or `u64::MAX`), or
+    /// holds finer denied networks (`finer`).
+    #[inline(always)]
+    pub fn remember(&self, key: &BucketKey, version: u32, finer: bool, origin: u64) {
+        let flags = if finer { slot_flags::FINER } else { slot_flags::DENIED };
+        self.write(key, version, u64::MAX, origin, flags, 0);
     }
 
     /// Whether this CPU's entry is `key`'s (of any version, in any state).
@@ -194,6 +244,7 @@ impl Slot {
         s.until = until;
         s.unit = unit;
         s.flags = flags;
+        s.pad = 0;
         // SAFETY: as above; the credit is zero, so no other CPU swaps the
         // word until this store.
         unsafe { write_volatile(&raw mut s.word, lease::restock(read_volatile(&raw const s.word), credit)) };

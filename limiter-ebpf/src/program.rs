@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
-    Family, Reason, UNCLASSIFIED, Verdict, deny, family, flags, gcra,
+    Family, Reason, UNCLASSIFIED, Verdict, family, flags, gcra,
     packet::{IPPROTO_TCP, parse},
     rules::{bucket_key, classify},
 };
@@ -19,7 +19,8 @@ use crate::{
     charge::{Charge, charge},
     cookie,
     count::{count, sample_drop},
-    lease::Slot,
+    deny,
+    lease::{Hit, Slot},
     maps::{ACTIVE, CLOCK_CACHE, CONFIG, TEST_CLOCK},
     packet::Packet,
 };
@@ -101,7 +102,7 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     // `ACTIVE`: the `CONFIG` slot, the `DENY_LENS` slot, and the deny
     // set's change count above them.
     let active = ACTIVE.get(0).copied().unwrap_or(0);
-    let slot = active & deny::active::CONFIG_SLOT;
+    let slot = active & limiter_common::deny::active::CONFIG_SLOT;
     let Some(cfg) = CONFIG.get(slot) else {
         return Err(Reason::NoConfig);
     };
@@ -112,7 +113,7 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     let key = bucket_key(&src, cfg.v4_prefix, cfg.v6_prefix, class as u8);
     // Cached resolutions and leases hold until the policy or the deny set
     // changes: both counts only grow, so their sum names each state.
-    let version = (cfg.version as u32).wrapping_add(active >> deny::active::COUNT_SHIFT);
+    let version = (cfg.version as u32).wrapping_add(active >> limiter_common::deny::active::COUNT_SHIFT);
     let now = gcra::to_fixed(now());
     let cookies = cfg.flags & flags::SYN_COOKIES != 0 && src.proto == IPPROTO_TCP && src.port_known == 1;
     let c = Charge { pkt, cfg, src: &src, class, key: &key, slot, version, now };
@@ -124,8 +125,12 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     // `limiter_common::lease::CpuSlot`); otherwise not even probed.
     let slot = Slot::probe(&key, cfg.agg_unit == 0);
     let reason = match slot.hit(&key, version, now, pkt.len()) {
-        Some(r) => r,
-        None => charge(&c, &slot),
+        Hit::Reason(r) => r,
+        // The bucket is known to hold finer denied networks: the address
+        // is asked without a lookup of the bucket.
+        Hit::Finer if deny::finer(&src, key.prefix_len, version, true) => Reason::Denied,
+        Hit::Finer => charge(&c, &slot, true),
+        Hit::Miss => charge(&c, &slot, false),
     };
     // A SYN the new-source budget refuses trips `auto` SYN cookies and is
     // answered with one.

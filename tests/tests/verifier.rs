@@ -10,8 +10,9 @@ use limiter_tests::kernel;
 /// 150,000 until SYN cookies: their SYN and ACK paths took the production
 /// entry point from 141,224 to 224,073 processed instructions; 250,000
 /// until the deny set: its scan of the lengths in use and the charge
-/// again of a bucket with finer denied networks took it to 268,900.
-const VERIFIER_BUDGET: u32 = 280_000;
+/// again of a bucket with finer denied networks, and the denials this
+/// CPU remembers, took it to 281,546.
+const VERIFIER_BUDGET: u32 = 290_000;
 
 #[test]
 fn every_entry_point_verifies_within_the_budget() {

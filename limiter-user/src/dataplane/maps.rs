@@ -233,6 +233,15 @@ impl Tables {
         Ok(Pinned { entries: self.deny.entries()?, names: self.deny.origins()?, lens: self.deny.lens_in_force(word)? })
     }
 
+    /// The kernel memory of `DENY` (its fdinfo's `memlock`), if known.
+    #[must_use]
+    pub fn deny_memory(&self) -> Option<u64> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        let fd = aya::maps::IterableMap::map(&self.deny.deny).fd().as_fd().as_raw_fd();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+        info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
+    }
+
     /// Record the deny set's origins' names.
     pub fn set_deny_origins(&mut self, names: &[String]) -> Result<(), LoadError> {
         self.deny.set_origins(names)
