@@ -18,7 +18,7 @@ pub fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
         // handled (cleanly, once the loop runs) instead of killing the process.
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        let daemon = Daemon::start(settings).await?;
+        let daemon = Box::pin(Daemon::start(settings)).await?;
         // On the heap: the daemon's state is large for a future.
         Box::pin(daemon.run(async move {
             tokio::select! {

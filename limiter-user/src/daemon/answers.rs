@@ -121,6 +121,7 @@ impl Daemon {
                     proven_sources: self.observer.escalator.proven.len() as u64,
                     ..self.view.feedback
                 }));
+                f.push(Box::new(self.deny_report()?));
                 f
             },
             syn_cookies: self.syn_cookie_states()?,
@@ -129,6 +130,21 @@ impl Daemon {
             reloads_failed: self.reloads.rejected,
             last_reload_ok: self.reloads.last_applied,
             last_reload_failed: self.reloads.last_rejected,
+        })
+    }
+
+    /// The deny set's series: networks and drops by origin, and each
+    /// feed's versions.
+    fn deny_report(&self) -> Result<crate::feeds::DenyReport, LoadError> {
+        let hits = if self.view.deny.is_empty() { Vec::new() } else { self.dp.maps.counters.deny_hits()? };
+        Ok(crate::feeds::DenyReport {
+            origins: self
+                .view
+                .deny
+                .iter()
+                .map(|(i, name, n)| (name.clone(), *n, hits.get(usize::from(*i)).copied().unwrap_or(0)))
+                .collect(),
+            feeds: self.features.feeds.reports(),
         })
     }
 

@@ -39,6 +39,8 @@ pub(super) enum Change {
     /// A penalty from the tenant layer or the daemon's escalation (under
     /// the governor).
     Penalty { cidr: String, ttl: u64, reason: String, by: SetBy },
+    /// A new version of a feed, read whole (the deny set takes the diff).
+    Feed { spec: Box<crate::policy::feed::Feed>, nets: std::collections::BTreeSet<IpNet> },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -76,6 +78,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
         Change::Load { cidrs, action, ttl } => e.load(t, cidrs, (*action).into(), *ttl),
         Change::Expire => e.expire(t, super::enforcer::unix_now()).unwrap_or_else(|| Ok("nothing expired".into())),
         Change::Penalty { cidr, ttl, reason, by } => e.penalize(t, cidr, *ttl, reason, *by),
+        Change::Feed { spec, nets } => e.feed(t, spec, nets),
         Change::Prefix { cidr, action, ttl } => {
             let action = action.map(|a| match a {
                 PrefixAction::Limit { rate, burst } => {
@@ -169,6 +172,17 @@ impl Daemon {
         if reload(&q) && self.changes.queue.iter().any(reload) {
             return;
         }
+        // A feed's newer version replaces one that still waits.
+        if let Queued::Change(Change::Feed { spec, .. }, _) = &q
+            && let Some(slot) = self
+                .changes
+                .queue
+                .iter_mut()
+                .find(|w| matches!(w, Queued::Change(Change::Feed { spec: s, .. }, _) if s.name == spec.name))
+        {
+            *slot = q;
+            return;
+        }
         if self.changes.queue.len() >= MAX_QUEUED {
             if let Queued::Call(_, reply) | Queued::Change(_, Some(reply)) = q {
                 let message = format!("{MAX_QUEUED} requests already wait for a policy change to finish; retry");
@@ -185,7 +199,7 @@ impl Daemon {
         let Done { enforcer, tables, change, reply, result } = done;
         self.policy = Some((enforcer, tables));
         self.refresh_view();
-        if matches!(change, Change::Apply { .. } | Change::Reload | Change::Load { .. }) {
+        if matches!(change, Change::Apply { .. } | Change::Reload | Change::Load { .. } | Change::Feed { .. }) {
             give_back_memory();
         }
         let response = match change {
@@ -205,6 +219,14 @@ impl Daemon {
                     }
                     Err(e) => tracing::warn!("limiter: expiring runtime overrides failed (retried): {e}"),
                 }
+                None
+            }
+            Change::Feed { spec, .. } => {
+                match &result {
+                    Ok(line) => tracing::info!(event = "feed", ok = true, feed = %spec.name, "limiter: {line}"),
+                    Err(e) => tracing::warn!(event = "feed", ok = false, feed = %spec.name, "limiter: {e}"),
+                }
+                self.features.feeds.applied(&spec.name, result.is_ok(), super::enforcer::unix_now());
                 None
             }
             _ => Some(self.finish_change(result)),

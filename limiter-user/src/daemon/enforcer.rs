@@ -74,6 +74,8 @@ pub struct Enforcer {
     syn_cookies_off: Option<String>,
     /// What the feedback governor decided (see `feedback.rs`).
     pub(super) governor: feedback::Governed,
+    /// The deny set and its origins (feeds; see `deny.rs`).
+    pub(super) deny: deny::DenyLayer,
 }
 
 impl Enforcer {
@@ -90,6 +92,7 @@ impl Enforcer {
             config: None,
             syn_cookies_off: None,
             governor: feedback::Governed::default(),
+            deny: deny::DenyLayer::default(),
         }
     }
 
@@ -209,7 +212,13 @@ impl Enforcer {
             let (opts, wscale, why) = super::os::cookie_options();
             (compiled.config.cookies.opts, compiled.config.cookies.wscale, mss_only) = (opts, wscale, why);
         }
+        // The deny set's markers move with the bucket prefixes: the new
+        // ones are written before the switch, the old ones removed after.
+        let (before, after) = self.rebucket(compiled.config.v4_prefix, compiled.config.v6_prefix);
+        maps.write_deny(&before)?;
         maps.apply(&compiled)?;
+        maps.write_deny(&after)?;
+        self.drop_unnamed_feeds(maps, &p.feeds)?;
         self.config = Some(compiled.config);
         for w in p.warnings() {
             tracing::warn!(event = "policy_warning", version = next, "limiter: policy v{next}: {w}");
@@ -353,6 +362,10 @@ impl Enforcer {
                 tracing::warn!("limiter: skipped an unreadable entry of {RUNTIME}: {k:?}");
             }
         }
+        let networks = self.restore_deny(maps)?;
+        if networks > 0 {
+            tracing::info!(event = "deny_set", "limiter: the deny set's {networks} networks read back from the pins");
+        }
         Ok(self.runtime.len())
     }
 
@@ -379,6 +392,7 @@ pub fn unix_now() -> u64 {
 }
 
 mod bulk;
+pub mod deny;
 mod feedback;
 mod layers;
 

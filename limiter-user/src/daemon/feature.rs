@@ -1,5 +1,5 @@
 //! The daemon's features (the forwarders, the fleet sync, the feedback
-//! endpoint; the feeds and coexistence to come) behind one small face:
+//! endpoint, the feed watcher; coexistence to come) behind one small face:
 //! each starts from the policy in force, is told the policy after every
 //! change, asked to read its files again on SIGHUP, ticked once a second,
 //! asked at each scrape for its report (which writes its own series),
@@ -137,6 +137,7 @@ pub(super) struct Features {
     pub(super) forward: forward::Manager,
     pub(super) fleet: FleetSide,
     pub(super) feedback: Option<Endpoint>,
+    pub(super) feeds: super::feeds::Feeds,
 }
 
 impl Features {
@@ -151,41 +152,50 @@ impl Features {
         buckets: u32,
         token: Option<crate::feedback::Token>,
         calls: &tokio::sync::mpsc::Sender<crate::control::server::Call>,
+        mut feeds: super::feeds::Feeds,
     ) -> anyhow::Result<Self> {
         let feedback = super::start::serve_feedback(a.policy, token, calls).await?;
         let mut forward = forward::Manager::new(buckets);
         forward.apply(a);
         let fleet = FleetSide::start(a.policy.fleet.as_ref(), windows, classes(&a.config, a.class_names, a.policy))?;
-        Ok(Self { forward, fleet, feedback })
+        feeds.apply(a);
+        Ok(Self { forward, fleet, feedback, feeds })
     }
 
     pub(super) fn apply(&mut self, a: &Applied<'_>) {
         self.forward.apply(a);
         self.fleet.apply(a);
         self.feedback.apply(a);
+        self.feeds.apply(a);
     }
 
     pub(super) fn reload(&mut self, a: &Applied<'_>) {
         self.forward.reload(a);
         self.fleet.reload(a);
         self.feedback.reload(a);
+        self.feeds.reload(a);
     }
 
     pub(super) fn tick(&mut self) {
         self.forward.tick();
         self.fleet.tick();
         self.feedback.tick();
+        self.feeds.tick();
     }
 
     /// Every feature's report, in this order.
     pub(super) fn series(&self) -> Vec<Box<dyn Series>> {
-        [self.forward.series(), self.fleet.series(), self.feedback.series()].into_iter().flatten().collect()
+        [self.forward.series(), self.fleet.series(), self.feedback.series(), self.feeds.series()]
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     pub(super) async fn drain(&mut self) {
         self.forward.drain().await;
         self.fleet.drain().await;
         self.feedback.drain().await;
+        self.feeds.drain().await;
     }
 }
 

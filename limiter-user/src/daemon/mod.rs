@@ -8,6 +8,7 @@ mod changes;
 mod cookie_watch;
 mod enforcer;
 mod feature;
+mod feeds;
 mod fleet;
 mod observe;
 mod os;
@@ -107,6 +108,8 @@ struct Inputs {
     hup: Signal,
     calls: mpsc::Receiver<Call>,
     scrapes: mpsc::Receiver<ScrapeCall>,
+    /// Feed files read off the loop.
+    feed_reads: mpsc::Receiver<feeds::FeedRead>,
 }
 
 /// A running daemon.
@@ -151,7 +154,8 @@ impl Daemon {
         let (view, effective) = View::of(&enforcer);
         let applied = view.applied(&enforcer, &effective);
         let windows = dp.maps.windows.take();
-        let features = Features::start(&applied, windows, dp.buckets_map_id(), token, &calls_tx).await?;
+        let (feeds, feed_reads) = feeds::Feeds::new();
+        let features = Features::start(&applied, windows, dp.buckets_map_id(), token, &calls_tx, feeds).await?;
         socket.serve(calls_tx);
         let d = Self {
             settings,
@@ -164,7 +168,7 @@ impl Daemon {
             socket,
             reloads: Reloads::new(),
             observer,
-            inputs: Inputs { hup, calls, scrapes },
+            inputs: Inputs { hup, calls, scrapes, feed_reads },
         };
         d.announce(&summary, adopted.as_deref(), replaced);
         tracing::info!("limiter: control socket {} (mode 0660)", d.socket.path().display());
@@ -204,6 +208,11 @@ impl Daemon {
                     self.expire_overrides();
                     self.escalate();
                     self.features.tick();
+                }
+                Some(read) = self.inputs.feed_reads.recv() => {
+                    if let Some((spec, parsed)) = self.features.feeds.read_done(read) {
+                        self.change(Change::Feed { spec: Box::new(spec), nets: parsed.nets }, None);
+                    }
                 }
                 Some(reply) = self.inputs.scrapes.recv() => {
                     if let Ok(s) = self.snapshot() {

@@ -23,6 +23,8 @@ pub(super) struct View {
     /// The port ranges of the classes with SYN cookies in force.
     pub(super) syn_cookie_ports: Vec<(u16, u16)>,
     pub(super) syn_cookies_on: bool,
+    /// The deny set's origins: index, name, networks.
+    pub(super) deny: Vec<(u16, String, usize)>,
 }
 
 impl View {
@@ -69,6 +71,11 @@ impl View {
                 Vec::new()
             },
             syn_cookies_on: cookies_on,
+            deny: {
+                let layer = p.deny_layer();
+                let counts = layer.counts();
+                layer.origins().map(|(i, name)| (i, name.clone(), counts.get(name).copied().unwrap_or(0))).collect()
+            },
         };
         (view, effective)
     }

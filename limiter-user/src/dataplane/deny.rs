@@ -146,6 +146,12 @@ impl DenySet {
         (s, ch)
     }
 
+    /// The bucket prefix lengths the markers are under (IPv4, IPv6).
+    #[must_use]
+    pub fn bucket(&self) -> (u8, u8) {
+        (self.bucket[0], self.bucket[1])
+    }
+
     /// How many networks it holds.
     #[must_use]
     pub fn len(&self) -> usize {
@@ -163,6 +169,20 @@ impl DenySet {
     pub fn count_of(&self, origin: Origin) -> usize {
         let bit = 1u64 << origin.0;
         self.nets.values().filter(|o| *o & bit != 0).count()
+    }
+
+    /// Networks each origin denies, by index (one pass over the set).
+    #[must_use]
+    pub fn counts_by_origin(&self) -> [usize; MAX_NAMED] {
+        let mut out = [0; MAX_NAMED];
+        for bits in self.nets.values() {
+            let mut b = *bits;
+            while b != 0 {
+                out[b.trailing_zeros() as usize] += 1;
+                b &= b - 1;
+            }
+        }
+        out
     }
 
     /// The origin named `name`, given an index if it has none yet.

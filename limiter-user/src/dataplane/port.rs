@@ -5,7 +5,11 @@
 
 use limiter_common::{Config, RuntimeKey, RuntimeOverride};
 
-use super::{DataPlane, LoadError, maps::Tables};
+use super::{
+    DataPlane, LoadError,
+    deny::{Change, Pinned},
+    maps::Tables,
+};
 use crate::policy::Compiled;
 
 /// What the daemon reads and writes in the data plane.
@@ -18,6 +22,12 @@ pub trait PolicyMaps {
     fn runtime_overrides(&self) -> Result<Vec<(RuntimeKey, RuntimeOverride)>, LoadError>;
     /// Record (`Some`) or forget (`None`) one runtime override.
     fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError>;
+    /// Write a change of the deny set, in its order.
+    fn write_deny(&mut self, ch: &Change) -> Result<(), LoadError>;
+    /// The deny set as pinned, and its origins' names.
+    fn deny_pinned(&self) -> Result<Pinned, LoadError>;
+    /// Record the deny set's origins' names.
+    fn set_deny_origins(&mut self, names: &[String]) -> Result<(), LoadError>;
 }
 
 impl PolicyMaps for Tables {
@@ -32,6 +42,15 @@ impl PolicyMaps for Tables {
     }
     fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError> {
         Tables::set_runtime_override(self, key, value)
+    }
+    fn write_deny(&mut self, ch: &Change) -> Result<(), LoadError> {
+        Tables::write_deny(self, ch)
+    }
+    fn deny_pinned(&self) -> Result<Pinned, LoadError> {
+        Tables::deny_pinned(self)
+    }
+    fn set_deny_origins(&mut self, names: &[String]) -> Result<(), LoadError> {
+        Tables::set_deny_origins(self, names)
     }
 }
 
@@ -48,6 +67,15 @@ impl PolicyMaps for DataPlane {
     fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError> {
         self.maps.tables().set_runtime_override(key, value)
     }
+    fn write_deny(&mut self, ch: &Change) -> Result<(), LoadError> {
+        self.maps.tables().write_deny(ch)
+    }
+    fn deny_pinned(&self) -> Result<Pinned, LoadError> {
+        self.maps.tables.as_ref().map_or(Ok(Pinned::default()), Tables::deny_pinned)
+    }
+    fn set_deny_origins(&mut self, names: &[String]) -> Result<(), LoadError> {
+        self.maps.tables().set_deny_origins(names)
+    }
 }
 
 /// In-memory maps for host tests: records what was applied and can be
@@ -62,6 +90,9 @@ pub struct FakeMaps {
     pub fail_apply: bool,
     /// Fail the next runtime write.
     pub fail_runtime: bool,
+    /// The deny set as written: entries, and origins' names.
+    pub deny: std::collections::HashMap<limiter_common::deny::DenyKey, u32>,
+    pub deny_origins: Vec<String>,
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -103,6 +134,27 @@ impl PolicyMaps for FakeMaps {
             Some(v) => self.runtime.insert(runtime_id(key), (*key, *v)),
             None => self.runtime.remove(&runtime_id(key)),
         };
+        Ok(())
+    }
+    fn write_deny(&mut self, ch: &Change) -> Result<(), LoadError> {
+        for (k, v) in &ch.upserts {
+            self.deny.insert(*k, *v);
+        }
+        for k in &ch.deletes {
+            self.deny.remove(k);
+        }
+        Ok(())
+    }
+    fn deny_pinned(&self) -> Result<Pinned, LoadError> {
+        let lens = limiter_common::deny::DenyLens::default();
+        Ok(Pinned {
+            entries: self.deny.iter().map(|(k, v)| (*k, *v)).collect(),
+            names: self.deny_origins.clone(),
+            lens,
+        })
+    }
+    fn set_deny_origins(&mut self, names: &[String]) -> Result<(), LoadError> {
+        self.deny_origins = names.to_vec();
         Ok(())
     }
 }

@@ -67,7 +67,8 @@ pub fn count_entries(map: &MapData) -> io::Result<usize> {
 
 /// Every entry of `map` (a hash map or an array, per CPU or not) as its
 /// key's and value's bytes, read in batches of [`BATCH`]; a per-CPU
-/// value is each possible CPU's in turn, each rounded up to 8 bytes.
+/// value is each possible CPU's in turn, each rounded up to 8 bytes
+/// (other values are as large as the map's value size).
 /// Returns how many entries there were.
 pub fn for_each_entry(map: &MapData, mut each: impl FnMut(&[u8], &[u8])) -> io::Result<usize> {
     use std::os::fd::{AsFd as _, AsRawFd as _};
@@ -76,7 +77,10 @@ pub fn for_each_entry(map: &MapData, mut each: impl FnMut(&[u8], &[u8])) -> io::
     let info = map.info().map_err(io::Error::other)?;
     let per_cpu = matches!(info.map_type(), Ok(MapType::PerCpuHash | MapType::LruPerCpuHash | MapType::PerCpuArray));
     let cpus = if per_cpu { aya::util::nr_cpus().map_err(|(_, e)| e)? } else { 1 };
-    let value = usize::try_from(info.value_size()).unwrap_or(usize::MAX).next_multiple_of(8) * cpus;
+    // Per-CPU values come one per CPU, each rounded up to 8 bytes; other
+    // values back to back at their own size.
+    let size = usize::try_from(info.value_size()).unwrap_or(usize::MAX);
+    let value = if per_cpu { size.next_multiple_of(8) * cpus } else { size };
     let key = usize::try_from(info.key_size()).unwrap_or(usize::MAX);
     let fd = u32::try_from(map.fd().as_fd().as_raw_fd()).unwrap_or(u32::MAX);
     let mut ask = BATCH;

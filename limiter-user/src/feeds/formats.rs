@@ -6,33 +6,16 @@ use std::{
 };
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::bogons::bogon_overlap;
 
 /// Longest line read; a longer one is not a list's (an HTML page, a
 /// binary), and the version is refused.
 pub const MAX_LINE: usize = 4096;
-/// Most networks one feed holds.
-pub const MAX_ENTRIES: usize = 2_000_000;
+pub use crate::policy::feed::{Format, MAX_ENTRIES};
 /// Refused lines kept for the report (the count covers them all).
 const KEPT_REFUSALS: usize = 16;
-
-/// How a feed's file is written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Format {
-    /// One address or CIDR per line; `#` and `;` start comments (FireHOL
-    /// netsets, Spamhaus DROP's text form, most lists).
-    Plain,
-    /// `ADDRESS<TAB>COUNT` per line (ipsum): an address and how many
-    /// blocklists list it; those below the feed's minimum are left out.
-    Ipsum,
-    /// Spamhaus DROP's JSON lines: `{"cidr": ...}` per network, then one
-    /// metadata line with the number of records (a file without it, or
-    /// with fewer records, was cut short).
-    SpamhausJson,
-}
 
 /// A feed's file, read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

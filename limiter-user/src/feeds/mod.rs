@@ -5,12 +5,14 @@
 //! checked against the one it would replace (a truncated download must
 //! not lift most of a list) and changes as a diff.
 //!
-//! This room reads and checks; the deny set that enforces a feed, and the
-//! `[[feed]]` section that names one, come with the data plane's deny set
-//! (docs/design.md, "What comes next").
+//! This room reads and checks, and says what the deny set holds
+//! (`series`); the daemon's feed watcher reads the files `[[feed]]`
+//! names off its loop, and the policy state enforces each version
+//! through the data plane's deny set.
 
 mod bogons;
 mod formats;
+mod series;
 
 use std::collections::BTreeSet;
 
@@ -19,6 +21,7 @@ use ipnet::IpNet;
 pub use self::{
     bogons::{BOGONS, bogon_overlap},
     formats::{Format, MAX_ENTRIES, MAX_LINE, Parsed, ReadError, Refused, parse, unmapped},
+    series::{DenyReport, FeedReport},
 };
 
 /// Largest feed file read (a million networks as CIDR text with comments

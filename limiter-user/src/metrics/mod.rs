@@ -240,6 +240,10 @@ mod tests {
             }])),
             Box::new(crate::fleet::FleetStatus::default()),
             Box::new(crate::feedback::FeedbackCounts::default()),
+            Box::new(crate::feeds::DenyReport {
+                origins: vec![("feed:f".into(), 1, 1)],
+                feeds: vec![crate::feeds::FeedReport { name: "f".into(), ..Default::default() }],
+            }),
         ];
         let syn_cookies = vec![SynCookieRow { class: "c".into(), mode: SynCookies::Auto, engaged: true }];
         let mut s = Snapshot { features, syn_cookies, ..Snapshot::default() };
@@ -252,7 +256,14 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split_whitespace().next())
             .collect();
-        for feature in ["limiter_forward_", "limiter_fleet_", "limiter_feedback_", "limiter_syn_cookies_"] {
+        for feature in [
+            "limiter_forward_",
+            "limiter_fleet_",
+            "limiter_feedback_",
+            "limiter_syn_cookies_",
+            "limiter_deny_",
+            "limiter_feed_",
+        ] {
             assert!(families.iter().any(|f| f.starts_with(feature)), "no {feature} series in\n{text}");
         }
         for f in families {

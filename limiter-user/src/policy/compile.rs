@@ -115,6 +115,7 @@ impl Policy {
             capacity,
             forwards,
             feedback,
+            feeds,
             fleet,
             // Only a reload reads it (the daemon's guard).
             allow_shrink: _,
@@ -126,6 +127,7 @@ impl Policy {
         if let Some(f) = feedback {
             super::feedback::check(f)?;
         }
+        super::feed::check(feeds)?;
         if *v4_prefix > 32 {
             return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));
         }

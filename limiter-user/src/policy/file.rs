@@ -119,6 +119,8 @@ struct Root {
     #[serde(default, rename = "forward", skip_serializing_if = "Vec::is_empty")]
     forwards: Vec<super::forward::Forward>,
     feedback: Option<super::feedback::Feedback>,
+    #[serde(default, rename = "feed", skip_serializing_if = "Vec::is_empty")]
+    feeds: Vec<super::feed::Feed>,
     fleet: Option<super::fleet::Fleet>,
 }
 
@@ -248,6 +250,7 @@ fn build(root: Root) -> Located<Policy> {
         overrides,
         mut forwards,
         feedback,
+        feeds,
         fleet,
     } = root;
     super::forward::name_defaults(&mut forwards);
@@ -298,6 +301,7 @@ fn build(root: Root) -> Located<Policy> {
         capacity: capacity.unwrap_or(base.capacity),
         forwards,
         feedback,
+        feeds,
         fleet,
         allow_shrink: allow_shrink.unwrap_or(false),
     })

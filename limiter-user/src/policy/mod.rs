@@ -6,6 +6,7 @@
 pub mod compile;
 mod cookies;
 mod duration;
+pub mod feed;
 pub mod feedback;
 pub mod file;
 pub mod fleet;
@@ -309,6 +310,8 @@ pub struct Policy {
     pub forwards: Vec<forward::Forward>,
     /// The feedback endpoint and its governor (off by default).
     pub feedback: Option<feedback::Feedback>,
+    /// Blocklist feeds, denied through the deny set (none by default).
+    pub feeds: Vec<feed::Feed>,
     /// The fleet's shared store (off by default: fleet-scope quotas then
     /// count this host only, and say so).
     pub fleet: Option<fleet::Fleet>,
@@ -334,6 +337,7 @@ impl Default for Policy {
             capacity: limiter_common::maps::DEFAULT_BUCKET_CAPACITY,
             forwards: Vec::new(),
             feedback: None,
+            feeds: Vec::new(),
             fleet: None,
             allow_shrink: false,
         }

@@ -48,13 +48,14 @@ fn every_default_it_shows_is_the_real_one() {
 }
 
 /// The sections of a policy file, each as the text that opens one.
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "",
     "[[class]]\nname = \"x\"\n",
     "[[override]]\n",
     "[[forward]]\n",
     "[feedback]\n",
     "[feedback.escalate]\n",
+    "[[feed]]\n",
     "[fleet]\n",
 ];
 
@@ -98,6 +99,7 @@ fn the_reference_tables_list_exactly_the_parsers_keys() {
         "`[[forward]]`",
         "`[feedback]`",
         "`[feedback.escalate]`",
+        "`[[feed]]`",
         "`[fleet]`",
     ];
     for (heading, section) in headings.into_iter().zip(SECTIONS) {

@@ -71,6 +71,7 @@ impl From<&Policy> for Root {
             overrides: p.overrides.iter().map(|o| here(OverrideSpec::from(o))).collect(),
             forwards: p.forwards.clone(),
             feedback: p.feedback.clone(),
+            feeds: p.feeds.clone(),
             fleet: p.fleet.clone().map(|mut f| {
                 f.store = f.store.iter().map(|a| crate::policy::fleet::redacted(a)).collect();
                 f

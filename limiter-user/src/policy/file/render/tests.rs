@@ -149,6 +149,31 @@ fn feedback() -> impl Strategy<Value = Feedback> {
     )
 }
 
+fn feed() -> impl Strategy<Value = crate::policy::feed::Feed> {
+    use crate::policy::feed::{FeedAction, Format};
+    let format = prop_oneof![Just(Format::Plain), Just(Format::Ipsum), Just(Format::SpamhausJson)];
+    let shrink = prop_oneof![Just(0.0), Just(0.25), Just(0.5), Just(1.0)];
+    let limits = (1usize..2_000_000, 0u8..=32, 0u8..=128, any::<bool>(), any::<bool>());
+    ("[a-z_]{1,12}", "/[a-z/]{1,20}", format, duration(), shrink, limits, option::of(1u32..10)).prop_map(
+        |(name, path, format, refresh, max_shrink, (max_networks, v4, v6, bogons, shadow), min_count)| {
+            crate::policy::feed::Feed {
+                name,
+                path: path.into(),
+                min_count: min_count.filter(|_| format == Format::Ipsum),
+                format,
+                refresh,
+                max_shrink,
+                allow_bogons: bogons,
+                action: FeedAction::Deny,
+                max_networks,
+                min_v4_prefix: v4,
+                min_v6_prefix: v6,
+                shadow,
+            }
+        },
+    )
+}
+
 /// Store addresses without a password: `render` hides one (tested apart).
 fn fleet() -> impl Strategy<Value = Fleet> {
     let store = vec("redis://[a-z0-9.]{1,12}:[0-9]{1,5}", 1..4);
@@ -177,34 +202,37 @@ fn policy() -> impl Strategy<Value = Policy> {
         option::of((1u64..1 << 32, 1u64..1 << 32, 0u32..=32, 0u32..=128)),
         (0u32..=32, 0u32..=128, 1u32..1 << 24, any::<bool>()),
     );
-    let services = (vec(forward(), 0..3), option::of(feedback()), option::of(fleet()));
+    let services = (vec(forward(), 0..3), option::of(feedback()), option::of(fleet()), option::of(feed()));
     (default, vec(class(), 0..7), tiers, services)
         .prop_flat_map(|(default, classes, tiers, services)| {
             overrides(default.cost)
                 .prop_map(move |overrides| (default, classes.clone(), overrides, tiers, services.clone()))
         })
-        .prop_map(|(default, classes, overrides, (new_sources, aggregate, prefixes), (forwards, feedback, fleet))| {
-            let (v4_prefix, v6_prefix, capacity, allow_shrink) = prefixes;
-            Policy {
-                default,
-                classes,
-                overrides,
-                new_sources,
-                aggregate: aggregate.map(|(rate, burst, v4_prefix, v6_prefix)| Aggregate {
-                    rate,
-                    burst,
+        .prop_map(
+            |(default, classes, overrides, (new_sources, aggregate, prefixes), (forwards, feedback, fleet, feed))| {
+                let (v4_prefix, v6_prefix, capacity, allow_shrink) = prefixes;
+                Policy {
+                    default,
+                    classes,
+                    overrides,
+                    new_sources,
+                    aggregate: aggregate.map(|(rate, burst, v4_prefix, v6_prefix)| Aggregate {
+                        rate,
+                        burst,
+                        v4_prefix,
+                        v6_prefix,
+                    }),
                     v4_prefix,
                     v6_prefix,
-                }),
-                v4_prefix,
-                v6_prefix,
-                capacity,
-                forwards,
-                feedback,
-                fleet,
-                allow_shrink,
-            }
-        })
+                    capacity,
+                    forwards,
+                    feedback,
+                    feeds: feed.into_iter().collect(),
+                    fleet,
+                    allow_shrink,
+                }
+            },
+        )
 }
 
 proptest! {

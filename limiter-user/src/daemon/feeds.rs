@@ -1,0 +1,182 @@
+//! The feed watcher: each `[[feed]]` file is looked at every
+//! [`CHECK`] off the daemon's loop (a blocking task), read again when it
+//! changed (size, time, inode: a new download) or its `refresh` is due,
+//! and a version that reads whole is handed to the policy state as a
+//! change; one that does not is logged with where it failed, and the
+//! version in force stays.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use tokio::sync::mpsc;
+
+use super::feature::{Applied, Feature};
+use crate::{
+    feeds::{FeedError, FeedReport, Parsed},
+    policy::feed::Feed,
+    series::Series,
+};
+
+/// How often each feed's file is looked at.
+pub const CHECK: Duration = Duration::from_secs(2);
+
+/// What identifies a version of a file without reading it.
+type Stamp = (SystemTime, u64, u64);
+
+/// A feed's file looked at: read (`Some`) when it changed or was due.
+#[derive(Debug)]
+pub(super) struct FeedRead {
+    pub spec: Feed,
+    pub stamp: Option<Stamp>,
+    pub result: Option<Result<Parsed, FeedError>>,
+}
+
+#[derive(Debug)]
+struct Watched {
+    spec: Feed,
+    /// The stamp of the version last read whole.
+    stamp: Option<Stamp>,
+    last_read: Option<Instant>,
+    last_check: Option<Instant>,
+    /// Read again whatever the stamp says (a new section, SIGHUP).
+    force: bool,
+    busy: Arc<AtomicBool>,
+    report: FeedReport,
+}
+
+/// Every feed of the policy in force.
+#[derive(Debug)]
+pub(super) struct Feeds {
+    watched: Vec<Watched>,
+    tx: mpsc::Sender<FeedRead>,
+}
+
+impl Feeds {
+    /// The watcher, and where its reads arrive (the daemon's loop).
+    pub(super) fn new() -> (Self, mpsc::Receiver<FeedRead>) {
+        let (tx, rx) = mpsc::channel(crate::policy::feed::MAX_FEEDS);
+        (Self { watched: Vec::new(), tx }, rx)
+    }
+
+    /// A read came back: note it; the version to apply, if it is one.
+    pub(super) fn read_done(&mut self, r: FeedRead) -> Option<(Feed, Parsed)> {
+        let w = self.watched.iter_mut().find(|w| w.spec.name == r.spec.name)?;
+        w.busy.store(false, Ordering::Release);
+        if w.spec != r.spec {
+            // The section changed while it was read: read again.
+            w.force = true;
+            return None;
+        }
+        match r.result? {
+            Ok(parsed) => {
+                w.stamp = r.stamp;
+                w.last_read = Some(Instant::now());
+                w.report.reads += 1;
+                if parsed.refused_count > 0 {
+                    let first = parsed.refused.first().map(|f| format!("; line {}: {} {}", f.line, f.net, f.why));
+                    tracing::warn!(
+                        event = "feed",
+                        feed = %w.spec.name,
+                        "limiter: feed {}: {} special-purpose network(s) left out (allow_bogons = false){}",
+                        w.spec.name,
+                        parsed.refused_count,
+                        first.unwrap_or_default()
+                    );
+                }
+                Some((w.spec.clone(), parsed))
+            }
+            Err(e) => {
+                w.last_read = Some(Instant::now());
+                w.report.read_errors += 1;
+                tracing::warn!(event = "feed", ok = false, feed = %w.spec.name, "limiter: feed {}: {e}; its last version stays", w.spec.name);
+                None
+            }
+        }
+    }
+
+    /// The policy state refused or took a version of `name`.
+    pub(super) fn applied(&mut self, name: &str, ok: bool, at: u64) {
+        if let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name) {
+            if ok {
+                w.report.applied_at = at;
+            } else {
+                w.report.refused += 1;
+            }
+        }
+    }
+
+    /// Each feed's report.
+    pub(super) fn reports(&self) -> Vec<FeedReport> {
+        self.watched.iter().map(|w| FeedReport { shadow: w.spec.shadow, ..w.report.clone() }).collect()
+    }
+}
+
+impl Feature for Feeds {
+    /// Exactly the policy's `[[feed]]` sections: an unchanged one keeps
+    /// its state, a new or changed one is read at the next tick.
+    fn apply(&mut self, a: &Applied<'_>) {
+        let mut next = Vec::with_capacity(a.policy.feeds.len());
+        for spec in &a.policy.feeds {
+            match self.watched.iter().position(|w| w.spec == *spec) {
+                Some(i) => next.push(self.watched.swap_remove(i)),
+                None => next.push(Watched {
+                    spec: spec.clone(),
+                    stamp: None,
+                    last_read: None,
+                    last_check: None,
+                    force: true,
+                    busy: Arc::new(AtomicBool::new(false)),
+                    report: FeedReport { name: spec.name.clone(), ..FeedReport::default() },
+                }),
+            }
+        }
+        self.watched = next;
+    }
+
+    /// SIGHUP: every feed is read again.
+    fn reload(&mut self, _: &Applied<'_>) {
+        for w in &mut self.watched {
+            w.force = true;
+        }
+    }
+
+    /// Look at each feed's file whose turn it is, off the loop.
+    fn tick(&mut self) {
+        let now = Instant::now();
+        for w in &mut self.watched {
+            if w.busy.load(Ordering::Acquire) || w.last_check.is_some_and(|t| now - t < CHECK) {
+                continue;
+            }
+            w.last_check = Some(now);
+            let due = std::mem::take(&mut w.force) || w.last_read.is_none_or(|t| now - t >= w.spec.refresh);
+            let (spec, known, tx, busy) = (w.spec.clone(), w.stamp, self.tx.clone(), w.busy.clone());
+            busy.store(true, Ordering::Release);
+            tokio::task::spawn_blocking(move || {
+                let stamp = stamp_of(&spec.path);
+                let changed = stamp.is_some() && stamp != known;
+                let result = (due || changed).then(|| {
+                    crate::feeds::read(&spec.path, spec.format, spec.min_count.unwrap_or(0), spec.allow_bogons)
+                });
+                if tx.blocking_send(FeedRead { spec, stamp, result }).is_err() {
+                    busy.store(false, Ordering::Release);
+                }
+            });
+        }
+    }
+
+    /// Reported with the deny set's series (see `answers.rs`).
+    fn series(&self) -> Option<Box<dyn Series>> {
+        None
+    }
+}
+
+fn stamp_of(path: &std::path::Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len(), m.ino()))
+}
