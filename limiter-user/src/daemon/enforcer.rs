@@ -212,8 +212,7 @@ impl Enforcer {
             let (opts, wscale, why) = super::os::cookie_options();
             (compiled.config.cookies.opts, compiled.config.cookies.wscale, mss_only) = (opts, wscale, why);
         }
-        // The deny set's markers move with the bucket prefixes: the new
-        // ones are written before the switch, the old ones removed after.
+        // The deny set's markers move with the bucket prefixes.
         let (before, after) = self.rebucket(compiled.config.v4_prefix, compiled.config.v6_prefix);
         maps.write_deny(&before)?;
         maps.apply(&compiled)?;
@@ -362,10 +361,7 @@ impl Enforcer {
                 tracing::warn!("limiter: skipped an unreadable entry of {RUNTIME}: {k:?}");
             }
         }
-        let networks = self.restore_deny(maps)?;
-        if networks > 0 {
-            tracing::info!(event = "deny_set", "limiter: the deny set's {networks} networks read back from the pins");
-        }
+        self.restore_deny(maps)?;
         Ok(self.runtime.len())
     }
 

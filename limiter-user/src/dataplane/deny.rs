@@ -111,41 +111,6 @@ impl DenySet {
         }
     }
 
-    /// The set as the kernel holds it (its pinned entries, origins'
-    /// names and lengths in force), and the change that brings the kernel
-    /// to what it should hold (markers under buckets of `v4`/`v6` bits,
-    /// the lengths in use): nothing, unless a write was cut short.
-    #[must_use]
-    pub fn restore(capacity: usize, bucket: (u8, u8), pinned: Pinned) -> (Self, Change) {
-        let mut s = Self::new(capacity, bucket.0, bucket.1);
-        s.names = pinned.names;
-        let mut kernel_markers = Vec::new();
-        for (k, v) in pinned.entries {
-            if v & FINER != 0 {
-                kernel_markers.push(k);
-                s.markers.insert(k, 1);
-            }
-            let origin = v & limiter_common::deny::ORIGIN;
-            if v & DENIED != 0 && origin < 64 {
-                s.nets.insert(k, 1 << origin);
-                s.counts[slot(k.family)][usize::from(k.len.min(128))] += 1;
-            }
-        }
-        s.lens = pinned.lens;
-        let mut fresh: HashMap<DenyKey, u32> = HashMap::new();
-        for k in s.nets.keys() {
-            if let Some(m) = s.marker_of(k) {
-                *fresh.entry(m).or_default() += 1;
-            }
-        }
-        for m in kernel_markers.iter().chain(fresh.keys()) {
-            s.touch(*m);
-        }
-        s.markers = fresh;
-        let ch = s.finish();
-        (s, ch)
-    }
-
     /// The bucket prefix lengths the markers are under (IPv4, IPv6).
     #[must_use]
     pub fn bucket(&self) -> (u8, u8) {
@@ -311,36 +276,6 @@ impl DenySet {
         Ok(())
     }
 
-    /// Markers under buckets of `v4`/`v6` bits from now on: the new ones
-    /// are added (a first change, to write before the policy's switch),
-    /// and the old ones removed (a second, to write after it).
-    pub fn set_bucket(&mut self, v4: u8, v6: u8) -> (Change, Change) {
-        let old = std::mem::take(&mut self.markers);
-        self.bucket = [v4, v6];
-        let finer: Vec<DenyKey> = self.nets.keys().copied().collect();
-        let mut fresh: HashMap<DenyKey, u32> = HashMap::new();
-        for k in &finer {
-            if let Some(m) = self.marker_of(k) {
-                *fresh.entry(m).or_default() += 1;
-            }
-        }
-        // First: both the old and the new markers.
-        self.markers.clone_from(&old);
-        for m in fresh.keys() {
-            self.touch(*m);
-        }
-        for (m, n) in &fresh {
-            *self.markers.entry(*m).or_default() += n;
-        }
-        let first = self.finish();
-        for m in old.keys().chain(fresh.keys()) {
-            self.touch(*m);
-        }
-        self.markers = fresh;
-        let second = self.finish();
-        (first, second)
-    }
-
     /// The change built since the last call, to write.
     pub fn finish(&mut self) -> Change {
         let mut ch = Change::default();
@@ -391,6 +326,7 @@ impl DenySet {
 
 mod kernel;
 mod keys;
+mod markers;
 #[cfg(test)]
 mod tests;
 

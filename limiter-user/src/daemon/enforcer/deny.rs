@@ -85,7 +85,11 @@ impl Enforcer {
         let (set, mend) = DenySet::restore(DENY_CAPACITY, bucket, maps.deny_pinned()?);
         maps.write_deny(&mend)?;
         self.deny.set = set;
-        Ok(self.deny.set.len())
+        let networks = self.deny.set.len();
+        if networks > 0 {
+            tracing::info!(event = "deny_set", "limiter: the deny set's {networks} networks read back from the pins");
+        }
+        Ok(networks)
     }
 
     /// The deny set's markers follow a policy whose bucket prefixes
