@@ -24,12 +24,22 @@ pub struct Lapi {
     dir: TempDir,
     child: Option<Child>,
     pub port: u16,
+    /// The network namespace it listens in (`None`: this one).
+    ns: Option<String>,
 }
 
 impl Lapi {
     /// Configure, register the local machine, and start the LAPI.
     #[must_use]
     pub fn start(tag: &str) -> Self {
+        Self::start_in(tag, None)
+    }
+
+    /// [`Self::start`] in the network namespace `ns` (where a daemon under
+    /// test runs: a loopback port is only reachable from its own
+    /// namespace); `cscli` runs there too.
+    #[must_use]
+    pub fn start_in(tag: &str, ns: Option<&str>) -> Self {
         let dir = TempDir::new(&format!("crowdsec-{tag}"));
         let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
         let r = dir.0.display().to_string();
@@ -62,7 +72,7 @@ impl Lapi {
         )
         .unwrap();
         std::fs::write(dir.0.join("local_api_credentials.yaml"), format!("url: http://127.0.0.1:{port}\n")).unwrap();
-        let mut lapi = Self { dir, child: None, port };
+        let mut lapi = Self { dir, child: None, port, ns: ns.map(str::to_owned) };
         let creds = lapi.dir.0.join("local_api_credentials.yaml").display().to_string();
         lapi.cscli(&["machines", "add", "--auto", "--force", "-f", &creds]);
         lapi.run();
@@ -76,7 +86,8 @@ impl Lapi {
     /// Start the LAPI process (again, after [`Self::kill`]) and wait until
     /// it listens.
     pub fn run(&mut self) {
-        let child = Command::new(tool("crowdsec"))
+        let child = self
+            .command("crowdsec")
             .args(["-c", &self.config(), "-no-cs", "-no-capi"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -84,9 +95,33 @@ impl Lapi {
             .expect("start crowdsec");
         self.child = Some(child);
         let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while !self.listens() {
             assert!(start.elapsed() < Duration::from_secs(20), "the LAPI did not listen on {} within 20 s", self.port);
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `tool` of the extracted package, in the LAPI's namespace.
+    fn command(&self, tool_name: &str) -> Command {
+        match &self.ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(tool(tool_name));
+                c
+            }
+            None => Command::new(tool(tool_name)),
+        }
+    }
+
+    /// Whether the LAPI's port takes a connection (from its namespace).
+    fn listens(&self) -> bool {
+        match &self.ns {
+            None => TcpStream::connect(("127.0.0.1", self.port)).is_ok(),
+            Some(ns) => Command::new("ip")
+                .args(["netns", "exec", ns, "bash", "-c", &format!("exec 3<>/dev/tcp/127.0.0.1/{}", self.port)])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success()),
         }
     }
 
@@ -106,7 +141,7 @@ impl Lapi {
     /// `cscli ARGS` against this LAPI: its standard output.
     #[expect(clippy::must_use_candidate, reason = "most calls are for what cscli does, not what it prints")]
     pub fn cscli(&self, args: &[&str]) -> String {
-        let o = Command::new(tool("cscli")).args(["-c", &self.config()]).args(args).output().expect("run cscli");
+        let o = self.command("cscli").args(["-c", &self.config()]).args(args).output().expect("run cscli");
         assert!(o.status.success(), "cscli {args:?}: {}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stdout).into_owned()
     }

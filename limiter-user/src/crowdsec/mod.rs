@@ -7,10 +7,13 @@
 //! bounded in time and bytes, and an answer the LAPI should not give is
 //! an error that says what came back.
 //!
-//! This room reads decisions; what enforces them is the deny set
-//! (docs/design.md, "What comes next").
+//! This room reads decisions (`pull`) and keeps pulling them (`watch`:
+//! deltas every `update_frequency`, backing off while the LAPI is down);
+//! the policy state enforces them through the data plane's deny set.
 
 mod duration;
+mod series;
+mod watch;
 
 #[cfg(test)]
 mod tests;
@@ -25,7 +28,11 @@ use serde::Deserialize;
 
 use crate::feeds::unmapped;
 
-pub use self::duration::parse_go_duration;
+pub use self::{
+    duration::parse_go_duration,
+    series::Report,
+    watch::{MAX_BACKOFF, Pulled, Status, Watch},
+};
 
 /// What the LAPI answers at most for one pull (100,000 decisions take
 /// about 20 MB).
@@ -88,6 +95,8 @@ pub enum LapiError {
     Url { url: String },
     #[error("the bouncer key is empty or not one line")]
     BadKey,
+    #[error("reading the bouncer key: {0}")]
+    KeyFile(String),
     #[error("connecting to the LAPI at {authority}: {source}")]
     Connect {
         authority: String,
@@ -111,18 +120,12 @@ pub enum LapiError {
 impl Lapi {
     /// `url` is `http://HOST:PORT` (a trailing path is kept as a prefix).
     pub fn new(url: &str, key: &str) -> Result<Self, LapiError> {
-        let bad = || LapiError::Url { url: crate::escape_control(url) };
-        let rest = url.strip_prefix("http://").ok_or_else(bad)?;
-        let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
-        if authority.is_empty() || authority.contains(['@', ' ']) || !authority.contains(':') {
-            return Err(bad());
-        }
-        let base = path.trim_end_matches('/');
-        let base = if base.is_empty() { String::new() } else { format!("/{base}") };
+        let (authority, base) = crate::policy::crowdsec::lapi_parts(url)
+            .ok_or_else(|| LapiError::Url { url: crate::escape_control(url) })?;
         if key.is_empty() || key.contains(['\r', '\n']) {
             return Err(LapiError::BadKey);
         }
-        Ok(Self { authority: authority.to_owned(), base, key: key.to_owned() })
+        Ok(Self { authority, base, key: key.to_owned() })
     }
 
     /// One pull of the decision stream: every decision in force with

@@ -41,6 +41,8 @@ pub(super) enum Change {
     Penalty { cidr: String, ttl: u64, reason: String, by: SetBy },
     /// A new version of a feed, read whole (the deny set takes the diff).
     Feed { spec: Box<crate::policy::feed::Feed>, nets: std::collections::BTreeSet<IpNet> },
+    /// A pull of CrowdSec's decision stream, under its section.
+    Crowdsec { spec: Box<crate::policy::crowdsec::Crowdsec>, pulled: crate::crowdsec::Pulled },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -76,9 +78,17 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
         Change::Apply { text: None, force, .. } => e.apply_guarded(t, settings.load_policy()?, *force),
         Change::Reload => e.apply_guarded(t, settings.load_policy()?, false),
         Change::Load { cidrs, action, ttl } => e.load(t, cidrs, (*action).into(), *ttl),
-        Change::Expire => e.expire(t, super::enforcer::unix_now()).unwrap_or_else(|| Ok("nothing expired".into())),
+        Change::Expire => {
+            let now = super::enforcer::unix_now();
+            match (e.expire(t, now), e.expire_crowdsec(t, now)) {
+                (Some(Ok(a)), Some(Ok(b))) => Ok(format!("{a}; {b}")),
+                (Some(r), _) | (None, Some(r)) => r,
+                (None, None) => Ok("nothing expired".into()),
+            }
+        }
         Change::Penalty { cidr, ttl, reason, by } => e.penalize(t, cidr, *ttl, reason, *by),
         Change::Feed { spec, nets } => e.feed(t, spec, nets),
+        Change::Crowdsec { spec, pulled } => e.crowdsec(t, spec, std::mem::take(pulled)),
         Change::Prefix { cidr, action, ttl } => {
             let action = action.map(|a| match a {
                 PrefixAction::Limit { rate, burst } => {
@@ -199,7 +209,10 @@ impl Daemon {
         let Done { enforcer, tables, change, reply, result } = done;
         self.policy = Some((enforcer, tables));
         self.refresh_view();
-        if matches!(change, Change::Apply { .. } | Change::Reload | Change::Load { .. } | Change::Feed { .. }) {
+        if matches!(
+            change,
+            Change::Apply { .. } | Change::Reload | Change::Load { .. } | Change::Feed { .. } | Change::Crowdsec { .. }
+        ) {
             give_back_memory();
         }
         let response = match change {
@@ -218,6 +231,14 @@ impl Daemon {
                         self.note_reload(true, summary);
                     }
                     Err(e) => tracing::warn!("limiter: expiring runtime overrides failed (retried): {e}"),
+                }
+                None
+            }
+            Change::Crowdsec { .. } => {
+                match &result {
+                    Ok(line) if line.is_empty() => {}
+                    Ok(line) => tracing::info!(event = "crowdsec", ok = true, "limiter: {line}"),
+                    Err(e) => tracing::warn!(event = "crowdsec", ok = false, "limiter: crowdsec: {e}"),
                 }
                 None
             }

@@ -76,6 +76,8 @@ pub struct Enforcer {
     pub(super) governor: feedback::Governed,
     /// The deny set and its origins (feeds; see `deny.rs`).
     pub(super) deny: deny::DenyLayer,
+    /// CrowdSec's decisions in force (see `crowdsec.rs`).
+    pub(super) crowdsec: crowdsec::Decisions,
 }
 
 impl Enforcer {
@@ -93,6 +95,7 @@ impl Enforcer {
             syn_cookies_off: None,
             governor: feedback::Governed::default(),
             deny: deny::DenyLayer::default(),
+            crowdsec: crowdsec::Decisions::default(),
         }
     }
 
@@ -218,6 +221,9 @@ impl Enforcer {
         maps.apply(&compiled)?;
         maps.write_deny(&after)?;
         self.drop_unnamed_feeds(maps, &p.feeds)?;
+        if p.crowdsec.is_none() {
+            self.lift_crowdsec(maps)?;
+        }
         self.config = Some(compiled.config);
         for w in p.warnings() {
             tracing::warn!(event = "policy_warning", version = next, "limiter: policy v{next}: {w}");
@@ -388,6 +394,7 @@ pub fn unix_now() -> u64 {
 }
 
 mod bulk;
+pub mod crowdsec;
 pub mod deny;
 mod feedback;
 mod layers;

@@ -1,5 +1,5 @@
 //! The daemon's features (the forwarders, the fleet sync, the feedback
-//! endpoint, the feed watcher; coexistence to come) behind one small face:
+//! endpoint, the feed watcher, CrowdSec's pulls; coexistence to come) behind one small face:
 //! each starts from the policy in force, is told the policy after every
 //! change, asked to read its files again on SIGHUP, ticked once a second,
 //! asked at each scrape for its report (which writes its own series),
@@ -138,6 +138,7 @@ pub(super) struct Features {
     pub(super) fleet: FleetSide,
     pub(super) feedback: Option<Endpoint>,
     pub(super) feeds: super::feeds::Feeds,
+    pub(super) crowdsec: super::crowdsec::CrowdsecSide,
 }
 
 impl Features {
@@ -152,14 +153,15 @@ impl Features {
         buckets: u32,
         token: Option<crate::feedback::Token>,
         calls: &tokio::sync::mpsc::Sender<crate::control::server::Call>,
-        mut feeds: super::feeds::Feeds,
+        (mut feeds, mut crowdsec): (super::feeds::Feeds, super::crowdsec::CrowdsecSide),
     ) -> anyhow::Result<Self> {
         let feedback = super::start::serve_feedback(a.policy, token, calls).await?;
         let mut forward = forward::Manager::new(buckets);
         forward.apply(a);
         let fleet = FleetSide::start(a.policy.fleet.as_ref(), windows, classes(&a.config, a.class_names, a.policy))?;
         feeds.apply(a);
-        Ok(Self { forward, fleet, feedback, feeds })
+        crowdsec.apply(a);
+        Ok(Self { forward, fleet, feedback, feeds, crowdsec })
     }
 
     pub(super) fn apply(&mut self, a: &Applied<'_>) {
@@ -167,6 +169,7 @@ impl Features {
         self.fleet.apply(a);
         self.feedback.apply(a);
         self.feeds.apply(a);
+        self.crowdsec.apply(a);
     }
 
     pub(super) fn reload(&mut self, a: &Applied<'_>) {
@@ -174,6 +177,7 @@ impl Features {
         self.fleet.reload(a);
         self.feedback.reload(a);
         self.feeds.reload(a);
+        self.crowdsec.reload(a);
     }
 
     pub(super) fn tick(&mut self) {
@@ -181,14 +185,21 @@ impl Features {
         self.fleet.tick();
         self.feedback.tick();
         self.feeds.tick();
+        self.crowdsec.tick();
     }
 
     /// Every feature's report, in this order.
     pub(super) fn series(&self) -> Vec<Box<dyn Series>> {
-        [self.forward.series(), self.fleet.series(), self.feedback.series(), self.feeds.series()]
-            .into_iter()
-            .flatten()
-            .collect()
+        [
+            self.forward.series(),
+            self.fleet.series(),
+            self.feedback.series(),
+            self.feeds.series(),
+            self.crowdsec.series(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 
     pub(super) async fn drain(&mut self) {
@@ -196,6 +207,7 @@ impl Features {
         self.fleet.drain().await;
         self.feedback.drain().await;
         self.feeds.drain().await;
+        self.crowdsec.drain().await;
     }
 }
 

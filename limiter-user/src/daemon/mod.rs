@@ -6,6 +6,7 @@
 mod answers;
 mod changes;
 mod cookie_watch;
+mod crowdsec;
 mod enforcer;
 mod feature;
 mod feeds;
@@ -110,6 +111,8 @@ struct Inputs {
     scrapes: mpsc::Receiver<ScrapeCall>,
     /// Feed files read off the loop.
     feed_reads: mpsc::Receiver<feeds::FeedRead>,
+    /// Pulls of CrowdSec's decision stream.
+    crowdsec_pulls: mpsc::Receiver<crate::crowdsec::Pulled>,
 }
 
 /// A running daemon.
@@ -155,7 +158,9 @@ impl Daemon {
         let applied = view.applied(&enforcer, &effective);
         let windows = dp.maps.windows.take();
         let (feeds, feed_reads) = feeds::Feeds::new();
-        let features = Features::start(&applied, windows, dp.buckets_map_id(), token, &calls_tx, feeds).await?;
+        let (crowdsec, crowdsec_pulls) = crowdsec::CrowdsecSide::new();
+        let features =
+            Features::start(&applied, windows, dp.buckets_map_id(), token, &calls_tx, (feeds, crowdsec)).await?;
         socket.serve(calls_tx);
         let d = Self {
             settings,
@@ -168,7 +173,7 @@ impl Daemon {
             socket,
             reloads: Reloads::new(),
             observer,
-            inputs: Inputs { hup, calls, scrapes, feed_reads },
+            inputs: Inputs { hup, calls, scrapes, feed_reads, crowdsec_pulls },
         };
         d.announce(&summary, adopted.as_deref(), replaced);
         tracing::info!("limiter: control socket {} (mode 0660)", d.socket.path().display());
@@ -212,6 +217,11 @@ impl Daemon {
                 Some(read) = self.inputs.feed_reads.recv() => {
                     if let Some((spec, parsed)) = self.features.feeds.read_done(read) {
                         self.change(Change::Feed { spec: Box::new(spec), nets: parsed.nets }, None);
+                    }
+                }
+                Some(pulled) = self.inputs.crowdsec_pulls.recv() => {
+                    if let Some(spec) = self.features.crowdsec.spec() {
+                        self.change(Change::Crowdsec { spec: Box::new(spec.clone()), pulled }, None);
                     }
                 }
                 Some(reply) = self.inputs.scrapes.recv() => {

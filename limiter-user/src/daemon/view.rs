@@ -98,6 +98,7 @@ impl Daemon {
         if let Some((p, _)) = &self.policy {
             let (view, effective) = View::of(p);
             self.view = view;
+            self.features.crowdsec.left_out = p.crowdsec_decisions().left_out;
             self.features.apply(&self.view.applied(p, &effective));
         }
     }

@@ -244,6 +244,7 @@ mod tests {
                 origins: vec![("feed:f".into(), 1, 1)],
                 feeds: vec![crate::feeds::FeedReport { name: "f".into(), ..Default::default() }],
             }),
+            Box::new(crate::crowdsec::Report::default()),
         ];
         let syn_cookies = vec![SynCookieRow { class: "c".into(), mode: SynCookies::Auto, engaged: true }];
         let mut s = Snapshot { features, syn_cookies, ..Snapshot::default() };

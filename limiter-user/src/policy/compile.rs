@@ -116,6 +116,7 @@ impl Policy {
             forwards,
             feedback,
             feeds,
+            crowdsec,
             fleet,
             // Only a reload reads it (the daemon's guard).
             allow_shrink: _,
@@ -128,6 +129,9 @@ impl Policy {
             super::feedback::check(f)?;
         }
         super::feed::check(feeds)?;
+        if let Some(c) = crowdsec {
+            super::crowdsec::check(c)?;
+        }
         if *v4_prefix > 32 {
             return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));
         }

@@ -121,6 +121,7 @@ struct Root {
     feedback: Option<super::feedback::Feedback>,
     #[serde(default, rename = "feed", skip_serializing_if = "Vec::is_empty")]
     feeds: Vec<super::feed::Feed>,
+    crowdsec: Option<super::crowdsec::Crowdsec>,
     fleet: Option<super::fleet::Fleet>,
 }
 
@@ -251,6 +252,7 @@ fn build(root: Root) -> Located<Policy> {
         mut forwards,
         feedback,
         feeds,
+        crowdsec,
         fleet,
     } = root;
     super::forward::name_defaults(&mut forwards);
@@ -302,6 +304,7 @@ fn build(root: Root) -> Located<Policy> {
         forwards,
         feedback,
         feeds,
+        crowdsec,
         fleet,
         allow_shrink: allow_shrink.unwrap_or(false),
     })

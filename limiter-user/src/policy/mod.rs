@@ -5,6 +5,7 @@
 
 pub mod compile;
 mod cookies;
+pub mod crowdsec;
 mod duration;
 pub mod feed;
 pub mod feedback;
@@ -312,6 +313,8 @@ pub struct Policy {
     pub feedback: Option<feedback::Feedback>,
     /// Blocklist feeds, denied through the deny set (none by default).
     pub feeds: Vec<feed::Feed>,
+    /// CrowdSec's decisions, denied through the deny set (off by default).
+    pub crowdsec: Option<crowdsec::Crowdsec>,
     /// The fleet's shared store (off by default: fleet-scope quotas then
     /// count this host only, and say so).
     pub fleet: Option<fleet::Fleet>,
@@ -338,6 +341,7 @@ impl Default for Policy {
             forwards: Vec::new(),
             feedback: None,
             feeds: Vec::new(),
+            crowdsec: None,
             fleet: None,
             allow_shrink: false,
         }

@@ -61,7 +61,12 @@ impl Enforcer {
     /// The earliest expiry of a runtime override, if any.
     #[must_use]
     pub fn next_expiry(&self) -> Option<u64> {
-        self.runtime.values().filter_map(|e| e.expires).chain(self.governor.next_shadow_expiry()).min()
+        self.runtime
+            .values()
+            .filter_map(|e| e.expires)
+            .chain(self.governor.next_shadow_expiry())
+            .chain(self.crowdsec.next_end())
+            .min()
     }
 
     /// Set aside restored runtime overrides that `base` cannot hold (a /24

@@ -72,6 +72,7 @@ impl From<&Policy> for Root {
             forwards: p.forwards.clone(),
             feedback: p.feedback.clone(),
             feeds: p.feeds.clone(),
+            crowdsec: p.crowdsec.clone(),
             fleet: p.fleet.clone().map(|mut f| {
                 f.store = f.store.iter().map(|a| crate::policy::fleet::redacted(a)).collect();
                 f

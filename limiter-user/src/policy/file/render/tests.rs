@@ -228,6 +228,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     forwards,
                     feedback,
                     feeds: feed.into_iter().collect(),
+                    crowdsec: None,
                     fleet,
                     allow_shrink,
                 }

@@ -1,0 +1,294 @@
+//! CrowdSec's decisions in the deny set: each origin (`crowdsec:cscli`,
+//! `crowdsec:lists:NAME`, ...) denies what its decisions name, exactly
+//! (an address is itself, not its /24), until each decision's duration
+//! ends or the LAPI deletes it; a deleted decision lifts only what it
+//! applied (another decision, or a feed, may still deny the network).
+//! `startup` pulls replace the whole picture; the others are deltas.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use ipnet::IpNet;
+
+use super::{ApplyError, Enforcer, unix_now};
+use crate::{
+    crowdsec::{Decision, Pulled},
+    dataplane::{PolicyMaps, deny::Origin},
+    policy::crowdsec::Crowdsec,
+};
+
+/// The decisions in force, by network and origin.
+#[derive(Debug, Default)]
+pub struct Decisions {
+    /// Each (network, origin)'s decisions: id and when it ends (Unix s).
+    by_net: HashMap<(IpNet, Origin), Vec<(i64, u64)>>,
+    /// When each ends, for expiry.
+    ends: BTreeSet<(u64, i64, IpNet, Origin)>,
+    /// Decisions left out since the start: the cap, too wide, filtered.
+    pub left_out: u64,
+    /// Networks held in shadow (counted, not enforced).
+    pub shadow: usize,
+}
+
+impl Decisions {
+    /// Networks denied for CrowdSec (each origin's count).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.by_net.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.by_net.is_empty()
+    }
+
+    /// When the next decision ends.
+    #[must_use]
+    pub fn next_end(&self) -> Option<u64> {
+        self.ends.first().map(|e| e.0)
+    }
+
+    fn insert(&mut self, net: IpNet, origin: Origin, id: i64, end: u64) {
+        let ids = self.by_net.entry((net, origin)).or_default();
+        if let Some(old) = ids.iter_mut().find(|(i, _)| *i == id) {
+            self.ends.remove(&(old.1, id, net, origin));
+            old.1 = end;
+        } else {
+            ids.push((id, end));
+        }
+        self.ends.insert((end, id, net, origin));
+    }
+
+    /// Forget decision `id`; whether its (network, origin) has none left.
+    fn remove(&mut self, net: IpNet, origin: Origin, id: i64) -> bool {
+        let Some(ids) = self.by_net.get_mut(&(net, origin)) else { return false };
+        if let Some(at) = ids.iter().position(|(i, _)| *i == id) {
+            let (_, end) = ids.swap_remove(at);
+            self.ends.remove(&(end, id, net, origin));
+        }
+        if ids.is_empty() {
+            self.by_net.remove(&(net, origin));
+            return true;
+        }
+        false
+    }
+}
+
+impl Enforcer {
+    /// Take a pull of the decision stream under `spec`.
+    pub fn crowdsec(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        spec: &Crowdsec,
+        pulled: Pulled,
+    ) -> Result<String, ApplyError> {
+        let now = unix_now();
+        let Pulled { startup, pull } = pulled;
+        let taken = |d: &Decision| {
+            let wide = match d.net {
+                IpNet::V4(n) => n.prefix_len() < spec.min_v4_prefix,
+                IpNet::V6(n) => n.prefix_len() < spec.min_v6_prefix,
+            };
+            !wide && spec.takes(&d.kind, &d.origin, &d.scenario)
+        };
+        let (mut added, mut lifted, mut left_out) = (0usize, 0usize, 0u64);
+        if startup {
+            // Every decision in force: what is not in it any more goes.
+            for (net, origin) in self.crowdsec.by_net.keys().copied().collect::<Vec<_>>() {
+                self.deny.set.remove(origin, &net);
+                lifted += 1;
+            }
+            self.crowdsec = Decisions { left_out: self.crowdsec.left_out, ..Decisions::default() };
+        } else {
+            for d in &pull.deleted {
+                let Ok(origin) = self.deny.set.origin(&d.source()) else { continue };
+                if self.crowdsec.remove(d.net, origin, d.id) {
+                    self.deny.set.remove(origin, &d.net);
+                    lifted += 1;
+                }
+            }
+        }
+        let mut shadow: HashSet<IpNet> = HashSet::new();
+        for d in pull.new.iter().filter(|d| !d.ttl.is_zero()) {
+            if !taken(d) {
+                left_out += 1;
+                continue;
+            }
+            if spec.shadow {
+                shadow.insert(d.net);
+                continue;
+            }
+            let Ok(origin) = self.deny.set.origin(&d.source()) else {
+                left_out += 1;
+                continue;
+            };
+            let known = self.crowdsec.by_net.contains_key(&(d.net, origin));
+            if !known && self.crowdsec.len() >= spec.max_decisions {
+                left_out += 1;
+                continue;
+            }
+            if !known && self.deny.set.add(origin, &d.net).is_err() {
+                left_out += 1;
+                continue;
+            }
+            added += usize::from(!known);
+            self.crowdsec.insert(d.net, origin, d.id, now.saturating_add(d.ttl.as_secs()));
+        }
+        self.crowdsec.left_out += left_out;
+        if startup || spec.shadow {
+            self.crowdsec.shadow = shadow.len();
+        }
+        self.write_set(maps)?;
+        if !startup && pull.new.is_empty() && pull.deleted.is_empty() {
+            // Nothing changed: no line (a pull comes every few seconds).
+            return Ok(String::new());
+        }
+        Ok(format!(
+            "crowdsec: {} pull: {} new, {} deleted; {added} networks denied, {lifted} lifted, {left_out} left out; {} in force{}",
+            if startup { "startup" } else { "delta" },
+            pull.new.len(),
+            pull.deleted.len(),
+            self.crowdsec.len(),
+            if spec.shadow {
+                format!(" (shadow: {} counted, not enforced)", self.crowdsec.shadow)
+            } else {
+                String::new()
+            }
+        ))
+    }
+
+    /// Lift the decisions whose time is up at `now`.
+    pub fn expire_crowdsec(&mut self, maps: &mut impl PolicyMaps, now: u64) -> Option<Result<String, ApplyError>> {
+        let due: Vec<(u64, i64, IpNet, Origin)> =
+            self.crowdsec.ends.iter().take_while(|e| e.0 <= now).copied().collect();
+        if due.is_empty() {
+            return None;
+        }
+        let mut lifted = 0;
+        for (_, id, net, origin) in &due {
+            if self.crowdsec.remove(*net, *origin, *id) {
+                self.deny.set.remove(*origin, net);
+                lifted += 1;
+            }
+        }
+        Some(
+            self.write_set(maps)
+                .map(|()| format!("crowdsec: {} decision(s) ended, {lifted} network(s) lifted", due.len())),
+        )
+    }
+
+    /// Lift every CrowdSec decision (the section is gone).
+    pub(super) fn lift_crowdsec(&mut self, maps: &mut impl PolicyMaps) -> Result<(), crate::dataplane::LoadError> {
+        let names: Vec<String> = self.deny.set.names().iter().filter(|n| n.starts_with("crowdsec:")).cloned().collect();
+        if names.is_empty() && self.crowdsec.is_empty() {
+            return Ok(());
+        }
+        for name in names {
+            if let Ok(o) = self.deny.set.origin(&name) {
+                let _ = self.deny.set.replace(o, &HashSet::new());
+            }
+        }
+        self.crowdsec = Decisions { left_out: self.crowdsec.left_out, ..Decisions::default() };
+        let ch = self.deny.set.finish();
+        maps.set_deny_origins(self.deny.set.names())?;
+        maps.write_deny(&ch)
+    }
+
+    /// CrowdSec's networks by origin name.
+    #[must_use]
+    pub fn crowdsec_decisions(&self) -> &Decisions {
+        &self.crowdsec
+    }
+
+    fn write_set(&mut self, maps: &mut impl PolicyMaps) -> Result<(), ApplyError> {
+        let ch = self.deny.set.finish();
+        let written = maps.set_deny_origins(self.deny.set.names()).and_then(|()| maps.write_deny(&ch));
+        if let Err(e) = written {
+            let _ = self.restore_deny(maps);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{crowdsec::Pull, dataplane::FakeMaps};
+
+    fn spec(extra: &str) -> Crowdsec {
+        let text =
+            format!("[crowdsec]\nlapi_url = \"http://127.0.0.1:1\"\napi_key_file = \"/k\"\nmax_decisions = 3\n{extra}");
+        crate::policy::file::parse("t", text).unwrap().policy.crowdsec.unwrap()
+    }
+
+    fn d(id: i64, origin: &str, net: &str, ttl: u64) -> Decision {
+        Decision {
+            id,
+            origin: origin.into(),
+            scenario: "crowdsecurity/ssh-bf".into(),
+            kind: "ban".into(),
+            net: net.parse().unwrap(),
+            ttl: Duration::from_secs(ttl),
+        }
+    }
+
+    fn pulled(startup: bool, new: Vec<Decision>, deleted: Vec<Decision>) -> Pulled {
+        Pulled { startup, pull: Pull { new, deleted, ..Pull::default() } }
+    }
+
+    #[test]
+    fn a_deleted_decision_lifts_only_what_it_applied() {
+        let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
+        let a = vec![d(1, "cscli", "198.51.100.7/32", 3600), d(2, "crowdsec", "198.51.100.7/32", 3600)];
+        e.crowdsec(&mut m, &s, pulled(true, a, vec![])).unwrap();
+        assert_eq!(e.crowdsec_decisions().len(), 2, "two origins deny the address");
+        e.crowdsec(&mut m, &s, pulled(false, vec![], vec![d(1, "cscli", "198.51.100.7/32", 0)])).unwrap();
+        let key = crate::dataplane::deny::key_of(&"198.51.100.7/32".parse().unwrap());
+        assert!(m.deny.get(&key).is_some_and(|v| v & limiter_common::deny::DENIED != 0), "crowdsec's still stands");
+        e.crowdsec(&mut m, &s, pulled(false, vec![], vec![d(2, "crowdsec", "198.51.100.7/32", 0)])).unwrap();
+        assert!(!m.deny.contains_key(&key));
+    }
+
+    #[test]
+    fn decisions_end_with_their_duration_and_startup_replaces_the_picture() {
+        let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
+        e.crowdsec(&mut m, &s, pulled(true, vec![d(1, "cscli", "198.51.100.7/32", 5)], vec![])).unwrap();
+        let end = e.crowdsec_decisions().next_end().unwrap();
+        assert!(e.expire_crowdsec(&mut m, end - 1).is_none());
+        assert!(e.expire_crowdsec(&mut m, end).unwrap().unwrap().contains("1 network(s) lifted"));
+        assert!(m.deny.is_empty());
+        e.crowdsec(&mut m, &s, pulled(true, vec![d(2, "cscli", "203.0.113.0/24", 60)], vec![])).unwrap();
+        e.crowdsec(&mut m, &s, pulled(true, vec![d(3, "lists", "192.0.2.9/32", 60)], vec![])).unwrap();
+        assert_eq!(e.crowdsec_decisions().len(), 1, "a startup pull is the whole picture");
+        assert!(m.deny_origins.iter().any(|n| n.starts_with("crowdsec:lists:")));
+    }
+
+    #[test]
+    fn the_cap_width_filters_and_shadow_hold() {
+        let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
+        let s = spec("origins = [\"cscli\"]\n");
+        let new = vec![
+            d(1, "cscli", "198.51.100.1/32", 60),
+            d(2, "cscli", "10.0.0.0/7", 60),
+            d(3, "CAPI", "198.51.100.3/32", 60),
+            d(4, "cscli", "198.51.100.4/32", 60),
+            d(5, "cscli", "198.51.100.5/32", 60),
+            d(6, "cscli", "198.51.100.6/32", 60),
+        ];
+        let line = e.crowdsec(&mut m, &s, pulled(true, new, vec![])).unwrap();
+        assert!(line.contains("3 networks denied") && line.contains("3 left out"), "{line}");
+        assert_eq!(e.crowdsec_decisions().left_out, 3, "too wide, another origin, past the cap");
+        let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
+        let line = e
+            .crowdsec(
+                &mut m,
+                &spec("shadow = true\n"),
+                pulled(true, vec![d(1, "cscli", "198.51.100.1/32", 60)], vec![]),
+            )
+            .unwrap();
+        assert!(line.contains("shadow: 1 counted"), "{line}");
+        assert!(m.deny.is_empty());
+    }
+}

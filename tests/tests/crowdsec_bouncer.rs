@@ -1,0 +1,142 @@
+//! The daemon as a CrowdSec bouncer, against a real Local API (Debian's
+//! `crowdsec` 1.4.6, extracted; run in the daemon's namespace): a decision
+//! `cscli` adds reaches XDP within `update_frequency` + 1 s and drops
+//! exactly what it names (an address, not its /24); a range too; a
+//! deletion is lifted as fast; 10,000 imported decisions are applied
+//! within 2 s of their pull; an operator's `allow` outranks a decision;
+//! the LAPI killed leaves the decisions enforcing, says so on the scrape,
+//! and its return is noticed; `cscli bouncers list` shows the bouncer's
+//! last pull.
+
+use std::{
+    path::Path,
+    process::Command,
+    sync::mpsc::Receiver,
+    time::{Duration, Instant},
+};
+
+use limiter_tests::{
+    crowdsec::Lapi,
+    kernel::{TempDir, require_root},
+    netns::{B_IF, VethPair},
+    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, delivered, spawn_lines, unique_socket, wait_for},
+};
+
+/// A sender in the flood source's /24.
+const NEIGHBOUR: &str = "198.18.1.11";
+
+fn scrape(net: &VethPair) -> String {
+    let o = net.b.command(env!("CARGO_BIN_EXE_netload")).args(["get", "127.0.0.1:9464", "/metrics"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn value(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{series} not in:\n{text}"))
+}
+
+/// Wait for `what` in the daemon's log; how long it took from `since`.
+fn seen(rx: &Receiver<String>, what: &str, since: Instant, log: &mut String) -> Duration {
+    wait_for(rx, what, Duration::from_secs(20), log).unwrap();
+    since.elapsed()
+}
+
+fn start(net: &VethPair, policy: &Path, socket: &Path) -> (Guard, Receiver<String>, String) {
+    let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"]).arg(policy).arg("--socket").arg(socket);
+    let (g, rx) = spawn_lines(c).unwrap();
+    let mut log = String::new();
+    wait_for(&rx, "attached", Duration::from_secs(20), &mut log).unwrap();
+    (g, rx, log)
+}
+
+#[test]
+fn the_daemon_bounces_what_the_lapi_decides() {
+    require_root();
+    let net = VethPair::new("cb");
+    for src in [FLOOD_SRC, CONFORM_SRC, NEIGHBOUR] {
+        net.add_source(src);
+    }
+    let mut lapi = Lapi::start_in("cb", Some(&net.b.name));
+    let tmp = TempDir::new("bouncer");
+    let (keyfile, file) = (tmp.0.join("key"), tmp.0.join("policy.toml"));
+    std::fs::write(&keyfile, lapi.bouncer_key("limiter")).unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "rate = 100000\nburst = 100000\n\n[crowdsec]\nlapi_url = \"{}\"\napi_key_file = \"{}\"\nupdate_frequency = \"1s\"\n",
+            lapi.url(),
+            keyfile.display()
+        ),
+    )
+    .unwrap();
+    let socket = unique_socket("bouncer");
+    let (_daemon, rx, mut log) = start(&net, &file, &socket);
+    wait_for(&rx, "crowdsec: startup pull", Duration::from_secs(10), &mut log).unwrap();
+
+    // An address: exactly it, within update_frequency + 1 s.
+    let t = Instant::now();
+    lapi.cscli(&["decisions", "add", "--ip", FLOOD_SRC, "--duration", "1h"]);
+    let took = seen(&rx, "1 networks denied", t, &mut log);
+    println!("a decision reached XDP {:.2} s after cscli returned", took.as_secs_f64());
+    assert!(took <= Duration::from_secs(2), "{took:?}");
+    assert_eq!(delivered(&net, FLOOD_SRC, 50), 0);
+    assert_eq!(delivered(&net, NEIGHBOUR, 50), 50, "the decision denied the address's /24");
+    // A range.
+    lapi.cscli(&["decisions", "add", "--range", "198.18.2.0/24", "--duration", "1h"]);
+    wait_for(&rx, "1 networks denied", Duration::from_secs(5), &mut log).unwrap();
+    assert_eq!(delivered(&net, CONFORM_SRC, 50), 0);
+
+    // The operator outranks CrowdSec.
+    let o = Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["prefix", "allow", "198.18.2.0/24", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(delivered(&net, CONFORM_SRC, 50), 50, "a decision beat the operator's allow");
+
+    // A deletion, as fast.
+    let t = Instant::now();
+    lapi.cscli(&["decisions", "delete", "--ip", FLOOD_SRC]);
+    let took = seen(&rx, "1 lifted", t, &mut log);
+    println!("a deletion was lifted {:.2} s after cscli returned", took.as_secs_f64());
+    assert!(took <= Duration::from_secs(2), "{took:?}");
+    assert_eq!(delivered(&net, FLOOD_SRC, 50), 50);
+
+    // 10,000 imported decisions: applied within 2 s of the pull.
+    let list: String = std::iter::once("duration,scope,value\n".to_owned())
+        .chain((0..10_000u32).map(|i| format!("2h,ip,{}\n", std::net::Ipv4Addr::from(0x0b00_0000 + i))))
+        .collect();
+    let csv = tmp.0.join("decisions.csv");
+    std::fs::write(&csv, list).unwrap();
+    lapi.cscli(&["decisions", "import", "-i", &csv.display().to_string()]);
+    let t = Instant::now();
+    let took = seen(&rx, "10000 networks denied", t, &mut log);
+    let line = log.lines().rev().find(|l| l.contains("10000 networks denied")).unwrap().to_owned();
+    println!("10,000 imported decisions applied {:.2} s after the import returned: {line}", took.as_secs_f64());
+    assert!(took <= Duration::from_secs(3), "{took:?} (update_frequency 1 s + 2 s)");
+
+    // The LAPI killed: the decisions stay, the scrape says so.
+    lapi.kill();
+    wait_for(&rx, "the decisions in force stay", Duration::from_secs(5), &mut log).unwrap();
+    let text = scrape(&net);
+    assert_eq!(value(&text, "limiter_crowdsec_lapi_up"), 0);
+    let held: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("limiter_deny_networks{origin=\"crowdsec:"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(held, 10_001, "the range and the 10,000 imported, by origin:\n{text}");
+    assert_eq!(delivered(&net, NEIGHBOUR, 20), 20);
+    // Back: noticed, and the bouncer's pulls are on record.
+    lapi.run();
+    wait_for(&rx, "answers again", Duration::from_secs(70), &mut log).unwrap();
+    assert_eq!(value(&scrape(&net), "limiter_crowdsec_lapi_up"), 1);
+    let bouncers = lapi.bouncers();
+    let me = bouncers.as_array().unwrap().iter().find(|b| b["name"] == "limiter").expect("the bouncer is listed");
+    println!("cscli bouncers list: {me}");
+    assert!(me["last_pull"].as_str().is_some_and(|p| !p.is_empty() && !p.starts_with("0001")), "{me}");
+}
