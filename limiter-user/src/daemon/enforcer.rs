@@ -215,15 +215,7 @@ impl Enforcer {
             let (opts, wscale, why) = super::os::cookie_options();
             (compiled.config.cookies.opts, compiled.config.cookies.wscale, mss_only) = (opts, wscale, why);
         }
-        // The deny set's markers move with the bucket prefixes.
-        let (before, after) = self.rebucket(compiled.config.v4_prefix, compiled.config.v6_prefix);
-        maps.write_deny(&before)?;
-        maps.apply(&compiled)?;
-        maps.write_deny(&after)?;
-        self.drop_unnamed_feeds(maps, &p.feeds)?;
-        if p.crowdsec.is_none() {
-            self.lift_crowdsec(maps)?;
-        }
+        self.write_policy(maps, &compiled, &p)?;
         self.config = Some(compiled.config);
         for w in p.warnings() {
             tracing::warn!(event = "policy_warning", version = next, "limiter: policy v{next}: {w}");

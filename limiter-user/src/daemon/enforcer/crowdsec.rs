@@ -91,11 +91,21 @@ impl Enforcer {
             !wide && spec.takes(&d.kind, &d.origin, &d.scenario)
         };
         let (mut added, mut lifted, mut left_out) = (0usize, 0usize, 0u64);
+        // Before a startup pull: every CrowdSec network the set holds,
+        // pinned ones included (decisions deleted while no daemon ran).
+        let mut before: HashSet<(IpNet, Origin)> = HashSet::new();
         if startup {
-            // Every decision in force: what is not in it any more goes.
-            for (net, origin) in self.crowdsec.by_net.keys().copied().collect::<Vec<_>>() {
-                self.deny.set.remove(origin, &net);
-                lifted += 1;
+            let origins: Vec<Origin> = (0u16..)
+                .zip(self.deny.set.names())
+                .filter(|(_, n)| n.starts_with("crowdsec:"))
+                .map(|(i, _)| Origin(i))
+                .collect();
+            for origin in origins {
+                let nets: Vec<IpNet> = self.deny.set.of(origin).collect();
+                for net in nets {
+                    self.deny.set.remove(origin, &net);
+                    before.insert((net, origin));
+                }
             }
             self.crowdsec = Decisions { left_out: self.crowdsec.left_out, ..Decisions::default() };
         } else {
@@ -134,6 +144,10 @@ impl Enforcer {
             self.crowdsec.insert(d.net, origin, d.id, now.saturating_add(d.ttl.as_secs()));
         }
         self.crowdsec.left_out += left_out;
+        if startup {
+            lifted = before.iter().filter(|k| !self.crowdsec.by_net.contains_key(k)).count();
+            added = self.crowdsec.by_net.keys().filter(|k| !before.contains(k)).count();
+        }
         if startup || spec.shadow {
             self.crowdsec.shadow = shadow.len();
         }
@@ -263,6 +277,21 @@ mod tests {
         e.crowdsec(&mut m, &s, pulled(true, vec![d(3, "lists", "192.0.2.9/32", 60)], vec![])).unwrap();
         assert_eq!(e.crowdsec_decisions().len(), 1, "a startup pull is the whole picture");
         assert!(m.deny_origins.iter().any(|n| n.starts_with("crowdsec:lists:")));
+    }
+
+    #[test]
+    fn a_restarted_daemon_lifts_what_was_deleted_while_it_was_down() {
+        let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
+        let two = vec![d(1, "cscli", "198.51.100.7/32", 3600), d(2, "cscli", "203.0.113.0/24", 3600)];
+        e.crowdsec(&mut m, &s, pulled(true, two, vec![])).unwrap();
+        // A new daemon: the set read back from the pins, no decisions known.
+        let mut e = Enforcer::new(0, 1024);
+        e.restore_deny(&mut m).unwrap();
+        let line = e.crowdsec(&mut m, &s, pulled(true, vec![d(2, "cscli", "203.0.113.0/24", 3000)], vec![])).unwrap();
+        assert!(line.contains("0 networks denied, 1 lifted"), "{line}");
+        let key = |n: &str| crate::dataplane::deny::key_of(&n.parse().unwrap());
+        assert!(!m.deny.contains_key(&key("198.51.100.7/32")), "deleted while down, still denied");
+        assert!(m.deny.contains_key(&key("203.0.113.0/24")));
     }
 
     #[test]

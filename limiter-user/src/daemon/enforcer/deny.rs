@@ -103,6 +103,27 @@ impl Enforcer {
         self.deny.set.set_bucket(v4, v6)
     }
 
+    /// Write `compiled` (of `p`) with the deny set following it: its
+    /// markers move with the bucket prefixes (the new ones written before
+    /// the switch, the old ones removed after), and what feeds or CrowdSec
+    /// the policy no longer names is lifted.
+    pub(super) fn write_policy(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        compiled: &crate::policy::Compiled,
+        p: &crate::policy::Policy,
+    ) -> Result<(), LoadError> {
+        let (before, after) = self.rebucket(compiled.config.v4_prefix, compiled.config.v6_prefix);
+        maps.write_deny(&before)?;
+        maps.apply(compiled)?;
+        maps.write_deny(&after)?;
+        self.drop_unnamed_feeds(maps, &p.feeds)?;
+        if p.crowdsec.is_none() {
+            self.lift_crowdsec(maps)?;
+        }
+        Ok(())
+    }
+
     /// Take a new version of the feed `spec` (its networks as read):
     /// networks wider than its minimum prefix are left out; a version
     /// past its cap, or that lost more than `max_shrink` of the last one,
