@@ -1,7 +1,8 @@
 //! The daemon as a CrowdSec bouncer, against a real Local API (Debian's
 //! `crowdsec` 1.4.6, extracted; run in the daemon's namespace): a decision
 //! `cscli` adds reaches XDP within `update_frequency` + 1 s and drops
-//! exactly what it names (an address, not its /24); a range too; a
+//! exactly what it names (an address, not its /24; an IPv6 address, not
+//! its /64); a range too; a
 //! deletion is lifted as fast; 10,000 imported decisions are applied
 //! within 2 s of their pull; an operator's `allow` outranks a decision;
 //! the LAPI killed leaves the decisions enforcing, says so on the scrape,
@@ -24,6 +25,36 @@ use limiter_tests::{
 
 /// A sender in the flood source's /24.
 const NEIGHBOUR: &str = "198.18.1.11";
+/// IPv6 senders in one /64 (the receiver is 2001:2::2).
+const V6_BANNED: &str = "2001:2::10";
+const V6_NEIGHBOUR: &str = "2001:2::11";
+
+/// IPv6 on the veth: the receiver and two senders, without duplicate
+/// address detection (so they are usable at once).
+fn add_v6(net: &VethPair) {
+    net.b.ip(&format!("addr add 2001:2::2/64 dev {B_IF} nodad"));
+    for src in [V6_BANNED, V6_NEIGHBOUR] {
+        net.a.ip(&format!("addr add {src}/128 dev va nodad"));
+    }
+    net.a.ip("route add 2001:2::/64 dev va");
+}
+
+/// Send `n` UDP packets from `src` to [2001:2::2]:9001 within a second;
+/// how many arrived.
+fn delivered6(net: &VethPair, src: &str, n: u64) -> u64 {
+    let netload = env!("CARGO_BIN_EXE_netload");
+    let mut recv = net.b.command(netload);
+    recv.args(["recv", "[::]:9001", "2"]);
+    let (mut recv, rx) = spawn_lines(recv).unwrap();
+    wait_for(&rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
+    let mut send = net.a.command(netload);
+    send.args(["send", src, "[2001:2::2]:9001", &n.to_string(), "1"]).stdout(std::process::Stdio::null());
+    let sent = send.status().unwrap();
+    assert!(sent.success());
+    assert!(recv.0.wait().unwrap().success());
+    let log: String = rx.iter().map(|l| l + "\n").collect();
+    scenario::field(&log, &format!("from {src}"), 2).unwrap_or(0)
+}
 
 fn scrape(net: &VethPair) -> String {
     let o = net.b.command(env!("CARGO_BIN_EXE_netload")).args(["get", "127.0.0.1:9464", "/metrics"]).output().unwrap();
@@ -59,6 +90,7 @@ fn the_daemon_bounces_what_the_lapi_decides() {
     for src in [FLOOD_SRC, CONFORM_SRC, NEIGHBOUR] {
         net.add_source(src);
     }
+    add_v6(&net);
     let mut lapi = Lapi::start_in("cb", Some(&net.b.name));
     let tmp = TempDir::new("bouncer");
     let (keyfile, file) = (tmp.0.join("key"), tmp.0.join("policy.toml"));
@@ -84,6 +116,12 @@ fn the_daemon_bounces_what_the_lapi_decides() {
     assert!(took <= Duration::from_secs(2), "{took:?}");
     assert_eq!(delivered(&net, FLOOD_SRC, 50), 0);
     assert_eq!(delivered(&net, NEIGHBOUR, 50), 50, "the decision denied the address's /24");
+    // An IPv6 address: exactly it, not its /64.
+    assert_eq!(delivered6(&net, V6_BANNED, 50), 50, "IPv6 traffic does not flow at all");
+    lapi.cscli(&["decisions", "add", "--ip", V6_BANNED, "--duration", "1h"]);
+    wait_for(&rx, "1 networks denied", Duration::from_secs(5), &mut log).unwrap();
+    assert_eq!(delivered6(&net, V6_BANNED, 50), 0);
+    assert_eq!(delivered6(&net, V6_NEIGHBOUR, 50), 50, "the decision denied the address's /64");
     // A range.
     lapi.cscli(&["decisions", "add", "--range", "198.18.2.0/24", "--duration", "1h"]);
     wait_for(&rx, "1 networks denied", Duration::from_secs(5), &mut log).unwrap();
@@ -129,7 +167,7 @@ fn the_daemon_bounces_what_the_lapi_decides() {
         .filter(|l| l.starts_with("limiter_deny_networks{origin=\"crowdsec:"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum();
-    assert_eq!(held, 10_001, "the range and the 10,000 imported, by origin:\n{text}");
+    assert_eq!(held, 10_002, "the IPv6 address, the range and the 10,000 imported, by origin:\n{text}");
     assert_eq!(delivered(&net, NEIGHBOUR, 20), 20);
     // Back: noticed, and the bouncer's pulls are on record.
     lapi.run();
