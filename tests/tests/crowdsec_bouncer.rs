@@ -49,8 +49,7 @@ fn delivered6(net: &VethPair, src: &str, n: u64) -> u64 {
     wait_for(&rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
     let mut send = net.a.command(netload);
     send.args(["send", src, "[2001:2::2]:9001", &n.to_string(), "1"]).stdout(std::process::Stdio::null());
-    let sent = send.status().unwrap();
-    assert!(sent.success());
+    assert!(send.status().unwrap().success());
     assert!(recv.0.wait().unwrap().success());
     let log: String = rx.iter().map(|l| l + "\n").collect();
     scenario::field(&log, &format!("from {src}"), 2).unwrap_or(0)
