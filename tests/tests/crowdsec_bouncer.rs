@@ -73,6 +73,24 @@ fn seen(rx: &Receiver<String>, what: &str, since: Instant, log: &mut String) -> 
     since.elapsed()
 }
 
+/// `prefix list` names each of `cidrs` as a CrowdSec decision of `cscli`
+/// with about an hour left.
+fn assert_listed(socket: &Path, cidrs: &[String]) {
+    let o = Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["prefix", "list", "-j", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    let list: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for cidr in cidrs {
+        let e = list["overrides"].as_array().unwrap().iter().find(|e| e["cidr"] == cidr.as_str());
+        let e = e.unwrap_or_else(|| panic!("{cidr} not in {list}"));
+        let shown = (e["action"].as_str(), e["origin"].as_str(), e["source"].as_str());
+        assert_eq!(shown, (Some("deny"), Some("crowdsec"), Some("crowdsec:cscli")), "{e}");
+        assert!(e["expires_in_secs"].as_u64().is_some_and(|t| (3000..=3600).contains(&t)), "{e}");
+    }
+}
+
 fn start(net: &VethPair, policy: &Path, socket: &Path) -> (Guard, Receiver<String>, String) {
     let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
     c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"]).arg(policy).arg("--socket").arg(socket);
@@ -125,6 +143,10 @@ fn the_daemon_bounces_what_the_lapi_decides() {
     lapi.cscli(&["decisions", "add", "--range", "198.18.2.0/24", "--duration", "1h"]);
     wait_for(&rx, "1 networks denied", Duration::from_secs(5), &mut log).unwrap();
     assert_eq!(delivered(&net, CONFORM_SRC, 50), 0);
+
+    // `prefix list` shows each decision: origin and time left.
+    let cidrs = [format!("{FLOOD_SRC}/32"), format!("{V6_BANNED}/128"), "198.18.2.0/24".to_owned()];
+    assert_listed(&socket, &cidrs);
 
     // The operator outranks CrowdSec.
     let o = Command::new(scenario::locate_bin("limiter").unwrap())

@@ -104,13 +104,14 @@ fn load(
 fn list(client: Client, json: bool) -> anyhow::Result<()> {
     let l = client.prefix_list()?;
     if json {
-        return super::print_json(&serde_json::json!({ "version": l.version, "overrides": l.entries }));
+        return super::print_json(&serde_json::json!({ "version": l.version, "overrides": l.entries, "more": l.more }));
     }
     println!("{:<44} {:<7} {:>12} {:>12} {:<8} {:>10}", "prefix", "action", "rate", "burst", "origin", "expires in");
     for e in &l.entries {
         let num = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |n| n.to_string());
         let ttl = e.expires_in_secs.map_or_else(|| "never".to_owned(), |s| format!("{s} s"));
-        println!("{:<44} {:<7} {:>12} {:>12} {:<8} {:>10}", e.cidr, e.action, num(e.rate), num(e.burst), e.origin, ttl);
+        let origin = e.source.clone().unwrap_or_else(|| e.origin.to_string());
+        println!("{:<44} {:<7} {:>12} {:>12} {:<8} {:>10}", e.cidr, e.action, num(e.rate), num(e.burst), origin, ttl);
         // Every layer that spoke, highest first: the one in force, and
         // those beneath it (in force again when what is above them ends).
         for l in &e.layers {
@@ -126,6 +127,9 @@ fn list(client: Client, json: bool) -> anyhow::Result<()> {
                 ttl
             );
         }
+    }
+    if l.more > 0 {
+        println!("... and {} more CrowdSec decisions (limiter_deny_networks counts them by origin)", l.more);
     }
     Ok(())
 }

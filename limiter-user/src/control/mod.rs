@@ -10,7 +10,7 @@ pub mod server;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-pub use self::prefixes::{EntryAction, LayerEntry, Origin, PrefixEntry, PrefixList};
+pub use self::prefixes::{EntryAction, LayerEntry, MAX_LISTED_DECISIONS, Origin, PrefixEntry, PrefixList};
 use crate::policy::ListAction;
 
 /// Default socket path.

@@ -58,22 +58,37 @@ labels! {
         Escalation = "escalation",
         FeedbackShadow = "feedback (shadow)",
         EscalationShadow = "escalation (shadow)",
+        /// A CrowdSec decision in the deny set (`source` names its origin).
+        Crowdsec = "crowdsec",
     }
 }
 
 impl Origin {
-    /// Decided by automation (the penalties the tenant layer may list).
+    /// Decided by the tenant layer's feedback or the daemon's escalation
+    /// (the penalties the tenant layer may list).
     #[must_use]
     pub fn is_automation(self) -> bool {
-        !matches!(self, Origin::Runtime | Origin::File)
+        !matches!(self, Origin::Runtime | Origin::File | Origin::Crowdsec)
     }
 }
 
-/// The overrides in force.
+/// The overrides in force, and the deny set's CrowdSec decisions (the
+/// first [`MAX_LISTED_DECISIONS`] by network; `more` counts the rest).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrefixList {
     pub version: u64,
     pub entries: Vec<PrefixEntry>,
+    /// CrowdSec decisions in force beyond those listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub more: usize,
+}
+
+/// CrowdSec decisions one `prefix list` answer holds at most.
+pub const MAX_LISTED_DECISIONS: usize = 10_000;
+
+#[expect(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if signature")]
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +104,10 @@ pub struct PrefixEntry {
     /// Why the tenant layer asked for it (feedback only).
     #[serde(default)]
     pub reason: Option<String>,
+    /// The deny set's origin that decided it (`crowdsec:cscli`,
+    /// `crowdsec:lists:NAME`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// Every layer that decided something about this network, highest
     /// first, when more than one did (the fields above are the one in
     /// force).

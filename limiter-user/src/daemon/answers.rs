@@ -60,7 +60,10 @@ impl Daemon {
                         text: note + &file::render(&p),
                     })
                 } else {
-                    Response::Prefixes(PrefixList { version: policy.version(), entries: policy.prefixes() })
+                    let mut entries = policy.prefixes();
+                    let (decisions, more) = policy.crowdsec_entries(crate::control::MAX_LISTED_DECISIONS);
+                    entries.extend(decisions);
+                    Response::Prefixes(PrefixList { version: policy.version(), entries, more })
                 }
             }
             Request::PolicyApply { .. }

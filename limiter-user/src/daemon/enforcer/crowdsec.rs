@@ -207,10 +207,40 @@ impl Enforcer {
         maps.write_deny(&ch)
     }
 
-    /// CrowdSec's networks by origin name.
+    /// CrowdSec's decisions.
     #[must_use]
     pub fn crowdsec_decisions(&self) -> &Decisions {
         &self.crowdsec
+    }
+
+    /// The first `limit` networks CrowdSec's decisions deny, by network,
+    /// as `prefix list` shows them (origin, time left), and how many more.
+    #[must_use]
+    pub fn crowdsec_entries(&self, limit: usize) -> (Vec<crate::control::PrefixEntry>, usize) {
+        use crate::control::{EntryAction, Origin as Shown, PrefixEntry};
+        let now = unix_now();
+        let mut keys: Vec<&(IpNet, Origin)> = self.crowdsec.by_net.keys().collect();
+        keys.sort_unstable_by_key(|(net, o)| (*net, o.0));
+        let names = self.deny.set.names();
+        let entries = keys
+            .iter()
+            .take(limit)
+            .map(|&&(net, origin)| {
+                let end = self.crowdsec.by_net[&(net, origin)].iter().map(|(_, e)| *e).max().unwrap_or(now);
+                PrefixEntry {
+                    cidr: net,
+                    action: EntryAction::Deny,
+                    rate: None,
+                    burst: None,
+                    origin: Shown::Crowdsec,
+                    expires_in_secs: Some(end.saturating_sub(now)),
+                    reason: None,
+                    layers: Vec::new(),
+                    source: names.get(usize::from(origin.0)).cloned(),
+                }
+            })
+            .collect();
+        (entries, keys.len().saturating_sub(limit))
     }
 
     fn write_set(&mut self, maps: &mut impl PolicyMaps) -> Result<(), ApplyError> {

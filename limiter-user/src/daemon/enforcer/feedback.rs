@@ -55,6 +55,7 @@ impl Governed {
                 expires_in_secs: Some(t.saturating_sub(now)),
                 reason: Some(why.clone()),
                 layers: Vec::new(),
+                source: None,
             })
             .collect()
     }

@@ -109,6 +109,7 @@ impl Enforcer {
                         .then(|| self.governor.reasons.get(&o.net).cloned())
                         .flatten(),
                     layers: if layers.len() > 1 { layers } else { Vec::new() },
+                    source: None,
                 }
             })
             .collect()
