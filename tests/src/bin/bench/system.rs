@@ -64,6 +64,10 @@ enum Filter {
     /// iptables through its default (nf_tables) backend.
     Iptables,
     IptablesLegacy,
+    /// xdp-filter (xdp-tools) with the flood's source denied.
+    XdpFilt,
+    /// The limiter with the flood's source in its deny set.
+    LimiterDeny,
 }
 
 impl Filter {
@@ -75,6 +79,8 @@ impl Filter {
             Self::Nft => "nftables netdev ingress meter",
             Self::Iptables => "iptables raw hashlimit (nft backend)",
             Self::IptablesLegacy => "iptables-legacy raw hashlimit",
+            Self::XdpFilt => "xdp-filter, the source denied",
+            Self::LimiterDeny => "limiter, the source in its deny set",
         }
     }
 
@@ -220,8 +226,9 @@ fn veth_stat(ns: &NetNs, iface: &str, suffix: &str) -> u64 {
 /// Packets the filter dropped, read from its own counters.
 fn dropped(filter: Filter, ns: &NetNs, xdp: &DataPlane) -> u64 {
     match filter {
-        Filter::Drop | Filter::TouchDrop => veth_stat(ns, B_IF, "_xdp_drops"),
+        Filter::Drop | Filter::TouchDrop | Filter::XdpFilt => veth_stat(ns, B_IF, "_xdp_drops"),
         Filter::Limiter => xdp.maps.totals().expect("read STATS").get(Reason::RateLimited).packets,
+        Filter::LimiterDeny => xdp.maps.totals().expect("read STATS").get(Reason::Denied).packets,
         Filter::Nft => {
             let out = run(ns.command("nft").args(["list", "table", "netdev", "bench"]));
             let after = out.split("counter packets ").nth(1).expect("nft counter");
@@ -248,10 +255,20 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
     let prog = match filter {
         Filter::Drop => programs::BASELINE_DROP,
         Filter::TouchDrop => programs::BENCH_TOUCH_DROP,
-        Filter::Limiter => programs::LIMITER,
+        Filter::Limiter | Filter::LimiterDeny => programs::LIMITER,
         _ => programs::BENCH_PASS,
     };
-    net.b.run_in(|| xdp.attach_entry(prog, B_IF, AttachMode::Native).expect("attach to vb"));
+    if filter == Filter::LimiterDeny {
+        let mut set = limiter::dataplane::deny::DenySet::new(16, 24, 56);
+        let o = set.origin("bench").expect("origin");
+        set.add(o, &"198.18.1.10/32".parse().expect("a network")).expect("room");
+        xdp.maps.tables().write_deny(&set.finish()).expect("write the deny set");
+    }
+    if filter == Filter::XdpFilt {
+        xdp_filter_on_vb(&net.b);
+    } else {
+        net.b.run_in(|| xdp.attach_entry(prog, B_IF, AttachMode::Native).expect("attach to vb"));
+    }
     if place == Place::OwnCpu {
         receiver_on_cpu1(&net.b);
     }
@@ -265,7 +282,7 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
         }
         Filter::Iptables => iptables_rules("iptables", &net.b),
         Filter::IptablesLegacy => iptables_rules("iptables-legacy", &net.b),
-        Filter::Drop | Filter::TouchDrop | Filter::Limiter => {}
+        Filter::Drop | Filter::TouchDrop | Filter::Limiter | Filter::XdpFilt | Filter::LimiterDeny => {}
     }
 
     let netload = scenario::locate_bin("netload").unwrap();
@@ -340,6 +357,15 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
     }
 }
 
+/// xdp-filter on the receiving veth (native mode, through libxdp), the
+/// flood's source denied; unloaded with the namespaces.
+fn xdp_filter_on_vb(ns: &NetNs) {
+    for args in [&["load", "-m", "native", "-f", "ipv4", B_IF][..], &["ip", "-m", "src", "198.18.1.10"]] {
+        let o = ns.net_command("xdp-filter").args(args).output().expect("xdp-filter (cargo xtask setup --bench)");
+        assert!(o.status.success(), "xdp-filter {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
 /// Pin `pid` (0: the calling thread) to one CPU.
 fn pin_to_cpu(pid: i32, cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_setaffinity
@@ -360,14 +386,22 @@ pub fn system_flood() {
     // LIMITER_BENCH_QUICK=1: only the XDP rows on the generator's CPU, for
     // work on the program's live cost (a few minutes instead of twenty).
     let quick = std::env::var_os("LIMITER_BENCH_QUICK").is_some();
-    let filters: &[Filter] = if quick {
-        &[Filter::Drop, Filter::TouchDrop, Filter::Limiter]
-    } else {
-        &[Filter::Drop, Filter::TouchDrop, Filter::Limiter, Filter::Nft, Filter::Iptables, Filter::IptablesLegacy]
+    // xdp-filter denies addresses one by one: its rows (and the deny
+    // set's beside them) are for the one-source flood only.
+    let filters = |shape: Shape| -> Vec<Filter> {
+        let mut f = vec![Filter::Drop, Filter::TouchDrop, Filter::Limiter];
+        if !quick {
+            f.extend([Filter::Nft, Filter::Iptables, Filter::IptablesLegacy]);
+        }
+        if matches!(shape, Shape::One) {
+            f.extend([Filter::XdpFilt, Filter::LimiterDeny]);
+        }
+        f
     };
     let places: &[Place] = if quick { &[Place::SameCpu] } else { &[Place::SameCpu, Place::OwnCpu] };
     for (shape, title) in [(Shape::One, "one /24 (198.18.1.10)"), (Shape::Spread, "random sources over 256 /24s")] {
         for &place in places {
+            let filters = filters(shape);
             let mut runs: Vec<Vec<Row>> = filters.iter().map(|_| Vec::new()).collect();
             for _ in 0..ROUNDS {
                 for (i, f) in filters.iter().enumerate() {
@@ -378,6 +412,7 @@ pub fn system_flood() {
             if profile::wanted() && place == Place::SameCpu {
                 profile::print(title, &rows[0].profile, &rows[2].profile);
             }
+            deny_goal(title, &rows);
             if quick {
                 let rate = |r: &Row| r.dropped as f64 / r.cpu_secs;
                 println!(
@@ -395,6 +430,23 @@ pub fn system_flood() {
                 Place::OwnCpu => print_own_cpu(title, &rows),
             }
         }
+    }
+}
+
+/// The deny set beside xdp-filter, same flood, same CPU: drops per
+/// CPU-second (the goal: a deny costs at most 1.1x xdp-filter's drop, so
+/// at least 1/1.1 of its drops per CPU-second).
+fn deny_goal(title: &str, rows: &[Row]) {
+    let rate = |f: Filter| rows.iter().find(|r| r.filter == f).map(|r| r.dropped as f64 / r.cpu_secs.max(1e-9));
+    if let (Some(xf), Some(deny)) = (rate(Filter::XdpFilt), rate(Filter::LimiterDeny)) {
+        println!(
+            "goal: {title}: the deny set's drops per CPU-second at least 1/1.1 of xdp-filter's, same flood -> {} \
+             ({:.2}M vs {:.2}M, {:.2}x)",
+            if deny >= xf / 1.1 { "met" } else { "NOT met" },
+            deny / 1e6,
+            xf / 1e6,
+            deny / xf
+        );
     }
 }
 
