@@ -393,3 +393,22 @@ pub fn tcp_handshake(net: &VethPair, src: &str, port: u16) -> (std::net::TcpList
     });
     (listener, client)
 }
+
+/// `/metrics` of the daemon in `net`'s receiver namespace (its default
+/// address, 127.0.0.1:9464), over HTTP.
+#[must_use]
+pub fn scrape(net: &VethPair) -> String {
+    let netload = locate_bin("netload").expect("netload");
+    let o = net.b.command(netload).args(["get", "127.0.0.1:9464", "/metrics"]).output().expect("netload get");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).expect("UTF-8")
+}
+
+/// The value of the series `series` (name and labels, as written) in a
+/// scrape; panics, with the scrape, if it is not there.
+#[must_use]
+pub fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{series} not in:\n{text}"))
+}

@@ -20,7 +20,7 @@ use limiter_tests::{
     crowdsec::Lapi,
     kernel::{TempDir, require_root},
     netns::{B_IF, VethPair},
-    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, delivered, spawn_lines, unique_socket, wait_for},
+    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, delivered, metric, scrape, spawn_lines, unique_socket, wait_for},
 };
 
 /// A sender in the flood source's /24.
@@ -53,18 +53,6 @@ fn delivered6(net: &VethPair, src: &str, n: u64) -> u64 {
     assert!(recv.0.wait().unwrap().success());
     let log: String = rx.iter().map(|l| l + "\n").collect();
     scenario::field(&log, &format!("from {src}"), 2).unwrap_or(0)
-}
-
-fn scrape(net: &VethPair) -> String {
-    let o = net.b.command(env!("CARGO_BIN_EXE_netload")).args(["get", "127.0.0.1:9464", "/metrics"]).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn value(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("{series} not in:\n{text}"))
 }
 
 /// Wait for `what` in the daemon's log; how long it took from `since`.
@@ -182,7 +170,7 @@ fn the_daemon_bounces_what_the_lapi_decides() {
     lapi.kill();
     wait_for(&rx, "the decisions in force stay", Duration::from_secs(5), &mut log).unwrap();
     let text = scrape(&net);
-    assert_eq!(value(&text, "limiter_crowdsec_lapi_up"), 0);
+    assert_eq!(metric(&text, "limiter_crowdsec_lapi_up"), 0);
     let held: u64 = text
         .lines()
         .filter(|l| l.starts_with("limiter_deny_networks{origin=\"crowdsec:"))
@@ -190,10 +178,14 @@ fn the_daemon_bounces_what_the_lapi_decides() {
         .sum();
     assert_eq!(held, 10_002, "the IPv6 address, the range and the 10,000 imported, by origin:\n{text}");
     assert_eq!(delivered(&net, NEIGHBOUR, 20), 20);
+    let o = Command::new(scenario::locate_bin("limiter").unwrap()).args(["status", "--socket"]).arg(&socket).output();
+    let status = String::from_utf8(o.unwrap().stdout).unwrap();
+    assert!(status.contains("DOWN for") && status.contains("the decisions in force stay"), "{status}");
+    assert!(status.contains("deny set        crowdsec:cscli"), "{status}");
     // Back: noticed, and the bouncer's pulls are on record.
     lapi.run();
     wait_for(&rx, "answers again", Duration::from_secs(70), &mut log).unwrap();
-    assert_eq!(value(&scrape(&net), "limiter_crowdsec_lapi_up"), 1);
+    assert_eq!(metric(&scrape(&net), "limiter_crowdsec_lapi_up"), 1);
     let bouncers = lapi.bouncers();
     let me = bouncers.as_array().unwrap().iter().find(|b| b["name"] == "limiter").expect("the bouncer is listed");
     println!("cscli bouncers list: {me}");

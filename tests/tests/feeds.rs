@@ -15,7 +15,7 @@ use std::{
 use limiter_tests::{
     kernel::{TempDir, require_root},
     netns::{B_IF, VethPair},
-    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, delivered, spawn_lines, unique_socket, wait_for},
+    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, delivered, metric, scrape, spawn_lines, unique_socket, wait_for},
 };
 
 /// A third sender in the flood source's /24.
@@ -34,18 +34,6 @@ fn policy(t: &Path, b: &Path) -> String {
 
 fn cli(socket: &Path, args: &[&str]) -> Output {
     Command::new(scenario::locate_bin("limiter").unwrap()).args(args).arg("--socket").arg(socket).output().unwrap()
-}
-
-fn scrape(net: &VethPair) -> String {
-    let o = net.b.command(env!("CARGO_BIN_EXE_netload")).args(["get", "127.0.0.1:9464", "/metrics"]).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn value(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("{series} not in:\n{text}"))
 }
 
 /// Removes the test's pins (on bpffs) even when the test fails.
@@ -93,8 +81,8 @@ fn a_feed_drops_its_networks_and_follows_its_file() {
     assert_eq!(delivered(&net, NEIGHBOUR, 50), 50, "its /24 neighbour was dropped");
     assert_eq!(delivered(&net, CONFORM_SRC, 50), 50);
     let text = scrape(&net);
-    assert_eq!(value(&text, r#"limiter_deny_networks{origin="feed:t"}"#), 2);
-    assert_eq!(value(&text, r#"limiter_deny_dropped_packets_total{origin="feed:t"}"#), 50);
+    assert_eq!(metric(&text, r#"limiter_deny_networks{origin="feed:t"}"#), 2);
+    assert_eq!(metric(&text, r#"limiter_deny_dropped_packets_total{origin="feed:t"}"#), 50);
 
     // The next version: a range holding the conforming sender is added.
     std::fs::write(&feed, format!("{FLOOD_SRC}\n203.0.113.7\n198.18.2.0/24\n")).unwrap();
@@ -110,8 +98,8 @@ fn a_feed_drops_its_networks_and_follows_its_file() {
     wait_for(&rx, "shrank by more than 50%", Duration::from_secs(10), &mut log).unwrap();
     assert_eq!(delivered(&net, CONFORM_SRC, 50), 0, "a refused version lifted the range");
     let text = scrape(&net);
-    assert_eq!(value(&text, r#"limiter_feed_versions_total{feed="t",result="read_error"}"#), 1);
-    assert_eq!(value(&text, r#"limiter_feed_versions_total{feed="t",result="refused"}"#), 1);
+    assert_eq!(metric(&text, r#"limiter_feed_versions_total{feed="t",result="read_error"}"#), 1);
+    assert_eq!(metric(&text, r#"limiter_feed_versions_total{feed="t",result="refused"}"#), 1);
 
     // The operator outranks the feed.
     let o = cli(&socket, &["prefix", "allow", "198.18.2.0/24"]);

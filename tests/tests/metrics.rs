@@ -8,7 +8,9 @@ use std::{thread, time::Duration};
 use limiter_tests::{
     kernel::require_root,
     netns::{B_ADDR, B_IF, VethPair},
-    scenario::{self, CONFORM_SRC, Delivered, FLOOD_SRC, Guard, PORT, spawn_lines, unique_socket, wait_for},
+    scenario::{
+        self, CONFORM_SRC, Delivered, FLOOD_SRC, Guard, PORT, metric, scrape, spawn_lines, unique_socket, wait_for,
+    },
 };
 
 struct Daemon {
@@ -23,18 +25,6 @@ fn daemon(net: &VethPair, tag: &str, extra: &[&str]) -> Daemon {
     let mut log = String::new();
     wait_for(&rx, "metrics on http://127.0.0.1:9464/metrics", Duration::from_secs(20), &mut log).unwrap();
     Daemon { _g: g, _log: rx }
-}
-
-fn scrape(net: &VethPair) -> String {
-    let o = net.b.command(env!("CARGO_BIN_EXE_netload")).args(["get", "127.0.0.1:9464", "/metrics"]).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn value(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("{series} not in:\n{text}"))
 }
 
 fn series(text: &str) -> usize {
@@ -54,35 +44,35 @@ fn scraped_counters_match_the_traffic_of_a_real_flood() {
     let traffic = scenario::start_traffic(&net, env!("CARGO_BIN_EXE_netload").as_ref(), 0, 300, 2.0).unwrap();
     thread::sleep(Duration::from_secs(1));
     let mid = scrape(&net);
-    assert!(value(&mid, RL4) > 1000, "scrape during the flood sees drops: {}", value(&mid, RL4));
+    assert!(metric(&mid, RL4) > 1000, "scrape during the flood sees drops: {}", metric(&mid, RL4));
 
     let Delivered { flood_sent, flood_got, conform_sent, conform_got, .. } = traffic.finish().unwrap();
     let text = scrape(&net);
     assert_eq!(conform_got, conform_sent, "conforming packets lost; links:\n{}", net.link_counters());
-    println!("flood sent {flood_sent} got {flood_got}; {RL4} {}; {AD4} {}", value(&text, RL4), value(&text, AD4));
+    println!("flood sent {flood_sent} got {flood_got}; {RL4} {}; {AD4} {}", metric(&text, RL4), metric(&text, AD4));
 
     // Tolerance: a busy veth ring may shed up to 1% of the flood before XDP
     // sees it, so drops are between 99% and 100% of what went missing.
     let missing = flood_sent - flood_got;
-    let drops = value(&text, RL4);
+    let drops = metric(&text, RL4);
     assert!(drops <= missing && drops as f64 >= 0.99 * missing as f64, "drops {drops} vs missing {missing}");
     // Everything that arrived was admitted by XDP, and nothing else was
     // (the namespaces carry no other IPv4 traffic).
-    assert_eq!(value(&text, AD4), flood_got + conform_got);
+    assert_eq!(metric(&text, AD4), flood_got + conform_got);
     // The class counters span both families (the veth also carries IPv6
     // link-local chatter: router solicitations, MLD).
-    let pass_default = value(&text, r#"limiter_class_packets_total{class="default",action="pass"}"#);
-    let ad6 = value(&text, r#"limiter_packets_total{action="pass",reason="admitted",family="ipv6"}"#);
+    let pass_default = metric(&text, r#"limiter_class_packets_total{class="default",action="pass"}"#);
+    let ad6 = metric(&text, r#"limiter_packets_total{action="pass",reason="admitted",family="ipv6"}"#);
     assert_eq!(pass_default, flood_got + conform_got + ad6);
-    assert_eq!(value(&text, "limiter_policy_version"), 1);
-    assert_eq!(value(&text, r#"limiter_attached{interface="vb",mode="native"}"#), 1);
+    assert_eq!(metric(&text, "limiter_policy_version"), 1);
+    assert_eq!(metric(&text, r#"limiter_attached{interface="vb",mode="native"}"#), 1);
     // The build: the version and the revision `limiter --version` names.
     let version =
         std::process::Command::new(scenario::locate_bin("limiter").unwrap()).arg("--version").output().unwrap();
     let version = String::from_utf8_lossy(&version.stdout);
     let (v, rev) = version.trim().strip_prefix("limiter ").unwrap().split_once(" (git ").unwrap();
     let info = format!(r#"limiter_build_info{{version="{v}",revision="{}"}}"#, rev.trim_end_matches(')'));
-    assert_eq!(value(&text, &info), 1, "{info} not in the scrape");
+    assert_eq!(metric(&text, &info), 1, "{info} not in the scrape");
 }
 
 #[test]
@@ -107,19 +97,19 @@ fn one_hundred_thousand_spoofed_sources_add_no_series() {
     // The tracker refreshes every 2 s.
     let mut after = scrape(&net);
     for _ in 0..20 {
-        if value(&after, "limiter_tracked_prefixes") >= 100_000 {
+        if metric(&after, "limiter_tracked_prefixes") >= 100_000 {
             break;
         }
         thread::sleep(Duration::from_millis(500));
         after = scrape(&net);
     }
-    let tracked = value(&after, "limiter_tracked_prefixes");
+    let tracked = metric(&after, "limiter_tracked_prefixes");
     // The spoofed sources, and at most a few of the namespace's own IPv6
     // link-local chatter.
     assert!((100_000..=100_016).contains(&tracked), "tracked {tracked}");
     assert_eq!(series(&after), series(&before), "series grew with sources");
     assert!(!after.contains("198.18.") && !after.contains("2001:"), "an address leaked into a label");
-    assert_eq!(value(&after, "limiter_tracked_prefixes_capacity"), 262_144);
+    assert_eq!(metric(&after, "limiter_tracked_prefixes_capacity"), 262_144);
 }
 
 /// Metric names a query refers to: `limiter_...` identifiers.

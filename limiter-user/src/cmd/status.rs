@@ -46,6 +46,13 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
             let _ = writeln!(out, "                NOT LISTENING: {e}");
         }
     }
+    if !s.deny_set.is_empty() {
+        let by: Vec<String> = s.deny_set.iter().map(|(o, n)| format!("{o} {n}")).collect();
+        let _ = writeln!(out, "deny set        {}", by.join(", "));
+    }
+    if let Some(c) = &s.crowdsec {
+        let _ = writeln!(out, "crowdsec        {c}");
+    }
     match &s.last_reload {
         Some(r) => {
             let ok = if r.ok { "ok" } else { "FAILED" };

@@ -244,6 +244,12 @@ pub struct StatusInfo {
     /// verified, when it does (and what to do).
     #[serde(default)]
     pub syn_cookies_failing: Option<String>,
+    /// The deny set's networks by origin (`feed:NAME`, `crowdsec:...`).
+    #[serde(default)]
+    pub deny_set: Vec<(String, usize)>,
+    /// CrowdSec's Local API as the last pulls found it, with `[crowdsec]`.
+    #[serde(default)]
+    pub crowdsec: Option<String>,
 }
 
 /// A forwarder's state.

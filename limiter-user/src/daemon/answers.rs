@@ -174,6 +174,8 @@ impl Daemon {
             uptime_secs: self.reloads.started.elapsed().as_secs(),
             last_reload: self.reloads.last.clone(),
             syn_cookies_failing: self.observer.cookies.refusing.clone(),
+            deny_set: self.view.deny.iter().map(|(_, name, n)| (name.clone(), *n)).collect(),
+            crowdsec: self.features.crowdsec.summary(),
         }))
     }
 

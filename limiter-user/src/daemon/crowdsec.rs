@@ -32,6 +32,24 @@ impl CrowdsecSide {
         self.watch.as_ref().map(|w| &w.spec)
     }
 
+    /// One line for `limiter status`: the LAPI up or down, since when.
+    pub(super) fn summary(&self) -> Option<String> {
+        let (w, s) = (self.watch.as_ref()?, self.status()?);
+        let now = super::enforcer::unix_now();
+        let ago = |t: u64| if t == 0 { "never".to_owned() } else { format!("{} s ago", now.saturating_sub(t)) };
+        Some(if s.up {
+            format!("LAPI {} up, last pull {}, {} pulls", w.spec.lapi_url, ago(s.last_ok), s.pulls)
+        } else {
+            format!(
+                "LAPI {} DOWN for {} pull(s), the decisions in force stay (last good pull {}): {}",
+                w.spec.lapi_url,
+                s.failing,
+                ago(s.last_ok),
+                s.last_error.as_deref().unwrap_or("not pulled yet")
+            )
+        })
+    }
+
     /// The pulls' status, if pulling.
     pub(super) fn status(&self) -> Option<Status> {
         self.watch.as_ref().map(Watch::status)
