@@ -14,7 +14,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
-    BucketKey, BucketState, Config, Reason,
+    BucketState, Config, Reason,
     cookie::{self, mode},
     family, gcra,
     packet::{Frame, IPPROTO_TCP, Source, tcp_flag},
@@ -30,7 +30,7 @@ use crate::{
     count::proven,
     maps::{BPF_NOEXIST, BUCKETS, KERNEL_SYNS, SYN_GUARD},
     packet::Packet,
-    resolve::limiter_resolve,
+    resolve::resolved,
 };
 
 /// TCP option kind and length of MSS.
@@ -82,14 +82,6 @@ pub fn intercept(s: &Charge) -> Option<Reason> {
     // The address proved itself: escalation may count its drops.
     proven(s.pkt.0, &skey);
     Some(Reason::SynCookieVerified)
-}
-
-/// The prefix's resolution, through the charge's global function.
-#[inline(always)]
-#[expect(clippy::cast_possible_truncation, reason = "a resolution is a u32")]
-fn resolved(key: &BucketKey, slot: u32) -> u32 {
-    let (head, tail) = key.words();
-    limiter_resolve(head, tail, if slot != 0 { crate::charge::SLOT_BIT } else { 0 }) as u32
 }
 
 /// A SYN of an `auto` (or `always`) class was refused by the new-source

@@ -34,6 +34,15 @@ pub extern "C" fn limiter_resolve(head: u64, tail: u64, packed: u64) -> u64 {
     u64::from(res)
 }
 
+/// The prefix's resolution for code outside the charge (the cookie
+/// path), through [`limiter_resolve`] (not stored in a bucket).
+#[inline(always)]
+#[expect(clippy::cast_possible_truncation, reason = "a resolution is a u32")]
+pub fn resolved(key: &BucketKey, slot: u32) -> u32 {
+    let (head, tail) = key.words();
+    limiter_resolve(head, tail, if slot != 0 { SLOT_BIT } else { 0 }) as u32
+}
+
 /// Most specific override containing the bucket's prefix (the bucket's
 /// address is already masked, so overrides no longer than it match);
 /// below an `allow` or a `deny`, the deny set's answer

@@ -75,6 +75,9 @@ pub struct DenySet {
     markers: HashMap<DenyKey, u32>,
     /// Networks per prefix length: IPv4's 0..=32, IPv6's 0..=128.
     counts: [[u32; 129]; 2],
+    /// Networks each origin denies, by index (kept as the set changes, so
+    /// reading them never walks the set).
+    per_origin: [usize; MAX_NAMED],
     /// The bucket prefix lengths the markers are under (IPv4, IPv6).
     bucket: [u8; 2],
     /// Names of the origins, by index (empty: free).
@@ -102,6 +105,7 @@ impl DenySet {
             nets: HashMap::new(),
             markers: HashMap::new(),
             counts: [[0; 129]; 2],
+            per_origin: [0; MAX_NAMED],
             bucket: [v4, v6],
             names: Vec::new(),
             capacity,
@@ -132,22 +136,7 @@ impl DenySet {
     /// How many networks `origin` denies.
     #[must_use]
     pub fn count_of(&self, origin: Origin) -> usize {
-        let bit = 1u64 << origin.0;
-        self.nets.values().filter(|o| *o & bit != 0).count()
-    }
-
-    /// Networks each origin denies, by index (one pass over the set).
-    #[must_use]
-    pub fn counts_by_origin(&self) -> [usize; MAX_NAMED] {
-        let mut out = [0; MAX_NAMED];
-        for bits in self.nets.values() {
-            let mut b = *bits;
-            while b != 0 {
-                out[b.trailing_zeros() as usize] += 1;
-                b &= b - 1;
-            }
-        }
-        out
+        self.per_origin.get(usize::from(origin.0)).copied().unwrap_or(0)
     }
 
     /// The origin named `name`, given an index if it has none yet.
@@ -215,6 +204,7 @@ impl DenySet {
             Some(o) => {
                 self.touch(k);
                 self.nets.insert(k, o | bit);
+                self.per_origin[usize::from(origin.0)] += 1;
                 return Ok(());
             }
             None => {}
@@ -231,6 +221,7 @@ impl DenySet {
         }
         self.touch(k);
         self.nets.insert(k, bit);
+        self.per_origin[usize::from(origin.0)] += 1;
         self.counts[s][len] += 1;
         if let Some(m) = self.marker_of(&k) {
             self.touch(m);
@@ -245,6 +236,7 @@ impl DenySet {
         let bit = 1u64 << origin.0;
         let Some(o) = self.nets.get(&k).copied().filter(|o| o & bit != 0) else { return };
         self.touch(k);
+        self.per_origin[usize::from(origin.0)] -= 1;
         if o != bit {
             self.nets.insert(k, o & !bit);
             return;

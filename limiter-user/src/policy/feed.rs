@@ -83,6 +83,16 @@ pub struct Feed {
 
 impl Eq for Feed {}
 
+/// The width rule of automation's networks (feeds, CrowdSec): whether
+/// `net` is wider than `min_v4` (IPv4) or `min_v6` (IPv6) bits allow.
+#[must_use]
+pub fn wider_than(net: &ipnet::IpNet, min_v4: u8, min_v6: u8) -> bool {
+    match net {
+        ipnet::IpNet::V4(n) => n.prefix_len() < min_v4,
+        ipnet::IpNet::V6(n) => n.prefix_len() < min_v6,
+    }
+}
+
 /// Feeds one policy may name.
 pub const MAX_FEEDS: usize = 32;
 

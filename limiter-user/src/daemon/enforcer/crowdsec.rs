@@ -84,11 +84,8 @@ impl Enforcer {
         let now = unix_now();
         let Pulled { startup, pull } = pulled;
         let taken = |d: &Decision| {
-            let wide = match d.net {
-                IpNet::V4(n) => n.prefix_len() < spec.min_v4_prefix,
-                IpNet::V6(n) => n.prefix_len() < spec.min_v6_prefix,
-            };
-            !wide && spec.takes(&d.kind, &d.origin, &d.scenario)
+            !crate::policy::feed::wider_than(&d.net, spec.min_v4_prefix, spec.min_v6_prefix)
+                && spec.takes(&d.kind, &d.origin, &d.scenario)
         };
         let (mut added, mut lifted, mut left_out) = (0usize, 0usize, 0u64);
         // Before a startup pull: every CrowdSec network the set holds,

@@ -25,6 +25,7 @@ impl DenySet {
             let origin = v & limiter_common::deny::ORIGIN;
             if v & DENIED != 0 && origin < 64 {
                 s.nets.insert(k, 1 << origin);
+                s.per_origin[origin as usize] += 1;
                 s.counts[slot(k.family)][usize::from(k.len.min(128))] += 1;
             }
         }
