@@ -17,6 +17,12 @@ use crate::{
     dataplane::maps::WindowMaps, feedback::Endpoint, fleet::wall_and_offset, forward, policy::Policy, series::Series,
 };
 
+/// Descriptors the forwarders leave to the rest of the daemon: each
+/// listener's connection cap, and room for the maps, files and clients
+/// (fleet store, CrowdSec, feeds) it opens later.
+const FDS_RESERVE: usize =
+    crate::control::server::MAX_CONNS + crate::metrics::MAX_CONNS + crate::feedback::MAX_CONNS + 64;
+
 /// The policy in force, as every feature sees it.
 pub(super) struct Applied<'a> {
     pub(super) version: u64,
@@ -156,7 +162,7 @@ impl Features {
         (mut feeds, mut crowdsec): (super::feeds::Feeds, super::crowdsec::CrowdsecSide),
     ) -> anyhow::Result<Self> {
         let feedback = super::start::serve_feedback(a.policy, token, calls).await?;
-        let mut forward = forward::Manager::new(buckets);
+        let mut forward = forward::Manager::new(buckets, forward::fds::Budget::of_process(FDS_RESERVE));
         forward.apply(a);
         let fleet = FleetSide::start(a.policy.fleet.as_ref(), windows, classes(&a.config, a.class_names, a.policy))?;
         feeds.apply(a);

@@ -37,7 +37,7 @@ use crate::control::{ErrorCode, Request as Call, Response as Answer, server::Cal
 
 /// Clients at once (a quarter of them per peer); a penalty body's largest
 /// size, and how long it may take to arrive.
-const MAX_CONNS: usize = 32;
+pub const MAX_CONNS: usize = 32;
 const MAX_BODY: usize = 16 << 10;
 const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -6,6 +6,7 @@
 //! starts, replaces and drains forwarders as policies change.
 
 pub mod copy;
+pub mod fds;
 pub mod proxy;
 mod series;
 pub mod serve;
@@ -43,7 +44,7 @@ pub struct Stats {
     pub accepted: AtomicU64,
     pub active: AtomicU64,
     pub completed: AtomicU64,
-    pub shed: [AtomicU64; 3],
+    pub shed: [AtomicU64; Shed::ALL.len()],
     /// Connections closed because every upstream failed.
     pub upstream_failed: AtomicU64,
     pub upstream_connect_failures: AtomicU64,
@@ -61,15 +62,18 @@ pub struct Shared {
     pub stats: Arc<Stats>,
     pub upstreams: Upstreams,
     pub slots: Arc<Semaphore>,
+    /// The descriptors every forwarder shares ([`fds`]).
+    pub fds: Arc<Semaphore>,
     pub prefixes: serve::PrefixCounts,
     pub ctx: watch::Receiver<Arc<Context>>,
     pub buckets: Option<Arc<Mutex<BpfHashMap<MapData, BucketKey, BucketState>>>>,
     pub next_id: AtomicU64,
     /// Turned true when the drain timeout ran out: connections end.
     pub kill: watch::Sender<bool>,
-    /// Warnings of failed upstreams and of local errors, each said at most
-    /// every few seconds with how many there were.
-    pub(crate) warned: Mutex<[crate::listen::ErrorLog; 2]>,
+    /// Warnings of failed upstreams, of local errors and of connections
+    /// shed for want of descriptors, each said at most every few seconds
+    /// with how many there were.
+    pub(crate) warned: Mutex<[crate::listen::ErrorLog; 3]>,
 }
 
 /// A running forwarder.
@@ -89,12 +93,14 @@ pub struct Manager {
     buckets: Option<Arc<Mutex<BpfHashMap<MapData, BucketKey, BucketState>>>>,
     /// Forwarders replaced or removed, still draining.
     draining: Vec<tokio::task::JoinHandle<()>>,
+    fds: fds::Budget,
 }
 
 impl Manager {
-    /// `buckets_map_id`: the bucket map, read for the allowance left.
+    /// `buckets_map_id`: the bucket map, read for the allowance left;
+    /// `fds`: the descriptors all forwarders share.
     #[must_use]
-    pub fn new(buckets_map_id: u32) -> Self {
+    pub fn new(buckets_map_id: u32, fds: fds::Budget) -> Self {
         let buckets = MapData::from_id(buckets_map_id)
             .ok()
             .and_then(|md| BpfHashMap::try_from(aya::maps::Map::LruHashMap(md)).ok())
@@ -104,6 +110,7 @@ impl Manager {
             ctx: watch::Sender::new(Arc::new(Context::default())),
             buckets,
             draining: Vec::new(),
+            fds,
         }
     }
 
@@ -134,6 +141,7 @@ impl Manager {
         let shared = Arc::new(Shared {
             upstreams: Upstreams::new(&cfg.upstreams, cfg.balance),
             slots: serve::slots(&cfg),
+            fds: Arc::clone(&self.fds.slots),
             stats: Arc::new(Stats::default()),
             prefixes: Mutex::new(HashMap::new()),
             ctx: self.ctx.subscribe(),
@@ -158,12 +166,29 @@ impl Manager {
         }
         let listening: Vec<SocketAddr> = listeners.iter().map(|(a, _)| *a).collect();
         tracing::info!(
-            "limiter: forward {}: listening on {listening:?}, {} upstream(s), PROXY {:?}, at most {} connections",
+            "limiter: forward {}: listening on {listening:?}, {} upstream(s), PROXY {:?}, at most {} connections (descriptors: limit {}, {} open at start, {} descriptors for all forwarders: {} such connections)",
             shared.cfg.name,
             shared.cfg.upstreams.len(),
             shared.cfg.proxy_protocol,
-            shared.cfg.max_connections
+            shared.cfg.max_connections,
+            self.fds.limit,
+            self.fds.open,
+            self.fds.total,
+            self.fds.connections(shared.cfg.copy)
         );
+        let b = &self.fds;
+        if shared.cfg.max_connections > b.connections(shared.cfg.copy) {
+            tracing::warn!(
+                "limiter: forward {}: max_connections {} needs {} descriptors ({} a connection), but the limit of {} ({} open at start, a reserve kept for the control socket, /metrics and feedback) leaves room for {} such connection(s) in all; past that, connections are shed (reason descriptors): raise LimitNOFILE",
+                shared.cfg.name,
+                shared.cfg.max_connections,
+                shared.cfg.max_connections * fds::cost(shared.cfg.copy) as usize,
+                fds::cost(shared.cfg.copy),
+                b.limit,
+                b.open,
+                b.connections(shared.cfg.copy)
+            );
+        }
         Running { shared, stop, listeners, bind_errors }
     }
 

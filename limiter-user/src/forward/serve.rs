@@ -28,10 +28,12 @@ pub enum Shed {
     MaxConnections,
     MaxPerPrefix,
     NoUpstream,
+    /// The descriptors the forwarders may hold are all held ([`super::fds`]).
+    Descriptors,
 }
 
 impl Shed {
-    pub const ALL: [Shed; 3] = [Shed::MaxConnections, Shed::MaxPerPrefix, Shed::NoUpstream];
+    pub const ALL: [Shed; 4] = [Shed::MaxConnections, Shed::MaxPerPrefix, Shed::NoUpstream, Shed::Descriptors];
 
     #[must_use]
     pub fn label(self) -> &'static str {
@@ -39,6 +41,7 @@ impl Shed {
             Shed::MaxConnections => "max_connections",
             Shed::MaxPerPrefix => "max_connections_per_prefix",
             Shed::NoUpstream => "no_upstream",
+            Shed::Descriptors => "descriptors",
         }
     }
 }
@@ -79,13 +82,21 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
                     serve(stream, peer, &a, &f).await;
                     f.stats.active.fetch_sub(1, Ordering::Relaxed);
                     release(&f.prefixes, a.counted.then_some(a.prefix));
-                    drop(a.slot);
+                    drop((a.slot, a.fds));
                 });
             }
             Err(why) => {
                 // Closed at once: an RST-free close, before any work.
                 drop(stream);
                 f.stats.shed[why as usize].fetch_add(1, Ordering::Relaxed);
+                if why == Shed::Descriptors {
+                    f.warned.lock().expect("not poisoned")[2].note(|n| {
+                        tracing::warn!(
+                            "limiter: forward {}: {n} connection(s) shed: the forwarders hold every descriptor they may (a reserve is kept for the control socket); raise LimitNOFILE",
+                            f.cfg.name
+                        );
+                    });
+                }
             }
         }
     }
@@ -97,6 +108,7 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
 /// counted against that prefix's cap.
 pub struct Admitted {
     slot: OwnedSemaphorePermit,
+    fds: OwnedSemaphorePermit,
     pub ctx: Arc<Context>,
     pub prefix: PrefixKey,
     counted: bool,
@@ -108,11 +120,12 @@ fn admit(f: &Shared, peer: SocketAddr) -> Result<Admitted, Shed> {
     if !f.upstreams.list.iter().any(super::upstream::Upstream::up) {
         return Err(Shed::NoUpstream);
     }
+    let fds = Arc::clone(&f.fds).try_acquire_many_owned(super::fds::cost(f.cfg.copy)).map_err(|_| Shed::Descriptors)?;
     let ctx = f.ctx.borrow().clone();
     let prefix = prefix_of(peer, &ctx);
     let cap = f.cfg.max_connections_per_prefix;
     if cap == 0 {
-        return Ok(Admitted { slot, ctx, prefix, counted: false });
+        return Ok(Admitted { slot, fds, ctx, prefix, counted: false });
     }
     let mut counts = f.prefixes.lock().expect("not poisoned");
     let n = counts.entry(prefix).or_insert(0);
@@ -120,7 +133,7 @@ fn admit(f: &Shared, peer: SocketAddr) -> Result<Admitted, Shed> {
         return Err(Shed::MaxPerPrefix);
     }
     *n += 1;
-    Ok(Admitted { slot, ctx, prefix, counted: true })
+    Ok(Admitted { slot, fds, ctx, prefix, counted: true })
 }
 
 fn release(counts: &PrefixCounts, key: Option<PrefixKey>) {
