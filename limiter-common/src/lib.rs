@@ -45,6 +45,12 @@ pub const fn same_name(a: &str, b: &str) -> bool {
     true
 }
 
+/// The run priority `limiter_chain` is built with (libxdp: lower runs
+/// first; its own default is 50): before the other components, so floods
+/// are dropped before anything else spends on them. The daemon rewrites it
+/// in the object's BTF before loading when the operator chooses another.
+pub const RUN_PRIORITY_DEFAULT: u32 = 10;
+
 /// Program (entry point) names in the object.
 pub mod programs {
     /// Production entry point: time from `bpf_ktime_get_coarse_ns`.
@@ -65,6 +71,10 @@ pub mod programs {
     pub const BENCH_TX_SPREAD: &str = "bench_tx_spread";
     /// Test flood generator: drop the replies to its spoofed sources.
     pub const BENCH_DROP_FLOOD_REPLIES: &str = "bench_drop_flood_replies";
+    /// The production program as a libxdp dispatcher's component.
+    pub const LIMITER_CHAIN: &str = "limiter_chain";
+    /// The program whose global function `limiter_chain` is loaded against.
+    pub const LIMITER_SLOT_HOST: &str = "limiter_slot_host";
     /// Entry points of the production object; the others are in the bench
     /// object only (limiter-ebpf's `bench` feature).
     pub const PRODUCTION: [&str; 2] = [LIMITER, LIMITER_TEST_CLOCK];

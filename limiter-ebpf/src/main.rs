@@ -23,6 +23,8 @@ mod atomic;
 #[cfg(all(target_arch = "bpf", feature = "bench"))]
 mod bench;
 #[cfg(target_arch = "bpf")]
+mod chain;
+#[cfg(target_arch = "bpf")]
 mod charge;
 #[cfg(target_arch = "bpf")]
 mod cookie;

@@ -35,7 +35,14 @@ use crate::{
 /// refused at the very edge of its allowance (invariants 1 and 2).
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
-    let pkt = Packet(&ctx);
+    production(&ctx)
+}
+
+/// The production program, for its two entry points: [`limiter`] (the
+/// interface's own) and `chain::limiter_chain` (a dispatcher's slot).
+#[inline(always)]
+pub fn production(ctx: &XdpContext) -> u32 {
+    let pkt = Packet(ctx);
     let mut fam = family::NONE;
     let counted = try_limiter(&pkt, &mut fam, coarse_now);
     finish(&pkt, counted, fam)

@@ -205,6 +205,11 @@ pub struct RunArgs {
     /// XDP attach mode.
     #[arg(long, value_enum, default_value_t = AttachMode::Native)]
     pub mode: AttachMode,
+    /// How to share the interface: `exclusive` (its only XDP program),
+    /// `libxdp` (a component of its libxdp dispatcher, made if none), or
+    /// `auto` (join a dispatcher if it has one, else exclusive).
+    #[arg(long, value_enum, default_value_t = crate::dataplane::chain::Attach::Exclusive)]
+    pub attach: crate::dataplane::chain::Attach,
     /// Policy file [default: /etc/limiter/limiter.toml if it exists, else
     /// the built-in policy]. Re-read on SIGHUP. Flags below override it.
     #[arg(long, value_name = "FILE")]

@@ -49,12 +49,16 @@ const APT_PACKAGES: &[&str] = &[
     "faketime",
     // The upgrade test makes an older build's pinned map with it.
     "bpftool",
+    // libxdp, linked for `--attach libxdp` (the dispatcher of libxdp1),
+    // and xdp-tools, the neighbour of the sharing tests and the peer of
+    // the `hit` and `deny` benches.
+    "libxdp-dev",
+    "xdp-tools",
 ];
 /// Only `bench` needs these: the netfilter peers of the system flood,
 /// nginx's stream module for the forwarder's peers, perf for the system
-/// flood's profile (`LIMITER_BENCH_PROFILE=1`), and xdp-filter, the peer
-/// of `hit` and `deny`.
-const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool", "libnginx-mod-stream", "linux-perf", "xdp-tools"];
+/// flood's profile (`LIMITER_BENCH_PROFILE=1`).
+const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool", "libnginx-mod-stream", "linux-perf"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(Parser)]

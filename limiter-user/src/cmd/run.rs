@@ -38,6 +38,7 @@ fn settings(args: &RunArgs, socket: &Path) -> anyhow::Result<Settings> {
     Ok(Settings {
         iface: args.iface.clone(),
         mode: args.mode,
+        attach: args.attach,
         pin_dir: args.pin.then(|| args.pin_dir.clone()),
         socket: socket.to_path_buf(),
         socket_group: args.socket_group.clone(),

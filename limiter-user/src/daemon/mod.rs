@@ -58,6 +58,8 @@ use crate::{
 pub struct Settings {
     pub iface: String,
     pub mode: AttachMode,
+    /// Exclusive, or a libxdp dispatcher's component (`--attach`).
+    pub attach: crate::dataplane::chain::Attach,
     /// Pin under this directory (`--pin`).
     pub pin_dir: Option<PathBuf>,
     pub socket: PathBuf,

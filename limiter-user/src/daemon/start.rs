@@ -69,6 +69,14 @@ pub(super) fn load(settings: &Settings, checked: Checked) -> anyhow::Result<Load
 /// whether it replaced a program on the pinned link. A pinned start that
 /// adopted nothing and fails to attach takes its pins away again.
 pub(super) fn attach(dp: &mut DataPlane, s: &Settings, adopted: bool) -> anyhow::Result<(Attachment, bool)> {
+    if DataPlane::chained(&s.iface, s.attach)? {
+        return dp.attach_chained(&s.iface, s.mode, s.pin_dir.as_deref()).map_err(|e| {
+            if let (false, Some(dir)) = (adopted, &s.pin_dir) {
+                unpin_failed_start(dir);
+            }
+            e.into()
+        });
+    }
     let Some(dir) = &s.pin_dir else { return Ok((dp.attach(&s.iface, s.mode)?, false)) };
     dp.attach_pinned(&s.iface, s.mode, dir).map_err(|e| {
         if !adopted {

@@ -11,7 +11,11 @@ use std::path::{Path, PathBuf};
 use aya::programs::links::{FdLink, PinnedLink};
 use limiter_common::programs;
 
-use super::{AttachMode, DataPlane, LoadError, ifindex, pin, upgrade};
+use super::{
+    AttachMode, DataPlane, LoadError,
+    chain::{self, Chained},
+    ifindex, pin, upgrade,
+};
 
 /// The program on its interface.
 pub struct Attachment {
@@ -22,8 +26,12 @@ pub struct Attachment {
     fd: Option<i32>,
     iface: String,
     mode: AttachMode,
-    /// The pin directory, when the link is pinned there.
+    /// The pin directory, when the link (or, chained, the maps) is
+    /// pinned there.
     pin_dir: Option<PathBuf>,
+    /// A component of the interface's libxdp dispatcher, not a link of
+    /// its own (`--attach libxdp`).
+    chained: Option<Chained>,
 }
 
 /// What a check of the attachment found.
@@ -44,7 +52,7 @@ impl Attachment {
     }
 
     fn new(link: FdLink, iface: &str, mode: AttachMode, pin_dir: Option<PathBuf>) -> Self {
-        let mut a = Self { link: None, fd: None, iface: iface.into(), mode, pin_dir };
+        let mut a = Self { link: None, fd: None, iface: iface.into(), mode, pin_dir, chained: None };
         a.set_link(link);
         a
     }
@@ -55,12 +63,27 @@ impl Attachment {
     }
 
     fn link_pin(&self) -> Option<PathBuf> {
-        self.pin_dir.as_ref().map(|d| d.join(pin::LINK))
+        self.pin_dir.as_ref().filter(|_| self.chained.is_none()).map(|d| d.join(pin::LINK))
+    }
+
+    /// The dispatcher component, when chained.
+    #[must_use]
+    pub fn chained(&self) -> Option<Chained> {
+        self.chained
     }
 
     /// Whether the program is attached (and pinned, if it should be).
     #[must_use]
     pub fn health(&self) -> Health {
+        if let Some(c) = &self.chained {
+            return match chain::present(c) {
+                Some(false) => Health::Detached(format!(
+                    "the limiter's component (program {}) is no longer in {}'s dispatcher (removed by another tool)",
+                    c.id, self.iface
+                )),
+                _ => Health::Attached,
+            };
+        }
         if self.link_ifindex() == Some(0) {
             return Health::Detached(format!(
                 "the XDP link lost {} (interface gone, or detached by another tool)",
@@ -81,10 +104,27 @@ impl Attachment {
         self.pin_dir.as_deref()
     }
 
-    /// Whether the link is pinned now (so it outlives this process).
+    /// Whether the link is pinned now (so it outlives this process); a
+    /// dispatcher's component is pinned by libxdp, and outlives this
+    /// process when the maps are pinned.
     #[must_use]
     pub fn is_pinned(&self) -> bool {
+        if self.chained.is_some() {
+            return self.pin_dir.is_some();
+        }
         self.link_pin().is_some_and(|p| p.exists())
+    }
+}
+
+impl Drop for Attachment {
+    /// An unpinned component leaves its dispatcher with the daemon, as an
+    /// unpinned link does (libxdp's pins would keep it there otherwise).
+    fn drop(&mut self) {
+        if let (Some(c), None) = (&self.chained, &self.pin_dir)
+            && let Err(e) = chain::leave(c)
+        {
+            tracing::warn!("limiter: leaving {}'s dispatcher: {e}", self.iface);
+        }
     }
 }
 
@@ -153,6 +193,55 @@ impl DataPlane {
         Ok((Attachment::new(link, iface, mode, Some(dir.into())), replaced))
     }
 
+    /// Join `iface`'s libxdp dispatcher ([`chain`]); with `dir`, the maps
+    /// are pinned there and the component outlives the daemon (libxdp pins
+    /// it), and the program is pinned in `dir` too, so `limiter unload`
+    /// finds it. Returns the attachment and whether an earlier limiter
+    /// component was replaced.
+    pub fn attach_chained(
+        &mut self,
+        iface: &str,
+        mode: AttachMode,
+        dir: Option<&Path>,
+    ) -> Result<(Attachment, bool), LoadError> {
+        let ifindex = ifindex(iface)?;
+        if let Some(dir) = dir {
+            let meta = self.maps.tables().meta()?;
+            if meta.ifindex != 0 && meta.ifindex != ifindex {
+                return Err(LoadError::OtherInterface {
+                    dir: dir.display().to_string(),
+                    pinned: meta.ifindex,
+                    iface: iface.into(),
+                });
+            }
+        }
+        let before = dir.and_then(|d| libxdp_pinned_id(&d.join(pin::PROG)));
+        let c = self.join(iface, mode)?;
+        let mut a = Self::chained_attachment(iface, mode, dir, c);
+        let Some(dir) = dir else { return Ok((a, false)) };
+        let prog_path = dir.join(pin::PROG);
+        let _ = std::fs::remove_file(&prog_path);
+        self.ebpf
+            .program_mut(limiter_common::programs::LIMITER_CHAIN)
+            .ok_or(LoadError::MissingProgram(limiter_common::programs::LIMITER_CHAIN))?
+            .pin(&prog_path)
+            .map_err(|source| LoadError::PinObject { what: "program", source })?;
+        for name in upgrade::finish_renewal(dir, &std::mem::take(&mut self.renewing))? {
+            tracing::info!(event = "retired", map = name, "limiter: pinned {name} removed (an earlier build's map)");
+        }
+        upgrade::write_layout(dir)?;
+        let mut meta = self.maps.tables().meta()?;
+        meta.ifindex = ifindex;
+        meta.schema = limiter_common::SCHEMA_VERSION;
+        self.maps.tables().set_meta(&meta)?;
+        a.pin_dir = Some(dir.into());
+        Ok((a, before.is_some()))
+    }
+
+    fn chained_attachment(iface: &str, mode: AttachMode, dir: Option<&Path>, c: Chained) -> Attachment {
+        Attachment { link: None, fd: None, iface: iface.into(), mode, pin_dir: dir.map(Into::into), chained: Some(c) }
+    }
+
     fn pin_new_link(&mut self, iface: &str, mode: AttachMode, link_path: &Path) -> Result<(), LoadError> {
         let link = self.new_link(iface, mode)?;
         link.pin(link_path).map_err(|source| LoadError::PinObject { what: "link", source })?;
@@ -164,6 +253,11 @@ impl DataPlane {
     /// done; an error while the interface is still missing.
     pub fn repair(&mut self, a: &mut Attachment) -> Result<String, LoadError> {
         let (iface, mode) = (a.iface.clone(), a.mode);
+        if a.chained.is_some() {
+            let c = self.join(&iface, mode)?;
+            a.chained = Some(c);
+            return Ok(format!("joined {iface}'s dispatcher again (program {})", c.id));
+        }
         match (a.link_ifindex() == Some(0), a.link_pin()) {
             (true, None) => {
                 a.set_link(self.new_link(&iface, mode)?);
@@ -187,6 +281,11 @@ impl DataPlane {
             (false, None) => Ok("nothing to repair".into()),
         }
     }
+}
+
+/// The id of the program pinned at `path`, if one is.
+fn libxdp_pinned_id(path: &Path) -> Option<u32> {
+    path.exists().then(|| super::libxdp::pinned_id(path).ok()).flatten()
 }
 
 /// A numeric field of an fdinfo text.

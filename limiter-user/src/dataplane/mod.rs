@@ -5,8 +5,10 @@
 //! daemon's logic is tested on the host.
 
 mod attach;
+pub mod chain;
 pub mod counters;
 pub mod deny;
+pub mod libxdp;
 pub mod maps;
 pub mod pin;
 mod port;
@@ -98,6 +100,8 @@ pub enum LoadError {
     Adopt(#[source] aya::programs::links::LinkError),
     #[error("replacing the program on the pinned link")]
     Replace(#[source] ProgramError),
+    #[error(transparent)]
+    Chain(#[from] chain::ChainError),
     #[error("test run of {name}")]
     TestRun {
         name: &'static str,

@@ -290,6 +290,12 @@ pub fn unload_checked(dir: &Path, keep_maps: bool, force: bool) -> Result<(Vec<S
 /// Remove the pinned link and program (detaching it), and the maps unless
 /// `keep_maps`. Returns what was removed.
 pub fn unload(dir: &Path, keep_maps: bool) -> Result<Vec<String>, PinError> {
+    let prog = dir.join(PROG);
+    if prog.exists()
+        && let Some(iface) = super::chain::leave_pinned(&prog)
+    {
+        tracing::info!("limiter: the limiter's component left {iface}'s dispatcher");
+    }
     let mut names = vec![LINK, PROG];
     if !keep_maps {
         names.extend(PINNED_MAPS.iter().map(|m| m.name));

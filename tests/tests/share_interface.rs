@@ -1,0 +1,132 @@
+//! Sharing the interface (`--attach`): with Debian's xdp-tools as the
+//! neighbour. What this machine's kernel allows decides what is shown: on
+//! these CI machines it refuses `freplace` programs (libxdp's own
+//! dispatcher check fails with EPERM and xdp-loader falls back to one
+//! program alone), so the dispatcher itself cannot run here; the refusals
+//! and the exclusive path are what an operator meets here, and are
+//! checked against the interface's real state.
+
+use std::{
+    io::Read as _,
+    path::PathBuf,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use limiter_tests::{
+    kernel::require_root,
+    netns::{B_IF, VethPair},
+    scenario::{self, spawn_lines, unique_socket, wait_for},
+};
+
+fn bin() -> PathBuf {
+    scenario::locate_bin("limiter").unwrap()
+}
+
+const FILTER_OBJECT: &str = "/usr/lib/x86_64-linux-gnu/bpf/xdpfilt_alw_all.o";
+
+/// `xdp-loader status` of the receiver's interface.
+fn loader_status(net: &VethPair) -> String {
+    let o = net.b.net_command("xdp-loader").args(["status", B_IF]).output().unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The id xdp-loader lists for program `name`.
+fn listed_id(status: &str, name: &str) -> Option<u32> {
+    status.lines().find(|l| l.contains(name))?.split_whitespace().find_map(|w| w.parse().ok())
+}
+
+fn run(net: &VethPair, attach: &str, tag: &str) -> std::process::Output {
+    let mut c = net.b.net_command(bin());
+    c.args(["run", "--iface", B_IF, "--attach", attach, "--metrics", "off", "--status-interval", "0", "--socket"])
+        .arg(unique_socket(tag));
+    // A refusal ends it at once; a start would run until killed.
+    c.output().unwrap()
+}
+
+/// A program that xdp-loader attached without a dispatcher is refused by
+/// `auto` and `libxdp` with its name, its id and what to do, and stays
+/// where it is.
+#[test]
+fn a_program_without_a_dispatcher_is_named_and_left_in_place() {
+    require_root();
+    let net = VethPair::new("shfo");
+    let loaded = net.b.net_command("xdp-loader").args(["load", "-m", "native", B_IF, FILTER_OBJECT]).output().unwrap();
+    assert!(loaded.status.success(), "xdp-loader load: {}", String::from_utf8_lossy(&loaded.stderr));
+    let before = loader_status(&net);
+    let id = listed_id(&before, "xdpfilt_alw_all").unwrap_or_else(|| panic!("xdp-loader lists no program:\n{before}"));
+    for attach in ["auto", "libxdp"] {
+        let o = run(&net, attach, &format!("shfo-{attach}"));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "--attach {attach}: {err}");
+        assert!(
+            err.contains(&format!("XDP program xdpfilt_alw_all (id {id}) attached without a dispatcher")),
+            "--attach {attach}: {err}"
+        );
+        assert!(err.contains("xdp-loader load vb") && err.contains("--attach exclusive"), "{err}");
+        println!("--attach {attach}: {}", err.trim());
+    }
+    assert_eq!(listed_id(&loader_status(&net), "xdpfilt_alw_all"), Some(id), "the neighbour was touched");
+}
+
+/// `auto` on a bare interface attaches alone, as `exclusive` does;
+/// `libxdp` builds a dispatcher, or, where the kernel refuses `freplace`,
+/// says so and leaves the interface bare.
+#[test]
+fn auto_attaches_alone_on_a_bare_interface_and_libxdp_needs_freplace() {
+    require_root();
+    let net = VethPair::new("shau");
+    let mut c = net.b.net_command(bin());
+    c.args(["run", "--iface", B_IF, "--attach", "auto", "--metrics", "off", "--status-interval", "0", "--socket"])
+        .arg(unique_socket("shau"));
+    let (daemon, rx) = spawn_lines(c).unwrap();
+    let mut seen = String::new();
+    wait_for(&rx, "control socket", Duration::from_secs(20), &mut seen).unwrap();
+    let status = loader_status(&net);
+    assert!(listed_id(&status, " limiter ").is_some(), "auto did not attach the limiter alone:\n{status}\n{seen}");
+    drop(daemon);
+    std::thread::sleep(Duration::from_millis(300));
+    // `libxdp`: it either joins (runs on) or refuses (exits) at once.
+    let mut c = net.b.net_command(bin());
+    c.args(["run", "--iface", B_IF, "--attach", "libxdp", "--metrics", "off", "--status-interval", "0", "--socket"])
+        .arg(unique_socket("shau-lx"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = Guard(c.spawn().unwrap());
+    let start = Instant::now();
+    let (exited, status) = loop {
+        if let Some(code) = child.0.try_wait().unwrap() {
+            break (Some(code), loader_status(&net));
+        }
+        let status = loader_status(&net);
+        if status.contains("limiter_chain") || start.elapsed() > Duration::from_secs(20) {
+            break (None, status);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    if let Some(code) = exited {
+        let mut err = String::new();
+        child.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(err.contains("refuses freplace"), "--attach libxdp failed otherwise ({code}): {err}");
+        assert_eq!(code.code(), Some(1), "{err}");
+        assert!(err.contains("--attach exclusive"), "{err}");
+        assert!(listed_id(&status, "limiter").is_none(), "a refused start left a program:\n{status}");
+        println!("--attach libxdp on this kernel: {}", err.trim());
+    } else {
+        // A kernel with freplace: the limiter is a component, before the
+        // default priority (50), chained on XDP_PASS.
+        let line = status.lines().find(|l| l.contains("limiter_chain")).unwrap_or_else(|| panic!("{status}"));
+        assert!(line.contains(" 10 ") && line.contains("XDP_PASS"), "{status}");
+        println!("--attach libxdp: {line}");
+    }
+}
+
+/// Kills the daemon when the test ends.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
