@@ -45,6 +45,17 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
         for e in &f.bind_errors {
             let _ = writeln!(out, "                NOT LISTENING: {e}");
         }
+        if let Some(a) = f.adaptive.as_ref().filter(|a| a.refuse_probability > 0.0) {
+            let _ = writeln!(
+                out,
+                "                THROTTLING: {:.0}% of new connections refused (last {} s: {} requests, {} accepted upstream, K {})",
+                a.refuse_probability * 100.0,
+                a.window_secs,
+                a.requests,
+                a.accepts,
+                a.k
+            );
+        }
     }
     if !s.deny_set.is_empty() {
         let by: Vec<String> = s.deny_set.iter().map(|(o, n)| format!("{o} {n}")).collect();

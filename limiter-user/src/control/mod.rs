@@ -274,7 +274,33 @@ pub struct ForwardInfo {
     pub upstreams: Vec<(String, bool)>,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// Adaptive throttling's window, when on.
+    #[serde(default)]
+    pub adaptive: Option<AdaptiveInfo>,
 }
+
+/// A forwarder's adaptive throttling now: the window's requests (its
+/// own refusals included) and the upstreams' accepts, and the
+/// probability a new connection is refused.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AdaptiveInfo {
+    pub requests: u64,
+    pub accepts: u64,
+    pub refuse_probability: f64,
+    pub k: f64,
+    pub window_secs: u64,
+}
+
+/// Compared by value, floats bit for bit (a report is compared whole).
+impl PartialEq for AdaptiveInfo {
+    fn eq(&self, o: &Self) -> bool {
+        (self.requests, self.accepts, self.window_secs) == (o.requests, o.accepts, o.window_secs)
+            && self.refuse_probability.to_bits() == o.refuse_probability.to_bits()
+            && self.k.to_bits() == o.k.to_bits()
+    }
+}
+
+impl Eq for AdaptiveInfo {}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReloadInfo {

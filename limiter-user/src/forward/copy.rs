@@ -58,12 +58,23 @@ impl Activity {
     }
 }
 
-/// One direction, `r` to `w`, by `how`; counts into `bytes`, and passes
-/// the end of stream on as a half-close.
-pub async fn pump(how: Copy, r: OwnedReadHalf, mut w: OwnedWriteHalf, bytes: &AtomicU64, act: &Activity) {
+/// Called once, when the first bytes of a direction arrive.
+pub type OnFirst<'a> = Option<&'a (dyn Fn() + Sync)>;
+
+/// One direction, `r` to `w`, by `how`; counts into `bytes`, calls
+/// `first` when the first bytes arrive, and passes the end of stream on
+/// as a half-close.
+pub async fn pump(
+    how: Copy,
+    r: OwnedReadHalf,
+    mut w: OwnedWriteHalf,
+    bytes: &AtomicU64,
+    act: &Activity,
+    first: OnFirst<'_>,
+) {
     let _ = match how {
-        Copy::Buffer => buffered(r, &mut w, bytes, act).await,
-        Copy::Splice => spliced(r.as_ref(), w.as_ref(), bytes, act).await,
+        Copy::Buffer => buffered(r, &mut w, bytes, act, first).await,
+        Copy::Splice => spliced(r.as_ref(), w.as_ref(), bytes, act, first).await,
     };
     let _ = w.shutdown().await;
 }
@@ -83,12 +94,21 @@ macro_rules! unless_idle {
     };
 }
 
-async fn buffered(mut r: OwnedReadHalf, w: &mut OwnedWriteHalf, bytes: &AtomicU64, act: &Activity) -> io::Result<()> {
+async fn buffered(
+    mut r: OwnedReadHalf,
+    w: &mut OwnedWriteHalf,
+    bytes: &AtomicU64,
+    act: &Activity,
+    mut first: OnFirst<'_>,
+) -> io::Result<()> {
     let mut buf = vec![0u8; BUF];
     loop {
         let n = unless_idle!(act, r.read(&mut buf))?;
         if n == 0 {
             return Ok(());
+        }
+        if let Some(f) = first.take() {
+            f();
         }
         // A peer that stops reading: this write never drains.
         tokio::time::timeout(act.idle, w.write_all(&buf[..n])).await.map_err(|_| stalled())??;
@@ -147,7 +167,13 @@ async fn fill(r: &TcpStream, rfd: RawFd, pw: RawFd) -> io::Result<usize> {
     }
 }
 
-async fn spliced(r: &TcpStream, w: &TcpStream, bytes: &AtomicU64, act: &Activity) -> io::Result<()> {
+async fn spliced(
+    r: &TcpStream,
+    w: &TcpStream,
+    bytes: &AtomicU64,
+    act: &Activity,
+    mut first: OnFirst<'_>,
+) -> io::Result<()> {
     let pipe = Pipe::new()?;
     let (rfd, wfd) = (r.as_raw_fd(), w.as_raw_fd());
     let (pr, pw) = (pipe.read.as_raw_fd(), pipe.write.as_raw_fd());
@@ -156,6 +182,9 @@ async fn spliced(r: &TcpStream, w: &TcpStream, bytes: &AtomicU64, act: &Activity
         let mut left = unless_idle!(act, fill(r, rfd, pw))?;
         if left == 0 {
             return Ok(());
+        }
+        if let Some(f) = first.take() {
+            f();
         }
         bytes.fetch_add(left as u64, Ordering::Relaxed);
         // Pipe to socket: all of it, before reading more (within the idle

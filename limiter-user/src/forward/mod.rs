@@ -5,6 +5,7 @@
 //! and balancing, `serve` the accept loop and the copy, and [`Manager`]
 //! starts, replaces and drains forwarders as policies change.
 
+pub mod adaptive;
 pub mod copy;
 pub mod fds;
 pub mod proxy;
@@ -64,6 +65,8 @@ pub struct Shared {
     pub slots: Arc<Semaphore>,
     /// The descriptors every forwarder shares ([`fds`]).
     pub fds: Arc<Semaphore>,
+    /// Adaptive throttling toward the upstreams (`None`: off).
+    pub adaptive: Option<adaptive::Adaptive>,
     pub prefixes: serve::PrefixCounts,
     pub ctx: watch::Receiver<Arc<Context>>,
     pub buckets: Option<Arc<Mutex<BpfHashMap<MapData, BucketKey, BucketState>>>>,
@@ -142,6 +145,7 @@ impl Manager {
             upstreams: Upstreams::new(&cfg.upstreams, cfg.balance),
             slots: serve::slots(&cfg),
             fds: Arc::clone(&self.fds.slots),
+            adaptive: (cfg.adaptive_k.0 > 0.0).then(|| adaptive::Adaptive::new(cfg.adaptive_k.0, cfg.adaptive_window)),
             stats: Arc::new(Stats::default()),
             prefixes: Mutex::new(HashMap::new()),
             ctx: self.ctx.subscribe(),
@@ -251,6 +255,16 @@ fn report(r: &Running) -> Report {
         upstreams: r.shared.upstreams.list.iter().map(|u| (u.addr.to_string(), u.up())).collect(),
         bytes_up: load(&s.bytes_up),
         bytes_down: load(&s.bytes_down),
+        adaptive: r.shared.adaptive.as_ref().map(|a| {
+            let (requests, accepts, refuse_probability) = a.state();
+            crate::control::AdaptiveInfo {
+                requests,
+                accepts,
+                refuse_probability,
+                k: r.shared.cfg.adaptive_k.0,
+                window_secs: r.shared.cfg.adaptive_window.as_secs(),
+            }
+        }),
     }
 }
 

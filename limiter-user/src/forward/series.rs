@@ -73,6 +73,31 @@ impl Series for Reports {
                     .encode(m.encode_family(&[("listener", f.name.as_str()), ("upstream", addr.as_str())])?)?;
             }
         }
+        let mut m = enc.encode_descriptor(
+            "limiter_forward_adaptive_refuse_probability",
+            "Adaptive throttling: the probability a new connection is refused now (0 when the upstreams accept enough), by the window's requests and accepts.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for f in forwards {
+            if let Some(a) = &f.adaptive {
+                ConstGauge::new(a.refuse_probability).encode(m.encode_family(&[("listener", f.name.as_str())])?)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "limiter_forward_adaptive_window",
+            "Adaptive throttling's trailing window: requests (refused ones included) and the upstreams' accepts.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for f in forwards {
+            if let Some(a) = &f.adaptive {
+                for (what, n) in [("requests", a.requests), ("accepts", a.accepts)] {
+                    ConstGauge::new(i(n))
+                        .encode(m.encode_family(&[("listener", f.name.as_str()), ("count", what)])?)?;
+                }
+            }
+        }
         let mut m =
             enc.encode_descriptor("limiter_forward_bytes", "Bytes spliced, by direction.", None, MetricType::Counter)?;
         for f in forwards {

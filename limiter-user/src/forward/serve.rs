@@ -30,10 +30,13 @@ pub enum Shed {
     NoUpstream,
     /// The descriptors the forwarders may hold are all held ([`super::fds`]).
     Descriptors,
+    /// Adaptive throttling: the upstreams accept too few ([`super::adaptive`]).
+    Adaptive,
 }
 
 impl Shed {
-    pub const ALL: [Shed; 4] = [Shed::MaxConnections, Shed::MaxPerPrefix, Shed::NoUpstream, Shed::Descriptors];
+    pub const ALL: [Shed; 5] =
+        [Shed::MaxConnections, Shed::MaxPerPrefix, Shed::NoUpstream, Shed::Descriptors, Shed::Adaptive];
 
     #[must_use]
     pub fn label(self) -> &'static str {
@@ -42,6 +45,7 @@ impl Shed {
             Shed::MaxPerPrefix => "max_connections_per_prefix",
             Shed::NoUpstream => "no_upstream",
             Shed::Descriptors => "descriptors",
+            Shed::Adaptive => "adaptive",
         }
     }
 }
@@ -121,6 +125,9 @@ fn admit(f: &Shared, peer: SocketAddr) -> Result<Admitted, Shed> {
         return Err(Shed::NoUpstream);
     }
     let fds = Arc::clone(&f.fds).try_acquire_many_owned(super::fds::cost(f.cfg.copy)).map_err(|_| Shed::Descriptors)?;
+    if f.adaptive.as_ref().is_some_and(super::adaptive::Adaptive::refuse) {
+        return Err(Shed::Adaptive);
+    }
     let ctx = f.ctx.borrow().clone();
     let prefix = prefix_of(peer, &ctx);
     let cap = f.cfg.max_connections_per_prefix;
@@ -182,6 +189,9 @@ async fn serve(client: TcpStream, peer: SocketAddr, admitted: &Admitted, f: &Sha
     let (upstream, index) = loop {
         let Some(i) = f.upstreams.pick(&tried) else {
             f.stats.upstream_failed.fetch_add(1, Ordering::Relaxed);
+            if let Some(a) = &f.adaptive {
+                a.resolved(false);
+            }
             return;
         };
         tried.push(i);
@@ -236,18 +246,35 @@ async fn serve(client: TcpStream, peer: SocketAddr, admitted: &Admitted, f: &Sha
 /// for the idle timeout, or the forwarder is told to stop its
 /// connections (the drain timeout ran out).
 async fn splice(client: TcpStream, mut upstream: TcpStream, header: &[u8], f: &Shared) -> std::io::Result<()> {
-    upstream.write_all(header).await?;
+    if let Err(e) = upstream.write_all(header).await {
+        if let Some(a) = &f.adaptive {
+            a.resolved(false);
+        }
+        return Err(e);
+    }
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (ur, uw) = upstream.into_split();
     let act = Activity::new(f.cfg.idle_timeout);
     let mut kill = f.kill.subscribe();
-    let up = pump(f.cfg.copy, cr, uw, &f.stats.bytes_up, &act);
-    let down = pump(f.cfg.copy, ur, cw, &f.stats.bytes_down, &act);
+    // The tenant layer answered: an accept, for adaptive throttling; a
+    // connection that ends without a byte back was not accepted.
+    let answered = std::sync::atomic::AtomicBool::new(false);
+    let first = || {
+        answered.store(true, Ordering::Relaxed);
+        if let Some(a) = &f.adaptive {
+            a.resolved(true);
+        }
+    };
+    let up = pump(f.cfg.copy, cr, uw, &f.stats.bytes_up, &act, None);
+    let down = pump(f.cfg.copy, ur, cw, &f.stats.bytes_down, &act, Some(&first));
     tokio::select! {
         _ = async { tokio::join!(up, down) } => {}
         _ = kill.changed() => {}
+    }
+    if let Some(a) = f.adaptive.as_ref().filter(|_| !answered.load(Ordering::Relaxed)) {
+        a.resolved(false);
     }
     Ok(())
 }

@@ -14,6 +14,8 @@
 //! connect_timeout = "2s"
 //! idle_timeout = "60s"
 //! drain_timeout = "10s"
+//! adaptive_k = 2.0                 # adaptive throttling toward the upstreams; 0 = off
+//! adaptive_window = "2m"
 //! ```
 
 use std::{net::SocketAddr, time::Duration};
@@ -84,7 +86,31 @@ pub struct Forward {
     pub drain_timeout: Duration,
     #[serde(default)]
     pub copy: Copy,
+    /// Client-side adaptive throttling: refuse new connections once the
+    /// window's requests pass K times the upstreams' accepts (0 = off).
+    #[serde(default = "defaults::adaptive_k")]
+    pub adaptive_k: Ratio,
+    #[serde(
+        default = "defaults::adaptive_window",
+        deserialize_with = "super::duration",
+        serialize_with = "super::duration_out"
+    )]
+    pub adaptive_window: Duration,
 }
+
+/// A ratio read as a TOML number, compared by value (so a forwarder's
+/// settings stay `Eq`: an unchanged forwarder keeps running on reload).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Ratio(pub f64);
+
+impl PartialEq for Ratio {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Ratio {}
 
 /// Defaults of a `[[forward]]` section.
 pub mod defaults {
@@ -105,6 +131,14 @@ pub mod defaults {
     #[must_use]
     pub const fn drain() -> Duration {
         Duration::from_secs(10)
+    }
+    #[must_use]
+    pub const fn adaptive_k() -> super::Ratio {
+        super::Ratio(2.0)
+    }
+    #[must_use]
+    pub const fn adaptive_window() -> Duration {
+        Duration::from_mins(2)
     }
 }
 
@@ -159,6 +193,13 @@ pub fn check(forwards: &[Forward]) -> Result<(), PolicyError> {
         if f.idle_timeout.is_zero() {
             return Err(bad(at("idle_timeout"), "must be above 0"));
         }
+        let k = f.adaptive_k.0;
+        if !(k == 0.0 || (1.0..=100.0).contains(&k)) {
+            return Err(bad(at("adaptive_k"), "must be 0 (off) or from 1 to 100"));
+        }
+        if !(Duration::from_secs(1)..=Duration::from_hours(1)).contains(&f.adaptive_window) {
+            return Err(bad(at("adaptive_window"), "must be from 1s to 1h"));
+        }
     }
     Ok(())
 }
@@ -197,5 +238,13 @@ mod tests {
         assert_eq!(e.field, "forward[0].listen");
         let e = one("[[forward]]\nlisten = [\"198.18.0.2:1\"]\nupstreams = [\"127.0.0.1:1\"]\nmax_connections = 5\nmax_connections_per_prefix = 6\n").unwrap_err();
         assert_eq!(e.field, "forward[0].max_connections_per_prefix");
+        assert_eq!((f[0].adaptive_k, f[0].adaptive_window), (Ratio(2.0), Duration::from_mins(2)));
+        for bad_k in ["0.5", "-1.0", "nan", "1000.0"] {
+            let e = one(&format!(
+                "[[forward]]\nlisten = [\"198.18.0.2:1\"]\nupstreams = [\"127.0.0.1:1\"]\nadaptive_k = {bad_k}\n"
+            ))
+            .unwrap_err();
+            assert_eq!(e.field, "forward[0].adaptive_k", "{bad_k}");
+        }
     }
 }

@@ -109,8 +109,16 @@ fn forward() -> impl Strategy<Value = Forward> {
         prop_oneof![Just(Copy::Splice), Just(Copy::Buffer)],
     );
     let caps = (1usize..100_000, 0usize..1000, duration(), duration(), duration());
-    ("[a-z][a-z0-9-]{0,12}", vec(addr(), 1..3), vec(addr(), 1..3), modes, caps).prop_map(
-        |(name, listen, upstreams, (balance, proxy_protocol, copy), (max, per_prefix, connect, idle, drain))| Forward {
+    let adaptive = (prop_oneof![Just(0.0), Just(1.5), Just(2.0), Just(3.25)], duration());
+    ("[a-z][a-z0-9-]{0,12}", vec(addr(), 1..3), vec(addr(), 1..3), modes, caps, adaptive).prop_map(
+        |(
+            name,
+            listen,
+            upstreams,
+            (balance, proxy_protocol, copy),
+            (max, per_prefix, connect, idle, drain),
+            (k, window),
+        )| Forward {
             name,
             listen,
             upstreams,
@@ -122,6 +130,8 @@ fn forward() -> impl Strategy<Value = Forward> {
             idle_timeout: idle,
             drain_timeout: drain,
             copy,
+            adaptive_k: crate::policy::forward::Ratio(k),
+            adaptive_window: window,
         },
     )
 }

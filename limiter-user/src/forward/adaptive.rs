@@ -1,0 +1,169 @@
+//! Client-side adaptive throttling toward the tenant layer (the SRE
+//! book's formula): over a trailing window, `requests` are the
+//! connections the forwarder sent upstream or refused here, and
+//! `accepts` those the tenant layer took (connected and answered: the
+//! first byte came back; refused, reset, timed out or closed before
+//! answering are not). A connection counts once its outcome is known (its
+//! first byte back, or its end without one): one still waiting for its
+//! answer counts as neither, so a burst of new connections, or a slow
+//! first byte, is not taken for refusals. A new connection is refused here with
+//! probability `max(0, (requests - K * accepts) / (requests + 1))`, so
+//! the attempts that reach an overloaded tenant layer fall to about K
+//! times what it accepts, and the throttling ends by itself as its
+//! accepts come back. The tenant layer may also say it is overloaded
+//! (`POST /v1/load` on the feedback endpoint): each rejection it reports
+//! counts as a request not accepted.
+
+use std::{
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+/// Requests and accepts of one second of the window.
+#[derive(Clone, Copy, Default)]
+struct Second {
+    at: u64,
+    requests: u64,
+    accepts: u64,
+}
+
+struct Window {
+    seconds: Vec<Second>,
+    requests: u64,
+    accepts: u64,
+}
+
+/// One forwarder's throttle.
+pub struct Adaptive {
+    k: f64,
+    start: Instant,
+    window: Mutex<Window>,
+    rng: AtomicU64,
+}
+
+impl Adaptive {
+    /// `k` at least 1; `window` rounded to whole seconds (at least 1).
+    #[must_use]
+    pub fn new(k: f64, window: Duration) -> Self {
+        let n = usize::try_from(window.as_secs().max(1)).unwrap_or(usize::MAX).min(3600);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let seed = u64::from(std::process::id()) << 32 ^ u64::from(nanos) ^ 0x9e37_79b9_7f4a_7c15;
+        Self {
+            k,
+            start: Instant::now(),
+            window: Mutex::new(Window { seconds: vec![Second::default(); n], requests: 0, accepts: 0 }),
+            rng: AtomicU64::new(seed | 1),
+        }
+    }
+
+    /// Add to this second, after dropping the seconds that left the
+    /// window; returns the window's totals.
+    fn add(&self, requests: u64, accepts: u64) -> (u64, u64) {
+        let now = self.start.elapsed().as_secs() + 1;
+        let mut window = self.window.lock().expect("not poisoned");
+        let Window { seconds, requests: total_requests, accepts: total_accepts } = &mut *window;
+        let len = seconds.len() as u64;
+        let slot = usize::try_from(now % len).unwrap_or(0);
+        if seconds[slot].at != now {
+            // Seconds that left the window (this slot's earlier round, and
+            // any skipped while idle).
+            for old in seconds.iter_mut().filter(|o| o.at != 0 && o.at + len <= now) {
+                *total_requests -= old.requests;
+                *total_accepts -= old.accepts;
+                *old = Second::default();
+            }
+            seconds[slot] = Second { at: now, ..Second::default() };
+        }
+        seconds[slot].requests += requests;
+        seconds[slot].accepts += accepts;
+        *total_requests += requests;
+        *total_accepts += accepts;
+        (*total_requests, *total_accepts)
+    }
+
+    /// The refusal probability for totals `(requests, accepts)`.
+    #[must_use]
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    pub fn probability_of(&self, requests: u64, accepts: u64) -> f64 {
+        let (r, a) = (requests as f64, accepts as f64);
+        ((r - self.k * a) / (r + 1.0)).max(0.0)
+    }
+
+    /// A new connection: whether to refuse it here (then counted as a
+    /// request not accepted).
+    pub fn refuse(&self) -> bool {
+        let (r, a) = self.add(0, 0);
+        let p = self.probability_of(r, a);
+        let refused = p > 0.0 && self.uniform() < p;
+        if refused {
+            self.add(1, 0);
+        }
+        refused
+    }
+
+    /// A connection sent upstream has its outcome: answered, or ended (or
+    /// failed to connect) without a byte back.
+    pub fn resolved(&self, accepted: bool) {
+        self.add(1, u64::from(accepted));
+    }
+
+    /// The tenant layer said it rejected `n` requests (`POST /v1/load`).
+    pub fn rejected(&self, n: u64) {
+        self.add(n, 0);
+    }
+
+    /// The window's requests, accepts and refusal probability now.
+    #[must_use]
+    pub fn state(&self) -> (u64, u64, f64) {
+        let (r, a) = self.add(0, 0);
+        (r, a, self.probability_of(r, a))
+    }
+
+    /// A uniform number in [0, 1) (xorshift64*; not for secrets: the
+    /// sheds only need to be spread).
+    fn uniform(&self) -> f64 {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.store(x, Ordering::Relaxed);
+        // The top 32 bits: spread enough for a shed's draw.
+        f64::from(u32::try_from(x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32).unwrap_or(0)) / 4_294_967_296.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_formula_refuses_nothing_while_accepts_keep_up() {
+        let a = Adaptive::new(2.0, Duration::from_mins(2));
+        assert!(a.probability_of(100, 50).abs() < f64::EPSILON, "K x accepts = requests: nothing refused");
+        assert!((a.probability_of(100, 0) - 100.0 / 101.0).abs() < 1e-9);
+        assert!((a.probability_of(100, 30) - 40.0 / 101.0).abs() < 1e-9);
+        for _ in 0..100 {
+            assert!(!a.refuse());
+            a.resolved(true);
+        }
+        let (r, acc, p) = a.state();
+        assert_eq!((r, acc), (100, 100));
+        assert!(p.abs() < f64::EPSILON);
+    }
+
+    #[test]
+    fn refusals_follow_the_probability() {
+        let a = Adaptive::new(2.0, Duration::from_mins(2));
+        // 1,000 requests, 100 accepts: p = (1000 - 200) / 1001 ~ 0.8.
+        a.add(1000, 100);
+        let refused = (0..10_000).filter(|_| a.refuse()).count();
+        // Each refusal adds a request, so p climbs a little on the way.
+        assert!((7_800..9_600).contains(&refused), "{refused}");
+        // Connections still waiting for their answer count as nothing.
+        let b = Adaptive::new(2.0, Duration::from_mins(2));
+        assert!((0..1000).all(|_| !b.refuse()), "nothing resolved, nothing refused");
+    }
+}

@@ -1,0 +1,138 @@
+//! Client-side adaptive throttling toward the tenant layer (seed 002; the
+//! SRE book's formula): an upstream that can take only 30% of the offered
+//! connections sees the attempts that reach it fall to about K times what
+//! it accepts, within the window; when it recovers, the throttling ends.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use limiter_tests::forward::{FRONT, forward, setup, status, wait_listening};
+
+/// Connections an upstream was offered and answered.
+#[derive(Default)]
+struct Counts {
+    attempts: AtomicU64,
+    answered: AtomicU64,
+}
+
+/// An upstream on `port` in `ns` that answers at most `per_sec` (0 = all)
+/// connections a second and closes the others before a byte.
+fn capped_upstream(
+    ns: &limiter_tests::netns::NetNs,
+    port: u16,
+    per_sec: Arc<AtomicU64>,
+    counts: Arc<Counts>,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<()> {
+    ns.spawn_in(move || {
+        let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        l.set_nonblocking(true).unwrap();
+        let (mut second, mut used) = (Instant::now(), 0u64);
+        while !stop.load(Ordering::Relaxed) {
+            let Ok((mut c, _)) = l.accept() else {
+                thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            counts.attempts.fetch_add(1, Ordering::Relaxed);
+            if second.elapsed() >= Duration::from_secs(1) {
+                (second, used) = (Instant::now(), 0);
+            }
+            let cap = per_sec.load(Ordering::Relaxed);
+            if cap != 0 && used >= cap {
+                drop(c);
+                continue;
+            }
+            used += 1;
+            counts.answered.fetch_add(1, Ordering::Relaxed);
+            let _ = c.set_nonblocking(false);
+            let _ = c.write_all(b"ok\n");
+        }
+    })
+}
+
+/// `rate` connections a second from the client for `secs`, each reading
+/// the answer (or the close); returns how many were offered.
+fn offer(ns: &limiter_tests::netns::NetNs, port: u16, rate: u64, secs: u64) -> u64 {
+    ns.run_in(|| {
+        let start = Instant::now();
+        let mut n = 0;
+        while start.elapsed() < Duration::from_secs(secs) {
+            let due = start + Duration::from_millis(n * 1000 / rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                thread::sleep(wait);
+            }
+            n += 1;
+            if let Ok(mut c) = TcpStream::connect((FRONT, port)) {
+                let _ = c.set_read_timeout(Some(Duration::from_millis(500)));
+                let _ = c.read(&mut [0u8; 16]);
+            }
+        }
+        n
+    })
+}
+
+/// `a / b` for counts of a few thousand.
+fn ratio(a: u64, b: u64) -> f64 {
+    f64::from(u32::try_from(a).unwrap()) / f64::from(u32::try_from(b).unwrap())
+}
+
+#[test]
+fn an_overloaded_upstream_sees_about_k_times_its_accepts_and_recovers() {
+    let s = setup("fwad", &forward(8443, &[9131], "adaptive_window = \"5s\""));
+    let (per_sec, counts, stop) =
+        (Arc::new(AtomicU64::new(30)), Arc::new(Counts::default()), Arc::new(AtomicBool::new(false)));
+    let up = capped_upstream(&s.net.b, 9131, Arc::clone(&per_sec), Arc::clone(&counts), Arc::clone(&stop));
+    wait_listening(&s.net.b, 9131);
+    let snap = |c: &Counts| (c.attempts.load(Ordering::Relaxed), c.answered.load(Ordering::Relaxed));
+
+    // 100 connections a second against room for 30: one window to learn,
+    // then a window measured.
+    offer(&s.net.a, 8443, 100, 6);
+    let (a0, k0) = snap(&counts);
+    let offered = offer(&s.net.a, 8443, 100, 6);
+    let (a1, k1) = snap(&counts);
+    let during = status(&s)["forwards"][0].clone();
+    let (attempts, accepts) = (a1 - a0, k1 - k0);
+    let shed_adaptive = |j: &serde_json::Value| {
+        j["shed"].as_array().unwrap().iter().find(|p| p[0] == "adaptive").and_then(|p| p[1].as_u64()).unwrap()
+    };
+    println!(
+        "overloaded (room for 30/s): {offered} offered in 6 s, {attempts} reached the upstream, {accepts} accepted ({:.2} x accepts); status: {}",
+        ratio(attempts, accepts.max(1)),
+        during["adaptive"]
+    );
+    assert!(accepts > 0, "the upstream answered nothing");
+    let r = ratio(attempts, accepts);
+    assert!((1.4..=2.8).contains(&r), "attempts are {r:.2} x accepts, not about K = 2");
+    assert!(attempts * 10 < offered * 9, "nothing was throttled: {attempts} of {offered}");
+    assert!(shed_adaptive(&during) > 0, "{during}");
+    assert!(during["adaptive"]["refuse_probability"].as_f64().unwrap() > 0.1, "{during}");
+
+    // Recovered: everything is answered again; after a window, (almost)
+    // everything offered reaches it and nothing more is refused.
+    per_sec.store(0, Ordering::Relaxed);
+    offer(&s.net.a, 8443, 100, 8);
+    let shed_before = shed_adaptive(&status(&s)["forwards"][0]);
+    let (a2, _) = snap(&counts);
+    let offered = offer(&s.net.a, 8443, 100, 4);
+    let (a3, _) = snap(&counts);
+    let after = status(&s)["forwards"][0].clone();
+    println!(
+        "recovered: {offered} offered in 4 s, {} reached the upstream, {} refused by the throttle; status: {}",
+        a3 - a2,
+        shed_adaptive(&after) - shed_before,
+        after["adaptive"]
+    );
+    assert!((a3 - a2) * 100 >= offered * 97, "still throttled: {} of {offered}", a3 - a2);
+    assert_eq!(after["adaptive"]["refuse_probability"].as_f64(), Some(0.0), "{after}");
+    stop.store(true, Ordering::Relaxed);
+    up.join().unwrap();
+}
