@@ -136,3 +136,67 @@ fn an_overloaded_upstream_sees_about_k_times_its_accepts_and_recovers() {
     stop.store(true, Ordering::Relaxed);
     up.join().unwrap();
 }
+
+/// An HTTP request to the daemon's loopback, from its namespace: the
+/// status code and the body.
+fn http(ns: &limiter_tests::netns::NetNs, port: u16, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let mut req = format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    if let Some(t) = token {
+        req = req + "Authorization: Bearer " + t + "\r\n";
+    }
+    req = req + "\r\n" + body;
+    let out = ns.run_in(move || {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    });
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+}
+
+/// The tenant layer says it is overloaded (`POST /v1/load`, with the
+/// feedback token): its rejections count, and new connections are
+/// refused at once; a bad word changes nothing.
+#[test]
+fn the_tenant_layers_word_of_overload_throttles_its_forwarder() {
+    const TOKEN: &str = "0123456789abcdef-load-token";
+    let tmp = limiter_tests::kernel::TempDir::new("fwld");
+    let token = tmp.0.join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let feedback = format!("[feedback]\nlisten = \"127.0.0.1:9467\"\ntoken_file = \"{}\"\n", token.display());
+    let s = setup("fwld", &(forward(8443, &[9132], "") + "\n" + &feedback));
+    let (per_sec, counts, stop) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(Counts::default()), Arc::new(AtomicBool::new(false)));
+    let up = capped_upstream(&s.net.b, 9132, per_sec, Arc::clone(&counts), Arc::clone(&stop));
+    wait_listening(&s.net.b, 9132);
+    offer(&s.net.a, 8443, 100, 1);
+    let before = status(&s)["forwards"][0]["adaptive"].clone();
+    assert_eq!(before["refuse_probability"].as_f64(), Some(0.0), "{before}");
+
+    let load = |t: Option<&str>, body: &str| http(&s.net.b, 9467, "/v1/load", t, body);
+    assert_eq!(load(None, r#"{"forward":"front","rejected":1000}"#).0, 403);
+    assert_eq!(load(Some(TOKEN), r#"{"forward":"nope","rejected":1000}"#).0, 404);
+    assert_eq!(load(Some(TOKEN), r#"{"forward":"front","rejected":0}"#).0, 422);
+    assert_eq!(load(Some(TOKEN), r#"{"forward":"front","rejected":10000000}"#).0, 422);
+    let unchanged = status(&s)["forwards"][0]["adaptive"].clone();
+    assert_eq!(unchanged["requests"], before["requests"], "a refused word counted: {unchanged}");
+
+    let (code, body) = load(Some(TOKEN), r#"{"forward":"front","rejected":1000}"#);
+    assert_eq!(code, 200, "{body}");
+    let said: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let p = said["refuse_probability"].as_f64().unwrap();
+    let (a0, _) = (counts.attempts.load(Ordering::Relaxed), 0);
+    let offered = offer(&s.net.a, 8443, 100, 1);
+    let reached = counts.attempts.load(Ordering::Relaxed) - a0;
+    println!(
+        "after the tenant's 1000 rejections: refuse probability {p:.2}; {reached} of {offered} reached the upstream"
+    );
+    assert!(p > 0.8, "{said}");
+    assert!(reached * 2 < offered, "the word did not throttle: {reached} of {offered}");
+    stop.store(true, Ordering::Relaxed);
+    up.join().unwrap();
+}

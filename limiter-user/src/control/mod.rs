@@ -81,6 +81,13 @@ pub enum Request {
     Top {
         n: usize,
     },
+    /// The tenant layer rejected `rejected` connections of forwarder
+    /// `forward` (feedback's `POST /v1/load`): its adaptive throttling
+    /// counts them as requests not accepted.
+    Load {
+        forward: String,
+        rejected: u64,
+    },
 }
 
 /// What the daemon answers.
@@ -98,6 +105,8 @@ pub enum Response {
         status: Option<crate::fleet::FleetStatus>,
     },
     PrefixShow(PrefixShow),
+    /// A forwarder's adaptive throttling after a `Load`.
+    Adaptive(AdaptiveInfo),
     /// Not done: why, in a word a program can act on and a sentence for
     /// the operator.
     Error {
@@ -192,6 +201,7 @@ impl Response {
             Response::Top(_) => "top",
             Response::Fleet { .. } => "fleet",
             Response::PrefixShow(_) => "prefix show",
+            Response::Adaptive(_) => "adaptive",
             Response::Error { .. } => "error",
         }
     }

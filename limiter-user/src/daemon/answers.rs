@@ -32,6 +32,10 @@ impl Daemon {
             Request::Status => self.status().unwrap_or_else(|e| fail(&e)),
             Request::Stats => self.stats().unwrap_or_else(|e| fail(&e)),
             Request::Top { n } => self.top_info(n),
+            Request::Load { forward, rejected } => match self.features.forward.load(&forward, rejected) {
+                Ok(a) => Response::Adaptive(a),
+                Err(message) => Response::error(ErrorCode::Refused, message),
+            },
             Request::FleetStatus => Response::Fleet { status: self.features.fleet.status() },
             Request::PrefixShow { cidr } => self.prefix_show(cidr).map_or_else(|e| fail(&e), Response::PrefixShow),
             Request::PolicyShow | Request::PrefixList => {

@@ -10,7 +10,9 @@
 //! `POST /v1/penalties` answers 200 with the policy version, 403 without
 //! the token, 422 (`bad_request`, `too_wide`, `ttl_too_long`) or 429
 //! (`cap`) when the governor refuses; `GET /v1/penalties` lists what
-//! feedback decided, with reasons and time left. Every penalty becomes an
+//! feedback decided, with reasons and time left. `POST /v1/load`
+//! (`{"forward":"NAME","rejected":N}`) says the tenant layer rejected N
+//! connections of a forwarder: its adaptive throttling counts them. Every penalty becomes an
 //! ordinary runtime override with a TTL, applied by the daemon's one
 //! change machinery; the listener has the bounds of every listener.
 //!
@@ -54,6 +56,18 @@ struct Penalty {
     #[serde(default)]
     reason: String,
 }
+
+/// The tenant layer's word that it is overloaded: it rejected `rejected`
+/// connections of forwarder `forward` (`POST /v1/load`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Load {
+    forward: String,
+    rejected: u64,
+}
+
+/// Most rejections one `POST /v1/load` reports.
+pub const MAX_LOAD_REJECTED: u64 = 1_000_000;
 
 /// Serve on `addr`, with `token` as the bearer token, sending penalties to
 /// the daemon through `calls`. Returns the bound address.
@@ -178,13 +192,55 @@ async fn ask(calls: &mpsc::Sender<Sent>, call: Call) -> Option<Answer> {
     rx.await.ok()
 }
 
+/// The body of a POST, bounded in size and time.
+async fn body(req: Request<hyper::body::Incoming>) -> Result<Bytes, Response<Full<Bytes>>> {
+    let fail = |code, message: &str| reply(code, &serde_json::json!({ "error": message }));
+    match tokio::time::timeout(BODY_TIMEOUT, Limited::new(req.into_body(), MAX_BODY).collect()).await {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(_)) => Err(fail(StatusCode::PAYLOAD_TOO_LARGE, "at most 16 KiB")),
+        Err(_) => Err(fail(StatusCode::REQUEST_TIMEOUT, "the body must arrive within 5 s")),
+    }
+}
+
+/// `POST /v1/load`: rejections the tenant layer reports, counted by the
+/// forwarder's adaptive throttling.
+async fn load(req: Request<hyper::body::Incoming>, calls: &mpsc::Sender<Sent>) -> Response<Full<Bytes>> {
+    let fail = |code, message: &str| reply(code, &serde_json::json!({ "error": message }));
+    if req.method() != Method::POST {
+        return fail(StatusCode::METHOD_NOT_ALLOWED, "POST");
+    }
+    let body = match body(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let l: Load = match serde_json::from_slice(&body) {
+        Ok(l) => l,
+        Err(e) => return fail(StatusCode::UNPROCESSABLE_ENTITY, &format!("bad_request: {e}")),
+    };
+    if !(1..=MAX_LOAD_REJECTED).contains(&l.rejected) {
+        return fail(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &format!("bad_request: rejected must be 1 to {MAX_LOAD_REJECTED}"),
+        );
+    }
+    match ask(calls, Call::Load { forward: l.forward, rejected: l.rejected }).await {
+        Some(Answer::Adaptive(a)) => reply(StatusCode::OK, &serde_json::json!(a)),
+        Some(Answer::Error { message, .. }) => fail(StatusCode::NOT_FOUND, &message),
+        _ => fail(StatusCode::SERVICE_UNAVAILABLE, "the daemon did not answer"),
+    }
+}
+
 async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::Sender<Sent>) -> Response<Full<Bytes>> {
     let fail = |code, message: &str| reply(code, &serde_json::json!({ "error": message }));
-    if req.uri().path() != "/v1/penalties" {
-        return fail(StatusCode::NOT_FOUND, "only /v1/penalties is served here");
+    let path = req.uri().path();
+    if path != "/v1/penalties" && path != "/v1/load" {
+        return fail(StatusCode::NOT_FOUND, "only /v1/penalties and /v1/load are served here");
     }
     if !authorised(&req, token) {
         return fail(StatusCode::FORBIDDEN, "a valid bearer token is needed");
+    }
+    if path == "/v1/load" {
+        return load(req, calls).await;
     }
     match *req.method() {
         Method::GET => match ask(calls, Call::PrefixList).await {
@@ -195,11 +251,9 @@ async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::
             _ => fail(StatusCode::SERVICE_UNAVAILABLE, "the daemon did not answer"),
         },
         Method::POST => {
-            let body = match tokio::time::timeout(BODY_TIMEOUT, Limited::new(req.into_body(), MAX_BODY).collect()).await
-            {
-                Ok(Ok(b)) => b.to_bytes(),
-                Ok(Err(_)) => return fail(StatusCode::PAYLOAD_TOO_LARGE, "at most 16 KiB"),
-                Err(_) => return fail(StatusCode::REQUEST_TIMEOUT, "the body must arrive within 5 s"),
+            let body = match body(req).await {
+                Ok(b) => b,
+                Err(r) => return r,
             };
             let p: Penalty = match serde_json::from_slice(&body) {
                 Ok(p) => p,

@@ -212,6 +212,17 @@ impl Manager {
     pub fn reports(&self) -> Vec<Report> {
         self.running.iter().map(report).collect()
     }
+
+    /// The tenant layer rejected `rejected` connections of forwarder
+    /// `name`: counted by its adaptive throttling. Its state after, or
+    /// why not.
+    pub fn load(&self, name: &str, rejected: u64) -> Result<crate::control::AdaptiveInfo, String> {
+        let r =
+            self.running.iter().find(|r| r.shared.cfg.name == name).ok_or_else(|| format!("no forwarder {name:?}"))?;
+        let a = r.shared.adaptive.as_ref().ok_or_else(|| format!("forwarder {name:?} has adaptive throttling off"))?;
+        a.rejected(rejected);
+        report(r).adaptive.ok_or_else(|| "no adaptive state".to_owned())
+    }
 }
 
 /// The listening socket: address reuse, so a restarted daemon binds at once.
