@@ -32,6 +32,7 @@ fn policy(mode: Mode) -> Policy {
                 limit: lim(1, 1, mode),
                 syn_cookies: SynCookies::Off,
                 syn_rate: None,
+                criticality: limiter::policy::Criticality::Default,
             },
             Class {
                 name: "quic".into(),
@@ -41,6 +42,7 @@ fn policy(mode: Mode) -> Policy {
                 limit: lim(1, 2, mode),
                 syn_cookies: SynCookies::Off,
                 syn_rate: None,
+                criticality: limiter::policy::Criticality::Default,
             },
         ],
         ..Policy::default()

@@ -119,7 +119,7 @@ fn coarse_networks_deny_through_the_cached_resolution_and_lift_with_the_next_cha
 #[test]
 fn an_operators_allow_outranks_the_deny_set() {
     kernel::require_root();
-    let allow = Override { net: net("198.18.5.0/24"), action: OverrideAction::Allow };
+    let allow = Override { net: net("198.18.5.0/24"), action: OverrideAction::Allow, criticality: None };
     let mut l = open(vec![allow]);
     let mut set = Set::new();
     set.replace(&mut l, &["198.18.5.7/32", "198.18.0.0/16"]);

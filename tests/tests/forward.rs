@@ -95,7 +95,10 @@ fn the_application_tlv_carries_the_verdict() {
 
 #[test]
 fn at_the_cap_new_connections_are_closed_at_once_and_a_dead_upstream_is_routed_around() {
-    let s = setup("fwcap", &forward(8443, &[9104, 9105], "max_connections = 100\nconnect_timeout = \"500ms\""));
+    let s = setup(
+        "fwcap",
+        &forward(8443, &[9104, 9105], "max_connections = 100\ncritical_reserve = 0\nconnect_timeout = \"500ms\""),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let (served_a, served_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let hold = Duration::from_secs(4);

@@ -1,7 +1,11 @@
-//! Client-side adaptive throttling toward the tenant layer (seed 002; the
-//! SRE book's formula): an upstream that can take only 30% of the offered
-//! connections sees the attempts that reach it fall to about K times what
-//! it accepts, within the window; when it recovers, the throttling ends.
+//! Seed 002's last resilience rows at the forwarder. Client-side adaptive
+//! throttling toward the tenant layer (the SRE book's formula): an
+//! upstream that can take only 30% of the offered connections sees the
+//! attempts that reach it fall to about K times what it accepts, within
+//! the window; when it recovers, the throttling ends; the tenant layer's
+//! own word (`POST /v1/load`) throttles too. Request criticality at the
+//! cap: sheddable connections are refused first, critical ones keep
+//! their reserved share.
 
 use std::{
     io::{Read as _, Write as _},
@@ -197,6 +201,60 @@ fn the_tenant_layers_word_of_overload_throttles_its_forwarder() {
     );
     assert!(p > 0.8, "{said}");
     assert!(reached * 2 < offered, "the word did not throttle: {reached} of {offered}");
+    stop.store(true, Ordering::Relaxed);
+    up.join().unwrap();
+}
+
+/// Request criticality at the cap (seed 002): with `max_connections =
+/// 20`, a quarter kept for critical connections and half the most
+/// sheddable ones may hold, sheddable connections arriving first fill
+/// only their half, default ones stop short of the reserve, and critical
+/// ones still get it; each is counted by criticality.
+#[test]
+fn at_the_cap_sheddable_are_refused_first_and_critical_keep_their_share() {
+    use std::io::{BufRead as _, BufReader};
+    const SHEDDABLE: &str = "198.18.7.10";
+    const CRITICAL: &str = "198.18.6.10";
+    let extra = "max_connections = 20\ncritical_reserve = 0.25\nsheddable_share = 0.5\nadaptive_k = 0\n\n[[override]]\ncidr = \"198.18.6.0/24\"\naction = \"allow\"\n\n[[override]]\ncidr = \"198.18.7.0/24\"\nrate = 100000\nburst = 100000\ncriticality = \"sheddable\"\n";
+    let s = setup("fwcr", &forward(8443, &[9133], extra));
+    s.net.add_source(SHEDDABLE);
+    s.net.add_source(CRITICAL);
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let up = limiter_tests::forward::tlv_upstream(&s.net.b, 9133, Duration::from_secs(8), Arc::clone(&stop), served);
+    wait_listening(&s.net.b, 9133);
+    // `n` connections from `src`, held open: how many were answered.
+    let burst = |src: &str, n: usize| -> (usize, Vec<TcpStream>) {
+        s.net.a.ip(&format!("route replace 198.18.0.0/24 dev va src {src}"));
+        s.net.a.run_in(|| {
+            let held: Vec<TcpStream> = (0..n).filter_map(|_| TcpStream::connect((FRONT, 8443)).ok()).collect();
+            let answered = held
+                .iter()
+                .filter(|c| {
+                    c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+                    let mut line = String::new();
+                    BufReader::new(*c).read_line(&mut line).is_ok_and(|n| n > 0)
+                })
+                .count();
+            (answered, held)
+        })
+    };
+    let (sheddable, _h1) = burst(SHEDDABLE, 30);
+    let (default, _h2) = burst(limiter_tests::forward::CLIENT, 30);
+    let (critical, _h3) = burst(CRITICAL, 10);
+    let j = status(&s)["forwards"][0].clone();
+    println!(
+        "cap 20 (reserve 25%, sheddable 50%): 30 sheddable then 30 default then 10 critical: {sheddable}, {default}, {critical} let in; by criticality {}",
+        j["by_criticality"]
+    );
+    assert_eq!((sheddable, default, critical), (10, 5, 5), "{j}");
+    let row = |c: &str| {
+        let r = j["by_criticality"].as_array().unwrap().iter().find(|r| r[0] == c).unwrap().clone();
+        (r[1].as_u64().unwrap(), r[2].as_u64().unwrap())
+    };
+    assert_eq!(row("sheddable"), (10, 20), "{j}");
+    assert_eq!(row("default"), (5, 25), "{j}");
+    assert_eq!(row("critical"), (5, 5), "{j}");
     stop.store(true, Ordering::Relaxed);
     up.join().unwrap();
 }

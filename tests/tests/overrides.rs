@@ -26,7 +26,7 @@ fn lim(rate: u64, burst: u64) -> Limit {
 }
 
 fn ovr(cidr: &str, action: OverrideAction) -> Override {
-    Override { net: cidr.parse().unwrap(), action }
+    Override { net: cidr.parse().unwrap(), action, criticality: None }
 }
 
 fn udp4(a: [u8; 4]) -> Vec<u8> {
@@ -66,6 +66,7 @@ fn policy() -> Policy {
             limit: lim(1, 2),
             syn_cookies: SynCookies::Off,
             syn_rate: None,
+            criticality: limiter::policy::Criticality::Default,
         }],
         overrides: vec![
             ovr("198.18.0.0/16", OverrideAction::Limit(lim(1, 3))),

@@ -29,6 +29,7 @@ fn policy(cookies: SynCookies, syn_rate: Option<u64>, new_sources: Option<(u64, 
             limit: Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
             syn_cookies: cookies,
             syn_rate,
+            criticality: limiter::policy::Criticality::Default,
         }],
         new_sources,
         ..Policy::default()

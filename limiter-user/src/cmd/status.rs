@@ -45,6 +45,15 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
         for e in &f.bind_errors {
             let _ = writeln!(out, "                NOT LISTENING: {e}");
         }
+        let ranked: Vec<String> = f
+            .by_criticality
+            .iter()
+            .filter(|(_, i, s)| i + s > 0)
+            .map(|(c, i, s)| format!("{c} {i} in / {s} shed"))
+            .collect();
+        if !ranked.is_empty() {
+            let _ = writeln!(out, "                by criticality: {}", ranked.join(", "));
+        }
         if let Some(a) = f.adaptive.as_ref().filter(|a| a.refuse_probability > 0.0) {
             let _ = writeln!(
                 out,

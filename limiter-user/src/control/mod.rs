@@ -273,6 +273,9 @@ pub struct ForwardInfo {
     pub completed: u64,
     /// (reason, connections closed at accept).
     pub shed: Vec<(String, u64)>,
+    /// (criticality, connections let in, connections shed at accept).
+    #[serde(default)]
+    pub by_criticality: Vec<(String, u64, u64)>,
     /// Connections closed because every upstream failed.
     pub upstream_failed: u64,
     pub upstream_connect_failures: u64,

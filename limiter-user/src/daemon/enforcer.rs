@@ -138,8 +138,8 @@ impl Enforcer {
         p.overrides = base
             .overrides
             .iter()
-            .filter_map(|o| self.in_force(base, o.net, Some(o.action)))
-            .map(|(net, action, _)| Override { net, action })
+            .filter_map(|o| self.in_force(base, o.net, Some(o.action)).map(|f| (f, o.criticality)))
+            .map(|((net, action, _), criticality)| Override { net, action, criticality })
             .collect();
         let mut runtime_only: Vec<IpNet> =
             self.runtime.keys().map(|(net, _)| *net).filter(|net| !in_file.contains(net)).collect();
@@ -148,7 +148,7 @@ impl Enforcer {
             runtime_only
                 .into_iter()
                 .filter_map(|net| self.in_force(base, net, None))
-                .map(|(net, action, _)| Override { net, action }),
+                .map(|(net, action, _)| Override { net, action, criticality: None }),
         );
         p
     }

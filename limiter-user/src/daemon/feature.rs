@@ -58,7 +58,8 @@ impl Feature for forward::Manager {
     /// Runs exactly the `[[forward]]` sections: unchanged ones keep
     /// running, changed and removed ones drain, new ones start.
     fn apply(&mut self, a: &Applied<'_>) {
-        self.update(&a.policy.forwards, forward::Context { version: a.version, config: a.config });
+        let ranks = std::sync::Arc::new(forward::rank::Ranks::of(a.policy));
+        self.update(&a.policy.forwards, forward::Context { version: a.version, config: a.config, ranks });
     }
 
     /// Every forwarder's, in the policy's order.

@@ -14,6 +14,7 @@
 //! (`POST /v1/load` on the feedback endpoint): each rejection it reports
 //! counts as a request not accepted.
 
+use crate::policy::Criticality;
 use std::{
     sync::{
         Mutex,
@@ -92,11 +93,17 @@ impl Adaptive {
         ((r - self.k * a) / (r + 1.0)).max(0.0)
     }
 
-    /// A new connection: whether to refuse it here (then counted as a
-    /// request not accepted).
-    pub fn refuse(&self) -> bool {
+    /// A new connection of criticality `c`: whether to refuse it here
+    /// (then counted as a request not accepted). A sheddable one is
+    /// refused at twice the probability, a critical one at half.
+    pub fn refuse(&self, c: Criticality) -> bool {
         let (r, a) = self.add(0, 0);
         let p = self.probability_of(r, a);
+        let p = match c {
+            Criticality::Sheddable => (2.0 * p).min(1.0),
+            Criticality::Default => p,
+            Criticality::Critical => p / 2.0,
+        };
         let refused = p > 0.0 && self.uniform() < p;
         if refused {
             self.add(1, 0);
@@ -146,7 +153,7 @@ mod tests {
         assert!((a.probability_of(100, 0) - 100.0 / 101.0).abs() < 1e-9);
         assert!((a.probability_of(100, 30) - 40.0 / 101.0).abs() < 1e-9);
         for _ in 0..100 {
-            assert!(!a.refuse());
+            assert!(!a.refuse(Criticality::Default));
             a.resolved(true);
         }
         let (r, acc, p) = a.state();
@@ -159,11 +166,24 @@ mod tests {
         let a = Adaptive::new(2.0, Duration::from_mins(2));
         // 1,000 requests, 100 accepts: p = (1000 - 200) / 1001 ~ 0.8.
         a.add(1000, 100);
-        let refused = (0..10_000).filter(|_| a.refuse()).count();
+        let refused = (0..10_000).filter(|_| a.refuse(Criticality::Default)).count();
         // Each refusal adds a request, so p climbs a little on the way.
         assert!((7_800..9_600).contains(&refused), "{refused}");
+        // By criticality: twice the probability for sheddable, half for
+        // critical (p ~ 0.4 here).
+        let share = |k| {
+            let c = Adaptive::new(2.0, Duration::from_mins(2));
+            c.add(1_000_000, 300_000);
+            (0..4000).filter(|_| c.refuse(k)).count()
+        };
+        let (shed, def, crit) =
+            (share(Criticality::Sheddable), share(Criticality::Default), share(Criticality::Critical));
+        // Expected 3,200, 1,600 and 800 of 4,000.
+        assert!((2900..3500).contains(&shed), "sheddable {shed}");
+        assert!((1400..1800).contains(&def), "default {def}");
+        assert!((650..950).contains(&crit), "critical {crit}");
         // Connections still waiting for their answer count as nothing.
         let b = Adaptive::new(2.0, Duration::from_mins(2));
-        assert!((0..1000).all(|_| !b.refuse()), "nothing resolved, nothing refused");
+        assert!((0..1000).all(|_| !b.refuse(Criticality::Sheddable)), "nothing resolved, nothing refused");
     }
 }

@@ -9,6 +9,7 @@ pub mod adaptive;
 pub mod copy;
 pub mod fds;
 pub mod proxy;
+pub mod rank;
 mod series;
 pub mod serve;
 pub mod upstream;
@@ -37,6 +38,8 @@ pub struct Context {
     pub version: u64,
     /// The kernel form of the policy (classes, prefix lengths).
     pub config: Config,
+    /// Each connection's criticality.
+    pub ranks: Arc<rank::Ranks>,
 }
 
 /// Counters of one forwarder, read at scrape time.
@@ -46,6 +49,9 @@ pub struct Stats {
     pub active: AtomicU64,
     pub completed: AtomicU64,
     pub shed: [AtomicU64; Shed::ALL.len()],
+    /// (let in, shed at accept) by criticality (sheddable, default,
+    /// critical).
+    pub by_criticality: [[AtomicU64; 2]; 3],
     /// Connections closed because every upstream failed.
     pub upstream_failed: AtomicU64,
     pub upstream_connect_failures: AtomicU64,
@@ -62,7 +68,7 @@ pub struct Shared {
     pub cfg: Forward,
     pub stats: Arc<Stats>,
     pub upstreams: Upstreams,
-    pub slots: Arc<Semaphore>,
+    pub slots: Arc<rank::Slots>,
     /// The descriptors every forwarder shares ([`fds`]).
     pub fds: Arc<Semaphore>,
     /// Adaptive throttling toward the upstreams (`None`: off).
@@ -143,7 +149,7 @@ impl Manager {
         let (stop, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             upstreams: Upstreams::new(&cfg.upstreams, cfg.balance),
-            slots: serve::slots(&cfg),
+            slots: rank::Slots::new(&cfg),
             fds: Arc::clone(&self.fds.slots),
             adaptive: (cfg.adaptive_k.0 > 0.0).then(|| adaptive::Adaptive::new(cfg.adaptive_k.0, cfg.adaptive_window)),
             stats: Arc::new(Stats::default()),
@@ -179,6 +185,11 @@ impl Manager {
             self.fds.open,
             self.fds.total,
             self.fds.connections(shared.cfg.copy)
+        );
+        let (critical, default, sheddable) = shared.slots.limits();
+        tracing::info!(
+            "limiter: forward {}: at most {critical} connections open for critical ones, {default} for default ones, {sheddable} for sheddable ones",
+            shared.cfg.name
         );
         let b = &self.fds;
         if shared.cfg.max_connections > b.connections(shared.cfg.copy) {
@@ -260,6 +271,13 @@ fn report(r: &Running) -> Report {
         accepted: load(&s.accepted),
         completed: load(&s.completed),
         shed: Shed::ALL.iter().map(|w| (w.label().to_owned(), s.shed_count(*w))).collect(),
+        by_criticality: crate::policy::Criticality::ALL
+            .iter()
+            .map(|&c| {
+                let [a, b] = &s.by_criticality[c as usize];
+                (c.label().to_owned(), load(a), load(b))
+            })
+            .collect(),
         upstream_failed: load(&s.upstream_failed),
         upstream_connect_failures: load(&s.upstream_connect_failures),
         local_errors: load(&s.local_errors),

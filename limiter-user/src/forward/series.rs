@@ -73,31 +73,6 @@ impl Series for Reports {
                     .encode(m.encode_family(&[("listener", f.name.as_str()), ("upstream", addr.as_str())])?)?;
             }
         }
-        let mut m = enc.encode_descriptor(
-            "limiter_forward_adaptive_refuse_probability",
-            "Adaptive throttling: the probability a new connection is refused now (0 when the upstreams accept enough), by the window's requests and accepts.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for f in forwards {
-            if let Some(a) = &f.adaptive {
-                ConstGauge::new(a.refuse_probability).encode(m.encode_family(&[("listener", f.name.as_str())])?)?;
-            }
-        }
-        let mut m = enc.encode_descriptor(
-            "limiter_forward_adaptive_window",
-            "Adaptive throttling's trailing window: requests (refused ones included) and the upstreams' accepts.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for f in forwards {
-            if let Some(a) = &f.adaptive {
-                for (what, n) in [("requests", a.requests), ("accepts", a.accepts)] {
-                    ConstGauge::new(i(n))
-                        .encode(m.encode_family(&[("listener", f.name.as_str()), ("count", what)])?)?;
-                }
-            }
-        }
         let mut m =
             enc.encode_descriptor("limiter_forward_bytes", "Bytes spliced, by direction.", None, MetricType::Counter)?;
         for f in forwards {
@@ -105,6 +80,53 @@ impl Series for Reports {
                 ConstCounter::new(n).encode(m.encode_family(&[("listener", f.name.as_str()), ("direction", dir)])?)?;
             }
         }
-        Ok(())
+        shedding(forwards, enc)
     }
+}
+
+/// Criticality and adaptive throttling, per forwarder.
+fn shedding(forwards: &[super::Report], enc: &mut DescriptorEncoder) -> std::fmt::Result {
+    let i = clamp;
+    let mut m = enc.encode_descriptor(
+        "limiter_forward_criticality",
+        "Connections by criticality: let in, or shed at accept (any reason).",
+        None,
+        MetricType::Counter,
+    )?;
+    for f in forwards {
+        for (c, let_in, shed) in &f.by_criticality {
+            for (outcome, n) in [("let_in", *let_in), ("shed", *shed)] {
+                ConstCounter::new(n).encode(m.encode_family(&[
+                    ("listener", f.name.as_str()),
+                    ("criticality", c.as_str()),
+                    ("outcome", outcome),
+                ])?)?;
+            }
+        }
+    }
+    let mut m = enc.encode_descriptor(
+            "limiter_forward_adaptive_refuse_probability",
+            "Adaptive throttling: the probability a new connection is refused now (0 when the upstreams accept enough), by the window's requests and accepts.",
+            None,
+            MetricType::Gauge,
+        )?;
+    for f in forwards {
+        if let Some(a) = &f.adaptive {
+            ConstGauge::new(a.refuse_probability).encode(m.encode_family(&[("listener", f.name.as_str())])?)?;
+        }
+    }
+    let mut m = enc.encode_descriptor(
+        "limiter_forward_adaptive_window",
+        "Adaptive throttling's trailing window: requests (refused ones included) and the upstreams' accepts.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for f in forwards {
+        if let Some(a) = &f.adaptive {
+            for (what, n) in [("requests", a.requests), ("accepts", a.accepts)] {
+                ConstGauge::new(i(n)).encode(m.encode_family(&[("listener", f.name.as_str()), ("count", what)])?)?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -12,7 +12,7 @@ use std::{
 use tokio::{
     io::AsyncWriteExt as _,
     net::{TcpListener, TcpStream},
-    sync::{OwnedSemaphorePermit, Semaphore, watch},
+    sync::{OwnedSemaphorePermit, watch},
 };
 
 use super::{
@@ -20,7 +20,7 @@ use super::{
     copy::{Activity, pump},
     proxy,
 };
-use crate::policy::forward::{Forward, ProxyProtocol};
+use crate::policy::{Criticality, forward::ProxyProtocol};
 
 /// Why a connection was closed at accept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +58,8 @@ pub type PrefixCounts = Mutex<HashMap<PrefixKey, usize>>;
 /// Accept on `listener` until `stop` turns true.
 pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     use crate::listen::{BACKOFF, ErrorLog};
+    // Every connection's local port is the listener's (for its class).
+    let port = listener.local_addr().map_or(0, |a| a.port());
     let (mut backoff, mut errors) = (BACKOFF.0, ErrorLog::default());
     loop {
         let accepted = tokio::select! {
@@ -78,8 +80,9 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
         };
         backoff = BACKOFF.0;
         f.stats.accepted.fetch_add(1, Ordering::Relaxed);
-        match admit(&f, peer) {
+        match admit(&f, peer, port) {
             Ok(a) => {
+                f.stats.by_criticality[a.criticality as usize][0].fetch_add(1, Ordering::Relaxed);
                 let f = Arc::clone(&f);
                 tokio::spawn(async move {
                     f.stats.active.fetch_add(1, Ordering::Relaxed);
@@ -89,10 +92,11 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
                     drop((a.slot, a.fds));
                 });
             }
-            Err(why) => {
+            Err((why, criticality)) => {
                 // Closed at once: an RST-free close, before any work.
                 drop(stream);
                 f.stats.shed[why as usize].fetch_add(1, Ordering::Relaxed);
+                f.stats.by_criticality[criticality as usize][1].fetch_add(1, Ordering::Relaxed);
                 if why == Shed::Descriptors {
                     f.warned.lock().expect("not poisoned")[2].note(|n| {
                         tracing::warn!(
@@ -111,36 +115,42 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
 /// per-prefix cap and the PROXY v2 verdict alike), and whether it is
 /// counted against that prefix's cap.
 pub struct Admitted {
-    slot: OwnedSemaphorePermit,
+    slot: super::rank::Slot,
+    pub criticality: Criticality,
     fds: OwnedSemaphorePermit,
     pub ctx: Arc<Context>,
     pub prefix: PrefixKey,
     counted: bool,
 }
 
-/// The caps, at accept: a global slot and one of the prefix's.
-fn admit(f: &Shared, peer: SocketAddr) -> Result<Admitted, Shed> {
-    let slot = Arc::clone(&f.slots).try_acquire_owned().map_err(|_| Shed::MaxConnections)?;
-    if !f.upstreams.list.iter().any(super::upstream::Upstream::up) {
-        return Err(Shed::NoUpstream);
-    }
-    let fds = Arc::clone(&f.fds).try_acquire_many_owned(super::fds::cost(f.cfg.copy)).map_err(|_| Shed::Descriptors)?;
-    if f.adaptive.as_ref().is_some_and(super::adaptive::Adaptive::refuse) {
-        return Err(Shed::Adaptive);
-    }
+/// The caps, at accept: a slot under the connection's criticality's
+/// limit, an upstream in service, descriptors, the adaptive throttle, and
+/// a slot of the prefix's.
+fn admit(f: &Shared, peer: SocketAddr, port: u16) -> Result<Admitted, (Shed, Criticality)> {
     let ctx = f.ctx.borrow().clone();
+    let criticality = ctx.ranks.of_connection(peer, port, &ctx.config);
+    let shed = |why| (why, criticality);
+    let slot = f.slots.take(criticality).ok_or(shed(Shed::MaxConnections))?;
+    if !f.upstreams.list.iter().any(super::upstream::Upstream::up) {
+        return Err(shed(Shed::NoUpstream));
+    }
+    let fds =
+        Arc::clone(&f.fds).try_acquire_many_owned(super::fds::cost(f.cfg.copy)).map_err(|_| shed(Shed::Descriptors))?;
+    if f.adaptive.as_ref().is_some_and(|a| a.refuse(criticality)) {
+        return Err(shed(Shed::Adaptive));
+    }
     let prefix = prefix_of(peer, &ctx);
     let cap = f.cfg.max_connections_per_prefix;
     if cap == 0 {
-        return Ok(Admitted { slot, fds, ctx, prefix, counted: false });
+        return Ok(Admitted { slot, criticality, fds, ctx, prefix, counted: false });
     }
     let mut counts = f.prefixes.lock().expect("not poisoned");
     let n = counts.entry(prefix).or_insert(0);
     if *n >= cap {
-        return Err(Shed::MaxPerPrefix);
+        return Err(shed(Shed::MaxPerPrefix));
     }
     *n += 1;
-    Ok(Admitted { slot, fds, ctx, prefix, counted: true })
+    Ok(Admitted { slot, criticality, fds, ctx, prefix, counted: true })
 }
 
 fn release(counts: &PrefixCounts, key: Option<PrefixKey>) {
@@ -285,10 +295,4 @@ impl Stats {
     pub fn shed_count(&self, why: Shed) -> u64 {
         self.shed[why as usize].load(Ordering::Relaxed)
     }
-}
-
-/// Slots of a forwarder's global cap.
-#[must_use]
-pub fn slots(cfg: &Forward) -> Arc<Semaphore> {
-    Arc::new(Semaphore::new(cfg.max_connections))
 }

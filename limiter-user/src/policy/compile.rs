@@ -300,11 +300,15 @@ pub(crate) mod tests {
             limit: Limit { rate: 20, burst: 40, cost: CostUnit::Packets, mode: Mode::Shadow, window: None },
             syn_cookies: SynCookies::Off,
             syn_rate: None,
+            criticality: crate::policy::Criticality::Default,
         }
     }
 
     fn ovr(cidr: &str, action: OverrideAction) -> Policy {
-        Policy { overrides: vec![Override { net: cidr.parse().unwrap(), action }], ..Policy::default() }
+        Policy {
+            overrides: vec![Override { net: cidr.parse().unwrap(), action, criticality: None }],
+            ..Policy::default()
+        }
     }
 
     #[test]
@@ -312,9 +316,13 @@ pub(crate) mod tests {
         let lim = Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None };
         let p = Policy {
             overrides: vec![
-                Override { net: "198.18.0.0/16".parse().unwrap(), action: OverrideAction::Limit(lim) },
-                Override { net: "198.18.5.0/24".parse().unwrap(), action: OverrideAction::Allow },
-                Override { net: "2001:2::/48".parse().unwrap(), action: OverrideAction::Deny },
+                Override {
+                    net: "198.18.0.0/16".parse().unwrap(),
+                    action: OverrideAction::Limit(lim),
+                    criticality: None,
+                },
+                Override { net: "198.18.5.0/24".parse().unwrap(), action: OverrideAction::Allow, criticality: None },
+                Override { net: "2001:2::/48".parse().unwrap(), action: OverrideAction::Deny, criticality: None },
             ],
             ..Policy::default()
         };

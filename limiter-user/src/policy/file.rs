@@ -40,7 +40,7 @@ pub use self::untrusted::{ReadError, read_text};
 use self::window::WindowSpec;
 
 use super::{
-    Aggregate, Class, Compiled, CostUnit, DEFAULT_AGGREGATE_PREFIXES, Limit, ListAction, Mode, Override,
+    Aggregate, Class, Compiled, CostUnit, Criticality, DEFAULT_AGGREGATE_PREFIXES, Limit, ListAction, Mode, Override,
     OverrideAction, Policy, PolicyError, Protocol, Scope, StoreFailure, SynCookies, bad,
 };
 
@@ -139,6 +139,7 @@ struct OverrideSpec {
     slices: Option<u32>,
     scope: Option<Scope>,
     on_store_failure: Option<StoreFailure>,
+    criticality: Option<Criticality>,
 }
 
 #[derive(Deserialize, Serialize, PartialEq)]
@@ -164,6 +165,7 @@ struct ClassSpec {
     #[serde(default, skip_serializing_if = "render::cookies_off")]
     syn_cookies: SynCookies,
     syn_rate: Option<u64>,
+    criticality: Option<Criticality>,
 }
 
 /// Read a policy file: a regular file of at most [`MAX_FILE_BYTES`] (a
@@ -328,6 +330,7 @@ fn build_class(i: usize, c: Spanned<ClassSpec>, global_mode: Mode) -> Located<Cl
         on_store_failure,
         syn_cookies,
         syn_rate,
+        criticality,
     } = c.into_inner();
     let at = format!("class[{i}].");
     let window = WindowSpec { limit, window, slices, scope, on_store_failure }
@@ -355,12 +358,13 @@ fn build_class(i: usize, c: Spanned<ClassSpec>, global_mode: Mode) -> Located<Cl
         },
         syn_cookies,
         syn_rate,
+        criticality: criticality.unwrap_or_default(),
     })
 }
 
 fn build_override(i: usize, o: Spanned<OverrideSpec>, default: Limit) -> Located<Override> {
     let start = o.span().start;
-    let OverrideSpec { cidr, action, rate, burst, mode, limit, window, slices, scope, on_store_failure } =
+    let OverrideSpec { cidr, action, rate, burst, mode, limit, window, slices, scope, on_store_failure, criticality } =
         o.into_inner();
     let net = cidr
         .get_ref()
@@ -384,7 +388,7 @@ fn build_override(i: usize, o: Spanned<OverrideSpec>, default: Limit) -> Located
             return Err((bad(format!("override[{i}].action"), problem), start));
         }
     };
-    Ok(Override { net, action })
+    Ok(Override { net, action, criticality })
 }
 
 pub use self::render::render;

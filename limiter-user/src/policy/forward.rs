@@ -16,6 +16,8 @@
 //! drain_timeout = "10s"
 //! adaptive_k = 2.0                 # adaptive throttling toward the upstreams; 0 = off
 //! adaptive_window = "2m"
+//! critical_reserve = 0.1           # of max_connections, for critical connections only
+//! sheddable_share = 0.8            # of max_connections, at most, for sheddable ones
 //! ```
 
 use std::{net::SocketAddr, time::Duration};
@@ -96,6 +98,12 @@ pub struct Forward {
         serialize_with = "super::duration_out"
     )]
     pub adaptive_window: Duration,
+    /// The share of `max_connections` kept for critical connections.
+    #[serde(default = "defaults::critical_reserve")]
+    pub critical_reserve: Ratio,
+    /// The share of `max_connections` sheddable connections may hold.
+    #[serde(default = "defaults::sheddable_share")]
+    pub sheddable_share: Ratio,
 }
 
 /// A ratio read as a TOML number, compared by value (so a forwarder's
@@ -139,6 +147,14 @@ pub mod defaults {
     #[must_use]
     pub const fn adaptive_window() -> Duration {
         Duration::from_mins(2)
+    }
+    #[must_use]
+    pub const fn critical_reserve() -> super::Ratio {
+        super::Ratio(0.1)
+    }
+    #[must_use]
+    pub const fn sheddable_share() -> super::Ratio {
+        super::Ratio(0.8)
     }
 }
 
@@ -199,6 +215,12 @@ pub fn check(forwards: &[Forward]) -> Result<(), PolicyError> {
         }
         if !(Duration::from_secs(1)..=Duration::from_hours(1)).contains(&f.adaptive_window) {
             return Err(bad(at("adaptive_window"), "must be from 1s to 1h"));
+        }
+        if !(0.0..1.0).contains(&f.critical_reserve.0) {
+            return Err(bad(at("critical_reserve"), "must be from 0 to below 1"));
+        }
+        if !(f.sheddable_share.0 > 0.0 && f.sheddable_share.0 <= 1.0) {
+            return Err(bad(at("sheddable_share"), "must be above 0 and at most 1"));
         }
     }
     Ok(())

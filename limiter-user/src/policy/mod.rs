@@ -236,6 +236,35 @@ pub struct Class {
     pub syn_cookies: SynCookies,
     /// `auto` engages above this many SYNs/s from sources without a bucket.
     pub syn_rate: Option<u64>,
+    /// How the forwarder ranks its connections at the cap and when it
+    /// throttles ([`Criticality`]).
+    pub criticality: Criticality,
+}
+
+/// How much a connection matters to the forwarder (seed 002's request
+/// criticality): at `max_connections` and under adaptive throttling,
+/// sheddable connections are refused first, and a share is kept for
+/// critical ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Criticality {
+    Sheddable,
+    #[default]
+    Default,
+    Critical,
+}
+
+impl Criticality {
+    pub const ALL: [Criticality; 3] = [Criticality::Critical, Criticality::Default, Criticality::Sheddable];
+
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Criticality::Critical => "critical",
+            Criticality::Default => "default",
+            Criticality::Sheddable => "sheddable",
+        }
+    }
 }
 
 /// An allow or a deny, as a list's entries and an override's `action`
@@ -274,6 +303,9 @@ pub enum OverrideAction {
 pub struct Override {
     pub net: ipnet::IpNet,
     pub action: OverrideAction,
+    /// The forwarder's rank for its connections (`None`: critical when
+    /// allowed, else the class's).
+    pub criticality: Option<Criticality>,
 }
 
 /// The aggregate tier: a coarser prefix charged together with the fine

@@ -102,6 +102,7 @@ impl From<&crate::policy::Class> for ClassSpec {
             on_store_failure,
             syn_cookies: c.syn_cookies,
             syn_rate: c.syn_rate,
+            criticality: (c.criticality != crate::policy::Criticality::Default).then_some(c.criticality),
         }
     }
 }
@@ -126,6 +127,7 @@ impl From<&crate::policy::Override> for OverrideSpec {
             slices,
             scope,
             on_store_failure,
+            criticality: o.criticality,
         }
     }
 }

@@ -146,7 +146,8 @@ fn an_error_in_a_policy_with_runtime_overrides_points_at_the_file_or_says_run_ti
     assert_eq!((e.field.as_str(), e.location.clone()), ("override[1].rate", Some(("p.toml".into(), 7))), "{e}");
     // One added at run time is said to be so.
     let mut applied = l.policy.clone();
-    applied.overrides[1] = Override { net: "198.18.77.0/25".parse().unwrap(), action: OverrideAction::Deny };
+    applied.overrides[1] =
+        Override { net: "198.18.77.0/25".parse().unwrap(), action: OverrideAction::Deny, criticality: None };
     let e = l.origin.locate(applied.compile(1).unwrap_err(), &applied);
     assert!(e.problem.contains("198.18.77.0/25 was set at run time"), "{e}");
 }

@@ -120,7 +120,11 @@ fn overrides_apply() {
             .map(|i| {
                 let [_, a, b, c] = (i + (10 << 16)).to_be_bytes();
                 let limit = Limit { burst, ..Policy::default().default };
-                Override { net: format!("{a}.{b}.{c}.0/24").parse().unwrap(), action: OverrideAction::Limit(limit) }
+                Override {
+                    net: format!("{a}.{b}.{c}.0/24").parse().unwrap(),
+                    action: OverrideAction::Limit(limit),
+                    criticality: None,
+                }
             })
             .collect();
         Policy { overrides, ..Policy::default() }

@@ -7,8 +7,8 @@ use proptest::{collection::vec, option, prelude::*};
 
 use super::render;
 use crate::policy::{
-    Aggregate, Class, CostUnit, Limit, Mode, Override, OverrideAction, Policy, Protocol, Scope, StoreFailure,
-    SynCookies, Window,
+    Aggregate, Class, CostUnit, Criticality, Limit, Mode, Override, OverrideAction, Policy, Protocol, Scope,
+    StoreFailure, SynCookies, Window,
     feedback::{Escalate, Feedback},
     file::parse,
     fleet::Fleet,
@@ -65,8 +65,9 @@ fn class() -> impl Strategy<Value = Class> {
         .prop_map(|v| v.into_iter().map(|(lo, n)| (lo, lo.saturating_add(n))).collect());
     let cookies = prop_oneof![Just(SynCookies::Off), Just(SynCookies::Auto), Just(SynCookies::Always)];
     // Any printable name: quotes, backslashes and non-ASCII are escaped.
-    ("\\PC{1,16}", protocol, ports, any::<bool>(), limit(cost()), cookies, option::of(1u64..1 << 32)).prop_map(
-        |(name, protocol, ports, syn, limit, syn_cookies, syn_rate)| Class {
+    let rest = (cookies, option::of(1u64..1 << 32), criticality());
+    ("\\PC{1,16}", protocol, ports, any::<bool>(), limit(cost()), rest).prop_map(
+        |(name, protocol, ports, syn, limit, (syn_cookies, syn_rate, criticality))| Class {
             name,
             protocol,
             ports,
@@ -74,8 +75,13 @@ fn class() -> impl Strategy<Value = Class> {
             limit,
             syn_cookies,
             syn_rate,
+            criticality,
         },
     )
+}
+
+fn criticality() -> impl Strategy<Value = Criticality> {
+    prop_oneof![Just(Criticality::Critical), Just(Criticality::Default), Just(Criticality::Sheddable)]
 }
 
 fn net() -> impl Strategy<Value = ipnet::IpNet> {
@@ -92,7 +98,14 @@ fn overrides(cost: CostUnit) -> impl Strategy<Value = Vec<Override>> {
         Just(OverrideAction::Deny),
         limit(Just(cost)).prop_map(OverrideAction::Limit)
     ];
-    vec((net(), action).prop_map(|(net, action)| Override { net, action }), 0..6)
+    vec(
+        (net(), action, option::of(criticality())).prop_map(|(net, action, criticality)| Override {
+            net,
+            action,
+            criticality,
+        }),
+        0..6,
+    )
 }
 
 fn addr() -> impl Strategy<Value = SocketAddr> {
@@ -132,6 +145,8 @@ fn forward() -> impl Strategy<Value = Forward> {
             copy,
             adaptive_k: crate::policy::forward::Ratio(k),
             adaptive_window: window,
+            critical_reserve: crate::policy::forward::Ratio(0.25),
+            sheddable_share: crate::policy::forward::Ratio(0.5),
         },
     )
 }
