@@ -1,9 +1,11 @@
 //! Client-side adaptive throttling toward the tenant layer (the SRE
 //! book's formula): over a trailing window, `requests` are the
-//! connections the forwarder sent upstream or refused here, and
-//! `accepts` those the tenant layer took (connected and answered: the
-//! first byte came back; refused, reset, timed out or closed before
-//! answering are not). A connection counts once its outcome is known (its
+//! connections the forwarder handed to the tenant layer or refused here,
+//! and `accepts` those the tenant layer answered (the first byte came
+//! back; reset, timed out or closed before answering are not). A connect
+//! that fails is the passive health check's, not counted here: the
+//! upstream goes out of service and is probed back, and a remembered
+//! outage would slow the recovery after it for a whole window. A connection counts once its outcome is known (its
 //! first byte back, or its end without one): one still waiting for its
 //! answer counts as neither, so a burst of new connections, or a slow
 //! first byte, is not taken for refusals. A new connection is refused here with

@@ -197,11 +197,13 @@ async fn serve(client: TcpStream, peer: SocketAddr, admitted: &Admitted, f: &Sha
     let Ok(local) = client.local_addr() else { return };
     let mut tried = Vec::new();
     let (upstream, index) = loop {
+        // Connect failures are the passive health check's (the upstream
+        // goes out of service, then is probed back), not adaptive
+        // throttling's: that counts what the tenant layer does with the
+        // connections it took, and a remembered outage would slow the
+        // recovery after it for a whole window.
         let Some(i) = f.upstreams.pick(&tried) else {
             f.stats.upstream_failed.fetch_add(1, Ordering::Relaxed);
-            if let Some(a) = &f.adaptive {
-                a.resolved(false);
-            }
             return;
         };
         tried.push(i);
