@@ -57,8 +57,9 @@ const APT_PACKAGES: &[&str] = &[
 ];
 /// Only `bench` needs these: the netfilter peers of the system flood,
 /// nginx's stream module for the forwarder's peers, perf for the system
-/// flood's profile (`LIMITER_BENCH_PROFILE=1`).
-const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool", "libnginx-mod-stream", "linux-perf"];
+/// flood's profile (`LIMITER_BENCH_PROFILE=1`), and wrk, the HTTP load of
+/// `bench forward`.
+const BENCH_PACKAGES: &[&str] = &["nftables", "iptables", "ethtool", "libnginx-mod-stream", "linux-perf", "wrk"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(Parser)]

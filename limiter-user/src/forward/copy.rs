@@ -1,6 +1,8 @@
-//! Moving a connection's bytes both ways: `splice(2)` through a pipe per
-//! direction (the bytes never reach user space) or `read`/`write`
-//! through a bounded buffer. Both pass a half-close on and stop when
+//! Moving a connection's bytes both ways: `read`/`write` through the
+//! runtime thread's scratch buffer (a connection keeps only what its
+//! writer could not take at once), and, with `copy = "splice"`, past the
+//! first [`SPLICE_AFTER`] bytes of a direction, `splice(2)` through a
+//! pipe (the bytes never reach user space). Both pass a half-close on and stop when
 //! neither direction has moved for the idle timeout, and a write that
 //! cannot drain for the idle timeout (a peer that stopped reading) ends
 //! the connection too: a stalled connection holds at most its sockets'
@@ -16,7 +18,7 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _, Interest},
+    io::{AsyncWriteExt as _, Interest},
     net::{
         TcpStream,
         tcp::{OwnedReadHalf, OwnedWriteHalf},
@@ -50,70 +52,115 @@ impl Activity {
     fn moved(&self) {
         self.last_ms.store(self.now_ms(), Ordering::Relaxed);
     }
-
-    /// Neither direction has moved for the idle timeout.
-    fn idle(&self) -> bool {
-        let since = self.now_ms().saturating_sub(self.last_ms.load(Ordering::Relaxed));
-        Duration::from_millis(since) >= self.idle
-    }
 }
 
 /// Called once, when the first bytes of a direction arrive.
 pub type OnFirst<'a> = Option<&'a (dyn Fn() + Sync)>;
 
+/// Bytes a direction moves through the scratch buffer before it is
+/// spliced (`copy = "splice"`): a request and its answer cost fewer
+/// system calls copied, and no pipe; past this it is a long transfer.
+pub const SPLICE_AFTER: u64 = 64 << 10;
+
 /// One direction, `r` to `w`, by `how`; counts into `bytes`, calls
 /// `first` when the first bytes arrive, and passes the end of stream on
-/// as a half-close.
+/// as a half-close. Spliced directions start copied ([`SPLICE_AFTER`]).
 pub async fn pump(
     how: Copy,
-    r: OwnedReadHalf,
+    mut r: OwnedReadHalf,
     mut w: OwnedWriteHalf,
     bytes: &AtomicU64,
     act: &Activity,
     first: OnFirst<'_>,
 ) {
-    let _ = match how {
-        Copy::Buffer => buffered(r, &mut w, bytes, act, first).await,
-        Copy::Splice => spliced(r.as_ref(), w.as_ref(), bytes, act, first).await,
+    let limit = match how {
+        Copy::Buffer => u64::MAX,
+        Copy::Splice => SPLICE_AFTER,
     };
+    if let Ok(true) = buffered(&mut r, &mut w, bytes, act, first, limit).await {
+        let _ = spliced(r.as_ref(), w.as_ref(), bytes, act).await;
+    }
     let _ = w.shutdown().await;
 }
 
-/// `$ready` (a future), re-made until it finishes; returns `Ok(())` from
-/// the enclosing function once the connection has been idle in both
-/// directions for the idle timeout.
-macro_rules! unless_idle {
-    ($act:expr, $ready:expr) => {
-        loop {
-            match tokio::time::timeout($act.idle, $ready).await {
-                Ok(v) => break v,
-                Err(_) if $act.idle() => return Ok(()),
-                Err(_) => {}
-            }
-        }
-    };
+/// Ends once neither direction has moved for the idle timeout: one timer
+/// per connection, re-armed only when it fires (a timer per read would
+/// cost each small exchange a timer wheel insert and removal).
+pub async fn idle(act: &Activity) {
+    loop {
+        let since = Duration::from_millis(act.now_ms().saturating_sub(act.last_ms.load(Ordering::Relaxed)));
+        let Some(left) = act.idle.checked_sub(since).filter(|l| !l.is_zero()) else { return };
+        tokio::time::sleep(left).await;
+    }
 }
 
+thread_local! {
+    /// Each runtime thread's buffer: bytes pass through it between a read
+    /// and the write that takes them at once, so a connection holds no
+    /// buffer of its own but for what its writer could not take.
+    static SCRATCH: std::cell::RefCell<Box<[u8]>> = std::cell::RefCell::new(vec![0u8; BUF].into_boxed_slice());
+}
+
+/// One read and the write of what it read, without waiting.
+enum Step {
+    Eof,
+    NotReady,
+    /// All `n` bytes written.
+    Moved(usize),
+    /// `n` bytes read, those in the vector not yet written.
+    Left(usize, Vec<u8>),
+}
+
+fn step(from: &OwnedReadHalf, to: &OwnedWriteHalf) -> io::Result<Step> {
+    SCRATCH.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        let read = match from.try_read(&mut scratch[..]) {
+            Ok(0) => return Ok(Step::Eof),
+            Ok(read) => read,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::NotReady),
+            Err(e) => return Err(e),
+        };
+        let written = match to.try_write(&scratch[..read]) {
+            Ok(written) => written,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(e),
+        };
+        Ok(if written == read { Step::Moved(read) } else { Step::Left(read, scratch[written..read].to_vec()) })
+    })
+}
+
+/// Copy until the end of stream (`Ok(false)`) or until `limit` bytes
+/// have moved (`Ok(true)`: the caller splices the rest).
 async fn buffered(
-    mut r: OwnedReadHalf,
+    r: &mut OwnedReadHalf,
     w: &mut OwnedWriteHalf,
     bytes: &AtomicU64,
     act: &Activity,
     mut first: OnFirst<'_>,
-) -> io::Result<()> {
-    let mut buf = vec![0u8; BUF];
+    limit: u64,
+) -> io::Result<bool> {
+    let mut moved = 0u64;
     loop {
-        let n = unless_idle!(act, r.read(&mut buf))?;
-        if n == 0 {
-            return Ok(());
-        }
+        r.readable().await?;
+        let n = match step(r, w)? {
+            Step::Eof => return Ok(false),
+            Step::NotReady => continue,
+            Step::Moved(n) => n,
+            Step::Left(n, left) => {
+                // A peer that stops reading: this write never drains.
+                tokio::time::timeout(act.idle, w.write_all(&left)).await.map_err(|_| stalled())??;
+                n
+            }
+        };
         if let Some(f) = first.take() {
             f();
         }
-        // A peer that stops reading: this write never drains.
-        tokio::time::timeout(act.idle, w.write_all(&buf[..n])).await.map_err(|_| stalled())??;
         bytes.fetch_add(n as u64, Ordering::Relaxed);
         act.moved();
+        moved += n as u64;
+        if moved >= limit {
+            return Ok(true);
+        }
     }
 }
 
@@ -167,24 +214,15 @@ async fn fill(r: &TcpStream, rfd: RawFd, pw: RawFd) -> io::Result<usize> {
     }
 }
 
-async fn spliced(
-    r: &TcpStream,
-    w: &TcpStream,
-    bytes: &AtomicU64,
-    act: &Activity,
-    mut first: OnFirst<'_>,
-) -> io::Result<()> {
+async fn spliced(r: &TcpStream, w: &TcpStream, bytes: &AtomicU64, act: &Activity) -> io::Result<()> {
     let pipe = Pipe::new()?;
     let (rfd, wfd) = (r.as_raw_fd(), w.as_raw_fd());
     let (pr, pw) = (pipe.read.as_raw_fd(), pipe.write.as_raw_fd());
     loop {
         // Socket to pipe: readiness through tokio, the move in the kernel.
-        let mut left = unless_idle!(act, fill(r, rfd, pw))?;
+        let mut left = fill(r, rfd, pw).await?;
         if left == 0 {
             return Ok(());
-        }
-        if let Some(f) = first.take() {
-            f();
         }
         bytes.fetch_add(left as u64, Ordering::Relaxed);
         // Pipe to socket: all of it, before reading more (within the idle

@@ -283,6 +283,7 @@ async fn splice(client: TcpStream, mut upstream: TcpStream, header: &[u8], f: &S
     let down = pump(f.cfg.copy, ur, cw, &f.stats.bytes_down, &act, Some(&first));
     tokio::select! {
         _ = async { tokio::join!(up, down) } => {}
+        () = super::copy::idle(&act) => {}
         _ = kill.changed() => {}
     }
     if let Some(a) = f.adaptive.as_ref().filter(|_| !answered.load(Ordering::Relaxed)) {

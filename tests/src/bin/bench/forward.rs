@@ -298,6 +298,7 @@ pub fn forward() {
     rows.push(nginx(&net, dir));
     stop.store(true, Ordering::Relaxed);
     let _ = up.join();
+    let http = super::forward_http::rows(&net, dir);
 
     println!("forwarders on CPU 0, client and upstream on CPU 1, loopback, {SECS} s a row");
     println!("{:<36} {:>12} {:>12} {:>10} {:>10}", "forwarder", "conns/s", "MB/s", "p50 us", "p99 us");
@@ -327,6 +328,7 @@ pub fn forward() {
         verdict(l.bytes >= 0.9 * h.bytes),
         l.bytes / h.bytes
     );
+    super::forward_http::report(&http);
 }
 
 /// haproxy, mode tcp, send-proxy-v2, one thread on CPU 0.

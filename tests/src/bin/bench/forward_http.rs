@@ -1,0 +1,206 @@
+//! Bench `forward`, HTTP workloads: wrk (Debian's) on CPU 1 through each
+//! forwarder on CPU 0 to an nginx HTTP backend on CPU 1 that reads the
+//! PROXY header (`listen ... proxy_protocol`, `return 200`), all on the
+//! loopback of one namespace, rows interleaved, two rounds: new
+//! connections a second (HTTP/1.1, `Connection: close`), keep-alive
+//! requests a second, and the p99 latency of the keep-alive run.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use limiter_tests::{
+    netns::{B_IF, VethPair},
+    scenario::{self, Guard, spawn_lines, unique_socket, wait_for},
+};
+
+const BACKEND: u16 = 7200;
+const WRK_SECS: &str = "4";
+
+/// One workload's figures for one forwarder.
+#[derive(Clone, Copy, Default)]
+pub struct Http {
+    pub new_conns: f64,
+    pub keepalive: f64,
+    /// p99 of the keep-alive run, in µs.
+    pub p99_us: f64,
+}
+
+/// `wrk` through `port`: requests a second and the p99 in µs.
+fn wrk(net: &VethPair, port: u16, close: bool) -> (f64, f64) {
+    let mut c = Command::new("taskset");
+    c.args(["-c", "1", "nsenter", &format!("--net=/run/netns/{}", net.b.name), "wrk", "-t1", "-c32", "-d"])
+        .arg(format!("{WRK_SECS}s"))
+        .arg("--latency");
+    if close {
+        c.args(["-H", "Connection: close"]);
+    }
+    c.arg(format!("http://127.0.0.1:{port}/"));
+    let out = c.output().expect("wrk (cargo xtask bench installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rate = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(f64::NAN);
+    let p99 = text.lines().find_map(|l| l.trim().strip_prefix("99%")).map_or(f64::NAN, |v| micros(v.trim()));
+    (rate, p99)
+}
+
+/// wrk's `1.23ms`, `456.78us` or `1.20s`, in µs.
+fn micros(v: &str) -> f64 {
+    let (num, scale) = if let Some(n) = v.strip_suffix("us") {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix("ms") {
+        (n, 1e3)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1e6)
+    } else {
+        (v, f64::NAN)
+    };
+    num.parse::<f64>().map_or(f64::NAN, |n| n * scale)
+}
+
+fn measure(net: &VethPair, port: u16) -> Http {
+    assert!(net.b.listens_on(port), "nothing listens on {port}");
+    let (new_conns, _) = wrk(net, port, true);
+    let (keepalive, p99_us) = wrk(net, port, false);
+    Http { new_conns, keepalive, p99_us }
+}
+
+/// On CPU `cpu` in the bench namespace.
+fn pinned(net: &VethPair, cpu: &str, prog: &str) -> Command {
+    let mut c = Command::new("taskset");
+    c.args(["-c", cpu, "nsenter", &format!("--net=/run/netns/{}", net.b.name), prog]);
+    c
+}
+
+/// The backend: nginx HTTP on CPU 1, reading the PROXY header.
+fn backend(net: &VethPair, dir: &Path) -> Guard {
+    let conf = dir.join("backend.conf");
+    let d = dir.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log /dev/null;\npid {d}/backend.pid;\nevents {{ worker_connections 8000; }}\nhttp {{\n  access_log off;\n  keepalive_requests 10000000;\n  server {{\n    listen 127.0.0.1:{BACKEND} proxy_protocol;\n    location / {{ return 200 \"ok\\n\"; }}\n  }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let mut c = pinned(net, "1", "nginx");
+    c.arg("-c").arg(&conf).arg("-p").arg(dir);
+    Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+}
+
+/// The three fronts, each started for its row and stopped after it.
+fn limiter(net: &VethPair, dir: &Path) -> Guard {
+    let policy = dir.join("http.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "rate = 1000000\nburst = 1000000\n[[forward]]\nname = \"http\"\nlisten = [\"127.0.0.1:7201\"]\nupstreams = [\"127.0.0.1:{BACKEND}\"]\nmax_connections = 20000\n"
+        ),
+    )
+    .unwrap();
+    let mut c = pinned(net, "0", scenario::locate_bin("limiter").unwrap().to_str().unwrap());
+    c.args(["run", "--iface", B_IF, "--metrics", "off", "--status-interval", "0", "--policy"])
+        .arg(&policy)
+        .arg("--socket")
+        .arg(unique_socket("bfwh"));
+    let (daemon, log) = spawn_lines(c).unwrap();
+    wait_for(&log, "listening on", Duration::from_secs(20), &mut String::new()).unwrap();
+    daemon
+}
+
+fn haproxy(net: &VethPair, dir: &Path) -> Guard {
+    let cfg = dir.join("haproxy-http.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n  nbthread 1\n  maxconn 8000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\nfrontend fe\n  bind 127.0.0.1:7202\n  default_backend be\nbackend be\n  server s 127.0.0.1:{BACKEND} send-proxy-v2\n"
+        ),
+    )
+    .unwrap();
+    let mut c = pinned(net, "0", "haproxy");
+    c.arg("-db").arg("-f").arg(&cfg);
+    Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+}
+
+fn nginx(net: &VethPair, dir: &Path) -> Guard {
+    let conf = dir.join("front.conf");
+    let d = dir.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\ndaemon off;\nmaster_process off;\nworker_processes 1;\nerror_log /dev/null;\npid {d}/front.pid;\nevents {{ worker_connections 8000; }}\nstream {{\n  server {{\n    listen 127.0.0.1:7203;\n    proxy_pass 127.0.0.1:{BACKEND};\n    proxy_protocol on;\n  }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let mut c = pinned(net, "0", "nginx");
+    c.arg("-c").arg(&conf).arg("-p").arg(dir);
+    Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+}
+
+/// Starts a front.
+type Front = fn(&VethPair, &Path) -> Guard;
+
+/// Two rounds, rows interleaved: (limiter, haproxy, nginx), the best of
+/// each forwarder's rounds per figure (the p99: the lower).
+pub fn rows(net: &VethPair, dir: &Path) -> [Http; 3] {
+    let _backend = backend(net, dir);
+    assert!(net.b.listens_on(BACKEND), "the nginx backend did not start");
+    let mut best = [Http { p99_us: f64::INFINITY, ..Http::default() }; 3];
+    for round in 1..=2 {
+        let fronts: [(&str, u16, Front); 3] =
+            [("limiter", 7201, limiter), ("haproxy", 7202, haproxy), ("nginx", 7203, nginx)];
+        for (i, (name, port, start)) in fronts.into_iter().enumerate() {
+            eprintln!("bench forward: HTTP through {name}, round {round}...");
+            let guard = start(net, dir);
+            let h = measure(net, port);
+            drop(guard);
+            std::thread::sleep(Duration::from_millis(300));
+            eprintln!(
+                "bench forward: {name} round {round}: {:.0} new conns/s, {:.0} keep-alive req/s, p99 {:.0} us",
+                h.new_conns, h.keepalive, h.p99_us
+            );
+            let b = &mut best[i];
+            b.new_conns = b.new_conns.max(h.new_conns);
+            b.keepalive = b.keepalive.max(h.keepalive);
+            b.p99_us = b.p99_us.min(h.p99_us);
+        }
+    }
+    best
+}
+
+/// The table and the goals: at least 1.0x both peers on new connections
+/// and keep-alive requests, and a p99 no worse than haproxy's.
+pub fn report(rows: &[Http; 3]) {
+    let names = ["limiter (PROXY v2, default config)", "haproxy 2.6 (send-proxy-v2)", "nginx 1.22 stream (PROXY v1)"];
+    println!(
+        "HTTP/1.1 to an nginx backend (proxy_protocol, return 200), wrk -t1 -c32 on CPU 1, {WRK_SECS} s a run, best of 2 rounds"
+    );
+    println!("{:<36} {:>14} {:>16} {:>12}", "forwarder", "new conns/s", "keep-alive req/s", "p99 us");
+    for (n, r) in names.iter().zip(rows) {
+        println!("{n:<36} {:>14.0} {:>16.0} {:>12.0}", r.new_conns, r.keepalive, r.p99_us);
+    }
+    let [l, h, n] = rows;
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    for (what, lv, hv, nv) in [
+        ("new connections/s", l.new_conns, h.new_conns, n.new_conns),
+        ("keep-alive requests/s", l.keepalive, h.keepalive, n.keepalive),
+    ] {
+        println!(
+            "goal: {what} at least haproxy's and nginx's -> {} ({:.2}x haproxy, {:.2}x nginx)",
+            verdict(lv >= hv && lv >= nv),
+            lv / hv,
+            lv / nv
+        );
+    }
+    println!(
+        "goal: p99 of a small request no worse than haproxy's -> {} ({:.0} us against {:.0} us)",
+        verdict(l.p99_us <= h.p99_us),
+        l.p99_us,
+        h.p99_us
+    );
+}
