@@ -236,10 +236,13 @@ impl Manager {
     }
 }
 
-/// The listening socket: address reuse, so a restarted daemon binds at once.
+/// The listening socket: address reuse, so a restarted daemon binds at
+/// once; TCP_NODELAY, which its accepted sockets inherit.
 fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     let s = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
     s.set_reuseaddr(true)?;
+    // Accepted sockets inherit it: no setsockopt a connection.
+    s.set_nodelay(true)?;
     s.bind(addr)?;
     // A bounded accept backlog: beyond it the kernel refuses.
     s.listen(1024)
@@ -353,4 +356,16 @@ fn coarse_now_ns() -> u64 {
     // SAFETY: clock_gettime into a struct we own.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test(flavor = "current_thread")]
+    async fn accepted_sockets_inherit_nodelay_from_the_listener() {
+        let l = super::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let _c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        assert!(s.nodelay().unwrap(), "the accepted socket would delay small writes");
+    }
 }

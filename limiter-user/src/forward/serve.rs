@@ -58,8 +58,12 @@ pub type PrefixCounts = Mutex<HashMap<PrefixKey, usize>>;
 /// Accept on `listener` until `stop` turns true.
 pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     use crate::listen::{BACKOFF, ErrorLog};
-    // Every connection's local port is the listener's (for its class).
-    let port = listener.local_addr().map_or(0, |a| a.port());
+    // Every connection's local port is the listener's (for its class),
+    // and its local address too when the listener is bound to one (no
+    // getsockname a connection then).
+    let bound = listener.local_addr().ok();
+    let port = bound.map_or(0, |a| a.port());
+    let local = bound.filter(|a| !a.ip().is_unspecified());
     let (mut backoff, mut errors) = (BACKOFF.0, ErrorLog::default());
     loop {
         let accepted = tokio::select! {
@@ -86,7 +90,7 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
                 let f = Arc::clone(&f);
                 tokio::spawn(async move {
                     f.stats.active.fetch_add(1, Ordering::Relaxed);
-                    serve(stream, peer, &a, &f).await;
+                    serve(stream, peer, local, &a, &f).await;
                     f.stats.active.fetch_sub(1, Ordering::Relaxed);
                     release(&f.prefixes, a.counted.then_some(a.prefix));
                     drop((a.slot, a.fds));
@@ -193,8 +197,8 @@ fn local_failure(e: &std::io::Error) -> bool {
 }
 
 /// One accepted connection to its end.
-async fn serve(client: TcpStream, peer: SocketAddr, admitted: &Admitted, f: &Shared) {
-    let Ok(local) = client.local_addr() else { return };
+async fn serve(client: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, admitted: &Admitted, f: &Shared) {
+    let Some(local) = local.or_else(|| client.local_addr().ok()) else { return };
     let mut tried = Vec::new();
     let (upstream, index) = loop {
         // Connect failures are the passive health check's (the upstream
@@ -264,7 +268,7 @@ async fn splice(client: TcpStream, mut upstream: TcpStream, header: &[u8], f: &S
         }
         return Err(e);
     }
-    let _ = client.set_nodelay(true);
+    // The client's socket has TCP_NODELAY from its listener (`bind`).
     let _ = upstream.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (ur, uw) = upstream.into_split();
