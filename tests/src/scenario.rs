@@ -281,7 +281,11 @@ pub fn wait_output(g: Guard) -> anyhow::Result<String> {
 pub fn delivered(net: &VethPair, src: &str, n: u64) -> u64 {
     let netload = locate_bin("netload").expect("netload");
     let mut recv = net.b.command(&netload);
-    recv.args(["recv", &format!("0.0.0.0:{PORT}"), "2"]);
+    // Until all `n` arrived, or 2 s from the first (2 s from ready if
+    // none does): the sender spreads them over 1 s, and may start late on
+    // a loaded machine (a CI run lost the last of 50 to a window fixed
+    // from ready).
+    recv.args(["recv", &format!("0.0.0.0:{PORT}"), "2", &n.to_string()]);
     let (mut recv, rx) = spawn_lines(recv).expect("start netload recv");
     wait_for(&rx, "ready", Duration::from_secs(10), &mut String::new()).expect("netload recv ready");
     let send = net

@@ -54,7 +54,10 @@ fn main() -> anyhow::Result<()> {
                 payload,
             )
         }
-        ["recv", bind, secs] => recv(bind.parse().context("BIND:PORT")?, secs.parse().context("SECS")?),
+        ["recv", bind, secs] => recv(bind.parse().context("BIND:PORT")?, secs.parse().context("SECS")?, u64::MAX),
+        ["recv", bind, secs, expect] => {
+            recv(bind.parse().context("BIND:PORT")?, secs.parse().context("SECS")?, expect.parse().context("EXPECT")?)
+        }
         ["spoof", iface, mac, dst, count] => spoof(iface, mac, dst.parse().context("DST_IP:PORT")?, count.parse()?),
         ["spoof-syn", iface, mac, dst, secs] => {
             spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?, 0x02)
@@ -76,7 +79,7 @@ fn main() -> anyhow::Result<()> {
             hold(target, count.parse()?, secs.parse()?, mode);
             Ok(())
         }
-        _ => bail!("usage: netload send SRC DST:PORT PPS SECS [PAYLOAD] | netload recv BIND:PORT SECS"),
+        _ => bail!("usage: netload send SRC DST:PORT PPS SECS [PAYLOAD] | netload recv BIND:PORT SECS [EXPECT]"),
     }
 }
 
@@ -134,7 +137,9 @@ fn report_full_rings(sock: &UdpSocket, dst: SocketAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn recv(bind: SocketAddr, secs: f64) -> anyhow::Result<()> {
+/// Count what arrives for `secs` (from the first packet, if that came
+/// late), or until `expect` packets have.
+fn recv(bind: SocketAddr, secs: f64, expect: u64) -> anyhow::Result<()> {
     let sock = UdpSocket::bind(bind).with_context(|| format!("bind {bind}"))?;
     // A large receive buffer: the receiver must never be the one dropping.
     let size: libc::c_int = 16 << 20;
@@ -153,9 +158,16 @@ fn recv(bind: SocketAddr, secs: f64) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs_f64(secs.clamp(0.0, 600.0));
     let mut counts: BTreeMap<std::net::IpAddr, u64> = BTreeMap::new();
     let mut buf = [0u8; 2048];
-    while Instant::now() < deadline {
+    let mut deadline = deadline;
+    let mut total = 0;
+    while Instant::now() < deadline && total < expect {
         if let Ok((_, from)) = sock.recv_from(&mut buf) {
+            if total == 0 {
+                // A sender that started late still gets the whole window.
+                deadline = deadline.max(Instant::now() + Duration::from_secs_f64(secs.clamp(0.0, 600.0)));
+            }
             *counts.entry(from.ip()).or_default() += 1;
+            total += 1;
         }
     }
     for (ip, n) in &counts {

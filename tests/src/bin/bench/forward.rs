@@ -25,10 +25,10 @@ use limiter_tests::{
 };
 
 const UPSTREAM: u16 = 7100;
-const SECS: f64 = 2.0;
+pub(super) const SECS: f64 = 2.0;
 const BULK: usize = 32 << 20;
 
-fn pin_to_cpu(cpu: usize) {
+pub(super) fn pin_to_cpu(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -87,7 +87,7 @@ fn upstream(ns: &NetNs, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
 
 /// One request of kind `op` through `port`: connect, send, read `want`
 /// bytes, close with a reset (no TIME_WAIT on the client).
-fn once(port: u16, op: u8, want: usize) -> Option<usize> {
+pub(super) fn once(port: u16, op: u8, want: usize) -> Option<usize> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
     s.write_all(&[op]).ok()?;
@@ -104,7 +104,7 @@ fn once(port: u16, op: u8, want: usize) -> Option<usize> {
 }
 
 /// Close with a reset: no TIME_WAIT left on the client side.
-fn reset_on_close(s: &TcpStream) {
+pub(super) fn reset_on_close(s: &TcpStream) {
     let l = libc::linger { l_onoff: 1, l_linger: 0 };
     // SAFETY: setsockopt on a descriptor we own, with a valid struct.
     unsafe {
@@ -179,56 +179,8 @@ fn latency(ns: &NetNs, port: u16) -> (f64, f64, usize) {
     })
 }
 
-fn wait_port(ns: &NetNs, port: u16) {
+pub(super) fn wait_port(ns: &NetNs, port: u16) {
     assert!(ns.listens_on(port), "nothing listens on {port}");
-}
-
-/// CPU time (user + system) of `pid` in seconds.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let f: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-    ticks / 100.0
-}
-
-/// Idle connections held open to measure memory.
-const IDLE: usize = 1000;
-
-/// A `/proc` figure in KiB: `field` of `/proc/{file}` (`VmRSS` of a
-/// process's status, `Slab` of meminfo).
-fn kib(file: &str, field: &str) -> f64 {
-    let text = std::fs::read_to_string(format!("/proc/{file}")).unwrap_or_default();
-    let line = text.lines().find(|l| l.starts_with(field)).unwrap_or_default();
-    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
-}
-
-/// Memory per idle connection: `IDLE` connections through the forwarder,
-/// each after one small exchange, then held open; the daemon's RSS and
-/// the machine's slab before and after, per connection (KiB).
-fn idle_memory(ns: &NetNs, port: u16, pid: u32) -> (f64, f64) {
-    limiter_tests::scenario::raise_nofile();
-    let (rss0, slab0) = (kib(&format!("{pid}/status"), "VmRSS:"), kib("meminfo", "Slab:"));
-    let held: Vec<TcpStream> = ns.run_in(|| {
-        (0..IDLE)
-            .filter_map(|_| {
-                let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-                s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-                s.write_all(b"c").ok()?;
-                let mut b = [0u8; 1];
-                s.read_exact(&mut b).ok()?;
-                Some(s)
-            })
-            .collect()
-    });
-    thread::sleep(Duration::from_millis(300));
-    let (rss1, slab1) = (kib(&format!("{pid}/status"), "VmRSS:"), kib("meminfo", "Slab:"));
-    let n = held.len().max(1) as f64;
-    for s in &held {
-        reset_on_close(s);
-    }
-    drop(held);
-    thread::sleep(Duration::from_millis(300));
-    ((rss1 - rss0) / n, (slab1 - slab0) / n)
 }
 
 struct Row {
@@ -286,9 +238,9 @@ pub fn forward() {
         let (daemon, log) = spawn_lines(c).unwrap();
         wait_for(&log, "listening on", Duration::from_secs(20), &mut String::new()).unwrap();
         rows.push(measure(name, &net.b, 7101));
-        idle.push((name, idle_memory(&net.b, 7101, daemon.0.id())));
+        idle.push((name, super::forward_cost::idle_memory(&net.b, 7101, daemon.0.id())));
         if copy == "splice" {
-            refusal = refusal_cost(&net, &policy, &socket, daemon.0.id(), &fwd(1, copy));
+            refusal = super::forward_cost::refusal_cost(&net, &policy, &socket, daemon.0.id(), &fwd(1, copy));
         }
         drop::<Guard>(daemon);
     }
@@ -307,7 +259,8 @@ pub fn forward() {
     }
     for (name, (rss, slab)) in &idle {
         println!(
-            "{name}, memory per idle connection ({IDLE} open): {rss:.1} KiB daemon RSS, {slab:.1} KiB kernel slab (whole machine)"
+            "{name}, memory per idle connection ({} open): {rss:.1} KiB daemon RSS, {slab:.1} KiB kernel slab (whole machine)",
+            super::forward_cost::IDLE
         );
     }
     println!("limiter, a connection refused at the cap: {refused_us:.1} us of daemon CPU ({refused} refused)");
@@ -369,54 +322,4 @@ fn nginx(net: &VethPair, dir: &std::path::Path) -> Row {
     let row = measure("nginx 1.22 stream (PROXY v1)", &net.b, 7103);
     drop(nginx);
     row
-}
-
-/// The limiter's CPU per connection refused at its cap: a cap of 1
-/// (applied as a new policy), one connection held, 16 clients.
-fn refusal_cost(
-    net: &VethPair,
-    policy: &std::path::Path,
-    socket: &std::path::Path,
-    pid: u32,
-    capped: &str,
-) -> (u64, f64) {
-    std::fs::write(policy, capped).unwrap();
-    let apply = Command::new(scenario::locate_bin("limiter").unwrap())
-        .args(["policy", "apply"])
-        .arg(policy)
-        .arg("--socket")
-        .arg(socket)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(apply.success());
-    wait_port(&net.b, 7101);
-    let held = net.b.run_in(|| {
-        let mut s = TcpStream::connect(("127.0.0.1", 7101)).unwrap();
-        s.write_all(b"c").unwrap();
-        s
-    });
-    thread::sleep(Duration::from_millis(100));
-    let cpu0 = cpu_secs(pid);
-    let refused = net.b.run_in(|| {
-        let n = Arc::new(AtomicU64::new(0));
-        let start = Instant::now();
-        thread::scope(|s| {
-            for _ in 0..16 {
-                let n = Arc::clone(&n);
-                s.spawn(move || {
-                    pin_to_cpu(1);
-                    while start.elapsed().as_secs_f64() < SECS {
-                        if once(7101, b'c', 1).is_none() {
-                            n.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                });
-            }
-        });
-        n.load(Ordering::Relaxed)
-    });
-    let refused_us = (cpu_secs(pid) - cpu0) * 1e6 / refused.max(1) as f64;
-    drop(held);
-    (refused, refused_us)
 }

@@ -6,6 +6,7 @@
 mod deny;
 mod fleet;
 mod forward;
+mod forward_cost;
 mod forward_http;
 mod hit;
 mod jitlines;
