@@ -408,6 +408,37 @@ pub fn scrape(net: &VethPair) -> String {
     String::from_utf8(o.stdout).expect("UTF-8")
 }
 
+/// An HTTP/1.1 request to 127.0.0.1:`port` in namespace `ns` (the
+/// daemon's loopback listeners), with a bearer `token` if given: the
+/// status code and the body.
+#[must_use]
+pub fn http(
+    ns: &crate::netns::NetNs,
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    if let Some(t) = token {
+        req = req + "Authorization: Bearer " + t + "\r\n";
+    }
+    req = req + "\r\n" + body;
+    let out = ns.run_in(move || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    });
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+}
+
 /// The value of the series `series` (name and labels, as written) in a
 /// scrape; panics, with the scrape, if it is not there.
 #[must_use]

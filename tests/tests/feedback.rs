@@ -4,8 +4,6 @@
 //! counts each refusal, and in shadow mode only lists and logs.
 
 use std::{
-    io::{Read as _, Write as _},
-    net::TcpStream,
     process::Stdio,
     time::{Duration, Instant},
 };
@@ -62,23 +60,7 @@ fn start_with(tag: &str, shadow: bool, extra: &str) -> Running {
 /// An HTTP request to the daemon's loopback, from its namespace: the
 /// status code and the body.
 fn http(r: &Running, port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    let mut req =
-        format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
-    if let Some(t) = token {
-        req = req + "Authorization: Bearer " + t + "\r\n";
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    let out = r.net.b.run_in(move || {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(req.as_bytes()).unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    });
-    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+    scenario::http(&r.net.b, port, method, path, token, body)
 }
 
 fn post(r: &Running, body: &str) -> (u16, String) {

@@ -141,26 +141,6 @@ fn an_overloaded_upstream_sees_about_k_times_its_accepts_and_recovers() {
     up.join().unwrap();
 }
 
-/// An HTTP request to the daemon's loopback, from its namespace: the
-/// status code and the body.
-fn http(ns: &limiter_tests::netns::NetNs, port: u16, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    let mut req = format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
-    if let Some(t) = token {
-        req = req + "Authorization: Bearer " + t + "\r\n";
-    }
-    req = req + "\r\n" + body;
-    let out = ns.run_in(move || {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(req.as_bytes()).unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    });
-    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
-}
-
 /// The tenant layer says it is overloaded (`POST /v1/load`, with the
 /// feedback token): its rejections count, and new connections are
 /// refused at once; a bad word changes nothing.
@@ -181,7 +161,7 @@ fn the_tenant_layers_word_of_overload_throttles_its_forwarder() {
     let before = status(&s)["forwards"][0]["adaptive"].clone();
     assert_eq!(before["refuse_probability"].as_f64(), Some(0.0), "{before}");
 
-    let load = |t: Option<&str>, body: &str| http(&s.net.b, 9467, "/v1/load", t, body);
+    let load = |t: Option<&str>, body: &str| limiter_tests::scenario::http(&s.net.b, 9467, "POST", "/v1/load", t, body);
     assert_eq!(load(None, r#"{"forward":"front","rejected":1000}"#).0, 403);
     assert_eq!(load(Some(TOKEN), r#"{"forward":"nope","rejected":1000}"#).0, 404);
     assert_eq!(load(Some(TOKEN), r#"{"forward":"front","rejected":0}"#).0, 422);

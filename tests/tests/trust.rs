@@ -5,8 +5,7 @@
 //! an abuser that proved its address still is.
 
 use std::{
-    io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     path::PathBuf,
     process::{Command, Stdio},
     sync::mpsc::Receiver,
@@ -64,20 +63,7 @@ fn cli(r: &Running, args: &[&str]) -> String {
 
 /// An HTTP request to the daemon's loopback, from its namespace.
 fn http(r: &Running, port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let out = r.net.b.run_in(move || {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(req.as_bytes()).unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    });
-    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+    scenario::http(&r.net.b, port, method, path, Some(TOKEN), body)
 }
 
 fn penalize(r: &Running, cidr: &str, ttl: &str) -> (u16, String) {
