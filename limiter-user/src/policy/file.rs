@@ -8,9 +8,7 @@
 //! rate = 1000             # default class: units/s per prefix
 //! burst = 2000
 //! cost = "packets"        # or "bytes"
-//! v4_prefix = 24
-//! v6_prefix = 56
-//! capacity = 262144
+//! v4_prefix = 24         # and v6_prefix, capacity: see docs/policy.md
 //!
 //! [[class]]               # up to 7; the first that matches wins
 //! name = "https-syn"

@@ -5,6 +5,7 @@
 
 pub mod compile;
 mod cookies;
+mod criticality;
 pub mod crowdsec;
 mod duration;
 pub mod feed;
@@ -25,6 +26,7 @@ use clap::ValueEnum;
 use limiter_common::{cost, mode, packet};
 use serde::{Deserialize, Serialize};
 
+pub use self::criticality::Criticality;
 pub(crate) use self::duration::{duration, duration_opt, duration_opt_out, duration_out};
 pub use self::{
     compile::{Compiled, CompiledOverrides},
@@ -239,32 +241,6 @@ pub struct Class {
     /// How the forwarder ranks its connections at the cap and when it
     /// throttles ([`Criticality`]).
     pub criticality: Criticality,
-}
-
-/// How much a connection matters to the forwarder (seed 002's request
-/// criticality): at `max_connections` and under adaptive throttling,
-/// sheddable connections are refused first, and a share is kept for
-/// critical ones.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Criticality {
-    Sheddable,
-    #[default]
-    Default,
-    Critical,
-}
-
-impl Criticality {
-    pub const ALL: [Criticality; 3] = [Criticality::Critical, Criticality::Default, Criticality::Sheddable];
-
-    #[must_use]
-    pub fn label(self) -> &'static str {
-        match self {
-            Criticality::Critical => "critical",
-            Criticality::Default => "default",
-            Criticality::Sheddable => "sheddable",
-        }
-    }
 }
 
 /// An allow or a deny, as a list's entries and an override's `action`
