@@ -25,7 +25,7 @@ use std::{
 };
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use limiter_common::{BucketKey, BucketState, Config, gcra, mode, packet, resolution, rules};
+use limiter_common::{BucketKey, BucketState, Config, gcra, mode, resolution, rules};
 use tokio::sync::{Semaphore, watch};
 
 pub use self::series::Reports;
@@ -307,18 +307,8 @@ fn verdict(f: &Shared, a: &serve::Admitted, port: u16) -> Verdict {
     let ctx = &a.ctx;
     let cfg = &ctx.config;
     let (family, prefix) = a.prefix;
-    let mut src = packet::Source {
-        family,
-        proto: packet::IPPROTO_TCP,
-        port_known: 1,
-        syn: 1,
-        dport: port,
-        ..packet::Source::default()
-    };
-    for (i, w) in prefix.chunks(4).enumerate() {
-        src.addr[i] = u32::from_ne_bytes(w.try_into().expect("4 bytes"));
-    }
-    let class = rules::classify(cfg, &src);
+    let src = serve::syn_source(a.prefix, port);
+    let class = a.class;
     let key = rules::bucket_key(&src, cfg.v4_prefix, cfg.v6_prefix, u8::try_from(class).unwrap_or(0));
     let limits = cfg.classes[class];
     Verdict {

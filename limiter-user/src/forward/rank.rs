@@ -9,7 +9,7 @@
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -17,7 +17,6 @@ use std::{
 };
 
 use ipnet::IpNet;
-use limiter_common::{Config, packet, rules};
 
 use crate::policy::{Criticality, OverrideAction, Policy, forward::Forward};
 
@@ -56,10 +55,10 @@ impl Ranks {
         Self { overrides, lens, classes }
     }
 
-    /// The criticality of a connection from `peer` to `port` under the
-    /// compiled `config`.
+    /// The criticality of a connection from `peer` whose SYN was
+    /// charged to `class`.
     #[must_use]
-    pub fn of_connection(&self, peer: SocketAddr, port: u16, config: &Config) -> Criticality {
+    pub fn of_connection(&self, peer: SocketAddr, class: usize) -> Criticality {
         let ip = peer.ip().to_canonical();
         let lens = if ip.is_ipv4() { &self.lens.0 } else { &self.lens.1 };
         for &len in lens {
@@ -69,27 +68,8 @@ impl Ranks {
                 return *c;
             }
         }
-        self.classes.get(class_of(ip, port, config)).copied().unwrap_or_default()
+        self.classes.get(class).copied().unwrap_or_default()
     }
-}
-
-/// The class a SYN from `ip` to `port` is charged to.
-fn class_of(ip: IpAddr, port: u16, config: &Config) -> usize {
-    let mut src =
-        packet::Source { proto: packet::IPPROTO_TCP, port_known: 1, syn: 1, dport: port, ..packet::Source::default() };
-    match ip {
-        IpAddr::V4(a) => {
-            src.family = limiter_common::family::IPV4;
-            src.addr[0] = u32::from_ne_bytes(a.octets());
-        }
-        IpAddr::V6(a) => {
-            src.family = limiter_common::family::IPV6;
-            for (i, w) in a.octets().chunks(4).enumerate() {
-                src.addr[i] = u32::from_ne_bytes(w.try_into().expect("4 bytes"));
-            }
-        }
-    }
-    rules::classify(config, &src)
 }
 
 /// A forwarder's connection slots, with a limit per criticality.
@@ -151,6 +131,8 @@ fn share(n: usize, ratio: f64, up: bool) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use limiter_common::rules;
+
     use super::*;
     use crate::policy::forward::Ratio;
 
@@ -186,7 +168,12 @@ mod tests {
         let p = crate::policy::file::parse("t", text.into()).unwrap().policy;
         let cfg = p.compile(1).unwrap().config;
         let r = Ranks::of(&p);
-        let at = |a: &str, port| r.of_connection(SocketAddr::new(a.parse().unwrap(), 9999), port, &cfg);
+        let at = |a: &str, port| {
+            let peer = SocketAddr::new(a.parse().unwrap(), 9999);
+            let ctx = super::super::Context { config: cfg, ..Default::default() };
+            let prefix = super::super::serve::prefix_of(peer, &ctx);
+            r.of_connection(peer, rules::classify(&cfg, &super::super::serve::syn_source(prefix, port)))
+        };
         assert_eq!(at("198.18.5.1", 443), Criticality::Critical);
         assert_eq!(at("198.18.7.1", 443), Criticality::Critical, "the /16's");
         assert_eq!(at("198.18.6.200", 80), Criticality::Sheddable, "the most specific override wins");

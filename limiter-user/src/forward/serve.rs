@@ -121,6 +121,8 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
 pub struct Admitted {
     slot: super::rank::Slot,
     pub criticality: Criticality,
+    /// The class its SYN was charged to.
+    pub class: usize,
     fds: OwnedSemaphorePermit,
     pub ctx: Arc<Context>,
     pub prefix: PrefixKey,
@@ -132,7 +134,9 @@ pub struct Admitted {
 /// a slot of the prefix's.
 fn admit(f: &Shared, peer: SocketAddr, port: u16) -> Result<Admitted, (Shed, Criticality)> {
     let ctx = f.ctx.borrow().clone();
-    let criticality = ctx.ranks.of_connection(peer, port, &ctx.config);
+    let prefix = prefix_of(peer, &ctx);
+    let class = limiter_common::rules::classify(&ctx.config, &syn_source(prefix, port));
+    let criticality = ctx.ranks.of_connection(peer, class);
     let shed = |why| (why, criticality);
     let slot = f.slots.take(criticality).ok_or(shed(Shed::MaxConnections))?;
     if !f.upstreams.list.iter().any(super::upstream::Upstream::up) {
@@ -143,10 +147,9 @@ fn admit(f: &Shared, peer: SocketAddr, port: u16) -> Result<Admitted, (Shed, Cri
     if f.adaptive.as_ref().is_some_and(|a| a.refuse(criticality)) {
         return Err(shed(Shed::Adaptive));
     }
-    let prefix = prefix_of(peer, &ctx);
     let cap = f.cfg.max_connections_per_prefix;
     if cap == 0 {
-        return Ok(Admitted { slot, criticality, fds, ctx, prefix, counted: false });
+        return Ok(Admitted { slot, criticality, class, fds, ctx, prefix, counted: false });
     }
     let mut counts = f.prefixes.lock().expect("not poisoned");
     let n = counts.entry(prefix).or_insert(0);
@@ -154,7 +157,7 @@ fn admit(f: &Shared, peer: SocketAddr, port: u16) -> Result<Admitted, (Shed, Cri
         return Err(shed(Shed::MaxPerPrefix));
     }
     *n += 1;
-    Ok(Admitted { slot, criticality, fds, ctx, prefix, counted: true })
+    Ok(Admitted { slot, criticality, class, fds, ctx, prefix, counted: true })
 }
 
 fn release(counts: &PrefixCounts, key: Option<PrefixKey>) {
@@ -166,6 +169,25 @@ fn release(counts: &PrefixCounts, key: Option<PrefixKey>) {
             c.remove(&key);
         }
     }
+}
+
+/// A SYN from `prefix` to `port`, as the program parses it: what the
+/// class of a connection, and its bucket's key, are computed from.
+#[must_use]
+pub fn syn_source((family, prefix): PrefixKey, port: u16) -> limiter_common::packet::Source {
+    use limiter_common::packet;
+    let mut src = packet::Source {
+        family,
+        proto: packet::IPPROTO_TCP,
+        port_known: 1,
+        syn: 1,
+        dport: port,
+        ..packet::Source::default()
+    };
+    for (i, w) in prefix.chunks(4).enumerate() {
+        src.addr[i] = u32::from_ne_bytes(w.try_into().expect("4 bytes"));
+    }
+    src
 }
 
 /// The source prefix of `peer` by the policy's prefix lengths.
