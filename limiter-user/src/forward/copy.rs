@@ -1,11 +1,15 @@
 //! Moving a connection's bytes both ways: `read`/`write` through the
 //! runtime thread's scratch buffer (a connection keeps only what its
-//! writer could not take at once), and, with `copy = "splice"`, past the
-//! first [`SPLICE_AFTER`] bytes of a direction, `splice(2)` through a
-//! pipe (the bytes never reach user space). Both pass a half-close on and stop when
-//! neither direction has moved for the idle timeout, and a write that
-//! cannot drain for the idle timeout (a peer that stopped reading) ends
-//! the connection too: a stalled connection holds at most its sockets'
+//! writer could not take at once), and, with `copy = "splice"`, while a
+//! direction carries bulk (a read filled the scratch buffer),
+//! `splice(2)` through a pipe (the bytes never reach user space); a
+//! splice that finds less than a buffer's worth goes back to copying, so
+//! small requests and answers are never spliced. A read that returns less
+//! than it asked for emptied the socket, so no read is spent to learn
+//! that it would block. Both pass a half-close on and stop when neither
+//! direction has moved for the idle timeout, and a write that cannot
+//! drain for the idle timeout (a peer that stopped reading) ends the
+//! connection too: a stalled connection holds at most its sockets'
 //! kernel buffers and 16 KiB (`buffer`) or a 64 KiB pipe (`splice`) per
 //! direction, for at most the idle timeout. `cargo xtask bench forward`
 //! measures the two side by side.
@@ -13,28 +17,24 @@
 use std::{
     io,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
-    sync::atomic::{AtomicU64, Ordering},
-    time::{Duration, Instant},
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    time::Duration,
 };
 
-use tokio::{
-    io::{AsyncWriteExt as _, Interest},
-    net::{
-        TcpStream,
-        tcp::{OwnedReadHalf, OwnedWriteHalf},
-    },
-};
+use tokio::{io::Interest, net::TcpStream};
 
 use crate::policy::forward::Copy;
 
-/// Bytes buffered per direction of a connection (`copy = "buffer"`).
+/// Bytes buffered per direction of a connection (`copy = "buffer"`), and
+/// what a read must fill for the direction to count as bulk.
 const BUF: usize = 16 << 10;
 /// Most bytes one `splice` call moves (a default pipe holds 64 KiB).
 const CHUNK: usize = 64 << 10;
 
-/// When either direction last moved, for the shared idle timeout.
+/// When either direction last moved, for the shared idle timeout, by
+/// the coarse monotonic clock (a tick of a few ms, read without the
+/// TSC: every read of a connection stamps it).
 pub struct Activity {
-    start: Instant,
     last_ms: AtomicU64,
     idle: Duration,
 }
@@ -42,45 +42,52 @@ pub struct Activity {
 impl Activity {
     #[must_use]
     pub fn new(idle: Duration) -> Self {
-        Self { start: Instant::now(), last_ms: AtomicU64::new(0), idle }
-    }
-
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+        Self { last_ms: AtomicU64::new(now_ms()), idle }
     }
 
     fn moved(&self) {
-        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+        self.last_ms.store(now_ms(), Ordering::Relaxed);
     }
+}
+
+/// `CLOCK_MONOTONIC_COARSE` in ms.
+fn now_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime into a struct we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1000 + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000
 }
 
 /// Called once, when the first bytes of a direction arrive.
 pub type OnFirst<'a> = Option<&'a (dyn Fn() + Sync)>;
 
-/// Bytes a direction moves through the scratch buffer before it is
-/// spliced (`copy = "splice"`): a request and its answer cost fewer
-/// system calls copied, and no pipe; past this it is a long transfer.
-pub const SPLICE_AFTER: u64 = 64 << 10;
+/// What one direction moved, and how.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    pub copied: u64,
+    pub spliced: u64,
+}
 
 /// One direction, `r` to `w`, by `how`; counts into `bytes`, calls
 /// `first` when the first bytes arrive, and passes the end of stream on
-/// as a half-close. Spliced directions start copied ([`SPLICE_AFTER`]).
+/// as a half-close, unless the other direction (`other_done`, shared by
+/// the two) has ended already: both sockets close next, which says it.
 pub async fn pump(
     how: Copy,
-    mut r: OwnedReadHalf,
-    mut w: OwnedWriteHalf,
+    r: &TcpStream,
+    w: &TcpStream,
     bytes: &AtomicU64,
     act: &Activity,
     first: OnFirst<'_>,
-) {
-    let limit = match how {
-        Copy::Buffer => u64::MAX,
-        Copy::Splice => SPLICE_AFTER,
-    };
-    if let Ok(true) = buffered(&mut r, &mut w, bytes, act, first, limit).await {
-        let _ = spliced(r.as_ref(), w.as_ref(), bytes, act).await;
+    other_done: &AtomicBool,
+) -> Moved {
+    let mut moved = Moved::default();
+    let _ = run(how, r, w, bytes, act, first, &mut moved).await;
+    if !other_done.swap(true, Ordering::Relaxed) {
+        // SAFETY: shutdown(2) on a socket the caller owns.
+        unsafe { libc::shutdown(w.as_raw_fd(), libc::SHUT_WR) };
     }
-    let _ = w.shutdown().await;
+    moved
 }
 
 /// Ends once neither direction has moved for the idle timeout: one timer
@@ -88,7 +95,7 @@ pub async fn pump(
 /// cost each small exchange a timer wheel insert and removal).
 pub async fn idle(act: &Activity) {
     loop {
-        let since = Duration::from_millis(act.now_ms().saturating_sub(act.last_ms.load(Ordering::Relaxed)));
+        let since = Duration::from_millis(now_ms().saturating_sub(act.last_ms.load(Ordering::Relaxed)));
         let Some(left) = act.idle.checked_sub(since).filter(|l| !l.is_zero()) else { return };
         tokio::time::sleep(left).await;
     }
@@ -111,10 +118,46 @@ enum Step {
     Left(usize, Vec<u8>),
 }
 
-fn step(from: &OwnedReadHalf, to: &OwnedWriteHalf) -> io::Result<Step> {
+/// `recv(2)` into `buf` (a socket's own call: `read(2)` goes through the
+/// file layer first), retried when interrupted.
+fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: reads at most `buf.len()` bytes into `buf`.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if let Ok(n) = usize::try_from(n) {
+            return Ok(n);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A read that also forgets the socket's readiness when it returned less
+/// than `buf` holds: a TCP read takes all that is queued, so the socket
+/// is empty, and the next read would only say it would block (haproxy
+/// and nginx save that read the same way). Bytes that arrive after it
+/// wake the socket again (epoll is edge-triggered: each arrival is an
+/// event), and an end of stream seen already is kept (tokio never clears
+/// a read-closed readiness).
+fn read_drained(s: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    let (fd, len) = (s.as_raw_fd(), buf.len());
+    let mut got = 0;
+    let r = s.try_io(Interest::READABLE, || {
+        got = read(fd, buf)?;
+        if got > 0 && got < len { Err(io::ErrorKind::WouldBlock.into()) } else { Ok(got) }
+    });
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
+        other => other,
+    }
+}
+
+fn step(from: &TcpStream, to: &TcpStream) -> io::Result<Step> {
     SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
-        let read = match from.try_read(&mut scratch[..]) {
+        let read = match read_drained(from, &mut scratch[..]) {
             Ok(0) => return Ok(Step::Eof),
             Ok(read) => read,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::NotReady),
@@ -129,26 +172,76 @@ fn step(from: &OwnedReadHalf, to: &OwnedWriteHalf) -> io::Result<Step> {
     })
 }
 
-/// Copy until the end of stream (`Ok(false)`) or until `limit` bytes
-/// have moved (`Ok(true)`: the caller splices the rest).
-async fn buffered(
-    r: &mut OwnedReadHalf,
-    w: &mut OwnedWriteHalf,
+/// The PROXY header to `upstream`, and in the same write the client's
+/// first bytes when they have come already (they usually have, by the
+/// time the upstream's connect completes): one segment and one system
+/// call fewer a connection, and the upstream woken once. Returns how
+/// many of the client's bytes went with it.
+pub async fn open(header: &[u8], client: &TcpStream, upstream: &TcpStream, idle: Duration) -> io::Result<usize> {
+    if header.is_empty() {
+        return Ok(0);
+    }
+    if header.len() > BUF / 2 {
+        write_all(upstream, header, idle).await?;
+        return Ok(0);
+    }
+    let (read, left) = SCRATCH.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        let h = header.len();
+        scratch[..h].copy_from_slice(header);
+        // Nothing yet (or the end of stream, which the pump then sees
+        // again): the header goes alone.
+        let read = read_drained(client, &mut scratch[h..]).unwrap_or(0);
+        let all = &scratch[..h + read];
+        let written = match upstream.try_write(all) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(e),
+        };
+        Ok((read, all[written..].to_vec()))
+    })?;
+    write_all(upstream, &left, idle).await?;
+    Ok(read)
+}
+
+/// All of `buf` to `w`, within the idle timeout (a peer that stops
+/// reading never lets it drain).
+pub async fn write_all(w: &TcpStream, mut buf: &[u8], idle: Duration) -> io::Result<()> {
+    while !buf.is_empty() {
+        tokio::time::timeout(idle, w.writable()).await.map_err(|_| stalled())??;
+        match w.try_write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Copy until the end of stream; with `Copy::Splice`, splice while the
+/// direction carries bulk.
+async fn run(
+    how: Copy,
+    r: &TcpStream,
+    w: &TcpStream,
     bytes: &AtomicU64,
     act: &Activity,
     mut first: OnFirst<'_>,
-    limit: u64,
-) -> io::Result<bool> {
-    let mut moved = 0u64;
+    moved: &mut Moved,
+) -> io::Result<()> {
+    // Made when first needed; none (copy on) when no descriptor is left.
+    let mut pipe: Option<Option<Pipe>> = None;
     loop {
-        r.readable().await?;
+        // The peer's end of stream, when already seen, is known to follow
+        // a read that empties the socket: no read is spent to hear it.
+        let closed = r.ready(Interest::READABLE).await?.is_read_closed();
         let n = match step(r, w)? {
-            Step::Eof => return Ok(false),
+            Step::Eof => return Ok(()),
             Step::NotReady => continue,
             Step::Moved(n) => n,
             Step::Left(n, left) => {
-                // A peer that stops reading: this write never drains.
-                tokio::time::timeout(act.idle, w.write_all(&left)).await.map_err(|_| stalled())??;
+                write_all(w, &left, act.idle).await?;
                 n
             }
         };
@@ -156,10 +249,17 @@ async fn buffered(
             f();
         }
         bytes.fetch_add(n as u64, Ordering::Relaxed);
+        moved.copied += n as u64;
         act.moved();
-        moved += n as u64;
-        if moved >= limit {
-            return Ok(true);
+        if closed && n < BUF {
+            return Ok(());
+        }
+        if how == Copy::Splice
+            && n == BUF
+            && let Some(pipe) = pipe.get_or_insert_with(|| Pipe::new().ok())
+            && spliced(r, w, pipe, bytes, act, moved).await?
+        {
+            return Ok(());
         }
     }
 }
@@ -214,19 +314,29 @@ async fn fill(r: &TcpStream, rfd: RawFd, pw: RawFd) -> io::Result<usize> {
     }
 }
 
-async fn spliced(r: &TcpStream, w: &TcpStream, bytes: &AtomicU64, act: &Activity) -> io::Result<()> {
-    let pipe = Pipe::new()?;
+/// Splice while each splice finds at least a scratch buffer's worth:
+/// `Ok(true)` at the end of stream, `Ok(false)` to go back to copying.
+async fn spliced(
+    r: &TcpStream,
+    w: &TcpStream,
+    pipe: &Pipe,
+    bytes: &AtomicU64,
+    act: &Activity,
+    moved: &mut Moved,
+) -> io::Result<bool> {
     let (rfd, wfd) = (r.as_raw_fd(), w.as_raw_fd());
     let (pr, pw) = (pipe.read.as_raw_fd(), pipe.write.as_raw_fd());
     loop {
         // Socket to pipe: readiness through tokio, the move in the kernel.
-        let mut left = fill(r, rfd, pw).await?;
-        if left == 0 {
-            return Ok(());
+        let n = fill(r, rfd, pw).await?;
+        if n == 0 {
+            return Ok(true);
         }
-        bytes.fetch_add(left as u64, Ordering::Relaxed);
+        bytes.fetch_add(n as u64, Ordering::Relaxed);
+        moved.spliced += n as u64;
         // Pipe to socket: all of it, before reading more (within the idle
         // timeout: a peer that stops reading never lets it drain).
+        let mut left = n;
         while left > 0 {
             tokio::time::timeout(act.idle, w.writable()).await.map_err(|_| stalled())??;
             match w.try_io(Interest::WRITABLE, || splice(pr, wfd, left)) {
@@ -237,5 +347,11 @@ async fn spliced(r: &TcpStream, w: &TcpStream, bytes: &AtomicU64, act: &Activity
             }
         }
         act.moved();
+        if n < BUF {
+            return Ok(false);
+        }
     }
 }
+
+#[cfg(test)]
+mod tests;

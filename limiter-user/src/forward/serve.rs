@@ -10,7 +10,6 @@ use std::{
 };
 
 use tokio::{
-    io::AsyncWriteExt as _,
     net::{TcpListener, TcpStream},
     sync::{OwnedSemaphorePermit, watch},
 };
@@ -283,17 +282,19 @@ async fn serve(client: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, a
 /// Copy both ways until both sides are done, the connection has been idle
 /// for the idle timeout, or the forwarder is told to stop its
 /// connections (the drain timeout ran out).
-async fn splice(client: TcpStream, mut upstream: TcpStream, header: &[u8], f: &Shared) -> std::io::Result<()> {
-    if let Err(e) = upstream.write_all(header).await {
-        if let Some(a) = &f.adaptive {
-            a.resolved(false);
-        }
-        return Err(e);
-    }
+async fn splice(client: TcpStream, upstream: TcpStream, header: &[u8], f: &Shared) -> std::io::Result<()> {
     // The client's socket has TCP_NODELAY from its listener (`bind`).
     let _ = upstream.set_nodelay(true);
-    let (cr, cw) = client.into_split();
-    let (ur, uw) = upstream.into_split();
+    let sent = match super::copy::open(header, &client, &upstream, f.cfg.idle_timeout).await {
+        Ok(n) => n,
+        Err(e) => {
+            if let Some(a) = &f.adaptive {
+                a.resolved(false);
+            }
+            return Err(e);
+        }
+    };
+    f.stats.bytes_up.fetch_add(sent as u64, Ordering::Relaxed);
     let act = Activity::new(f.cfg.idle_timeout);
     let mut kill = f.kill.subscribe();
     // The tenant layer answered: an accept, for adaptive throttling; a
@@ -305,9 +306,12 @@ async fn splice(client: TcpStream, mut upstream: TcpStream, header: &[u8], f: &S
             a.resolved(true);
         }
     };
-    let up = pump(f.cfg.copy, cr, uw, &f.stats.bytes_up, &act, None);
-    let down = pump(f.cfg.copy, ur, cw, &f.stats.bytes_down, &act, Some(&first));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let up = pump(f.cfg.copy, &client, &upstream, &f.stats.bytes_up, &act, None, &done);
+    let down = pump(f.cfg.copy, &upstream, &client, &f.stats.bytes_down, &act, Some(&first), &done);
+    // Polled in order, the copying first: no random draw a wake.
     tokio::select! {
+        biased;
         _ = async { tokio::join!(up, down) } => {}
         () = super::copy::idle(&act) => {}
         _ = kill.changed() => {}

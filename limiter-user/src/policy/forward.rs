@@ -49,11 +49,13 @@ pub enum ProxyProtocol {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Copy {
-    /// `splice(2)` through a pipe per direction: the bytes stay in the
-    /// kernel (4 more descriptors a connection).
+    /// Copied while small; `splice(2)` through a pipe per direction
+    /// while a direction carries bulk (a read filled the buffer), so the
+    /// bytes of a long transfer stay in the kernel (up to 4 more
+    /// descriptors a connection).
     #[default]
     Splice,
-    /// `read`/`write` through a 16 KiB buffer per direction.
+    /// `recv`/`send` through the runtime thread's 16 KiB buffer, always.
     Buffer,
 }
 

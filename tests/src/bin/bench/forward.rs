@@ -250,7 +250,7 @@ pub fn forward() {
     rows.push(nginx(&net, dir));
     stop.store(true, Ordering::Relaxed);
     let _ = up.join();
-    let http = super::forward_http::rows(&net, dir);
+    let http = super::forward_http::LAYOUTS.map(|l| (l, super::forward_http::rows(&net, dir, l)));
 
     println!("forwarders on CPU 0, client and upstream on CPU 1, loopback, {SECS} s a row");
     println!("{:<36} {:>12} {:>12} {:>10} {:>10}", "forwarder", "conns/s", "MB/s", "p50 us", "p99 us");
@@ -271,17 +271,23 @@ pub fn forward() {
         sp.bytes / bu.bytes,
         sp.p50 / bu.p50
     );
-    let l = if sp.bytes >= bu.bytes { sp } else { bu };
+    // The goals are the default config's (`copy = "splice"`) against both peers.
+    let n = &rows[3];
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
-    println!(
-        "goal ({}): conns/s at least haproxy's -> {} ({:.2}x); bytes/s at least 90% of haproxy's -> {} ({:.2}x)",
-        l.name,
-        verdict(l.conns >= h.conns),
-        l.conns / h.conns,
-        verdict(l.bytes >= 0.9 * h.bytes),
-        l.bytes / h.bytes
-    );
-    super::forward_http::report(&http);
+    for (what, lv, hv, nv) in
+        [("conns/s", sp.conns, h.conns, n.conns), ("bytes/s on long transfers", sp.bytes, h.bytes, n.bytes)]
+    {
+        println!(
+            "goal ({}): {what} at least haproxy's and nginx's -> {} ({:.2}x haproxy, {:.2}x nginx)",
+            sp.name,
+            verdict(lv >= hv && lv >= nv),
+            lv / hv,
+            lv / nv
+        );
+    }
+    for (layout, rows) in &http {
+        super::forward_http::report(*layout, rows);
+    }
 }
 
 /// haproxy, mode tcp, send-proxy-v2, one thread on CPU 0.

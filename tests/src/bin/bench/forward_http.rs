@@ -1,9 +1,12 @@
-//! Bench `forward`, HTTP workloads: wrk (Debian's) on CPU 1 through each
-//! forwarder on CPU 0 to an nginx HTTP backend on CPU 1 that reads the
-//! PROXY header (`listen ... proxy_protocol`, `return 200`), all on the
-//! loopback of one namespace, rows interleaved, two rounds: new
-//! connections a second (HTTP/1.1, `Connection: close`), keep-alive
-//! requests a second, and the p99 latency of the keep-alive run.
+//! Bench `forward`, HTTP workloads: wrk (Debian's) through each forwarder
+//! to an nginx HTTP backend that reads the PROXY header (`listen ...
+//! proxy_protocol`, `return 200`), all on the loopback of one namespace,
+//! rows interleaved, two rounds: new connections a second (HTTP/1.1,
+//! `Connection: close`), keep-alive requests a second, and the p99
+//! latency of the keep-alive run. Two layouts of the two CPUs: the
+//! forwarder sharing CPU 1 with the backend and wrk alone on CPU 0 (the
+//! forwarder's own cost counts in full), and the forwarder alone on CPU 0
+//! with wrk and the backend on CPU 1 (their CPU is the bound).
 
 use std::{
     path::Path,
@@ -28,10 +31,24 @@ pub struct Http {
     pub p99_us: f64,
 }
 
+/// Which CPU runs what.
+#[derive(Clone, Copy)]
+pub struct Layout {
+    pub name: &'static str,
+    client: &'static str,
+    front: &'static str,
+    backend: &'static str,
+}
+
+pub const LAYOUTS: [Layout; 2] = [
+    Layout { name: "wrk on CPU 0, each forwarder and the backend on CPU 1", client: "0", front: "1", backend: "1" },
+    Layout { name: "each forwarder on CPU 0, wrk and the backend on CPU 1", client: "1", front: "0", backend: "1" },
+];
+
 /// `wrk` through `port`: requests a second and the p99 in µs.
-fn wrk(net: &VethPair, port: u16, close: bool) -> (f64, f64) {
+fn wrk(net: &VethPair, cpu: &str, port: u16, close: bool) -> (f64, f64) {
     let mut c = Command::new("taskset");
-    c.args(["-c", "1", "nsenter", &format!("--net=/run/netns/{}", net.b.name), "wrk", "-t1", "-c32", "-d"])
+    c.args(["-c", cpu, "nsenter", &format!("--net=/run/netns/{}", net.b.name), "wrk", "-t1", "-c32", "-d"])
         .arg(format!("{WRK_SECS}s"))
         .arg("--latency");
     if close {
@@ -63,10 +80,10 @@ fn micros(v: &str) -> f64 {
     num.parse::<f64>().map_or(f64::NAN, |n| n * scale)
 }
 
-fn measure(net: &VethPair, port: u16) -> Http {
+fn measure(net: &VethPair, cpu: &str, port: u16) -> Http {
     assert!(net.b.listens_on(port), "nothing listens on {port}");
-    let (new_conns, _) = wrk(net, port, true);
-    let (keepalive, p99_us) = wrk(net, port, false);
+    let (new_conns, _) = wrk(net, cpu, port, true);
+    let (keepalive, p99_us) = wrk(net, cpu, port, false);
     Http { new_conns, keepalive, p99_us }
 }
 
@@ -77,8 +94,8 @@ fn pinned(net: &VethPair, cpu: &str, prog: &str) -> Command {
     c
 }
 
-/// The backend: nginx HTTP on CPU 1, reading the PROXY header.
-fn backend(net: &VethPair, dir: &Path) -> Guard {
+/// The backend: nginx HTTP, reading the PROXY header.
+fn backend(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
     let conf = dir.join("backend.conf");
     let d = dir.display();
     std::fs::write(
@@ -88,13 +105,13 @@ fn backend(net: &VethPair, dir: &Path) -> Guard {
         ),
     )
     .unwrap();
-    let mut c = pinned(net, "1", "nginx");
+    let mut c = pinned(net, cpu, "nginx");
     c.arg("-c").arg(&conf).arg("-p").arg(dir);
     Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
 }
 
 /// The three fronts, each started for its row and stopped after it.
-fn limiter(net: &VethPair, dir: &Path) -> Guard {
+fn limiter(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
     let policy = dir.join("http.toml");
     std::fs::write(
         &policy,
@@ -103,7 +120,7 @@ fn limiter(net: &VethPair, dir: &Path) -> Guard {
         ),
     )
     .unwrap();
-    let mut c = pinned(net, "0", scenario::locate_bin("limiter").unwrap().to_str().unwrap());
+    let mut c = pinned(net, cpu, scenario::locate_bin("limiter").unwrap().to_str().unwrap());
     c.args(["run", "--iface", B_IF, "--metrics", "off", "--status-interval", "0", "--policy"])
         .arg(&policy)
         .arg("--socket")
@@ -113,7 +130,7 @@ fn limiter(net: &VethPair, dir: &Path) -> Guard {
     daemon
 }
 
-fn haproxy(net: &VethPair, dir: &Path) -> Guard {
+fn haproxy(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
     let cfg = dir.join("haproxy-http.cfg");
     std::fs::write(
         &cfg,
@@ -122,12 +139,12 @@ fn haproxy(net: &VethPair, dir: &Path) -> Guard {
         ),
     )
     .unwrap();
-    let mut c = pinned(net, "0", "haproxy");
+    let mut c = pinned(net, cpu, "haproxy");
     c.arg("-db").arg("-f").arg(&cfg);
     Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
 }
 
-fn nginx(net: &VethPair, dir: &Path) -> Guard {
+fn nginx(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
     let conf = dir.join("front.conf");
     let d = dir.display();
     std::fs::write(
@@ -137,27 +154,27 @@ fn nginx(net: &VethPair, dir: &Path) -> Guard {
         ),
     )
     .unwrap();
-    let mut c = pinned(net, "0", "nginx");
+    let mut c = pinned(net, cpu, "nginx");
     c.arg("-c").arg(&conf).arg("-p").arg(dir);
     Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
 }
 
-/// Starts a front.
-type Front = fn(&VethPair, &Path) -> Guard;
+/// Starts a front on a CPU.
+type Front = fn(&VethPair, &Path, &str) -> Guard;
 
 /// Two rounds, rows interleaved: (limiter, haproxy, nginx), the best of
 /// each forwarder's rounds per figure (the p99: the lower).
-pub fn rows(net: &VethPair, dir: &Path) -> [Http; 3] {
-    let _backend = backend(net, dir);
+pub fn rows(net: &VethPair, dir: &Path, layout: Layout) -> [Http; 3] {
+    let backend = backend(net, dir, layout.backend);
     assert!(net.b.listens_on(BACKEND), "the nginx backend did not start");
     let mut best = [Http { p99_us: f64::INFINITY, ..Http::default() }; 3];
     for round in 1..=2 {
         let fronts: [(&str, u16, Front); 3] =
             [("limiter", 7201, limiter), ("haproxy", 7202, haproxy), ("nginx", 7203, nginx)];
         for (i, (name, port, start)) in fronts.into_iter().enumerate() {
-            eprintln!("bench forward: HTTP through {name}, round {round}...");
-            let guard = start(net, dir);
-            let h = measure(net, port);
+            eprintln!("bench forward: HTTP through {name} ({}), round {round}...", layout.name);
+            let guard = start(net, dir, layout.front);
+            let h = measure(net, layout.client, port);
             drop(guard);
             std::thread::sleep(Duration::from_millis(300));
             eprintln!(
@@ -170,15 +187,18 @@ pub fn rows(net: &VethPair, dir: &Path) -> [Http; 3] {
             b.p99_us = b.p99_us.min(h.p99_us);
         }
     }
+    drop(backend);
+    std::thread::sleep(Duration::from_millis(300));
     best
 }
 
 /// The table and the goals: at least 1.0x both peers on new connections
 /// and keep-alive requests, and a p99 no worse than haproxy's.
-pub fn report(rows: &[Http; 3]) {
+pub fn report(layout: Layout, rows: &[Http; 3]) {
     let names = ["limiter (PROXY v2, default config)", "haproxy 2.6 (send-proxy-v2)", "nginx 1.22 stream (PROXY v1)"];
     println!(
-        "HTTP/1.1 to an nginx backend (proxy_protocol, return 200), wrk -t1 -c32 on CPU 1, {WRK_SECS} s a run, best of 2 rounds"
+        "HTTP/1.1 to an nginx backend (proxy_protocol, return 200), wrk -t1 -c32, {}, {WRK_SECS} s a run, best of 2 rounds",
+        layout.name
     );
     println!("{:<36} {:>14} {:>16} {:>12}", "forwarder", "new conns/s", "keep-alive req/s", "p99 us");
     for (n, r) in names.iter().zip(rows) {
