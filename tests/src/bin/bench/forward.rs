@@ -183,6 +183,7 @@ pub(super) fn wait_port(ns: &NetNs, port: u16) {
     assert!(ns.listens_on(port), "nothing listens on {port}");
 }
 
+#[derive(Clone, Copy)]
 struct Row {
     name: &'static str,
     conns: f64,
@@ -205,6 +206,17 @@ fn measure(name: &'static str, ns: &NetNs, port: u16) -> Row {
     Row { name, conns, bytes, p50, p99 }
 }
 
+/// The better of two rounds' figures, each figure on its own.
+fn best(a: Option<Row>, b: Row) -> Row {
+    a.map_or(b, |a| Row {
+        name: a.name,
+        conns: a.conns.max(b.conns),
+        bytes: a.bytes.max(b.bytes),
+        p50: a.p50.min(b.p50),
+        p99: a.p99.min(b.p99),
+    })
+}
+
 pub fn forward() {
     let net = VethPair::new("bfw");
     for (k, v) in [("net.ipv4.tcp_tw_reuse", "1"), ("net.ipv4.ip_local_port_range", "1024 65000")] {
@@ -214,7 +226,6 @@ pub fn forward() {
     let up = upstream(&net.b, Arc::clone(&stop));
     let tmp = limiter_tests::kernel::TempDir::new("bfw");
     let dir = &tmp.0;
-    let mut rows = Vec::new();
 
     // The limiter, PROXY v2, on CPU 0: by splice(2), then by buffer.
     let policy = dir.join("policy.toml");
@@ -225,34 +236,42 @@ pub fn forward() {
     };
     let mut refusal = (0, 0.0);
     let mut idle = Vec::new();
-    for (copy, name) in [("splice", "limiter (PROXY v2, splice)"), ("buffer", "limiter (PROXY v2, buffer)")] {
-        std::fs::write(&policy, fwd(20_000, copy)).unwrap();
-        let socket = unique_socket("bfw");
-        let mut c = Command::new("taskset");
-        c.args(["-c", "0", "nsenter", &format!("--net=/run/netns/{}", net.b.name)])
-            .arg(scenario::locate_bin("limiter").unwrap())
-            .args(["run", "--iface", B_IF, "--metrics", "off", "--status-interval", "0", "--policy"])
-            .arg(&policy)
-            .arg("--socket")
-            .arg(&socket);
-        let (daemon, log) = spawn_lines(c).unwrap();
-        wait_for(&log, "listening on", Duration::from_secs(20), &mut String::new()).unwrap();
-        rows.push(measure(name, &net.b, 7101));
-        idle.push((name, super::forward_cost::idle_memory(&net.b, 7101, daemon.0.id())));
-        if copy == "splice" {
-            refusal = super::forward_cost::refusal_cost(&net, &policy, &socket, daemon.0.id(), &fwd(1, copy));
+    // Two rounds, rows interleaved (the machine's speed drifts): the best
+    // of each figure; memory and the cost of a refusal in the first.
+    let mut best_of: [Option<Row>; 4] = [None; 4];
+    for round in 1..=2 {
+        let modes = [("splice", "limiter (PROXY v2, splice)"), ("buffer", "limiter (PROXY v2, buffer)")];
+        for (i, (copy, name)) in modes.into_iter().enumerate() {
+            std::fs::write(&policy, fwd(20_000, copy)).unwrap();
+            let socket = unique_socket("bfw");
+            let mut c = Command::new("taskset");
+            c.args(["-c", "0", "nsenter", &format!("--net=/run/netns/{}", net.b.name)])
+                .arg(scenario::locate_bin("limiter").unwrap())
+                .args(["run", "--iface", B_IF, "--metrics", "off", "--status-interval", "0", "--policy"])
+                .arg(&policy)
+                .arg("--socket")
+                .arg(&socket);
+            let (daemon, log) = spawn_lines(c).unwrap();
+            wait_for(&log, "listening on", Duration::from_secs(20), &mut String::new()).unwrap();
+            best_of[i] = Some(best(best_of[i], measure(name, &net.b, 7101)));
+            if round == 1 {
+                idle.push((name, super::forward_cost::idle_memory(&net.b, 7101, daemon.0.id())));
+                if copy == "splice" {
+                    refusal = super::forward_cost::refusal_cost(&net, &policy, &socket, daemon.0.id(), &fwd(1, copy));
+                }
+            }
+            drop::<Guard>(daemon);
         }
-        drop::<Guard>(daemon);
+        best_of[2] = Some(best(best_of[2], haproxy(&net, dir)));
+        best_of[3] = Some(best(best_of[3], nginx(&net, dir)));
     }
     let (refused, refused_us) = refusal;
-
-    rows.push(haproxy(&net, dir));
-    rows.push(nginx(&net, dir));
+    let rows: Vec<Row> = best_of.into_iter().flatten().collect();
     stop.store(true, Ordering::Relaxed);
     let _ = up.join();
     let http = super::forward_http::LAYOUTS.map(|l| (l, super::forward_http::rows(&net, dir, l)));
 
-    println!("forwarders on CPU 0, client and upstream on CPU 1, loopback, {SECS} s a row");
+    println!("forwarders on CPU 0, client and upstream on CPU 1, loopback, {SECS} s a row, best of 2 rounds");
     println!("{:<36} {:>12} {:>12} {:>10} {:>10}", "forwarder", "conns/s", "MB/s", "p50 us", "p99 us");
     for r in &rows {
         println!("{:<36} {:>12.0} {:>12.0} {:>10.0} {:>10.0}", r.name, r.conns, r.bytes / 1e6, r.p50, r.p99);
@@ -290,6 +309,14 @@ pub fn forward() {
     }
 }
 
+/// A peer listens on `port`, or the bench stops with what it said.
+fn started(ns: &NetNs, port: u16, stderr: &std::path::Path) {
+    if !ns.listens_on(port) {
+        let said = std::fs::read_to_string(stderr).unwrap_or_default();
+        panic!("nothing listens on {port} after 10 s; the peer said: {}", said.trim());
+    }
+}
+
 /// haproxy, mode tcp, send-proxy-v2, one thread on CPU 0.
 fn haproxy(net: &VethPair, dir: &std::path::Path) -> Row {
     let cfg = dir.join("haproxy.cfg");
@@ -302,7 +329,9 @@ fn haproxy(net: &VethPair, dir: &std::path::Path) -> Row {
     .unwrap();
     let mut c = Command::new("taskset");
     c.args(["-c", "0", "nsenter", &format!("--net=/run/netns/{}", net.b.name), "haproxy", "-db", "-f"]).arg(&cfg);
-    let haproxy = Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let err = dir.join("haproxy.err");
+    let haproxy = Guard(c.stdout(Stdio::null()).stderr(std::fs::File::create(&err).unwrap()).spawn().unwrap());
+    started(&net.b, 7102, &err);
     let row = measure("haproxy 2.6 (send-proxy-v2)", &net.b, 7102);
     drop(haproxy);
     row
@@ -324,7 +353,9 @@ fn nginx(net: &VethPair, dir: &std::path::Path) -> Row {
         .arg(&conf)
         .arg("-p")
         .arg(dir);
-    let nginx = Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let err = dir.join("nginx.err");
+    let nginx = Guard(c.stdout(Stdio::null()).stderr(std::fs::File::create(&err).unwrap()).spawn().unwrap());
+    started(&net.b, 7103, &err);
     let row = measure("nginx 1.22 stream (PROXY v1)", &net.b, 7103);
     drop(nginx);
     row
