@@ -276,6 +276,11 @@ struct Pipe {
 }
 
 impl Pipe {
+    /// A pipe that holds a whole [`CHUNK`], or an error (the direction
+    /// goes on copying): past `fs.pipe-user-pages-soft` (16,384 pages a
+    /// user by default, 1,024 such pipes) the kernel gives an unprivileged
+    /// user's new pipes 2 pages, and splicing 8 KiB at a time would cost
+    /// more than copying.
     fn new() -> io::Result<Self> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: pipe2 fills two descriptors we then own.
@@ -283,7 +288,13 @@ impl Pipe {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: both were just created and are owned by nothing else.
-        Ok(unsafe { Self { read: OwnedFd::from_raw_fd(fds[0]), write: OwnedFd::from_raw_fd(fds[1]) } })
+        let pipe = unsafe { Self { read: OwnedFd::from_raw_fd(fds[0]), write: OwnedFd::from_raw_fd(fds[1]) } };
+        // SAFETY: fcntl on a descriptor we own.
+        let size = unsafe { libc::fcntl(pipe.write.as_raw_fd(), libc::F_GETPIPE_SZ) };
+        if usize::try_from(size).unwrap_or(0) < CHUNK {
+            return Err(io::Error::other("a pipe under 64 KiB (fs.pipe-user-pages-soft reached)"));
+        }
+        Ok(pipe)
     }
 }
 
