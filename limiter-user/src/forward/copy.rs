@@ -230,7 +230,8 @@ async fn run(
     mut first: OnFirst<'_>,
     moved: &mut Moved,
 ) -> io::Result<()> {
-    // Made when first needed; none (copy on) when no descriptor is left.
+    // Made when first needed; none (copying goes on) when no pipe of a
+    // whole chunk can be had (no descriptor left, or the per-user limit).
     let mut pipe: Option<Option<Pipe>> = None;
     loop {
         // The peer's end of stream, when already seen, is known to follow
