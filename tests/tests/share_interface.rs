@@ -19,6 +19,39 @@ use limiter_tests::{
     scenario::{self, spawn_lines, unique_socket, wait_for},
 };
 
+/// libxdp's lock directory on the host's bpffs, which xdp-loader and the
+/// daemon's `libxdp` mode make when they first need it.
+const LIBXDP_DIR: &str = "/sys/fs/bpf/xdp";
+
+/// (tests running, whether the directory was there before the first).
+static LIBXDP_USERS: std::sync::Mutex<(usize, bool)> = std::sync::Mutex::new((0, false));
+
+/// Held by each test: the last one to end removes libxdp's directory
+/// when the tests made it (it stays empty once the programs are gone).
+struct LibxdpDir;
+
+impl LibxdpDir {
+    fn hold() -> Self {
+        let mut u = LIBXDP_USERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if u.0 == 0 {
+            u.1 = std::path::Path::new(LIBXDP_DIR).exists();
+        }
+        u.0 += 1;
+        Self
+    }
+}
+
+impl Drop for LibxdpDir {
+    fn drop(&mut self) {
+        let mut u = LIBXDP_USERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        u.0 -= 1;
+        if u.0 == 0 && !u.1 {
+            // Only an empty directory goes: a pin of anyone's stays.
+            let _ = std::fs::remove_dir(LIBXDP_DIR);
+        }
+    }
+}
+
 fn bin() -> PathBuf {
     scenario::locate_bin("limiter").unwrap()
 }
@@ -50,6 +83,7 @@ fn run(net: &VethPair, attach: &str, tag: &str) -> std::process::Output {
 #[test]
 fn a_program_without_a_dispatcher_is_named_and_left_in_place() {
     require_root();
+    let _libxdp = LibxdpDir::hold();
     let net = VethPair::new("shfo");
     let loaded = net.b.net_command("xdp-loader").args(["load", "-m", "native", B_IF, FILTER_OBJECT]).output().unwrap();
     assert!(loaded.status.success(), "xdp-loader load: {}", String::from_utf8_lossy(&loaded.stderr));
@@ -75,6 +109,7 @@ fn a_program_without_a_dispatcher_is_named_and_left_in_place() {
 #[test]
 fn auto_attaches_alone_on_a_bare_interface_and_libxdp_needs_freplace() {
     require_root();
+    let _libxdp = LibxdpDir::hold();
     let net = VethPair::new("shau");
     let mut c = net.b.net_command(bin());
     c.args(["run", "--iface", B_IF, "--attach", "auto", "--metrics", "off", "--status-interval", "0", "--socket"])
