@@ -12,7 +12,7 @@ mod feature;
 mod feeds;
 mod fleet;
 mod observe;
-mod os;
+pub(crate) mod os;
 mod start;
 mod view;
 mod watch;

@@ -52,10 +52,7 @@ impl Activity {
 
 /// `CLOCK_MONOTONIC_COARSE` in ms.
 fn now_ms() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime into a struct we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1000 + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000
+    crate::daemon::os::monotonic_coarse_ns() / 1_000_000
 }
 
 /// Called once, when the first bytes of a direction arrive.
@@ -119,19 +116,12 @@ enum Step {
 }
 
 /// `recv(2)` into `buf` (a socket's own call: `read(2)` goes through the
-/// file layer first), retried when interrupted.
+/// file layer first; the socket never blocks, so never sleeps to be
+/// interrupted).
 fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: reads at most `buf.len()` bytes into `buf`.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if let Ok(n) = usize::try_from(n) {
-            return Ok(n);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    // SAFETY: reads at most `buf.len()` bytes into `buf`.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 /// A read that also forgets the socket's readiness when it returned less
@@ -163,13 +153,20 @@ fn step(from: &TcpStream, to: &TcpStream) -> io::Result<Step> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::NotReady),
             Err(e) => return Err(e),
         };
-        let written = match to.try_write(&scratch[..read]) {
-            Ok(written) => written,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-            Err(e) => return Err(e),
-        };
-        Ok(if written == read { Step::Moved(read) } else { Step::Left(read, scratch[written..read].to_vec()) })
+        let left = write_now(to, &scratch[..read])?;
+        Ok(if left.is_empty() { Step::Moved(read) } else { Step::Left(read, left) })
     })
+}
+
+/// Writes what `to` takes of `buf` now; returns the rest (empty, and
+/// unallocated, when it took all).
+fn write_now(to: &TcpStream, buf: &[u8]) -> io::Result<Vec<u8>> {
+    let written = match to.try_write(buf) {
+        Ok(written) => written,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+        Err(e) => return Err(e),
+    };
+    Ok(buf[written..].to_vec())
 }
 
 /// The PROXY header to `upstream`, and in the same write the client's
@@ -192,26 +189,33 @@ pub async fn open(header: &[u8], client: &TcpStream, upstream: &TcpStream, idle:
         // Nothing yet (or the end of stream, which the pump then sees
         // again): the header goes alone.
         let read = read_drained(client, &mut scratch[h..]).unwrap_or(0);
-        let all = &scratch[..h + read];
-        let written = match upstream.try_write(all) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-            Err(e) => return Err(e),
-        };
-        Ok((read, all[written..].to_vec()))
+        write_now(upstream, &scratch[..h + read]).map(|left| (read, left))
     })?;
     write_all(upstream, &left, idle).await?;
     Ok(read)
 }
 
-/// All of `buf` to `w`, within the idle timeout (a peer that stops
-/// reading never lets it drain).
-pub async fn write_all(w: &TcpStream, mut buf: &[u8], idle: Duration) -> io::Result<()> {
-    while !buf.is_empty() {
+/// All of `buf` to `w`, within the idle timeout.
+async fn write_all(w: &TcpStream, buf: &[u8], idle: Duration) -> io::Result<()> {
+    let sock = socket2::SockRef::from(w);
+    drain(w, buf.len(), idle, |left| sock.send(&buf[buf.len() - left..])).await
+}
+
+/// `len` bytes out to `w` by `put` (given how many are left, it moves
+/// some without blocking), each time `w` can take more, within the idle
+/// timeout: a peer that stops reading never lets it drain.
+async fn drain(
+    w: &TcpStream,
+    len: usize,
+    idle: Duration,
+    mut put: impl FnMut(usize) -> io::Result<usize>,
+) -> io::Result<()> {
+    let mut left = len;
+    while left > 0 {
         tokio::time::timeout(idle, w.writable()).await.map_err(|_| stalled())??;
-        match w.try_write(buf) {
+        match w.try_io(Interest::WRITABLE, || put(left)) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
+            Ok(m) => left -= m,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
@@ -346,18 +350,8 @@ async fn spliced(
         }
         bytes.fetch_add(n as u64, Ordering::Relaxed);
         moved.spliced += n as u64;
-        // Pipe to socket: all of it, before reading more (within the idle
-        // timeout: a peer that stops reading never lets it drain).
-        let mut left = n;
-        while left > 0 {
-            tokio::time::timeout(act.idle, w.writable()).await.map_err(|_| stalled())??;
-            match w.try_io(Interest::WRITABLE, || splice(pr, wfd, left)) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(m) => left -= m,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
+        // Pipe to socket: all of it, before reading more.
+        drain(w, n, act.idle, |left| splice(pr, wfd, left)).await?;
         act.moved();
         if n < BUF {
             return Ok(false);

@@ -300,16 +300,15 @@ fn report(r: &Running) -> Report {
     }
 }
 
-/// This limiter's verdict on a connection let in as `a` to `port`: the
+/// This limiter's verdict on a connection let in as `a`: the
 /// class its SYN was charged to, the prefix, and what is left of its
 /// allowance, under the policy it was let in under.
-fn verdict(f: &Shared, a: &serve::Admitted, port: u16) -> Verdict {
+fn verdict(f: &Shared, a: &serve::Admitted) -> Verdict {
     let ctx = &a.ctx;
     let cfg = &ctx.config;
     let (family, prefix) = a.prefix;
-    let src = serve::syn_source(a.prefix, port);
     let class = a.class;
-    let key = rules::bucket_key(&src, cfg.v4_prefix, cfg.v6_prefix, u8::try_from(class).unwrap_or(0));
+    let key = rules::bucket_key(&a.syn, cfg.v4_prefix, cfg.v6_prefix, u8::try_from(class).unwrap_or(0));
     let limits = cfg.classes[class];
     Verdict {
         policy_version: ctx.version,
@@ -335,17 +334,9 @@ fn remaining(f: &Shared, key: &BucketKey, limits: &limiter_common::ClassLimits) 
     if state.resolved & u64::from(u32::MAX) != u64::from(resolution::CLASS) {
         return u64::MAX;
     }
-    let now = gcra::to_fixed(coarse_now_ns());
+    let now = gcra::to_fixed(crate::daemon::os::monotonic_coarse_ns());
     let debt = state.tat.saturating_sub(now);
     limits.tau.saturating_sub(debt) / limits.unit
-}
-
-/// CLOCK_MONOTONIC_COARSE in ns: the clock the data plane charges with.
-fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime into a struct we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -120,7 +120,8 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
 pub struct Admitted {
     slot: super::rank::Slot,
     pub criticality: Criticality,
-    /// The class its SYN was charged to.
+    /// Its SYN as the program parses it, and the class it was charged to.
+    pub syn: limiter_common::packet::Source,
     pub class: usize,
     fds: OwnedSemaphorePermit,
     pub ctx: Arc<Context>,
@@ -134,7 +135,8 @@ pub struct Admitted {
 fn admit(f: &Shared, peer: SocketAddr, port: u16) -> Result<Admitted, (Shed, Criticality)> {
     let ctx = f.ctx.borrow().clone();
     let prefix = prefix_of(peer, &ctx);
-    let class = limiter_common::rules::classify(&ctx.config, &syn_source(prefix, port));
+    let syn = syn_source(prefix, port);
+    let class = limiter_common::rules::classify(&ctx.config, &syn);
     let criticality = ctx.ranks.of_connection(peer, class);
     let shed = |why| (why, criticality);
     let slot = f.slots.take(criticality).ok_or(shed(Shed::MaxConnections))?;
@@ -148,7 +150,7 @@ fn admit(f: &Shared, peer: SocketAddr, port: u16) -> Result<Admitted, (Shed, Cri
     }
     let cap = f.cfg.max_connections_per_prefix;
     if cap == 0 {
-        return Ok(Admitted { slot, criticality, class, fds, ctx, prefix, counted: false });
+        return Ok(Admitted { slot, criticality, syn, class, fds, ctx, prefix, counted: false });
     }
     let mut counts = f.prefixes.lock().expect("not poisoned");
     let n = counts.entry(prefix).or_insert(0);
@@ -156,7 +158,7 @@ fn admit(f: &Shared, peer: SocketAddr, port: u16) -> Result<Admitted, (Shed, Cri
         return Err(shed(Shed::MaxPerPrefix));
     }
     *n += 1;
-    Ok(Admitted { slot, criticality, class, fds, ctx, prefix, counted: true })
+    Ok(Admitted { slot, criticality, syn, class, fds, ctx, prefix, counted: true })
 }
 
 fn release(counts: &PrefixCounts, key: Option<PrefixKey>) {
@@ -271,7 +273,7 @@ async fn serve(client: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, a
         ProxyProtocol::V1 => proxy::v1(peer, local),
         ProxyProtocol::V2 => {
             let id = f.next_id.fetch_add(1, Ordering::Relaxed);
-            proxy::v2(peer, local, id, &super::verdict(f, admitted, local.port()))
+            proxy::v2(peer, local, id, &super::verdict(f, admitted))
         }
     };
     let _ = splice(client, upstream, &header, f).await;
