@@ -9,7 +9,6 @@
 use std::{
     io::{Read as _, Write as _},
     net::{TcpListener, TcpStream},
-    process::{Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -20,9 +19,11 @@ use std::{
 
 use limiter::forward::proxy::parse_v2;
 use limiter_tests::{
-    netns::{B_IF, NetNs, VethPair, enter},
-    scenario::{self, Guard, spawn_lines, unique_socket, wait_for},
+    netns::{NetNs, VethPair, enter},
+    scenario::{Guard, unique_socket},
 };
+
+use super::fronts;
 
 const UPSTREAM: u16 = 7100;
 pub(super) const SECS: f64 = 2.0;
@@ -118,25 +119,31 @@ pub(super) fn reset_on_close(s: &TcpStream) {
     }
 }
 
+/// 16 clients on CPU 1 making one-byte connections (`once(port, b'c',
+/// 1)`) through `port` for `SECS`: how many were answered and how many
+/// were not. Called inside the bench namespace.
+pub(super) fn clients(port: u16) -> (u64, u64) {
+    let (answered, not) = (AtomicU64::new(0), AtomicU64::new(0));
+    let start = Instant::now();
+    thread::scope(|s| {
+        for _ in 0..16 {
+            s.spawn(|| {
+                pin_to_cpu(1);
+                while start.elapsed().as_secs_f64() < SECS {
+                    let n = if once(port, b'c', 1).is_some() { &answered } else { &not };
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (answered.into_inner(), not.into_inner())
+}
+
 /// Connections a second with 16 clients on CPU 1.
 fn conn_rate(ns: &NetNs, port: u16) -> f64 {
     ns.run_in(|| {
-        let done = Arc::new(AtomicU64::new(0));
         let start = Instant::now();
-        thread::scope(|s| {
-            for _ in 0..16 {
-                let done = Arc::clone(&done);
-                s.spawn(move || {
-                    pin_to_cpu(1);
-                    while start.elapsed().as_secs_f64() < SECS {
-                        if once(port, b'c', 1).is_some() {
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                });
-            }
-        });
-        done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+        clients(port).0 as f64 / start.elapsed().as_secs_f64()
     })
 }
 
@@ -229,11 +236,7 @@ pub fn forward() {
 
     // The limiter, PROXY v2, on CPU 0: by splice(2), then by buffer.
     let policy = dir.join("policy.toml");
-    let fwd = |max: u32, copy: &str| {
-        format!(
-            "rate = 1000000\nburst = 1000000\n[[forward]]\nname = \"bench\"\nlisten = [\"127.0.0.1:7101\"]\nupstreams = [\"127.0.0.1:{UPSTREAM}\"]\nmax_connections = {max}\ncopy = \"{copy}\"\n"
-        )
-    };
+    let fwd = |max: u32, copy: &str| fronts::limiter_policy(7101, UPSTREAM, max, &format!("copy = \"{copy}\"\n"));
     let mut refusal = (0, 0.0);
     let mut idle = Vec::new();
     // Two rounds, rows interleaved (the machine's speed drifts): the best
@@ -244,15 +247,7 @@ pub fn forward() {
         for (i, (copy, name)) in modes.into_iter().enumerate() {
             std::fs::write(&policy, fwd(20_000, copy)).unwrap();
             let socket = unique_socket("bfw");
-            let mut c = Command::new("taskset");
-            c.args(["-c", "0", "nsenter", &format!("--net=/run/netns/{}", net.b.name)])
-                .arg(scenario::locate_bin("limiter").unwrap())
-                .args(["run", "--iface", B_IF, "--metrics", "off", "--status-interval", "0", "--policy"])
-                .arg(&policy)
-                .arg("--socket")
-                .arg(&socket);
-            let (daemon, log) = spawn_lines(c).unwrap();
-            wait_for(&log, "listening on", Duration::from_secs(20), &mut String::new()).unwrap();
+            let daemon = fronts::limiter(&net.b, "0", &policy, &socket);
             best_of[i] = Some(best(best_of[i], measure(name, &net.b, 7101)));
             if round == 1 {
                 idle.push((name, super::forward_cost::idle_memory(&net.b, 7101, daemon.0.id())));
@@ -262,8 +257,15 @@ pub fn forward() {
             }
             drop::<Guard>(daemon);
         }
-        best_of[2] = Some(best(best_of[2], haproxy(&net, dir)));
-        best_of[3] = Some(best(best_of[3], nginx(&net, dir)));
+        let peers: [(&str, u16, fronts::Peer); 2] = [
+            ("haproxy 2.6 (send-proxy-v2)", 7102, fronts::haproxy),
+            ("nginx 1.22 stream (PROXY v1)", 7103, fronts::nginx_stream),
+        ];
+        for (i, (name, port, start)) in peers.into_iter().enumerate() {
+            let guard = start(&net.b, dir, "0", port, UPSTREAM);
+            best_of[2 + i] = Some(best(best_of[2 + i], measure(name, &net.b, port)));
+            drop(guard);
+        }
     }
     let (refused, refused_us) = refusal;
     let rows: Vec<Row> = best_of.into_iter().flatten().collect();
@@ -307,56 +309,4 @@ pub fn forward() {
     for (layout, rows) in &http {
         super::forward_http::report(*layout, rows);
     }
-}
-
-/// A peer listens on `port`, or the bench stops with what it said.
-fn started(ns: &NetNs, port: u16, stderr: &std::path::Path) {
-    if !ns.listens_on(port) {
-        let said = std::fs::read_to_string(stderr).unwrap_or_default();
-        panic!("nothing listens on {port} after 10 s; the peer said: {}", said.trim());
-    }
-}
-
-/// haproxy, mode tcp, send-proxy-v2, one thread on CPU 0.
-fn haproxy(net: &VethPair, dir: &std::path::Path) -> Row {
-    let cfg = dir.join("haproxy.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n  nbthread 1\n  maxconn 8000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\nfrontend fe\n  bind 127.0.0.1:7102\n  default_backend be\nbackend be\n  server s 127.0.0.1:{UPSTREAM} send-proxy-v2\n"
-        ),
-    )
-    .unwrap();
-    let mut c = Command::new("taskset");
-    c.args(["-c", "0", "nsenter", &format!("--net=/run/netns/{}", net.b.name), "haproxy", "-db", "-f"]).arg(&cfg);
-    let err = dir.join("haproxy.err");
-    let haproxy = Guard(c.stdout(Stdio::null()).stderr(std::fs::File::create(&err).unwrap()).spawn().unwrap());
-    started(&net.b, 7102, &err);
-    let row = measure("haproxy 2.6 (send-proxy-v2)", &net.b, 7102);
-    drop(haproxy);
-    row
-}
-
-/// nginx stream, proxy_protocol on, one worker on CPU 0.
-fn nginx(net: &VethPair, dir: &std::path::Path) -> Row {
-    let conf = dir.join("nginx.conf");
-    let d = dir.display();
-    std::fs::write(
-        &conf,
-        format!(
-            "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\ndaemon off;\nmaster_process off;\nworker_processes 1;\nerror_log /dev/null;\npid {d}/nginx.pid;\nevents {{ worker_connections 8000; }}\nstream {{\n  server {{\n    listen 127.0.0.1:7103;\n    proxy_pass 127.0.0.1:{UPSTREAM};\n    proxy_protocol on;\n  }}\n}}\n"
-        ),
-    )
-    .unwrap();
-    let mut c = Command::new("taskset");
-    c.args(["-c", "0", "nsenter", &format!("--net=/run/netns/{}", net.b.name), "nginx", "-c"])
-        .arg(&conf)
-        .arg("-p")
-        .arg(dir);
-    let err = dir.join("nginx.err");
-    let nginx = Guard(c.stdout(Stdio::null()).stderr(std::fs::File::create(&err).unwrap()).spawn().unwrap());
-    started(&net.b, 7103, &err);
-    let row = measure("nginx 1.22 stream (PROXY v1)", &net.b, 7103);
-    drop(nginx);
-    row
 }

@@ -5,12 +5,8 @@ use std::{
     io::{Read as _, Write as _},
     net::TcpStream,
     process::{Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use limiter_tests::{
@@ -18,7 +14,7 @@ use limiter_tests::{
     scenario,
 };
 
-use super::forward::{SECS, once, pin_to_cpu, reset_on_close, wait_port};
+use super::forward::{clients, reset_on_close, wait_port};
 
 /// CPU time (user + system) of `pid` in seconds.
 fn cpu_secs(pid: u32) -> f64 {
@@ -95,24 +91,7 @@ pub fn refusal_cost(
     });
     thread::sleep(Duration::from_millis(100));
     let cpu0 = cpu_secs(pid);
-    let refused = net.b.run_in(|| {
-        let n = Arc::new(AtomicU64::new(0));
-        let start = Instant::now();
-        thread::scope(|s| {
-            for _ in 0..16 {
-                let n = Arc::clone(&n);
-                s.spawn(move || {
-                    pin_to_cpu(1);
-                    while start.elapsed().as_secs_f64() < SECS {
-                        if once(7101, b'c', 1).is_none() {
-                            n.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                });
-            }
-        });
-        n.load(Ordering::Relaxed)
-    });
+    let refused = net.b.run_in(|| clients(7101).1);
     let refused_us = (cpu_secs(pid) - cpu0) * 1e6 / refused.max(1) as f64;
     drop(held);
     (refused, refused_us)

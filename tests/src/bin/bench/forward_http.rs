@@ -8,16 +8,14 @@
 //! forwarder's own cost counts in full), and the forwarder alone on CPU 0
 //! with wrk and the backend on CPU 1 (their CPU is the bound).
 
-use std::{
-    path::Path,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
 use limiter_tests::{
-    netns::{B_IF, VethPair},
-    scenario::{self, Guard, spawn_lines, unique_socket, wait_for},
+    netns::VethPair,
+    scenario::{Guard, unique_socket},
 };
+
+use super::fronts;
 
 const BACKEND: u16 = 7200;
 const WRK_SECS: &str = "4";
@@ -47,10 +45,8 @@ pub const LAYOUTS: [Layout; 2] = [
 
 /// `wrk` through `port`: requests a second and the p99 in µs.
 fn wrk(net: &VethPair, cpu: &str, port: u16, close: bool) -> (f64, f64) {
-    let mut c = Command::new("taskset");
-    c.args(["-c", cpu, "nsenter", &format!("--net=/run/netns/{}", net.b.name), "wrk", "-t1", "-c32", "-d"])
-        .arg(format!("{WRK_SECS}s"))
-        .arg("--latency");
+    let mut c = fronts::pinned(&net.b, cpu, "wrk");
+    c.args(["-t1", "-c32", "-d"]).arg(format!("{WRK_SECS}s")).arg("--latency");
     if close {
         c.args(["-H", "Connection: close"]);
     }
@@ -81,82 +77,33 @@ fn micros(v: &str) -> f64 {
 }
 
 fn measure(net: &VethPair, cpu: &str, port: u16) -> Http {
-    assert!(net.b.listens_on(port), "nothing listens on {port}");
     let (new_conns, _) = wrk(net, cpu, port, true);
     let (keepalive, p99_us) = wrk(net, cpu, port, false);
     Http { new_conns, keepalive, p99_us }
 }
 
-/// On CPU `cpu` in the bench namespace.
-fn pinned(net: &VethPair, cpu: &str, prog: &str) -> Command {
-    let mut c = Command::new("taskset");
-    c.args(["-c", cpu, "nsenter", &format!("--net=/run/netns/{}", net.b.name), prog]);
-    c
-}
-
 /// The backend: nginx HTTP, reading the PROXY header.
 fn backend(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
-    let conf = dir.join("backend.conf");
-    let d = dir.display();
-    std::fs::write(
-        &conf,
-        format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log /dev/null;\npid {d}/backend.pid;\nevents {{ worker_connections 8000; }}\nhttp {{\n  access_log off;\n  keepalive_requests 10000000;\n  server {{\n    listen 127.0.0.1:{BACKEND} proxy_protocol;\n    location / {{ return 200 \"ok\\n\"; }}\n  }}\n}}\n"
-        ),
-    )
-    .unwrap();
-    let mut c = pinned(net, cpu, "nginx");
-    c.arg("-c").arg(&conf).arg("-p").arg(dir);
-    Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+    let block = format!(
+        "http {{\n  access_log off;\n  keepalive_requests 10000000;\n  server {{\n    listen 127.0.0.1:{BACKEND} proxy_protocol;\n    location / {{ return 200 \"ok\\n\"; }}\n  }}\n}}\n"
+    );
+    fronts::nginx(&net.b, dir, cpu, BACKEND, None, &block)
 }
 
-/// The three fronts, each started for its row and stopped after it.
+/// The three fronts, each started for its row and stopped after it: the
+/// limiter in its default config.
 fn limiter(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
     let policy = dir.join("http.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "rate = 1000000\nburst = 1000000\n[[forward]]\nname = \"http\"\nlisten = [\"127.0.0.1:7201\"]\nupstreams = [\"127.0.0.1:{BACKEND}\"]\nmax_connections = 20000\n"
-        ),
-    )
-    .unwrap();
-    let mut c = pinned(net, cpu, scenario::locate_bin("limiter").unwrap().to_str().unwrap());
-    c.args(["run", "--iface", B_IF, "--metrics", "off", "--status-interval", "0", "--policy"])
-        .arg(&policy)
-        .arg("--socket")
-        .arg(unique_socket("bfwh"));
-    let (daemon, log) = spawn_lines(c).unwrap();
-    wait_for(&log, "listening on", Duration::from_secs(20), &mut String::new()).unwrap();
-    daemon
+    std::fs::write(&policy, fronts::limiter_policy(7201, BACKEND, 20_000, "")).unwrap();
+    fronts::limiter(&net.b, cpu, &policy, &unique_socket("bfwh"))
 }
 
 fn haproxy(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
-    let cfg = dir.join("haproxy-http.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n  nbthread 1\n  maxconn 8000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\nfrontend fe\n  bind 127.0.0.1:7202\n  default_backend be\nbackend be\n  server s 127.0.0.1:{BACKEND} send-proxy-v2\n"
-        ),
-    )
-    .unwrap();
-    let mut c = pinned(net, cpu, "haproxy");
-    c.arg("-db").arg("-f").arg(&cfg);
-    Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+    fronts::haproxy(&net.b, dir, cpu, 7202, BACKEND)
 }
 
 fn nginx(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
-    let conf = dir.join("front.conf");
-    let d = dir.display();
-    std::fs::write(
-        &conf,
-        format!(
-            "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\ndaemon off;\nmaster_process off;\nworker_processes 1;\nerror_log /dev/null;\npid {d}/front.pid;\nevents {{ worker_connections 8000; }}\nstream {{\n  server {{\n    listen 127.0.0.1:7203;\n    proxy_pass 127.0.0.1:{BACKEND};\n    proxy_protocol on;\n  }}\n}}\n"
-        ),
-    )
-    .unwrap();
-    let mut c = pinned(net, cpu, "nginx");
-    c.arg("-c").arg(&conf).arg("-p").arg(dir);
-    Guard(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+    fronts::nginx_stream(&net.b, dir, cpu, 7203, BACKEND)
 }
 
 /// Starts a front on a CPU.
@@ -166,7 +113,6 @@ type Front = fn(&VethPair, &Path, &str) -> Guard;
 /// each forwarder's rounds per figure (the p99: the lower).
 pub fn rows(net: &VethPair, dir: &Path, layout: Layout) -> [Http; 3] {
     let backend = backend(net, dir, layout.backend);
-    assert!(net.b.listens_on(BACKEND), "the nginx backend did not start");
     let mut best = [Http { p99_us: f64::INFINITY, ..Http::default() }; 3];
     for round in 1..=2 {
         let fronts: [(&str, u16, Front); 3] =

@@ -8,6 +8,7 @@ mod fleet;
 mod forward;
 mod forward_cost;
 mod forward_http;
+mod fronts;
 mod hit;
 mod jitlines;
 mod profile;
