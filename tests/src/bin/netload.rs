@@ -155,16 +155,16 @@ fn recv(bind: SocketAddr, secs: f64, expect: u64) -> anyhow::Result<()> {
     }
     sock.set_read_timeout(Some(Duration::from_millis(50)))?;
     println!("ready");
-    let deadline = Instant::now() + Duration::from_secs_f64(secs.clamp(0.0, 600.0));
+    let window = Duration::from_secs_f64(secs.clamp(0.0, 600.0));
+    let mut deadline = Instant::now() + window;
     let mut counts: BTreeMap<std::net::IpAddr, u64> = BTreeMap::new();
     let mut buf = [0u8; 2048];
-    let mut deadline = deadline;
     let mut total = 0;
     while Instant::now() < deadline && total < expect {
         if let Ok((_, from)) = sock.recv_from(&mut buf) {
             if total == 0 {
                 // A sender that started late still gets the whole window.
-                deadline = deadline.max(Instant::now() + Duration::from_secs_f64(secs.clamp(0.0, 600.0)));
+                deadline = deadline.max(Instant::now() + window);
             }
             *counts.entry(from.ip()).or_default() += 1;
             total += 1;
