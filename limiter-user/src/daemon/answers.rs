@@ -91,7 +91,7 @@ impl Daemon {
     /// Each class with SYN cookies and whether they are engaged now.
     fn syn_cookie_states(&self) -> Result<Vec<SynCookieRow>, LoadError> {
         use limiter_common::cookie::mode;
-        let now = super::os::monotonic_coarse_ns();
+        let now = crate::dataplane::maps::monotonic_coarse_ns();
         let mut out = Vec::with_capacity(self.view.syn_cookies.len());
         for (class, name, m) in &self.view.syn_cookies {
             let (label, on) = match *m {

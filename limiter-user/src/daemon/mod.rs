@@ -12,7 +12,7 @@ mod feature;
 mod feeds;
 mod fleet;
 mod observe;
-pub(crate) mod os;
+mod os;
 mod start;
 mod view;
 mod watch;

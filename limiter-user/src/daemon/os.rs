@@ -124,12 +124,3 @@ pub fn cookie_options() -> (u8, u8, Option<String>) {
     let wscale = u8::try_from(space.max(1).ilog2().saturating_sub(15)).unwrap_or(MAX_WSCALE).min(MAX_WSCALE);
     (opts, wscale, None)
 }
-
-/// `CLOCK_MONOTONIC_COARSE` in ns: the clock of the production program.
-#[must_use]
-pub fn monotonic_coarse_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
-}

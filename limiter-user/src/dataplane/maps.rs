@@ -354,3 +354,12 @@ impl Counters {
 fn possible_cpus() -> u32 {
     aya::util::nr_cpus().ok().and_then(|n| u32::try_from(n).ok()).unwrap_or(0)
 }
+
+/// `CLOCK_MONOTONIC_COARSE` in ns: the clock of the production program.
+#[must_use]
+pub fn monotonic_coarse_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}

@@ -52,7 +52,7 @@ impl Activity {
 
 /// `CLOCK_MONOTONIC_COARSE` in ms.
 fn now_ms() -> u64 {
-    crate::daemon::os::monotonic_coarse_ns() / 1_000_000
+    crate::dataplane::maps::monotonic_coarse_ns() / 1_000_000
 }
 
 /// Called once, when the first bytes of a direction arrive.

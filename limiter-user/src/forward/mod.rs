@@ -334,7 +334,7 @@ fn remaining(f: &Shared, key: &BucketKey, limits: &limiter_common::ClassLimits) 
     if state.resolved & u64::from(u32::MAX) != u64::from(resolution::CLASS) {
         return u64::MAX;
     }
-    let now = gcra::to_fixed(crate::daemon::os::monotonic_coarse_ns());
+    let now = gcra::to_fixed(crate::dataplane::maps::monotonic_coarse_ns());
     let debt = state.tat.saturating_sub(now);
     limits.tau.saturating_sub(debt) / limits.unit
 }
