@@ -113,6 +113,8 @@ enum Step {
     Moved(usize),
     /// `n` bytes read, those in the vector not yet written.
     Left(usize, Vec<u8>),
+    /// `n` bytes read, their write queued in the tick's batch.
+    Queued(usize, super::batch::Queued),
 }
 
 /// `recv(2)` into `buf` (a socket's own call: `read(2)` goes through the
@@ -153,6 +155,11 @@ fn step(from: &TcpStream, to: &TcpStream) -> io::Result<Step> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::NotReady),
             Err(e) => return Err(e),
         };
+        if read <= super::batch::SMALL
+            && let Some(q) = super::batch::queue(to.as_raw_fd(), &scratch[..read])
+        {
+            return Ok(Step::Queued(read, q));
+        }
         let left = write_now(to, &scratch[..read])?;
         Ok(if left.is_empty() { Step::Moved(read) } else { Step::Left(read, left) })
     })
@@ -247,6 +254,13 @@ async fn run(
             Step::Moved(n) => n,
             Step::Left(n, left) => {
                 write_all(w, &left, act.idle).await?;
+                n
+            }
+            Step::Queued(n, q) => {
+                let left = q.await?;
+                if !left.is_empty() {
+                    write_all(w, &left, act.idle).await?;
+                }
                 n
             }
         };

@@ -6,6 +6,7 @@
 //! starts, replaces and drains forwarders as policies change.
 
 pub mod adaptive;
+pub mod batch;
 pub mod copy;
 pub mod fds;
 pub mod proxy;

@@ -64,6 +64,7 @@ pub async fn accept_loop(listener: Arc<TcpListener>, f: Arc<Shared>, mut stop: w
     let port = bound.map_or(0, |a| a.port());
     let local = bound.filter(|a| !a.ip().is_unspecified());
     let (mut backoff, mut errors) = (BACKOFF.0, ErrorLog::default());
+    super::batch::start();
     loop {
         let accepted = tokio::select! {
             _ = stop.changed() => return,

@@ -81,6 +81,37 @@ async fn small_exchanges_are_copied_and_bulk_is_spliced() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn small_exchanges_go_through_the_batch_intact_and_bulk_around_it() {
+    super::super::batch::start();
+    let before = super::super::batch::counts().expect("io_uring on this machine");
+    let ((mut client, fin), (fout, mut server)) = (pair().await, pair().await);
+    let bulk = pattern(2 << 20, 9);
+    let drive = async {
+        let mut buf = [0u8; 300];
+        for i in 0..1000 {
+            let msg = pattern(100 + i % 200, i);
+            client.write_all(&msg).await.unwrap();
+            server.read_exact(&mut buf[..msg.len()]).await.unwrap();
+            assert_eq!(buf[..msg.len()], msg[..], "request {i}");
+        }
+        let (mut got, send) = (Vec::new(), async {
+            client.write_all(&bulk).await.unwrap();
+            client.shutdown().await.unwrap();
+        });
+        let ((), n) = tokio::join!(send, server.read_to_end(&mut got));
+        n.unwrap();
+        assert!(got == bulk, "the long transfer arrived intact ({} of {} bytes)", got.len(), bulk.len());
+    };
+    let (moved, ()) = through(Copy::Buffer, &fin, &fout, drive).await;
+    let after = super::super::batch::counts().unwrap();
+    // Each small request was one queued write; the bulk mostly went
+    // around the batch (reads that filled the buffer are written at once).
+    assert!(after.writes - before.writes >= 1000, "{before:?} -> {after:?}");
+    assert!(after.writes - before.writes < 1000 + (bulk.len() / 4096) as u64, "{before:?} -> {after:?}");
+    assert_eq!(moved.copied, (1000 * 100 + (0..1000).map(|i| i % 200).sum::<usize>() + bulk.len()) as u64);
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn an_end_of_stream_that_came_with_the_last_bytes_is_passed_on() {
     let ((mut client, fin), (fout, mut server)) = (pair().await, pair().await);
     // Both queued before the pump first reads: one short read takes the

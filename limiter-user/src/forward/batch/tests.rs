@@ -1,0 +1,108 @@
+//! The batch on real loopback sockets: one call for a tick's writes,
+//! what a socket cannot take comes back, a write dropped before its
+//! batch is never sent, and no batch outlives its runtime.
+
+use std::{os::fd::AsRawFd as _, time::Duration};
+
+use tokio::{
+    io::AsyncReadExt as _,
+    net::{TcpListener, TcpStream},
+    time::timeout,
+};
+
+use super::{Counts, counts, queue, start};
+
+/// A connected pair on loopback: (the peer's end, the writer's end).
+async fn pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (ours, _) = l.accept().await.unwrap();
+    (peer, ours)
+}
+
+fn pattern(len: usize, seed: usize) -> Vec<u8> {
+    (0..len).map(|i| u8::try_from((i * 7 + seed) % 251).unwrap()).collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_writes_of_one_tick_go_in_one_call() {
+    start();
+    let mut pairs = Vec::new();
+    for _ in 0..8 {
+        pairs.push(pair().await);
+    }
+    let before = counts().expect("io_uring here");
+    // Queued without yielding: the flusher runs once this task waits.
+    let queued: Vec<_> =
+        pairs.iter().enumerate().map(|(i, (_, ours))| queue(ours.as_raw_fd(), &pattern(100, i)).unwrap()).collect();
+    for q in queued {
+        assert!(q.await.unwrap().is_empty(), "a socket with room took all");
+    }
+    let after = counts().unwrap();
+    assert_eq!(
+        Counts { calls: after.calls - before.calls, writes: after.writes - before.writes },
+        Counts { calls: 1, writes: 8 }
+    );
+    for (i, (peer, _)) in pairs.iter_mut().enumerate() {
+        let mut got = [0u8; 100];
+        peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(got[..], pattern(100, i)[..], "connection {i}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn what_a_socket_cannot_take_comes_back() {
+    start();
+    let (mut peer, ours) = pair().await;
+    // Fill the writer's socket until it takes nothing more.
+    let mut sent = 0usize;
+    let fill = vec![0u8; 64 << 10];
+    while let Ok(n) = ours.try_write(&fill) {
+        sent += n;
+    }
+    let msg = pattern(4 << 10, 5);
+    let left = queue(ours.as_raw_fd(), &msg).unwrap().await.unwrap();
+    assert!(!left.is_empty(), "a full socket took the whole write");
+    let took = msg.len() - left.len();
+    assert_eq!(left[..], msg[took..], "what comes back is the write's tail");
+    // Nothing lost nor doubled: the peer reads the fill, then exactly the
+    // part the socket took.
+    let mut got = vec![0u8; sent + took];
+    timeout(Duration::from_secs(10), peer.read_exact(&mut got)).await.unwrap().unwrap();
+    assert_eq!(got[sent..], msg[..took]);
+    drop(ours);
+    let mut rest = Vec::new();
+    peer.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty(), "bytes beyond what the socket took: {}", rest.len());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_write_dropped_before_its_batch_is_never_sent() {
+    start();
+    let ((mut gone_peer, gone), (mut peer, ours)) = (pair().await, pair().await);
+    let before = counts().unwrap();
+    drop(queue(gone.as_raw_fd(), b"never").unwrap());
+    assert!(queue(ours.as_raw_fd(), b"sent").unwrap().await.unwrap().is_empty());
+    assert_eq!(counts().unwrap().writes - before.writes, 1);
+    let mut got = [0u8; 4];
+    peer.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"sent");
+    let mut buf = [0u8; 8];
+    let r = timeout(Duration::from_millis(200), gone_peer.read(&mut buf)).await;
+    assert!(r.is_err(), "the dropped write arrived: {r:?}");
+}
+
+#[test]
+fn no_batch_outlives_its_runtime() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        start();
+        tokio::task::yield_now().await;
+    });
+    assert!(rt.block_on(async { counts() }).is_some());
+    drop(rt);
+    // A write now would wait for a flusher that no longer runs: none is
+    // queued, the caller writes at once.
+    assert!(counts().is_none());
+    assert!(queue(0, b"x").is_none());
+}
