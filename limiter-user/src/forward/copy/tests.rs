@@ -40,6 +40,18 @@ fn pattern(len: usize, seed: usize) -> Vec<u8> {
     (0..len).map(|i| u8::try_from((i * 7 + seed) % 251).unwrap()).collect()
 }
 
+/// `bulk` and the end of stream from `client`; `server` reads them
+/// intact.
+async fn long_transfer(client: &mut TcpStream, server: &mut TcpStream, bulk: &[u8], what: &str) {
+    let (mut got, send) = (Vec::new(), async {
+        client.write_all(bulk).await.unwrap();
+        client.shutdown().await.unwrap();
+    });
+    let ((), n) = tokio::join!(send, server.read_to_end(&mut got));
+    n.unwrap();
+    assert!(got == bulk, "{what}: the long transfer arrived intact ({} of {} bytes)", got.len(), bulk.len());
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn small_exchanges_are_copied_and_bulk_is_spliced() {
     for how in [Copy::Splice, Copy::Buffer] {
@@ -57,13 +69,7 @@ async fn small_exchanges_are_copied_and_bulk_is_spliced() {
                 assert_eq!(buf[..], msg[..], "request {i}");
             }
             // Then a long transfer, and the end of stream.
-            let (mut got, send) = (Vec::new(), async {
-                client.write_all(&bulk).await.unwrap();
-                client.shutdown().await.unwrap();
-            });
-            let ((), n) = tokio::join!(send, server.read_to_end(&mut got));
-            n.unwrap();
-            assert!(got == bulk, "{how:?}: the long transfer arrived intact ({} of {} bytes)", got.len(), bulk.len());
+            long_transfer(&mut client, &mut server, &bulk, &format!("{how:?}")).await;
         };
         let (moved, ()) = through(how, &fin, &fout, drive).await;
         let total = (small * 100 + bulk.len()) as u64;
@@ -94,13 +100,7 @@ async fn small_exchanges_go_through_the_batch_intact_and_bulk_around_it() {
             server.read_exact(&mut buf[..msg.len()]).await.unwrap();
             assert_eq!(buf[..msg.len()], msg[..], "request {i}");
         }
-        let (mut got, send) = (Vec::new(), async {
-            client.write_all(&bulk).await.unwrap();
-            client.shutdown().await.unwrap();
-        });
-        let ((), n) = tokio::join!(send, server.read_to_end(&mut got));
-        n.unwrap();
-        assert!(got == bulk, "the long transfer arrived intact ({} of {} bytes)", got.len(), bulk.len());
+        long_transfer(&mut client, &mut server, &bulk, "batch").await;
     };
     let (moved, ()) = through(Copy::Buffer, &fin, &fout, drive).await;
     let after = super::super::batch::counts().unwrap();
