@@ -146,7 +146,9 @@ fn read_drained(s: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-fn step(from: &TcpStream, to: &TcpStream) -> io::Result<Step> {
+/// One read and its write: a small one queued in the tick's batch when
+/// `batch`, else written at once.
+fn step(from: &TcpStream, to: &TcpStream, batch: bool) -> io::Result<Step> {
     SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
         let read = match read_drained(from, &mut scratch[..]) {
@@ -155,7 +157,8 @@ fn step(from: &TcpStream, to: &TcpStream) -> io::Result<Step> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::NotReady),
             Err(e) => return Err(e),
         };
-        if read <= super::batch::SMALL
+        if batch
+            && read <= super::batch::SMALL
             && let Some(q) = super::batch::queue(to.as_raw_fd(), &scratch[..read])
         {
             return Ok(Step::Queued(read, q));
@@ -248,7 +251,10 @@ async fn run(
         // The peer's end of stream, when already seen, is known to follow
         // a read that empties the socket: no read is spent to hear it.
         let closed = r.ready(Interest::READABLE).await?.is_read_closed();
-        let n = match step(r, w)? {
+        // The last bytes of a stream that ended (an answer with its close)
+        // go out at once: the connection ends next, and would otherwise
+        // wait a tick and a wake-up for its batch.
+        let n = match step(r, w, !closed)? {
             Step::Eof => return Ok(()),
             Step::NotReady => continue,
             Step::Moved(n) => n,

@@ -112,6 +112,23 @@ async fn small_exchanges_go_through_the_batch_intact_and_bulk_around_it() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn the_last_bytes_of_a_stream_that_ended_skip_the_batch() {
+    super::super::batch::start();
+    let ((mut client, fin), (fout, mut server)) = (pair().await, pair().await);
+    // An answer and its close, both there before the pump first looks.
+    client.write_all(b"last answer").await.unwrap();
+    client.shutdown().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = super::super::batch::counts().expect("io_uring on this machine");
+    let mut got = Vec::new();
+    let (moved, n) = through(Copy::Buffer, &fin, &fout, server.read_to_end(&mut got)).await;
+    n.unwrap();
+    assert_eq!(got, b"last answer");
+    assert_eq!(moved.copied, 11);
+    assert_eq!(super::super::batch::counts().unwrap().writes, before.writes, "written through the batch");
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn an_end_of_stream_that_came_with_the_last_bytes_is_passed_on() {
     let ((mut client, fin), (fout, mut server)) = (pair().await, pair().await);
     // Both queued before the pump first reads: one short read takes the
