@@ -139,7 +139,7 @@ async fn flusher() {
         match sent {
             Some(Ok(())) => {}
             // The ring failed: every write from now on goes out at once
-            // (those queued were answered with the error).
+            // (those waiting are woken to an error as the batch goes).
             Some(Err(e)) => {
                 tracing::warn!("limiter: forward: io_uring send failed, writes go out one by one: {e}");
                 let _ = BATCH.with(|b| b.borrow_mut().take());
@@ -151,62 +151,51 @@ async fn flusher() {
 }
 
 impl Batch {
-    /// Sends every queued write, waiting for all their completions (each
-    /// is `MSG_DONTWAIT`: it completes or says EAGAIN inside the call).
+    /// Sends the queued writes, as many as the ring holds (the rest stay
+    /// queued for the flusher's next call), and waits for all their
+    /// completions: each is `MSG_DONTWAIT`, so it completes or says
+    /// EAGAIN inside the call.
     fn flush(&mut self) -> io::Result<()> {
         let queue = std::mem::take(&mut self.queue);
-        for chunk in queue.chunks(ENTRIES as usize) {
-            let mut n = 0;
-            {
-                let mut sq = self.ring.submission();
-                for &id in chunk {
-                    let Some(slot) = self.slots[id].as_ref().filter(|s| s.state == State::Queued) else { continue };
-                    let len = u32::try_from(slot.data.len()).unwrap_or(u32::MAX);
-                    let send = opcode::Send::new(types::Fd(slot.fd), slot.data.as_ptr(), len)
-                        .flags(libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
-                        .build()
-                        .user_data(id as u64);
-                    // SAFETY: the buffer lives in its slot, untouched
-                    // until its completion is read below (this call
-                    // waits for all of them).
-                    if unsafe { sq.push(&send) }.is_err() {
-                        // Full: sent by the next call.
-                        self.queue.push(id);
-                        continue;
-                    }
-                    n += 1;
+        let mut n = 0;
+        {
+            let mut sq = self.ring.submission();
+            for (i, &id) in queue.iter().enumerate() {
+                // A queued id's slot is taken until its write is released.
+                let Some(slot) = self.slots[id].as_ref() else { continue };
+                let len = u32::try_from(slot.data.len()).unwrap_or(u32::MAX);
+                let send = opcode::Send::new(types::Fd(slot.fd), slot.data.as_ptr(), len)
+                    .flags(libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+                    .build()
+                    .user_data(id as u64);
+                // SAFETY: the buffer lives in its slot, untouched until
+                // its completion is read below (this call waits for all).
+                if unsafe { sq.push(&send) }.is_err() {
+                    self.queue.extend_from_slice(&queue[i..]);
+                    break;
+                }
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.counts.calls += 1;
+        self.counts.writes += n as u64;
+        self.ring.submit_and_wait(n)?;
+        let mut done = 0;
+        for cqe in self.ring.completion() {
+            done += 1;
+            let id = usize::try_from(cqe.user_data()).unwrap_or(usize::MAX);
+            if let Some(slot) = self.slots.get_mut(id).and_then(Option::as_mut) {
+                slot.state = State::Done(cqe.result());
+                if let Some(w) = slot.waker.take() {
+                    w.wake();
                 }
             }
-            if n > 0 {
-                self.counts.calls += 1;
-                self.counts.writes += n as u64;
-            }
-            let result = if n == 0 { Ok(0) } else { self.ring.submit_and_wait(n) };
-            let mut done = 0;
-            for cqe in self.ring.completion() {
-                done += 1;
-                let id = usize::try_from(cqe.user_data()).unwrap_or(usize::MAX);
-                if let Some(slot) = self.slots.get_mut(id).and_then(Option::as_mut) {
-                    slot.state = State::Done(cqe.result());
-                    if let Some(w) = slot.waker.take() {
-                        w.wake();
-                    }
-                }
-            }
-            if let Err(e) = result.and_then(|_| {
-                if done < n { Err(io::Error::other(format!("{done} of {n} sends completed"))) } else { Ok(()) }
-            }) {
-                // Writes not sent are answered with the error.
-                for &id in chunk {
-                    if let Some(slot) = self.slots[id].as_mut().filter(|s| s.state == State::Queued) {
-                        slot.state = State::Done(-libc::EIO);
-                        if let Some(w) = slot.waker.take() {
-                            w.wake();
-                        }
-                    }
-                }
-                return Err(e);
-            }
+        }
+        if done < n {
+            return Err(io::Error::other(format!("{done} of {n} sends completed")));
         }
         Ok(())
     }
@@ -218,6 +207,18 @@ impl Batch {
                 self.spare.push(slot.data);
             }
             self.free.push(id);
+        }
+    }
+}
+
+/// A batch that ends (its ring failed, or its runtime shut down) wakes
+/// the writes still waiting: with no batch they resolve to an error.
+impl Drop for Batch {
+    fn drop(&mut self) {
+        for slot in self.slots.iter_mut().flatten() {
+            if let Some(w) = slot.waker.take() {
+                w.wake();
+            }
         }
     }
 }
@@ -253,18 +254,17 @@ pub fn queue(fd: RawFd, buf: &[u8]) -> Option<Queued> {
             w.wake();
         }
         b.queue.push(id);
-        Some(Queued { id, done: false, thread: std::thread::current().id() })
+        Some(Queued { id, done: false })
     })
 }
 
 /// A queued write: resolves to the bytes the socket did not take (empty
-/// when it took all), or the write's error.
+/// when it took all), or the write's error. Awaited on the thread that
+/// queued it (the forwarder's runtime has one thread).
 pub struct Queued {
     id: usize,
     /// Resolved: its slot is free (and may be another write's).
     done: bool,
-    /// The batch is the thread's: a write is never awaited elsewhere.
-    thread: std::thread::ThreadId,
 }
 
 impl Future for Queued {
@@ -272,7 +272,6 @@ impl Future for Queued {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        debug_assert_eq!(this.thread, std::thread::current().id());
         let id = this.id;
         let r = BATCH.with(|b| {
             let mut b = b.borrow_mut();

@@ -263,10 +263,7 @@ async fn run(
                 n
             }
             Step::Queued(n, q) => {
-                let left = q.await?;
-                if !left.is_empty() {
-                    write_all(w, &left, act.idle).await?;
-                }
+                write_all(w, &q.await?, act.idle).await?;
                 n
             }
         };

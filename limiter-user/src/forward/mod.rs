@@ -9,6 +9,8 @@ pub mod adaptive;
 pub mod batch;
 pub mod copy;
 pub mod fds;
+#[cfg(test)]
+mod loopback;
 pub mod proxy;
 pub mod rank;
 mod series;

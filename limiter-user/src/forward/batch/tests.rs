@@ -4,25 +4,10 @@
 
 use std::{os::fd::AsRawFd as _, time::Duration};
 
-use tokio::{
-    io::AsyncReadExt as _,
-    net::{TcpListener, TcpStream},
-    time::timeout,
-};
+use tokio::{io::AsyncReadExt as _, time::timeout};
 
 use super::{Counts, counts, queue, start};
-
-/// A connected pair on loopback: (the peer's end, the writer's end).
-async fn pair() -> (TcpStream, TcpStream) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let peer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-    let (ours, _) = l.accept().await.unwrap();
-    (peer, ours)
-}
-
-fn pattern(len: usize, seed: usize) -> Vec<u8> {
-    (0..len).map(|i| u8::try_from((i * 7 + seed) % 251).unwrap()).collect()
-}
+use crate::forward::loopback::{pair, pattern};
 
 #[tokio::test(flavor = "current_thread")]
 async fn the_writes_of_one_tick_go_in_one_call() {
@@ -47,6 +32,33 @@ async fn the_writes_of_one_tick_go_in_one_call() {
         let mut got = [0u8; 100];
         peer.read_exact(&mut got).await.unwrap();
         assert_eq!(got[..], pattern(100, i)[..], "connection {i}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn more_writes_than_the_ring_holds_go_in_more_calls() {
+    start();
+    let mut pairs = Vec::new();
+    for _ in 0..260 {
+        pairs.push(pair().await);
+    }
+    let before = counts().expect("io_uring here");
+    let queued: Vec<_> =
+        pairs.iter().enumerate().map(|(i, (_, ours))| queue(ours.as_raw_fd(), &pattern(10, i)).unwrap()).collect();
+    for q in queued {
+        let left = timeout(Duration::from_secs(10), q).await.expect("every write sent");
+        assert!(left.unwrap().is_empty());
+    }
+    let after = counts().unwrap();
+    // 256 entries a call: 260 writes in 2.
+    assert_eq!(
+        Counts { calls: after.calls - before.calls, writes: after.writes - before.writes },
+        Counts { calls: 2, writes: 260 }
+    );
+    for (i, (peer, _)) in pairs.iter_mut().enumerate() {
+        let mut got = [0u8; 10];
+        peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(got[..], pattern(10, i)[..], "connection {i}");
     }
 }
 

@@ -9,21 +9,14 @@ use std::{
 
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     time::timeout,
 };
 
 use super::{Activity, Copy, Moved, open, pump};
+use crate::forward::loopback::{pair, pattern};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-/// A connected pair on loopback: (the peer's end, the forwarder's end).
-async fn pair() -> (TcpStream, TcpStream) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let peer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-    let (ours, _) = l.accept().await.unwrap();
-    (peer, ours)
-}
 
 /// Pumps `from` to `to` by `how` while `drive` runs; returns what the
 /// pump moved (it ends at `from`'s end of stream) and `drive`'s output.
@@ -33,11 +26,6 @@ async fn through<T>(how: Copy, from: &TcpStream, to: &TcpStream, drive: impl Fut
     let (moved, out) = timeout(WAIT, async { tokio::join!(p, drive) }).await.expect("the pump ended in time");
     assert_eq!(bytes.into_inner(), moved.copied + moved.spliced, "every byte counted");
     (moved, out)
-}
-
-/// A byte pattern that shows a lost, doubled or reordered byte.
-fn pattern(len: usize, seed: usize) -> Vec<u8> {
-    (0..len).map(|i| u8::try_from((i * 7 + seed) % 251).unwrap()).collect()
 }
 
 /// `bulk` and the end of stream from `client`; `server` reads them

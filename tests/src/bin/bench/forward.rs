@@ -30,7 +30,7 @@ pub(super) const SECS: f64 = 2.0;
 const BULK: usize = 32 << 20;
 /// The long transfer's bytes, made once (not a 32 MiB fill per transfer
 /// on the measured CPU).
-static LONG: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| vec![b'l'; BULK]);
+pub(super) static LONG: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| vec![b'l'; BULK]);
 
 pub(super) fn pin_to_cpu(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.

@@ -21,9 +21,9 @@ use super::fronts;
 
 const BACKEND: u16 = 7200;
 const WRK_SECS: &str = "4";
-/// The long transfer's file, in the backend's root.
+/// The long transfer's file, in the backend's root: the own shape's
+/// 32 MiB (`forward::LONG`).
 const LONG: &str = "long";
-const LONG_BYTES: usize = 32 << 20;
 
 /// One workload's figures for one forwarder.
 #[derive(Clone, Copy, Default)]
@@ -116,7 +116,7 @@ fn measure(net: &VethPair, cpu: &str, port: u16) -> Http {
 fn backend(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
     let root = dir.join("www");
     std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(root.join(LONG), vec![b'l'; LONG_BYTES]).unwrap();
+    std::fs::write(root.join(LONG), &*super::forward::LONG).unwrap();
     let block = format!(
         "http {{\n  access_log off;\n  keepalive_requests 10000000;\n  sendfile on;\n  server {{\n    listen 127.0.0.1:{BACKEND} proxy_protocol;\n    location / {{ return 200 \"ok\\n\"; }}\n    location = /{LONG} {{ root {}; }}\n  }}\n}}\n",
         root.display()

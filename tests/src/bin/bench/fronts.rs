@@ -63,17 +63,10 @@ pub type Peer = fn(&NetNs, &Path, &str, u16, u16) -> Guard;
 
 /// haproxy, `mode tcp`, one thread, to `upstream` with `send-proxy-v2`.
 pub fn haproxy(ns: &NetNs, dir: &Path, cpu: &str, listen: u16, upstream: u16) -> Guard {
-    let cfg = dir.join(format!("haproxy-{listen}.cfg"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "global\n  nbthread 1\n  maxconn 8000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\nfrontend fe\n  bind 127.0.0.1:{listen}\n  default_backend be\nbackend be\n  server s 127.0.0.1:{upstream} send-proxy-v2\n"
-        ),
-    )
-    .unwrap();
-    let mut c = pinned(ns, cpu, "haproxy");
-    c.arg("-db").arg("-f").arg(&cfg);
-    peer(ns, c, dir, &format!("haproxy-{listen}"), listen)
+    let cfg = format!(
+        "global\n  nbthread 1\n  maxconn 8000\ndefaults\n  mode tcp\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\nfrontend fe\n  bind 127.0.0.1:{listen}\n  default_backend be\nbackend be\n  server s 127.0.0.1:{upstream} send-proxy-v2\n"
+    );
+    configured(ns, dir, cpu, "haproxy", listen, &cfg, &["-db".as_ref(), "-f".as_ref()])
 }
 
 /// nginx `stream`, one worker, to `upstream` with `proxy_protocol on`
@@ -90,16 +83,20 @@ pub fn nginx_stream(ns: &NetNs, dir: &Path, cpu: &str, listen: u16, upstream: u1
 /// error log is off (a log line a connection would cost it CPU in the
 /// rows); what it says at start still reaches stderr.
 pub fn nginx(ns: &NetNs, dir: &Path, cpu: &str, listen: u16, module: Option<&str>, block: &str) -> Guard {
-    let (path, d) = (dir.join(format!("nginx-{listen}.conf")), dir.display());
     let load = module.map(|m| format!("load_module /usr/lib/nginx/modules/{m}.so;\n")).unwrap_or_default();
-    std::fs::write(
-        &path,
-        format!(
-            "{load}daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log /dev/null;\npid {d}/nginx-{listen}.pid;\nevents {{ worker_connections 8000; }}\n{block}"
-        ),
-    )
-    .unwrap();
-    let mut c = pinned(ns, cpu, "nginx");
-    c.arg("-c").arg(&path).arg("-p").arg(dir);
-    peer(ns, c, dir, &format!("nginx-{listen}"), listen)
+    let conf = format!(
+        "{load}daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log /dev/null;\npid {}/nginx-{listen}.pid;\nevents {{ worker_connections 8000; }}\n{block}",
+        dir.display()
+    );
+    configured(ns, dir, cpu, "nginx", listen, &conf, &["-p".as_ref(), dir.as_os_str(), "-c".as_ref()])
+}
+
+/// `prog` on `cpu` with `args` and then its config, `text` written to
+/// `dir/{prog}-{listen}.conf`, once it listens on `listen`.
+fn configured(ns: &NetNs, dir: &Path, cpu: &str, prog: &str, listen: u16, text: &str, args: &[&OsStr]) -> Guard {
+    let (tag, conf) = (format!("{prog}-{listen}"), dir.join(format!("{prog}-{listen}.conf")));
+    std::fs::write(&conf, text).unwrap();
+    let mut c = pinned(ns, cpu, prog);
+    c.args(args).arg(&conf);
+    peer(ns, c, dir, &tag, listen)
 }
