@@ -146,9 +146,13 @@ fn read_drained(s: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-/// One read and its write: a small one queued in the tick's batch when
-/// `batch`, else written at once.
-fn step(from: &TcpStream, to: &TcpStream, batch: bool) -> io::Result<Step> {
+/// One read and its write. The stream's end already seen (`ended`), the
+/// bytes that empty the socket are its last: they go out at once, with
+/// `MSG_MORE`, so the half-close or close that follows leaves in the same
+/// segment (one segment and the peer's acknowledgement of it fewer, as
+/// haproxy does for an answer it closes after). Otherwise a small write
+/// is queued in the tick's batch.
+fn step(from: &TcpStream, to: &TcpStream, ended: bool) -> io::Result<Step> {
     SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
         let read = match read_drained(from, &mut scratch[..]) {
@@ -157,21 +161,32 @@ fn step(from: &TcpStream, to: &TcpStream, batch: bool) -> io::Result<Step> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::NotReady),
             Err(e) => return Err(e),
         };
-        if batch
+        if !ended
             && read <= super::batch::SMALL
             && let Some(q) = super::batch::queue(to.as_raw_fd(), &scratch[..read])
         {
             return Ok(Step::Queued(read, q));
         }
-        let left = write_now(to, &scratch[..read])?;
+        let last = ended && read < scratch.len();
+        let left = write_now(to, &scratch[..read], last)?;
         Ok(if left.is_empty() { Step::Moved(read) } else { Step::Left(read, left) })
     })
 }
 
 /// Writes what `to` takes of `buf` now; returns the rest (empty, and
-/// unallocated, when it took all).
-fn write_now(to: &TcpStream, buf: &[u8]) -> io::Result<Vec<u8>> {
-    let written = match to.try_write(buf) {
+/// unallocated, when it took all). `more`: a shutdown or close follows
+/// at once and carries the bytes out (`MSG_MORE` holds back a partial
+/// segment until then).
+fn write_now(to: &TcpStream, buf: &[u8], more: bool) -> io::Result<Vec<u8>> {
+    let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+    let fd = to.as_raw_fd();
+    // SAFETY: sends at most `buf.len()` bytes from `buf` on a socket the
+    // caller owns.
+    let send = || {
+        usize::try_from(unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), flags) })
+            .map_err(|_| io::Error::last_os_error())
+    };
+    let written = match to.try_io(Interest::WRITABLE, send) {
         Ok(written) => written,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
         Err(e) => return Err(e),
@@ -199,7 +214,7 @@ pub async fn open(header: &[u8], client: &TcpStream, upstream: &TcpStream, idle:
         // Nothing yet (or the end of stream, which the pump then sees
         // again): the header goes alone.
         let read = read_drained(client, &mut scratch[h..]).unwrap_or(0);
-        write_now(upstream, &scratch[..h + read]).map(|left| (read, left))
+        write_now(upstream, &scratch[..h + read], false).map(|left| (read, left))
     })?;
     write_all(upstream, &left, idle).await?;
     Ok(read)
@@ -252,9 +267,10 @@ async fn run(
         // a read that empties the socket: no read is spent to hear it.
         let closed = r.ready(Interest::READABLE).await?.is_read_closed();
         // The last bytes of a stream that ended (an answer with its close)
-        // go out at once: the connection ends next, and would otherwise
-        // wait a tick and a wake-up for its batch.
-        let n = match step(r, w, !closed)? {
+        // go out at once, with the half-close or close that follows: the
+        // connection ends next, and would otherwise wait a tick and a
+        // wake-up for its batch.
+        let n = match step(r, w, closed)? {
             Step::Eof => return Ok(()),
             Step::NotReady => continue,
             Step::Moved(n) => n,

@@ -116,6 +116,38 @@ async fn the_last_bytes_of_a_stream_that_ended_skip_the_batch() {
     assert_eq!(super::super::batch::counts().unwrap().writes, before.writes, "written through the batch");
 }
 
+/// Segments `s` has received (`tcpi_segs_in` of `TCP_INFO`).
+fn segments_in(s: &TcpStream) -> u32 {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a zeroed tcp_info filled by getsockopt on a socket we own.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = u32::try_from(size_of::<libc::tcp_info>()).unwrap();
+        let r =
+            libc::getsockopt(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &raw mut len);
+        assert_eq!(r, 0, "TCP_INFO");
+        info.tcpi_segs_in
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_last_bytes_of_a_stream_that_ended_leave_with_its_close_in_one_segment() {
+    for how in [Copy::Splice, Copy::Buffer] {
+        let ((mut client, fin), (fout, mut server)) = (pair().await, pair().await);
+        // An answer and its close, both there before the pump first looks.
+        client.write_all(b"last answer").await.unwrap();
+        client.shutdown().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let before = segments_in(&server);
+        let mut got = Vec::new();
+        let (moved, n) = through(how, &fin, &fout, server.read_to_end(&mut got)).await;
+        n.unwrap();
+        assert_eq!((got.as_slice(), moved.copied), (&b"last answer"[..], 11), "{how:?}");
+        // The bytes and the half-close: one segment, not one each.
+        assert_eq!(segments_in(&server) - before, 1, "{how:?}: segments for the answer and its close");
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn an_end_of_stream_that_came_with_the_last_bytes_is_passed_on() {
     let ((mut client, fin), (fout, mut server)) = (pair().await, pair().await);
