@@ -12,6 +12,7 @@ mod fronts;
 mod hit;
 mod jitlines;
 mod profile;
+mod rounds;
 mod syn;
 mod system;
 mod window;
