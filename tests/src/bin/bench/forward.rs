@@ -233,18 +233,26 @@ struct Row {
     p99: f64,
 }
 
-fn measure(name: &'static str, ns: &NetNs, port: u16) -> Row {
-    wait_port(ns, port);
-    eprintln!("bench forward: {name}: connections...");
-    let (conns, busy_conns) = busy_during(|| conn_rate(ns, port));
-    eprintln!("bench forward: {name}: long transfers...");
-    let (bytes, busy_bytes) = busy_during(|| throughput(ns, port));
-    eprintln!("bench forward: {name}: latency...");
-    let (p50, p99, failed) = latency(ns, port);
-    if failed > 0 {
-        eprintln!("bench forward: {name}: {failed} small requests failed");
+/// One round of the four fronts' rows, a workload at a time (each
+/// workload's rows seconds apart), the fronts in `round`'s order.
+fn round(ns: &NetNs, fronts: &[(&'static str, u16); 4], round: usize) -> [Row; 4] {
+    let mut rows =
+        fronts.map(|(name, _)| Row { name, conns: 0.0, busy: [[0.0; 2]; 2], bytes: 0.0, p50: 0.0, p99: 0.0 });
+    eprintln!("bench forward: round {}: connections, long transfers, latency...", round + 1);
+    for i in order(4, round) {
+        (rows[i].conns, rows[i].busy[0]) = busy_during(|| conn_rate(ns, fronts[i].1));
     }
-    Row { name, conns, busy: [busy_conns, busy_bytes], bytes, p50, p99 }
+    for i in order(4, round) {
+        (rows[i].bytes, rows[i].busy[1]) = busy_during(|| throughput(ns, fronts[i].1));
+    }
+    for i in order(4, round) {
+        let failed;
+        (rows[i].p50, rows[i].p99, failed) = latency(ns, fronts[i].1);
+        if failed > 0 {
+            eprintln!("bench forward: {}: {failed} small requests failed", fronts[i].0);
+        }
+    }
+    rows
 }
 
 /// The limiter's second forwarder, by buffer.
@@ -312,15 +320,7 @@ pub fn forward() {
     for (_, port) in fronts {
         warm(&net.b, port);
     }
-    let mut rounds: Vec<[Row; 4]> = Vec::new();
-    for round in 0..ROUNDS {
-        let mut this = [None; 4];
-        for i in order(4, round) {
-            let (name, port) = fronts[i];
-            this[i] = Some(measure(name, &net.b, port));
-        }
-        rounds.push(this.map(Option::unwrap));
-    }
+    let rounds: Vec<[Row; 4]> = (0..ROUNDS).map(|r| round(&net.b, &fronts, r)).collect();
     drop(peers);
     // The limiter's own costs: memory, then a refusal at a cap of 1.
     let idle: Vec<_> = fronts[..2]

@@ -57,7 +57,7 @@ pub const LAYOUTS: [Layout; 2] = [
 ];
 
 /// What `wrk` runs through a forwarder (in this order in `Http::busy`).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Load {
     /// Small requests, each on a new connection (`Connection: close`).
     Close,
@@ -110,13 +110,6 @@ fn micros(v: &str) -> f64 {
     num.parse::<f64>().map_or(f64::NAN, |n| n * scale)
 }
 
-fn measure(net: &VethPair, cpu: &str, port: u16) -> Http {
-    let (new_conns, _, _, close) = wrk(net, cpu, port, Load::Close);
-    let (keepalive, p99_us, _, kept) = wrk(net, cpu, port, Load::KeepAlive);
-    let (_, _, bytes, long) = wrk(net, cpu, port, Load::Long);
-    Http { new_conns, keepalive, p99_us, bytes, busy: [close, kept, long] }
-}
-
 /// The backend: nginx HTTP, reading the PROXY header; `/long` is a
 /// 32 MiB file it sends with `sendfile`.
 fn backend(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
@@ -167,20 +160,31 @@ pub fn rows(net: &VethPair, dir: &Path, layout: Layout) -> Vec<[Http; 3]> {
         .collect();
     let mut rounds = Vec::new();
     for round in 0..ROUNDS {
+        eprintln!("bench forward: HTTP ({}), round {}...", layout.name, round + 1);
+        // A workload at a time, so each workload's rows are seconds apart.
         let mut this = [Http::default(); 3];
-        for i in order(3, round) {
-            let (name, port, _) = fronts[i];
-            eprintln!("bench forward: HTTP through {name} ({}), round {}...", layout.name, round + 1);
-            let h = measure(net, layout.client, port);
+        for load in [Load::Close, Load::KeepAlive, Load::Long] {
+            for i in order(3, round) {
+                let (rate, p99, bytes, busy) = wrk(net, layout.client, fronts[i].1, load);
+                let h = &mut this[i];
+                match load {
+                    Load::Close => h.new_conns = rate,
+                    Load::KeepAlive => (h.keepalive, h.p99_us) = (rate, p99),
+                    Load::Long => h.bytes = bytes,
+                }
+                h.busy[load as usize] = busy;
+            }
+        }
+        for (i, h) in this.iter().enumerate() {
             eprintln!(
-                "bench forward: {name} round {}: {:.0} new conns/s, {:.0} keep-alive req/s, p99 {:.0} us, {:.0} MB/s long",
+                "bench forward: {} round {}: {:.0} new conns/s, {:.0} keep-alive req/s, p99 {:.0} us, {:.0} MB/s long",
+                fronts[i].0,
                 round + 1,
                 h.new_conns,
                 h.keepalive,
                 h.p99_us,
                 h.bytes / 1e6
             );
-            this[i] = h;
         }
         rounds.push(this);
     }

@@ -1,13 +1,14 @@
 //! Bench `forward`'s rounds: the forwarders' rows are measured in several
 //! interleaved rounds (the machine's speed drifts by 5-10% over tens of
-//! seconds, and a row can catch a slow spell), each round's rows back to
-//! back, in an order that turns by one each round so no forwarder always
+//! seconds, and a row can catch a slow spell of a few seconds), each
+//! round a workload at a time (that workload's rows seconds apart), the
+//! forwarders in an order that turns by one each round so none always
 //! follows the same one. A figure is the median of a forwarder's rounds;
-//! a goal is judged on the median of the rounds' ratios (each ratio of
-//! two rows measured seconds apart), so one slow spell moves neither.
+//! a goal is judged on the median of the rounds' ratios, so a slow spell
+//! in a few rounds moves neither.
 
 /// Rounds of each forwarder's rows.
-pub const ROUNDS: usize = 5;
+pub const ROUNDS: usize = 7;
 
 /// The median of `v` (the mean of the middle two when even); NaN when empty.
 #[must_use]
