@@ -258,12 +258,12 @@ fn round(ns: &NetNs, fronts: &[(&'static str, u16); 4], round: usize) -> [Row; 4
 /// The limiter's second forwarder, by buffer.
 const BUFFERED: u16 = 7104;
 
-/// A policy with the limiter's two forwarders to the upstream, each with
-/// a cap of `max`: by splice on 7101, by buffer on `BUFFERED`.
-fn two_modes(max: u32) -> String {
-    let splice = fronts::limiter_policy(7101, UPSTREAM, max, "copy = \"splice\"\n");
+/// A policy with the limiter's two forwarders to the upstream: by splice
+/// on 7101, by buffer on `BUFFERED`.
+fn two_modes() -> String {
+    let splice = fronts::limiter_policy(7101, UPSTREAM, 20_000, "copy = \"splice\"\n");
     format!(
-        "{splice}\n[[forward]]\nname = \"buffered\"\nlisten = [\"127.0.0.1:{BUFFERED}\"]\nupstreams = [\"127.0.0.1:{UPSTREAM}\"]\nmax_connections = {max}\ncopy = \"buffer\"\n"
+        "{splice}\n[[forward]]\nname = \"buffered\"\nlisten = [\"127.0.0.1:{BUFFERED}\"]\nupstreams = [\"127.0.0.1:{UPSTREAM}\"]\nmax_connections = 20000\ncopy = \"buffer\"\n"
     )
 }
 
@@ -306,7 +306,7 @@ pub fn forward() {
     // default, and by buffer, and the two peers, each on CPU 0, started
     // once and warmed up, each idle while the others' rows run.
     let policy = dir.join("policy.toml");
-    std::fs::write(&policy, two_modes(20_000)).unwrap();
+    std::fs::write(&policy, two_modes()).unwrap();
     let socket = unique_socket("bfw");
     let daemon = fronts::limiter(&net.b, "0", &policy, &socket);
     let peers = [(7102, fronts::haproxy as fronts::Peer), (7103, fronts::nginx_stream)]
@@ -322,13 +322,23 @@ pub fn forward() {
     }
     let rounds: Vec<[Row; 4]> = (0..ROUNDS).map(|r| round(&net.b, &fronts, r)).collect();
     drop(peers);
-    // The limiter's own costs: memory, then a refusal at a cap of 1.
-    let idle: Vec<_> = fronts[..2]
-        .iter()
-        .map(|&(name, port)| (name, super::forward_cost::idle_memory(&net.b, port, daemon.0.id())))
-        .collect();
-    let refusal = super::forward_cost::refusal_cost(&net, &policy, &socket, daemon.0.id(), &two_modes(1));
     drop::<Guard>(daemon);
+    // The limiter's own costs, each mode in a daemon of its own (one that
+    // held connections before keeps their memory for the next): memory,
+    // and by splice a refusal at a cap of 1.
+    let one = |max: u32, copy: &str| fronts::limiter_policy(7101, UPSTREAM, max, &format!("copy = \"{copy}\"\n"));
+    let mut refusal = (0, 0.0);
+    let mut idle = Vec::new();
+    for (copy, (name, _)) in ["splice", "buffer"].into_iter().zip(fronts) {
+        std::fs::write(&policy, one(20_000, copy)).unwrap();
+        let socket = unique_socket("bfw");
+        let daemon = fronts::limiter(&net.b, "0", &policy, &socket);
+        idle.push((name, super::forward_cost::idle_memory(&net.b, 7101, daemon.0.id())));
+        if copy == "splice" {
+            refusal = super::forward_cost::refusal_cost(&net, &policy, &socket, daemon.0.id(), &one(1, copy));
+        }
+        drop::<Guard>(daemon);
+    }
     let (refused, refused_us) = refusal;
     let rows: Vec<Row> = (0..4).map(|i| median_row(&rounds, i)).collect();
     stop.store(true, Ordering::Relaxed);
