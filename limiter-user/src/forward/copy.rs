@@ -179,13 +179,8 @@ fn step(from: &TcpStream, to: &TcpStream, ended: bool) -> io::Result<Step> {
 /// segment until then).
 fn write_now(to: &TcpStream, buf: &[u8], more: bool) -> io::Result<Vec<u8>> {
     let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
-    let fd = to.as_raw_fd();
-    // SAFETY: sends at most `buf.len()` bytes from `buf` on a socket the
-    // caller owns.
-    let send = || {
-        usize::try_from(unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), flags) })
-            .map_err(|_| io::Error::last_os_error())
-    };
+    let sock = socket2::SockRef::from(to);
+    let send = || sock.send_with_flags(buf, flags);
     let written = match to.try_io(Interest::WRITABLE, send) {
         Ok(written) => written,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,

@@ -9,57 +9,40 @@ use tokio::{io::AsyncReadExt as _, time::timeout};
 use super::{Counts, counts, queue, start};
 use crate::forward::loopback::{pair, pattern};
 
-#[tokio::test(flavor = "current_thread")]
-async fn the_writes_of_one_tick_go_in_one_call() {
+/// `n` loopback pairs, one `len`-byte write queued on each without
+/// yielding (the flusher runs once this task waits): each is taken whole
+/// and read intact at its peer. Returns what the batch counted meanwhile.
+async fn one_write_on_each(n: usize, len: usize) -> Counts {
     start();
     let mut pairs = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..n {
         pairs.push(pair().await);
     }
     let before = counts().expect("io_uring here");
-    // Queued without yielding: the flusher runs once this task waits.
     let queued: Vec<_> =
-        pairs.iter().enumerate().map(|(i, (_, ours))| queue(ours.as_raw_fd(), &pattern(100, i)).unwrap()).collect();
+        pairs.iter().enumerate().map(|(i, (_, ours))| queue(ours.as_raw_fd(), &pattern(len, i)).unwrap()).collect();
     for q in queued {
-        assert!(q.await.unwrap().is_empty(), "a socket with room took all");
+        let left = timeout(Duration::from_secs(10), q).await.expect("every write sent");
+        assert!(left.unwrap().is_empty(), "a socket with room took all");
     }
     let after = counts().unwrap();
-    assert_eq!(
-        Counts { calls: after.calls - before.calls, writes: after.writes - before.writes },
-        Counts { calls: 1, writes: 8 }
-    );
     for (i, (peer, _)) in pairs.iter_mut().enumerate() {
-        let mut got = [0u8; 100];
+        let mut got = vec![0u8; len];
         peer.read_exact(&mut got).await.unwrap();
-        assert_eq!(got[..], pattern(100, i)[..], "connection {i}");
+        assert_eq!(got[..], pattern(len, i)[..], "connection {i}");
     }
+    Counts { calls: after.calls - before.calls, writes: after.writes - before.writes }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_writes_of_one_tick_go_in_one_call() {
+    assert_eq!(one_write_on_each(8, 100).await, Counts { calls: 1, writes: 8 });
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn more_writes_than_the_ring_holds_go_in_more_calls() {
-    start();
-    let mut pairs = Vec::new();
-    for _ in 0..260 {
-        pairs.push(pair().await);
-    }
-    let before = counts().expect("io_uring here");
-    let queued: Vec<_> =
-        pairs.iter().enumerate().map(|(i, (_, ours))| queue(ours.as_raw_fd(), &pattern(10, i)).unwrap()).collect();
-    for q in queued {
-        let left = timeout(Duration::from_secs(10), q).await.expect("every write sent");
-        assert!(left.unwrap().is_empty());
-    }
-    let after = counts().unwrap();
     // 256 entries a call: 260 writes in 2.
-    assert_eq!(
-        Counts { calls: after.calls - before.calls, writes: after.writes - before.writes },
-        Counts { calls: 2, writes: 260 }
-    );
-    for (i, (peer, _)) in pairs.iter_mut().enumerate() {
-        let mut got = [0u8; 10];
-        peer.read_exact(&mut got).await.unwrap();
-        assert_eq!(got[..], pattern(10, i)[..], "connection {i}");
-    }
+    assert_eq!(one_write_on_each(260, 10).await, Counts { calls: 2, writes: 260 });
 }
 
 #[tokio::test(flavor = "current_thread")]

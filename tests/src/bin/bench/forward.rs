@@ -221,7 +221,7 @@ pub(super) fn wait_port(ns: &NetNs, port: u16) {
     assert!(ns.listens_on(port), "nothing listens on {port}");
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Row {
     name: &'static str,
     conns: f64,
@@ -236,8 +236,7 @@ struct Row {
 /// One round of the four fronts' rows, a workload at a time (each
 /// workload's rows seconds apart), the fronts in `round`'s order.
 fn round(ns: &NetNs, fronts: &[(&'static str, u16); 4], round: usize) -> [Row; 4] {
-    let mut rows =
-        fronts.map(|(name, _)| Row { name, conns: 0.0, busy: [[0.0; 2]; 2], bytes: 0.0, p50: 0.0, p99: 0.0 });
+    let mut rows = fronts.map(|(name, _)| Row { name, ..Row::default() });
     eprintln!("bench forward: round {}: connections, long transfers, latency...", round + 1);
     for i in order(4, round) {
         (rows[i].conns, rows[i].busy[0]) = busy_during(|| conn_rate(ns, fronts[i].1));
@@ -262,9 +261,7 @@ const BUFFERED: u16 = 7104;
 /// on 7101, by buffer on `BUFFERED`.
 fn two_modes() -> String {
     let splice = fronts::limiter_policy(7101, UPSTREAM, 20_000, "copy = \"splice\"\n");
-    format!(
-        "{splice}\n[[forward]]\nname = \"buffered\"\nlisten = [\"127.0.0.1:{BUFFERED}\"]\nupstreams = [\"127.0.0.1:{UPSTREAM}\"]\nmax_connections = 20000\ncopy = \"buffer\"\n"
-    )
+    splice + &fronts::forward_section("buffered", BUFFERED, UPSTREAM, 20_000, "copy = \"buffer\"\n")
 }
 
 /// 1,000 one-byte connections through `port`, unmeasured: a forwarder's

@@ -57,7 +57,7 @@ pub const LAYOUTS: [Layout; 2] = [
 ];
 
 /// What `wrk` runs through a forwarder (in this order in `Http::busy`).
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum Load {
     /// Small requests, each on a new connection (`Connection: close`).
     Close,
@@ -142,7 +142,7 @@ fn nginx(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
 type Front = fn(&VethPair, &Path, &str) -> Guard;
 
 /// `ROUNDS` rounds, rows interleaved: each round's (limiter, haproxy,
-/// nginx). The three are started once, each warmed up by a second of
+/// nginx). The three are started once, each warmed up by a run of
 /// keep-alive requests (a front's first run after its start was up to 15%
 /// slower), and each idles while the others' rows run.
 pub fn rows(net: &VethPair, dir: &Path, layout: Layout) -> Vec<[Http; 3]> {
@@ -153,8 +153,7 @@ pub fn rows(net: &VethPair, dir: &Path, layout: Layout) -> Vec<[Http; 3]> {
         .iter()
         .map(|&(_, port, start)| {
             let guard = start(net, dir, layout.front);
-            let mut warm = fronts::pinned(&net.b, layout.client, "wrk");
-            let _ = warm.args(["-t1", "-c32", "-d1s"]).arg(format!("http://127.0.0.1:{port}/")).output();
+            let _ = wrk(net, layout.client, port, Load::KeepAlive);
             guard
         })
         .collect();

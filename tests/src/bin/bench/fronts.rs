@@ -39,8 +39,14 @@ pub fn peer(ns: &NetNs, mut c: Command, dir: &Path, tag: &str, port: u16) -> Gua
 /// A policy with one forwarder from 127.0.0.1:`listen` to `upstream`,
 /// `extra` lines in its section.
 pub fn limiter_policy(listen: u16, upstream: u16, max: u32, extra: &str) -> String {
+    format!("rate = 1000000\nburst = 1000000\n{}", forward_section("bench", listen, upstream, max, extra))
+}
+
+/// One `[[forward]]` section named `name`, from 127.0.0.1:`listen` to
+/// `upstream`, `extra` lines in it.
+pub fn forward_section(name: &str, listen: u16, upstream: u16, max: u32, extra: &str) -> String {
     format!(
-        "rate = 1000000\nburst = 1000000\n[[forward]]\nname = \"bench\"\nlisten = [\"127.0.0.1:{listen}\"]\nupstreams = [\"127.0.0.1:{upstream}\"]\nmax_connections = {max}\n{extra}"
+        "[[forward]]\nname = \"{name}\"\nlisten = [\"127.0.0.1:{listen}\"]\nupstreams = [\"127.0.0.1:{upstream}\"]\nmax_connections = {max}\n{extra}"
     )
 }
 
