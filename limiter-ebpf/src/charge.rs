@@ -6,8 +6,8 @@ use core::ptr::read_volatile;
 
 use aya_ebpf::maps::Array;
 use limiter_common::{
-    BucketKey, BucketState, ClassLimits, Config, REASON_COUNT, Reason, cost, gcra, maps::MAX_OVERRIDES, mode,
-    packet::Source, resolution, rules::coarser,
+    BucketKey, BucketState, ClassLimits, Config, MAX_CLASSES, REASON_COUNT, Reason, cost, gcra, maps::MAX_OVERRIDES,
+    mode, packet::Source, resolution, rules::coarser,
 };
 
 use crate::{
@@ -66,10 +66,11 @@ const WINDOW: u64 = 1 << 32;
 const FINER_CHECK: u64 = 1 << 33;
 
 // `packed`, the job's scalars: the frame length (bits 0..16, clamped),
-// the class (16..24), the `CONFIG` slot (bit 24), whether this CPU's
+// the class (16..24, `0..MAX_CLASSES`), the `CONFIG` slot (bit 24), whether this CPU's
 // slot is in use (25), whether the address was asked for finer denied
 // networks (26), and the version resolutions are cached under (32..64).
 const CLASS_SHIFT: u32 = 16;
+const _: () = assert!(MAX_CLASSES.is_power_of_two() && MAX_CLASSES <= 256, "the class is decoded by a mask");
 pub const SLOT_BIT: u64 = 1 << 24;
 const USABLE_BIT: u64 = 1 << 25;
 const CHECKED: u64 = 1 << 26;
@@ -143,7 +144,14 @@ fn job(head: u64, tail: u64, now: u64, packed: u64) -> Option<Job<'static>> {
     let slot = u32::from(packed & SLOT_BIT != 0);
     let cfg = CONFIG.get(slot)?;
     let key = BucketKey::from_words(head, tail);
-    let class = ((packed >> CLASS_SHIFT) & 0xff) as usize;
+    // Masked to the class table's size rather than checked against it:
+    // the index is spilled to the stack before `limits_for` uses it, and
+    // the verifier of 6.1 (before 6.8's "assign ID to scalars on spill")
+    // does not carry a comparison's bound to the spilled copy, so only a
+    // bound made by the value itself reaches the table lookup (with `& 0xff`
+    // 6.1 refused the program: "R5 max value is outside of the allowed
+    // memory range", off=8256 into the 544-byte `CONFIG` value).
+    let class = ((packed >> CLASS_SHIFT) as usize) & (MAX_CLASSES - 1);
     Some(Job { cfg, key, class, slot, version: (packed >> 32) as u32, now, len: packed & 0xffff })
 }
 

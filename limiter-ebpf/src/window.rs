@@ -10,7 +10,10 @@
 //! the limit, so the overshoot is bounded by the CPU count per instant
 //! (measured in `cargo xtask bench accuracy`).
 
-use core::ptr::{read_volatile, write_volatile};
+use core::{
+    hint::black_box,
+    ptr::{read_volatile, write_volatile},
+};
 
 use limiter_common::{
     BucketKey, ClassLimits, Reason, gcra,
@@ -41,6 +44,10 @@ fn state(key: &BucketKey) -> Option<*mut WindowState> {
 /// position `at` of the leaving slice.
 #[inline(always)]
 fn counted(w: *const WindowState, cur: u64, at: u64, slices: u32) -> u64 {
+    // Hidden from the compiler, which would otherwise see their bounds and
+    // turn `count_in`'s arithmetic back into a branch a slot (which 6.1's
+    // verifier could not walk within its limit).
+    let (at, slices) = (black_box(at), black_box(u64::from(slices)));
     let mut seen = 0;
     for i in 0..SLOTS {
         // SAFETY: a live map value; an aligned 8-byte load is single-copy

@@ -179,3 +179,15 @@ pub fn pinned_rate_limited(pins: &std::path::Path) -> u64 {
         .map(|c| c.packets)
         .sum()
 }
+
+/// The running kernel's release (`uname -r`).
+#[must_use]
+pub fn release() -> String {
+    limiter::dataplane::kernel::release()
+}
+
+/// The major and minor version of a release string.
+#[must_use]
+pub fn release_version(release: &str) -> Option<(u32, u32)> {
+    limiter::dataplane::kernel::version(release)
+}

@@ -11,17 +11,31 @@ use limiter_tests::kernel;
 /// entry point from 141,224 to 224,073 processed instructions; 250,000
 /// until the deny set: its scan of the lengths in use and the charge
 /// again of a bucket with finer denied networks, and the denials this
-/// CPU remembers, took it to 281,546.
-const VERIFIER_BUDGET: u32 = 290_000;
-
+/// CPU remembers, took it to 281,546. The window's sum without a branch
+/// a slot (for 6.1) took it to 262,024.
+///
+/// The same object costs each kernel's verifier a different count (its
+/// pruning changed between releases), so each kernel the tests run on has
+/// its own budget, about 10% above what it was measured at: 6.1 (Debian
+/// 12) 345,132; 6.12 (Debian 13) 513,315, whose scalar-ID checks keep more
+/// states apart than either 6.1's or later kernels'.
+fn budget(release: &str) -> u32 {
+    match kernel::release_version(release) {
+        Some((6, 1)) => 380_000,
+        Some((6, 12)) => 560_000,
+        _ => 290_000,
+    }
+}
 #[test]
 fn every_entry_point_verifies_within_the_budget() {
+    let release = kernel::release();
+    let budget = budget(&release);
     let mut l = kernel::open(&kernel::config(1000, 2000, false, 24, 56));
     for p in [programs::LIMITER, programs::LIMITER_TEST_CLOCK] {
         l.load_program(p).unwrap();
         let n = l.verified_instructions(p).unwrap().expect("kernel reports verified_insns (5.16+)");
-        println!("{p}: {n} processed instructions");
-        assert!(n <= VERIFIER_BUDGET, "{p}: {n} processed instructions > budget {VERIFIER_BUDGET}");
+        println!("{p}: {n} processed instructions on {release}");
+        assert!(n <= budget, "{p}: {n} processed instructions > budget {budget} on {release}");
     }
 }
 

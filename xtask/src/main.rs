@@ -16,7 +16,9 @@ use std::{
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
+mod guest;
 mod package;
+mod tier;
 
 /// Debian packages: rustc-web ships precompiled `core` for the BPF target
 /// (libstd-rust-web-dev-bpf) and is built on LLVM 22, which bpf-linker
@@ -75,11 +77,28 @@ enum Cmd {
     Setup,
     /// Build every binary in release mode.
     Build,
-    /// Run formatting and lint checks, then every test.
+    /// Run formatting and lint checks, then every test, then the kernel
+    /// tier (the kernel-facing tests in a QEMU guest of each distribution
+    /// kernel users run).
     Test {
         /// Skip `cargo fmt --check` and `cargo clippy`.
         #[arg(long)]
         no_lint: bool,
+        /// Run only the kernel tier (for work on it; the full command runs
+        /// everything).
+        #[arg(long)]
+        only_kernels: bool,
+    },
+    /// Run a command in a QEMU guest of a distribution's stock kernel,
+    /// with this machine's files visible (read-only, writes kept in the
+    /// guest's memory): `cargo xtask guest bookworm -- target/release/limiter --version`.
+    Guest {
+        /// Debian's codename of the kernel's release (bookworm: Debian 12,
+        /// trixie: Debian 13).
+        release: String,
+        /// The command line, run by bash in the current directory.
+        #[arg(trailing_var_arg = true, required = true)]
+        command: Vec<String>,
     },
     /// Build the Debian package: target/debian/limiter_VERSION-REVISION_ARCH.deb.
     Package {
@@ -105,16 +124,61 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Setup => Ok(()),
         Cmd::Build => cargo(&["build", "--release", "--bins"]),
-        Cmd::Test { no_lint } => {
+        Cmd::Test { no_lint, only_kernels } => {
             require_root()?;
-            if !no_lint {
+            install_missing(guest::PACKAGES)?;
+            if !no_lint && !only_kernels {
                 cargo(&["fmt", "--all", "--", "--check"])?;
                 cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
                 clippy_ebpf()?;
             }
             // Integration tests run the `limiter` binary itself.
             cargo(&["build", "--bins"])?;
-            test_with_summary()
+            let host = if only_kernels { Ok(Tally::default()) } else { test_with_summary() };
+            // The kernel tier runs even when a host test failed: its
+            // report says what works on which kernel.
+            let exes = tier::test_executables()?;
+            let guests = tier::run_all(&exes);
+            let mut total = host.as_ref().map_or_else(|_| Tally { failed: 1, ..Tally::default() }, |t| *t);
+            match &guests {
+                Ok(all) => {
+                    for (_, t) in all {
+                        total.passed += t.passed;
+                        total.failed += t.failed;
+                        total.skipped += t.ignored;
+                    }
+                }
+                Err(e) => {
+                    println!("tier: the kernel tier could not run: {e:#}");
+                    total.failed += 1;
+                }
+            }
+            println!("summary: {} passed, {} failed, {} skipped", total.passed, total.failed, total.skipped);
+            host?;
+            guests?;
+            if total.failed > 0 {
+                bail!("{} failed", total.failed);
+            }
+            if total.passed == 0 {
+                bail!("no test ran");
+            }
+            Ok(())
+        }
+        Cmd::Guest { release, command } => {
+            require_root()?;
+            install_missing(guest::PACKAGES)?;
+            let r = guest::RELEASES
+                .iter()
+                .chain([&guest::OLDER])
+                .find(|r| r.codename == release)
+                .with_context(|| format!("no kernel release {release:?} (bookworm, trixie, bullseye)"))?;
+            let k = guest::fetch(*r)?;
+            let out = guest::run(&k, &command.join(" "), std::time::Duration::from_hours(1), |l| println!("{l}"))?;
+            match out.status {
+                Some(0) => Ok(()),
+                Some(st) => std::process::exit(st),
+                None => bail!("the guest timed out"),
+            }
         }
         Cmd::Package { revision } => {
             cargo(&["build", "--release", "--bin", "limiter"])?;
@@ -160,7 +224,7 @@ fn require_root() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run(mut cmd: Command) -> anyhow::Result<()> {
+pub(crate) fn run(mut cmd: Command) -> anyhow::Result<()> {
     let shown = format!("{cmd:?}");
     let st = cmd.status().with_context(|| format!("running {shown}"))?;
     if !st.success() {
@@ -175,9 +239,18 @@ fn cargo(args: &[&str]) -> anyhow::Result<()> {
     run(c)
 }
 
-/// `cargo test --workspace`, echoed as it runs, then one closing line that
-/// adds up every test binary's result: `summary: N passed, N failed, N skipped`.
-fn test_with_summary() -> anyhow::Result<()> {
+/// What the host's tests counted.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    skipped: u64,
+}
+
+/// `cargo test --workspace`, echoed as it runs, adding up every test
+/// binary's result (the closing `summary:` line comes after the kernel
+/// tier).
+fn test_with_summary() -> anyhow::Result<Tally> {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.args(["test", "--workspace"]).stdout(Stdio::piped());
     let mut child = c.spawn().context("running cargo test")?;
@@ -197,14 +270,11 @@ fn test_with_summary() -> anyhow::Result<()> {
         }
     }
     let st = child.wait()?;
-    println!("summary: {passed} passed, {failed} failed, {skipped} skipped");
+    println!("host: {passed} passed, {failed} failed, {skipped} skipped");
     if !st.success() || failed > 0 {
         bail!("cargo test failed: {st}");
     }
-    if passed == 0 {
-        bail!("no test ran");
-    }
-    Ok(())
+    Ok(Tally { passed, failed, skipped })
 }
 
 fn install_missing(packages: &[&str]) -> anyhow::Result<()> {

@@ -104,3 +104,26 @@ fn floods_starting_anywhere_stay_at_the_limit_in_every_exact_window() {
         }
     }
 }
+
+proptest::proptest! {
+    /// The branchless `count_in` is the definition, written plainly: all
+    /// of a slice wholly inside the window, all of the leaving slice while
+    /// its first admission is after the window's start, else none.
+    #[test]
+    fn count_in_is_its_definition(
+        count in 0u64..=COUNT_MASK,
+        stamp in 0u64..=STAMP_MASK,
+        first_at in 0u64..=POSITION_MASK,
+        cur in proptest::prelude::any::<u64>(),
+        at in 0u64..=POSITION_MASK,
+        s in 1u64..=MAX_SLICES as u64,
+        near in proptest::prelude::any::<bool>(),
+    ) {
+        // Half the cases put the slot's slice within a few of the window.
+        let stamp = if near { (cur.wrapping_sub(stamp % (s + 3))) & STAMP_MASK } else { stamp };
+        let slot = (stamp << (32 + POSITION_BITS)) | (first_at << 32) | count;
+        let age = age(slot, cur);
+        let plain = if age < s || (age == s && first(slot) > at) { count } else { 0 };
+        proptest::prop_assert_eq!(count_in(slot, cur, at, s), plain);
+    }
+}

@@ -52,6 +52,10 @@ pub(super) struct Loaded {
 /// policy into it.
 pub(super) fn load(settings: &Settings, checked: Checked) -> anyhow::Result<Loaded> {
     let Checked { loaded, compiled, token, .. } = checked;
+    // A kernel without a helper the program calls is named in one line
+    // before anything is loaded or pinned (the verifier's own refusal
+    // would name the helper by number).
+    crate::dataplane::kernel::check().map_err(anyhow::Error::msg)?;
     let capacity = loaded.policy.capacity;
     let (mut dp, adopted) = match &settings.pin_dir {
         Some(dir) => DataPlane::open_pinned(capacity, dir)?,

@@ -125,9 +125,12 @@ impl DataPlane {
             .program_mut(programs::LIMITER_CHAIN)
             .and_then(|p| p.try_into().ok())
             .ok_or(LoadError::MissingProgram(programs::LIMITER_CHAIN))?;
-        ext.load(target, "limiter_slot").map_err(|e| {
-            let refused = matches!(&e, aya::programs::ProgramError::LoadError { io_error, .. } if io_error.raw_os_error() == Some(libc::EPERM));
-            LoadError::Chain(if refused { ChainError::NoFreplace } else { ChainError::Load(e) })
+        ext.load(target, "limiter_slot").map_err(|e| match &e {
+            aya::programs::ProgramError::LoadError { io_error, .. } if io_error.raw_os_error() == Some(libc::EPERM) => {
+                LoadError::Chain(ChainError::NoFreplace)
+            }
+            aya::programs::ProgramError::LoadError { .. } => super::verify_error(programs::LIMITER_CHAIN, e),
+            _ => LoadError::Chain(ChainError::Load(e)),
         })
     }
 

@@ -8,6 +8,7 @@ mod attach;
 pub mod chain;
 pub mod counters;
 pub mod deny;
+pub mod kernel;
 pub mod libxdp;
 pub mod maps;
 pub mod pin;
@@ -49,6 +50,22 @@ pub enum LoadError {
     MissingProgram(&'static str),
     #[error("map {0} missing from the object")]
     MissingMap(&'static str),
+    /// The verifier refused the program: one line (function, instruction,
+    /// reason), the whole log in a file. The raw log is not a cause, so
+    /// that `{:#}` never prints it.
+    #[error(
+        "the kernel's verifier ({release}) refused program {name} {summary}{}{}",
+        log.as_ref().map_or_else(String::new, |p| format!("; its whole log: {}", p.display())),
+        kernel::older_note(release)
+    )]
+    Refused {
+        name: &'static str,
+        release: String,
+        summary: String,
+        log: Option<PathBuf>,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("loading program {name} into the kernel (verifier)")]
     Verify {
         name: &'static str,
@@ -108,6 +125,20 @@ pub enum LoadError {
         #[source]
         source: ProgramError,
     },
+}
+
+/// A load's error: a verifier refusal summed up (its log kept), or as it
+/// came.
+pub(crate) fn verify_error(name: &'static str, source: ProgramError) -> LoadError {
+    match source {
+        ProgramError::LoadError { io_error, verifier_log } => {
+            let text = format!("{verifier_log:?}");
+            let summary = kernel::refusal::Summary::of(&text).to_string();
+            let log = kernel::refusal::keep(&kernel::refusal::log_dir(), name, &text);
+            LoadError::Refused { name, release: kernel::release(), summary, log, source: io_error }
+        }
+        source => LoadError::Verify { name, source },
+    }
 }
 
 /// How the program is attached.
@@ -266,7 +297,7 @@ impl DataPlane {
         if prog.fd().is_ok() {
             return Ok(());
         }
-        prog.load().map_err(|source| LoadError::Verify { name, source })
+        prog.load().map_err(|source| verify_error(name, source))
     }
 
     /// Attach an entry point; the link lives as long as `self`.

@@ -1,0 +1,187 @@
+//! The kernel tier of `cargo xtask test`: the kernel-facing tests, built on
+//! the host, run in a guest of each distribution kernel users run
+//! ([`guest::RELEASES`]), with a per-kernel report of what ran and what
+//! passed. A guest that does not boot, or a test binary that is missing,
+//! fails the tier: it never skips silently.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::guest;
+
+/// What runs in each guest: an integration-test target of `limiter-tests`
+/// and the tests of it (all when none is named). Each is a kernel-facing
+/// behaviour: loading and verifying, BPF_PROG_TEST_RUN, the daemon on a
+/// veth, SYN cookies, window quotas, the deny set, pins across restarts
+/// and upgrades, and sharing the interface through libxdp's dispatcher.
+pub const PLAN: &[(&str, &[&str])] = &[
+    ("verifier", &[]),
+    ("fixtures", &[]),
+    ("admission", &[]),
+    ("netns_flood", &["flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing"]),
+    ("syn_flood", &["new_clients_connect_on_their_first_syn_during_a_spoofed_syn_flood_over_ipv4_and_ipv6"]),
+    ("deny_set", &[]),
+    ("feeds", &[]),
+    ("restart", &["kill_9_keeps_enforcing_and_restart_keeps_buckets", "an_upgrade_renews_maps_of_another_layout"]),
+    ("share_interface", &[]),
+];
+
+/// What runs in a guest of a kernel older than the oldest supported
+/// ([`guest::OLDER`]): the daemon's refusal (an ignored test on the host).
+pub const OLDER_PLAN: &[(&str, &[&str])] = &[("kernels", &["--ignored"])];
+
+/// The longest one guest may take (its run is about 10 minutes).
+const GUEST_TIMEOUT: Duration = Duration::from_mins(35);
+
+/// One guest's tally.
+#[derive(Default)]
+pub struct Tally {
+    pub passed: u64,
+    pub failed: u64,
+    pub ignored: u64,
+    /// Per target: each test's name and result, in order.
+    pub tests: BTreeMap<String, Vec<(String, String)>>,
+}
+
+/// The test executables of `limiter-tests`, by target name (built first,
+/// as `cargo test` builds them).
+pub fn test_executables() -> anyhow::Result<BTreeMap<String, PathBuf>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["test", "-p", "limiter-tests", "--tests", "--no-run", "--message-format=json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("cargo test --no-run failed: {}", out.status);
+    }
+    let mut exes = BTreeMap::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(l) else { continue };
+        let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str()) else { continue };
+        if v["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test")) {
+            exes.insert(name.to_owned(), PathBuf::from(exe));
+        }
+    }
+    Ok(exes)
+}
+
+/// The bash command a guest runs: each planned target, one test at a time,
+/// marked so the host can tell targets apart.
+fn script(exes: &BTreeMap<String, PathBuf>, plan: &[(&str, &[&str])]) -> anyhow::Result<String> {
+    let mut s = String::from("uname -r | sed 's/^/tier: kernel /'\n");
+    for (target, filters) in plan {
+        let exe = exes.get(*target).with_context(|| format!("no test executable for {target}"))?;
+        let _ = writeln!(s, "echo 'tier: target {target}'");
+        let mut args = vec!["--test-threads=1".to_owned(), "--color=never".to_owned()];
+        args.extend(filters.iter().map(|f| (*f).to_owned()));
+        let _ = writeln!(s, "timeout -k 10 900 {} {} 2>&1", exe.display(), args.join(" "));
+        let _ = writeln!(s, "echo \"tier: status {target} $?\"");
+    }
+    Ok(s)
+}
+
+/// What a guest's output said so far.
+#[derive(Default)]
+struct Reader {
+    tally: Tally,
+    target: String,
+    statuses: BTreeMap<String, i32>,
+}
+
+impl Reader {
+    /// Take one line of the guest's output (plain test output:
+    /// `--color=never`).
+    fn line(&mut self, l: &str) {
+        if let Some(name) = l.strip_prefix("tier: target ") {
+            name.clone_into(&mut self.target);
+        } else if let Some((name, st)) = l.strip_prefix("tier: status ").and_then(|r| r.split_once(' ')) {
+            self.statuses.insert(name.to_owned(), st.trim().parse().unwrap_or(-1));
+        } else if let Some((name, result)) = l.strip_prefix("test ").and_then(|r| r.rsplit_once(" ... ")) {
+            let t = &mut self.tally;
+            match result.trim() {
+                "ok" => t.passed += 1,
+                "FAILED" => t.failed += 1,
+                r if r.starts_with("ignored") => t.ignored += 1,
+                _ => return,
+            }
+            t.tests.entry(self.target.clone()).or_default().push((name.to_owned(), result.trim().to_owned()));
+        }
+    }
+
+    /// The tally, where a target that ended badly without a failed test
+    /// (it crashed, timed out or never ran) counts as one failure.
+    fn finish(mut self, plan: &[(&str, &[&str])]) -> Tally {
+        let t = &mut self.tally;
+        for (target, _) in plan {
+            let failed_test = t.tests.get(*target).is_some_and(|v| v.iter().any(|(_, r)| r == "FAILED"));
+            let what = match self.statuses.get(*target) {
+                Some(0) => continue,
+                Some(_) if failed_test => continue,
+                Some(st) => format!("exit {st}"),
+                None => "never ran".to_owned(),
+            };
+            t.failed += 1;
+            t.tests.entry((*target).to_owned()).or_default().push(("(the binary)".into(), what));
+        }
+        self.tally
+    }
+}
+
+/// Run the plan in a guest of every release, and the older kernel's plan
+/// in a guest of [`guest::OLDER`]; print each guest's report. Returns the
+/// tallies, one a guest, in order.
+pub fn run_all(exes: &BTreeMap<String, PathBuf>) -> anyhow::Result<Vec<(String, Tally)>> {
+    let mut all = Vec::new();
+    let runs = guest::RELEASES.iter().map(|r| (r, PLAN)).chain([(&guest::OLDER, OLDER_PLAN)]);
+    for (r, plan) in runs {
+        let script = script(exes, plan)?;
+        let started = Instant::now();
+        let k = guest::fetch(*r).with_context(|| format!("{}'s kernel", r.label))?;
+        println!("tier: {} ({}): booting", r.label, k.version);
+        let mut reader = Reader::default();
+        let mut report = |l: &str| {
+            println!("[{}] {l}", k.version);
+            reader.line(l);
+        };
+        // One boot more if the first hangs before the command starts.
+        let outcome = match guest::run(&k, &script, GUEST_TIMEOUT, &mut report) {
+            Err(e) if e.to_string().contains("did not boot") => {
+                println!("tier: {e:#}; booting once more");
+                guest::run(&k, &script, GUEST_TIMEOUT, &mut report)?
+            }
+            r => r?,
+        };
+        let mut t = reader.finish(plan);
+        if outcome.timed_out {
+            t.failed += 1;
+        }
+        println!(
+            "tier: {} ({}): {} passed, {} failed, {} ignored in {:.0} s{}",
+            r.label,
+            k.version,
+            t.passed,
+            t.failed,
+            t.ignored,
+            started.elapsed().as_secs_f64(),
+            if outcome.timed_out { " (timed out)" } else { "" }
+        );
+        all.push((format!("{} ({})", r.label, k.version), t));
+    }
+    println!("tier: what ran on each kernel");
+    for (kernel, t) in &all {
+        for (target, tests) in &t.tests {
+            for (name, result) in tests {
+                println!("tier:   {kernel:<32} {target}::{name} {result}");
+            }
+        }
+    }
+    Ok(all)
+}
