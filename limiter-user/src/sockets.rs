@@ -13,12 +13,54 @@ use std::{
 pub const MAX_SOCKETS: usize = 262_144;
 
 /// The remote addresses of the namespace's TCP sockets past the
-/// handshake (established or closing; not listening, not half-open).
+/// handshake (established or closing; not listening, not half-open) that
+/// were accepted from a local listener: their local port is one the
+/// namespace listens on (at their address or a wildcard). A connection
+/// this host opened (a process's outgoing socket, on an ephemeral port)
+/// proves nothing: a spoofer could flood from the address it talks to.
 #[must_use]
 pub fn connected_peers() -> HashSet<IpAddr> {
-    let mut out = HashSet::new();
-    tcp_sockets(|line| out.extend(peer_of(line)));
-    out
+    let mut lines = Vec::new();
+    tcp_sockets(|line| lines.push(line.to_owned()));
+    accepted_peers(lines.iter().map(String::as_str))
+}
+
+/// [`connected_peers`] over the lines of `/proc/net/tcp{,6}`.
+pub fn accepted_peers<'a>(lines: impl Iterator<Item = &'a str> + Clone) -> HashSet<IpAddr> {
+    let listening: HashSet<(Option<IpAddr>, u16)> = lines.clone().filter_map(listening_on).collect();
+    lines
+        .filter_map(|line| {
+            let (local, port) = local_of(line)?;
+            let accepted = listening.contains(&(None, port)) || listening.contains(&(Some(local), port));
+            if accepted { peer_of(line) } else { None }
+        })
+        .collect()
+}
+
+/// A listening socket's local address (`None`: a wildcard) and port.
+fn listening_on(line: &str) -> Option<(Option<IpAddr>, u16)> {
+    let mut fields = line.split_whitespace();
+    let local = fields.nth(1)?;
+    if fields.nth(1)? != "0A" {
+        return None;
+    }
+    let (hex, port) = local.split_once(':')?;
+    let addr = unmapped(hex_addr(hex)?);
+    Some(((!addr.is_unspecified()).then_some(addr), u16::from_str_radix(port, 16).ok()?))
+}
+
+/// A socket's local address and port.
+fn local_of(line: &str) -> Option<(IpAddr, u16)> {
+    let (hex, port) = line.split_whitespace().nth(1)?.split_once(':')?;
+    Some((unmapped(hex_addr(hex)?), u16::from_str_radix(port, 16).ok()?))
+}
+
+/// A v4-mapped IPv6 address as the IPv4 address it is.
+fn unmapped(a: IpAddr) -> IpAddr {
+    match a {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 @ IpAddr::V4(_) => v4,
+    }
 }
 
 /// Each socket line of `/proc/net/tcp` and `/proc/net/tcp6` (this
@@ -123,6 +165,36 @@ mod tests {
         assert_eq!(peer_of(listen), None);
         assert_eq!(peer_of(synrecv), None, "a half-open connection proves nothing");
         assert_eq!(peer_of("garbage"), None);
+    }
+
+    /// H3 of the third hardening round: a process of the host connecting
+    /// out to an address made it "proven", and a spoofer flooding from it
+    /// then had its /24 denied. Only a connection accepted from a local
+    /// listener proves its peer.
+    #[test]
+    fn only_connections_accepted_from_a_local_listener_prove_their_peer() {
+        if !cfg!(target_endian = "little") {
+            return;
+        }
+        // Listening on 0.0.0.0:443 and on 198.18.0.2:8443 (and [::]:80).
+        let any443 = "   0: 00000000:01BB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0";
+        let at8443 = "   1: 020012C6:20FB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0";
+        let any6_80 = "   0: 00000000000000000000000000000000:0050 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0";
+        // Accepted: 198.18.0.10 on :443, 198.18.0.11 on 198.18.0.2:8443,
+        // 198.18.0.12 (v4-mapped) on [::]:80.
+        let accepted_https = "   2: 020012C6:01BB 0A0012C6:D431 01 00000000:00000000 00:00000000 00000000     0        0 1 1 0 20 4 30 10 -1";
+        let accepted_api = "   3: 020012C6:20FB 0B0012C6:D432 01 00000000:00000000 00:00000000 00000000     0        0 1 1 0 20 4 30 10 -1";
+        let accepted_web = "   1: 0000000000000000FFFF0000020012C6:0050 0000000000000000FFFF00000C0012C6:D433 01 00000000:00000000 00:00000000 00000000     0        0 1 1 0";
+        // Outgoing: from ephemeral port 40000 to 198.18.21.7:443, and to
+        // 198.18.21.8:8443 from another local address.
+        let out1 = "   4: 020012C6:9C40 071512C6:01BB 01 00000000:00000000 00:00000000 00000000 65534        0 1 1 0 20 4 30 10 -1";
+        let out2 = "   5: 030012C6:20FB 081512C6:20FB 01 00000000:00000000 00:00000000 00000000 65534        0 1 1 0 20 4 30 10 -1";
+        let lines = [any443, at8443, accepted_https, accepted_api, out1, out2];
+        let v4 = accepted_peers(lines.iter().copied());
+        let want: HashSet<IpAddr> = ["198.18.0.10", "198.18.0.11"].iter().map(|a| a.parse().unwrap()).collect();
+        assert_eq!(v4, want);
+        let v6 = accepted_peers([any6_80, accepted_web].iter().copied());
+        assert_eq!(v6, ["198.18.0.12".parse().unwrap()].into_iter().collect());
     }
 
     #[test]

@@ -127,7 +127,11 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     // left a gap or handed out a fresh burst (which would add 2000).
     let bound = BURST as f64 + RATE as f64 * flood_secs + RATE as f64 * 0.01 + 0.01 * RATE as f64 * flood_secs;
     assert!((flood_got as f64) <= bound, "flood got {flood_got} > {bound:.0}");
-    assert!(flood_sent as f64 >= 10.0 * bound, "flood too weak: {flood_sent}");
+    // At five times its allowance the flood keeps the bucket drained from
+    // its first half second on, so a gap or a fresh burst shows above the
+    // bound. (QEMU's emulator sends about 7x from a guest of Debian 12's
+    // kernel in the kernel tier; the host about 200x.)
+    assert!(flood_sent as f64 >= 5.0 * bound, "flood too weak: {flood_sent} sent, bound {bound:.0}");
     assert_eq!(
         conform_got,
         conform_sent,

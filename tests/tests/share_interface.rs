@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use limiter_common::programs;
 use limiter_tests::{
     kernel::require_root,
     netns::{B_IF, VethPair},
@@ -69,38 +70,103 @@ fn listed_id(status: &str, name: &str) -> Option<u32> {
     status.lines().find(|l| l.contains(name))?.split_whitespace().find_map(|w| w.parse().ok())
 }
 
+/// `limiter run --attach ATTACH` on the receiver's interface, which must
+/// refuse: its output. A start instead (it would run until killed) is
+/// ended after 30 s and fails the test.
 fn run(net: &VethPair, attach: &str, tag: &str) -> std::process::Output {
     let mut c = net.b.net_command(bin());
     c.args(["run", "--iface", B_IF, "--attach", attach, "--metrics", "off", "--status-interval", "0", "--socket"])
-        .arg(unique_socket(tag));
-    // A refusal ends it at once; a start would run until killed.
-    c.output().unwrap()
+        .arg(unique_socket(tag))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("--attach {attach} started instead of refusing: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.wait_with_output().unwrap()
 }
 
-/// A program that xdp-loader attached without a dispatcher is refused by
+/// A program attached without a dispatcher (here one of the bench
+/// object's, attached as `ip link set ... xdp` would) is refused by
 /// `auto` and `libxdp` with its name, its id and what to do, and stays
-/// where it is.
+/// where it is. (On a kernel with `freplace`, xdp-loader would have put
+/// xdp-filter under a dispatcher, which the limiter joins instead.)
 #[test]
 fn a_program_without_a_dispatcher_is_named_and_left_in_place() {
     require_root();
     let _libxdp = LibxdpDir::hold();
     let net = VethPair::new("shfo");
-    let loaded = net.b.net_command("xdp-loader").args(["load", "-m", "native", B_IF, FILTER_OBJECT]).output().unwrap();
-    assert!(loaded.status.success(), "xdp-loader load: {}", String::from_utf8_lossy(&loaded.stderr));
+    let mut other = limiter::dataplane::DataPlane::open_bench(1024).unwrap();
+    net.b.run_in(|| {
+        other.attach_entry(programs::BENCH_PASS, B_IF, limiter::dataplane::AttachMode::Native).unwrap();
+    });
     let before = loader_status(&net);
-    let id = listed_id(&before, "xdpfilt_alw_all").unwrap_or_else(|| panic!("xdp-loader lists no program:\n{before}"));
+    let id =
+        listed_id(&before, programs::BENCH_PASS).unwrap_or_else(|| panic!("xdp-loader lists no program:\n{before}"));
     for attach in ["auto", "libxdp"] {
         let o = run(&net, attach, &format!("shfo-{attach}"));
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "--attach {attach}: {err}");
         assert!(
-            err.contains(&format!("XDP program xdpfilt_alw_all (id {id}) attached without a dispatcher")),
+            err.contains(&format!("XDP program {} (id {id}) attached without a dispatcher", programs::BENCH_PASS)),
             "--attach {attach}: {err}"
         );
         assert!(err.contains("xdp-loader load vb") && err.contains("--attach exclusive"), "{err}");
         println!("--attach {attach}: {}", err.trim());
     }
-    assert_eq!(listed_id(&loader_status(&net), "xdpfilt_alw_all"), Some(id), "the neighbour was touched");
+    assert_eq!(listed_id(&loader_status(&net), programs::BENCH_PASS), Some(id), "the neighbour was touched");
+}
+
+/// xdp-filter loaded by Debian's xdp-loader: where the kernel takes
+/// `freplace` programs it sits under libxdp's dispatcher and `auto` joins
+/// it (both listed, the limiter at its priority 10 before xdp-filter's
+/// 50, chained on XDP_PASS); where it does not (these development
+/// machines), xdp-loader attached it alone and `auto` and `libxdp` refuse
+/// with its name, id and what to do, leaving it in place.
+#[test]
+fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
+    require_root();
+    let _libxdp = LibxdpDir::hold();
+    let net = VethPair::new("shxf");
+    let loaded = net.b.net_command("xdp-loader").args(["load", "-m", "native", B_IF, FILTER_OBJECT]).output().unwrap();
+    assert!(loaded.status.success(), "xdp-loader load: {}", String::from_utf8_lossy(&loaded.stderr));
+    let before = loader_status(&net);
+    let id = listed_id(&before, "xdpfilt_alw_all").unwrap_or_else(|| panic!("xdp-loader lists no program:\n{before}"));
+    if !before.contains("xdp_dispatcher") {
+        for attach in ["auto", "libxdp"] {
+            let o = run(&net, attach, &format!("shxf-{attach}"));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "--attach {attach}: {err}");
+            assert!(
+                err.contains(&format!("XDP program xdpfilt_alw_all (id {id}) attached without a dispatcher")),
+                "--attach {attach}: {err}"
+            );
+            println!("--attach {attach} (no freplace): {}", err.trim());
+        }
+        assert_eq!(listed_id(&loader_status(&net), "xdpfilt_alw_all"), Some(id), "the neighbour was touched");
+        return;
+    }
+    let mut c = net.b.net_command(bin());
+    c.args(["run", "--iface", B_IF, "--attach", "auto", "--metrics", "off", "--status-interval", "0", "--socket"])
+        .arg(unique_socket("shxf"));
+    let (daemon, rx) = spawn_lines(c).unwrap();
+    let mut seen = String::new();
+    wait_for(&rx, "control socket", Duration::from_mins(1), &mut seen).unwrap();
+    let status = loader_status(&net);
+    println!("{status}");
+    let mine =
+        status.lines().find(|l| l.contains("limiter_chain")).unwrap_or_else(|| panic!("not joined:\n{status}\n{seen}"));
+    assert!(mine.contains(" 10 ") && mine.contains("XDP_PASS"), "{status}");
+    let theirs = status.lines().find(|l| l.contains("xdpfilt_alw_all")).unwrap_or_else(|| panic!("{status}"));
+    assert!(theirs.contains(" 50 "), "{status}");
+    assert_eq!(status.matches("xdp_dispatcher").count(), 1, "{status}");
+    drop(daemon);
 }
 
 /// `auto` on a bare interface attaches alone, as `exclusive` does;

@@ -206,7 +206,7 @@ pub fn decode(body: &[u8]) -> Result<Pull, LapiError> {
     let mut pull = Pull::default();
     let take = |raws: Option<Vec<Raw>>, pull: &mut Pull, deleted: bool| {
         for r in raws.unwrap_or_default() {
-            match typed(r) {
+            match typed(&r) {
                 Ok(d) if deleted => pull.deleted.push(d),
                 Ok(d) => pull.new.push(d),
                 Err(Skip::Scope) => pull.other_scope += 1,
@@ -224,12 +224,39 @@ enum Skip {
     Value,
 }
 
-fn typed(r: Raw) -> Result<Decision, Skip> {
+fn typed(r: &Raw) -> Result<Decision, Skip> {
     let net = match r.scope.to_ascii_lowercase().as_str() {
         "ip" => unmapped(r.value.parse::<IpAddr>().map(IpNet::from).map_err(|_| Skip::Value)?),
         "range" => unmapped(r.value.parse::<IpNet>().map_err(|_| Skip::Value)?).trunc(),
         _ => return Err(Skip::Scope),
     };
     let ttl = parse_go_duration(&r.duration).unwrap_or(Duration::ZERO);
-    Ok(Decision { id: r.id, origin: r.origin, scenario: r.scenario, kind: r.kind, net, ttl })
+    // Names from the LAPI are shown by `prefix list` and `status` and
+    // logged: control characters escaped (a forged line cannot be shown),
+    // and short enough that `crowdsec:lists:NAME` fits the kernel's
+    // origin name whole (a longer one, cut in the pins, came back as
+    // another origin after each restart).
+    let room = limiter_common::deny::ORIGIN_NAME - "crowdsec:lists:".len();
+    Ok(Decision {
+        id: r.id,
+        origin: outside_name(&r.origin, room),
+        scenario: outside_name(&r.scenario, room),
+        kind: outside_name(&r.kind, room),
+        net,
+        ttl,
+    })
+}
+
+/// A name from outside, its control characters escaped, cut to at most
+/// `max` bytes (at a character boundary).
+fn outside_name(text: &str, max: usize) -> String {
+    let mut s = crate::escape_control(text);
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
 }

@@ -48,3 +48,23 @@ fn only_a_plain_http_lapi_address_and_a_one_line_key_are_taken() {
     }
     assert!(Lapi::new("http://127.0.0.1:8080", "k\r\nX-Evil: 1").is_err());
 }
+
+/// Origin and scenario names as a hostile LAPI could send them (M6: a
+/// forged `limiter: operator: allowed 0.0.0.0/0` line in `prefix list`
+/// and `status`; H6: names past the kernel's 48 bytes): escaped, and
+/// short enough that the deny set's origin name holds them whole.
+#[test]
+fn names_from_the_lapi_are_escaped_and_fit_an_origin_name() {
+    let body = br#"{"new":[
+        {"duration":"1h","id":1,"origin":"lists","scenario":"x\nlimiter: operator: allowed 0.0.0.0/0\u001b[2J","scope":"Ip","type":"ban","value":"203.0.114.7"},
+        {"duration":"1h","id":2,"origin":"lists","scenario":"a_very_long_blocklist_name_that_goes_on_and_on_\u00fc\u00fc\u00fc\u00fc\u00fc","scope":"Ip","type":"ban","value":"203.0.114.8"}]}"#;
+    let p = decode(body).unwrap();
+    let forged = p.new[0].source();
+    assert!(!forged.chars().any(char::is_control), "{forged:?}");
+    assert!(forged.starts_with("crowdsec:lists:x\\u{a}limiter: operator"), "{forged}");
+    for d in &p.new {
+        let s = d.source();
+        assert!(s.len() <= limiter_common::deny::ORIGIN_NAME, "{s} is {} bytes", s.len());
+    }
+    assert!(p.new[1].source().starts_with("crowdsec:lists:a_very_long_blocklist_name"), "{}", p.new[1].source());
+}

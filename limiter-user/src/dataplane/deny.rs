@@ -139,6 +139,13 @@ impl DenySet {
         self.per_origin.get(usize::from(origin.0)).copied().unwrap_or(0)
     }
 
+    /// How many networks the origin named `name` holds (0 if it has no
+    /// index), without giving it one.
+    #[must_use]
+    pub fn count_named(&self, name: &str) -> usize {
+        self.names.iter().position(|n| n == name).map_or(0, |i| self.per_origin.get(i).copied().unwrap_or(0))
+    }
+
     /// The origin named `name`, given an index if it has none yet.
     pub fn origin(&mut self, name: &str) -> Result<Origin, DenyError> {
         if let Some(i) = self.names.iter().position(|n| n == name) {

@@ -1,9 +1,10 @@
 //! Proof of source, for automatic escalation: an address is proven when
 //! it completed a TCP handshake, either through a SYN cookie that the
 //! program verified (its event carries the address) or with the kernel
-//! (a connected TCP socket of the daemon's network namespace, read from
-//! `/proc/net/tcp` and `/proc/net/tcp6`). Either needs the address to
-//! receive our packets, which a spoofer cannot.
+//! (a connected TCP socket of the daemon's network namespace accepted
+//! from a local listener, read from `/proc/net/tcp` and `/proc/net/tcp6`;
+//! a connection the host opened itself proves nothing). Either needs the
+//! address to receive our packets, which a spoofer cannot.
 //!
 //! Not taken as proof: that a prefix held a bucket before a flood began.
 //! A spoofer picks the prefix of a real, active host exactly to get it

@@ -145,8 +145,13 @@ impl Enforcer {
         if kept.len() > spec.max_networks {
             return refuse(state, format!("{} networks, past its cap of {}", kept.len(), spec.max_networks));
         }
-        if state.applied_at.is_some()
-            && let Err(e) = check_shrink(state.networks, kept.len(), spec.max_shrink)
+        // The last version is the one this daemon applied or, before its
+        // first, the one the pins hold from the daemon before it (a file
+        // truncated while the daemon was down is refused at start too).
+        let pinned = self.deny.set.count_named(&feed_origin(&spec.name));
+        let last = if state.applied_at.is_some() { Some(state.networks) } else { (pinned > 0).then_some(pinned) };
+        if let Some(last) = last
+            && let Err(e) = check_shrink(last, kept.len(), spec.max_shrink)
         {
             return refuse(state, e.to_string());
         }
@@ -267,6 +272,28 @@ mod tests {
         e.feed(&mut m, &s, &nets(&["10.0.0.1/32"])).unwrap();
         assert_eq!(m.deny.len(), 2, "the /16 lifted, the /32 and its marker stay");
         assert_eq!(e.deny_layer().feeds()["x"].refusals, 2);
+    }
+
+    /// A feed file truncated while the daemon was down: the new daemon's
+    /// first version is held to what the pins hold (before, a restart
+    /// took an empty file and lifted every network of the feed).
+    #[test]
+    fn after_a_restart_the_shrink_guard_holds_against_what_the_pins_hold() {
+        let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
+        let s = spec();
+        e.feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.1.0.0/16", "10.2.0.0/16"])).unwrap();
+        let held = m.deny.len();
+        // A new daemon: the set read back from the pins, no version applied.
+        let mut e = Enforcer::new(0, 1024);
+        e.restore_deny(&mut m).unwrap();
+        let err = e.feed(&mut m, &s, &BTreeSet::new()).unwrap_err().to_string();
+        assert!(err.contains("shrank by more than 50%") && err.contains("its last version stays"), "{err}");
+        assert_eq!(m.deny.len(), held, "the truncated file lifted networks");
+        let err = e.feed(&mut m, &s, &nets(&["10.0.0.1/32"])).unwrap_err().to_string();
+        assert!(err.contains("shrank by more than 50%"), "{err}");
+        // A version within the guard is taken, and then the guard follows it.
+        let line = e.feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.1.0.0/16"])).unwrap();
+        assert!(line.contains("2 networks (was 3;"), "{line}");
     }
 
     #[test]
