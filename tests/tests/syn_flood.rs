@@ -126,19 +126,22 @@ fn limiter_json(verb: &str, socket: &std::path::Path) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
-/// Prefixes with a bucket, once the daemon's count (refreshed in the
-/// background every 2 s) has held still for longer than that (at most
-/// 15 s): a count that held still for one second could be a stale one.
+/// Prefixes with a bucket, as the daemon counted them in a count that
+/// began after this call (its count runs in the background every 2 s, or
+/// less often while a count takes long: under QEMU's emulator in the
+/// kernel tier a count held still for seconds was an old one); at most
+/// 60 s.
 fn tracked(socket: &std::path::Path) -> u64 {
-    let read = || limiter_json("status", socket)["tracked"].as_u64().unwrap();
-    let (mut last, start) = (read(), Instant::now());
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    let start = Instant::now();
     loop {
-        thread::sleep(Duration::from_millis(2_500));
-        let now = read();
-        if now == last || start.elapsed() > Duration::from_secs(15) {
-            return now;
+        let s = limiter_json("status", socket);
+        let at = u128::from(s["tracked_at_ms"].as_u64().unwrap());
+        if at > since {
+            return s["tracked"].as_u64().unwrap();
         }
-        last = now;
+        assert!(start.elapsed() < Duration::from_mins(1), "no count of the buckets began in 60 s: {s}");
+        thread::sleep(Duration::from_millis(200));
     }
 }
 

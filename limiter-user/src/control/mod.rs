@@ -248,6 +248,10 @@ pub struct StatusInfo {
     pub policy: String,
     pub capacity: u32,
     pub tracked: usize,
+    /// When the count of `tracked` began (Unix ms): it is taken in the
+    /// background, every 2 s or less often while counts take long.
+    #[serde(default)]
+    pub tracked_at_ms: u64,
     pub passed_packets: u64,
     pub dropped_packets: u64,
     pub uptime_secs: u64,

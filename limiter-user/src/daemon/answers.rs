@@ -173,6 +173,7 @@ impl Daemon {
             policy: self.view.summary.clone(),
             capacity: self.dp.capacity(),
             tracked: self.observer.tracked(),
+            tracked_at_ms: self.observer.tracked_at_ms(),
             passed_packets: t.passed().packets,
             dropped_packets: t.dropped().packets,
             uptime_secs: self.reloads.started.elapsed().as_secs(),

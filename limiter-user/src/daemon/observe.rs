@@ -6,7 +6,7 @@ use std::{
     fmt::Write as _,
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -23,8 +23,9 @@ pub(super) fn unix_now() -> u64 {
 
 /// The observing side of the daemon.
 pub(super) struct Observer {
-    /// Tracked prefixes, counted in the background by [`spawn_counter`].
-    tracked: Arc<AtomicUsize>,
+    /// Tracked prefixes, counted in the background by [`spawn_counter`],
+    /// and when that count began (Unix ms; 0 before the first).
+    tracked: Arc<(AtomicUsize, AtomicU64)>,
     /// Sampled drops and per-second totals for `limiter top`.
     pub top: Tracker,
     /// Sampled rate-limited drops, for automatic escalation.
@@ -57,7 +58,12 @@ impl Observer {
 
     /// Tracked prefixes as last counted in the background.
     pub fn tracked(&self) -> usize {
-        self.tracked.load(Ordering::Relaxed)
+        self.tracked.0.load(Ordering::Relaxed)
+    }
+
+    /// When the last count of tracked prefixes began (Unix ms).
+    pub fn tracked_at_ms(&self) -> u64 {
+        self.tracked.1.load(Ordering::Relaxed)
     }
 
     /// Move sampled drop events from the ring buffer into the tracker.
@@ -130,14 +136,17 @@ pub(super) fn source(ev: &DropEvent) -> Option<std::net::IpAddr> {
 /// core; the count is that old at most. (Each entry costs a cache miss or
 /// two however it is read: batches made a count of a million 2.3x
 /// cheaper than walking the keys, not free.)
-fn spawn_counter(map_id: u32, every: Duration) -> Arc<AtomicUsize> {
-    let count = Arc::new(AtomicUsize::new(0));
+fn spawn_counter(map_id: u32, every: Duration) -> Arc<(AtomicUsize, AtomicU64)> {
+    let count = Arc::new((AtomicUsize::new(0), AtomicU64::new(0)));
     let out = Arc::clone(&count);
     std::thread::spawn(move || {
         let Ok(md) = MapData::from_id(map_id) else { return };
         loop {
             let start = std::time::Instant::now();
-            count.store(crate::dataplane::tracked_prefixes(&md), Ordering::Relaxed);
+            let at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            let n = crate::dataplane::tracked_prefixes(&md);
+            count.0.store(n, Ordering::Relaxed);
+            count.1.store(u64::try_from(at).unwrap_or(u64::MAX), Ordering::Relaxed);
             std::thread::sleep(every.max(start.elapsed() * 50));
         }
     });
