@@ -83,9 +83,13 @@ impl Enforcer {
     ) -> Result<String, ApplyError> {
         let now = unix_now();
         let Pulled { startup, pull } = pulled;
+        // The LAPI's own address is never denied: a decision covering it
+        // would cut the daemon off the deletions that lift it.
+        let lapi = lapi_address(&spec.lapi_url);
         let taken = |d: &Decision| {
             !crate::policy::feed::wider_than(&d.net, spec.min_v4_prefix, spec.min_v6_prefix)
                 && spec.takes(&d.kind, &d.origin, &d.scenario)
+                && lapi.is_none_or(|a| !d.net.contains(&a))
         };
         let (mut added, mut lifted, mut left_out) = (0usize, 0usize, 0u64);
         // Before a startup pull: every CrowdSec network the set holds,
@@ -251,6 +255,13 @@ impl Enforcer {
     }
 }
 
+/// The LAPI's address, when its URL names one (not a host name).
+fn lapi_address(url: &str) -> Option<std::net::IpAddr> {
+    let (authority, _) = crate::policy::crowdsec::lapi_parts(url)?;
+    let (host, _) = authority.rsplit_once(':')?;
+    host.trim_start_matches('[').trim_end_matches(']').parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -277,6 +288,24 @@ mod tests {
 
     fn pulled(startup: bool, new: Vec<Decision>, deleted: Vec<Decision>) -> Pulled {
         Pulled { startup, pull: Pull { new, deleted, ..Pull::default() } }
+    }
+
+    /// M1 of the third hardening round: a decision banning the LAPI's
+    /// own address cut the daemon off its LAPI (and so off the deletion
+    /// that would lift it). Decisions covering it are left out.
+    #[test]
+    fn the_lapis_own_address_is_never_denied() {
+        let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
+        let new = vec![
+            d(1, "cscli", "127.0.0.1/32", 3600),
+            d(2, "lists", "127.0.0.0/8", 3600),
+            d(3, "cscli", "198.51.100.7/32", 3600),
+        ];
+        e.crowdsec(&mut m, &s, pulled(true, new, vec![])).unwrap();
+        assert_eq!(e.crowdsec_decisions().len(), 1, "only the decision not covering the LAPI");
+        assert_eq!(e.crowdsec_decisions().left_out, 2);
+        assert_eq!(lapi_address("http://[2001:db8::5]:8080"), Some("2001:db8::5".parse().unwrap()));
+        assert_eq!(lapi_address("http://lapi.example:8080"), None);
     }
 
     #[test]
