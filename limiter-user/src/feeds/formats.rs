@@ -68,6 +68,9 @@ pub fn parse(text: &str, format: Format, min_count: u32, allow_bogons: bool) -> 
     let mut out = Parsed::default();
     let mut records = 0u64;
     let mut metadata = None;
+    // A byte-order mark (editors and some exporters write one) is not part
+    // of the first line: it refused the whole file.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
         if raw.len() > MAX_LINE {

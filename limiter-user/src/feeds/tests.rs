@@ -154,3 +154,13 @@ fn a_feed_file_is_read_bounded_and_errors_name_it() {
     assert!(e.to_string().starts_with("/dev/zero: not a regular file"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// L2 of the third hardening round: a byte-order mark before the first
+/// network refused the whole file.
+#[test]
+fn a_byte_order_mark_is_not_part_of_the_first_line() {
+    let p = parse("\u{feff}1.10.16.0/20\n1.19.0.0/16\n", Format::Plain, 0, false).unwrap();
+    assert_eq!(p.nets, nets(&["1.10.16.0/20", "1.19.0.0/16"]));
+    // Only at the start: one inside a line is still refused with its line.
+    assert!(parse("1.10.16.0/20\n\u{feff}1.19.0.0/16\n", Format::Plain, 0, false).is_err());
+}
