@@ -86,7 +86,14 @@ pub struct Pull {
     pub other_scope: usize,
     /// A value that is not an address or a range of its scope.
     pub bad_value: usize,
+    /// A new decision whose duration is unreadable or under a second
+    /// (gone before it could be enforced).
+    pub bad_duration: usize,
 }
+
+/// The longest a decision is held (a longer one is held this long): a
+/// duration of `999999999h` is a mistake or an attack, not a ban.
+pub const MAX_TTL: Duration = Duration::from_hours(366 * 24);
 
 /// Why a pull gave nothing (the decisions in force stay).
 #[derive(Debug, thiserror::Error)]
@@ -206,11 +213,12 @@ pub fn decode(body: &[u8]) -> Result<Pull, LapiError> {
     let mut pull = Pull::default();
     let take = |raws: Option<Vec<Raw>>, pull: &mut Pull, deleted: bool| {
         for r in raws.unwrap_or_default() {
-            match typed(&r) {
+            match typed(&r, deleted) {
                 Ok(d) if deleted => pull.deleted.push(d),
                 Ok(d) => pull.new.push(d),
                 Err(Skip::Scope) => pull.other_scope += 1,
                 Err(Skip::Value) => pull.bad_value += 1,
+                Err(Skip::Duration) => pull.bad_duration += 1,
             }
         }
     };
@@ -222,15 +230,23 @@ pub fn decode(body: &[u8]) -> Result<Pull, LapiError> {
 enum Skip {
     Scope,
     Value,
+    Duration,
 }
 
-fn typed(r: &Raw) -> Result<Decision, Skip> {
+fn typed(r: &Raw, deleted: bool) -> Result<Decision, Skip> {
     let net = match r.scope.to_ascii_lowercase().as_str() {
         "ip" => unmapped(r.value.parse::<IpAddr>().map(IpNet::from).map_err(|_| Skip::Value)?),
         "range" => unmapped(r.value.parse::<IpNet>().map_err(|_| Skip::Value)?).trunc(),
         _ => return Err(Skip::Scope),
     };
-    let ttl = parse_go_duration(&r.duration).unwrap_or(Duration::ZERO);
+    // A deletion's duration is negative (unreadable: zero); a new
+    // decision's must be readable and at least a second, and is held at
+    // most MAX_TTL.
+    let ttl = match parse_go_duration(&r.duration) {
+        _ if deleted => Duration::ZERO,
+        Some(t) if t >= Duration::from_secs(1) => t.min(MAX_TTL),
+        _ => return Err(Skip::Duration),
+    };
     // Names from the LAPI are shown by `prefix list` and `status` and
     // logged: control characters escaped (a forged line cannot be shown),
     // and short enough that `crowdsec:lists:NAME` fits the kernel's

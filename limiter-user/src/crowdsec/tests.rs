@@ -68,3 +68,22 @@ fn names_from_the_lapi_are_escaped_and_fit_an_origin_name() {
     }
     assert!(p.new[1].source().starts_with("crowdsec:lists:a_very_long_blocklist_name"), "{}", p.new[1].source());
 }
+
+/// L1 of the third hardening round: unreadable durations were dropped
+/// uncounted, `999999999h` was taken as is, and `1ns` bans came and went
+/// every second.
+#[test]
+fn durations_are_read_bounded_and_counted_when_unreadable() {
+    let body = br#"{"new":[
+        {"duration":"999999999h","id":1,"origin":"cscli","scenario":"x","scope":"Ip","type":"ban","value":"203.0.114.7"},
+        {"duration":"1ns","id":2,"origin":"cscli","scenario":"x","scope":"Ip","type":"ban","value":"203.0.114.8"},
+        {"duration":"forever","id":3,"origin":"cscli","scenario":"x","scope":"Ip","type":"ban","value":"203.0.114.9"},
+        {"duration":"1h","id":4,"origin":"cscli","scenario":"x","scope":"Ip","type":"ban","value":"203.0.114.10"}],
+        "deleted":[{"duration":"-1s","id":5,"origin":"cscli","scenario":"x","scope":"Ip","type":"ban","value":"203.0.114.11"}]}"#;
+    let p = decode(body).unwrap();
+    let ids: Vec<i64> = p.new.iter().map(|d| d.id).collect();
+    assert_eq!(ids, [1, 4]);
+    assert_eq!(p.new[0].ttl, MAX_TTL, "held at most MAX_TTL");
+    assert_eq!(p.bad_duration, 2, "1ns and an unreadable one, counted");
+    assert_eq!(p.deleted.len(), 1, "a deletion's negative duration is fine");
+}

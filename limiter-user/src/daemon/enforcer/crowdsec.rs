@@ -91,7 +91,9 @@ impl Enforcer {
                 && spec.takes(&d.kind, &d.origin, &d.scenario)
                 && lapi.is_none_or(|a| !d.net.contains(&a))
         };
-        let (mut added, mut lifted, mut left_out) = (0usize, 0usize, 0u64);
+        // Decisions unreadable (value or duration) are left out, and counted.
+        let unreadable = pull.bad_value + pull.bad_duration;
+        let (mut added, mut lifted, mut left_out) = (0usize, 0usize, unreadable as u64);
         // Before a startup pull: every CrowdSec network the set holds,
         // pinned ones included (decisions deleted while no daemon ran).
         let mut before: HashSet<(IpNet, Origin)> = HashSet::new();
@@ -153,15 +155,23 @@ impl Enforcer {
             self.crowdsec.shadow = shadow.len();
         }
         self.write_set(maps)?;
-        if !startup && pull.new.is_empty() && pull.deleted.is_empty() {
+        if !startup && pull.new.is_empty() && pull.deleted.is_empty() && unreadable == 0 {
             // Nothing changed: no line (a pull comes every few seconds).
             return Ok(String::new());
         }
         Ok(format!(
-            "crowdsec: {} pull: {} new, {} deleted; {added} networks denied, {lifted} lifted, {left_out} left out; {} in force{}",
+            "crowdsec: {} pull: {} new, {} deleted{}; {added} networks denied, {lifted} lifted, {left_out} left out; {} in force{}",
             if startup { "startup" } else { "delta" },
             pull.new.len(),
             pull.deleted.len(),
+            if unreadable > 0 {
+                format!(
+                    ", {} with an unreadable value, {} with an unreadable or sub-second duration",
+                    pull.bad_value, pull.bad_duration
+                )
+            } else {
+                String::new()
+            },
             self.crowdsec.len(),
             if spec.shadow {
                 format!(" (shadow: {} counted, not enforced)", self.crowdsec.shadow)
