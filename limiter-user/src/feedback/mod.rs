@@ -146,19 +146,18 @@ pub enum TokenError {
 pub fn read_token(path: &std::path::Path) -> Result<(String, Vec<String>), TokenError> {
     use std::os::unix::fs::PermissionsExt as _;
     let name = path.display();
-    let text = crate::policy::file::read_text(path, MAX_TOKEN_FILE, "a token")
+    let (text, meta) = crate::policy::file::read_text_and_metadata(path, MAX_TOKEN_FILE, "a token")
         .map_err(|cause| TokenError::Read { path: name.to_string(), cause })?;
     let token = text.lines().next().unwrap_or("").trim().to_owned();
     if token.len() < 16 {
         return Err(TokenError::Short { path: name.to_string() });
     }
     let mut warnings = Vec::new();
-    if let Ok(m) = std::fs::metadata(path)
-        && m.permissions().mode() & 0o077 != 0
-    {
+    // The mode of the file that was read, not of whatever the path names now.
+    if meta.permissions().mode() & 0o077 != 0 {
         warnings.push(format!(
             "feedback token {name} is readable by group or others (mode {:o}): chmod 600 it",
-            m.permissions().mode() & 0o777
+            meta.permissions().mode() & 0o777
         ));
     }
     let distinct = token.chars().collect::<std::collections::HashSet<_>>().len();

@@ -34,7 +34,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-pub use self::untrusted::{ReadError, read_text};
+pub use self::untrusted::{ReadError, read_text, read_text_and_metadata};
 use self::window::WindowSpec;
 
 use super::{

