@@ -154,14 +154,33 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
     }
     let mut c = net.b.net_command(bin());
     c.args(["run", "--iface", B_IF, "--attach", "auto", "--metrics", "off", "--status-interval", "0", "--socket"])
-        .arg(unique_socket("shxf"));
-    let (daemon, rx) = spawn_lines(c).unwrap();
-    let mut seen = String::new();
-    wait_for(&rx, "control socket", Duration::from_mins(1), &mut seen).unwrap();
-    let status = loader_status(&net);
+        .arg(unique_socket("shxf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut daemon = Guard(c.spawn().unwrap());
+    let start = Instant::now();
+    let status = loop {
+        let status = loader_status(&net);
+        if status.contains("limiter_chain") {
+            break status;
+        }
+        if let Some(code) = daemon.0.try_wait().unwrap() {
+            // A kernel that refuses a component changing packet data in
+            // a slot that does not (6.12 with this build's libxdp): said
+            // in one line, xdp-filter left as it was.
+            let mut err = String::new();
+            daemon.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            assert!(err.contains("refuses a dispatcher component that changes packet data"), "{code}: {err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+            assert_eq!(listed_id(&loader_status(&net), "xdpfilt_alw_all"), Some(id), "the neighbour was touched");
+            println!("--attach auto on this kernel: {}", err.trim());
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_mins(1), "neither joined nor refused in 60 s:\n{status}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
     println!("{status}");
-    let mine =
-        status.lines().find(|l| l.contains("limiter_chain")).unwrap_or_else(|| panic!("not joined:\n{status}\n{seen}"));
+    let mine = status.lines().find(|l| l.contains("limiter_chain")).unwrap_or_else(|| panic!("not joined:\n{status}"));
     assert!(mine.contains(" 10 ") && mine.contains("XDP_PASS"), "{status}");
     // xdp-filter stays, chained on XDP_PASS, under the one dispatcher.
     let theirs = status.lines().find(|l| l.contains("xdpfilt_alw_all")).unwrap_or_else(|| panic!("{status}"));
@@ -209,7 +228,12 @@ fn auto_attaches_alone_on_a_bare_interface_and_libxdp_needs_freplace() {
     if let Some(code) = exited {
         let mut err = String::new();
         child.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-        assert!(err.contains("refuses freplace"), "--attach libxdp failed otherwise ({code}): {err}");
+        // No freplace at all (these machines), or (6.12) no component that
+        // changes packet data in the slots of this libxdp's dispatcher.
+        assert!(
+            err.contains("refuses freplace") || err.contains("refuses a dispatcher component that changes packet data"),
+            "--attach libxdp failed otherwise ({code}): {err}"
+        );
         assert_eq!(code.code(), Some(1), "{err}");
         assert!(err.contains("--attach exclusive"), "{err}");
         assert!(listed_id(&status, "limiter").is_none(), "a refused start left a program:\n{status}");

@@ -94,14 +94,40 @@ struct Reader {
     tally: Tally,
     target: String,
     statuses: BTreeMap<String, i32>,
+    /// `failures:` lines seen in this target's output: the harness prints
+    /// one before the failed tests' output and one before their names.
+    failures: u8,
 }
 
 impl Reader {
     /// Take one line of the guest's output (plain test output:
     /// `--color=never`).
     fn line(&mut self, l: &str) {
+        // The harness's closing list of failed tests: a test whose
+        // `... FAILED` was split by other output (libbpf's) is still named.
+        if l == "failures:" {
+            self.failures += 1;
+            return;
+        }
+        if self.failures >= 2 {
+            let name = l.trim();
+            let plain = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if l.starts_with("    ") && plain {
+                let tests = self.tally.tests.entry(self.target.clone()).or_default();
+                if !tests.iter().any(|(n, r)| n == name && r == "FAILED") {
+                    tests.retain(|(n, _)| n != name);
+                    tests.push((name.to_owned(), "FAILED".into()));
+                    self.tally.failed += 1;
+                }
+                return;
+            }
+            if l.starts_with("test result:") {
+                self.failures = 0;
+            }
+        }
         if let Some(name) = l.strip_prefix("tier: target ") {
             name.clone_into(&mut self.target);
+            self.failures = 0;
         } else if let Some((name, st)) = l.strip_prefix("tier: status ").and_then(|r| r.split_once(' ')) {
             self.statuses.insert(name.to_owned(), st.trim().parse().unwrap_or(-1));
         } else if let Some((name, result)) = l.strip_prefix("test ").and_then(|r| r.rsplit_once(" ... ")) {
@@ -184,4 +210,48 @@ pub fn run_all(exes: &BTreeMap<String, PathBuf>) -> anyhow::Result<Vec<(String, 
         }
     }
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a guest printed in the tier's second run on 6.12: a test
+    /// whose `FAILED` came on a line of its own after libbpf's chatter.
+    #[test]
+    fn a_failure_split_by_other_output_and_a_target_that_never_ran_both_count() {
+        let plan: &[(&str, &[&str])] = &[("share", &[]), ("verifier", &[])];
+        let mut r = Reader::default();
+        for l in [
+            "tier: target share",
+            "test a_program_without_a_dispatcher ... ok",
+            "test auto_joins ... libbpf: elf: skipping unrecognized data section(7) xdp_metadata",
+            "FAILED",
+            "failures:",
+            "---- auto_joins stdout ----",
+            "    indented output",
+            "failures:",
+            "    auto_joins",
+            "test result: FAILED. 1 passed; 1 failed; 0 ignored",
+            "tier: status share 101",
+        ] {
+            r.line(l);
+        }
+        let t = r.finish(plan);
+        assert_eq!((t.passed, t.failed), (1, 2), "auto_joins, and verifier, which never ran");
+        assert!(t.tests["share"].contains(&("auto_joins".to_owned(), "FAILED".to_owned())));
+        assert!(!t.tests["share"].iter().any(|(n, _)| n == "indented"));
+        assert_eq!(t.tests["verifier"], vec![("(the binary)".to_owned(), "never ran".to_owned())]);
+    }
+
+    #[test]
+    fn a_binary_that_ended_badly_without_a_failed_test_counts_once() {
+        let plan: &[(&str, &[&str])] = &[("restart", &[])];
+        let mut r = Reader::default();
+        for l in ["tier: target restart", "test kill_9 ... ok", "tier: status restart 124"] {
+            r.line(l);
+        }
+        let t = r.finish(plan);
+        assert_eq!((t.passed, t.failed), (1, 1));
+    }
 }

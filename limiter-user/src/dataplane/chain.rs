@@ -76,6 +76,10 @@ pub enum ChainError {
         "this kernel refuses freplace (BPF_PROG_TYPE_EXT) programs (EPERM), so no libxdp dispatcher can run on it (libxdp itself falls back to one program alone: `xdp-loader status` shows no priorities); start with --attach exclusive"
     )]
     NoFreplace,
+    #[error(
+        "this kernel ({release}) refuses a dispatcher component that changes packet data (the limiter's SYN-cookie replies) in a slot that does not (\"Extension program changes packet data, while original does not\"), and the dispatcher of the libxdp this build uses has such slots; start with --attach exclusive"
+    )]
+    PacketDataSlot { release: String },
 }
 
 /// Whether `c` is a limiter's component.
@@ -128,6 +132,12 @@ impl DataPlane {
         ext.load(target, "limiter_slot").map_err(|e| match &e {
             aya::programs::ProgramError::LoadError { io_error, .. } if io_error.raw_os_error() == Some(libc::EPERM) => {
                 LoadError::Chain(ChainError::NoFreplace)
+            }
+            aya::programs::ProgramError::LoadError { verifier_log, .. }
+                if format!("{verifier_log:?}")
+                    .contains("Extension program changes packet data, while original does not") =>
+            {
+                LoadError::Chain(ChainError::PacketDataSlot { release: super::kernel::release() })
             }
             aya::programs::ProgramError::LoadError { .. } => super::verify_error(programs::LIMITER_CHAIN, e),
             _ => LoadError::Chain(ChainError::Load(e)),
