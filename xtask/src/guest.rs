@@ -300,7 +300,11 @@ pub fn run(k: &Kernel, command: &str, timeout: Duration, mut line: impl FnMut(&s
         let qemu_err = err.join().unwrap_or_default();
         let status = std::fs::read_to_string(&rc_file).ok().and_then(|s| s.trim().parse().ok());
         if !up.load(Ordering::Relaxed) {
-            bail!("the guest ({}) did not boot within {} s; qemu {st}: {qemu_err}", k.version, BOOT_TIMEOUT.as_secs());
+            bail!(
+                "the guest ({}) did not boot: its command never started (QEMU ended with {st}, or was ended after {} s; LIMITER_GUEST_VERBOSE=1 shows the kernel's log) {qemu_err}",
+                k.version,
+                BOOT_TIMEOUT.as_secs()
+            );
         }
         if status.is_none() && !timed_out.load(Ordering::Relaxed) {
             bail!("the guest ({}) reported no exit status; qemu {st}: {qemu_err}", k.version);
