@@ -43,7 +43,6 @@ mount --move /proc $R/proc
 mount --move /sys $R/sys
 mount --move /dev $R/dev
 mount -t tmpfs -o mode=755 tmpfs $R/run
-mount -t tmpfs -o mode=1777 tmpfs $R/tmp
 mkdir -p $R/dev/pts $R/dev/shm $R/run/guest-io
 mount -t devpts -o mode=620,ptmxmode=666 devpts $R/dev/pts
 mount -t tmpfs tmpfs $R/dev/shm
