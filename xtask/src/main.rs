@@ -247,12 +247,13 @@ struct Tally {
     skipped: u64,
 }
 
-/// `cargo test --workspace`, echoed as it runs, adding up every test
+/// `cargo test --workspace --no-fail-fast` (every binary runs, so one
+/// failure does not hide the rest), echoed as it runs, adding up every test
 /// binary's result (the closing `summary:` line comes after the kernel
 /// tier).
 fn test_with_summary() -> anyhow::Result<Tally> {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.args(["test", "--workspace"]).stdout(Stdio::piped());
+    c.args(["test", "--workspace", "--no-fail-fast"]).stdout(Stdio::piped());
     let mut child = c.spawn().context("running cargo test")?;
     let (mut passed, mut failed, mut skipped) = (0u64, 0u64, 0u64);
     for line in BufReader::new(child.stdout.take().context("stdout")?).lines() {

@@ -19,10 +19,9 @@ impl Daemon {
     /// the governor, like a penalty from the tenant layer).
     pub(super) fn escalate(&mut self) {
         let rule = self.view.escalate;
-        for (addr, rate) in self.observer.escalator.second(rule.as_ref(), enforcer::unix_now()) {
+        for (key, rate) in self.observer.escalator.second(rule.as_ref(), enforcer::unix_now()) {
             let Some(rule) = rule else { break };
-            // The proven address alone (/32, /128), never its bucket.
-            let cidr = ipnet::IpNet::from(addr).to_string();
+            let cidr = crate::top::cidr(&key);
             let reason = format!("escalation: about {rate} drops/s for {} s", rule.sustained.as_secs());
             tracing::info!(event = "escalation", cidr = %cidr, rate, "limiter: {cidr} dropped at about {rate}/s for {} s: asking to deny it", rule.sustained.as_secs());
             let ttl = rule.deny_for.as_secs();
