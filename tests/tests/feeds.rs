@@ -118,9 +118,15 @@ fn a_feed_drops_its_networks_and_follows_its_file() {
     let (_daemon, rx, mut log) = start(&net, &file, &socket, pins);
     assert!(log.contains("the deny set's 3 networks read back from the pins"), "{log}");
     assert_eq!(delivered(&net, FLOOD_SRC, 50), 0);
-    // The file is read again: the one-line version, now the first this
-    // daemon takes (nothing to shrink from), lifts the range.
-    wait_for(&rx, "feed t: 1 networks (was 3", Duration::from_secs(10), &mut log).unwrap();
+    // The file is read again: the one-line version is this daemon's
+    // first, and it is held to what the pins hold (3): refused as a
+    // shrink (on 394d35c it was taken, and a file truncated while the
+    // daemon was down lifted the feed), the range still denied.
+    wait_for(&rx, "shrank by more than 50%", Duration::from_secs(10), &mut log).unwrap();
+    assert_eq!(delivered(&net, FLOOD_SRC, 50), 0);
+    // A version within the guard is taken and lifts the range.
+    std::fs::write(&feed, format!("{FLOOD_SRC}\n203.0.113.7\n")).unwrap();
+    wait_for(&rx, "feed t: 2 networks (was 3", Duration::from_secs(10), &mut log).unwrap();
     assert_eq!(delivered(&net, FLOOD_SRC, 50), 0);
     let o = cli(&socket, &["prefix", "unset", "198.18.2.0/24"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
