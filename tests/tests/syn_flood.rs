@@ -338,8 +338,11 @@ fn syn_flood(v6: bool, routes: Routes, clients_per_phase: usize) {
 /// a spoofed SYN flood, each on its first SYN: what the kernel tier runs
 /// in its guests (QEMU's emulator is slow enough that a hundred clients a
 /// phase spend minutes, and every client more is one more chance for
-/// the emulated veth's ring to overflow under the flood).
+/// the emulated veth's ring to overflow under the flood). Ignored on the
+/// host, which runs the hundred-client test below (a fourth flooding
+/// test at once there slowed a daemon's start past its 20 s).
 #[test]
+#[ignore = "the kernel tier runs it in its guests; the host runs the 100-client test"]
 fn twenty_new_clients_connect_on_their_first_syn_during_a_spoofed_syn_flood() {
     syn_flood(false, Routes::OnLink, 20);
     syn_flood(true, Routes::OnLink, 20);
