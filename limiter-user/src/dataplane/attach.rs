@@ -12,7 +12,7 @@ use aya::programs::links::{FdLink, PinnedLink};
 use limiter_common::programs;
 
 use super::{
-    AttachMode, DataPlane, LoadError,
+    DataPlane, LoadError,
     chain::{self, Chained},
     ifindex, pin, upgrade,
 };
@@ -312,5 +312,32 @@ mod tests {
         assert_eq!(fdinfo_field(info, "ifindex"), Some(3));
         assert_eq!(fdinfo_field(info, "link_id"), Some(112));
         assert_eq!(fdinfo_field(info, "missing"), None);
+    }
+}
+
+/// How the program is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// In the driver (XDP_FLAGS_DRV_MODE): the fast path.
+    Native,
+    /// In the generic network stack (XDP_FLAGS_SKB_MODE): works everywhere.
+    Generic,
+}
+
+impl AttachMode {
+    pub(super) fn xdp(self) -> aya::programs::XdpMode {
+        match self {
+            Self::Native => aya::programs::XdpMode::Driver,
+            Self::Generic => aya::programs::XdpMode::Skb,
+        }
+    }
+}
+
+impl std::fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Native => "native",
+            Self::Generic => "generic",
+        })
     }
 }

@@ -139,7 +139,9 @@ impl DataPlane {
             {
                 LoadError::Chain(ChainError::PacketDataSlot { release: super::kernel::release() })
             }
-            aya::programs::ProgramError::LoadError { .. } => super::verify_error(programs::LIMITER_CHAIN, e),
+            aya::programs::ProgramError::LoadError { .. } => {
+                super::kernel::refusal::verify_error(programs::LIMITER_CHAIN, e)
+            }
             _ => LoadError::Chain(ChainError::Load(e)),
         })
     }

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, RingBuf},
-    programs::{ProgramError, TestRun as _, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
+    programs::{ProgramError, TestRun as _, TestRunOptions, Xdp, xdp::XdpLinkId},
 };
 /// XDP actions (`XDP_PASS`, `XDP_DROP`, ...) as the kernel defines them.
 pub use aya_ebpf_bindings::bindings::xdp_action;
@@ -32,7 +32,7 @@ use limiter_common::{META_MAGIC, Meta, SCHEMA_VERSION, maps as names, programs};
 #[cfg(any(test, feature = "testing"))]
 pub use self::port::FakeMaps;
 pub use self::{
-    attach::{Attachment, Health},
+    attach::{AttachMode, Attachment, Health},
     counters::Totals,
     maps::Maps,
     port::PolicyMaps,
@@ -125,47 +125,6 @@ pub enum LoadError {
         #[source]
         source: ProgramError,
     },
-}
-
-/// A load's error: a verifier refusal summed up (its log kept), or as it
-/// came.
-pub(crate) fn verify_error(name: &'static str, source: ProgramError) -> LoadError {
-    match source {
-        ProgramError::LoadError { io_error, verifier_log } => {
-            let text = format!("{verifier_log:?}");
-            let summary = kernel::refusal::Summary::of(&text).to_string();
-            let log = kernel::refusal::keep(&kernel::refusal::log_dir(), name, &text);
-            LoadError::Refused { name, release: kernel::release(), summary, log, source: io_error }
-        }
-        source => LoadError::Verify { name, source },
-    }
-}
-
-/// How the program is attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum AttachMode {
-    /// In the driver (XDP_FLAGS_DRV_MODE): the fast path.
-    Native,
-    /// In the generic network stack (XDP_FLAGS_SKB_MODE): works everywhere.
-    Generic,
-}
-
-impl AttachMode {
-    fn xdp(self) -> XdpMode {
-        match self {
-            Self::Native => XdpMode::Driver,
-            Self::Generic => XdpMode::Skb,
-        }
-    }
-}
-
-impl std::fmt::Display for AttachMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Native => "native",
-            Self::Generic => "generic",
-        })
-    }
 }
 
 /// A loaded XDP object and its maps.
@@ -297,7 +256,7 @@ impl DataPlane {
         if prog.fd().is_ok() {
             return Ok(());
         }
-        prog.load().map_err(|source| verify_error(name, source))
+        prog.load().map_err(|source| kernel::refusal::verify_error(name, source))
     }
 
     /// Attach an entry point; the link lives as long as `self`.

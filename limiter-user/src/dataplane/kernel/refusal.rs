@@ -5,6 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
+use aya::programs::ProgramError;
+
+use crate::dataplane::LoadError;
+
 /// What the last lines of a verifier log say.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Summary {
@@ -109,6 +113,20 @@ pub fn log_dir() -> PathBuf {
 pub fn keep(dir: &Path, program: &str, log: &str) -> Option<PathBuf> {
     let path = dir.join(format!("verifier-{program}.log"));
     std::fs::write(&path, log).ok().map(|()| path)
+}
+
+/// A load's error: a verifier refusal summed up (its log kept), or as it
+/// came.
+pub(crate) fn verify_error(name: &'static str, source: ProgramError) -> LoadError {
+    match source {
+        ProgramError::LoadError { io_error, verifier_log } => {
+            let text = format!("{verifier_log:?}");
+            let summary = Summary::of(&text).to_string();
+            let log = keep(&log_dir(), name, &text);
+            LoadError::Refused { name, release: super::release(), summary, log, source: io_error }
+        }
+        source => LoadError::Verify { name, source },
+    }
 }
 
 #[cfg(test)]
