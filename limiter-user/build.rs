@@ -1,7 +1,9 @@
 //! Builds the XDP object (limiter-ebpf) for `bpfel-unknown-none` so that a
-//! plain `cargo build` yields a working `limiter` binary; with the
-//! `testing` feature also the bench object (limiter-ebpf's `bench`
-//! feature: the production programs plus the bench's own).
+//! plain `cargo build` yields a working `limiter` binary, and beside it
+//! the object without SYN cookies (limiter-ebpf's `without-syn-cookies`
+//! feature, for kernels without their helpers); with the `testing`
+//! feature also the bench object (limiter-ebpf's `bench` feature: the
+//! production programs plus the bench's own).
 //!
 //! Route: Debian's `rustc-web` ships a precompiled `core` for the BPF
 //! targets, so no nightly and no build-std: the nested cargo runs with
@@ -20,7 +22,14 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-const OBJECTS: [(&str, &[&str]); 2] = [("limiter.bpf.o", &[]), ("limiter-bench.bpf.o", &["--features", "bench"])];
+/// The objects built, and limiter-ebpf's features for each: the
+/// production object, the one for kernels without the raw SYN cookie
+/// helpers, and (with the `testing` feature only, so last) the bench's.
+const OBJECTS: [(&str, &[&str]); 3] = [
+    ("limiter.bpf.o", &[]),
+    ("limiter-without-syn-cookies.bpf.o", &["--features", "without-syn-cookies"]),
+    ("limiter-bench.bpf.o", &["--features", "bench"]),
+];
 
 fn main() -> anyhow::Result<()> {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
@@ -35,7 +44,7 @@ fn main() -> anyhow::Result<()> {
     git_revision(root);
     println!("cargo:rerun-if-env-changed=LIMITER_BUILD_SKIP");
     let bench = env::var_os("CARGO_FEATURE_TESTING").is_some();
-    let wanted = if bench { &OBJECTS[..] } else { &OBJECTS[..1] };
+    let wanted = if bench { &OBJECTS[..] } else { &OBJECTS[..2] };
 
     if env::var("LIMITER_BUILD_SKIP").is_ok_and(|v| v == "1" || v == "true") {
         println!("cargo:warning=LIMITER_BUILD_SKIP: the XDP object is empty; this binary cannot load it");

@@ -25,6 +25,7 @@ const EEXIST: i32 = 17;
 /// One packet's whole context for charging.
 pub struct Charge<'a> {
     pub pkt: &'a Packet<'a>,
+    #[cfg_attr(feature = "without-syn-cookies", expect(dead_code, reason = "SYN cookies only"))]
     pub cfg: &'a Config,
     pub src: &'a Source,
     /// Rule class, `0..MAX_CLASSES`.

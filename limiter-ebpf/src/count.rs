@@ -14,6 +14,7 @@ use crate::maps::{DROP_EVENTS, DROP_SAMPLER, STATS};
 
 /// An address proved itself (a verified SYN cookie): told to userspace
 /// unsampled, in the drop events' ring, for escalation's proof of source.
+#[cfg_attr(feature = "without-syn-cookies", expect(dead_code, reason = "SYN cookies only"))]
 #[inline(always)]
 pub fn proven(ctx: &XdpContext, key: &BucketKey) {
     let (head, tail) = key.words();

@@ -5,7 +5,8 @@
 //! (overrides, then the deny set of `deny`),
 //! `count` (counters, drop sampling), `lease` (per-CPU leases of a
 //! bucket's credit and cached refusals), `window` (window quotas),
-//! `cookie` (SYN cookies). At the bottom, imported by the rest and
+//! `cookie` (SYN cookies; not in the object built with the
+//! `without-syn-cookies` feature). At the bottom, imported by the rest and
 //! importing none of it: `maps`, `packet` (the frame under XDP) and
 //! `atomic` (compare-and-swap and the bucket steps built on it). See
 //! `docs/design.md` for the invariants cited in comments.
@@ -26,7 +27,10 @@ mod bench;
 mod chain;
 #[cfg(target_arch = "bpf")]
 mod charge;
-#[cfg(target_arch = "bpf")]
+// Left out of the object built without SYN cookies (for kernels without
+// the raw SYN cookie helpers: every global function is verified, used or
+// not, so their calls cannot stay in).
+#[cfg(all(target_arch = "bpf", not(feature = "without-syn-cookies")))]
 mod cookie;
 #[cfg(target_arch = "bpf")]
 mod count;

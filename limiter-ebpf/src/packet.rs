@@ -15,6 +15,7 @@ impl Packet<'_> {
     }
 
     /// Write `N` bytes at `off`, if they lie inside the packet.
+    #[cfg_attr(feature = "without-syn-cookies", expect(dead_code, reason = "SYN cookies only"))]
     #[inline(always)]
     pub fn put<const N: usize>(&self, off: usize, bytes: &[u8; N]) -> Option<()> {
         let start = self.0.data();

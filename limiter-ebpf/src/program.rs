@@ -17,7 +17,6 @@ use limiter_common::{
 
 use crate::{
     charge::{Charge, charge},
-    cookie,
     count::{count, sample_drop},
     deny,
     lease::{Hit, Slot},
@@ -124,7 +123,7 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     let now = gcra::to_fixed(now());
     let cookies = cfg.flags & flags::SYN_COOKIES != 0 && src.proto == IPPROTO_TCP && src.port_known == 1;
     let c = Charge { pkt, cfg, src: &src, class, key: &key, slot, version, now };
-    if cookies && let Some(r) = cookie::intercept(&c) {
+    if cookies && let Some(r) = cookies::intercept(&c) {
         let _ = count(class, r, *fam, pkt.len());
         return Ok(r);
     }
@@ -142,7 +141,7 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     // A SYN the new-source budget refuses trips `auto` SYN cookies and is
     // answered with one.
     let reason = match reason {
-        Reason::NewSourceLimited if cookies => cookie::on_budget_refusal(&c).unwrap_or(reason),
+        Reason::NewSourceLimited if cookies => cookies::on_budget_refusal(&c).unwrap_or(reason),
         r => r,
     };
     let seen = count(class, reason, *fam, pkt.len());
@@ -150,4 +149,26 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
         sample_drop(pkt.0, cfg, &key, reason, now, seen);
     }
     Ok(reason)
+}
+
+/// SYN cookies, or (the object built with `without-syn-cookies`) none:
+/// every SYN is charged as any packet, and no cookie helper is called.
+#[cfg(not(feature = "without-syn-cookies"))]
+use crate::cookie as cookies;
+
+#[cfg(feature = "without-syn-cookies")]
+mod cookies {
+    use limiter_common::Reason;
+
+    use crate::charge::Charge;
+
+    #[inline(always)]
+    pub fn intercept(_: &Charge) -> Option<Reason> {
+        None
+    }
+
+    #[inline(always)]
+    pub fn on_budget_refusal(_: &Charge) -> Option<Reason> {
+        None
+    }
 }

@@ -36,6 +36,7 @@ pub extern "C" fn limiter_resolve(head: u64, tail: u64, packed: u64) -> u64 {
 
 /// The prefix's resolution for code outside the charge (the cookie
 /// path), through [`limiter_resolve`] (not stored in a bucket).
+#[cfg_attr(feature = "without-syn-cookies", expect(dead_code, reason = "SYN cookies only"))]
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "a resolution is a u32")]
 pub fn resolved(key: &BucketKey, slot: u32) -> u32 {

@@ -28,6 +28,18 @@ pub fn open_with_capacity(c: &Compiled, capacity: u32) -> DataPlane {
     ready(DataPlane::open(capacity).expect("load the XDP object"), c)
 }
 
+/// [`open`] of the object built without SYN cookies (for kernels
+/// without their helpers).
+#[must_use]
+pub fn open_without_syn_cookies(c: &Compiled) -> DataPlane {
+    require_root();
+    let plan = limiter::dataplane::kernel::Plan {
+        program: limiter::dataplane::kernel::Program::WithoutSynCookies,
+        lacks: None,
+    };
+    ready(DataPlane::open_program(1024, plan).expect("load the object without SYN cookies"), c)
+}
+
 /// [`open_with_capacity`] of the bench object (the production programs
 /// and the bench's own).
 #[must_use]

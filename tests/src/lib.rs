@@ -11,3 +11,4 @@ pub mod packet;
 pub mod scenario;
 pub mod seccomp;
 pub mod study;
+pub mod tcp;

@@ -7,17 +7,16 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use limiter::policy::{Class, CostUnit, Limit, Mode, Policy, Protocol, SynCookies};
 use limiter_common::{BucketKey, Reason, cookie, family};
-use limiter_tests::kernel;
+use limiter_tests::{
+    kernel,
+    tcp::{CLIENT_MAC, ISN, SERVER_MAC, SPORT, Seg, ack_of, checksum, tcp_checksum},
+};
 
 const T0: u64 = 9_000_000_000_000;
 const MS: u64 = 1_000_000;
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
-const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xc1];
-const SERVER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x5e];
-const SPORT: u16 = 40_123;
-const ISN: u32 = 0x1122_3344;
 
 fn policy(cookies: SynCookies, syn_rate: Option<u64>, new_sources: Option<(u64, u64)>) -> Policy {
     Policy {
@@ -34,101 +33,6 @@ fn policy(cookies: SynCookies, syn_rate: Option<u64>, new_sources: Option<(u64, 
         new_sources,
         ..Policy::default()
     }
-}
-
-/// One TCP segment from `src` (client) to `dst`:443 or back, with `vlans`
-/// 802.1Q tags and the given flags, sequence numbers and options.
-#[derive(Clone)]
-struct Seg {
-    src: IpAddr,
-    dst: IpAddr,
-    vlans: usize,
-    flags: u8,
-    seq: u32,
-    ack: u32,
-    options: Vec<u8>,
-}
-
-impl Seg {
-    fn syn(src: IpAddr, vlans: usize) -> Self {
-        let dst = match src {
-            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)),
-            IpAddr::V6(_) => IpAddr::V6("2001:2::2".parse().unwrap()),
-        };
-        // MSS 1460, SACK permitted, timestamps, window scale 7: a Linux SYN.
-        let options = vec![2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7];
-        Self { src, dst, vlans, flags: 0x02, seq: ISN, ack: 0, options }
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        let mut f = Vec::new();
-        f.extend_from_slice(&SERVER_MAC);
-        f.extend_from_slice(&CLIENT_MAC);
-        for _ in 0..self.vlans {
-            f.extend_from_slice(&[0x81, 0x00, 0x00, 0x07]);
-        }
-        let tcp_len = 20 + self.options.len();
-        let mut tcp = Vec::new();
-        tcp.extend_from_slice(&SPORT.to_be_bytes());
-        tcp.extend_from_slice(&443u16.to_be_bytes());
-        tcp.extend_from_slice(&self.seq.to_be_bytes());
-        tcp.extend_from_slice(&self.ack.to_be_bytes());
-        tcp.push(u8::try_from(tcp_len / 4).unwrap() << 4);
-        tcp.push(self.flags);
-        tcp.extend_from_slice(&[0xfa, 0xf0, 0, 0, 0, 0]);
-        tcp.extend_from_slice(&self.options);
-        let csum = tcp_checksum(self.src, self.dst, &tcp);
-        tcp[16..18].copy_from_slice(&csum.to_be_bytes());
-        match (self.src, self.dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                f.extend_from_slice(&[0x08, 0x00]);
-                let mut ip = vec![0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 6, 0, 0];
-                ip[2..4].copy_from_slice(&u16::try_from(20 + tcp_len).unwrap().to_be_bytes());
-                ip.extend_from_slice(&s.octets());
-                ip.extend_from_slice(&d.octets());
-                let c = checksum(&ip, 0);
-                ip[10..12].copy_from_slice(&c.to_be_bytes());
-                f.extend_from_slice(&ip);
-            }
-            (IpAddr::V6(s), IpAddr::V6(d)) => {
-                f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
-                f.extend_from_slice(&u16::try_from(tcp_len).unwrap().to_be_bytes());
-                f.extend_from_slice(&[6, 64]);
-                f.extend_from_slice(&s.octets());
-                f.extend_from_slice(&d.octets());
-            }
-            _ => unreachable!("one family"),
-        }
-        f.extend_from_slice(&tcp);
-        f
-    }
-}
-
-/// RFC 1071 checksum of `bytes` on top of `acc`.
-fn checksum(bytes: &[u8], mut acc: u32) -> u16 {
-    for w in bytes.chunks(2) {
-        acc += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
-    }
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    !u16::try_from(acc).unwrap()
-}
-
-/// TCP checksum with the pseudo-header of `src` → `dst`.
-fn tcp_checksum(src: IpAddr, dst: IpAddr, tcp: &[u8]) -> u16 {
-    let mut pseudo = Vec::new();
-    for a in [src, dst] {
-        match a {
-            IpAddr::V4(a) => pseudo.extend_from_slice(&a.octets()),
-            IpAddr::V6(a) => pseudo.extend_from_slice(&a.octets()),
-        }
-    }
-    let mut acc = 6 + u32::try_from(tcp.len()).unwrap();
-    for w in pseudo.chunks(2) {
-        acc += u32::from(u16::from_be_bytes([w[0], w[1]]));
-    }
-    checksum(tcp, acc)
 }
 
 fn key(src: IpAddr, class: u8) -> BucketKey {
@@ -219,11 +123,6 @@ fn check_synack(syn: &Seg, out: &[u8], tcp_len: usize) -> u32 {
     assert_eq!(tcp[20..24], [2, 4, mss[0], mss[1]], "MSS option");
     assert_eq!(tcp_checksum(s, d, tcp), 0, "TCP checksum");
     u32::from_be_bytes(tcp[4..8].try_into().unwrap())
-}
-
-/// The client's ACK of a SYN-ACK carrying `cookie`.
-fn ack_of(syn: &Seg, cookie: u32) -> Seg {
-    Seg { flags: 0x10, seq: ISN.wrapping_add(1), ack: cookie.wrapping_add(1), options: vec![], ..syn.clone() }
 }
 
 #[test]

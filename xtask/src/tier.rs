@@ -27,6 +27,7 @@ pub const PLAN: &[(&str, &[&str])] = &[
     ("admission", &[]),
     ("netns_flood", &["flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing"]),
     ("syn_flood", &["--ignored", "twenty_new_clients_connect_on_their_first_syn_during_a_spoofed_syn_flood"]),
+    ("kernel_features", &[]),
     ("deny_set", &[]),
     ("feeds", &[]),
     // The upgrade test stays on the host: an emulated upgrade takes tens

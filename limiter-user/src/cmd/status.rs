@@ -26,6 +26,9 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     let _ = writeln!(out, "tracked         {}/{}", s.tracked, s.capacity);
     let _ = writeln!(out, "packets         {} passed, {} dropped", s.passed_packets, s.dropped_packets);
     let _ = writeln!(out, "uptime          {} s", s.uptime_secs);
+    if let Some(lacks) = &s.kernel_lacks {
+        let _ = writeln!(out, "syn cookies     NONE: {lacks}; the program runs without them");
+    }
     if let Some(why) = &s.syn_cookies_failing {
         let _ = writeln!(out, "syn cookies     FAILING: {why}");
     }

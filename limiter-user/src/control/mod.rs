@@ -260,6 +260,10 @@ pub struct StatusInfo {
     /// verified, when it does (and what to do).
     #[serde(default)]
     pub syn_cookies_failing: Option<String>,
+    /// What the kernel lacks for SYN cookies, when the program runs
+    /// without them.
+    #[serde(default)]
+    pub kernel_lacks: Option<String>,
     /// The deny set's networks by origin (`feed:NAME`, `crowdsec:...`).
     #[serde(default)]
     pub deny_set: Vec<(String, usize)>,

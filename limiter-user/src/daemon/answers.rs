@@ -133,6 +133,7 @@ impl Daemon {
             },
             syn_cookies: self.syn_cookie_states()?,
             syn_cookies_refused: self.observer.cookies.refusing.is_some(),
+            without_syn_cookies: self.dp.kernel.lacks.is_some(),
             reloads_ok: self.reloads.applied,
             reloads_failed: self.reloads.rejected,
             last_reload_ok: self.reloads.last_applied,
@@ -179,6 +180,7 @@ impl Daemon {
             uptime_secs: self.reloads.started.elapsed().as_secs(),
             last_reload: self.reloads.last.clone(),
             syn_cookies_failing: self.observer.cookies.refusing.clone(),
+            kernel_lacks: self.dp.kernel.lacks.clone(),
             deny_set: self.view.deny.iter().map(|(_, name, n)| (name.clone(), *n)).collect(),
             crowdsec: self.features.crowdsec.summary(),
         }))

@@ -11,7 +11,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use limiter_common::{flags, maps::RUNTIME};
+use limiter_common::maps::RUNTIME;
 
 use crate::{
     control::PrefixEntry,
@@ -72,6 +72,9 @@ pub struct Enforcer {
     /// Why the running policy's SYN cookies are off, if it asks for them
     /// and the kernel would not accept them.
     syn_cookies_off: Option<String>,
+    /// What the kernel lacks for SYN cookies, when the program runs
+    /// without them (see [`kernel`]).
+    pub kernel_lacks_cookies: Option<String>,
     /// What the feedback governor decided (see `feedback.rs`).
     pub(super) governor: feedback::Governed,
     /// The deny set and its origins (feeds; see `deny.rs`).
@@ -93,6 +96,7 @@ impl Enforcer {
             capacity,
             config: None,
             syn_cookies_off: None,
+            kernel_lacks_cookies: None,
             governor: feedback::Governed::default(),
             deny: deny::DenyLayer::default(),
             crowdsec: crowdsec::Decisions::default(),
@@ -202,19 +206,8 @@ impl Enforcer {
             }
             None => p.compile(next).map_err(|e| origin.locate(e, &p))?,
         };
-        // Never claim protection that is not there: cookies the kernel would
-        // not accept would only break the connections they answer.
-        let cookies_off = (compiled.config.flags & flags::SYN_COOKIES != 0)
-            .then(super::os::syn_cookies_ready)
-            .and_then(Result::err)
-            .map(|e| e.to_string());
-        let mut mss_only = None;
-        if cookies_off.is_some() {
-            compiled.config.flags &= !flags::SYN_COOKIES;
-        } else if compiled.config.flags & flags::SYN_COOKIES != 0 {
-            let (opts, wscale, why) = super::os::cookie_options();
-            (compiled.config.cookies.opts, compiled.config.cookies.wscale, mss_only) = (opts, wscale, why);
-        }
+        let (cookies_off, mss_only) = kernel::cookies(&p, &mut compiled, self.kernel_lacks_cookies.as_deref())
+            .map_err(|e| origin.locate(e, &p))?;
         self.write_policy(maps, &compiled, &p)?;
         self.config = Some(compiled.config);
         for w in p.warnings() {
@@ -389,6 +382,7 @@ mod bulk;
 pub mod crowdsec;
 pub mod deny;
 mod feedback;
+pub(super) mod kernel;
 mod layers;
 
 pub use self::layers::Layer;

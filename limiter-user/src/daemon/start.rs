@@ -54,17 +54,24 @@ pub(super) fn load(settings: &Settings, checked: Checked) -> anyhow::Result<Load
     let Checked { loaded, compiled, token, .. } = checked;
     // A kernel without a helper the program calls is named in one line
     // before anything is loaded or pinned (the verifier's own refusal
-    // would name the helper by number).
-    crate::dataplane::kernel::check().map_err(anyhow::Error::msg)?;
+    // would name the helper by number); without the SYN cookie helpers
+    // only, the program without cookies runs if the policy may run so.
+    let plan = crate::dataplane::kernel::plan().map_err(anyhow::Error::msg)?;
+    if let Some(lacks) = &plan.lacks {
+        super::enforcer::kernel::cookies_without_kernel(&loaded.policy, lacks)
+            .map_err(|e| loaded.origin.locate(e, &loaded.policy))?;
+        tracing::warn!(event = "kernel_lacks", "limiter: {lacks}: loading the program without SYN cookies");
+    }
     let capacity = loaded.policy.capacity;
     let (mut dp, adopted) = match &settings.pin_dir {
-        Some(dir) => DataPlane::open_pinned(capacity, dir)?,
-        None => (DataPlane::open(capacity)?, None),
+        Some(dir) => DataPlane::open_pinned(capacity, dir, plan.clone())?,
+        None => (DataPlane::open_program(capacity, plan.clone())?, None),
     };
     // Versions continue from what a re-adopted data plane enforces (or a
     // renewed CONFIG held).
     let version = dp.active_config()?.map_or(0, |c| c.version).max(dp.carried_version());
     let mut enforcer = Enforcer::new(version, dp.capacity());
+    enforcer.kernel_lacks_cookies = plan.lacks;
     let summary = first_apply(&mut enforcer, &mut dp, settings, loaded, compiled)?;
     Ok(Loaded { dp, adopted, enforcer, summary, token })
 }

@@ -75,39 +75,102 @@ pub const HELPERS: &[Helper] = {
             id: H::BPF_FUNC_tcp_raw_gen_syncookie_ipv4,
             name: "bpf_tcp_raw_gen_syncookie_ipv4",
             since: "6.0",
-            needed_by: "SYN cookies",
+            needed_by: SYN_COOKIES,
         },
         Helper {
             id: H::BPF_FUNC_tcp_raw_check_syncookie_ipv6,
             name: "bpf_tcp_raw_check_syncookie_ipv6",
             since: "6.0",
-            needed_by: "SYN cookies",
+            needed_by: SYN_COOKIES,
         },
     ]
 };
+
+/// What the helpers of SYN cookies are needed by: the one feature a
+/// program without them can run without.
+pub const SYN_COOKIES: &str = "SYN cookies";
 
 /// The helpers of [`HELPERS`] this kernel lacks for XDP programs (a probe
 /// that cannot tell counts as present: the load then says).
 #[must_use]
 pub fn missing_helpers() -> Vec<&'static Helper> {
+    let pretended = pretended_missing();
     HELPERS
         .iter()
-        .filter(|h| matches!(aya::sys::is_helper_supported(aya::programs::ProgramType::Xdp, h.id), Ok(false)))
+        .filter(|h| {
+            pretended.iter().any(|p| p == h.name)
+                || matches!(aya::sys::is_helper_supported(aya::programs::ProgramType::Xdp, h.id), Ok(false))
+        })
         .collect()
 }
 
-/// Refuse, in one line, a kernel that lacks a helper the program calls
-/// (the kernel would refuse the whole program). Every function of the
-/// program is verified whether or not the policy uses it (before 6.8
-/// even unreachable global functions are), so no feature can be left
-/// out to make room: the line names the helpers, what needs them and the
-/// oldest supported kernel.
-pub fn check() -> Result<(), String> {
-    let missing = missing_helpers();
-    if missing.is_empty() {
-        return Ok(());
+/// Helpers a test build counts as missing (`LIMITER_TEST_KERNEL_LACKS`,
+/// comma-separated names): no kernel these tests run on lacks only the
+/// SYN cookie helpers. Never in a release build.
+fn pretended_missing() -> Vec<String> {
+    #[cfg(feature = "testing")]
+    if let Ok(v) = std::env::var("LIMITER_TEST_KERNEL_LACKS") {
+        return v.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
     }
-    Err(refusal(&release(), &missing))
+    Vec::new()
+}
+
+/// Which of the two objects the daemon loads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Program {
+    /// The production object, every feature in it.
+    #[default]
+    Full,
+    /// The object built without SYN cookies, for a kernel without their
+    /// helpers (the whole object is verified, used or not, so a program
+    /// that calls them would be refused whole).
+    WithoutSynCookies,
+}
+
+impl Program {
+    /// The object's bytes.
+    #[must_use]
+    pub fn object(self) -> &'static [u8] {
+        match self {
+            Self::Full => super::OBJECT,
+            Self::WithoutSynCookies => super::OBJECT_WITHOUT_SYN_COOKIES,
+        }
+    }
+}
+
+/// The program this kernel runs, and what it lacks for the features left
+/// out (one clause: "kernel R lacks ...").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub program: Program,
+    pub lacks: Option<String>,
+}
+
+/// The program for this kernel: refused in one line when it lacks a
+/// helper no program runs without (the line names the helpers, what
+/// needs them and the oldest supported kernel), the one without SYN
+/// cookies when it lacks only theirs (whether the policy may run so is
+/// the policy's to say: [`crate::policy::kernel::MissingFeature`]).
+pub fn plan() -> Result<Plan, String> {
+    plan_for(&release(), &missing_helpers())
+}
+
+fn plan_for(release: &str, missing: &[&Helper]) -> Result<Plan, String> {
+    if missing.iter().any(|h| h.needed_by != SYN_COOKIES) {
+        return Err(refusal(release, missing));
+    }
+    if missing.is_empty() {
+        return Ok(Plan::default());
+    }
+    let names: Vec<&str> = missing.iter().map(|h| h.name).collect();
+    Ok(Plan {
+        program: Program::WithoutSynCookies,
+        lacks: Some(format!(
+            "kernel {release} lacks {} (kernel {}+ built with CONFIG_SYN_COOKIES)",
+            names.join(" and "),
+            missing[0].since
+        )),
+    })
 }
 
 fn refusal(release: &str, missing: &[&Helper]) -> String {
@@ -145,6 +208,28 @@ mod tests {
         );
         assert!(line.contains("bpf_tcp_raw_gen_syncookie_ipv4 (kernel 6.0+, for SYN cookies)"), "{line}");
         assert!(line.ends_with("the oldest kernel this build supports is 6.1 (docs/operations.md#kernels)"), "{line}");
+    }
+
+    #[test]
+    fn without_the_cookie_helpers_the_program_without_cookies_runs_and_without_others_none() {
+        let only = |f: &dyn Fn(&Helper) -> bool| HELPERS.iter().filter(|h| f(h)).collect::<Vec<_>>();
+        assert_eq!(plan_for("6.1.0-57-amd64", &[]), Ok(Plan::default()));
+        let cookies = only(&|h| h.needed_by == SYN_COOKIES);
+        assert_eq!(cookies.len(), 2);
+        let p = plan_for("6.1.0-57-amd64", &cookies).unwrap();
+        assert_eq!(p.program, Program::WithoutSynCookies);
+        let lacks = p.lacks.unwrap();
+        assert!(lacks.starts_with("kernel 6.1.0-57-amd64 lacks bpf_tcp_raw_gen_syncookie_ipv4 and "), "{lacks}");
+        assert!(lacks.ends_with("(kernel 6.0+ built with CONFIG_SYN_COOKIES)"), "{lacks}");
+        // One essential helper among them: refused, every one named.
+        let mut both = cookies.clone();
+        both.extend(only(&|h| h.name == "bpf_map_lookup_percpu_elem"));
+        let line = plan_for("5.15.0-1-amd64", &both).unwrap_err();
+        assert!(
+            line.contains("bpf_map_lookup_percpu_elem") && line.contains("bpf_tcp_raw_gen_syncookie_ipv4"),
+            "{line}"
+        );
+        assert!(!line.contains('\n'));
     }
 
     #[test]

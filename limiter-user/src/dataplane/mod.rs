@@ -41,6 +41,11 @@ pub use self::{
 /// The production object, built by `build.rs` from `limiter-ebpf`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));
 
+/// The object without SYN cookies (limiter-ebpf's `without-syn-cookies`
+/// feature), for kernels without their helpers: see [`kernel::Program`].
+pub static OBJECT_WITHOUT_SYN_COOKIES: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-without-syn-cookies.bpf.o"));
+
 /// What went wrong loading, attaching or touching the maps.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -140,6 +145,8 @@ pub struct DataPlane {
     renewing: Vec<upgrade::Renewal>,
     /// See [`DataPlane::carried_version`].
     carried_version: u64,
+    /// Which object this is, and what the kernel lacks for the rest.
+    pub kernel: kernel::Plan,
 }
 
 /// `AYA_LOG_LEVEL` for the program: its debug lines are compiled in but
@@ -153,7 +160,14 @@ impl DataPlane {
     /// Load the production object with a bucket map of `capacity` entries.
     /// Programs are verified lazily by [`DataPlane::load_program`].
     pub fn open(capacity: u32) -> Result<Self, LoadError> {
-        Self::load(OBJECT, capacity, None, &[])
+        Self::open_program(capacity, kernel::Plan::default())
+    }
+
+    /// [`DataPlane::open`] of the object `plan` names.
+    pub fn open_program(capacity: u32, plan: kernel::Plan) -> Result<Self, LoadError> {
+        let mut d = Self::load(plan.program.object(), capacity, None, &[])?;
+        d.kernel = plan;
+        Ok(d)
     }
 
     /// Load `object`; with `pin_dir`, its maps are pinned there (and pinned
@@ -190,7 +204,15 @@ impl DataPlane {
         let mut ebpf = loader.load(object).map_err(LoadError::Object)?;
         let maps = Maps::take(&mut ebpf)?;
         let drop_events = ebpf.take_map(names::DROP_EVENTS).and_then(|m| RingBuf::try_from(m).ok());
-        Ok(Self { ebpf, maps, drop_events, pin_lock: None, renewing: Vec::new(), carried_version: 0 })
+        Ok(Self {
+            ebpf,
+            maps,
+            drop_events,
+            pin_lock: None,
+            renewing: Vec::new(),
+            carried_version: 0,
+            kernel: kernel::Plan::default(),
+        })
     }
 
     /// Load the object with its maps pinned in `dir`, re-adopting pinned
@@ -199,14 +221,19 @@ impl DataPlane {
     /// layout is renewed instead ([`upgrade::plan`]), and the old one keeps
     /// serving the old program until this one replaces it on the link.
     /// Returns the data plane and, when maps were adopted, the renewals.
-    pub fn open_pinned(capacity: u32, dir: &Path) -> Result<(Self, Option<Vec<upgrade::Renewal>>), LoadError> {
+    pub fn open_pinned(
+        capacity: u32,
+        dir: &Path,
+        plan: kernel::Plan,
+    ) -> Result<(Self, Option<Vec<upgrade::Renewal>>), LoadError> {
         pin::ensure_dir(dir)?;
         let lock = pin::lock_dir(dir)?;
         pin::remove_unfinished(dir);
         let adoption = upgrade::check(dir)?;
         let adopted = adoption.is_some();
         let mut renew = adoption.unwrap_or_default();
-        let mut d = Self::load(OBJECT, capacity, Some(dir), &renew)?;
+        let mut d = Self::load(plan.program.object(), capacity, Some(dir), &renew)?;
+        d.kernel = plan;
         // Maps of the same layout, only longer or shorter, keep what they
         // hold. Copied before the swap: the old program counts on into
         // the old map until then.

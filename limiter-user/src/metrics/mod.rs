@@ -47,6 +47,9 @@ pub struct Snapshot {
     /// The kernel answers the cookie ACKs XDP verified with RST (see the
     /// daemon's `cookie_watch`).
     pub syn_cookies_refused: bool,
+    /// The program runs without SYN cookies (the kernel lacks their
+    /// helpers).
+    pub without_syn_cookies: bool,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
     pub last_reload_ok: Option<u64>,
@@ -163,6 +166,12 @@ impl Collector for SnapshotCollector {
             s.reattaches,
         )?;
         Self::syn_cookies(&mut enc, &s.syn_cookies, s.syn_cookies_refused)?;
+        gauge(
+            &mut enc,
+            "limiter_kernel_lacks_syn_cookies",
+            "1 while the program runs without SYN cookies: the kernel lacks their helpers (see `limiter status`).",
+            i64::from(s.without_syn_cookies),
+        )?;
         for f in &s.features {
             f.encode(&mut enc)?;
         }
@@ -298,8 +307,9 @@ mod tests {
         // packets and bytes: every reason x 3 families each; one class x 3
         // actions; tracked, capacity, version; reloads x 2 results; two
         // reload timestamps; attached; reattaches; 7 feedback results;
-        // escalations, unproven, proven sources; build_info.
+        // escalations, unproven, proven sources; kernel lacks SYN cookies;
+        // build_info.
         let reasons = limiter_common::REASON_COUNT;
-        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 7 + 3 + 1, "series count is fixed");
+        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 7 + 3 + 1 + 1, "series count is fixed");
     }
 }

@@ -120,6 +120,8 @@ impl Policy {
             fleet,
             // Only a reload reads it (the daemon's guard).
             allow_shrink: _,
+            // The daemon reads it against the kernel it runs on.
+            missing_kernel_feature: _,
         } = self;
         super::forward::check(forwards)?;
         if let Some(f) = fleet {

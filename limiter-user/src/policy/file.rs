@@ -9,6 +9,7 @@
 //! burst = 2000
 //! cost = "packets"        # or "bytes"
 //! v4_prefix = 24         # and v6_prefix, capacity: see docs/policy.md
+//! missing_kernel_feature = "refuse"  # or "run-without" (docs/operations.md#kernels)
 //!
 //! [[class]]               # up to 7; the first that matches wins
 //! name = "https-syn"
@@ -97,6 +98,8 @@ struct Root {
     allow_empty: Option<bool>,
     /// A reload may lift most overrides or cut a rate more than 10x.
     allow_shrink: Option<bool>,
+    #[serde(default, skip_serializing_if = "super::kernel::MissingFeature::is_default")]
+    missing_kernel_feature: super::kernel::MissingFeature,
     mode: Option<Spanned<Mode>>,
     rate: Option<u64>,
     burst: Option<u64>,
@@ -254,6 +257,7 @@ fn build(root: Root) -> Located<Policy> {
         feeds,
         crowdsec,
         fleet,
+        missing_kernel_feature,
     } = root;
     super::forward::name_defaults(&mut forwards);
     let base = Policy::default();
@@ -307,6 +311,7 @@ fn build(root: Root) -> Located<Policy> {
         crowdsec,
         fleet,
         allow_shrink: allow_shrink.unwrap_or(false),
+        missing_kernel_feature,
     })
 }
 

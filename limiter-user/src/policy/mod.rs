@@ -13,6 +13,7 @@ pub mod feedback;
 pub mod file;
 pub mod fleet;
 pub mod forward;
+pub mod kernel;
 pub mod overlay;
 pub mod runtime;
 mod summary;
@@ -329,6 +330,9 @@ pub struct Policy {
     /// A reload of this policy may lift most of the running one's
     /// overrides or cut a rate more than 10x (refused otherwise).
     pub allow_shrink: bool,
+    /// A kernel without what a feature asked for needs: refuse or run
+    /// without it (see [`kernel`]).
+    pub missing_kernel_feature: kernel::MissingFeature,
 }
 
 impl Default for Policy {
@@ -352,6 +356,7 @@ impl Default for Policy {
             crowdsec: None,
             fleet: None,
             allow_shrink: false,
+            missing_kernel_feature: kernel::MissingFeature::Refuse,
         }
     }
 }

@@ -77,6 +77,7 @@ impl From<&Policy> for Root {
                 f.store = f.store.iter().map(|a| crate::policy::fleet::redacted(a)).collect();
                 f
             }),
+            missing_kernel_feature: p.missing_kernel_feature,
         }
     }
 }

@@ -225,7 +225,7 @@ fn policy() -> impl Strategy<Value = Policy> {
     let tiers = (
         option::of((1u64..1 << 32, 1u64..1 << 32)),
         option::of((1u64..1 << 32, 1u64..1 << 32, 0u32..=32, 0u32..=128)),
-        (0u32..=32, 0u32..=128, 1u32..1 << 24, any::<bool>()),
+        (0u32..=32, 0u32..=128, 1u32..1 << 24, any::<bool>(), any::<bool>()),
     );
     let services = (vec(forward(), 0..3), option::of(feedback()), option::of(fleet()), option::of(feed()));
     (default, vec(class(), 0..7), tiers, services)
@@ -235,7 +235,7 @@ fn policy() -> impl Strategy<Value = Policy> {
         })
         .prop_map(
             |(default, classes, overrides, (new_sources, aggregate, prefixes), (forwards, feedback, fleet, feed))| {
-                let (v4_prefix, v6_prefix, capacity, allow_shrink) = prefixes;
+                let (v4_prefix, v6_prefix, capacity, allow_shrink, run_without) = prefixes;
                 Policy {
                     default,
                     classes,
@@ -256,6 +256,11 @@ fn policy() -> impl Strategy<Value = Policy> {
                     crowdsec: None,
                     fleet,
                     allow_shrink,
+                    missing_kernel_feature: if run_without {
+                        crate::policy::kernel::MissingFeature::RunWithout
+                    } else {
+                        crate::policy::kernel::MissingFeature::Refuse
+                    },
                 }
             },
         )
