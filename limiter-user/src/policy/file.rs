@@ -24,6 +24,7 @@
 //! ```
 
 mod locate;
+mod overrides;
 mod ports;
 mod render;
 mod sections;
@@ -35,12 +36,20 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-pub use self::untrusted::{ReadError, read_text, read_text_and_metadata};
-use self::window::WindowSpec;
+use self::{
+    locate::{field_at, line_of},
+    overrides::{OverrideSpec, build_override},
+    ports::PortSpec,
+    window::WindowSpec,
+};
+pub use self::{
+    render::render,
+    untrusted::{ReadError, read_text, read_text_and_metadata},
+};
 
 use super::{
-    Aggregate, Class, Compiled, CostUnit, Criticality, DEFAULT_AGGREGATE_PREFIXES, Limit, ListAction, Mode, Override,
-    OverrideAction, Policy, PolicyError, Protocol, Scope, StoreFailure, SynCookies, bad,
+    Aggregate, Class, Compiled, CostUnit, Criticality, DEFAULT_AGGREGATE_PREFIXES, Limit, Mode, Policy, PolicyError,
+    Protocol, Scope, StoreFailure, SynCookies, bad,
 };
 
 /// Largest policy file read: 131,072 overrides take about 8 MB.
@@ -124,23 +133,6 @@ struct Root {
     feeds: Vec<super::feed::Feed>,
     crowdsec: Option<super::crowdsec::Crowdsec>,
     fleet: Option<super::fleet::Fleet>,
-}
-
-#[derive(Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-struct OverrideSpec {
-    cidr: Spanned<String>,
-    action: Option<ListAction>,
-    rate: Option<u64>,
-    burst: Option<u64>,
-    mode: Option<Mode>,
-    limit: Option<u64>,
-    #[serde(default, deserialize_with = "super::duration_opt", serialize_with = "super::duration_opt_out")]
-    window: Option<std::time::Duration>,
-    slices: Option<u32>,
-    scope: Option<Scope>,
-    on_store_failure: Option<StoreFailure>,
-    criticality: Option<Criticality>,
 }
 
 #[derive(Deserialize, Serialize, PartialEq)]
@@ -364,41 +356,6 @@ fn build_class(i: usize, c: Spanned<ClassSpec>, global_mode: Mode) -> Located<Cl
         criticality: criticality.unwrap_or_default(),
     })
 }
-
-fn build_override(i: usize, o: Spanned<OverrideSpec>, default: Limit) -> Located<Override> {
-    let start = o.span().start;
-    let OverrideSpec { cidr, action, rate, burst, mode, limit, window, slices, scope, on_store_failure, criticality } =
-        o.into_inner();
-    let net = cidr
-        .get_ref()
-        .parse::<ipnet::IpNet>()
-        .map_err(|e| (bad(format!("override[{i}].cidr"), format!("{:?}: {e}", cidr.get_ref())), cidr.span().start))?;
-    let at = format!("override[{i}].");
-    let window = WindowSpec { limit, window, slices, scope, on_store_failure }
-        .build(&at, (rate, burst))
-        .map_err(|e| (e, start))?;
-    let mode = mode.unwrap_or(default.mode);
-    let action = match (action, rate, burst, window) {
-        (Some(list), None, None, None) => list.into(),
-        (None, Some(rate), Some(burst), None) => {
-            OverrideAction::Limit(Limit { rate, burst, cost: default.cost, mode, window: None })
-        }
-        (None, None, None, Some(w)) => {
-            OverrideAction::Limit(Limit { rate: 0, burst: 0, cost: default.cost, mode, window: Some(w) })
-        }
-        _ => {
-            let problem = "give either action = \"allow\"/\"deny\", both rate and burst, or limit and window";
-            return Err((bad(format!("override[{i}].action"), problem), start));
-        }
-    };
-    Ok(Override { net, action, criticality })
-}
-
-pub use self::render::render;
-use self::{
-    locate::{field_at, line_of},
-    ports::PortSpec,
-};
 
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::policy::{Override, OverrideAction};
 
 const GOOD: &str = r#"
 mode = "enforce"
