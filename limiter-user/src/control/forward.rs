@@ -42,6 +42,11 @@ pub struct AdaptiveInfo {
     pub refuse_probability: f64,
     pub k: f64,
     pub window_secs: u64,
+    /// In the answer to `POST /v1/load`: how many of the reported
+    /// rejections counted (at most the connections resolved in the window
+    /// that no report matched yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted: Option<u64>,
 }
 
 /// Compared by value, floats bit for bit (a report is compared whole).

@@ -25,18 +25,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Requests and accepts of one second of the window.
+/// Requests and accepts of one second of the window, and of those
+/// requests, the connections resolved here and the rejections the tenant
+/// layer reported.
 #[derive(Clone, Copy, Default)]
 struct Second {
     at: u64,
     requests: u64,
     accepts: u64,
+    resolved: u64,
+    reported: u64,
 }
 
 struct Window {
     seconds: Vec<Second>,
-    requests: u64,
-    accepts: u64,
+    total: Second,
 }
 
 /// One forwarder's throttle.
@@ -57,34 +60,46 @@ impl Adaptive {
         Self {
             k,
             start: Instant::now(),
-            window: Mutex::new(Window { seconds: vec![Second::default(); n], requests: 0, accepts: 0 }),
+            window: Mutex::new(Window { seconds: vec![Second::default(); n], total: Second::default() }),
             rng: AtomicU64::new(seed | 1),
         }
     }
 
-    /// Add to this second, after dropping the seconds that left the
+    /// Add `d` to this second, after dropping the seconds that left the
     /// window; returns the window's totals.
-    fn add(&self, requests: u64, accepts: u64) -> (u64, u64) {
+    fn add(&self, d: Second) -> Second {
         let now = self.start.elapsed().as_secs() + 1;
         let mut window = self.window.lock().expect("not poisoned");
-        let Window { seconds, requests: total_requests, accepts: total_accepts } = &mut *window;
+        let Window { seconds, total } = &mut *window;
         let len = seconds.len() as u64;
         let slot = usize::try_from(now % len).unwrap_or(0);
         if seconds[slot].at != now {
             // Seconds that left the window (this slot's earlier round, and
             // any skipped while idle).
             for old in seconds.iter_mut().filter(|o| o.at != 0 && o.at + len <= now) {
-                *total_requests -= old.requests;
-                *total_accepts -= old.accepts;
+                total.requests -= old.requests;
+                total.accepts -= old.accepts;
+                total.resolved -= old.resolved;
+                total.reported -= old.reported;
                 *old = Second::default();
             }
             seconds[slot] = Second { at: now, ..Second::default() };
         }
-        seconds[slot].requests += requests;
-        seconds[slot].accepts += accepts;
-        *total_requests += requests;
-        *total_accepts += accepts;
-        (*total_requests, *total_accepts)
+        // What the tenant layer reports is bounded by the connections
+        // resolved here in the window: one report (`rejected = 1000000`
+        // set the probability to 0.9998) can at most double the requests.
+        let reported = d.reported.min(total.resolved.saturating_sub(total.reported));
+        let d = Second { requests: d.requests - (d.reported - reported), reported, ..d };
+        let s = &mut seconds[slot];
+        (s.requests, s.accepts, s.resolved, s.reported) =
+            (s.requests + d.requests, s.accepts + d.accepts, s.resolved + d.resolved, s.reported + d.reported);
+        (total.requests, total.accepts, total.resolved, total.reported) = (
+            total.requests + d.requests,
+            total.accepts + d.accepts,
+            total.resolved + d.resolved,
+            total.reported + d.reported,
+        );
+        *total
     }
 
     /// The refusal probability for totals `(requests, accepts)`.
@@ -97,38 +112,43 @@ impl Adaptive {
 
     /// A new connection of criticality `c`: whether to refuse it here
     /// (then counted as a request not accepted). A sheddable one is
-    /// refused at twice the probability, a critical one at half.
+    /// refused at twice the probability; a critical one (an operator's
+    /// `allow` is critical) never: automation does not shed what the
+    /// operator vouched for.
     pub fn refuse(&self, c: Criticality) -> bool {
-        let (r, a) = self.add(0, 0);
-        let p = self.probability_of(r, a);
+        let t = self.add(Second::default());
+        let p = self.probability_of(t.requests, t.accepts);
         let p = match c {
             Criticality::Sheddable => (2.0 * p).min(1.0),
             Criticality::Default => p,
-            Criticality::Critical => p / 2.0,
+            Criticality::Critical => 0.0,
         };
         let refused = p > 0.0 && self.uniform() < p;
         if refused {
-            self.add(1, 0);
+            self.add(Second { requests: 1, ..Second::default() });
         }
         refused
     }
 
-    /// A connection sent upstream has its outcome: answered, or ended (or
-    /// failed to connect) without a byte back.
+    /// A connection sent upstream has its outcome: answered, or ended by
+    /// the tenant layer (or idle) without a byte back.
     pub fn resolved(&self, accepted: bool) {
-        self.add(1, u64::from(accepted));
+        self.add(Second { requests: 1, accepts: u64::from(accepted), resolved: 1, ..Second::default() });
     }
 
-    /// The tenant layer said it rejected `n` requests (`POST /v1/load`).
-    pub fn rejected(&self, n: u64) {
-        self.add(n, 0);
+    /// The tenant layer said it rejected `n` requests (`POST /v1/load`):
+    /// counted up to the connections resolved in the window not yet
+    /// matched by a report. Returns how many were counted.
+    pub fn rejected(&self, n: u64) -> u64 {
+        let before = self.add(Second::default()).reported;
+        self.add(Second { requests: n, reported: n, ..Second::default() }).reported - before
     }
 
     /// The window's requests, accepts and refusal probability now.
     #[must_use]
     pub fn state(&self) -> (u64, u64, f64) {
-        let (r, a) = self.add(0, 0);
-        (r, a, self.probability_of(r, a))
+        let t = self.add(Second::default());
+        (t.requests, t.accepts, self.probability_of(t.requests, t.accepts))
     }
 
     /// A uniform number in [0, 1) (xorshift64*; not for secrets: the
@@ -167,25 +187,41 @@ mod tests {
     fn refusals_follow_the_probability() {
         let a = Adaptive::new(2.0, Duration::from_mins(2));
         // 1,000 requests, 100 accepts: p = (1000 - 200) / 1001 ~ 0.8.
-        a.add(1000, 100);
+        a.add(Second { requests: 1000, accepts: 100, ..Second::default() });
         let refused = (0..10_000).filter(|_| a.refuse(Criticality::Default)).count();
         // Each refusal adds a request, so p climbs a little on the way.
         assert!((7_800..9_600).contains(&refused), "{refused}");
-        // By criticality: twice the probability for sheddable, half for
+        // By criticality: twice the probability for sheddable, none for
         // critical (p ~ 0.4 here).
         let share = |k| {
             let c = Adaptive::new(2.0, Duration::from_mins(2));
-            c.add(1_000_000, 300_000);
+            c.add(Second { requests: 1_000_000, accepts: 300_000, ..Second::default() });
             (0..4000).filter(|_| c.refuse(k)).count()
         };
         let (shed, def, crit) =
             (share(Criticality::Sheddable), share(Criticality::Default), share(Criticality::Critical));
-        // Expected 3,200, 1,600 and 800 of 4,000.
+        // Expected 3,200, 1,600 and 0 of 4,000.
         assert!((2900..3500).contains(&shed), "sheddable {shed}");
         assert!((1400..1800).contains(&def), "default {def}");
-        assert!((650..950).contains(&crit), "critical {crit}");
+        assert_eq!(crit, 0, "critical");
         // Connections still waiting for their answer count as nothing.
         let b = Adaptive::new(2.0, Duration::from_mins(2));
         assert!((0..1000).all(|_| !b.refuse(Criticality::Sheddable)), "nothing resolved, nothing refused");
+    }
+
+    #[test]
+    fn a_report_counts_no_more_than_the_connections_resolved_in_the_window() {
+        let a = Adaptive::new(2.0, Duration::from_mins(2));
+        assert_eq!(a.rejected(1_000_000), 0, "nothing resolved: nothing to reject");
+        for _ in 0..100 {
+            a.resolved(true);
+        }
+        assert_eq!(a.rejected(1_000_000), 100);
+        assert_eq!(a.rejected(5), 0, "the window's connections are matched already");
+        // 200 requests, 100 accepts: K = 2 refuses nothing.
+        let (r, acc, p) = a.state();
+        assert_eq!((r, acc), (200, 100));
+        assert!(p.abs() < f64::EPSILON, "{p}");
+        assert!((0..1000).all(|_| !a.refuse(Criticality::Default)));
     }
 }

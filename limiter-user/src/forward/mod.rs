@@ -234,8 +234,14 @@ impl Manager {
         let r =
             self.running.iter().find(|r| r.shared.cfg.name == name).ok_or_else(|| format!("no forwarder {name:?}"))?;
         let a = r.shared.adaptive.as_ref().ok_or_else(|| format!("forwarder {name:?} has adaptive throttling off"))?;
-        a.rejected(rejected);
-        report(r).adaptive.ok_or_else(|| "no adaptive state".to_owned())
+        let counted = a.rejected(rejected);
+        report(r)
+            .adaptive
+            .map(|mut i| {
+                i.counted = Some(counted);
+                i
+            })
+            .ok_or_else(|| "no adaptive state".to_owned())
     }
 }
 
@@ -298,6 +304,7 @@ fn report(r: &Running) -> Report {
                 refuse_probability,
                 k: r.shared.cfg.adaptive_k.0,
                 window_secs: r.shared.cfg.adaptive_window.as_secs(),
+                counted: None,
             }
         }),
     }

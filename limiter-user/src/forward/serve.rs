@@ -6,7 +6,10 @@
 use std::{
     collections::HashMap,
     net::SocketAddr,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use tokio::{
@@ -288,38 +291,45 @@ async fn serve(client: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, a
 async fn splice(client: TcpStream, upstream: TcpStream, header: &[u8], f: &Shared) -> std::io::Result<()> {
     // The client's socket has TCP_NODELAY from its listener (`bind`).
     let _ = upstream.set_nodelay(true);
-    let sent = match super::copy::open(header, &client, &upstream, f.cfg.idle_timeout).await {
-        Ok(n) => n,
-        Err(e) => {
-            if let Some(a) = &f.adaptive {
-                a.resolved(false);
-            }
-            return Err(e);
-        }
-    };
+    // A failure to pass the header or the client's first bytes on is
+    // not counted as the tenant's refusal: it cannot be told whose it is.
+    let sent = super::copy::open(header, &client, &upstream, f.cfg.idle_timeout).await?;
     f.stats.bytes_up.fetch_add(sent as u64, Ordering::Relaxed);
     let act = Activity::new(f.cfg.idle_timeout);
     let mut kill = f.kill.subscribe();
     // The tenant layer answered: an accept, for adaptive throttling; a
     // connection that ends without a byte back was not accepted.
-    let answered = std::sync::atomic::AtomicBool::new(false);
+    let answered = AtomicBool::new(false);
     let first = || {
         answered.store(true, Ordering::Relaxed);
         if let Some(a) = &f.adaptive {
             a.resolved(true);
         }
     };
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let up = pump(f.cfg.copy, &client, &upstream, &f.stats.bytes_up, &act, None, &done);
-    let down = pump(f.cfg.copy, &upstream, &client, &f.stats.bytes_down, &act, Some(&first), &done);
+    let done = AtomicBool::new(false);
+    // Who ended first without an answer: the client (closed or reset its
+    // side) is not the tenant layer refusing, so it is not counted (one
+    // client closing at once 40 times a second drove the refusal
+    // probability to 0.9 and shed the users); the upstream closing, or
+    // the idle timeout while the client waits, is.
+    let (upstream_ended, client_first) = (AtomicBool::new(false), AtomicBool::new(false));
+    let up = async {
+        pump(f.cfg.copy, &client, &upstream, &f.stats.bytes_up, &act, None, &done).await;
+        client_first.store(!upstream_ended.load(Ordering::Relaxed), Ordering::Relaxed);
+    };
+    let down = async {
+        pump(f.cfg.copy, &upstream, &client, &f.stats.bytes_down, &act, Some(&first), &done).await;
+        upstream_ended.store(true, Ordering::Relaxed);
+    };
     // Polled in order, the copying first: no random draw a wake.
-    tokio::select! {
+    let killed = tokio::select! {
         biased;
-        _ = async { tokio::join!(up, down) } => {}
-        () = super::copy::idle(&act) => {}
-        _ = kill.changed() => {}
-    }
-    if let Some(a) = f.adaptive.as_ref().filter(|_| !answered.load(Ordering::Relaxed)) {
+        _ = async { tokio::join!(up, down) } => false,
+        () = super::copy::idle(&act) => false,
+        _ = kill.changed() => true,
+    };
+    let refused = !answered.load(Ordering::Relaxed) && !client_first.load(Ordering::Relaxed) && !killed;
+    if let Some(a) = f.adaptive.as_ref().filter(|_| refused) {
         a.resolved(false);
     }
     Ok(())
