@@ -103,7 +103,7 @@ fn the_daemon_bounces_what_the_lapi_decides() {
     std::fs::write(
         &file,
         format!(
-            "rate = 100000\nburst = 100000\n\n[crowdsec]\nlapi_url = \"{}\"\napi_key_file = \"{}\"\nupdate_frequency = \"1s\"\n",
+            "rate = 100000\nburst = 100000\n\n[crowdsec]\nlapi_url = \"{}\"\napi_key_file = \"{}\"\nupdate_frequency = \"1s\"\nallow_bogons = true\n",
             lapi.url(),
             keyfile.display()
         ),

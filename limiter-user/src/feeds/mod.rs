@@ -10,7 +10,7 @@
 //! names off its loop, and the policy state enforces each version
 //! through the data plane's deny set.
 
-mod bogons;
+pub mod bogons;
 mod formats;
 mod series;
 

@@ -15,6 +15,8 @@
 //! max_decisions = 1000000       # networks denied for CrowdSec at once
 //! min_v4_prefix = 8             # nothing wider is taken
 //! min_v6_prefix = 16
+//! max_v4_addresses = 16777216   # IPv4 space its networks cover together (a /8)
+//! allow_bogons = false          # private and special-purpose ranges are left out unless true
 //! shadow = false                # true: pulled and counted, not enforced
 //! ```
 
@@ -44,6 +46,10 @@ pub struct Crowdsec {
     pub min_v4_prefix: u8,
     #[serde(default = "defaults::min_v6")]
     pub min_v6_prefix: u8,
+    #[serde(default = "defaults::max_v4_addresses")]
+    pub max_v4_addresses: u64,
+    #[serde(default)]
+    pub allow_bogons: bool,
     #[serde(default)]
     pub shadow: bool,
 }
@@ -74,6 +80,9 @@ mod defaults {
     }
     pub const fn min_v6() -> u8 {
         16
+    }
+    pub const fn max_v4_addresses() -> u64 {
+        1 << 24
     }
 }
 
@@ -106,6 +115,9 @@ pub fn check(c: &Crowdsec) -> Result<(), PolicyError> {
     }
     if c.min_v4_prefix > 32 || c.min_v6_prefix > 128 {
         return Err(bad("crowdsec.min_v4_prefix", "longer than the address"));
+    }
+    if !(1..=1 << 32).contains(&c.max_v4_addresses) {
+        return Err(bad("crowdsec.max_v4_addresses", "1 to 4,294,967,296"));
     }
     Ok(())
 }

@@ -27,6 +27,17 @@ pub struct Decisions {
     pub left_out: u64,
     /// Networks held in shadow (counted, not enforced).
     pub shadow: usize,
+    /// IPv4 addresses the networks in force cover together (a network
+    /// two origins deny counts twice: an upper bound).
+    pub v4_addresses: u64,
+}
+
+/// IPv4 addresses `net` covers (0 for IPv6).
+fn v4_addresses(net: &IpNet) -> u64 {
+    match net {
+        IpNet::V4(n) => 1u64 << (32 - u32::from(n.prefix_len())),
+        IpNet::V6(_) => 0,
+    }
 }
 
 impl Decisions {
@@ -48,6 +59,9 @@ impl Decisions {
     }
 
     fn insert(&mut self, net: IpNet, origin: Origin, id: i64, end: u64) {
+        if !self.by_net.contains_key(&(net, origin)) {
+            self.v4_addresses += v4_addresses(&net);
+        }
         let ids = self.by_net.entry((net, origin)).or_default();
         if let Some(old) = ids.iter_mut().find(|(i, _)| *i == id) {
             self.ends.remove(&(old.1, id, net, origin));
@@ -67,6 +81,7 @@ impl Decisions {
         }
         if ids.is_empty() {
             self.by_net.remove(&(net, origin));
+            self.v4_addresses -= v4_addresses(&net);
             return true;
         }
         false
@@ -86,10 +101,14 @@ impl Enforcer {
         // The LAPI's own address is never denied: a decision covering it
         // would cut the daemon off the deletions that lift it.
         let lapi = lapi_address(&spec.lapi_url);
+        // Special-purpose space (private, loopback, this network,
+        // broadcast...) is left out unless the section allows it, as a
+        // feed's is: the LAPI's 256 /8s denied all of IPv4 with them.
         let taken = |d: &Decision| {
             !crate::policy::feed::wider_than(&d.net, spec.min_v4_prefix, spec.min_v6_prefix)
                 && spec.takes(&d.kind, &d.origin, &d.scenario)
                 && lapi.is_none_or(|a| !d.net.contains(&a))
+                && (spec.allow_bogons || crate::feeds::bogons::bogon_overlap(&d.net).is_none())
         };
         // Decisions unreadable (value or duration) are left out, and counted.
         let unreadable = pull.bad_value + pull.bad_duration;
@@ -135,7 +154,9 @@ impl Enforcer {
                 continue;
             };
             let known = self.crowdsec.by_net.contains_key(&(d.net, origin));
-            if !known && self.crowdsec.len() >= spec.max_decisions {
+            // The cap on networks, and on the IPv4 space they cover.
+            let covered = self.crowdsec.v4_addresses + v4_addresses(&d.net);
+            if !known && (self.crowdsec.len() >= spec.max_decisions || covered > spec.max_v4_addresses) {
                 left_out += 1;
                 continue;
             }
@@ -280,8 +301,11 @@ mod tests {
     use crate::{crowdsec::Pull, dataplane::FakeMaps};
 
     fn spec(extra: &str) -> Crowdsec {
-        let text =
-            format!("[crowdsec]\nlapi_url = \"http://127.0.0.1:1\"\napi_key_file = \"/k\"\nmax_decisions = 3\n{extra}");
+        let cap = if extra.contains("allow_bogons") { 1000 } else { 3 };
+        let text = format!(
+            "[crowdsec]\nlapi_url = \"http://127.0.0.1:1\"\napi_key_file = \"/k\"\nmax_decisions = {cap}\n{extra}"
+        );
+        let text = if extra.contains("allow_bogons") { text } else { text + "allow_bogons = true\n" };
         crate::policy::file::parse("t", text).unwrap().policy.crowdsec.unwrap()
     }
 
@@ -385,5 +409,39 @@ mod tests {
             .unwrap();
         assert!(line.contains("shadow: 1 counted"), "{line}");
         assert!(m.deny.is_empty());
+    }
+
+    /// Issue 43, M3: on 394d35c the LAPI's 256 /8s denied all of IPv4
+    /// (10/8, 127.0.0.1, 0.0.0.0 and 255.255.255.255 with them).
+    /// Special-purpose space is left out, and the IPv4 space CrowdSec's
+    /// networks cover together is capped.
+    #[test]
+    fn special_purpose_space_is_left_out_and_the_covered_space_capped() {
+        let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
+        let s = spec("allow_bogons = false\n");
+        let eights: Vec<Decision> =
+            (0..=255u8).map(|i| d(i64::from(i), "lists", &format!("{i}.0.0.0/8"), 3600)).collect();
+        let line = e.crowdsec(&mut m, &s, pulled(true, eights, vec![])).unwrap();
+        println!("{line}");
+        let covered = e.crowdsec_decisions().v4_addresses;
+        assert!(covered <= s.max_v4_addresses, "{covered} addresses covered");
+        assert!(e.crowdsec_decisions().len() <= 1, "{line}");
+        let denied = |e: &Enforcer, a: &str| {
+            let a: std::net::IpAddr = a.parse().unwrap();
+            e.crowdsec_decisions().by_net.keys().any(|(n, _)| n.contains(&a))
+        };
+        for a in ["10.1.2.3", "127.0.0.1", "0.0.0.0", "255.255.255.255", "192.168.1.1", "100.64.0.1"] {
+            assert!(!denied(&e, a), "{a} is denied");
+        }
+        // Public /32s are taken as ever.
+        let line = e
+            .crowdsec(
+                &mut m,
+                &s,
+                pulled(true, vec![d(900, "cscli", "8.8.4.4/32", 60), d(901, "cscli", "10.0.0.1/32", 60)], vec![]),
+            )
+            .unwrap();
+        assert!(line.contains("1 networks denied") || e.crowdsec_decisions().len() == 1, "{line}");
+        assert!(denied(&e, "8.8.4.4") && !denied(&e, "10.0.0.1"));
     }
 }
