@@ -146,18 +146,28 @@ impl DenySet {
         self.names.iter().position(|n| n == name).map_or(0, |i| self.per_origin.get(i).copied().unwrap_or(0))
     }
 
+    /// The origin named `name`, if it has an index.
+    #[must_use]
+    pub fn named(&self, name: &str) -> Option<Origin> {
+        self.names.iter().position(|n| n == name).map(|i| Origin(u16::try_from(i).unwrap_or(u16::MAX)))
+    }
+
     /// The origin named `name`, given an index if it has none yet.
     pub fn origin(&mut self, name: &str) -> Result<Origin, DenyError> {
         if let Some(i) = self.names.iter().position(|n| n == name) {
             return Ok(Origin(u16::try_from(i).unwrap_or(u16::MAX)));
         }
+        // A free index; else one whose origin denies nothing now (its
+        // networks removed, or none ever taken): freed for the new one, so
+        // that origins that came and went never use up the indexes.
+        let unused = || (0..self.names.len()).find(|&i| self.per_origin[i] == 0);
         let i = match self.names.iter().position(String::is_empty) {
             Some(i) => i,
             None if self.names.len() < MAX_NAMED.min(MAX_ORIGINS as usize) => {
                 self.names.push(String::new());
                 self.names.len() - 1
             }
-            None => return Err(DenyError::TooManyOrigins),
+            None => unused().ok_or(DenyError::TooManyOrigins)?,
         };
         name.clone_into(&mut self.names[i]);
         Ok(Origin(u16::try_from(i).unwrap_or(u16::MAX)))

@@ -16,6 +16,13 @@ use crate::{
     policy::crowdsec::Crowdsec,
 };
 
+/// Origin indexes CrowdSec's decisions may take, the shared one with
+/// them (of the set's 64).
+pub const CROWDSEC_ORIGINS: usize = 16;
+
+/// The origin CrowdSec's sources share past [`CROWDSEC_ORIGINS`].
+const SHARED: &str = "crowdsec:other";
+
 /// The decisions in force, by network and origin.
 #[derive(Debug, Default)]
 pub struct Decisions {
@@ -131,11 +138,15 @@ impl Enforcer {
             }
             self.crowdsec = Decisions { left_out: self.crowdsec.left_out, ..Decisions::default() };
         } else {
+            // A deletion names no new origin: it looks in the decision's
+            // own and in the shared one.
             for d in &pull.deleted {
-                let Ok(origin) = self.deny.set.origin(&d.source()) else { continue };
-                if self.crowdsec.remove(d.net, origin, d.id) {
-                    self.deny.set.remove(origin, &d.net);
-                    lifted += 1;
+                let named = [d.source(), SHARED.to_owned()].map(|n| self.deny.set.named(&n));
+                for origin in named.into_iter().flatten() {
+                    if self.crowdsec.remove(d.net, origin, d.id) {
+                        self.deny.set.remove(origin, &d.net);
+                        lifted += 1;
+                    }
                 }
             }
         }
@@ -149,7 +160,7 @@ impl Enforcer {
                 shadow.insert(d.net);
                 continue;
             }
-            let Ok(origin) = self.deny.set.origin(&d.source()) else {
+            let Ok(origin) = self.crowdsec_origin(&d.source()) else {
                 left_out += 1;
                 continue;
             };
@@ -275,6 +286,18 @@ impl Enforcer {
         (entries, keys.len().saturating_sub(limit))
     }
 
+    /// The origin of CrowdSec's `source`: its own while CrowdSec names
+    /// fewer than [`CROWDSEC_ORIGINS`], else the one they share (80 list
+    /// scenarios took all 64 indexes on 394d35c, and the operator's next
+    /// feed was refused): feeds always keep room.
+    fn crowdsec_origin(&mut self, source: &str) -> Result<Origin, crate::dataplane::deny::DenyError> {
+        if let Some(o) = self.deny.set.named(source) {
+            return Ok(o);
+        }
+        let named = self.deny.set.names().iter().filter(|n| n.starts_with("crowdsec:") && *n != SHARED).count();
+        self.deny.set.origin(if named + 1 < CROWDSEC_ORIGINS { source } else { SHARED })
+    }
+
     fn write_set(&mut self, maps: &mut impl PolicyMaps) -> Result<(), ApplyError> {
         let ch = self.deny.set.finish();
         let written = maps.set_deny_origins(self.deny.set.names()).and_then(|()| maps.write_deny(&ch));
@@ -294,154 +317,4 @@ fn lapi_address(url: &str) -> Option<std::net::IpAddr> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::{crowdsec::Pull, dataplane::FakeMaps};
-
-    fn spec(extra: &str) -> Crowdsec {
-        let cap = if extra.contains("allow_bogons") { 1000 } else { 3 };
-        let text = format!(
-            "[crowdsec]\nlapi_url = \"http://127.0.0.1:1\"\napi_key_file = \"/k\"\nmax_decisions = {cap}\n{extra}"
-        );
-        let text = if extra.contains("allow_bogons") { text } else { text + "allow_bogons = true\n" };
-        crate::policy::file::parse("t", text).unwrap().policy.crowdsec.unwrap()
-    }
-
-    fn d(id: i64, origin: &str, net: &str, ttl: u64) -> Decision {
-        Decision {
-            id,
-            origin: origin.into(),
-            scenario: "crowdsecurity/ssh-bf".into(),
-            kind: "ban".into(),
-            net: net.parse().unwrap(),
-            ttl: Duration::from_secs(ttl),
-        }
-    }
-
-    fn pulled(startup: bool, new: Vec<Decision>, deleted: Vec<Decision>) -> Pulled {
-        Pulled { startup, pull: Pull { new, deleted, ..Pull::default() } }
-    }
-
-    /// M1 of the third hardening round: a decision banning the LAPI's
-    /// own address cut the daemon off its LAPI (and so off the deletion
-    /// that would lift it). Decisions covering it are left out.
-    #[test]
-    fn the_lapis_own_address_is_never_denied() {
-        let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
-        let new = vec![
-            d(1, "cscli", "127.0.0.1/32", 3600),
-            d(2, "lists", "127.0.0.0/8", 3600),
-            d(3, "cscli", "198.51.100.7/32", 3600),
-        ];
-        e.crowdsec(&mut m, &s, pulled(true, new, vec![])).unwrap();
-        assert_eq!(e.crowdsec_decisions().len(), 1, "only the decision not covering the LAPI");
-        assert_eq!(e.crowdsec_decisions().left_out, 2);
-        assert_eq!(lapi_address("http://[2001:db8::5]:8080"), Some("2001:db8::5".parse().unwrap()));
-        assert_eq!(lapi_address("http://lapi.example:8080"), None);
-    }
-
-    #[test]
-    fn a_deleted_decision_lifts_only_what_it_applied() {
-        let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
-        let a = vec![d(1, "cscli", "198.51.100.7/32", 3600), d(2, "crowdsec", "198.51.100.7/32", 3600)];
-        e.crowdsec(&mut m, &s, pulled(true, a, vec![])).unwrap();
-        assert_eq!(e.crowdsec_decisions().len(), 2, "two origins deny the address");
-        e.crowdsec(&mut m, &s, pulled(false, vec![], vec![d(1, "cscli", "198.51.100.7/32", 0)])).unwrap();
-        let key = crate::dataplane::deny::key_of(&"198.51.100.7/32".parse().unwrap());
-        assert!(m.deny.get(&key).is_some_and(|v| v & limiter_common::deny::DENIED != 0), "crowdsec's still stands");
-        e.crowdsec(&mut m, &s, pulled(false, vec![], vec![d(2, "crowdsec", "198.51.100.7/32", 0)])).unwrap();
-        assert!(!m.deny.contains_key(&key));
-    }
-
-    #[test]
-    fn decisions_end_with_their_duration_and_startup_replaces_the_picture() {
-        let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
-        e.crowdsec(&mut m, &s, pulled(true, vec![d(1, "cscli", "198.51.100.7/32", 5)], vec![])).unwrap();
-        let end = e.crowdsec_decisions().next_end().unwrap();
-        assert!(e.expire_crowdsec(&mut m, end - 1).is_none());
-        assert!(e.expire_crowdsec(&mut m, end).unwrap().unwrap().contains("1 network(s) lifted"));
-        assert!(m.deny.is_empty());
-        e.crowdsec(&mut m, &s, pulled(true, vec![d(2, "cscli", "203.0.113.0/24", 60)], vec![])).unwrap();
-        e.crowdsec(&mut m, &s, pulled(true, vec![d(3, "lists", "192.0.2.9/32", 60)], vec![])).unwrap();
-        assert_eq!(e.crowdsec_decisions().len(), 1, "a startup pull is the whole picture");
-        assert!(m.deny_origins.iter().any(|n| n.starts_with("crowdsec:lists:")));
-    }
-
-    #[test]
-    fn a_restarted_daemon_lifts_what_was_deleted_while_it_was_down() {
-        let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
-        let two = vec![d(1, "cscli", "198.51.100.7/32", 3600), d(2, "cscli", "203.0.113.0/24", 3600)];
-        e.crowdsec(&mut m, &s, pulled(true, two, vec![])).unwrap();
-        // A new daemon: the set read back from the pins, no decisions known.
-        let mut e = Enforcer::new(0, 1024);
-        e.restore_deny(&mut m).unwrap();
-        let line = e.crowdsec(&mut m, &s, pulled(true, vec![d(2, "cscli", "203.0.113.0/24", 3000)], vec![])).unwrap();
-        assert!(line.contains("0 networks denied, 1 lifted"), "{line}");
-        let key = |n: &str| crate::dataplane::deny::key_of(&n.parse().unwrap());
-        assert!(!m.deny.contains_key(&key("198.51.100.7/32")), "deleted while down, still denied");
-        assert!(m.deny.contains_key(&key("203.0.113.0/24")));
-    }
-
-    #[test]
-    fn the_cap_width_filters_and_shadow_hold() {
-        let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
-        let s = spec("origins = [\"cscli\"]\n");
-        let new = vec![
-            d(1, "cscli", "198.51.100.1/32", 60),
-            d(2, "cscli", "10.0.0.0/7", 60),
-            d(3, "CAPI", "198.51.100.3/32", 60),
-            d(4, "cscli", "198.51.100.4/32", 60),
-            d(5, "cscli", "198.51.100.5/32", 60),
-            d(6, "cscli", "198.51.100.6/32", 60),
-        ];
-        let line = e.crowdsec(&mut m, &s, pulled(true, new, vec![])).unwrap();
-        assert!(line.contains("3 networks denied") && line.contains("3 left out"), "{line}");
-        assert_eq!(e.crowdsec_decisions().left_out, 3, "too wide, another origin, past the cap");
-        let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
-        let line = e
-            .crowdsec(
-                &mut m,
-                &spec("shadow = true\n"),
-                pulled(true, vec![d(1, "cscli", "198.51.100.1/32", 60)], vec![]),
-            )
-            .unwrap();
-        assert!(line.contains("shadow: 1 counted"), "{line}");
-        assert!(m.deny.is_empty());
-    }
-
-    /// Issue 43, M3: on 394d35c the LAPI's 256 /8s denied all of IPv4
-    /// (10/8, 127.0.0.1, 0.0.0.0 and 255.255.255.255 with them).
-    /// Special-purpose space is left out, and the IPv4 space CrowdSec's
-    /// networks cover together is capped.
-    #[test]
-    fn special_purpose_space_is_left_out_and_the_covered_space_capped() {
-        let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
-        let s = spec("allow_bogons = false\n");
-        let eights: Vec<Decision> =
-            (0..=255u8).map(|i| d(i64::from(i), "lists", &format!("{i}.0.0.0/8"), 3600)).collect();
-        let line = e.crowdsec(&mut m, &s, pulled(true, eights, vec![])).unwrap();
-        println!("{line}");
-        let covered = e.crowdsec_decisions().v4_addresses;
-        assert!(covered <= s.max_v4_addresses, "{covered} addresses covered");
-        assert!(e.crowdsec_decisions().len() <= 1, "{line}");
-        let denied = |e: &Enforcer, a: &str| {
-            let a: std::net::IpAddr = a.parse().unwrap();
-            e.crowdsec_decisions().by_net.keys().any(|(n, _)| n.contains(&a))
-        };
-        for a in ["10.1.2.3", "127.0.0.1", "0.0.0.0", "255.255.255.255", "192.168.1.1", "100.64.0.1"] {
-            assert!(!denied(&e, a), "{a} is denied");
-        }
-        // Public /32s are taken as ever.
-        let line = e
-            .crowdsec(
-                &mut m,
-                &s,
-                pulled(true, vec![d(900, "cscli", "8.8.4.4/32", 60), d(901, "cscli", "10.0.0.1/32", 60)], vec![]),
-            )
-            .unwrap();
-        assert!(line.contains("1 networks denied") || e.crowdsec_decisions().len() == 1, "{line}");
-        assert!(denied(&e, "8.8.4.4") && !denied(&e, "10.0.0.1"));
-    }
-}
+mod tests;

@@ -85,10 +85,24 @@ fn the_set_is_bounded() {
         s.add(o, &IpNet::new("2001:2::".parse().unwrap(), len).unwrap()).unwrap();
     }
     assert!(matches!(s.add(o, &net("2001:2::/48")), Err(DenyError::TooManyLengths(_))));
-    for i in 0..MAX_NAMED {
-        s.origin(&format!("o{i}")).ok();
-    }
+    // Every index held by an origin that denies something: no room. One
+    // that denies nothing any more gives its index to the next (on
+    // 394d35c, origins that came and went used the indexes up for good).
+    let mut s = DenySet::new(1000, 24, 64);
+    let held: Vec<(Origin, IpNet)> = (0..MAX_NAMED)
+        .map(|i| {
+            let o = s.origin(&format!("o{i}")).unwrap();
+            let n = net(&format!("198.18.{i}.1/32"));
+            s.add(o, &n).unwrap();
+            (o, n)
+        })
+        .collect();
     assert_eq!(s.origin("one more"), Err(DenyError::TooManyOrigins));
+    let (o, n) = held[7];
+    s.remove(o, &n);
+    assert_eq!(s.origin("one more"), Ok(o));
+    assert_eq!(s.names()[usize::from(o.0)], "one more");
+    assert_eq!(s.count_named("o7"), 0);
 }
 
 #[test]
