@@ -28,12 +28,27 @@ pub const CHECK: Duration = Duration::from_secs(2);
 /// What identifies a version of a file without reading it.
 type Stamp = (SystemTime, u64, u64);
 
+/// A file written to less than this long ago is being written (a
+/// download, an editor): read once it has been still this long. On
+/// 394d35c a version read mid-write was taken, and the whole file after
+/// it refused as a shrink.
+pub const QUIET: Duration = Duration::from_secs(1);
+
+/// Whether a file of `stamp` was still at `now` for [`QUIET`] (a time
+/// in the future, a clock set back, counts as still).
+fn settled(stamp: &Stamp, now: SystemTime) -> bool {
+    now.duration_since(stamp.0).map_or(true, |age| age >= QUIET)
+}
+
 /// A feed's file looked at: read (`Some`) when it changed or was due.
 #[derive(Debug)]
 pub(super) struct FeedRead {
     pub spec: Feed,
     pub stamp: Option<Stamp>,
     pub result: Option<Result<Parsed, FeedError>>,
+    /// It was due but being written (or changed while it was read): read
+    /// at the next check.
+    pub settling: bool,
 }
 
 #[derive(Debug)]
@@ -67,8 +82,9 @@ impl Feeds {
     pub(super) fn read_done(&mut self, r: FeedRead) -> Option<(Feed, Parsed)> {
         let w = self.watched.iter_mut().find(|w| w.spec.name == r.spec.name)?;
         w.busy.store(false, Ordering::Release);
-        if w.spec != r.spec {
-            // The section changed while it was read: read again.
+        if w.spec != r.spec || r.settling {
+            // The section changed while it was read, or the file is being
+            // written: read again.
             w.force = true;
             return None;
         }
@@ -159,10 +175,19 @@ impl Feature for Feeds {
             tokio::task::spawn_blocking(move || {
                 let stamp = stamp_of(&spec.path);
                 let changed = stamp.is_some() && stamp != known;
-                let result = (due || changed).then(|| {
-                    crate::feeds::read(&spec.path, spec.format, spec.min_count.unwrap_or(0), spec.allow_bogons)
-                });
-                if tx.blocking_send(FeedRead { spec, stamp, result }).is_err() {
+                let mut settling = (due || changed) && stamp.is_some_and(|s| !settled(&s, SystemTime::now()));
+                let mut result = None;
+                if (due || changed) && !settling {
+                    let read =
+                        crate::feeds::read(&spec.path, spec.format, spec.min_count.unwrap_or(0), spec.allow_bogons);
+                    // Written to while it was read: not a version.
+                    if stamp_of(&spec.path) == stamp {
+                        result = Some(read);
+                    } else {
+                        settling = true;
+                    }
+                }
+                if tx.blocking_send(FeedRead { spec, stamp, result, settling }).is_err() {
                     busy.store(false, Ordering::Release);
                 }
             });
@@ -179,4 +204,21 @@ fn stamp_of(path: &std::path::Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt as _;
     let m = std::fs::metadata(path).ok()?;
     Some((m.modified().ok()?, m.len(), m.ino()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_written_to_within_the_quiet_time_is_not_read_yet() {
+        let now = SystemTime::now();
+        let at = |ago: Duration| (now - ago, 10, 1);
+        assert!(!settled(&at(Duration::ZERO), now));
+        assert!(!settled(&at(QUIET / 2), now));
+        assert!(settled(&at(QUIET), now));
+        assert!(settled(&at(Duration::from_hours(1)), now));
+        // A time ahead of the clock (set back) does not hold it forever.
+        assert!(settled(&(now + Duration::from_secs(5), 10, 1), now));
+    }
 }

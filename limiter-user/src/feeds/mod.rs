@@ -77,7 +77,7 @@ impl Diff {
 /// A new version of a feed that would drop more of its set than allowed.
 #[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
 #[error(
-    "the new version holds {new} networks where the last held {old}: it shrank by more than {}% (a truncated download?); the last version stays",
+    "the new version holds {new} networks where the last held {old}: it shrank by more than {}% (a truncated download?)",
     (max_shrink * 100.0).round()
 )]
 pub struct Shrunk {
