@@ -52,7 +52,9 @@ impl Change {
 pub enum DenyError {
     #[error("the deny set holds networks of {0} IPv6 prefix lengths already (at most {max})", max = limiter_common::deny::MAX_LENS)]
     TooManyLengths(usize),
-    #[error("the deny set is full ({0} networks)")]
+    #[error(
+        "the deny set is full ({0} kernel entries: networks and the markers of those finer than the bucket prefix)"
+    )]
     Full(usize),
     #[error("more than {MAX_NAMED} origins")]
     TooManyOrigins,
@@ -82,7 +84,7 @@ pub struct DenySet {
     bucket: [u8; 2],
     /// Names of the origins, by index (empty: free).
     names: Vec<String>,
-    /// Networks the set may hold.
+    /// Kernel entries the set may take (networks and markers).
     capacity: usize,
     /// The lengths the kernel has in force.
     lens: DenyLens,
@@ -97,7 +99,7 @@ fn slot(fam: Family) -> usize {
 }
 
 impl DenySet {
-    /// An empty set of `capacity` networks, its markers under buckets of
+    /// An empty set of `capacity` kernel entries, its markers under buckets of
     /// `v4`/`v6` bits.
     #[must_use]
     pub fn new(capacity: usize, v4: u8, v6: u8) -> Self {
@@ -226,7 +228,11 @@ impl DenySet {
             }
             None => {}
         }
-        if self.nets.len() >= self.capacity {
+        // The kernel's entries: the networks and the markers of those finer
+        // than the bucket prefix (a network on a marker's key counted twice:
+        // a bound, never short).
+        let marker = self.marker_of(&k).filter(|m| !self.markers.contains_key(m));
+        if self.nets.len() + self.markers.len() + 1 + usize::from(marker.is_some()) > self.capacity {
             return Err(DenyError::Full(self.capacity));
         }
         let (s, len) = (slot(k.family), usize::from(k.len));

@@ -20,8 +20,9 @@ use crate::{
     policy::feed::Feed,
 };
 
-/// Networks the deny set holds, all origins together.
-pub const DENY_CAPACITY: usize = 2_000_000;
+/// Kernel entries the deny set takes, all origins together: networks
+/// and the markers of those finer than the bucket prefix (the map's size).
+pub const DENY_CAPACITY: usize = limiter_common::maps::MAX_DENIES as usize;
 
 /// A feed's state, as the policy state keeps it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -82,7 +83,12 @@ impl Enforcer {
     pub(super) fn restore_deny(&mut self, maps: &mut impl PolicyMaps) -> Result<usize, LoadError> {
         let bucket = maps.active_config()?.map_or((24, 56), |c| (prefix_u8(c.v4_prefix), prefix_u8(c.v6_prefix)));
         let (set, mend) = DenySet::restore(DENY_CAPACITY, bucket, maps.deny_pinned()?);
-        maps.write_deny(&mend)?;
+        // A mend the kernel will not take (a map a build before this one
+        // filled past its size) keeps no daemon from starting: the set
+        // stays as the kernel enforces it, and the next change mends it.
+        if let Err(e) = maps.write_deny(&mend) {
+            tracing::warn!(event = "deny_set", "limiter: mending the pinned deny set: {e}; it is enforced as pinned");
+        }
         self.deny.set = set;
         let networks = self.deny.set.len();
         if networks > 0 {
@@ -156,9 +162,22 @@ impl Enforcer {
             return refuse(state, e.to_string());
         }
         let origin = self.deny.set.origin(&feed_origin(&spec.name)).map_err(|e| ApplyError::Request(e.to_string()))?;
+        let previous: HashSet<IpNet> = self.deny.set.of(origin).collect();
         let enforced = if spec.shadow { HashSet::new() } else { kept.clone() };
         let before = self.deny.set.count_of(origin);
         let result = self.deny.set.replace(origin, &enforced);
+        if let Err(e) = result {
+            // Taken whole or not at all: what was added goes again, and
+            // the last version stays as it was.
+            let last: HashSet<IpNet> = previous;
+            let _ = self.deny.set.replace(origin, &last);
+            let ch = self.deny.set.finish();
+            if write(maps, &ch, self.deny.set.names()).is_err() {
+                let _ = self.restore_deny(maps);
+            }
+            let state = self.deny.feeds.entry(spec.name.clone()).or_default();
+            return refuse(state, e.to_string());
+        }
         let ch = self.deny.set.finish();
         if let Err(e) = write(maps, &ch, self.deny.set.names()) {
             // The set as the kernel has it, whatever was written.
@@ -166,9 +185,6 @@ impl Enforcer {
             return Err(e.into());
         }
         let state = self.deny.feeds.entry(spec.name.clone()).or_default();
-        if let Err(e) = result {
-            return refuse(state, format!("{e} (part of it was taken)"));
-        }
         *state = FeedState {
             networks: kept.len(),
             shadow: spec.shadow,
@@ -272,6 +288,28 @@ mod tests {
         e.feed(&mut m, &s, &nets(&["10.0.0.1/32"])).unwrap();
         assert_eq!(m.deny.len(), 2, "the /16 lifted, the /32 and its marker stay");
         assert_eq!(e.deny_layer().feeds()["x"].refusals, 2);
+    }
+
+    /// Issue 43, H4: a version that does not fit the set (counted in
+    /// kernel entries, markers included) is refused whole, and the last
+    /// one stays as it was, in the set and in the kernel (on 394d35c part
+    /// of it was taken, the status claimed all of it, and the kernel
+    /// refused the rest).
+    #[test]
+    fn a_version_past_the_sets_room_is_refused_whole() {
+        let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
+        e.deny.set = DenySet::new(6, 24, 56);
+        let s = spec();
+        e.feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.0.1.1/32"])).unwrap();
+        let kernel = m.deny.clone();
+        assert_eq!(kernel.len(), 4, "two /32s and their markers");
+        // Four /32s in four /24s: eight entries, past six.
+        let big = nets(&["10.0.0.1/32", "10.0.2.1/32", "10.0.3.1/32", "10.0.4.1/32"]);
+        let err = e.feed(&mut m, &s, &big).unwrap_err().to_string();
+        assert!(err.contains("the deny set is full") && err.contains("its last version stays"), "{err}");
+        assert_eq!(m.deny, kernel, "the kernel holds the last version, whole");
+        assert_eq!(e.deny_layer().counts().values().sum::<usize>(), 2);
+        assert_eq!(e.deny_layer().feeds()["x"].networks, 2, "the status says what the kernel holds");
     }
 
     /// A feed file truncated while the daemon was down: the new daemon's
