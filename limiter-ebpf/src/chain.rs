@@ -11,7 +11,8 @@
 //! loads the component against it, then links it into the dispatcher's
 //! slot). [`_limiter_chain`] is the run configuration libxdp reads from
 //! the program's BTF (section `.xdp_run_config`): the priority is the
-//! length of the `priority` array, which the daemon sets before loading.
+//! length of the `priority` array, which the daemon rewrites in the
+//! object's BTF before loading it (`--priority`).
 
 use aya_ebpf::{bindings::xdp_md, macros::xdp, programs::XdpContext};
 

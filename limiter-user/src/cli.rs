@@ -210,6 +210,12 @@ pub struct RunArgs {
     /// `auto` (join a dispatcher if it has one, else exclusive).
     #[arg(long, value_enum, default_value_t = crate::dataplane::chain::Attach::Exclusive)]
     pub attach: crate::dataplane::chain::Attach,
+    /// Run priority under a libxdp dispatcher (lower runs first; the
+    /// default, 10, is xdp-filter's too): where the limiter runs among its
+    /// neighbours. Only with --attach libxdp or auto.
+    #[arg(long, value_name = "N", default_value_t = limiter_common::RUN_PRIORITY_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub priority: u32,
     /// Policy file [default: /etc/limiter/limiter.toml if it exists, else
     /// the built-in policy]. Re-read on SIGHUP. Flags below override it.
     #[arg(long, value_name = "FILE")]

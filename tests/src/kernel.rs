@@ -35,7 +35,7 @@ pub fn open_without_syn_cookies(c: &Compiled) -> DataPlane {
     require_root();
     let plan = limiter::dataplane::kernel::Plan {
         program: limiter::dataplane::kernel::Program::WithoutSynCookies,
-        lacks: None,
+        ..limiter::dataplane::kernel::Plan::default()
     };
     ready(DataPlane::open_program(1024, plan).expect("load the object without SYN cookies"), c)
 }

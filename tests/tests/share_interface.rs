@@ -9,7 +9,7 @@
 use std::{
     io::Read as _,
     path::PathBuf,
-    process::{Child, Stdio},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -67,7 +67,11 @@ fn loader_status(net: &VethPair) -> String {
 
 /// The id xdp-loader lists for program `name`.
 fn listed_id(status: &str, name: &str) -> Option<u32> {
-    status.lines().find(|l| l.contains(name))?.split_whitespace().find_map(|w| w.parse().ok())
+    // The ID column: the number before the 16-digit tag (a component's
+    // line starts with its priority).
+    let words: Vec<&str> = status.lines().find(|l| l.contains(name))?.split_whitespace().collect();
+    let tag = words.iter().position(|w| w.len() == 16 && w.chars().all(|c| c.is_ascii_hexdigit()))?;
+    words.get(tag.checked_sub(1)?)?.parse().ok()
 }
 
 /// `limiter run --attach ATTACH` on the receiver's interface, which must
@@ -152,9 +156,12 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
         assert_eq!(listed_id(&loader_status(&net), "xdpfilt_alw_all"), Some(id), "the neighbour was touched");
         return;
     }
+    // At priority 20: after xdp-filter's 10.
+    let socket = unique_socket("shxf");
     let mut c = net.b.net_command(bin());
-    c.args(["run", "--iface", B_IF, "--attach", "auto", "--metrics", "off", "--status-interval", "0", "--socket"])
-        .arg(unique_socket("shxf"))
+    c.args(["run", "--iface", B_IF, "--attach", "auto", "--priority", "20", "--metrics", "off"])
+        .args(["--status-interval", "0", "--socket"])
+        .arg(&socket)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let mut daemon = Guard(c.spawn().unwrap());
@@ -181,11 +188,22 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
     };
     println!("{status}");
     let mine = status.lines().find(|l| l.contains("limiter_chain")).unwrap_or_else(|| panic!("not joined:\n{status}"));
-    assert!(mine.contains(" 10 ") && mine.contains("XDP_PASS"), "{status}");
-    // xdp-filter stays, chained on XDP_PASS, under the one dispatcher.
+    assert!(mine.contains(" 20 ") && mine.contains("XDP_PASS"), "{status}");
+    // xdp-filter stays, chained on XDP_PASS, under the one dispatcher,
+    // and runs first.
     let theirs = status.lines().find(|l| l.contains("xdpfilt_alw_all")).unwrap_or_else(|| panic!("{status}"));
     assert!(theirs.contains("XDP_PASS") && theirs.contains(&id.to_string()), "{status}");
     assert_eq!(status.matches("xdp_dispatcher").count(), 1, "{status}");
+    assert!(status.find("xdpfilt_alw_all") < status.find("limiter_chain"), "{status}");
+    // `limiter status` names the neighbour: name, id, priority.
+    let ours = Command::new(bin()).args(["status", "--socket"]).arg(&socket).output().unwrap();
+    let ours = String::from_utf8_lossy(&ours.stdout).into_owned();
+    println!("{ours}");
+    let line = ours.lines().find(|l| l.starts_with("dispatcher")).unwrap_or_else(|| panic!("{ours}"));
+    assert!(
+        line.contains("at priority 20") && line.contains(&format!("xdpfilt_alw_all (id {id}, priority 10)")),
+        "{ours}"
+    );
     drop(daemon);
 }
 

@@ -39,6 +39,7 @@ fn settings(args: &RunArgs, socket: &Path) -> anyhow::Result<Settings> {
         iface: args.iface.clone(),
         mode: args.mode,
         attach: args.attach,
+        priority: args.priority,
         pin_dir: args.pin.then(|| args.pin_dir.clone()),
         socket: socket.to_path_buf(),
         socket_group: args.socket_group.clone(),

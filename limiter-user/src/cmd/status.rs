@@ -26,6 +26,11 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     let _ = writeln!(out, "tracked         {}/{}", s.tracked, s.capacity);
     let _ = writeln!(out, "packets         {} passed, {} dropped", s.passed_packets, s.dropped_packets);
     let _ = writeln!(out, "uptime          {} s", s.uptime_secs);
+    if let Some((priority, others)) = &s.dispatcher {
+        let others: Vec<String> = others.iter().map(|(n, id, p)| format!("{n} (id {id}, priority {p})")).collect();
+        let others = if others.is_empty() { "none".to_owned() } else { others.join(", ") };
+        let _ = writeln!(out, "dispatcher      libxdp, the limiter at priority {priority}; others: {others}");
+    }
     if let Some(lacks) = &s.kernel_lacks {
         let _ = writeln!(out, "syn cookies     NONE: {lacks}; the program runs without them");
     }

@@ -260,6 +260,10 @@ pub struct StatusInfo {
     /// verified, when it does (and what to do).
     #[serde(default)]
     pub syn_cookies_failing: Option<String>,
+    /// Under a libxdp dispatcher: the limiter's run priority and the other
+    /// programs (name, program id, run priority), in run order.
+    #[serde(default)]
+    pub dispatcher: Option<(u32, Vec<Neighbour>)>,
     /// What the kernel lacks for SYN cookies, when the program runs
     /// without them.
     #[serde(default)]
@@ -271,6 +275,10 @@ pub struct StatusInfo {
     #[serde(default)]
     pub crowdsec: Option<String>,
 }
+
+/// Another program under the same libxdp dispatcher: its name, program
+/// id and run priority.
+pub type Neighbour = (String, u32, u32);
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReloadInfo {

@@ -181,6 +181,15 @@ impl Daemon {
             last_reload: self.reloads.last.clone(),
             syn_cookies_failing: self.observer.cookies.refusing.clone(),
             kernel_lacks: self.dp.kernel.lacks.clone(),
+            dispatcher: self.link.attachment.chained().map(|c| {
+                let others = match crate::dataplane::libxdp::on_interface(c.ifindex) {
+                    Ok(crate::dataplane::libxdp::OnInterface::Dispatcher { components, .. }) => {
+                        components.into_iter().filter(|p| p.id != c.id).map(|p| (p.name, p.id, p.priority)).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                (c.priority, others)
+            }),
             deny_set: self.view.deny.iter().map(|(_, name, n)| (name.clone(), *n)).collect(),
             crowdsec: self.features.crowdsec.summary(),
         }))

@@ -60,6 +60,8 @@ pub struct Settings {
     pub mode: AttachMode,
     /// Exclusive, or a libxdp dispatcher's component (`--attach`).
     pub attach: crate::dataplane::chain::Attach,
+    /// Run priority under a libxdp dispatcher (`--priority`).
+    pub priority: u32,
     /// Pin under this directory (`--pin`).
     pub pin_dir: Option<PathBuf>,
     pub socket: PathBuf,

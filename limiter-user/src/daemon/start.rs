@@ -56,7 +56,8 @@ pub(super) fn load(settings: &Settings, checked: Checked) -> anyhow::Result<Load
     // before anything is loaded or pinned (the verifier's own refusal
     // would name the helper by number); without the SYN cookie helpers
     // only, the program without cookies runs if the policy may run so.
-    let plan = crate::dataplane::kernel::plan().map_err(anyhow::Error::msg)?;
+    let mut plan = crate::dataplane::kernel::plan().map_err(anyhow::Error::msg)?;
+    plan.priority = settings.priority;
     if let Some(lacks) = &plan.lacks {
         super::enforcer::kernel::cookies_without_kernel(&loaded.policy, lacks)
             .map_err(|e| loaded.origin.locate(e, &loaded.policy))?;
@@ -81,7 +82,7 @@ pub(super) fn load(settings: &Settings, checked: Checked) -> anyhow::Result<Load
 /// adopted nothing and fails to attach takes its pins away again.
 pub(super) fn attach(dp: &mut DataPlane, s: &Settings, adopted: bool) -> anyhow::Result<(Attachment, bool)> {
     if DataPlane::chained(&s.iface, s.attach)? {
-        return dp.attach_chained(&s.iface, s.mode, s.pin_dir.as_deref()).map_err(|e| {
+        return dp.attach_chained(&s.iface, s.mode, s.pin_dir.as_deref(), s.priority).map_err(|e| {
             if let (false, Some(dir)) = (adopted, &s.pin_dir) {
                 unpin_failed_start(dir);
             }

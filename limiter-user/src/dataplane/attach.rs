@@ -203,6 +203,7 @@ impl DataPlane {
         iface: &str,
         mode: AttachMode,
         dir: Option<&Path>,
+        priority: u32,
     ) -> Result<(Attachment, bool), LoadError> {
         let ifindex = ifindex(iface)?;
         if let Some(dir) = dir {
@@ -216,7 +217,7 @@ impl DataPlane {
             }
         }
         let before = dir.and_then(|d| libxdp_pinned_id(&d.join(pin::PROG)));
-        let c = self.join(iface, mode)?;
+        let c = self.join(iface, mode, priority)?;
         let mut a = Self::chained_attachment(iface, mode, dir, c);
         let Some(dir) = dir else { return Ok((a, false)) };
         let prog_path = dir.join(pin::PROG);
@@ -253,8 +254,8 @@ impl DataPlane {
     /// done; an error while the interface is still missing.
     pub fn repair(&mut self, a: &mut Attachment) -> Result<String, LoadError> {
         let (iface, mode) = (a.iface.clone(), a.mode);
-        if a.chained.is_some() {
-            let c = self.join(&iface, mode)?;
+        if let Some(c) = a.chained {
+            let c = self.join(&iface, mode, c.priority)?;
             a.chained = Some(c);
             return Ok(format!("joined {iface}'s dispatcher again (program {})", c.id));
         }

@@ -47,6 +47,8 @@ pub struct Chained {
     pub id: u32,
     pub ifindex: u32,
     pub native: bool,
+    /// Its run priority (lower runs first).
+    pub priority: u32,
 }
 
 /// Joining failed.
@@ -150,7 +152,7 @@ impl DataPlane {
     /// none), then take out any limiter component that was there before
     /// (a restart, an upgrade). Refuses a program attached without a
     /// dispatcher, and a dispatcher of the other mode.
-    pub fn join(&mut self, iface: &str, mode: AttachMode) -> Result<Chained, LoadError> {
+    pub fn join(&mut self, iface: &str, mode: AttachMode, priority: u32) -> Result<Chained, LoadError> {
         let err = |e: ChainError| LoadError::Chain(e);
         let ifindex = ifindex(iface)?;
         let native = mode == AttachMode::Native;
@@ -183,7 +185,7 @@ impl DataPlane {
                 Err(e) => tracing::warn!("limiter: the earlier limiter component (program {o}) on {iface}: {e}"),
             }
         }
-        Ok(Chained { id, ifindex, native })
+        Ok(Chained { id, ifindex, native, priority })
     }
 }
 

@@ -139,11 +139,20 @@ impl Program {
 }
 
 /// The program this kernel runs, and what it lacks for the features left
-/// out (one clause: "kernel R lacks ...").
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// out (one clause: "kernel R lacks ..."); and its run priority under a
+/// libxdp dispatcher (written into the object before it is loaded: see
+/// [`super::run_priority`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub program: Program,
     pub lacks: Option<String>,
+    pub priority: u32,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Self { program: Program::Full, lacks: None, priority: limiter_common::RUN_PRIORITY_DEFAULT }
+    }
 }
 
 /// The program for this kernel: refused in one line when it lacks a
@@ -165,6 +174,7 @@ fn plan_for(release: &str, missing: &[&Helper]) -> Result<Plan, String> {
     let names: Vec<&str> = missing.iter().map(|h| h.name).collect();
     Ok(Plan {
         program: Program::WithoutSynCookies,
+        priority: limiter_common::RUN_PRIORITY_DEFAULT,
         lacks: Some(format!(
             "kernel {release} lacks {} (kernel {}+ built with CONFIG_SYN_COOKIES)",
             names.join(" and "),

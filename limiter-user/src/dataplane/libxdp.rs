@@ -184,7 +184,9 @@ impl Drop for Program {
 
 /// Add the loaded `freplace` program `prog` to `ifindex`'s dispatcher
 /// (made if there is none; libxdp reads the run priority and chain actions
-/// from the program's BTF). Returns the component's program id.
+/// from the program's BTF: the priority was written into the object
+/// before it was loaded, [`super::run_priority`], for libxdp will not set
+/// it on a loaded program). Returns the component's program id.
 pub fn add(prog: BorrowedFd<'_>, ifindex: u32, native: bool) -> Result<u32, Error> {
     // SAFETY: libxdp duplicates the descriptor; the result is checked.
     let p = Program::checked(unsafe { xdp_program__from_fd(prog.as_raw_fd()) })?;

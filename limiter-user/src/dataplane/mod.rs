@@ -15,6 +15,7 @@ pub mod maps;
 pub mod pin;
 mod port;
 mod rawmap;
+pub mod run_priority;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod upgrade;
@@ -81,7 +82,10 @@ impl DataPlane {
 
     /// [`DataPlane::open`] of the object `plan` names.
     pub fn open_program(capacity: u32, plan: kernel::Plan) -> Result<Self, LoadError> {
-        let mut d = Self::load(plan.program.object(), capacity, None, &[])?;
+        let patched = run_priority::with_priority(plan.program.object(), plan.priority);
+        let object =
+            patched.as_deref().map_or(plan.program.object(), |b| run_priority::bytes(b, plan.program.object().len()));
+        let mut d = Self::load(object, capacity, None, &[])?;
         d.kernel = plan;
         Ok(d)
     }
@@ -148,7 +152,10 @@ impl DataPlane {
         let adoption = upgrade::check(dir)?;
         let adopted = adoption.is_some();
         let mut renew = adoption.unwrap_or_default();
-        let mut d = Self::load(plan.program.object(), capacity, Some(dir), &renew)?;
+        let patched = run_priority::with_priority(plan.program.object(), plan.priority);
+        let object =
+            patched.as_deref().map_or(plan.program.object(), |b| run_priority::bytes(b, plan.program.object().len()));
+        let mut d = Self::load(object, capacity, Some(dir), &renew)?;
         d.kernel = plan;
         // Maps of the same layout, only longer or shorter, keep what they
         // hold. Copied before the swap: the old program counts on into
