@@ -52,7 +52,7 @@ fn start(net: &VethPair, policy: &Path, socket: &Path, pins: &Path) -> (Guard, R
     c.arg("--socket").arg(socket).arg("--pin-dir").arg(pins);
     let (g, rx) = spawn_lines(c).unwrap();
     let mut log = String::new();
-    wait_for(&rx, "attached", Duration::from_secs(20), &mut log).unwrap();
+    wait_for(&rx, "attached", scenario::DAEMON_START, &mut log).unwrap();
     (g, rx, log)
 }
 

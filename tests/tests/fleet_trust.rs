@@ -100,6 +100,18 @@ fn a_hostile_writer_is_clamped_and_a_huge_heartbeat_hash_stalls_nothing() {
         "lim:nodes",
     ]);
     assert!(out.trim().parse::<u64>().is_ok_and(|n| n >= 2_000_000), "{out}");
+    // The EVAL itself blocks the store for seconds (syncs time out and
+    // back off, at most 5 s): what is measured is the syncs once the
+    // store answers again, each reading the huge hash.
+    let done_ms = wall_ns() / 1_000_000;
+    let synced_since = || {
+        Client::new(&nodes[0].socket)
+            .fleet_status()
+            .ok()
+            .flatten()
+            .is_some_and(|f| f.store_up && f.last_sync_unix_ms.is_some_and(|t| t > done_ms))
+    };
+    assert!(eventually(Duration::from_secs(15), synced_since), "no sync after the EVAL in 15 s");
     let syncs = |n: &Node| Client::new(&n.socket).fleet_status().unwrap().unwrap().syncs;
     let (s0, at) = (syncs(&nodes[0]), Instant::now());
     thread::sleep(Duration::from_secs(4));

@@ -153,7 +153,7 @@ fn without_the_cookie_helpers_cookies_are_refused_or_run_without_as_the_policy_s
     let (_daemon, _rx) = {
         let (g, rx) = spawn_lines(daemon(&net, &file, &socket, &pins.0)).unwrap();
         let mut log = String::new();
-        wait_for(&rx, "attached", Duration::from_secs(20), &mut log).unwrap();
+        wait_for(&rx, "attached", scenario::DAEMON_START, &mut log).unwrap();
         println!("{log}");
         assert!(log.contains("loading the program without SYN cookies"), "{log}");
         assert!(log.contains("syn cookies OFF: kernel"), "{log}");

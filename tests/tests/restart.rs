@@ -56,7 +56,7 @@ fn start_daemon(net: &VethPair, pins: &Path) -> (Guard, std::sync::mpsc::Receive
     c.args(["--rate", &RATE.to_string(), "--burst", &BURST.to_string(), "--status-interval", "0"]);
     let (g, rx) = spawn_lines(c).unwrap();
     let mut log = String::new();
-    wait_for(&rx, "pinned in", Duration::from_secs(20), &mut log).unwrap();
+    wait_for(&rx, "pinned in", scenario::DAEMON_START, &mut log).unwrap();
     (g, rx, log)
 }
 
@@ -114,7 +114,9 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     let d0 = limiter_tests::kernel::pinned_rate_limited(&pins.0);
     thread::sleep(Duration::from_secs(1));
     let d1 = limiter_tests::kernel::pinned_rate_limited(&pins.0);
-    assert!(d1 > d0 + 10_000, "no drops while the daemon was dead: {d0} -> {d1}");
+    // A data plane that stopped would drop nothing more; an emulated
+    // guest's flood (the kernel tier) reaches only some thousands a second.
+    assert!(d1 > d0 + 1_000, "no drops while the daemon was dead: {d0} -> {d1}");
 
     // Restart mid-flood: re-adopts, swaps the program in on the same link.
     let (daemon, _rx2, log) = start_daemon(&net, &pins.0);

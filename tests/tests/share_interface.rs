@@ -220,7 +220,7 @@ fn auto_attaches_alone_on_a_bare_interface_and_libxdp_needs_freplace() {
         .arg(unique_socket("shau"));
     let (daemon, rx) = spawn_lines(c).unwrap();
     let mut seen = String::new();
-    wait_for(&rx, "control socket", Duration::from_secs(20), &mut seen).unwrap();
+    wait_for(&rx, "control socket", scenario::DAEMON_START, &mut seen).unwrap();
     let status = loader_status(&net);
     assert!(listed_id(&status, " limiter ").is_some(), "auto did not attach the limiter alone:\n{status}\n{seen}");
     drop(daemon);
@@ -238,7 +238,7 @@ fn auto_attaches_alone_on_a_bare_interface_and_libxdp_needs_freplace() {
             break (Some(code), loader_status(&net));
         }
         let status = loader_status(&net);
-        if status.contains("limiter_chain") || start.elapsed() > Duration::from_secs(20) {
+        if status.contains("limiter_chain") || start.elapsed() > scenario::DAEMON_START {
             break (None, status);
         }
         std::thread::sleep(Duration::from_millis(200));

@@ -162,7 +162,7 @@ fn start_daemon(
     c.arg("--socket").arg(socket);
     let (daemon, rx) = spawn_lines(c).unwrap();
     let mut log = String::new();
-    wait_for(&rx, "control socket", Duration::from_secs(20), &mut log).unwrap();
+    wait_for(&rx, "control socket", scenario::DAEMON_START, &mut log).unwrap();
     (daemon, rx, log)
 }
 
