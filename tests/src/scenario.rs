@@ -453,3 +453,23 @@ pub fn metric(text: &str, series: &str) -> u64 {
         .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
         .unwrap_or_else(|| panic!("{series} not in:\n{text}"))
 }
+
+/// `limiter ARGS --socket SOCKET`, to its end.
+#[must_use]
+pub fn cli(socket: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(locate_bin("limiter").expect("limiter"))
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .expect("limiter")
+}
+
+/// Removes a test's pins (on bpffs) even when the test fails.
+pub struct Pins(pub PathBuf);
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let _ = limiter::dataplane::pin::unload(&self.0, false);
+    }
+}

@@ -4,10 +4,32 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use limiter::policy::{Class, CostUnit, Criticality, Limit, Mode, Policy, Protocol, SynCookies};
+
 pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xc1];
 pub const SERVER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x5e];
 pub const SPORT: u16 = 40_123;
 pub const ISN: u32 = 0x1122_3344;
+
+/// One class of new TCP connections to 443 (10 a second, burst 20) with
+/// SYN cookies `cookies` (`syn_rate` for `auto`), and `new_sources`.
+#[must_use]
+pub fn policy(cookies: SynCookies, syn_rate: Option<u64>, new_sources: Option<(u64, u64)>) -> Policy {
+    Policy {
+        classes: vec![Class {
+            name: "https-syn".into(),
+            protocol: Protocol::Tcp,
+            ports: vec![(443, 443)],
+            syn: true,
+            limit: Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
+            syn_cookies: cookies,
+            syn_rate,
+            criticality: Criticality::Default,
+        }],
+        new_sources,
+        ..Policy::default()
+    }
+}
 
 /// One TCP segment from `src` (client) to `dst`:443 or back, with `vlans`
 /// 802.1Q tags and the given flags, sequence numbers and options.

@@ -7,7 +7,6 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Output},
     sync::mpsc::Receiver,
     time::Duration,
 };
@@ -32,19 +31,6 @@ fn policy(t: &Path, b: &Path) -> String {
     )
 }
 
-fn cli(socket: &Path, args: &[&str]) -> Output {
-    Command::new(scenario::locate_bin("limiter").unwrap()).args(args).arg("--socket").arg(socket).output().unwrap()
-}
-
-/// Removes the test's pins (on bpffs) even when the test fails.
-struct Pins(PathBuf);
-
-impl Drop for Pins {
-    fn drop(&mut self) {
-        let _ = limiter::dataplane::pin::unload(&self.0, false);
-    }
-}
-
 fn start(net: &VethPair, policy: &Path, socket: &Path, pins: &Path) -> (Guard, Receiver<String>, String) {
     // `nsenter`, not `ip netns exec`: the pins must outlive the process.
     let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
@@ -61,7 +47,7 @@ fn a_feed_drops_its_networks_and_follows_its_file() {
     require_root();
     let tmp = TempDir::new("feeds");
     let (feed, bogons, file) = (tmp.0.join("t.netset"), tmp.0.join("b.netset"), tmp.0.join("policy.toml"));
-    let pins = Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-feeds-{}", std::process::id())));
+    let pins = scenario::Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-feeds-{}", std::process::id())));
     let pins = &pins.0;
     let socket = unique_socket("feeds");
     std::fs::write(&feed, format!("# a FireHOL-style list\n{FLOOD_SRC}\n203.0.113.7\n# end\n")).unwrap();
@@ -106,7 +92,7 @@ fn a_feed_drops_its_networks_and_follows_its_file() {
     assert_eq!(metric(&text, r#"limiter_feed_versions_total{feed="t",result="refused"}"#), 1);
 
     // The operator outranks the feed.
-    let o = cli(&socket, &["prefix", "allow", "198.18.2.0/24"]);
+    let o = scenario::cli(&socket, &["prefix", "allow", "198.18.2.0/24"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(delivered(&net, CONFORM_SRC, 50), 50, "an operator's allow lost to a feed");
 
@@ -128,7 +114,7 @@ fn a_feed_drops_its_networks_and_follows_its_file() {
     std::fs::write(&feed, format!("{FLOOD_SRC}\n203.0.113.7\n")).unwrap();
     wait_for(&rx, "feed t: 2 networks (was 3", Duration::from_secs(10), &mut log).unwrap();
     assert_eq!(delivered(&net, FLOOD_SRC, 50), 0);
-    let o = cli(&socket, &["prefix", "unset", "198.18.2.0/24"]);
+    let o = scenario::cli(&socket, &["prefix", "unset", "198.18.2.0/24"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(delivered(&net, CONFORM_SRC, 50), 50);
 }

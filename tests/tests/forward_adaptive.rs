@@ -142,17 +142,25 @@ fn an_overloaded_upstream_sees_about_k_times_its_accepts_and_recovers() {
     up.join().unwrap();
 }
 
+const TOKEN: &str = "0123456789abcdef-load-token";
+
+/// A `[feedback]` section on 127.0.0.1:`port` with [`TOKEN`] in a file
+/// (mode 0600) of a temporary directory, kept while it is held.
+fn feedback_section(tag: &str, port: u16) -> (limiter_tests::kernel::TempDir, String) {
+    let tmp = limiter_tests::kernel::TempDir::new(tag);
+    let token = tmp.0.join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let section = format!("[feedback]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = \"{}\"\n", token.display());
+    (tmp, section)
+}
+
 /// The tenant layer says it is overloaded (`POST /v1/load`, with the
 /// feedback token): its rejections count, and new connections are
 /// refused at once; a bad word changes nothing.
 #[test]
 fn the_tenant_layers_word_of_overload_throttles_its_forwarder() {
-    const TOKEN: &str = "0123456789abcdef-load-token";
-    let tmp = limiter_tests::kernel::TempDir::new("fwld");
-    let token = tmp.0.join("token");
-    std::fs::write(&token, TOKEN).unwrap();
-    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let feedback = format!("[feedback]\nlisten = \"127.0.0.1:9467\"\ntoken_file = \"{}\"\n", token.display());
+    let (_tmp, feedback) = feedback_section("fwld", 9467);
     let s = setup("fwld", &(forward(8443, &[9132], "") + "\n" + &feedback));
     // Room for 30 a second of 100 offered: the forwarder's own count
     // throttles a little (30 to 60 accepts of 100: p at most 0.4).
@@ -284,12 +292,7 @@ fn client_first_upstream(ns: &limiter_tests::netns::NetNs, port: u16, stop: Arc<
 /// 394d35c the probability reached 0.90 and such a client got 132 of 301.
 #[test]
 fn clients_closing_at_once_and_a_hostile_report_shed_no_user() {
-    const TOKEN: &str = "0123456789abcdef-load-token";
-    let tmp = limiter_tests::kernel::TempDir::new("fwh1");
-    let token = tmp.0.join("token");
-    std::fs::write(&token, TOKEN).unwrap();
-    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let feedback = format!("[feedback]\nlisten = \"127.0.0.1:9468\"\ntoken_file = \"{}\"\n", token.display());
+    let (_tmp, feedback) = feedback_section("fwh1", 9468);
     let s = setup("fwh1", &(forward(8443, &[9134], "adaptive_window = \"5s\"") + "\n" + &feedback));
     let stop = Arc::new(AtomicBool::new(false));
     let up = client_first_upstream(&s.net.b, 9134, Arc::clone(&stop));

@@ -17,40 +17,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter::{
-    dataplane::DataPlane,
-    policy::{Class, CostUnit, Criticality, Limit, Mode, Policy, Protocol, SynCookies},
-};
+use limiter::{dataplane::DataPlane, policy::SynCookies};
 use limiter_common::Reason;
 use limiter_tests::{
     kernel::{self, TempDir, require_root},
     netns::{B_IF, VethPair},
     scenario::{self, CONFORM_SRC, FLOOD_SRC, delivered, metric, scrape, spawn_lines, unique_socket, wait_for},
-    tcp::{Seg, ack_of},
+    tcp::{Seg, ack_of, policy},
 };
 
 const T0: u64 = 9_000_000_000_000;
 const MS: u64 = 1_000_000;
 const XDP_TX: u32 = 3;
 const LACKS: &str = "bpf_tcp_raw_gen_syncookie_ipv4,bpf_tcp_raw_check_syncookie_ipv6";
-
-/// Every SYN to 443 answered with a cookie.
-fn always() -> Policy {
-    Policy {
-        classes: vec![Class {
-            name: "https-syn".into(),
-            protocol: Protocol::Tcp,
-            ports: vec![(443, 443)],
-            syn: true,
-            limit: Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
-            syn_cookies: SynCookies::Always,
-            syn_rate: None,
-            criticality: Criticality::Default,
-        }],
-        new_sources: None,
-        ..Policy::default()
-    }
-}
 
 /// The reasons and actions of three SYNs and an ACK from one client.
 fn syns_and_ack(l: &mut DataPlane, src: &str) -> Vec<(Reason, u32)> {
@@ -72,26 +51,13 @@ fn syns_and_ack(l: &mut DataPlane, src: &str) -> Vec<(Reason, u32)> {
 #[test]
 fn the_object_without_cookies_charges_syns_that_the_full_one_answers() {
     require_root();
-    let c = always().compile(1).unwrap();
+    let c = policy(SynCookies::Always, None, None).compile(1).unwrap();
     assert_ne!(c.config.flags & limiter_common::flags::SYN_COOKIES, 0);
     let full = syns_and_ack(&mut kernel::open(&c), "198.18.7.9");
     assert!(full.contains(&(Reason::SynCookieSent, XDP_TX)), "{full:?}");
     let without = syns_and_ack(&mut kernel::open_without_syn_cookies(&c), "198.18.7.9");
     println!("full object: {full:?}\nwithout SYN cookies: {without:?}");
     assert!(without.iter().all(|(r, a)| *r == Reason::Admitted && *a != XDP_TX), "{without:?}");
-}
-
-fn cli(socket: &Path, args: &[&str]) -> Output {
-    Command::new(scenario::locate_bin("limiter").unwrap()).args(args).arg("--socket").arg(socket).output().unwrap()
-}
-
-/// Removes the test's pins even when the test fails.
-struct Pins(PathBuf);
-
-impl Drop for Pins {
-    fn drop(&mut self) {
-        let _ = limiter::dataplane::pin::unload(&self.0, false);
-    }
 }
 
 /// 10 packets a second, burst 10, and SYN cookies for 443; `extra` first.
@@ -127,7 +93,7 @@ fn without_the_cookie_helpers_cookies_are_refused_or_run_without_as_the_policy_s
     require_root();
     let tmp = TempDir::new("kfeat");
     let file = tmp.0.join("p.toml");
-    let pins = Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-kfeat-{}", std::process::id())));
+    let pins = scenario::Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-kfeat-{}", std::process::id())));
     let socket = unique_socket("kfeat");
     let net = VethPair::new("kf");
     for src in [FLOOD_SRC, CONFORM_SRC] {
@@ -159,7 +125,7 @@ fn without_the_cookie_helpers_cookies_are_refused_or_run_without_as_the_policy_s
         assert!(log.contains("syn cookies OFF: kernel"), "{log}");
         (g, rx)
     };
-    let status = String::from_utf8_lossy(&cli(&socket, &["status"]).stdout).into_owned();
+    let status = String::from_utf8_lossy(&scenario::cli(&socket, &["status"]).stdout).into_owned();
     println!("{status}");
     assert!(status.contains("syn cookies     NONE: kernel"), "{status}");
     assert!(status.contains("class web runs without them"), "{status}");
@@ -175,13 +141,13 @@ fn without_the_cookie_helpers_cookies_are_refused_or_run_without_as_the_policy_s
 
     // A reload that drops `run-without` while asking for cookies is refused,
     // and the running policy stays.
-    let before = String::from_utf8_lossy(&cli(&socket, &["status"]).stdout).into_owned();
+    let before = String::from_utf8_lossy(&scenario::cli(&socket, &["status"]).stdout).into_owned();
     std::fs::write(&file, policy_text("")).unwrap();
-    let o = cli(&socket, &["policy", "apply", file.to_str().unwrap()]);
+    let o = scenario::cli(&socket, &["policy", "apply", file.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "applied: {}", String::from_utf8_lossy(&o.stdout));
     assert!(err.contains("class[0].syn_cookies") && err.contains("run-without"), "{err}");
-    let after = String::from_utf8_lossy(&cli(&socket, &["status"]).stdout).into_owned();
+    let after = String::from_utf8_lossy(&scenario::cli(&socket, &["status"]).stdout).into_owned();
     let version = |s: &str| s.lines().find(|l| l.starts_with("policy")).map(str::to_owned);
     assert_eq!(version(&after), version(&before), "{after}");
 }

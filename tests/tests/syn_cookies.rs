@@ -5,11 +5,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use limiter::policy::{Class, CostUnit, Limit, Mode, Policy, Protocol, SynCookies};
+use limiter::policy::SynCookies;
 use limiter_common::{BucketKey, Reason, cookie, family};
 use limiter_tests::{
     kernel,
-    tcp::{CLIENT_MAC, ISN, SERVER_MAC, SPORT, Seg, ack_of, checksum, tcp_checksum},
+    tcp::{CLIENT_MAC, ISN, SERVER_MAC, SPORT, Seg, ack_of, checksum, policy, tcp_checksum},
 };
 
 const T0: u64 = 9_000_000_000_000;
@@ -17,23 +17,6 @@ const MS: u64 = 1_000_000;
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
-
-fn policy(cookies: SynCookies, syn_rate: Option<u64>, new_sources: Option<(u64, u64)>) -> Policy {
-    Policy {
-        classes: vec![Class {
-            name: "https-syn".into(),
-            protocol: Protocol::Tcp,
-            ports: vec![(443, 443)],
-            syn: true,
-            limit: Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
-            syn_cookies: cookies,
-            syn_rate,
-            criticality: limiter::policy::Criticality::Default,
-        }],
-        new_sources,
-        ..Policy::default()
-    }
-}
 
 fn key(src: IpAddr, class: u8) -> BucketKey {
     match src {

@@ -82,10 +82,8 @@ impl DataPlane {
 
     /// [`DataPlane::open`] of the object `plan` names.
     pub fn open_program(capacity: u32, plan: kernel::Plan) -> Result<Self, LoadError> {
-        let patched = run_priority::with_priority(plan.program.object(), plan.priority);
-        let object =
-            patched.as_deref().map_or(plan.program.object(), |b| run_priority::bytes(b, plan.program.object().len()));
-        let mut d = Self::load(object, capacity, None, &[])?;
+        let object = run_priority::Object::of(&plan);
+        let mut d = Self::load(object.bytes(), capacity, None, &[])?;
         d.kernel = plan;
         Ok(d)
     }
@@ -152,10 +150,8 @@ impl DataPlane {
         let adoption = upgrade::check(dir)?;
         let adopted = adoption.is_some();
         let mut renew = adoption.unwrap_or_default();
-        let patched = run_priority::with_priority(plan.program.object(), plan.priority);
-        let object =
-            patched.as_deref().map_or(plan.program.object(), |b| run_priority::bytes(b, plan.program.object().len()));
-        let mut d = Self::load(object, capacity, Some(dir), &renew)?;
+        let object = run_priority::Object::of(&plan);
+        let mut d = Self::load(object.bytes(), capacity, Some(dir), &renew)?;
         d.kernel = plan;
         // Maps of the same layout, only longer or shorter, keep what they
         // hold. Copied before the swap: the old program counts on into

@@ -6,6 +6,27 @@
 //! descriptor). So the object is given the priority before it is loaded:
 //! that array type's element count in its `.BTF` section is rewritten.
 
+/// The object a plan names, its run priority set: the embedded bytes, or
+/// a copy with the priority written.
+pub struct Object {
+    original: &'static [u8],
+    patched: Option<Vec<u64>>,
+}
+
+impl Object {
+    #[must_use]
+    pub fn of(plan: &super::kernel::Plan) -> Self {
+        let original = plan.program.object();
+        Self { original, patched: with_priority(original, plan.priority) }
+    }
+
+    /// The bytes to load.
+    #[must_use]
+    pub fn bytes(&self) -> &[u8] {
+        self.patched.as_deref().map_or(self.original, |b| bytes(b, self.original.len()))
+    }
+}
+
 /// The object with the run configuration's priority set to `priority`;
 /// `None` if it is that already, or holds no such configuration (an empty
 /// object): the object is then loaded as it is.

@@ -66,8 +66,9 @@ impl Adaptive {
     }
 
     /// Add `d` to this second, after dropping the seconds that left the
-    /// window; returns the window's totals.
-    fn add(&self, d: Second) -> Second {
+    /// window; returns the window's totals and how many of `d`'s reported
+    /// rejections counted.
+    fn add(&self, d: Second) -> (Second, u64) {
         let now = self.start.elapsed().as_secs() + 1;
         let mut window = self.window.lock().expect("not poisoned");
         let Window { seconds, total } = &mut *window;
@@ -99,7 +100,7 @@ impl Adaptive {
             total.resolved + d.resolved,
             total.reported + d.reported,
         );
-        *total
+        (*total, reported)
     }
 
     /// The refusal probability for totals `(requests, accepts)`.
@@ -116,7 +117,7 @@ impl Adaptive {
     /// `allow` is critical) never: automation does not shed what the
     /// operator vouched for.
     pub fn refuse(&self, c: Criticality) -> bool {
-        let t = self.add(Second::default());
+        let (t, _) = self.add(Second::default());
         let p = self.probability_of(t.requests, t.accepts);
         let p = match c {
             Criticality::Sheddable => (2.0 * p).min(1.0),
@@ -140,14 +141,13 @@ impl Adaptive {
     /// counted up to the connections resolved in the window not yet
     /// matched by a report. Returns how many were counted.
     pub fn rejected(&self, n: u64) -> u64 {
-        let before = self.add(Second::default()).reported;
-        self.add(Second { requests: n, reported: n, ..Second::default() }).reported - before
+        self.add(Second { requests: n, reported: n, ..Second::default() }).1
     }
 
     /// The window's requests, accepts and refusal probability now.
     #[must_use]
     pub fn state(&self) -> (u64, u64, f64) {
-        let t = self.add(Second::default());
+        let (t, _) = self.add(Second::default());
         (t.requests, t.accepts, self.probability_of(t.requests, t.accepts))
     }
 
