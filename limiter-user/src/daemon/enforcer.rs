@@ -81,6 +81,8 @@ pub struct Enforcer {
     pub(super) deny: deny::DenyLayer,
     /// CrowdSec's decisions in force (see `crowdsec.rs`).
     pub(super) crowdsec: crowdsec::Decisions,
+    /// The escalations in force (see `escalation.rs`).
+    pub(super) escalations: escalation::Escalations,
 }
 
 impl Enforcer {
@@ -100,6 +102,7 @@ impl Enforcer {
             governor: feedback::Governed::default(),
             deny: deny::DenyLayer::default(),
             crowdsec: crowdsec::Decisions::default(),
+            escalations: escalation::Escalations::default(),
         }
     }
 
@@ -263,6 +266,11 @@ impl Enforcer {
             (Some(_), false) => vec![((net, SetBy::Operator), None)],
             (None, false) => self.automation_of(net),
         };
+        if changes.is_empty()
+            && let Some(lifted) = self.unset_escalation(maps, net)
+        {
+            return lifted;
+        }
         if changes.is_empty() {
             return Err(ApplyError::Request(format!("{net} has no override")));
         }
@@ -337,9 +345,26 @@ impl Enforcer {
     /// the pinned `RUNTIME` map). Returns how many; entries this build
     /// cannot read are skipped with a warning.
     pub fn restore(&mut self, maps: &mut impl PolicyMaps) -> Result<usize, LoadError> {
+        let mut escalations = Vec::new();
         for (k, v) in maps.runtime_overrides()? {
             if let Some((net, action, expires, origin)) = runtime::decode(&k, &v) {
                 let expires = (expires != 0).then_some(u64::from(expires));
+                // Escalations are the deny set's (a build before it kept
+                // them as overrides of whole buckets: those move too).
+                if origin == SetBy::Escalation {
+                    if runtime::stale_key(&k, origin) {
+                        maps.set_runtime_override(&k, None)?;
+                        let value = runtime::value(
+                            action.as_ref(),
+                            expires.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX)),
+                            origin,
+                        );
+                        maps.set_runtime_override(&runtime::key(&net, origin), Some(&value))?;
+                    }
+                    // One without an end never came from escalation: it ends now.
+                    escalations.push((net, expires.unwrap_or(0)));
+                    continue;
+                }
                 let entry = RuntimeEntry { action, expires, origin };
                 if runtime::stale_key(&k, origin) {
                     // A record of a build before layers: moved under its
@@ -353,7 +378,9 @@ impl Enforcer {
             }
         }
         self.restore_deny(maps)?;
-        Ok(self.runtime.len())
+        let n = escalations.len();
+        self.restore_escalations(maps, escalations)?;
+        Ok(self.runtime.len() + n)
     }
 
     /// What the feedback governor decided since the daemon started.
@@ -367,6 +394,7 @@ impl Enforcer {
     #[must_use]
     pub fn prefixes(&self) -> Vec<PrefixEntry> {
         let mut list = self.enforced();
+        list.extend(self.escalations.entries());
         list.extend(self.governor.shadow_entries());
         list
     }
@@ -381,6 +409,7 @@ pub fn unix_now() -> u64 {
 mod bulk;
 pub mod crowdsec;
 pub mod deny;
+pub mod escalation;
 mod feedback;
 pub(super) mod kernel;
 mod layers;

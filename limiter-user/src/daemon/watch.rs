@@ -1,6 +1,6 @@
 //! What the daemon checks every second besides its counters: that its
 //! program is still on its interface (and pinned), which runtime
-//! overrides have expired, and which prefixes escalation would deny.
+//! overrides have expired, and which addresses escalation would deny.
 
 use super::{Daemon, changes::Change, enforcer};
 use crate::{dataplane::Health, policy::runtime::SetBy};
@@ -15,13 +15,13 @@ impl Daemon {
         }
     }
 
-    /// Once a second: ask to deny the prefixes escalation found (through
+    /// Once a second: ask to deny the addresses escalation found (through
     /// the governor, like a penalty from the tenant layer).
     pub(super) fn escalate(&mut self) {
         let rule = self.view.escalate;
-        for (key, rate) in self.observer.escalator.second(rule.as_ref(), enforcer::unix_now()) {
+        for (net, rate) in self.observer.escalator.second(rule.as_ref(), enforcer::unix_now()) {
             let Some(rule) = rule else { break };
-            let cidr = crate::top::cidr(&key);
+            let cidr = net.to_string();
             let reason = format!("escalation: about {rate} drops/s for {} s", rule.sustained.as_secs());
             tracing::info!(event = "escalation", cidr = %cidr, rate, "limiter: {cidr} dropped at about {rate}/s for {} s: asking to deny it", rule.sustained.as_secs());
             let ttl = rule.deny_for.as_secs();

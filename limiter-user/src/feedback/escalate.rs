@@ -1,51 +1,68 @@
-//! Automatic escalation (`[feedback.escalate]`, off by default): a prefix
-//! whose own bucket keeps dropping it above `drops_per_sec` for
-//! `sustained` is denied for `deny_for`, through the feedback governor
-//! (its cap, minimum prefix length, longest TTL and shadow mode apply).
+//! Automatic escalation (`[feedback.escalate]`, off by default): a proven
+//! address whose packets its bucket keeps dropping above `drops_per_sec`
+//! for `sustained` is denied for `deny_for`, through the feedback
+//! governor (its cap, longest TTL and shadow mode apply). What is denied
+//! is the address (its network of `deny_v4_prefix`/`deny_v6_prefix` bits,
+//! /32 and /128 by default, in the deny set), never the bucket: a
+//! neighbour behind the same CGNAT or in the same /24 keeps its
+//! allowance.
 //!
 //! The rate is estimated from the sampled drop events (one drop in
 //! `DROP_SAMPLE` per CPU reaches the ring buffer), only those of reason
-//! `rate_limited`: a prefix already denied does not count again. Only
+//! `rate_limited`: an address already denied does not count again. Only
 //! the drops of addresses that proved themselves count (see `proof.rs`):
 //! a flood spoofed inside a victim's prefix is dropped as before but
-//! never gets the prefix denied. Memory is bounded: at most `MAX_KEYS`
-//! prefixes a second are tracked, `MAX_ADDRS` addresses each.
+//! never gets anyone denied. Memory is bounded: the samples of proven
+//! addresses are kept (at most `proof::MAX_PROVEN`), of at most
+//! `MAX_UNPROVEN` others a second, and of at most `MAX_KEYS` prefixes.
 
 use std::{collections::HashMap, net::IpAddr, time::Instant};
 
+use ipnet::IpNet;
 use limiter_common::{BucketKey, DROP_SAMPLE};
 
 use super::proof::Proven;
 use crate::policy::feedback::Escalate;
 
-/// Prefixes tracked a second; samples of more are not counted.
+/// Prefixes whose drops are counted a second (for the unproven count).
 const MAX_KEYS: usize = 1_000;
-/// Addresses told apart per prefix a second; samples of more count as
-/// unproven (a spoofer who fills them only hides drops, never adds any).
-const MAX_ADDRS: usize = 256;
+/// Addresses not proven (yet) whose samples are kept a second: a spoofer
+/// who fills them hides only his own drops; a proven address's samples
+/// are always kept.
+const MAX_UNPROVEN: usize = 1_000;
 /// Most escalations asked for in one second (the rest wait a second).
 const MAX_PER_SECOND: usize = 16;
 
+/// One address's samples of a second: its bucket, how many, and when the
+/// first was drained.
+#[derive(Clone, Copy, Debug)]
+struct Sampled {
+    key: BucketKey,
+    n: u64,
+    first: Instant,
+}
+
 #[derive(Debug, Default)]
 pub struct Escalator {
-    /// Rate-limited drop samples since the last tick, per prefix and
-    /// source address (`None`: past `MAX_ADDRS`, or no address known).
-    samples: HashMap<BucketKey, HashMap<Option<IpAddr>, u64>>,
-    /// When each prefix's first sample of this second was drained.
-    first: HashMap<BucketKey, Instant>,
+    /// Rate-limited drop samples since the last tick, per source address.
+    samples: HashMap<IpAddr, Sampled>,
+    /// Of them, from addresses not proven when they were recorded.
+    unproven_addrs: usize,
+    /// Samples per prefix since the last tick (any source, or none known).
+    prefixes: HashMap<BucketKey, u64>,
     /// Addresses that proved themselves.
     pub proven: Proven,
-    /// Prefix-seconds above the rate, not escalated because too few of
-    /// their drops came from proven addresses.
+    /// Prefix-seconds dropped above the rate whose proven addresses were
+    /// not (no one was escalated for them).
     pub unproven: u64,
-    /// The last second's samples of prefixes above the rate whose drops
+    /// The last second's samples of networks above the rate whose drops
     /// were not proven at the tick (judged again at the next).
-    unsure: HashMap<BucketKey, HashMap<Option<IpAddr>, u64>>,
-    /// Consecutive seconds above the threshold, per prefix.
-    streaks: HashMap<BucketKey, u64>,
-    /// Prefixes escalated, with the Unix time their deny ends: not asked
+    unsure: HashMap<IpNet, HashMap<IpAddr, u64>>,
+    /// Consecutive seconds above the threshold, per network.
+    streaks: HashMap<IpNet, u64>,
+    /// Networks escalated, with the Unix time their deny ends: not asked
     /// again before then.
-    escalated: HashMap<BucketKey, u64>,
+    escalated: HashMap<IpNet, u64>,
 }
 
 impl Escalator {
@@ -55,49 +72,80 @@ impl Escalator {
         Self { proven: Proven::with_sockets(), ..Self::default() }
     }
 
-    /// One sampled rate-limited drop of `key` (any class: a prefix is
-    /// escalated as a whole) from `src`.
+    /// One sampled rate-limited drop of `key` (any class) from `src`.
     pub fn record(&mut self, key: BucketKey, src: Option<IpAddr>) {
         let key = BucketKey { class: 0, ..key };
-        if self.samples.len() < MAX_KEYS || self.samples.contains_key(&key) {
-            self.first.entry(key).or_insert_with(Instant::now);
-            let by = self.samples.entry(key).or_default();
-            let src = if by.len() < MAX_ADDRS || by.contains_key(&src) { src } else { None };
-            *by.entry(src).or_default() += 1;
-            self.proven.wanted();
+        if self.prefixes.len() < MAX_KEYS || self.prefixes.contains_key(&key) {
+            *self.prefixes.entry(key).or_default() += 1;
         }
+        let Some(src) = src else { return };
+        self.proven.wanted();
+        if let Some(s) = self.samples.get_mut(&src) {
+            s.n += 1;
+            return;
+        }
+        let proven = self.proven.contains(&src);
+        if !proven && self.unproven_addrs >= MAX_UNPROVEN {
+            return;
+        }
+        self.unproven_addrs += usize::from(!proven);
+        self.samples.insert(src, Sampled { key, n: 1, first: Instant::now() });
     }
 
-    /// Once a second, at Unix time `now`: the prefixes to deny now (above
+    /// Once a second, at Unix time `now`: the networks to deny now (above
     /// the rate in each of the last `sustained` whole seconds), each with
     /// its estimated drops a second.
-    pub fn second(&mut self, rule: Option<&Escalate>, now: u64) -> Vec<(BucketKey, u64)> {
+    pub fn second(&mut self, rule: Option<&Escalate>, now: u64) -> Vec<(IpNet, u64)> {
         let samples = std::mem::take(&mut self.samples);
-        let first = std::mem::take(&mut self.first);
+        let prefixes = std::mem::take(&mut self.prefixes);
+        self.unproven_addrs = 0;
         self.proven.tick(now);
         let Some(rule) = rule else {
             self.streaks.clear();
             self.escalated.clear();
+            self.unsure.clear();
             return Vec::new();
         };
         self.escalated.retain(|_, until| *until > now);
         let to_rate = |n: u64| n * u64::from(DROP_SAMPLE);
-        let proven_rate = |p: &Proven, by: &HashMap<Option<IpAddr>, u64>| {
-            to_rate(by.iter().filter(|(a, _)| a.is_some_and(|a| p.contains(&a))).map(|(_, n)| n).sum())
+        let proven_rate = |p: &Proven, by: &HashMap<IpAddr, u64>| {
+            to_rate(by.iter().filter(|(a, _)| p.contains(a)).map(|(_, n)| n).sum())
         };
-        // The last second's prefixes that were above the rate but not (yet)
-        // proven: judged again with the proofs read since (the sockets are
-        // read when drops begin, so a proof may land just after the tick).
-        for (k, by) in std::mem::take(&mut self.unsure) {
+        // The last second's networks that were above the rate but not
+        // (yet) proven: judged again with the proofs read since (the
+        // sockets are read when drops begin, so a proof may land just
+        // after the tick).
+        for (unit, by) in std::mem::take(&mut self.unsure) {
             if proven_rate(&self.proven, &by) >= rule.drops_per_sec {
-                *self.streaks.entry(k).or_default() += 1;
-            } else {
-                self.unproven += 1;
+                *self.streaks.entry(unit).or_default() += 1;
             }
         }
+        // This second's samples by network, and the proven drops by prefix.
+        let mut units: HashMap<IpNet, (HashMap<IpAddr, u64>, Instant)> = HashMap::new();
+        let mut proven_of: HashMap<BucketKey, u64> = HashMap::new();
+        for (addr, s) in samples {
+            let u = units.entry(rule.unit(addr)).or_insert_with(|| (HashMap::new(), s.first));
+            u.0.insert(addr, s.n);
+            u.1 = u.1.min(s.first);
+            if self.proven.contains(&addr) {
+                *proven_of.entry(s.key).or_default() += s.n;
+            }
+        }
+        // A prefix dropped above the rate whose proven addresses were not:
+        // a flood no one is escalated for (spoofed, or spread thin).
+        self.unproven += u64::try_from(
+            prefixes
+                .iter()
+                .filter(|(k, n)| {
+                    to_rate(**n) >= rule.drops_per_sec
+                        && to_rate(proven_of.get(k).copied().unwrap_or(0)) < rule.drops_per_sec
+                })
+                .count(),
+        )
+        .unwrap_or(u64::MAX);
         let mut streaks = HashMap::new();
         let mut out = Vec::new();
-        for (k, by) in samples {
+        for (unit, (by, first)) in units {
             let mut rate = proven_rate(&self.proven, &by);
             // The first second of a streak is partial (the drops began
             // during it): its rate is taken over the part it had drops,
@@ -106,33 +154,31 @@ impl Escalator {
             // after the drops began. (The drain runs every 200 ms, so this
             // can overstate a first second's rate; the whole seconds that
             // follow must be above the rate on their own.)
-            if !self.streaks.contains_key(&k)
-                && let Some(t) = first.get(&k)
-            {
-                let ms = u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX).clamp(100, 1000);
+            if !self.streaks.contains_key(&unit) {
+                let ms = u64::try_from(first.elapsed().as_millis()).unwrap_or(u64::MAX).clamp(100, 1000);
                 rate = rate.saturating_mul(1000) / ms;
             }
             if rate < rule.drops_per_sec {
-                if to_rate(by.values().sum()) >= rule.drops_per_sec {
-                    if let Some(s) = self.streaks.get(&k) {
-                        streaks.insert(k, *s);
+                if to_rate(by.values().sum()) >= rule.drops_per_sec && self.unsure.len() < MAX_UNPROVEN {
+                    if let Some(s) = self.streaks.get(&unit) {
+                        streaks.insert(unit, *s);
                     }
-                    self.unsure.insert(k, by);
+                    self.unsure.insert(unit, by);
                 }
                 continue;
             }
-            let streak = self.streaks.get(&k).copied().unwrap_or(0) + 1;
+            let streak = self.streaks.get(&unit).copied().unwrap_or(0) + 1;
             // The first second of a streak may be partial: a streak of
             // `sustained` + 1 seconds holds `sustained` whole ones.
-            if streak > rule.sustained.as_secs() && out.len() < MAX_PER_SECOND && !self.escalated.contains_key(&k) {
-                self.escalated.insert(k, now + rule.deny_for.as_secs());
-                out.push((k, rate));
+            if streak > rule.sustained.as_secs() && out.len() < MAX_PER_SECOND && !self.escalated.contains_key(&unit) {
+                self.escalated.insert(unit, now + rule.deny_for.as_secs());
+                out.push((unit, rate));
                 continue;
             }
-            streaks.insert(k, streak);
+            streaks.insert(unit, streak);
         }
         self.streaks = streaks;
-        out.sort_by_key(|(k, _)| k.addr);
+        out.sort_by_key(|(u, _)| *u);
         out
     }
 }
@@ -145,25 +191,35 @@ mod tests {
 
     use super::*;
 
-    fn key(last: u32, class: u8) -> BucketKey {
-        BucketKey { family: family::IPV4, prefix_len: 24, class, pad: 0, addr: [last, 0] }
+    /// The /24 bucket of `addr`, of `class`.
+    fn key(addr: IpAddr, class: u8) -> BucketKey {
+        let IpAddr::V4(a) = addr else { unreachable!() };
+        let a = u32::from(a) & 0xffff_ff00;
+        BucketKey { family: family::IPV4, prefix_len: 24, class, pad: 0, addr: [a, 0] }
     }
 
-    /// The one host of prefix `k` (proven before the run).
-    fn host(k: BucketKey) -> IpAddr {
-        IpAddr::from(k.addr[0].to_be_bytes())
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
     }
 
-    fn feed(e: &mut Escalator, k: BucketKey, drops: u64) {
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    fn feed_class(e: &mut Escalator, src: IpAddr, class: u8, drops: u64) {
         for _ in 0..drops / u64::from(DROP_SAMPLE) {
-            e.record(k, Some(host(k)));
+            e.record(key(src, class), Some(src));
         }
     }
 
-    fn proven(keys: &[BucketKey]) -> Escalator {
+    fn feed(e: &mut Escalator, src: IpAddr, drops: u64) {
+        feed_class(e, src, 0, drops);
+    }
+
+    fn proven(addrs: &[IpAddr]) -> Escalator {
         let mut e = Escalator::default();
-        for k in keys {
-            e.proven.prove(host(*k), 100);
+        for a in addrs {
+            e.proven.prove(*a, 100);
         }
         e
     }
@@ -174,19 +230,21 @@ mod tests {
             sustained: Duration::from_secs(3),
             deny_for: Duration::from_secs(10),
             max_denied: 100,
+            deny_v4_prefix: 32,
+            deny_v6_prefix: 128,
         }
     }
 
     #[test]
-    fn only_a_prefix_above_the_rate_for_the_whole_time_is_escalated_once() {
+    fn only_an_address_above_the_rate_for_the_whole_time_is_escalated_once() {
         let rule = rule();
-        let (flood, gap, low) = (key(1, 0), key(2, 0), key(3, 1));
+        let (flood, gap, low) = (ip("198.18.1.7"), ip("198.18.2.7"), ip("198.18.3.7"));
         let mut e = proven(&[flood, gap, low]);
         let mut seen = Vec::new();
         for now in 100..107 {
-            // Split over two classes: counted as one prefix.
-            feed(&mut e, flood, 3200);
-            feed(&mut e, BucketKey { class: 2, ..flood }, 3200);
+            // Split over two classes: counted as one address.
+            feed_class(&mut e, flood, 0, 3200);
+            feed_class(&mut e, flood, 2, 3200);
             // Above, but one quiet second breaks the streak.
             if now != 101 {
                 feed(&mut e, gap, 20_000);
@@ -196,11 +254,11 @@ mod tests {
         }
         // The first second may be partial: 3 whole seconds take 4 ticks.
         assert_eq!(seen[0..3], [vec![], vec![], vec![]]);
-        assert_eq!(seen[3], vec![(flood, 6400)], "the fourth second above escalates");
+        assert_eq!(seen[3], vec![(net("198.18.1.7/32"), 6400)], "the fourth second above escalates");
         assert_eq!(seen[4], vec![]);
-        assert_eq!(seen[5], vec![(gap, 19968)], "four seconds above after the gap");
+        assert_eq!(seen[5], vec![(net("198.18.2.7/32"), 19968)], "four seconds above after the gap");
         assert_eq!(seen[6], vec![], "not asked again while denied");
-        // Denied until 113; a prefix still flooding after that is asked again.
+        // Denied until 113; an address still flooding after that is asked again.
         for now in 107..118 {
             if now >= 113 {
                 feed(&mut e, flood, 6400);
@@ -208,50 +266,81 @@ mod tests {
             seen.push(e.second(Some(&rule), now));
         }
         assert!(seen[7..16].iter().all(Vec::is_empty), "{seen:?}");
-        assert_eq!(seen[16], vec![(flood, 6400)], "denied until 113, then four ticks above");
+        assert_eq!(seen[16], vec![(net("198.18.1.7/32"), 6400)], "denied until 113, then four ticks above");
         // Off: nothing, and nothing kept.
         feed(&mut e, flood, 64_000);
         assert_eq!(e.second(None, 200), vec![]);
         assert!(e.streaks.is_empty() && e.escalated.is_empty());
     }
 
+    /// Issue 43, H2: on 394d35c a proven address flooding got its whole
+    /// /24 denied (with `v4_prefix = 16`, the /16), and its neighbour,
+    /// which exceeded nothing, got 0/250. Now the address is escalated
+    /// alone; its neighbours in the bucket are not, however they share
+    /// its drops. An operator who asks for a wider network gets the
+    /// drops of its proven addresses counted together.
+    #[test]
+    fn an_address_is_escalated_never_its_bucket() {
+        let (abuser, neighbour) = (ip("198.18.20.7"), ip("198.18.20.8"));
+        let mut e = proven(&[abuser, neighbour]);
+        let mut got = Vec::new();
+        for now in 100..105 {
+            feed(&mut e, abuser, 20_000);
+            feed(&mut e, neighbour, 3200);
+            got.extend(e.second(Some(&rule()), now));
+        }
+        assert_eq!(got.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [net("198.18.20.7/32")]);
+        // Two proven addresses at half the rate each: neither alone, their
+        // /28 together when the operator asks for /28s.
+        let wide = Escalate { deny_v4_prefix: 28, ..rule() };
+        let (a, b) = (ip("198.18.30.1"), ip("198.18.30.2"));
+        for (rule, want) in [(rule(), vec![]), (wide, vec![net("198.18.30.0/28")])] {
+            let mut e = proven(&[a, b]);
+            let mut got = Vec::new();
+            for now in 100..105 {
+                feed(&mut e, a, 3200);
+                feed(&mut e, b, 3200);
+                got.extend(e.second(Some(&rule), now).into_iter().map(|(n, _)| n));
+            }
+            assert_eq!(got, want, "/{}", rule.deny_v4_prefix);
+        }
+    }
+
     #[test]
     fn memory_stays_bounded_under_spoofed_sources() {
-        let mut e = Escalator::default();
-        for i in 0..100_000 {
-            e.record(key(i, 0), Some(host(key(i, 0))));
-        }
-        assert_eq!(e.samples.len(), MAX_KEYS);
+        let real = ip("198.18.0.1");
+        let mut e = proven(&[real]);
         for i in 0..100_000u32 {
-            e.record(key(0, 0), Some(IpAddr::from(i.to_be_bytes())));
+            let src = IpAddr::from((0xc612_0000 + i * 256).to_be_bytes());
+            e.record(key(src, 0), Some(src));
         }
-        assert_eq!(e.samples[&key(0, 0)].len(), MAX_ADDRS + 1, "the rest as one unproven entry");
+        assert_eq!(e.prefixes.len(), MAX_KEYS);
+        assert_eq!(e.samples.len(), MAX_UNPROVEN);
+        // A proven address is counted however many spoofed ones came first.
+        feed(&mut e, real, 6400);
+        assert_eq!(e.samples[&real].n, 6400 / u64::from(DROP_SAMPLE));
     }
 
     /// A flood spoofed inside a prefix whose real host proved itself: only
-    /// that host's share of the drops counts, far under the rate, so the
-    /// prefix is never escalated (and that is counted); the same flood
-    /// from the proven host itself is.
+    /// that host's share of the drops counts, far under the rate, so no
+    /// one is escalated (and that is counted); the same flood from the
+    /// proven host itself is.
     #[test]
     fn only_the_drops_of_proven_addresses_count() {
-        let victim = key(u32::from_be_bytes([198, 18, 11, 0]), 0);
-        let real = IpAddr::from([198, 18, 11, 7]);
-        let mut e = Escalator::default();
-        e.proven.prove(real, 100);
+        let real = ip("198.18.11.7");
+        let mut e = proven(&[real]);
         for now in 100..110 {
             for i in 0..12_800 / DROP_SAMPLE {
                 let spoofed = IpAddr::from([198, 18, 11, u8::try_from(i % 256).unwrap()]);
-                e.record(victim, Some(spoofed));
+                e.record(key(spoofed, 0), Some(spoofed));
             }
             assert_eq!(e.second(Some(&rule()), now), vec![], "at {now}");
         }
-        assert_eq!(e.unproven, 9, "ten prefix-seconds above the rate, unproven (the last judged at the next tick)");
+        assert_eq!(e.unproven, 10, "ten prefix-seconds above the rate, unproven");
         for now in 110..114 {
-            for _ in 0..12_800 / DROP_SAMPLE {
-                e.record(victim, Some(real));
-            }
+            feed(&mut e, real, 12_800);
             let got = e.second(Some(&rule()), now);
-            assert_eq!(got, if now == 113 { vec![(victim, 12_800)] } else { vec![] }, "at {now}");
+            assert_eq!(got, if now == 113 { vec![(net("198.18.11.7/32"), 12_800)] } else { vec![] }, "at {now}");
         }
     }
 }

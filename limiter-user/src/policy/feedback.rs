@@ -13,9 +13,11 @@
 //! shadow = false                             # true: decisions are listed and logged, not enforced
 //!
 //! [feedback.escalate]                        # optional, off when absent
-//! drops_per_sec = 5000                       # a prefix rate-limited above this ...
+//! drops_per_sec = 5000                       # a proven address rate-limited above this ...
 //! sustained = "10s"                          # ... for this long ...
 //! deny_for = "10m"                           # ... is denied this long, under the same governor
+//! deny_v4_prefix = 32                        # the network denied: the address itself by default
+//! deny_v6_prefix = 128
 //! ```
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
@@ -48,9 +50,12 @@ pub struct Feedback {
     pub escalate: Option<Escalate>,
 }
 
-/// Automatic escalation: a prefix whose own bucket drops more than
-/// `drops_per_sec` (estimated from the sampled drops) in each second of
-/// `sustained` is denied for `deny_for`, as if the tenant layer had asked.
+/// Automatic escalation: a proven address whose packets its bucket drops
+/// more than `drops_per_sec` (estimated from the sampled drops) in each
+/// second of `sustained` is denied for `deny_for`, as if the tenant layer
+/// had asked: the address itself (its network of `deny_v4_prefix` or
+/// `deny_v6_prefix` bits, the drops of its proven addresses together),
+/// never the bucket it shares with its neighbours.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Escalate {
@@ -63,6 +68,20 @@ pub struct Escalate {
     /// escalations never spend the tenant's `max_denied`.
     #[serde(default = "defaults::escalate_max_denied")]
     pub max_denied: usize,
+    /// The network escalation denies around a proven address.
+    #[serde(default = "defaults::deny_v4")]
+    pub deny_v4_prefix: u8,
+    #[serde(default = "defaults::deny_v6")]
+    pub deny_v6_prefix: u8,
+}
+
+impl Escalate {
+    /// The network denied for `addr` (its drops counted together).
+    #[must_use]
+    pub fn unit(&self, addr: std::net::IpAddr) -> ipnet::IpNet {
+        let len = if addr.is_ipv4() { self.deny_v4_prefix.min(32) } else { self.deny_v6_prefix.min(128) };
+        ipnet::IpNet::new(addr, len).map_or_else(|_| ipnet::IpNet::from(addr), |n| n.trunc())
+    }
 }
 
 mod defaults {
@@ -79,6 +98,12 @@ mod defaults {
     }
     pub const fn escalate_max_denied() -> usize {
         100
+    }
+    pub const fn deny_v4() -> u8 {
+        32
+    }
+    pub const fn deny_v6() -> u8 {
+        128
     }
     pub const fn max_ttl() -> Duration {
         Duration::from_hours(1)
@@ -115,6 +140,18 @@ pub fn check(f: &Feedback) -> Result<(), PolicyError> {
         }
         if e.max_denied == 0 {
             return Err(bad("feedback.escalate.max_denied", "must be at least 1"));
+        }
+        if !(f.min_v4_prefix..=32).contains(&e.deny_v4_prefix) {
+            return Err(bad(
+                "feedback.escalate.deny_v4_prefix",
+                format!("give {} (feedback.min_v4_prefix) to 32", f.min_v4_prefix),
+            ));
+        }
+        if !(f.min_v6_prefix..=128).contains(&e.deny_v6_prefix) {
+            return Err(bad(
+                "feedback.escalate.deny_v6_prefix",
+                format!("give {} (feedback.min_v6_prefix) to 128", f.min_v6_prefix),
+            ));
         }
     }
     Ok(())
@@ -233,6 +270,8 @@ mod tests {
                 sustained: Duration::from_secs(s),
                 deny_for: Duration::from_secs(t),
                 max_denied: 100,
+                deny_v4_prefix: 32,
+                deny_v6_prefix: 128,
             })
         };
         esc.escalate = rule(1000, 5, 600);
@@ -241,6 +280,9 @@ mod tests {
             (rule(10, 5, 600), "feedback.escalate.drops_per_sec"),
             (rule(1000, 0, 600), "feedback.escalate.sustained"),
             (rule(1000, 5, 601), "feedback.escalate.deny_for"),
+            (rule(1000, 5, 600).map(|r| Escalate { deny_v4_prefix: 8, ..r }), "feedback.escalate.deny_v4_prefix"),
+            (rule(1000, 5, 600).map(|r| Escalate { deny_v4_prefix: 33, ..r }), "feedback.escalate.deny_v4_prefix"),
+            (rule(1000, 5, 600).map(|r| Escalate { deny_v6_prefix: 16, ..r }), "feedback.escalate.deny_v6_prefix"),
         ] {
             esc.escalate = bad;
             assert_eq!(check(&esc).unwrap_err().field, field);

@@ -48,6 +48,10 @@ impl Enforcer {
     /// seconds), as one new version; `None` when none is.
     pub fn expire(&mut self, maps: &mut impl PolicyMaps, now: u64) -> Option<Result<String, ApplyError>> {
         self.governor.expire_shadow(now);
+        let lifted = self.expire_escalations(maps, now);
+        if let Some(Err(e)) = lifted {
+            return Some(Err(e));
+        }
         let due: Vec<((IpNet, SetBy), Option<RuntimeEntry>)> =
             self.runtime.iter().filter(|(_, e)| e.expires.is_some_and(|t| t <= now)).map(|(k, _)| (*k, None)).collect();
         for ((net, by), _) in &due {
@@ -55,7 +59,10 @@ impl Enforcer {
                 self.governor.reasons.remove(net);
             }
         }
-        (!due.is_empty()).then(|| self.change_entries(maps, &due))
+        if due.is_empty() {
+            return lifted;
+        }
+        Some(self.change_entries(maps, &due))
     }
 
     /// The earliest expiry of a runtime override, if any.
@@ -65,6 +72,7 @@ impl Enforcer {
             .values()
             .filter_map(|e| e.expires)
             .chain(self.governor.next_shadow_expiry())
+            .chain(self.escalations.next_end())
             .chain(self.crowdsec.next_end())
             .min()
     }

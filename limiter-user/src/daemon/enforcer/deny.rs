@@ -244,7 +244,7 @@ impl Enforcer {
     }
 }
 
-fn write(maps: &mut impl PolicyMaps, ch: &Change, names: &[String]) -> Result<(), LoadError> {
+pub(super) fn write(maps: &mut impl PolicyMaps, ch: &Change, names: &[String]) -> Result<(), LoadError> {
     // The names first: a restart reads them with the entries.
     maps.set_deny_origins(names)?;
     maps.write_deny(ch)

@@ -109,16 +109,25 @@ impl Enforcer {
             Ok(n) if n.trunc() == n => n,
             _ => return refuse(self, Refusal::BadRequest, format!("{cidr:?} is not a CIDR without host bits")),
         };
+        // A tenant's penalty is an override of whole buckets; an
+        // escalation is an address in the deny set (see `escalation.rs`).
+        let escalation = by == SetBy::Escalation;
         let bucket = if net.addr().is_ipv4() { self.base.v4_prefix } else { self.base.v6_prefix };
-        if u32::from(net.prefix_len()) > bucket {
+        if !escalation && u32::from(net.prefix_len()) > bucket {
             return refuse(self, Refusal::BadRequest, format!("{net} is finer than the bucket prefix /{bucket}"));
         }
         // Each kind of automation has its own cap: escalations cannot
         // spend the tenant's, nor the tenant's the escalations'.
-        let denied = self.runtime.keys().filter(|(n, b)| *b == by && *n != net).count();
-        let cap =
-            if by == SetBy::Escalation { g.escalate.map_or(g.max_denied, |e| e.max_denied) } else { g.max_denied };
+        let denied = if escalation {
+            self.escalations.nets.keys().filter(|n| **n != net).count()
+        } else {
+            self.runtime.keys().filter(|(n, b)| *b == by && *n != net).count()
+        };
+        let cap = if escalation { g.escalate.map_or(g.max_denied, |e| e.max_denied) } else { g.max_denied };
         let allowed_above = self.allowed_above(&net);
+        // The deny set lies beneath every allow: an escalation there would
+        // be listed and not enforced, so it is refused whatever the policy.
+        let g = if escalation { crate::policy::feedback::Feedback { may_override_allow: false, ..g } } else { g };
         if let Err(r) = g.govern(&net, ttl, denied, cap, allowed_above.is_some()) {
             let why = match r {
                 Refusal::TooWide => format!("{net} is wider than the governor allows"),
@@ -144,9 +153,14 @@ impl Enforcer {
             tracing::info!(event = "feedback", decision = "shadow", origin, cidr = %net, ttl, reason = %reason, "limiter: {origin} (shadow): would deny {net} for {ttl} s: {reason}");
             return Ok(format!("shadow: {net} would be denied for {ttl} s (not enforced)"));
         }
-        let entry = RuntimeEntry { action: Some(OverrideAction::Deny), expires: Some(expires), origin: by };
-        let summary = self.change_entries(maps, &[((net, by), Some(entry))])?;
-        self.governor.reasons.insert(net, reason.to_owned());
+        let summary = if escalation {
+            self.escalation_deny(maps, net, expires, reason)?
+        } else {
+            let entry = RuntimeEntry { action: Some(OverrideAction::Deny), expires: Some(expires), origin: by };
+            let summary = self.change_entries(maps, &[((net, by), Some(entry))])?;
+            self.governor.reasons.insert(net, reason.to_owned());
+            summary
+        };
         self.governor.applied += 1;
         tracing::info!(event = "feedback", decision = "applied", origin, cidr = %net, ttl, reason = %reason, "limiter: {origin}: denied {net} for {ttl} s: {reason}");
         Ok(summary)

@@ -129,18 +129,17 @@ fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
 fn a_penalty_overlays_a_limit_and_the_limit_comes_back_exactly() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps, &policy(""));
-    // The operator's limit (the escalation's case of the finding) and the
-    // file's (shadow).
+    // The operator's limit and the file's (shadow).
     e.change_prefix(&mut maps, "198.18.9.0/24".parse().unwrap(), Some(limit(100, 200)), None).unwrap();
     let file_limit = enforced(&e, "198.18.3.0/24").unwrap();
     let before = last(&maps);
-    penalize(&mut e, &mut maps, "198.18.9.0/24", 1, SetBy::Escalation).unwrap();
+    penalize(&mut e, &mut maps, "198.18.9.0/24", 1, SetBy::Feedback).unwrap();
     penalize(&mut e, &mut maps, "198.18.3.0/24", 1, SetBy::Feedback).unwrap();
     for cidr in ["198.18.9.0/24", "198.18.3.0/24"] {
         assert_eq!(enforced(&e, cidr), Some(OverrideAction::Deny), "{cidr}");
     }
     let listed = e.prefixes().into_iter().find(|p| p.cidr.to_string() == "198.18.9.0/24").unwrap();
-    assert_eq!((listed.action.as_str(), listed.origin.as_str()), ("deny", "escalation"));
+    assert_eq!((listed.action.as_str(), listed.origin.as_str()), ("deny", "feedback"));
     assert_eq!(listed.layers[0].rate, Some(100), "the limit is listed beneath");
     let mut e = restarted(&mut maps, &e, &policy(""));
     e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
@@ -177,24 +176,67 @@ fn the_operator_outranks_the_file_and_lifts_penalties() {
     assert_eq!(enforced(&e, "198.18.4.0/24"), Some(OverrideAction::Deny));
 }
 
+/// Issue 43, H2: an escalation denies the address, in the deny set
+/// (origin `escalation`), never the bucket (on 394d35c the /24 was an
+/// override, and its neighbours lost everything); it has a cap of its
+/// own, is recorded with its end so a restart keeps it, ends on time, and
+/// the operator's unset lifts it.
 #[test]
-fn feedback_and_escalation_stack_on_one_prefix_and_have_caps_of_their_own() {
+fn an_escalation_is_an_address_in_the_deny_set_with_a_cap_and_an_end_of_its_own() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps, &policy(""));
-    penalize(&mut e, &mut maps, "198.18.10.0/24", 1, SetBy::Feedback).unwrap();
-    penalize(&mut e, &mut maps, "198.18.10.0/24", 600, SetBy::Escalation).unwrap();
-    assert_eq!(maps.runtime.len(), 2, "one record per layer");
+    let (bucket, addr) = ("198.18.10.0/24", "198.18.10.7/32");
+    penalize(&mut e, &mut maps, bucket, 1, SetBy::Feedback).unwrap();
+    penalize(&mut e, &mut maps, addr, 600, SetBy::Escalation).unwrap();
+    assert_eq!(maps.runtime.len(), 2, "one record each");
+    assert_eq!(enforced(&e, addr), None, "an escalation is no override");
+    assert_eq!(maps.deny.len(), 2, "the /32 and its bucket's marker");
+    assert_eq!(maps.deny_origins, ["escalation"]);
     // The escalation cap (1) is full; the tenant's (2) is not.
-    let err = penalize(&mut e, &mut maps, "198.18.11.0/24", 60, SetBy::Escalation).unwrap_err();
+    let err = penalize(&mut e, &mut maps, "198.18.11.7/32", 60, SetBy::Escalation).unwrap_err();
     assert!(err.to_string().contains("feedback.escalate.max_denied"), "{err}");
     penalize(&mut e, &mut maps, "198.18.11.0/24", 60, SetBy::Feedback).unwrap();
     let err = penalize(&mut e, &mut maps, "198.18.12.0/24", 60, SetBy::Feedback).unwrap_err();
     assert!(err.to_string().contains("(max_denied)"), "{err}");
-    // The feedback's ends; the escalation's is still in force.
+    // A restart keeps it, with its end; the feedback's ends first.
     let mut e = restarted(&mut maps, &e, &policy(""));
     e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
-    assert_eq!(enforced(&e, "198.18.10.0/24"), Some(OverrideAction::Deny));
-    assert_eq!(e.prefixes().iter().find(|p| p.cidr.to_string() == "198.18.10.0/24").unwrap().origin, "escalation");
+    let listed = e.prefixes().into_iter().find(|p| p.cidr.to_string() == addr).unwrap();
+    assert_eq!(listed.origin, "escalation");
+    assert!(listed.expires_in_secs.is_some_and(|s| (590..=600).contains(&s)), "{listed:?}");
+    assert_eq!(maps.deny.len(), 2);
+    assert_eq!(e.deny_layer().counts()[&"escalation".to_owned()], 1);
+    // Its end lifts it, record and all.
+    e.expire(&mut maps, unix_now() + 601).unwrap().unwrap();
+    assert!(maps.deny.is_empty() && e.escalations().is_empty());
+    assert!(maps.runtime.is_empty(), "records left: {:?}", maps.runtime);
+    // The operator outranks it: an unset lifts it at once.
+    penalize(&mut e, &mut maps, addr, 600, SetBy::Escalation).unwrap();
+    let line = e.change_prefix(&mut maps, addr.parse().unwrap(), None, None).unwrap();
+    assert!(line.contains("lifted by the operator"), "{line}");
+    assert!(maps.deny.is_empty() && e.escalations().is_empty());
+    // The deny set lies beneath every allow: refused there, whatever the policy.
+    let mut e = started(&mut maps, &policy("may_override_allow = true\n"));
+    let err = penalize(&mut e, &mut maps, "198.18.2.7/32", 60, SetBy::Escalation).unwrap_err();
+    assert!(err.to_string().contains("governor: allowed"), "{err}");
+}
+
+/// A record of escalation from a build that kept escalations as
+/// overrides of whole buckets: moved into the deny set at a restart (the
+/// bucket stays denied until its end, as that build said), then lifted.
+#[test]
+fn an_escalation_of_an_older_build_moves_into_the_deny_set() {
+    let mut maps = FakeMaps::default();
+    let e = started(&mut maps, &policy(""));
+    let net: IpNet = "198.18.13.0/24".parse().unwrap();
+    let end = u32::try_from(unix_now() + 30).unwrap();
+    let value = runtime::value(Some(&OverrideAction::Deny), end, SetBy::Escalation);
+    maps.set_runtime_override(&runtime::key(&net, SetBy::Escalation), Some(&value)).unwrap();
+    let mut e = restarted(&mut maps, &e, &policy(""));
+    assert_eq!(enforced(&e, "198.18.13.0/24"), None);
+    assert_eq!(maps.deny.len(), 1);
+    e.expire(&mut maps, unix_now() + 31).unwrap().unwrap();
+    assert!(maps.deny.is_empty() && maps.runtime.is_empty());
 }
 
 #[test]

@@ -152,12 +152,16 @@ fn forward() -> impl Strategy<Value = Forward> {
 }
 
 fn feedback() -> impl Strategy<Value = Feedback> {
-    let escalate = (1u64..1 << 32, duration(), duration(), 1usize..10_000).prop_map(|(d, s, f, m)| Escalate {
-        drops_per_sec: d,
-        sustained: s,
-        deny_for: f,
-        max_denied: m,
-    });
+    let escalate = (1u64..1 << 32, duration(), duration(), 1usize..10_000, 0u8..=32, 0u8..=128).prop_map(
+        |(d, s, f, m, v4, v6)| Escalate {
+            drops_per_sec: d,
+            sustained: s,
+            deny_for: f,
+            max_denied: m,
+            deny_v4_prefix: v4,
+            deny_v6_prefix: v6,
+        },
+    );
     let limits = (1usize..100_000, 0u8..=32, 0u8..=128, duration(), any::<bool>(), any::<bool>());
     (addr(), "/[a-z/]{1,20}", limits, option::of(escalate)).prop_map(
         |(listen, token, (max_denied, v4, v6, max_ttl, shadow, may), escalate)| Feedback {

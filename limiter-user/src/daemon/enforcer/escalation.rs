@@ -1,0 +1,186 @@
+//! Escalations in force: the daemon's own denies of proven addresses
+//! (`feedback::escalate`). A /32 or a /128 lies inside a bucket, which an
+//! override cannot tell apart, so they are networks of the deny set under
+//! the origin `escalation` (beneath every allow and deny of the operator
+//! and the file, like feeds). Each is recorded in the pinned `RUNTIME`
+//! map with its end before it is written, so a restarted daemon keeps it
+//! to the second; it is lifted when it ends or when the operator unsets
+//! it, and never outlives its TTL.
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+
+use super::{ApplyError, Enforcer, unix_now};
+use crate::{
+    control::{EntryAction, Origin, PrefixEntry},
+    dataplane::{LoadError, PolicyMaps},
+    policy::{
+        OverrideAction,
+        runtime::{self, SetBy},
+    },
+};
+
+/// The deny set's origin of escalations.
+pub const ORIGIN: &str = "escalation";
+
+/// What escalation denies now: each network with its Unix end and why.
+#[derive(Debug, Default)]
+pub struct Escalations {
+    pub(super) nets: BTreeMap<IpNet, (u64, String)>,
+}
+
+impl Escalations {
+    /// How many networks escalation denies now.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.nets.len()
+    }
+
+    /// Whether it denies none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty()
+    }
+
+    pub(super) fn next_end(&self) -> Option<u64> {
+        self.nets.values().map(|(t, _)| *t).min()
+    }
+
+    /// How `prefix list` and `GET /v1/penalties` show them.
+    pub(super) fn entries(&self) -> impl Iterator<Item = PrefixEntry> + '_ {
+        let now = unix_now();
+        self.nets.iter().map(move |(net, (end, why))| PrefixEntry {
+            cidr: *net,
+            action: EntryAction::Deny,
+            rate: None,
+            burst: None,
+            origin: Origin::Escalation,
+            expires_in_secs: Some(end.saturating_sub(now)),
+            reason: Some(why.clone()),
+            layers: Vec::new(),
+            source: None,
+        })
+    }
+}
+
+fn record(net: &IpNet, end: Option<u64>) -> (limiter_common::RuntimeKey, Option<limiter_common::RuntimeOverride>) {
+    let value = end
+        .map(|t| runtime::value(Some(&OverrideAction::Deny), u32::try_from(t).unwrap_or(u32::MAX), SetBy::Escalation));
+    (runtime::key(net, SetBy::Escalation), value)
+}
+
+impl Enforcer {
+    /// Deny `net` until `end` (an escalation the governor allowed): the
+    /// record first, then the deny set; on any failure neither stays.
+    pub(super) fn escalation_deny(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        net: IpNet,
+        end: u64,
+        reason: &str,
+    ) -> Result<String, ApplyError> {
+        let was = self.escalations.nets.get(&net).map(|(t, _)| *t);
+        let (k, v) = record(&net, Some(end));
+        maps.set_runtime_override(&k, v.as_ref())?;
+        let added = self.deny.set.origin(ORIGIN).and_then(|o| self.deny.set.add(o, &net));
+        if let Err(e) = added {
+            let _ = self.deny.set.finish();
+            let (k, v) = record(&net, was);
+            let _ = maps.set_runtime_override(&k, v.as_ref());
+            return Err(ApplyError::Request(format!("escalation of {net}: {e}")));
+        }
+        if let Err(e) = super::deny::write(maps, &self.deny.set.finish(), self.deny.set.names()) {
+            let _ = self.restore_deny(maps);
+            let (k, v) = record(&net, was);
+            let _ = maps.set_runtime_override(&k, v.as_ref());
+            return Err(e.into());
+        }
+        self.escalations.nets.insert(net, (end, reason.to_owned()));
+        Ok(format!("escalation: {net} denied for {} s (in the deny set)", end.saturating_sub(unix_now())))
+    }
+
+    /// Lift the escalations of `nets` (ended, or unset by the operator):
+    /// out of the deny set, then their records.
+    fn lift_escalations(&mut self, maps: &mut impl PolicyMaps, nets: &[IpNet]) -> Result<(), ApplyError> {
+        if let Some(o) = self.deny.set.named(ORIGIN) {
+            for n in nets {
+                self.deny.set.remove(o, n);
+            }
+        }
+        if let Err(e) = super::deny::write(maps, &self.deny.set.finish(), self.deny.set.names()) {
+            let _ = self.restore_deny(maps);
+            return Err(e.into());
+        }
+        for n in nets {
+            let (k, _) = record(n, None);
+            if let Err(e) = maps.set_runtime_override(&k, None) {
+                tracing::warn!("limiter: the record of escalation {n} stays in RUNTIME: {e}");
+            }
+            self.escalations.nets.remove(n);
+        }
+        Ok(())
+    }
+
+    /// The operator unsets an escalated network.
+    pub(super) fn unset_escalation(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        net: IpNet,
+    ) -> Option<Result<String, ApplyError>> {
+        self.escalations.nets.contains_key(&net).then(|| {
+            self.lift_escalations(maps, &[net]).map(|()| format!("escalation of {net} lifted by the operator"))
+        })
+    }
+
+    /// Lift the escalations whose time is up at `now`.
+    pub(super) fn expire_escalations(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        now: u64,
+    ) -> Option<Result<String, ApplyError>> {
+        let due: Vec<IpNet> = self.escalations.nets.iter().filter(|(_, (t, _))| *t <= now).map(|(n, _)| *n).collect();
+        (!due.is_empty())
+            .then(|| self.lift_escalations(maps, &due).map(|()| format!("{} escalation(s) ended", due.len())))
+    }
+
+    /// A restart: the escalations recorded in `RUNTIME` (`restored`, with
+    /// their ends) are what the deny set's `escalation` origin holds;
+    /// whatever the pins hold beyond them goes (a record removed before a
+    /// crash cut the lift short), whatever they miss is written.
+    pub(super) fn restore_escalations(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        restored: Vec<(IpNet, u64)>,
+    ) -> Result<(), LoadError> {
+        let pinned: Vec<IpNet> = self.deny.set.named(ORIGIN).map(|o| self.deny.set.of(o).collect()).unwrap_or_default();
+        if restored.is_empty() && pinned.is_empty() {
+            return Ok(());
+        }
+        let origin = match self.deny.set.origin(ORIGIN) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!("limiter: escalations not restored: {e}");
+                return Ok(());
+            }
+        };
+        for n in pinned.iter().filter(|n| !restored.iter().any(|(r, _)| r == *n)) {
+            self.deny.set.remove(origin, n);
+        }
+        for (net, end) in restored {
+            if let Err(e) = self.deny.set.add(origin, &net) {
+                tracing::warn!("limiter: escalation of {net} not restored: {e}");
+                continue;
+            }
+            self.escalations.nets.insert(net, (end, "escalation (restored at a restart)".to_owned()));
+        }
+        let names = self.deny.set.names().to_vec();
+        super::deny::write(maps, &self.deny.set.finish(), &names)
+    }
+
+    /// What escalation denies now.
+    #[must_use]
+    pub fn escalations(&self) -> &Escalations {
+        &self.escalations
+    }
+}
