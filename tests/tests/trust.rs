@@ -196,37 +196,8 @@ fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
 /// operator's limit (rate 100, burst 200) is in force again, exactly.
 #[test]
 fn the_layers_survive_a_pinned_restart_and_a_reload() {
-    require_root();
-    let net = VethPair::new("trp");
-    let tmp = TempDir::new("trp");
-    let pins = PathBuf::from(format!("/sys/fs/bpf/limiter-test-trp-{}", std::process::id()));
-    let _unpin = Unpin(pins.clone());
-    let token = tmp.0.join("token");
-    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
-    let policy = tmp.0.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "rate = 1000\nburst = 2000\n\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"{}\"\nmin_v4_prefix = 16\n",
-            token.display()
-        ),
-    )
-    .unwrap();
-    let socket = unique_socket("trp");
-    let (_log_tx, idle) = std::sync::mpsc::channel();
-    let r = Running { net, _daemon: Guard(Command::new("true").spawn().unwrap()), log: idle, socket, _tmp: tmp };
-    let run = |r: &Running| {
-        let mut c = r.net.b.net_command(scenario::locate_bin("limiter").unwrap());
-        c.args(["run", "--iface", B_IF, "--status-interval", "0", "--pin", "--pin-dir"])
-            .arg(&pins)
-            .arg("--policy")
-            .arg(&policy)
-            .arg("--socket")
-            .arg(&r.socket);
-        let (g, log) = spawn_lines(c).unwrap();
-        wait_for(&log, "metrics on", Duration::from_secs(20), &mut String::new()).unwrap();
-        (g, log)
-    };
+    let (r, pins, policy, _unpin) = pinned("trp", "");
+    let run = |r: &Running| run_pinned(r, &pins, &policy);
     let (mut daemon, _log) = run(&r);
     let src = "198.18.9.10";
     r.net.add_source(src);
@@ -278,6 +249,91 @@ fn the_layers_survive_a_pinned_restart_and_a_reload() {
         "{j}"
     );
     assert_eq!(delivered(&r, src, 50), 50, "the operator's limit admits its burst again");
+}
+
+/// Issue 43, H2 across a crash: a proven address escalated (a /32 in the
+/// deny set, its end recorded in RUNTIME), then `kill -9` and a restart
+/// over the pins: still listed with the time it had left, still dropped,
+/// its neighbour still served, and lifted on time.
+#[test]
+fn an_escalation_survives_kill_9_and_ends_on_time() {
+    let escalate = "\n[feedback.escalate]\ndrops_per_sec = 2000\nsustained = \"1s\"\ndeny_for = \"12s\"\n";
+    let (r, pins, policy, _unpin) = pinned("tre", escalate);
+    let (mut daemon, _log) = run_pinned(&r, &pins, &policy);
+    let (abuser, neighbour) = ("198.18.14.9", "198.18.14.10");
+    r.net.add_source(abuser);
+    r.net.add_source(neighbour);
+    let _conn = prove(&r, abuser, LISTEN_PORT + 2);
+    let netload = scenario::locate_bin("netload").unwrap();
+    let dst = format!("{B_ADDR}:{}", scenario::PORT);
+    let flood = Guard(
+        r.net.a.command(&netload).args(["send", abuser, &dst, "8000", "6"]).stdout(Stdio::null()).spawn().unwrap(),
+    );
+    let start = Instant::now();
+    let escalated = |r: &Running| -> Option<u64> {
+        let j: serde_json::Value = serde_json::from_str(&cli(r, &["prefix", "list", "--json"])).unwrap();
+        let e = j["overrides"].as_array()?.iter().find(|e| e["cidr"] == "198.18.14.9/32")?.clone();
+        assert_eq!(e["origin"], "escalation", "{j}");
+        e["expires_in_secs"].as_u64()
+    };
+    while start.elapsed() < Duration::from_secs(6) && escalated(&r).is_none() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let set_at = Instant::now();
+    drop(flood);
+    assert!(escalated(&r).is_some(), "not escalated within 6 s");
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    let (_again, _log) = run_pinned(&r, &pins, &policy);
+    let left = escalated(&r).expect("the escalation was lost across kill -9");
+    let since = set_at.elapsed().as_secs();
+    println!("after kill -9 and a restart ({since} s after the escalation): {left} s left of 12");
+    assert!(left + since <= 12 && left + since >= 10, "{left} s left, {since} s after");
+    assert!(!cli(&r, &["prefix", "list"]).contains("198.18.14.0/24"), "the bucket was denied");
+    assert_eq!(delivered(&r, abuser, 20), 0, "the escalated address is dropped after the restart");
+    assert_eq!(delivered(&r, neighbour, 50), 50, "its neighbour is served");
+    thread_sleep_until(set_at + Duration::from_secs(14));
+    assert_eq!(escalated(&r), None, "the escalation outlived its end");
+    assert_eq!(delivered(&r, abuser, 20), 20, "lifted at its end");
+}
+
+/// A daemon's setting for a restart over pins: the link, the pin
+/// directory (removed when the last value drops), and a policy with
+/// feedback and `extra`.
+fn pinned(tag: &str, extra: &str) -> (Running, PathBuf, PathBuf, Unpin) {
+    require_root();
+    let net = VethPair::new(tag);
+    let tmp = TempDir::new(tag);
+    let pins = PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}-{}", std::process::id()));
+    let token = tmp.0.join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let policy = tmp.0.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "rate = 1000\nburst = 2000\n\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"{}\"\nmin_v4_prefix = 16\n{extra}",
+            token.display()
+        ),
+    )
+    .unwrap();
+    let socket = unique_socket(tag);
+    let (_log_tx, idle) = std::sync::mpsc::channel();
+    let r = Running { net, _daemon: Guard(Command::new("true").spawn().unwrap()), log: idle, socket, _tmp: tmp };
+    (r, pins.clone(), policy, Unpin(pins))
+}
+
+/// Start the daemon of [`pinned`] over its pins.
+fn run_pinned(r: &Running, pins: &std::path::Path, policy: &std::path::Path) -> (Guard, Receiver<String>) {
+    let mut c = r.net.b.net_command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--pin", "--pin-dir"])
+        .arg(pins)
+        .arg("--policy")
+        .arg(policy)
+        .arg("--socket")
+        .arg(&r.socket);
+    let (g, log) = spawn_lines(c).unwrap();
+    wait_for(&log, "metrics on", scenario::DAEMON_START, &mut String::new()).unwrap();
+    (g, log)
 }
 
 /// Removes a test's pins even when it fails.
