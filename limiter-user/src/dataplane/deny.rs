@@ -216,6 +216,14 @@ impl DenySet {
 
     /// `origin` denies `net` too.
     pub fn add(&mut self, origin: Origin, net: &IpNet) -> Result<(), DenyError> {
+        self.add_within(origin, net, limiter_common::deny::MAX_LENS)
+    }
+
+    /// [`DenySet::add`], but a network of an IPv6 prefix length not in use
+    /// yet is refused once `v6_lens` lengths are in use: CrowdSec keeps
+    /// within a budget, so that feeds and escalation always have lengths
+    /// left (a network of a length in use always fits).
+    pub fn add_within(&mut self, origin: Origin, net: &IpNet, v6_lens: usize) -> Result<(), DenyError> {
         let k = key_of(net);
         let bit = 1u64 << origin.0;
         match self.nets.get(&k).copied() {
@@ -238,7 +246,7 @@ impl DenySet {
         let (s, len) = (slot(k.family), usize::from(k.len));
         if self.counts[s][len] == 0 && s == 1 {
             let in_use = self.counts[1].iter().filter(|c| **c > 0).count();
-            if in_use >= limiter_common::deny::MAX_LENS {
+            if in_use >= v6_lens.min(limiter_common::deny::MAX_LENS) {
                 return Err(DenyError::TooManyLengths(in_use));
             }
         }

@@ -20,6 +20,13 @@ use crate::{
 /// them (of the set's 64).
 pub const CROWDSEC_ORIGINS: usize = 16;
 
+/// IPv6 prefix lengths CrowdSec's decisions may bring into use (of the
+/// set's `MAX_LENS`): the rest are kept for feeds and escalation (ranges
+/// of 60 lengths from the LAPI took all 40 on 394d35c, and the operator's
+/// feed with a /64 and a /48 was refused). Decisions of lengths in use
+/// (by anyone) always fit.
+pub const CROWDSEC_V6_LENS: usize = limiter_common::deny::MAX_LENS - 16;
+
 /// The origin CrowdSec's sources share past [`CROWDSEC_ORIGINS`].
 const SHARED: &str = "crowdsec:other";
 
@@ -171,7 +178,7 @@ impl Enforcer {
                 left_out += 1;
                 continue;
             }
-            if !known && self.deny.set.add(origin, &d.net).is_err() {
+            if !known && self.deny.set.add_within(origin, &d.net, CROWDSEC_V6_LENS).is_err() {
                 left_out += 1;
                 continue;
             }

@@ -174,3 +174,33 @@ fn crowdsec_sources_share_bounded_origins_and_leave_feeds_room() {
     e.feed(&mut m, &feed, &nets).unwrap();
     assert!(e.deny.set.named("feed:ops").is_some());
 }
+
+/// Issue 43, M5: decisions of 60 IPv6 prefix lengths took all 40 of the
+/// set's on 394d35c, and the operator's feed with a /64 and a /48 was then
+/// refused. CrowdSec now brings at most `CROWDSEC_V6_LENS` into use (the
+/// rest are left out and counted; lengths in use still fit), and a feed
+/// of 16 new lengths is taken.
+#[test]
+fn crowdsec_keeps_within_its_ipv6_length_budget_and_feeds_keep_room() {
+    let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec("allow_bogons = true\n"));
+    let ranges: Vec<Decision> = (0..60i64).map(|i| d(i, "cscli", &format!("2001:db8::/{}", 65 + i), 600)).collect();
+    e.crowdsec(&mut m, &s, pulled(true, ranges, vec![])).unwrap();
+    assert_eq!(e.crowdsec_decisions().len(), CROWDSEC_V6_LENS);
+    assert_eq!(e.crowdsec_decisions().left_out, 60 - CROWDSEC_V6_LENS as u64);
+    // A decision of a length in use still fits.
+    e.crowdsec(&mut m, &s, pulled(false, vec![d(100, "cscli", "2001:db8:1::/65", 600)], vec![])).unwrap();
+    assert_eq!(e.crowdsec_decisions().len(), CROWDSEC_V6_LENS + 1);
+    let feed: crate::policy::feed::Feed = crate::policy::file::parse(
+        "p",
+        "[[feed]]\nname = \"ops\"\npath = \"/f\"\nallow_bogons = true\nmin_v6_prefix = 16\n".into(),
+    )
+    .unwrap()
+    .policy
+    .feeds[0]
+        .clone();
+    // A /64, a /48 and 14 lengths more: 16 lengths none of CrowdSec's used.
+    let lens = [64u8, 48].into_iter().chain(34..48);
+    let nets = lens.map(|l| format!("2001:db8:2::/{l}").parse::<IpNet>().unwrap().trunc()).collect();
+    let line = e.feed(&mut m, &feed, &nets).unwrap();
+    assert!(line.contains("16 networks"), "{line}");
+}
