@@ -19,6 +19,14 @@ pub const DENIED: u32 = 1 << 31;
 /// The value's bit: networks finer than this one (which is a bucket
 /// prefix) are denied inside it.
 pub const FINER: u32 = 1 << 30;
+/// The value of an owner record: a key whose `pad[0]` is [`OWNER_KEY`]
+/// (which the data plane never asks) records that the origin in
+/// `pad[1]` denies the network too, beside the lowest one in the
+/// network's own value, so that a restarted daemon knows every origin of
+/// a network several deny.
+pub const OWNER: u32 = 1 << 29;
+/// `pad[0]` of an owner record's key.
+pub const OWNER_KEY: u8 = 1;
 /// The value's bits naming who denied it (an index of
 /// [`crate::maps::DENY_ORIGINS`]; the lowest of several).
 pub const ORIGIN: u32 = 0xffff;
@@ -34,7 +42,7 @@ pub const ORIGIN_NAME: usize = 48;
 pub struct DenyKey {
     pub family: Family,
     pub len: u8,
-    /// Always zero (explicit padding).
+    /// Zero, except in an owner record (see [`OWNER`]).
     pub pad: [u8; 2],
     pub addr: [u32; 4],
 }

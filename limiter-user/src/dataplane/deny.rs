@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use ipnet::IpNet;
 use limiter_common::{
     Family,
-    deny::{DENIED, DenyKey, DenyLens, FINER, MAX_ORIGINS},
+    deny::{DENIED, DenyKey, DenyLens, FINER, MAX_ORIGINS, OWNER, OWNER_KEY},
     family,
 };
 
@@ -92,6 +92,21 @@ pub struct DenySet {
     touched: HashSet<DenyKey>,
     /// Their values before it.
     before: HashMap<DenyKey, u32>,
+    /// And their origins before it.
+    before_owners: HashMap<DenyKey, u64>,
+    /// Owner records: each network's origins past its lowest, one kernel
+    /// entry each (see `limiter_common::deny::OWNER`).
+    shared: usize,
+}
+
+/// The origins of `owners` past the lowest (those with owner records).
+fn past_lowest(owners: u64) -> u64 {
+    owners & owners.wrapping_sub(1)
+}
+
+/// The key of the owner record of `origin` for network `k`.
+fn owner_key(k: &DenyKey, origin: u8) -> DenyKey {
+    DenyKey { pad: [OWNER_KEY, origin], ..*k }
 }
 
 fn slot(fam: Family) -> usize {
@@ -114,6 +129,8 @@ impl DenySet {
             lens: DenyLens::default(),
             touched: HashSet::new(),
             before: HashMap::new(),
+            before_owners: HashMap::new(),
+            shared: 0,
         }
     }
 
@@ -205,7 +222,13 @@ impl DenySet {
         if self.touched.insert(k) {
             let v = self.value(&k);
             self.before.insert(k, v);
+            self.before_owners.insert(k, self.nets.get(&k).copied().unwrap_or(0));
         }
+    }
+
+    /// Kernel entries in use: networks, markers and owner records.
+    fn entries(&self) -> usize {
+        self.nets.len() + self.markers.len() + self.shared
     }
 
     /// The marker of `k` under the bucket prefix, if `k` is finer.
@@ -229,9 +252,14 @@ impl DenySet {
         match self.nets.get(&k).copied() {
             Some(o) if o & bit != 0 => return Ok(()),
             Some(o) => {
+                // One more origin: one owner record more.
+                if self.entries() + 1 > self.capacity {
+                    return Err(DenyError::Full(self.capacity));
+                }
                 self.touch(k);
                 self.nets.insert(k, o | bit);
                 self.per_origin[usize::from(origin.0)] += 1;
+                self.shared += 1;
                 return Ok(());
             }
             None => {}
@@ -240,7 +268,7 @@ impl DenySet {
         // than the bucket prefix (a network on a marker's key counted twice:
         // a bound, never short).
         let marker = self.marker_of(&k).filter(|m| !self.markers.contains_key(m));
-        if self.nets.len() + self.markers.len() + 1 + usize::from(marker.is_some()) > self.capacity {
+        if self.entries() + 1 + usize::from(marker.is_some()) > self.capacity {
             return Err(DenyError::Full(self.capacity));
         }
         let (s, len) = (slot(k.family), usize::from(k.len));
@@ -270,6 +298,7 @@ impl DenySet {
         self.per_origin[usize::from(origin.0)] -= 1;
         if o != bit {
             self.nets.insert(k, o & !bit);
+            self.shared -= 1;
             return;
         }
         self.nets.remove(&k);
@@ -308,6 +337,20 @@ impl DenySet {
                 continue;
             }
             if now == 0 { ch.deletes.push(k) } else { ch.upserts.push((k, now)) }
+        }
+        // The owner records of the networks touched: each origin past the
+        // lowest has one.
+        for (k, was) in std::mem::take(&mut self.before_owners) {
+            let now = self.nets.get(&k).copied().unwrap_or(0);
+            let (was, now) = (past_lowest(was), past_lowest(now));
+            for i in 0..64u8 {
+                let bit = 1u64 << i;
+                if now & bit != 0 && was & bit == 0 {
+                    ch.upserts.push((owner_key(&k, i), OWNER | u32::from(i)));
+                } else if was & bit != 0 && now & bit == 0 {
+                    ch.deletes.push(owner_key(&k, i));
+                }
+            }
         }
         self.before.clear();
         let now = self.lens_now();

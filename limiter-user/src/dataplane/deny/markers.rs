@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use limiter_common::deny::{DENIED, DenyKey, FINER};
+use limiter_common::deny::{DENIED, DenyKey, FINER, OWNER, OWNER_KEY};
 
 use super::{Change, DenySet, Pinned, slot};
 
@@ -17,7 +17,12 @@ impl DenySet {
         let mut s = Self::new(capacity, bucket.0, bucket.1);
         s.names = pinned.names;
         let mut kernel_markers = Vec::new();
+        let mut owners = Vec::new();
         for (k, v) in pinned.entries {
+            if k.pad[0] == OWNER_KEY {
+                owners.push((k, v));
+                continue;
+            }
             if v & FINER != 0 {
                 kernel_markers.push(k);
                 s.markers.insert(k, 1);
@@ -27,6 +32,23 @@ impl DenySet {
                 s.nets.insert(k, 1 << origin);
                 s.per_origin[origin as usize] += 1;
                 s.counts[slot(k.family)][usize::from(k.len.min(128))] += 1;
+            }
+        }
+        // Every origin of a network several deny (its owner records); a
+        // record whose network is gone (a write a crash cut short) goes.
+        let mut orphans = Vec::new();
+        for (k, v) in owners {
+            let net = DenyKey { pad: [0; 2], ..k };
+            let origin = k.pad[1];
+            match s.nets.get_mut(&net) {
+                Some(o)
+                    if v & OWNER != 0 && origin < 64 && *o & (1 << origin) == 0 && *o & ((1 << origin) - 1) != 0 =>
+                {
+                    *o |= 1 << origin;
+                    s.per_origin[usize::from(origin)] += 1;
+                    s.shared += 1;
+                }
+                _ => orphans.push(k),
             }
         }
         s.lens = pinned.lens;
@@ -40,7 +62,8 @@ impl DenySet {
             s.touch(*m);
         }
         s.markers = fresh;
-        let ch = s.finish();
+        let mut ch = s.finish();
+        ch.deletes.extend(orphans);
         (s, ch)
     }
 

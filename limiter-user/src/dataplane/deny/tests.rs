@@ -43,7 +43,8 @@ fn a_network_two_origins_deny_stays_until_both_lift_it() {
     s.finish();
     s.remove(a, &net("2001:2::1/128"));
     let ch = s.finish();
-    assert_eq!(ch.deletes, vec![]);
+    let b_index = u8::try_from(b.0).unwrap();
+    assert_eq!(ch.deletes, vec![owner_key(&key_of(&net("2001:2::1/128")), b_index)], "b's owner record");
     assert_eq!(value_of(&ch, "2001:2::1/128"), Some(DENIED | u32::from(b.0)), "b's now");
     assert_eq!(s.origins_of(&net("2001:2::1/128")), vec![b]);
     s.remove(a, &net("2001:2::1/128"));
@@ -142,4 +143,53 @@ fn a_restart_reads_the_set_back_and_mends_a_cut_write() {
     assert_eq!(r.names(), s.names());
     assert_eq!(mend.upserts, vec![(key_of(&net("198.18.5.0/24")), FINER)], "the missing marker");
     assert!(mend.deletes.is_empty() && mend.lens_during.is_none() && mend.lens_after.is_none());
+}
+
+/// Issue 43, L3: the pins kept one origin per network (the lowest, in its
+/// value), so a restarted daemon thought a network two feeds list was the
+/// first one's alone: the first's next version lifted it (for the 2 ms
+/// until the second's was read), and the second's shrink guard counted
+/// too few. Owner records keep every origin; a record whose network is
+/// gone is mended away.
+#[test]
+fn every_origin_of_a_network_survives_a_restart() {
+    let mut kernel: HashMap<DenyKey, u32> = HashMap::new();
+    let write = |kernel: &mut HashMap<DenyKey, u32>, ch: Change| {
+        kernel.extend(ch.upserts);
+        for k in ch.deletes {
+            kernel.remove(&k);
+        }
+    };
+    let mut set = DenySet::new(100, 24, 64);
+    let (a, b, c) = (set.origin("feed:a").unwrap(), set.origin("feed:b").unwrap(), set.origin("feed:c").unwrap());
+    for o in [a, b, c] {
+        set.add(o, &net("198.18.5.7/32")).unwrap();
+    }
+    set.add(b, &net("198.18.6.0/24")).unwrap();
+    write(&mut kernel, set.finish());
+    assert_eq!(kernel.len(), 5, "two networks, a marker, two owner records");
+    // A stray record of a network no longer there (a cut write).
+    kernel.insert(owner_key(&key_of(&net("198.18.9.9/32")), 2), OWNER | 2);
+    let pinned = || Pinned {
+        entries: kernel.iter().map(|(k, v)| (*k, *v)).collect(),
+        names: set.names().to_vec(),
+        lens: DenyLens::default(),
+    };
+    let (mut back, mend) = DenySet::restore(100, (24, 64), pinned());
+    assert_eq!(back.origins_of(&net("198.18.5.7/32")), vec![a, b, c]);
+    assert_eq!((back.count_of(a), back.count_of(b), back.count_of(c)), (1, 2, 1));
+    assert_eq!(mend.deletes, vec![owner_key(&key_of(&net("198.18.9.9/32")), 2)]);
+    write(&mut kernel, mend);
+    // a lifts it: b and c still deny it, in the kernel too.
+    back.remove(a, &net("198.18.5.7/32"));
+    let ch = back.finish();
+    assert!(ch.deletes.iter().all(|k| k.pad[0] == OWNER_KEY), "{ch:?}");
+    write(&mut kernel, ch);
+    assert_eq!(kernel[&key_of(&net("198.18.5.7/32"))], DENIED | u32::from(b.0));
+    // Room counts the owner records.
+    let mut full = DenySet::new(2, 24, 64);
+    let (first, second) = (full.origin("x").unwrap(), full.origin("y").unwrap());
+    full.add(first, &net("198.18.0.0/16")).unwrap();
+    full.add(second, &net("198.18.0.0/16")).unwrap();
+    assert_eq!(full.add(first, &net("198.19.0.0/16")), Err(DenyError::Full(2)));
 }
