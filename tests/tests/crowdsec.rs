@@ -37,7 +37,7 @@ fn decisions_are_read_exactly_and_then_as_deltas() {
     );
     let ttl = first.new.iter().find(|d| d.net.to_string() == "203.0.114.7/32").unwrap().ttl.as_secs();
     assert!((4 * 3600 - 60..=4 * 3600).contains(&ttl), "{ttl}");
-    assert!(first.new.iter().all(|d| d.origin == "cscli" && d.kind == "ban"));
+    assert!(first.new.iter().all(|d| d.origin() == "cscli" && d.kind() == "ban"));
     // Nothing changed: an empty delta.
     let none = rt.block_on(client.pull(false)).unwrap();
     assert!(none.new.is_empty() && none.deleted.is_empty(), "{none:?}");

@@ -13,12 +13,13 @@
 
 mod duration;
 mod series;
+mod stream;
 mod watch;
 
 #[cfg(test)]
 mod tests;
 
-use std::{net::IpAddr, time::Duration};
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use http_body_util::{BodyExt as _, Empty, Limited};
 use hyper::{Request, StatusCode, body::Bytes};
@@ -31,7 +32,7 @@ use crate::feeds::unmapped;
 pub use self::{
     duration::parse_go_duration,
     series::Report,
-    watch::{MAX_BACKOFF, Pulled, Status, Watch},
+    watch::{MAX_BACKOFF, PART, Part, Pulled, Status, Watch},
 };
 
 /// What the LAPI answers at most for one pull (100,000 decisions take
@@ -50,27 +51,56 @@ pub struct Lapi {
     key: String,
 }
 
-/// A decision, typed.
+/// A decision, typed (its names shared between the decisions of a pull:
+/// a decision takes 56 bytes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     pub id: i64,
-    /// `cscli`, `crowdsec`, `CAPI`, `lists`, ...
-    pub origin: String,
-    pub scenario: String,
-    /// `ban`, `captcha`, ...
-    pub kind: String,
+    pub names: Arc<Names>,
     pub net: IpNet,
     /// Time left (zero for a deleted decision's leftover).
     pub ttl: Duration,
 }
 
+/// A decision's names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Names {
+    /// `cscli`, `crowdsec`, `CAPI`, `lists`, ...
+    pub origin: Box<str>,
+    pub scenario: Box<str>,
+    /// `ban`, `captcha`, ...
+    pub kind: Box<str>,
+}
+
 impl Decision {
+    /// A decision of `net` for `ttl`, with its own names.
+    #[must_use]
+    pub fn new(id: i64, origin: &str, scenario: &str, kind: &str, net: IpNet, ttl: Duration) -> Self {
+        let names = Names { origin: origin.into(), scenario: scenario.into(), kind: kind.into() };
+        Self { id, names: Arc::new(names), net, ttl }
+    }
+
+    #[must_use]
+    pub fn origin(&self) -> &str {
+        &self.names.origin
+    }
+
+    #[must_use]
+    pub fn scenario(&self) -> &str {
+        &self.names.scenario
+    }
+
+    #[must_use]
+    pub fn kind(&self) -> &str {
+        &self.names.kind
+    }
+
     /// How `prefix list` would name its source: `crowdsec:ORIGIN`, and for
     /// a blocklist its name (`crowdsec:lists:NAME`).
     #[must_use]
     pub fn source(&self) -> String {
-        match self.origin.as_str() {
-            "lists" => format!("crowdsec:lists:{}", self.scenario),
+        match self.origin() {
+            "lists" => format!("crowdsec:lists:{}", self.scenario()),
             o => format!("crowdsec:{o}"),
         }
     }
@@ -140,13 +170,14 @@ impl Lapi {
     /// `ip` and `range` scopes are asked for.
     pub async fn pull(&self, startup: bool) -> Result<Pull, LapiError> {
         let path = format!("{}/v1/decisions/stream?startup={startup}&scopes=ip,range", self.base);
-        let body = tokio::time::timeout(PULL_TIMEOUT, self.get(&path))
+        tokio::time::timeout(PULL_TIMEOUT, self.get(&path))
             .await
-            .map_err(|_| LapiError::Timeout { authority: self.authority.clone(), after: PULL_TIMEOUT })??;
-        decode(&body)
+            .map_err(|_| LapiError::Timeout { authority: self.authority.clone(), after: PULL_TIMEOUT })?
     }
 
-    async fn get(&self, path: &str) -> Result<Bytes, LapiError> {
+    /// GET `path`; a 200's body decoded as it arrives (see `stream.rs`),
+    /// at most [`MAX_BODY`] bytes.
+    async fn get(&self, path: &str) -> Result<Pull, LapiError> {
         let tcp = tokio::net::TcpStream::connect(&self.authority)
             .await
             .map_err(|source| LapiError::Connect { authority: self.authority.clone(), source })?;
@@ -155,6 +186,7 @@ impl Lapi {
             .map_err(|e| LapiError::Http(e.to_string()))?;
         // The connection is driven while the request runs; it ends with it.
         let driver = tokio::spawn(conn);
+        let _end = AbortOnDrop(driver);
         let req = Request::get(path)
             .header("Host", &self.authority)
             .header("X-Api-Key", &self.key)
@@ -163,23 +195,61 @@ impl Lapi {
             .map_err(|e| LapiError::Http(e.to_string()))?;
         let res = sender.send_request(req).await.map_err(|e| LapiError::Http(e.to_string()))?;
         let status = res.status();
-        let body = Limited::new(res.into_body(), MAX_BODY).collect().await;
-        driver.abort();
-        let body = match body {
-            Ok(b) => b.to_bytes(),
-            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-                return Err(LapiError::TooBig { max: MAX_BODY });
+        if status != StatusCode::OK {
+            let body = Limited::new(res.into_body(), 4096)
+                .collect()
+                .await
+                .map(http_body_util::Collected::to_bytes)
+                .unwrap_or_default();
+            return Err(match status {
+                StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => LapiError::Key { status: status.as_u16() },
+                s => {
+                    let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+                    LapiError::Status { status: s.as_u16(), body: crate::escape_control(&text) }
+                }
+            });
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+        let decoding = tokio::task::spawn_blocking(move || stream::decode_from(stream::Chunks::new(rx)));
+        let mut body = res.into_body();
+        let mut total = 0usize;
+        let mut failed = None;
+        while let Some(frame) = body.frame().await {
+            let data = match frame {
+                Ok(f) => match f.into_data() {
+                    Ok(d) => d,
+                    Err(_) => continue,
+                },
+                Err(e) => {
+                    failed = Some(LapiError::Http(e.to_string()));
+                    break;
+                }
+            };
+            total += data.len();
+            if total > MAX_BODY {
+                failed = Some(LapiError::TooBig { max: MAX_BODY });
+                break;
             }
-            Err(e) => return Err(LapiError::Http(e.to_string())),
-        };
-        match status {
-            StatusCode::OK => Ok(body),
-            StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => Err(LapiError::Key { status: status.as_u16() }),
-            s => {
-                let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-                Err(LapiError::Status { status: s.as_u16(), body: crate::escape_control(&text) })
+            // The decoder stopped (a malformed answer): its error says why.
+            if tx.send(data).await.is_err() {
+                break;
             }
         }
+        drop(tx);
+        let pull = decoding.await.map_err(|e| LapiError::Http(e.to_string()))?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(pull?),
+        }
+    }
+}
+
+/// Aborts the connection's task when the pull ends (or is cancelled).
+struct AbortOnDrop(tokio::task::JoinHandle<Result<(), hyper::Error>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -199,32 +269,9 @@ struct Raw {
     duration: String,
 }
 
-#[derive(Deserialize)]
-struct Stream {
-    #[serde(default)]
-    new: Option<Vec<Raw>>,
-    #[serde(default)]
-    deleted: Option<Vec<Raw>>,
-}
-
 /// A stream answer's body, typed (see the module's doc).
 pub fn decode(body: &[u8]) -> Result<Pull, LapiError> {
-    let s: Stream = serde_json::from_slice(body)?;
-    let mut pull = Pull::default();
-    let take = |raws: Option<Vec<Raw>>, pull: &mut Pull, deleted: bool| {
-        for r in raws.unwrap_or_default() {
-            match typed(&r, deleted) {
-                Ok(d) if deleted => pull.deleted.push(d),
-                Ok(d) => pull.new.push(d),
-                Err(Skip::Scope) => pull.other_scope += 1,
-                Err(Skip::Value) => pull.bad_value += 1,
-                Err(Skip::Duration) => pull.bad_duration += 1,
-            }
-        }
-    };
-    take(s.new, &mut pull, false);
-    take(s.deleted, &mut pull, true);
-    Ok(pull)
+    Ok(stream::decode_from(body)?)
 }
 
 enum Skip {
@@ -233,7 +280,7 @@ enum Skip {
     Duration,
 }
 
-fn typed(r: &Raw, deleted: bool) -> Result<Decision, Skip> {
+fn typed(r: &Raw, deleted: bool, names: &mut stream::Shared) -> Result<Decision, Skip> {
     let net = match r.scope.to_ascii_lowercase().as_str() {
         "ip" => unmapped(r.value.parse::<IpAddr>().map(IpNet::from).map_err(|_| Skip::Value)?),
         "range" => unmapped(r.value.parse::<IpNet>().map_err(|_| Skip::Value)?).trunc(),
@@ -253,14 +300,12 @@ fn typed(r: &Raw, deleted: bool) -> Result<Decision, Skip> {
     // origin name whole (a longer one, cut in the pins, came back as
     // another origin after each restart).
     let room = limiter_common::deny::ORIGIN_NAME - "crowdsec:lists:".len();
-    Ok(Decision {
-        id: r.id,
-        origin: outside_name(&r.origin, room),
-        scenario: outside_name(&r.scenario, room),
-        kind: outside_name(&r.kind, room),
-        net,
-        ttl,
-    })
+    let these = Names {
+        origin: outside_name(&r.origin, room).into(),
+        scenario: outside_name(&r.scenario, room).into(),
+        kind: outside_name(&r.kind, room).into(),
+    };
+    Ok(Decision { id: r.id, names: names.get(these), net, ttl })
 }
 
 /// A name from outside, its control characters escaped, cut to at most

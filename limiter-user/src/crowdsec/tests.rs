@@ -1,4 +1,4 @@
-use std::time::Duration;
+use std::{fmt::Write as _, time::Duration};
 
 use super::*;
 
@@ -86,4 +86,63 @@ fn durations_are_read_bounded_and_counted_when_unreadable() {
     assert_eq!(p.new[0].ttl, MAX_TTL, "held at most MAX_TTL");
     assert_eq!(p.bad_duration, 2, "1ns and an unreadable one, counted");
     assert_eq!(p.deleted.len(), 1, "a deletion's negative duration is fine");
+}
+
+/// Issue 43, M4: the stream is decoded as it arrives, in whatever chunks
+/// the connection gives (here 7 bytes), to what the whole body gives; the
+/// names are shared between decisions, not copied per decision.
+#[test]
+fn a_stream_decoded_in_chunks_is_the_stream_decoded_whole() {
+    let mut body = String::from(r#"{"new":["#);
+    for i in 0..500 {
+        if i > 0 {
+            body.push(',');
+        }
+        write!(
+            body,
+            r#"{{"duration":"1h","id":{i},"origin":"crowdsec","scenario":"crowdsecurity/ssh-bf","scope":"Ip","type":"ban","value":"198.51.{}.{}"}}"#,
+            i / 256,
+            i % 256
+        )
+        .unwrap();
+    }
+    body.push_str(r#"],"deleted":null,"extra":{"ignored":[1,2,3]}}"#);
+    let whole = decode(body.as_bytes()).unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let sent = body.clone();
+    let sender = std::thread::spawn(move || {
+        for c in sent.as_bytes().chunks(7) {
+            tx.blocking_send(Bytes::copy_from_slice(c)).unwrap();
+        }
+    });
+    let chunked = stream::decode_from(stream::Chunks::new(rx)).unwrap();
+    sender.join().unwrap();
+    assert_eq!(chunked, whole);
+    assert_eq!(whole.new.len(), 500);
+    assert!(std::sync::Arc::ptr_eq(&whole.new[0].names, &whole.new[499].names), "names are shared");
+    // Cut short: an error, not a partial pull.
+    assert!(decode(&body.as_bytes()[..body.len() / 2]).is_err());
+}
+
+#[test]
+fn a_pull_comes_in_parts_deletions_first_and_the_counts_on_the_last() {
+    let d = |id: i64| {
+        Decision::new(id, "cscli", "s", "ban", format!("198.51.100.{id}/32").parse().unwrap(), Duration::from_mins(1))
+    };
+    let pull =
+        Pull { new: (0..25).map(d).collect(), deleted: (100..103).map(d).collect(), bad_value: 2, ..Pull::default() };
+    let parts = Pulled { startup: true, pull, part: Part::default() }.parts(10);
+    let shape: Vec<(usize, usize, bool, bool, usize)> = parts
+        .iter()
+        .map(|p| (p.pull.deleted.len(), p.pull.new.len(), p.part.first, p.part.last, p.pull.bad_value))
+        .collect();
+    assert_eq!(
+        shape,
+        [(3, 0, true, false, 0), (0, 10, false, false, 0), (0, 10, false, false, 0), (0, 5, false, true, 2)]
+    );
+    let ids: Vec<i64> = parts.iter().flat_map(|p| p.pull.new.iter().map(|d| d.id)).collect();
+    assert_eq!(ids, (0..25).collect::<Vec<_>>(), "in order");
+    assert!(parts.iter().all(|p| p.startup));
+    let empty = Pulled::default().parts(10);
+    assert_eq!((empty.len(), empty[0].part), (1, Part::default()));
 }

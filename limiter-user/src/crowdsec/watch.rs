@@ -15,16 +15,85 @@ use tokio::{sync::mpsc, task::JoinHandle};
 use super::{Lapi, LapiError, Pull};
 use crate::policy::crowdsec::Crowdsec;
 
+/// `v` in pieces of at most `size`, in order, moved (each piece cut off
+/// the tail: nothing is copied twice).
+fn split<T>(mut v: Vec<T>, size: usize) -> Vec<Vec<T>> {
+    let mut out = Vec::new();
+    while v.len() > size {
+        let at = (v.len() - 1) / size * size;
+        out.push(v.split_off(at));
+    }
+    if !v.is_empty() {
+        out.push(v);
+    }
+    out.reverse();
+    out
+}
+
 /// The longest wait between two failed pulls.
 pub const MAX_BACKOFF: Duration = Duration::from_mins(1);
 /// Bytes a bouncer key file may hold.
 const MAX_KEY: u64 = 4096;
 
-/// One pull, for the policy state.
+/// One pull, or a part of one, for the policy state.
 #[derive(Debug, Default)]
 pub struct Pulled {
     pub startup: bool,
     pub pull: Pull,
+    pub part: Part,
+}
+
+/// Where a part lies in its pull: a pull is applied in parts of at most
+/// [`PART`] decisions, each a change of its own, so that the operator's
+/// changes never wait behind a whole big pull.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub first: bool,
+    pub last: bool,
+    /// New decisions in the whole pull (room is made for them at its first part).
+    pub of: usize,
+}
+
+impl Default for Part {
+    /// A whole pull.
+    fn default() -> Self {
+        Self { first: true, last: true, of: 0 }
+    }
+}
+
+/// Decisions in one part of a pull.
+pub const PART: usize = 2_000;
+
+impl Pulled {
+    /// This pull in parts of at most `size` decisions (deletions first,
+    /// as a pull is applied), the first and the last marked; the counts
+    /// of what was left out ride on the last.
+    #[must_use]
+    pub fn parts(self, size: usize) -> Vec<Pulled> {
+        let Pulled { startup, pull, .. } = self;
+        let size = size.max(1);
+        let Pull { new, deleted, other_scope, bad_value, bad_duration } = pull;
+        let of = new.len();
+        let mut parts: Vec<Pull> = Vec::new();
+        for chunk in split(deleted, size) {
+            parts.push(Pull { deleted: chunk, ..Pull::default() });
+        }
+        for chunk in split(new, size) {
+            parts.push(Pull { new: chunk, ..Pull::default() });
+        }
+        if parts.is_empty() {
+            parts.push(Pull::default());
+        }
+        if let Some(last) = parts.last_mut() {
+            (last.other_scope, last.bad_value, last.bad_duration) = (other_scope, bad_value, bad_duration);
+        }
+        let n = parts.len();
+        parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, pull)| Pulled { startup, pull, part: Part { first: i == 0, last: i + 1 == n, of } })
+            .collect()
+    }
 }
 
 /// What the pulls have been.
@@ -78,6 +147,11 @@ async fn run(spec: Crowdsec, tx: mpsc::Sender<Pulled>, status: Arc<Mutex<Status>
     let mut startup = true;
     let mut backoff = Duration::from_secs(1);
     loop {
+        // Room for the pull before it is made: the daemon takes a pull
+        // when the last one is applied, so at most one waits decoded
+        // beside the one being applied (a LAPI answering 850,000
+        // decisions at every pull never piles them up).
+        let Ok(room) = tx.reserve().await else { return };
         let result = pull(&spec, startup).await;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let wait = match result {
@@ -102,14 +176,13 @@ async fn run(spec: Crowdsec, tx: mpsc::Sender<Pulled>, status: Arc<Mutex<Status>
                         spec.lapi_url
                     );
                 }
-                if tx.send(Pulled { startup, pull }).await.is_err() {
-                    return;
-                }
+                room.send(Pulled { startup, pull, part: Part::default() });
                 startup = false;
                 backoff = Duration::from_secs(1);
                 spec.update_frequency
             }
             Err(e) => {
+                drop(room);
                 let first = {
                     let mut s = status.lock().unwrap_or_else(PoisonError::into_inner);
                     s.up = false;

@@ -88,7 +88,11 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
         }
         Change::Penalty { cidr, ttl, reason, by } => e.penalize(t, cidr, *ttl, reason, *by),
         Change::Feed { spec, nets } => e.feed(t, spec, nets),
-        Change::Crowdsec { spec, pulled } => e.crowdsec(t, spec, std::mem::take(pulled)),
+        // The decisions move; the part stays, for `finished`.
+        Change::Crowdsec { spec, pulled } => {
+            let part = crate::crowdsec::Pulled { pull: std::mem::take(&mut pulled.pull), ..*pulled };
+            e.crowdsec(t, spec, part)
+        }
         Change::Prefix { cidr, action, ttl } => {
             let action = action.map(|a| match a {
                 PrefixAction::Limit { rate, burst } => {
@@ -153,6 +157,13 @@ pub(super) struct Changes {
     /// The change running off the loop, if any.
     pub running: Option<oneshot::Receiver<Done>>,
     pub queue: VecDeque<Queued>,
+    /// The parts of a CrowdSec pull still to apply: each starts only when
+    /// nothing else runs or waits, so an operator's change waits for one
+    /// part at most (on 394d35c a `prefix deny` waited up to 1.2 s behind
+    /// an 850,000-decision pull).
+    pub parts: VecDeque<Change>,
+    /// When an expiry last went before a part (at most once a second).
+    pub expired_between_parts: Option<std::time::Instant>,
 }
 
 impl Daemon {
@@ -209,10 +220,12 @@ impl Daemon {
         let Done { enforcer, tables, change, reply, result } = done;
         self.policy = Some((enforcer, tables));
         self.refresh_view();
-        if matches!(
-            change,
-            Change::Apply { .. } | Change::Reload | Change::Load { .. } | Change::Feed { .. } | Change::Crowdsec { .. }
-        ) {
+        // After a pull's last part only: trimming a big heap takes time,
+        // and the operator's change may be waiting behind each part.
+        let last_part = matches!(&change, Change::Crowdsec { pulled, .. } if pulled.part.last);
+        if last_part
+            || matches!(change, Change::Apply { .. } | Change::Reload | Change::Load { .. } | Change::Feed { .. })
+        {
             give_back_memory();
         }
         let response = match change {
@@ -262,6 +275,30 @@ impl Daemon {
                 Queued::Change(c, reply) => self.change(c, reply),
                 Queued::Call(req, reply) => self.handle(req, reply),
             }
+        }
+        self.next_part();
+    }
+
+    /// Start the next part of a CrowdSec pull, when nothing else runs or
+    /// waits (parts of a section no longer in force are dropped).
+    pub(super) fn next_part(&mut self) {
+        while self.changes.running.is_none() && self.changes.queue.is_empty() {
+            // Overrides whose time is up go first (a long pull would
+            // otherwise hold them past their end).
+            let recently = self.changes.expired_between_parts.is_some_and(|t| t.elapsed().as_secs() < 1);
+            if !self.changes.parts.is_empty() && !recently && self.expiry_due() {
+                self.changes.expired_between_parts = Some(std::time::Instant::now());
+                self.change(Change::Expire, None);
+                continue;
+            }
+            let Some(part) = self.changes.parts.pop_front() else { return };
+            if let Change::Crowdsec { spec, .. } = &part
+                && self.features.crowdsec.spec() != Some(&**spec)
+            {
+                self.changes.parts.clear();
+                return;
+            }
+            self.change(part, None);
         }
     }
 

@@ -23,7 +23,7 @@ pub(super) struct CrowdsecSide {
 impl CrowdsecSide {
     /// The feature, and where its pulls arrive (the daemon's loop).
     pub(super) fn new() -> (Self, mpsc::Receiver<Pulled>) {
-        let (tx, rx) = mpsc::channel(4);
+        let (tx, rx) = mpsc::channel(1);
         (Self { watch: None, tx, left_out: 0 }, rx)
     }
 

@@ -378,6 +378,7 @@ impl Enforcer {
             }
         }
         self.restore_deny(maps)?;
+        self.note_pinned_crowdsec();
         let n = escalations.len();
         self.restore_escalations(maps, escalations)?;
         Ok(self.runtime.len() + n)

@@ -223,9 +223,16 @@ impl Daemon {
                         self.change(Change::Feed { spec: Box::new(spec), nets: parsed.nets }, None);
                     }
                 }
-                Some(pulled) = self.inputs.crowdsec_pulls.recv() => {
+                // A pull is taken only when the last one's parts are all
+                // applied: the pulling task waits meanwhile (memory stays
+                // at a pull or two, however fast the LAPI answers).
+                Some(pulled) = self.inputs.crowdsec_pulls.recv(), if self.changes.parts.is_empty() => {
                     if let Some(spec) = self.features.crowdsec.spec() {
-                        self.change(Change::Crowdsec { spec: Box::new(spec.clone()), pulled }, None);
+                        let spec = Box::new(spec.clone());
+                        self.changes.parts.extend(
+                            pulled.parts(crate::crowdsec::PART).into_iter().map(|pulled| Change::Crowdsec { spec: spec.clone(), pulled }),
+                        );
+                        self.next_part();
                     }
                 }
                 Some(reply) = self.inputs.scrapes.recv() => {

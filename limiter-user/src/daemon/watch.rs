@@ -9,10 +9,14 @@ impl Daemon {
     /// Once a second: start forgetting runtime overrides whose time is up
     /// (when no other change runs; it is one change for all of them).
     pub(super) fn expire_overrides(&mut self) {
-        let due = self.policy.as_ref().and_then(|(p, _)| p.next_expiry()).is_some_and(|t| t <= enforcer::unix_now());
-        if due && self.changes.running.is_none() {
+        if self.expiry_due() && self.changes.running.is_none() {
             self.change(Change::Expire, None);
         }
+    }
+
+    /// Whether an override, escalation or decision has reached its end.
+    pub(super) fn expiry_due(&self) -> bool {
+        self.policy.as_ref().and_then(|(p, _)| p.next_expiry()).is_some_and(|t| t <= enforcer::unix_now())
     }
 
     /// Once a second: ask to deny the addresses escalation found (through

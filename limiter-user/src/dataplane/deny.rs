@@ -140,6 +140,11 @@ impl DenySet {
         (self.bucket[0], self.bucket[1])
     }
 
+    /// Room for `n` networks in all without growing.
+    pub fn reserve(&mut self, n: usize) {
+        self.nets.reserve(n.min(self.capacity).saturating_sub(self.nets.len()));
+    }
+
     /// How many networks it holds.
     #[must_use]
     pub fn len(&self) -> usize {

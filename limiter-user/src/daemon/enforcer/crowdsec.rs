@@ -44,6 +44,24 @@ pub struct Decisions {
     /// IPv4 addresses the networks in force cover together (a network
     /// two origins deny counts twice: an upper bound).
     pub v4_addresses: u64,
+    /// What the parts of the pull being applied did so far.
+    tally: Tally,
+    /// During a startup pull: the networks denied for CrowdSec before it
+    /// (the decisions it replaces, and the pins' at a restart) that none
+    /// of its parts named yet; its last part lifts what is left. Kept
+    /// apart so that no part walks the whole set.
+    stale: HashMap<(IpNet, Origin), Vec<(i64, u64)>>,
+}
+
+/// A pull's counts over its parts.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    new: usize,
+    deleted: usize,
+    added: usize,
+    lifted: usize,
+    left_out: u64,
+    shadow: usize,
 }
 
 /// IPv4 addresses `net` covers (0 for IPv6).
@@ -103,7 +121,13 @@ impl Decisions {
 }
 
 impl Enforcer {
-    /// Take a pull of the decision stream under `spec`.
+    /// Take a pull of the decision stream (or a part of one: see
+    /// [`crate::crowdsec::Part`]) under `spec`. A `startup` pull is the
+    /// whole picture: its first part starts the decisions over (the deny
+    /// set keeps every network meanwhile: no gap), and its last lifts
+    /// what no decision of it names, pinned ones included (decisions
+    /// deleted while no daemon ran). The others are deltas. The line
+    /// comes with the last part.
     pub fn crowdsec(
         &mut self,
         maps: &mut impl PolicyMaps,
@@ -111,7 +135,7 @@ impl Enforcer {
         pulled: Pulled,
     ) -> Result<String, ApplyError> {
         let now = unix_now();
-        let Pulled { startup, pull } = pulled;
+        let Pulled { startup, pull, part } = pulled;
         // The LAPI's own address is never denied: a decision covering it
         // would cut the daemon off the deletions that lift it.
         let lapi = lapi_address(&spec.lapi_url);
@@ -120,31 +144,17 @@ impl Enforcer {
         // feed's is: the LAPI's 256 /8s denied all of IPv4 with them.
         let taken = |d: &Decision| {
             !crate::policy::feed::wider_than(&d.net, spec.min_v4_prefix, spec.min_v6_prefix)
-                && spec.takes(&d.kind, &d.origin, &d.scenario)
+                && spec.takes(d.kind(), d.origin(), d.scenario())
                 && lapi.is_none_or(|a| !d.net.contains(&a))
                 && (spec.allow_bogons || crate::feeds::bogons::bogon_overlap(&d.net).is_none())
         };
+        if part.first {
+            self.begin_pull(spec, startup, part.of);
+        }
         // Decisions unreadable (value or duration) are left out, and counted.
         let unreadable = pull.bad_value + pull.bad_duration;
         let (mut added, mut lifted, mut left_out) = (0usize, 0usize, unreadable as u64);
-        // Before a startup pull: every CrowdSec network the set holds,
-        // pinned ones included (decisions deleted while no daemon ran).
-        let mut before: HashSet<(IpNet, Origin)> = HashSet::new();
-        if startup {
-            let origins: Vec<Origin> = (0u16..)
-                .zip(self.deny.set.names())
-                .filter(|(_, n)| n.starts_with("crowdsec:"))
-                .map(|(i, _)| Origin(i))
-                .collect();
-            for origin in origins {
-                let nets: Vec<IpNet> = self.deny.set.of(origin).collect();
-                for net in nets {
-                    self.deny.set.remove(origin, &net);
-                    before.insert((net, origin));
-                }
-            }
-            self.crowdsec = Decisions { left_out: self.crowdsec.left_out, ..Decisions::default() };
-        } else {
+        if !startup {
             // A deletion names no new origin: it looks in the decision's
             // own and in the shared one.
             for d in &pull.deleted {
@@ -158,6 +168,9 @@ impl Enforcer {
             }
         }
         let mut shadow: HashSet<IpNet> = HashSet::new();
+        // The origin of the last decision's names (decisions of a pull
+        // share them): looked up once per run of them, not per decision.
+        let mut last: Option<(std::sync::Arc<crate::crowdsec::Names>, Origin)> = None;
         for d in pull.new.iter().filter(|d| !d.ttl.is_zero()) {
             if !taken(d) {
                 left_out += 1;
@@ -167,9 +180,16 @@ impl Enforcer {
                 shadow.insert(d.net);
                 continue;
             }
-            let Ok(origin) = self.crowdsec_origin(&d.source()) else {
-                left_out += 1;
-                continue;
+            let origin = match &last {
+                Some((names, origin)) if std::sync::Arc::ptr_eq(names, &d.names) => *origin,
+                _ => {
+                    let Ok(origin) = self.crowdsec_origin(&d.source()) else {
+                        left_out += 1;
+                        continue;
+                    };
+                    last = Some((std::sync::Arc::clone(&d.names), origin));
+                    origin
+                }
             };
             let known = self.crowdsec.by_net.contains_key(&(d.net, origin));
             // The cap on networks, and on the IPv4 space they cover.
@@ -178,46 +198,109 @@ impl Enforcer {
                 left_out += 1;
                 continue;
             }
-            if !known && self.deny.set.add_within(origin, &d.net, CROWDSEC_V6_LENS).is_err() {
+            // Denied already (the pins, or the decisions a startup pull
+            // replaces): kept, not added again.
+            let held = !known && self.deny.set.origins_of(&d.net).contains(&origin);
+            if !known && !held && self.deny.set.add_within(origin, &d.net, CROWDSEC_V6_LENS).is_err() {
                 left_out += 1;
                 continue;
             }
-            added += usize::from(!known);
+            added += usize::from(!known && !held);
             self.crowdsec.insert(d.net, origin, d.id, now.saturating_add(d.ttl.as_secs()));
+            if startup {
+                self.crowdsec.stale.remove(&(d.net, origin));
+            }
         }
+        if startup && part.last {
+            lifted += self.sweep_crowdsec();
+        }
+        let t = &mut self.crowdsec.tally;
+        (t.new, t.deleted, t.added, t.lifted) =
+            (t.new + pull.new.len(), t.deleted + pull.deleted.len(), t.added + added, t.lifted + lifted);
+        t.left_out += left_out;
+        t.shadow += shadow.len();
         self.crowdsec.left_out += left_out;
-        if startup {
-            lifted = before.iter().filter(|k| !self.crowdsec.by_net.contains_key(k)).count();
-            added = self.crowdsec.by_net.keys().filter(|k| !before.contains(k)).count();
-        }
-        if startup || spec.shadow {
-            self.crowdsec.shadow = shadow.len();
+        if part.last && (startup || spec.shadow) {
+            self.crowdsec.shadow = self.crowdsec.tally.shadow;
         }
         self.write_set(maps)?;
-        if !startup && pull.new.is_empty() && pull.deleted.is_empty() && unreadable == 0 {
-            // Nothing changed: no line (a pull comes every few seconds).
+        let t = self.crowdsec.tally;
+        if !part.last || (!startup && t.new == 0 && t.deleted == 0 && unreadable == 0) {
+            // A part, or nothing changed: no line (a pull comes every few seconds).
             return Ok(String::new());
         }
-        Ok(format!(
-            "crowdsec: {} pull: {} new, {} deleted{}; {added} networks denied, {lifted} lifted, {left_out} left out; {} in force{}",
+        let unreadable = (unreadable > 0).then_some((pull.bad_value, pull.bad_duration));
+        Ok(self.pull_line(startup, spec.shadow, unreadable))
+    }
+
+    /// The line of a pull, when its last part is applied.
+    fn pull_line(&self, startup: bool, shadow: bool, unreadable: Option<(usize, usize)>) -> String {
+        let t = self.crowdsec.tally;
+        format!(
+            "crowdsec: {} pull: {} new, {} deleted{}; {} networks denied, {} lifted, {} left out; {} in force{}",
             if startup { "startup" } else { "delta" },
-            pull.new.len(),
-            pull.deleted.len(),
-            if unreadable > 0 {
-                format!(
-                    ", {} with an unreadable value, {} with an unreadable or sub-second duration",
-                    pull.bad_value, pull.bad_duration
-                )
-            } else {
-                String::new()
-            },
+            t.new,
+            t.deleted,
+            unreadable.map_or_else(String::new, |(value, duration)| format!(
+                ", {value} with an unreadable value, {duration} with an unreadable or sub-second duration"
+            )),
+            t.added,
+            t.lifted,
+            t.left_out,
             self.crowdsec.len(),
-            if spec.shadow {
-                format!(" (shadow: {} counted, not enforced)", self.crowdsec.shadow)
-            } else {
-                String::new()
+            if shadow { format!(" (shadow: {} counted, not enforced)", self.crowdsec.shadow) } else { String::new() }
+        )
+    }
+
+    /// The first part of a pull: its tally starts; a startup pull starts
+    /// the decisions over (what they denied set aside, to be lifted at
+    /// its end unless it names them again) with room for all of it.
+    fn begin_pull(&mut self, spec: &Crowdsec, startup: bool, of: usize) {
+        self.crowdsec.tally = Tally::default();
+        if !startup {
+            return;
+        }
+        let old = std::mem::take(&mut self.crowdsec);
+        let mut stale = old.stale;
+        if stale.is_empty() {
+            stale = old.by_net;
+        } else {
+            stale.extend(old.by_net);
+        }
+        self.crowdsec = Decisions { left_out: old.left_out, stale, ..Decisions::default() };
+        // A map growing by doubling rehashes it all within one part; a
+        // delta's new networks are few.
+        let room = of.min(spec.max_decisions);
+        self.crowdsec.by_net.reserve(room);
+        self.deny.set.reserve(room);
+    }
+
+    /// The end of a startup pull: lift every network denied for CrowdSec
+    /// before it that none of its decisions named. Returns how many.
+    fn sweep_crowdsec(&mut self) -> usize {
+        let mut lifted = 0;
+        for (net, origin) in std::mem::take(&mut self.crowdsec.stale).into_keys() {
+            if !self.crowdsec.by_net.contains_key(&(net, origin)) {
+                self.deny.set.remove(origin, &net);
+                lifted += 1;
             }
-        ))
+        }
+        lifted
+    }
+
+    /// At a restart: the networks the pins hold for CrowdSec, lifted by the
+    /// first startup pull unless it names them (decisions deleted while
+    /// no daemon ran).
+    pub(super) fn note_pinned_crowdsec(&mut self) {
+        let origins: Vec<Origin> = (0u16..)
+            .zip(self.deny.set.names())
+            .filter(|(_, n)| n.starts_with("crowdsec:"))
+            .map(|(i, _)| Origin(i))
+            .collect();
+        for origin in origins {
+            let nets: Vec<IpNet> = self.deny.set.of(origin).collect();
+            self.crowdsec.stale.extend(nets.into_iter().map(|n| ((n, origin), Vec::new())));
+        }
     }
 
     /// Lift the decisions whose time is up at `now`.

@@ -12,18 +12,16 @@ fn spec(extra: &str) -> Crowdsec {
 }
 
 fn d(id: i64, origin: &str, net: &str, ttl: u64) -> Decision {
-    Decision {
-        id,
-        origin: origin.into(),
-        scenario: "crowdsecurity/ssh-bf".into(),
-        kind: "ban".into(),
-        net: net.parse().unwrap(),
-        ttl: Duration::from_secs(ttl),
-    }
+    Decision::new(id, origin, "crowdsecurity/ssh-bf", "ban", net.parse().unwrap(), Duration::from_secs(ttl))
+}
+
+/// `d` of another scenario.
+fn of_scenario(scenario: &str, d: &Decision) -> Decision {
+    Decision::new(d.id, d.origin(), scenario, d.kind(), d.net, d.ttl)
 }
 
 fn pulled(startup: bool, new: Vec<Decision>, deleted: Vec<Decision>) -> Pulled {
-    Pulled { startup, pull: Pull { new, deleted, ..Pull::default() } }
+    Pulled { startup, pull: Pull { new, deleted, ..Pull::default() }, part: crate::crowdsec::Part::default() }
 }
 
 /// M1 of the third hardening round: a decision banning the LAPI's
@@ -78,7 +76,7 @@ fn a_restarted_daemon_lifts_what_was_deleted_while_it_was_down() {
     e.crowdsec(&mut m, &s, pulled(true, two, vec![])).unwrap();
     // A new daemon: the set read back from the pins, no decisions known.
     let mut e = Enforcer::new(0, 1024);
-    e.restore_deny(&mut m).unwrap();
+    e.restore(&mut m).unwrap();
     let line = e.crowdsec(&mut m, &s, pulled(true, vec![d(2, "cscli", "203.0.113.0/24", 3000)], vec![])).unwrap();
     assert!(line.contains("0 networks denied, 1 lifted"), "{line}");
     let key = |n: &str| crate::dataplane::deny::key_of(&n.parse().unwrap());
@@ -149,18 +147,14 @@ fn special_purpose_space_is_left_out_and_the_covered_space_capped() {
 fn crowdsec_sources_share_bounded_origins_and_leave_feeds_room() {
     let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec("allow_bogons = true\n"));
     let lists: Vec<Decision> = (0..80u8)
-        .map(|i| Decision {
-            scenario: format!("list-{i}"),
-            ..d(i64::from(i), "lists", &format!("198.51.100.{i}/32"), 600)
-        })
+        .map(|i| of_scenario(&format!("list-{i}"), &d(i64::from(i), "lists", &format!("198.51.100.{i}/32"), 600)))
         .collect();
     e.crowdsec(&mut m, &s, pulled(true, lists.clone(), vec![])).unwrap();
     let names = e.deny.set.names().iter().filter(|n| n.starts_with("crowdsec:")).count();
     assert_eq!(names, CROWDSEC_ORIGINS);
     assert_eq!(e.crowdsec_decisions().len(), 80, "every decision is in force");
     // Deleting a decision of a shared source lifts it, naming nothing.
-    let gone =
-        vec![lists[70].clone(), Decision { scenario: "never-seen".into(), ..d(999, "lists", "198.51.100.200/32", 0) }];
+    let gone = vec![lists[70].clone(), of_scenario("never-seen", &d(999, "lists", "198.51.100.200/32", 0))];
     e.crowdsec(&mut m, &s, pulled(false, vec![], gone)).unwrap();
     assert_eq!(e.crowdsec_decisions().len(), 79);
     assert!(e.deny.set.named("crowdsec:lists:never-seen").is_none());
@@ -203,4 +197,41 @@ fn crowdsec_keeps_within_its_ipv6_length_budget_and_feeds_keep_room() {
     let nets = lens.map(|l| format!("2001:db8:2::/{l}").parse::<IpNet>().unwrap().trunc()).collect();
     let line = e.feed(&mut m, &feed, &nets).unwrap();
     assert!(line.contains("16 networks"), "{line}");
+}
+
+/// Issue 43, M4: a pull is applied in parts (an operator's change waits
+/// for one part at most). A startup pull in parts keeps every network
+/// denied until its last part (no gap), then lifts what it no longer
+/// names; its line comes with the last part, with the whole pull's counts.
+#[test]
+fn a_startup_pull_in_parts_leaves_no_gap_and_lifts_at_its_end() {
+    let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec("allow_bogons = true\n"));
+    let one = || d(1, "cscli", "198.51.100.1/32", 600);
+    let two = || d(2, "cscli", "198.51.100.2/32", 600);
+    let three = || d(3, "cscli", "198.51.100.3/32", 600);
+    e.crowdsec(&mut m, &s, pulled(true, vec![one(), two()], vec![])).unwrap();
+    let key = |n: &str| crate::dataplane::deny::key_of(&n.parse().unwrap());
+    let parts = Pulled {
+        startup: true,
+        pull: Pull { new: vec![three(), one()], ..Pull::default() },
+        part: crate::crowdsec::Part::default(),
+    }
+    .parts(1);
+    let mut lines = Vec::new();
+    for (i, p) in parts.into_iter().enumerate() {
+        lines.push(e.crowdsec(&mut m, &s, p).unwrap());
+        if i == 0 {
+            for n in ["198.51.100.1/32", "198.51.100.2/32", "198.51.100.3/32"] {
+                assert!(m.deny.contains_key(&key(n)), "{n} not denied between the parts");
+            }
+        }
+    }
+    assert_eq!(lines[0], "", "a part says nothing");
+    assert!(
+        lines[1].contains("startup pull: 2 new") && lines[1].contains("1 networks denied, 1 lifted"),
+        "{}",
+        lines[1]
+    );
+    assert!(!m.deny.contains_key(&key("198.51.100.2/32")), "what the startup pull no longer names is lifted");
+    assert_eq!(e.crowdsec_decisions().len(), 2);
 }
