@@ -15,7 +15,7 @@ use std::{
 
 use limiter_common::programs;
 use limiter_tests::{
-    kernel::require_root,
+    kernel::{TempDir, require_root},
     netns::{B_IF, VethPair},
     scenario::{self, spawn_lines, unique_socket, wait_for},
 };
@@ -56,8 +56,6 @@ impl Drop for LibxdpDir {
 fn bin() -> PathBuf {
     scenario::locate_bin("limiter").unwrap()
 }
-
-const FILTER_OBJECT: &str = "/usr/lib/x86_64-linux-gnu/bpf/xdpfilt_alw_all.o";
 
 /// `xdp-loader status` of the receiver's interface.
 fn loader_status(net: &VethPair) -> String {
@@ -138,8 +136,10 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
     require_root();
     let _libxdp = LibxdpDir::hold();
     let net = VethPair::new("shxf");
-    let loaded = net.b.net_command("xdp-loader").args(["load", "-m", "native", B_IF, FILTER_OBJECT]).output().unwrap();
-    assert!(loaded.status.success(), "xdp-loader load: {}", String::from_utf8_lossy(&loaded.stderr));
+    for src in [scenario::FLOOD_SRC, scenario::CONFORM_SRC, FILTERED_SRC] {
+        net.add_source(src);
+    }
+    let _filter = XdpFilter::load(&net);
     let before = loader_status(&net);
     let id = listed_id(&before, "xdpfilt_alw_all").unwrap_or_else(|| panic!("xdp-loader lists no program:\n{before}"));
     if !before.contains("xdp_dispatcher") {
@@ -158,9 +158,14 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
     }
     // At priority 20: after xdp-filter's 10.
     let socket = unique_socket("shxf");
+    let tmp = TempDir::new("shxf");
+    let policy = tmp.0.join("policy.toml");
+    std::fs::write(&policy, "rate = 100\nburst = 100\n").unwrap();
     let mut c = net.b.net_command(bin());
     c.args(["run", "--iface", B_IF, "--attach", "auto", "--priority", "20", "--metrics", "off"])
-        .args(["--status-interval", "0", "--socket"])
+        .args(["--status-interval", "0", "--policy"])
+        .arg(&policy)
+        .arg("--socket")
         .arg(&socket)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -204,7 +209,57 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
         line.contains("at priority 20") && line.contains(&format!("xdpfilt_alw_all (id {id}, priority 10)")),
         "{ours}"
     );
+    // Both enforce, one after the other (issue 44, point 1): a flood of
+    // 1,000 from one /24 is held to its allowance (burst 100 and 100/s),
+    // a conforming /24 loses nothing, and what xdp-filter lists is
+    // dropped by xdp-filter.
+    let deny = net.b.net_command("xdp-filter").args(["ip", "--mode", "src", FILTERED_SRC]).output().unwrap();
+    assert!(deny.status.success(), "xdp-filter ip: {}", String::from_utf8_lossy(&deny.stderr));
+    let flood = scenario::delivered(&net, scenario::FLOOD_SRC, 1000);
+    let conform = scenario::delivered(&net, scenario::CONFORM_SRC, 50);
+    let filtered = scenario::delivered(&net, FILTERED_SRC, 50);
+    println!(
+        "behind xdp-filter: a flood of 1000 delivered {flood}, a conforming source {conform}/50, xdp-filter's denied source {filtered}/50"
+    );
+    assert!((100..=400).contains(&flood), "the flood was not held to its allowance: {flood}");
+    assert_eq!(conform, 50);
+    assert_eq!(filtered, 0, "xdp-filter's deny does not hold behind the limiter");
+    // `--attach exclusive` next to the dispatcher is refused, naming its
+    // programs (issue 44, point 4).
+    let o = run(&net, "exclusive", "shxf-ex");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("libxdp's dispatcher")
+            && err.contains(&format!("xdpfilt_alw_all (id {id}, priority 10)"))
+            && err.contains("limiter_chain")
+            && err.contains("--attach auto"),
+        "{err}"
+    );
+    println!("--attach exclusive next to the dispatcher: {}", err.trim());
+    assert_eq!(loader_status(&net).matches("limiter_chain").count(), 1, "the refused start touched the chain");
     drop(daemon);
+}
+
+/// A source xdp-filter denies.
+const FILTERED_SRC: &str = "198.18.3.10";
+
+/// xdp-filter (Debian's xdp-tools) loaded on the receiver's interface
+/// through libxdp; unloaded when the test ends, its pinned maps with it.
+struct XdpFilter<'a>(&'a VethPair);
+
+impl<'a> XdpFilter<'a> {
+    fn load(net: &'a VethPair) -> Self {
+        let o = net.b.net_command("xdp-filter").args(["load", "-m", "native", B_IF]).output().unwrap();
+        assert!(o.status.success(), "xdp-filter load: {}", String::from_utf8_lossy(&o.stderr));
+        Self(net)
+    }
+}
+
+impl Drop for XdpFilter<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.b.net_command("xdp-filter").args(["unload", B_IF]).output();
+    }
 }
 
 /// `auto` on a bare interface attaches alone, as `exclusive` does;

@@ -58,6 +58,10 @@ pub enum ChainError {
         "{iface} has XDP program {name} (id {id}) attached without a dispatcher; the limiter will not replace it. Detach it (`ip link set dev {iface} xdp off`) and load it again through libxdp (`xdp-loader load {iface} FILE.o`), then start the limiter, or use --attach exclusive in its place"
     )]
     Foreign { iface: String, name: String, id: u32 },
+    #[error(
+        "{iface} has libxdp's dispatcher (program {id}) running {programs}; --attach exclusive would take the interface from them. Start the limiter with --attach auto (or libxdp) to join them, or unload them first (`xdp-loader unload {iface} --all`)"
+    )]
+    DispatcherThere { iface: String, id: u32, programs: String },
     #[error("{iface}'s dispatcher is attached in {theirs} mode; start the limiter with --mode {theirs}")]
     OtherMode { iface: String, theirs: AttachMode },
     #[error("reading {iface}'s XDP programs")]
@@ -96,10 +100,23 @@ impl DataPlane {
     /// (an exclusive limiter's own is left to the exclusive path, which
     /// re-adopts its pinned link).
     pub fn chained(iface: &str, attach: Attach) -> Result<bool, LoadError> {
+        let ifindex = ifindex(iface)?;
         if attach == Attach::Exclusive {
+            // Never over a dispatcher: its programs are someone's (a
+            // limiter's own component is taken out by a start that joins).
+            // An interface libxdp cannot read is left to the attach itself.
+            if let Ok(libxdp::OnInterface::Dispatcher { id, components, .. }) = libxdp::on_interface(ifindex)
+                && components.iter().any(|c| !ours(c))
+            {
+                let programs = components
+                    .iter()
+                    .map(|c| format!("{} (id {}, priority {})", crate::escape_control(&c.name), c.id, c.priority))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(LoadError::Chain(ChainError::DispatcherThere { iface: iface.into(), id, programs }));
+            }
             return Ok(false);
         }
-        let ifindex = ifindex(iface)?;
         let on = libxdp::on_interface(ifindex)
             .map_err(|source| LoadError::Chain(ChainError::Query { iface: iface.into(), source }))?;
         match on {
