@@ -10,5 +10,6 @@ pub mod netns;
 pub mod packet;
 pub mod scenario;
 pub mod seccomp;
+pub mod sharing;
 pub mod study;
 pub mod tcp;

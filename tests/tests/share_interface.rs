@@ -18,58 +18,11 @@ use limiter_tests::{
     kernel::{TempDir, require_root},
     netns::{B_IF, VethPair},
     scenario::{self, spawn_lines, unique_socket, wait_for},
+    sharing::{FILTERED_SRC, LibxdpDir, XdpFilter, listed_id, loader_status},
 };
-
-/// libxdp's lock directory on the host's bpffs, which xdp-loader and the
-/// daemon's `libxdp` mode make when they first need it.
-const LIBXDP_DIR: &str = "/sys/fs/bpf/xdp";
-
-/// (tests running, whether the directory was there before the first).
-static LIBXDP_USERS: std::sync::Mutex<(usize, bool)> = std::sync::Mutex::new((0, false));
-
-/// Held by each test: the last one to end removes libxdp's directory
-/// when the tests made it (it stays empty once the programs are gone).
-struct LibxdpDir;
-
-impl LibxdpDir {
-    fn hold() -> Self {
-        let mut u = LIBXDP_USERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if u.0 == 0 {
-            u.1 = std::path::Path::new(LIBXDP_DIR).exists();
-        }
-        u.0 += 1;
-        Self
-    }
-}
-
-impl Drop for LibxdpDir {
-    fn drop(&mut self) {
-        let mut u = LIBXDP_USERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        u.0 -= 1;
-        if u.0 == 0 && !u.1 {
-            // Only an empty directory goes: a pin of anyone's stays.
-            let _ = std::fs::remove_dir(LIBXDP_DIR);
-        }
-    }
-}
 
 fn bin() -> PathBuf {
     scenario::locate_bin("limiter").unwrap()
-}
-
-/// `xdp-loader status` of the receiver's interface.
-fn loader_status(net: &VethPair) -> String {
-    let o = net.b.net_command("xdp-loader").args(["status", B_IF]).output().unwrap();
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// The id xdp-loader lists for program `name`.
-fn listed_id(status: &str, name: &str) -> Option<u32> {
-    // The ID column: the number before the 16-digit tag (a component's
-    // line starts with its priority).
-    let words: Vec<&str> = status.lines().find(|l| l.contains(name))?.split_whitespace().collect();
-    let tag = words.iter().position(|w| w.len() == 16 && w.chars().all(|c| c.is_ascii_hexdigit()))?;
-    words.get(tag.checked_sub(1)?)?.parse().ok()
 }
 
 /// `limiter run --attach ATTACH` on the receiver's interface, which must
@@ -241,27 +194,6 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
     drop(daemon);
 }
 
-/// A source xdp-filter denies.
-const FILTERED_SRC: &str = "198.18.3.10";
-
-/// xdp-filter (Debian's xdp-tools) loaded on the receiver's interface
-/// through libxdp; unloaded when the test ends, its pinned maps with it.
-struct XdpFilter<'a>(&'a VethPair);
-
-impl<'a> XdpFilter<'a> {
-    fn load(net: &'a VethPair) -> Self {
-        let o = net.b.net_command("xdp-filter").args(["load", "-m", "native", B_IF]).output().unwrap();
-        assert!(o.status.success(), "xdp-filter load: {}", String::from_utf8_lossy(&o.stderr));
-        Self(net)
-    }
-}
-
-impl Drop for XdpFilter<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.b.net_command("xdp-filter").args(["unload", B_IF]).output();
-    }
-}
-
 /// `auto` on a bare interface attaches alone, as `exclusive` does;
 /// `libxdp` builds a dispatcher, or, where the kernel refuses `freplace`,
 /// says so and leaves the interface bare.
@@ -277,7 +209,9 @@ fn auto_attaches_alone_on_a_bare_interface_and_libxdp_needs_freplace() {
     let mut seen = String::new();
     wait_for(&rx, "control socket", scenario::DAEMON_START, &mut seen).unwrap();
     let status = loader_status(&net);
-    assert!(listed_id(&status, " limiter ").is_some(), "auto did not attach the limiter alone:\n{status}\n{seen}");
+    let alone = listed_id(&status, " limiter ");
+    assert!(alone.is_some(), "auto did not attach the limiter alone:\n{status}\n{seen}");
+    let plain = alone.map(xlated);
     drop(daemon);
     std::thread::sleep(Duration::from_millis(300));
     // `libxdp`: it either joins (runs on) or refuses (exits) at once.
@@ -317,7 +251,29 @@ fn auto_attaches_alone_on_a_bare_interface_and_libxdp_needs_freplace() {
         let line = status.lines().find(|l| l.contains("limiter_chain")).unwrap_or_else(|| panic!("{status}"));
         assert!(line.contains(" 10 ") && line.contains("XDP_PASS"), "{status}");
         println!("--attach libxdp: {line}");
+        // What the chain entry costs over the plain one (issue 44, point
+        // 6): its translated instructions, as the kernel runs them.
+        let chain = listed_id(&status, "limiter_chain").map(xlated);
+        println!("translated instructions: plain entry {plain:?}, chain entry {chain:?}");
+        let (Some(plain), Some(chain)) = (plain, chain) else { panic!("{status}") };
+        assert!(chain <= plain + 8, "the chain entry has {chain} instructions, the plain one {plain}");
+        return;
     }
+    println!("translated instructions of the plain entry: {plain:?} (no chain entry runs on this kernel to compare)");
+}
+
+/// Instructions of program `id` as the kernel translated them
+/// (`bpftool prog dump xlated`: its subprograms too, which both entries
+/// share, so two counts differ by what their entries do).
+fn xlated(id: u32) -> usize {
+    let o = Command::new("bpftool").args(["prog", "dump", "xlated", "id", &id.to_string()]).output().unwrap();
+    assert!(o.status.success(), "bpftool: {}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    text.lines()
+        .filter(|l| {
+            l.trim_start().split(':').next().is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        })
+        .count()
 }
 
 /// Kills the daemon when the test ends.

@@ -35,6 +35,7 @@ pub const PLAN: &[(&str, &[&str])] = &[
     // it (about 2,300 packets under emulation) fits its allowance.
     ("restart", &["kill_9_keeps_enforcing_and_restart_keeps_buckets"]),
     ("share_interface", &[]),
+    ("share_restart", &[]),
 ];
 
 /// What runs in a guest of a kernel older than the oldest supported

@@ -226,13 +226,13 @@ pub fn leave(c: &Chained) -> Result<(), libxdp::Error> {
 /// pins alone would not detach it (libxdp pins it too). Returns the
 /// interface it left, if any.
 #[must_use]
-pub fn leave_pinned(prog: &std::path::Path) -> Option<String> {
-    let id = libxdp::pinned_id(prog).ok()?;
+pub fn leave_pinned(prog: &std::path::Path) -> Left {
+    let Ok(id) = libxdp::pinned_id(prog) else { return Left::NotComponent };
     // SAFETY: if_nameindex's array, freed once, read before.
     let names: Vec<(u32, String)> = unsafe {
         let list = libc::if_nameindex();
         if list.is_null() {
-            return None;
+            return Left::NotComponent;
         }
         let mut out = Vec::new();
         let mut p = list;
@@ -243,7 +243,7 @@ pub fn leave_pinned(prog: &std::path::Path) -> Option<String> {
         libc::if_freenameindex(list);
         out
     };
-    names.into_iter().find_map(|(ifindex, name)| {
+    let left = names.into_iter().find_map(|(ifindex, name)| {
         let libxdp::OnInterface::Dispatcher { components, native, .. } = libxdp::on_interface(ifindex).ok()? else {
             return None;
         };
@@ -255,5 +255,30 @@ pub fn leave_pinned(prog: &std::path::Path) -> Option<String> {
                 None
             }
         }
-    })
+    });
+    match left {
+        Some(iface) => Left::Left(iface),
+        None if is_component(id) => Left::Elsewhere(id),
+        None => Left::NotComponent,
+    }
+}
+
+/// What [`leave_pinned`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Left {
+    /// The component left this interface's dispatcher.
+    Left(String),
+    /// A component still attached, in no dispatcher of this network
+    /// namespace (another one's).
+    Elsewhere(u32),
+    /// Not a component (an exclusive limiter's program), or no longer one.
+    NotComponent,
+}
+
+/// Whether program `id` is a limiter component still loaded (the
+/// extension program; an exclusive limiter's is `limiter`).
+fn is_component(id: u32) -> bool {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .any(|p| p.id() == id && p.name_as_str() == Some(programs::LIMITER_CHAIN))
 }

@@ -116,6 +116,10 @@ pub enum PinError {
         "{path} is not on a bpf filesystem in this mount namespace, which is not the host's (started with `ip netns exec`?): pins made here would vanish with the process; use `nsenter --net=/run/netns/NAME` or mount bpffs in the host namespace"
     )]
     PrivateMounts { path: PathBuf },
+    #[error(
+        "the limiter's dispatcher component (program {id}) is on an interface of another network namespace: run `limiter unload` in that namespace (for example `nsenter --net=/run/netns/NAME limiter unload ...`); nothing was removed"
+    )]
+    ComponentElsewhere { id: u32 },
     #[error("{path} is in use by another running limiter daemon (it holds the directory's lock)")]
     InUse { path: PathBuf },
     #[error("locking {path}")]
@@ -291,10 +295,16 @@ pub fn unload_checked(dir: &Path, keep_maps: bool, force: bool) -> Result<(Vec<S
 /// `keep_maps`. Returns what was removed.
 pub fn unload(dir: &Path, keep_maps: bool) -> Result<Vec<String>, PinError> {
     let prog = dir.join(PROG);
-    if prog.exists()
-        && let Some(iface) = super::chain::leave_pinned(&prog)
-    {
-        tracing::info!("limiter: the limiter's component left {iface}'s dispatcher");
+    if prog.exists() {
+        match super::chain::leave_pinned(&prog) {
+            super::chain::Left::Left(iface) => {
+                tracing::info!("limiter: the limiter's component left {iface}'s dispatcher");
+            }
+            // Its pins removed, libxdp's own would keep it running, alone
+            // and unmanaged: refused whole.
+            super::chain::Left::Elsewhere(id) => return Err(PinError::ComponentElsewhere { id }),
+            super::chain::Left::NotComponent => {}
+        }
     }
     let mut names = vec![LINK, PROG];
     if !keep_maps {
