@@ -152,8 +152,25 @@ impl Daemon {
         // One daemon per socket.
         let mut socket = server::bind(&settings.socket, checked.access)?;
         raise_memlock();
-        let start::Loaded { mut dp, adopted, enforcer, summary, token } = start::load(&settings, checked)?;
-        let (attachment, replaced) = start::attach(&mut dp, &settings, adopted.is_some())?;
+        let mut first = start::load(&settings, checked, None)?;
+        let (start::Loaded { mut dp, adopted, enforcer, summary, token }, (attachment, replaced)) =
+            match start::attach(&mut first.dp, &settings, first.adopted.is_some()) {
+                Ok(a) => (first, a),
+                // A dispatcher whose slots refuse the full program's
+                // component (6.12 with Debian 12's libxdp): the program
+                // without SYN cookies joins, if the policy has none (else
+                // the policy is refused, naming its class).
+                Err(e) if start::packet_data_slot(&e) => {
+                    drop(first);
+                    let why = "this kernel refuses a dispatcher component that changes packet data in the slots of \
+                               the libxdp dispatcher this build uses"
+                        .to_owned();
+                    let mut again = start::load(&settings, start::Checked::of(&settings)?, Some(why))?;
+                    let a = start::attach(&mut again.dp, &settings, again.adopted.is_some())?;
+                    (again, a)
+                }
+                Err(e) => return Err(e),
+            };
         let observer = Observer::new(dp.buckets_map_id(), dp.take_drop_events(), dp.take_logger());
         let (calls_tx, calls) = mpsc::channel(16);
         let (scrape_tx, scrapes) = mpsc::channel(4);

@@ -50,7 +50,9 @@ pub(super) struct Loaded {
 
 /// Open the data plane (or re-adopt the pinned one) and write the first
 /// policy into it.
-pub(super) fn load(settings: &Settings, checked: Checked) -> anyhow::Result<Loaded> {
+/// `without_cookies`: load the program built without SYN cookies, for
+/// why (a dispatcher that refused the full one's component).
+pub(super) fn load(settings: &Settings, checked: Checked, without_cookies: Option<String>) -> anyhow::Result<Loaded> {
     let Checked { loaded, compiled, token, .. } = checked;
     // A kernel without a helper the program calls is named in one line
     // before anything is loaded or pinned (the verifier's own refusal
@@ -58,6 +60,10 @@ pub(super) fn load(settings: &Settings, checked: Checked) -> anyhow::Result<Load
     // only, the program without cookies runs if the policy may run so.
     let mut plan = crate::dataplane::kernel::plan().map_err(anyhow::Error::msg)?;
     plan.priority = settings.priority;
+    if let Some(why) = without_cookies {
+        plan.program = crate::dataplane::kernel::Program::WithoutSynCookies;
+        plan.lacks = Some(why);
+    }
     if let Some(lacks) = &plan.lacks {
         super::enforcer::kernel::cookies_without_kernel(&loaded.policy, lacks)
             .map_err(|e| loaded.origin.locate(e, &loaded.policy))?;
@@ -75,6 +81,17 @@ pub(super) fn load(settings: &Settings, checked: Checked) -> anyhow::Result<Load
     enforcer.kernel_lacks_cookies = plan.lacks;
     let summary = first_apply(&mut enforcer, &mut dp, settings, loaded, compiled)?;
     Ok(Loaded { dp, adopted, enforcer, summary, token })
+}
+
+/// Whether a start failed because the kernel refuses the full program's
+/// dispatcher component (it changes packet data, for SYN cookies, and
+/// the dispatcher's slots do not): the program built without SYN cookies
+/// changes none, and may join instead.
+pub(super) fn packet_data_slot(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<crate::dataplane::LoadError>(),
+        Some(crate::dataplane::LoadError::Chain(crate::dataplane::chain::ChainError::PacketDataSlot { .. }))
+    )
 }
 
 /// Attach (through the pinned link when pinning): the attachment, and
