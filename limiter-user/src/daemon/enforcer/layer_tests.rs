@@ -8,7 +8,7 @@ use limiter_common::RuntimeKey;
 use super::*;
 use crate::{
     dataplane::FakeMaps,
-    policy::{Limit, feedback::Refusal, file},
+    policy::{Limit, feedback::Refusal, file, runtime},
 };
 
 const FEEDBACK: &str =

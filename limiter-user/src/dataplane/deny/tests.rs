@@ -1,3 +1,5 @@
+use limiter_common::deny::OWNER;
+
 use super::*;
 
 fn net(s: &str) -> IpNet {
