@@ -192,6 +192,15 @@ pub fn pinned_rate_limited(pins: &std::path::Path) -> u64 {
         .sum()
 }
 
+/// The bucket of `key` in the pinned program's `BUCKETS` map in `pins`.
+#[must_use]
+pub fn pinned_bucket(pins: &std::path::Path, key: &BucketKey) -> Option<limiter_common::BucketState> {
+    use aya::maps::{HashMap, Map, MapData};
+    let md = MapData::from_pin(pins.join(limiter_common::maps::BUCKETS)).unwrap();
+    let m: HashMap<MapData, BucketKey, limiter_common::BucketState> = HashMap::try_from(Map::LruHashMap(md)).unwrap();
+    m.get(key, 0).ok()
+}
+
 /// The running kernel's release (`uname -r`).
 #[must_use]
 pub fn release() -> String {

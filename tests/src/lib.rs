@@ -3,6 +3,7 @@
 //! integration test and `cargo xtask demo`. Everything here needs root.
 
 pub mod crowdsec;
+pub mod feedback;
 pub mod fleet;
 pub mod forward;
 pub mod kernel;

@@ -36,17 +36,11 @@ fn start_with(tag: &str, shadow: bool, extra: &str) -> Running {
     let net = VethPair::new(tag);
     net.add_source(FLOOD_SRC);
     let tmp = TempDir::new(tag);
-    let token = tmp.0.join("token");
-    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
-    let policy = tmp.0.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "rate = 1000\nburst = 2000\n\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"{}\"\nmax_denied = 1\nmin_v4_prefix = 16\nmax_ttl = \"1m\"\nshadow = {shadow}\n{extra}",
-            token.display()
-        ),
-    )
-    .unwrap();
+    let policy = limiter_tests::feedback::policy(
+        &tmp.0,
+        TOKEN,
+        &format!("max_denied = 1\nmin_v4_prefix = 16\nmax_ttl = \"1m\"\nshadow = {shadow}\n{extra}"),
+    );
     let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
     c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"])
         .arg(&policy)

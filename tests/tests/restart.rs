@@ -10,7 +10,7 @@ use std::{
 };
 
 use aya::maps::{HashMap, Map, MapData};
-use limiter_common::{BucketKey, BucketState, maps};
+use limiter_common::{BucketState, maps};
 use limiter_tests::{
     kernel::require_root,
     netns::{B_IF, VethPair},
@@ -61,10 +61,8 @@ fn start_daemon(net: &VethPair, pins: &Path) -> (Guard, std::sync::mpsc::Receive
 }
 
 fn flood_bucket(pins: &Path) -> BucketState {
-    let md = MapData::from_pin(pins.join(maps::BUCKETS)).unwrap();
-    let m: HashMap<MapData, BucketKey, BucketState> = HashMap::try_from(Map::LruHashMap(md)).unwrap();
-    let key = limiter_tests::kernel::v4_key([198, 18, 1, 0], 24);
-    m.get(&key, 0).expect("flood prefix has a bucket")
+    limiter_tests::kernel::pinned_bucket(pins, &limiter_tests::kernel::v4_key([198, 18, 1, 0], 24))
+        .expect("flood prefix has a bucket")
 }
 
 /// With the traffic stopped, a clean stop and another restart leave the

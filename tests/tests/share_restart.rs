@@ -12,25 +12,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_common::{BucketKey, BucketState, maps};
+use limiter_common::{BucketState, maps};
 use limiter_tests::{
     kernel::{TempDir, require_root},
     netns::{B_ADDR, B_IF, VethPair},
-    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, PORT, spawn_lines, wait_for},
+    scenario::{self, CONFORM_SRC, FLOOD_SRC, Guard, PORT, Pins, spawn_lines, wait_for},
     sharing::{FILTERED_SRC, LibxdpDir, XdpFilter, listed_id, loader_status},
 };
 
 fn bin() -> PathBuf {
     scenario::locate_bin("limiter").unwrap()
-}
-
-/// Removes the test's pins even when it fails.
-struct Pins(PathBuf);
-
-impl Drop for Pins {
-    fn drop(&mut self) {
-        let _ = limiter::dataplane::pin::unload(&self.0, false);
-    }
 }
 
 /// The limiter in `attach` mode at priority 20, rate 100/s and burst 100,
@@ -82,10 +73,8 @@ fn dispatcher_runs(net: &VethPair) -> bool {
 }
 
 fn flood_bucket(pins: &Path) -> BucketState {
-    use aya::maps::{HashMap, Map, MapData};
-    let md = MapData::from_pin(pins.join(maps::BUCKETS)).unwrap();
-    let m: HashMap<MapData, BucketKey, BucketState> = HashMap::try_from(Map::LruHashMap(md)).unwrap();
-    m.get(&limiter_tests::kernel::v4_key([198, 18, 1, 0], 24), 0).expect("the flood's /24 has a bucket")
+    limiter_tests::kernel::pinned_bucket(pins, &limiter_tests::kernel::v4_key([198, 18, 1, 0], 24))
+        .expect("the flood's /24 has a bucket")
 }
 
 /// Packets the data plane counted, all reasons.

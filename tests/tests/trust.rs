@@ -34,17 +34,11 @@ fn start(tag: &str, extra: &str) -> Running {
     require_root();
     let net = VethPair::new(tag);
     let tmp = TempDir::new(tag);
-    let token = tmp.0.join("token");
-    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
-    let policy = tmp.0.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "rate = 1000\nburst = 2000\n\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"{}\"\nmax_denied = 100\nmin_v4_prefix = 16\nmax_ttl = \"1h\"\n{extra}",
-            token.display()
-        ),
-    )
-    .unwrap();
+    let policy = limiter_tests::feedback::policy(
+        &tmp.0,
+        TOKEN,
+        &format!("max_denied = 100\nmin_v4_prefix = 16\nmax_ttl = \"1h\"\n{extra}"),
+    );
     let socket = unique_socket(tag);
     let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
     c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"]).arg(&policy).arg("--socket").arg(&socket);
@@ -300,26 +294,16 @@ fn an_escalation_survives_kill_9_and_ends_on_time() {
 /// A daemon's setting for a restart over pins: the link, the pin
 /// directory (removed when the last value drops), and a policy with
 /// feedback and `extra`.
-fn pinned(tag: &str, extra: &str) -> (Running, PathBuf, PathBuf, Unpin) {
+fn pinned(tag: &str, extra: &str) -> (Running, PathBuf, PathBuf, scenario::Pins) {
     require_root();
     let net = VethPair::new(tag);
     let tmp = TempDir::new(tag);
     let pins = PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}-{}", std::process::id()));
-    let token = tmp.0.join("token");
-    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
-    let policy = tmp.0.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "rate = 1000\nburst = 2000\n\n[feedback]\nlisten = \"127.0.0.1:9465\"\ntoken_file = \"{}\"\nmin_v4_prefix = 16\n{extra}",
-            token.display()
-        ),
-    )
-    .unwrap();
+    let policy = limiter_tests::feedback::policy(&tmp.0, TOKEN, &format!("min_v4_prefix = 16\n{extra}"));
     let socket = unique_socket(tag);
     let (_log_tx, idle) = std::sync::mpsc::channel();
     let r = Running { net, _daemon: Guard(Command::new("true").spawn().unwrap()), log: idle, socket, _tmp: tmp };
-    (r, pins.clone(), policy, Unpin(pins))
+    (r, pins.clone(), policy, scenario::Pins(pins))
 }
 
 /// Start the daemon of [`pinned`] over its pins.
@@ -334,15 +318,6 @@ fn run_pinned(r: &Running, pins: &std::path::Path, policy: &std::path::Path) -> 
     let (g, log) = spawn_lines(c).unwrap();
     wait_for(&log, "metrics on", scenario::DAEMON_START, &mut String::new()).unwrap();
     (g, log)
-}
-
-/// Removes a test's pins even when it fails.
-struct Unpin(PathBuf);
-
-impl Drop for Unpin {
-    fn drop(&mut self) {
-        let _ = limiter::dataplane::pin::unload(&self.0, false);
-    }
 }
 
 fn thread_sleep_until(t: Instant) {

@@ -88,12 +88,9 @@ pub struct DenySet {
     capacity: usize,
     /// The lengths the kernel has in force.
     lens: DenyLens,
-    /// Keys touched by the change being built.
-    touched: HashSet<DenyKey>,
-    /// Their values before it.
-    before: HashMap<DenyKey, u32>,
-    /// And their origins before it.
-    before_owners: HashMap<DenyKey, u64>,
+    /// Keys touched by the change being built, with their value and
+    /// origins before it.
+    before: HashMap<DenyKey, (u32, u64)>,
     /// Owner records: each network's origins past its lowest, one kernel
     /// entry each (see `limiter_common::deny::OWNER`).
     shared: usize,
@@ -127,9 +124,7 @@ impl DenySet {
             names: Vec::new(),
             capacity,
             lens: DenyLens::default(),
-            touched: HashSet::new(),
             before: HashMap::new(),
-            before_owners: HashMap::new(),
             shared: 0,
         }
     }
@@ -224,10 +219,9 @@ impl DenySet {
     }
 
     fn touch(&mut self, k: DenyKey) {
-        if self.touched.insert(k) {
-            let v = self.value(&k);
-            self.before.insert(k, v);
-            self.before_owners.insert(k, self.nets.get(&k).copied().unwrap_or(0));
+        if !self.before.contains_key(&k) {
+            let was = (self.value(&k), self.nets.get(&k).copied().unwrap_or(0));
+            self.before.insert(k, was);
         }
     }
 

@@ -198,18 +198,15 @@ impl Enforcer {
                 left_out += 1;
                 continue;
             }
-            // Denied already (the pins, or the decisions a startup pull
-            // replaces): kept, not added again.
-            let held = !known && self.deny.set.origins_of(&d.net).contains(&origin);
+            // Denied already before this startup pull (by the decisions it
+            // replaces, or the pins): kept, not added again, not lifted.
+            let held = startup && self.crowdsec.stale.remove(&(d.net, origin)).is_some();
             if !known && !held && self.deny.set.add_within(origin, &d.net, CROWDSEC_V6_LENS).is_err() {
                 left_out += 1;
                 continue;
             }
             added += usize::from(!known && !held);
             self.crowdsec.insert(d.net, origin, d.id, now.saturating_add(d.ttl.as_secs()));
-            if startup {
-                self.crowdsec.stale.remove(&(d.net, origin));
-            }
         }
         if startup && part.last {
             lifted += self.sweep_crowdsec();

@@ -31,12 +31,6 @@ pub struct Escalations {
 }
 
 impl Escalations {
-    /// How many networks escalation denies now.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.nets.len()
-    }
-
     /// Whether it denies none.
     #[must_use]
     pub fn is_empty(&self) -> bool {
@@ -64,10 +58,12 @@ impl Escalations {
     }
 }
 
-fn record(net: &IpNet, end: Option<u64>) -> (limiter_common::RuntimeKey, Option<limiter_common::RuntimeOverride>) {
+/// Write (`Some(end)`) or remove (`None`) the `RUNTIME` record of the
+/// escalation of `net`.
+pub(super) fn set_record(maps: &mut impl PolicyMaps, net: &IpNet, end: Option<u64>) -> Result<(), LoadError> {
     let value = end
         .map(|t| runtime::value(Some(&OverrideAction::Deny), u32::try_from(t).unwrap_or(u32::MAX), SetBy::Escalation));
-    (runtime::key(net, SetBy::Escalation), value)
+    maps.set_runtime_override(&runtime::key(net, SetBy::Escalation), value.as_ref())
 }
 
 impl Enforcer {
@@ -81,20 +77,22 @@ impl Enforcer {
         reason: &str,
     ) -> Result<String, ApplyError> {
         let was = self.escalations.nets.get(&net).map(|(t, _)| *t);
-        let (k, v) = record(&net, Some(end));
-        maps.set_runtime_override(&k, v.as_ref())?;
+        set_record(maps, &net, Some(end))?;
         let added = self.deny.set.origin(ORIGIN).and_then(|o| self.deny.set.add(o, &net));
-        if let Err(e) = added {
-            let _ = self.deny.set.finish();
-            let (k, v) = record(&net, was);
-            let _ = maps.set_runtime_override(&k, v.as_ref());
-            return Err(ApplyError::Request(format!("escalation of {net}: {e}")));
-        }
-        if let Err(e) = super::deny::write(maps, &self.deny.set.finish(), self.deny.set.names()) {
-            let _ = self.restore_deny(maps);
-            let (k, v) = record(&net, was);
-            let _ = maps.set_runtime_override(&k, v.as_ref());
-            return Err(e.into());
+        let written = match added {
+            Ok(()) => super::deny::write(maps, &self.deny.set.finish(), self.deny.set.names()).map_err(|e| {
+                let _ = self.restore_deny(maps);
+                ApplyError::from(e)
+            }),
+            Err(e) => {
+                let _ = self.deny.set.finish();
+                Err(ApplyError::Request(format!("escalation of {net}: {e}")))
+            }
+        };
+        if let Err(e) = written {
+            // The record as it was (none, or the escalation refreshed).
+            let _ = set_record(maps, &net, was);
+            return Err(e);
         }
         self.escalations.nets.insert(net, (end, reason.to_owned()));
         Ok(format!("escalation: {net} denied for {} s (in the deny set)", end.saturating_sub(unix_now())))
@@ -113,8 +111,7 @@ impl Enforcer {
             return Err(e.into());
         }
         for n in nets {
-            let (k, _) = record(n, None);
-            if let Err(e) = maps.set_runtime_override(&k, None) {
+            if let Err(e) = set_record(maps, n, None) {
                 tracing::warn!("limiter: the record of escalation {n} stays in RUNTIME: {e}");
             }
             self.escalations.nets.remove(n);
@@ -164,7 +161,8 @@ impl Enforcer {
                 return Ok(());
             }
         };
-        for n in pinned.iter().filter(|n| !restored.iter().any(|(r, _)| r == *n)) {
+        let recorded: std::collections::HashSet<IpNet> = restored.iter().map(|(n, _)| *n).collect();
+        for n in pinned.iter().filter(|n| !recorded.contains(n)) {
             self.deny.set.remove(origin, n);
         }
         for (net, end) in restored {
@@ -174,8 +172,7 @@ impl Enforcer {
             }
             self.escalations.nets.insert(net, (end, "escalation (restored at a restart)".to_owned()));
         }
-        let names = self.deny.set.names().to_vec();
-        super::deny::write(maps, &self.deny.set.finish(), &names)
+        super::deny::write(maps, &self.deny.set.finish(), self.deny.set.names())
     }
 
     /// What escalation denies now.

@@ -40,27 +40,25 @@ impl Enforcer {
         for (k, v) in maps.runtime_overrides()? {
             if let Some((net, action, expires, origin)) = runtime::decode(&k, &v) {
                 let expires = (expires != 0).then_some(u64::from(expires));
+                // A record of a build before layers: moved under its
+                // layer's key, so that its removal finds it.
+                let stale = runtime::stale_key(&k, origin);
+                if stale {
+                    maps.set_runtime_override(&k, None)?;
+                }
                 // Escalations are the deny set's (a build before it kept
-                // them as overrides of whole buckets: those move too).
+                // them as overrides of whole buckets: those move too). One
+                // without an end never came from escalation: it ends now.
                 if origin == SetBy::Escalation {
-                    if runtime::stale_key(&k, origin) {
-                        maps.set_runtime_override(&k, None)?;
-                        let value = runtime::value(
-                            action.as_ref(),
-                            expires.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX)),
-                            origin,
-                        );
-                        maps.set_runtime_override(&runtime::key(&net, origin), Some(&value))?;
+                    let end = expires.unwrap_or(0);
+                    if stale {
+                        super::escalation::set_record(maps, &net, Some(end))?;
                     }
-                    // One without an end never came from escalation: it ends now.
-                    escalations.push((net, expires.unwrap_or(0)));
+                    escalations.push((net, end));
                     continue;
                 }
                 let entry = RuntimeEntry { action, expires, origin };
-                if runtime::stale_key(&k, origin) {
-                    // A record of a build before layers: moved under its
-                    // layer's key, so that its removal finds it.
-                    maps.set_runtime_override(&k, None)?;
+                if stale {
                     self.record(maps, (net, origin), Some(entry))?;
                 }
                 self.runtime.insert((net, origin), entry);

@@ -10,28 +10,25 @@ impl DenySet {
     /// The change built since the last call, to write.
     pub fn finish(&mut self) -> Change {
         let mut ch = Change::default();
-        for k in std::mem::take(&mut self.touched) {
-            let (was, now) = (self.before.get(&k).copied().unwrap_or(0), self.value(&k));
-            if was == now {
-                continue;
+        for (k, (was, was_owners)) in std::mem::take(&mut self.before) {
+            let now = self.value(&k);
+            if was != now {
+                if now == 0 { ch.deletes.push(k) } else { ch.upserts.push((k, now)) }
             }
-            if now == 0 { ch.deletes.push(k) } else { ch.upserts.push((k, now)) }
-        }
-        // The owner records of the networks touched: each origin past the
-        // lowest has one.
-        for (k, was) in std::mem::take(&mut self.before_owners) {
-            let now = self.nets.get(&k).copied().unwrap_or(0);
-            let (was, now) = (past_lowest(was), past_lowest(now));
-            for i in 0..64u8 {
-                let bit = 1u64 << i;
-                if now & bit != 0 && was & bit == 0 {
-                    ch.upserts.push((owner_key(&k, i), OWNER | u32::from(i)));
-                } else if was & bit != 0 && now & bit == 0 {
-                    ch.deletes.push(owner_key(&k, i));
+            // Its owner records: one for each origin past the lowest.
+            let now_owners = past_lowest(self.nets.get(&k).copied().unwrap_or(0));
+            let mut moved = past_lowest(was_owners) ^ now_owners;
+            while moved != 0 {
+                let i = moved.trailing_zeros();
+                let origin = u8::try_from(i).unwrap_or(u8::MAX);
+                if now_owners & (1 << i) != 0 {
+                    ch.upserts.push((owner_key(&k, origin), OWNER | i));
+                } else {
+                    ch.deletes.push(owner_key(&k, origin));
                 }
+                moved &= moved - 1;
             }
         }
-        self.before.clear();
         let now = self.lens_now();
         if now != self.lens {
             let union = self.lens_union(&now);

@@ -3,8 +3,6 @@
 //! longer names lifted, and its line), and the pins' CrowdSec networks
 //! at a restart.
 
-use ipnet::IpNet;
-
 use super::{Decisions, Tally};
 use crate::{daemon::enforcer::Enforcer, dataplane::deny::Origin, policy::crowdsec::Crowdsec};
 
@@ -68,14 +66,10 @@ impl Enforcer {
     /// first startup pull unless it names them (decisions deleted while
     /// no daemon ran).
     pub(in crate::daemon::enforcer) fn note_pinned_crowdsec(&mut self) {
-        let origins: Vec<Origin> = (0u16..)
-            .zip(self.deny.set.names())
-            .filter(|(_, n)| n.starts_with("crowdsec:"))
-            .map(|(i, _)| Origin(i))
-            .collect();
+        let origins: Vec<Origin> =
+            self.deny.origins().filter(|(_, n)| n.starts_with("crowdsec:")).map(|(i, _)| Origin(i)).collect();
         for origin in origins {
-            let nets: Vec<IpNet> = self.deny.set.of(origin).collect();
-            self.crowdsec.stale.extend(nets.into_iter().map(|n| ((n, origin), Vec::new())));
+            self.crowdsec.stale.extend(self.deny.set.of(origin).map(|n| ((n, origin), Vec::new())));
         }
     }
 }
