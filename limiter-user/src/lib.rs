@@ -1,6 +1,7 @@
 //! Userspace of the XDP flood guard, one room per responsibility; a room
 //! only uses rooms listed above it (see docs/design.md):
 //!
+//! - `clock`: the wall clock, read one way;
 //! - `counts`: counters kept by the variants of an enum;
 //! - `series`: how a room's report writes its own Prometheus series;
 //! - `listen`: what every listener shares (fair slots per peer, bounds);
@@ -45,6 +46,7 @@ pub fn escape_control(text: &str) -> String {
     out
 }
 
+pub mod clock;
 pub mod counts;
 pub mod listen;
 pub mod policy;

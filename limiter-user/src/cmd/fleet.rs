@@ -14,9 +14,7 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     if json {
         return super::print_json(&f);
     }
-    let now_ms =
-        u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis()))
-            .unwrap_or(0);
+    let now_ms = crate::clock::unix_millis();
     let store = if f.cluster { "Redis Cluster" } else { "Redis" };
     println!("node        {}", f.node);
     println!("store       {} ({store}): {}", f.store.join(", "), if f.store_up { "up" } else { "DOWN" });

@@ -153,7 +153,7 @@ async fn run(spec: Crowdsec, tx: mpsc::Sender<Pulled>, status: Arc<Mutex<Status>
         // decisions at every pull never piles them up).
         let Ok(room) = tx.reserve().await else { return };
         let result = pull(&spec, startup).await;
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let now = crate::clock::unix_now();
         let wait = match result {
             Ok(pull) => {
                 let failed = {

@@ -6,9 +6,9 @@ use tokio::sync::oneshot;
 use super::{
     ApplyError, Daemon,
     changes::{Change, Queued},
-    observe::unix_now,
 };
 use crate::{
+    clock::unix_now,
     control::{
         ClassRow, ErrorCode, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo, StatusInfo,
         SynCookieRow, TopInfo,

@@ -79,7 +79,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
         Change::Reload => e.apply_guarded(t, settings.load_policy()?, false),
         Change::Load { cidrs, action, ttl } => e.load(t, cidrs, (*action).into(), *ttl),
         Change::Expire => {
-            let now = super::enforcer::unix_now();
+            let now = crate::clock::unix_now();
             match (e.expire(t, now), e.expire_crowdsec(t, now)) {
                 (Some(Ok(a)), Some(Ok(b))) => Ok(format!("{a}; {b}")),
                 (Some(r), _) | (None, Some(r)) => r,
@@ -260,7 +260,7 @@ impl Daemon {
                     Ok(line) => tracing::info!(event = "feed", ok = true, feed = %spec.name, "limiter: {line}"),
                     Err(e) => tracing::warn!(event = "feed", ok = false, feed = %spec.name, "limiter: {e}"),
                 }
-                self.features.feeds.applied(&spec.name, result.is_ok(), super::enforcer::unix_now());
+                self.features.feeds.applied(&spec.name, result.is_ok(), crate::clock::unix_now());
                 None
             }
             _ => Some(self.finish_change(result)),

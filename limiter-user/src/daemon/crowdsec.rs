@@ -35,7 +35,7 @@ impl CrowdsecSide {
     /// One line for `limiter status`: the LAPI up or down, since when.
     pub(super) fn summary(&self) -> Option<String> {
         let (w, s) = (self.watch.as_ref()?, self.status()?);
-        let now = super::enforcer::unix_now();
+        let now = crate::clock::unix_now();
         let ago = |t: u64| if t == 0 { "never".to_owned() } else { format!("{} s ago", now.saturating_sub(t)) };
         Some(if s.up {
             format!("LAPI {} up, last pull {}, {} pulls", w.spec.lapi_url, ago(s.last_ok), s.pulls)

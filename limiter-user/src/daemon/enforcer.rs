@@ -248,7 +248,7 @@ impl Enforcer {
     ) -> Result<String, ApplyError> {
         let in_file = self.base.overrides.iter().any(|o| o.net == net);
         let operator = self.runtime.get(&(net, SetBy::Operator)).copied();
-        let expires = ttl.map(|t| unix_now() + t);
+        let expires = ttl.map(|t| crate::clock::unix_now() + t);
         if action.is_some() {
             let entry = RuntimeEntry { action, expires, origin: SetBy::Operator };
             return self.change_entries(maps, &[((net, SetBy::Operator), Some(entry))]);
@@ -333,12 +333,6 @@ impl Enforcer {
         list.extend(self.governor.shadow_entries());
         list
     }
-}
-
-/// Seconds since the Unix epoch.
-#[must_use]
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 mod bulk;

@@ -340,7 +340,7 @@ impl Daemon {
 
     /// Record the outcome of a reload for `status` and the metrics.
     fn note_reload(&mut self, ok: bool, message: String) {
-        let now = observe::unix_now();
+        let now = crate::clock::unix_now();
         let r = &mut self.reloads;
         if ok {
             (r.applied, r.last_applied) = (r.applied + 1, Some(now));

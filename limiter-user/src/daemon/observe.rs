@@ -8,7 +8,7 @@ use std::{
         Arc,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use aya::maps::{MapData, RingBuf};
@@ -16,10 +16,6 @@ use limiter_common::{Action, DropEvent, Reason};
 
 use crate::feedback::escalate::Escalator;
 use crate::{dataplane::Totals, top::Tracker};
-
-pub(super) fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
 
 /// The observing side of the daemon.
 pub(super) struct Observer {
@@ -71,7 +67,7 @@ impl Observer {
         if let Some(l) = self.ebpf_log.as_mut() {
             l.flush();
         }
-        let now = unix_now();
+        let now = crate::clock::unix_now();
         let Some(rb) = self.drop_events.as_mut() else { return };
         while let Some(item) = rb.next() {
             // A program of a build before addresses were sent writes 16
@@ -109,7 +105,7 @@ impl Observer {
         }
         if let Some(last) = self.last_tick {
             let d = t.since(&last);
-            self.top.tick(unix_now(), d.passed().packets, d.dropped().packets);
+            self.top.tick(crate::clock::unix_now(), d.passed().packets, d.dropped().packets);
         }
         self.last_tick = Some(*t);
     }
@@ -143,10 +139,10 @@ fn spawn_counter(map_id: u32, every: Duration) -> Arc<(AtomicUsize, AtomicU64)> 
         let Ok(md) = MapData::from_id(map_id) else { return };
         loop {
             let start = std::time::Instant::now();
-            let at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            let at = crate::clock::unix_millis();
             let n = crate::dataplane::tracked_prefixes(&md);
             count.0.store(n, Ordering::Relaxed);
-            count.1.store(u64::try_from(at).unwrap_or(u64::MAX), Ordering::Relaxed);
+            count.1.store(at, Ordering::Relaxed);
             std::thread::sleep(every.max(start.elapsed() * 50));
         }
     });

@@ -2,7 +2,7 @@
 //! program is still on its interface (and pinned), which runtime
 //! overrides have expired, and which addresses escalation would deny.
 
-use super::{Daemon, changes::Change, enforcer};
+use super::{Daemon, changes::Change};
 use crate::{dataplane::Health, policy::runtime::SetBy};
 
 impl Daemon {
@@ -16,14 +16,14 @@ impl Daemon {
 
     /// Whether an override, escalation or decision has reached its end.
     pub(super) fn expiry_due(&self) -> bool {
-        self.policy.as_ref().and_then(|(p, _)| p.next_expiry()).is_some_and(|t| t <= enforcer::unix_now())
+        self.policy.as_ref().and_then(|(p, _)| p.next_expiry()).is_some_and(|t| t <= crate::clock::unix_now())
     }
 
     /// Once a second: ask to deny the addresses escalation found (through
     /// the governor, like a penalty from the tenant layer).
     pub(super) fn escalate(&mut self) {
         let rule = self.view.escalate;
-        for (net, rate) in self.observer.escalator.second(rule.as_ref(), enforcer::unix_now()) {
+        for (net, rate) in self.observer.escalator.second(rule.as_ref(), crate::clock::unix_now()) {
             let Some(rule) = rule else { break };
             let cidr = net.to_string();
             let reason = format!("escalation: about {rate} drops/s for {} s", rule.sustained.as_secs());

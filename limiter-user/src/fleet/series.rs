@@ -49,10 +49,7 @@ impl Series for FleetStatus {
         for (k, n) in f.errors.iter() {
             ConstCounter::new(n).encode(m.encode_family(&[("kind", k.label())])?)?;
         }
-        let now_ms = u64::try_from(
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis()),
-        )
-        .unwrap_or(0);
+        let now_ms = crate::clock::unix_millis();
         #[expect(clippy::cast_precision_loss, reason = "seconds of an outage")]
         let current = f.down_since_unix_ms.map_or(0.0, |t| now_ms.saturating_sub(t) as f64 / 1e3);
         let m = enc.encode_descriptor(

@@ -55,7 +55,7 @@ impl Adaptive {
     #[must_use]
     pub fn new(k: f64, window: Duration) -> Self {
         let n = usize::try_from(window.as_secs().max(1)).unwrap_or(usize::MAX).min(3600);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let nanos = crate::clock::since_epoch().subsec_nanos();
         let seed = u64::from(std::process::id()) << 32 ^ u64::from(nanos) ^ 0x9e37_79b9_7f4a_7c15;
         Self {
             k,

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, RuntimeEntry, SetBy, unix_now};
+use super::{ApplyError, Enforcer, RuntimeEntry, SetBy};
+use crate::clock::unix_now;
 use crate::{
     dataplane::PolicyMaps,
     policy::{OverrideAction, Policy},

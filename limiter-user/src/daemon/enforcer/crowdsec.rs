@@ -9,7 +9,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, unix_now};
+use super::{ApplyError, Enforcer};
+use crate::clock::unix_now;
 use crate::{
     crowdsec::{Decision, Pulled},
     dataplane::{PolicyMaps, deny::Origin},

@@ -10,7 +10,8 @@ use std::{
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, unix_now};
+use super::{ApplyError, Enforcer};
+use crate::clock::unix_now;
 use crate::{
     dataplane::{
         LoadError, PolicyMaps,

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, unix_now};
+use super::{ApplyError, Enforcer};
+use crate::clock::unix_now;
 use crate::{
     control::{EntryAction, Origin, PrefixEntry},
     dataplane::{LoadError, PolicyMaps},

@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, Layer, RuntimeEntry, unix_now};
+use super::{ApplyError, Enforcer, Layer, RuntimeEntry};
+use crate::clock::unix_now;
 use crate::{
     control::{EntryAction, Origin, PrefixEntry},
     dataplane::PolicyMaps,

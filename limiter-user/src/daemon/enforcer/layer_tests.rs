@@ -78,7 +78,7 @@ fn a_penalty_over_an_operator_deny_leaves_it_in_force_when_it_ends() {
     assert_eq!(layers, [("runtime", "deny", true), ("feedback", "deny", false)]);
     // Through a restart and a reload, then the penalty's time is up.
     let mut e = restarted(&mut maps, &e, &policy(""));
-    e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
+    e.expire(&mut maps, crate::clock::unix_now() + 2).unwrap().unwrap();
     assert_eq!(enforced(&e, "198.18.7.0/24"), Some(OverrideAction::Deny), "the operator's deny is still there");
     assert_eq!(last(&maps), before, "the policy is as before the penalty");
     assert_eq!(maps.runtime.len(), 1, "only the penalty's record went");
@@ -117,7 +117,7 @@ fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
     assert_eq!(enforced(&e, "198.18.8.0/24"), Some(OverrideAction::Deny));
     assert_eq!(enforced(&e, "198.18.2.0/24"), Some(OverrideAction::Deny));
     let mut e = restarted(&mut maps, &e, &text);
-    e.expire(&mut maps, unix_now() + 6).unwrap().unwrap();
+    e.expire(&mut maps, crate::clock::unix_now() + 6).unwrap().unwrap();
     assert_eq!(enforced(&e, "198.18.8.0/24"), Some(OverrideAction::Allow));
     assert_eq!(enforced(&e, "198.18.2.0/24"), Some(OverrideAction::Allow));
     let mut without_the_16 = before.clone();
@@ -142,7 +142,7 @@ fn a_penalty_overlays_a_limit_and_the_limit_comes_back_exactly() {
     assert_eq!((listed.action.as_str(), listed.origin.as_str()), ("deny", "feedback"));
     assert_eq!(listed.layers[0].rate, Some(100), "the limit is listed beneath");
     let mut e = restarted(&mut maps, &e, &policy(""));
-    e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
+    e.expire(&mut maps, crate::clock::unix_now() + 2).unwrap().unwrap();
     assert_eq!(enforced(&e, "198.18.9.0/24"), Some(limit(100, 200)));
     assert_eq!(enforced(&e, "198.18.3.0/24"), Some(file_limit), "rate, burst and mode as they were");
     assert_eq!(last(&maps), before);
@@ -200,14 +200,14 @@ fn an_escalation_is_an_address_in_the_deny_set_with_a_cap_and_an_end_of_its_own(
     assert!(err.to_string().contains("(max_denied)"), "{err}");
     // A restart keeps it, with its end; the feedback's ends first.
     let mut e = restarted(&mut maps, &e, &policy(""));
-    e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
+    e.expire(&mut maps, crate::clock::unix_now() + 2).unwrap().unwrap();
     let listed = e.prefixes().into_iter().find(|p| p.cidr.to_string() == addr).unwrap();
     assert_eq!(listed.origin, "escalation");
     assert!(listed.expires_in_secs.is_some_and(|s| (590..=600).contains(&s)), "{listed:?}");
     assert_eq!(maps.deny.len(), 2);
     assert_eq!(e.deny_layer().counts()[&"escalation".to_owned()], 1);
     // Its end lifts it, record and all.
-    e.expire(&mut maps, unix_now() + 601).unwrap().unwrap();
+    e.expire(&mut maps, crate::clock::unix_now() + 601).unwrap().unwrap();
     assert!(maps.deny.is_empty() && e.escalations().is_empty());
     assert!(maps.runtime.is_empty(), "records left: {:?}", maps.runtime);
     // The operator outranks it: an unset lifts it at once.
@@ -229,13 +229,13 @@ fn an_escalation_of_an_older_build_moves_into_the_deny_set() {
     let mut maps = FakeMaps::default();
     let e = started(&mut maps, &policy(""));
     let net: IpNet = "198.18.13.0/24".parse().unwrap();
-    let end = u32::try_from(unix_now() + 30).unwrap();
+    let end = u32::try_from(crate::clock::unix_now() + 30).unwrap();
     let value = runtime::value(Some(&OverrideAction::Deny), end, SetBy::Escalation);
     maps.set_runtime_override(&runtime::key(&net, SetBy::Escalation), Some(&value)).unwrap();
     let mut e = restarted(&mut maps, &e, &policy(""));
     assert_eq!(enforced(&e, "198.18.13.0/24"), None);
     assert_eq!(maps.deny.len(), 1);
-    e.expire(&mut maps, unix_now() + 31).unwrap().unwrap();
+    e.expire(&mut maps, crate::clock::unix_now() + 31).unwrap().unwrap();
     assert!(maps.deny.is_empty() && maps.runtime.is_empty());
 }
 
@@ -250,7 +250,7 @@ fn a_record_of_a_build_before_layers_is_moved_under_its_layer() {
     let mut e = restarted(&mut maps, &e, &policy(""));
     let keys: Vec<RuntimeKey> = maps.runtime.values().map(|(k, _)| *k).collect();
     assert_eq!(keys, [runtime::key(&net, SetBy::Feedback)]);
-    e.expire(&mut maps, unix_now() + 2).unwrap().unwrap();
+    e.expire(&mut maps, crate::clock::unix_now() + 2).unwrap().unwrap();
     assert!(maps.runtime.is_empty(), "its removal found it");
 }
 

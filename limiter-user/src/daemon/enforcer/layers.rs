@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, unix_now};
+use super::{ApplyError, Enforcer};
+use crate::clock::unix_now;
 use crate::{
     control::{EntryAction, LayerEntry, Origin, PrefixEntry},
     dataplane::PolicyMaps,

@@ -171,7 +171,7 @@ fn an_override_with_a_ttl_expires_and_a_file_override_comes_back() {
     e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), Some(OverrideAction::Allow), Some(60)).unwrap();
     e.change_prefix(&mut maps, "198.18.7.0/24".parse().unwrap(), Some(OverrideAction::Deny), Some(600)).unwrap();
     assert_eq!(v4_codes(&maps)[0], (1, resolution::ALLOW));
-    let now = unix_now();
+    let now = crate::clock::unix_now();
     assert!(e.next_expiry().is_some_and(|t| (now + 59..=now + 60).contains(&t)), "{:?}", e.next_expiry());
     let left = e.prefixes().iter().find(|p| p.cidr.to_string() == "198.18.1.0/24").unwrap().expires_in_secs.unwrap();
     assert!((58..=60).contains(&left), "{left}");
