@@ -131,7 +131,7 @@ fn a_pull_comes_in_parts_deletions_first_and_the_counts_on_the_last() {
     };
     let pull =
         Pull { new: (0..25).map(d).collect(), deleted: (100..103).map(d).collect(), bad_value: 2, ..Pull::default() };
-    let parts = Pulled { startup: true, pull, part: Part::default() }.parts(10);
+    let parts = Pulled { startup: true, pull, ..Pulled::default() }.parts(10);
     let shape: Vec<(usize, usize, bool, bool, usize)> = parts
         .iter()
         .map(|p| (p.pull.deleted.len(), p.pull.new.len(), p.part.first, p.part.last, p.pull.bad_value))
@@ -145,4 +145,22 @@ fn a_pull_comes_in_parts_deletions_first_and_the_counts_on_the_last() {
     assert!(parts.iter().all(|p| p.startup));
     let empty = Pulled::default().parts(10);
     assert_eq!((empty.len(), empty[0].part), (1, Part::default()));
+}
+
+#[test]
+fn a_pulls_room_is_free_again_only_when_its_last_part_is_gone() {
+    let rooms = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
+    let room = std::sync::Arc::clone(&rooms).try_acquire_owned().unwrap();
+    let d = |id: i64| {
+        Decision::new(id, "cscli", "s", "ban", format!("198.51.100.{id}/32").parse().unwrap(), Duration::from_mins(1))
+    };
+    let pull = Pull { new: (0..25).map(d).collect(), ..Pull::default() };
+    let mut parts =
+        Pulled { startup: false, pull, room: Some(std::sync::Arc::new(room)), ..Pulled::default() }.parts(10);
+    assert_eq!(parts.len(), 3);
+    assert_eq!(rooms.available_permits(), 0, "held while parts wait");
+    parts.truncate(1);
+    assert_eq!(rooms.available_permits(), 0, "held by the part still waiting");
+    drop(parts);
+    assert_eq!(rooms.available_permits(), 1, "free once every part is gone");
 }

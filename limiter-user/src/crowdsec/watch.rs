@@ -10,7 +10,10 @@ use std::{
     time::Duration,
 };
 
-use tokio::{sync::mpsc, task::JoinHandle};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc},
+    task::JoinHandle,
+};
 
 use super::{Lapi, LapiError, Pull};
 use crate::policy::crowdsec::Crowdsec;
@@ -41,7 +44,16 @@ pub struct Pulled {
     pub startup: bool,
     pub pull: Pull,
     pub part: Part,
+    /// The pull's room among the [`ROOM`] a watch may have decoded at
+    /// once, shared by its parts: free again when the last is dropped
+    /// (applied, or left as stale).
+    pub room: Option<Arc<OwnedSemaphorePermit>>,
 }
+
+/// Pulls a watch may hold decoded at once: one being applied and one
+/// waiting (a LAPI answering 850,000 decisions at every pull never piles
+/// them up).
+pub const ROOM: usize = 2;
 
 /// Where a part lies in its pull: a pull is applied in parts of at most
 /// [`PART`] decisions, each a change of its own, so that the operator's
@@ -70,7 +82,7 @@ impl Pulled {
     /// of what was left out ride on the last.
     #[must_use]
     pub fn parts(self, size: usize) -> Vec<Pulled> {
-        let Pulled { startup, pull, .. } = self;
+        let Pulled { startup, pull, room, .. } = self;
         let size = size.max(1);
         let Pull { new, deleted, other_scope, bad_value, bad_duration } = pull;
         let of = new.len();
@@ -91,7 +103,12 @@ impl Pulled {
         parts
             .into_iter()
             .enumerate()
-            .map(|(i, pull)| Pulled { startup, pull, part: Part { first: i == 0, last: i + 1 == n, of } })
+            .map(|(i, pull)| Pulled {
+                startup,
+                pull,
+                part: Part { first: i == 0, last: i + 1 == n, of },
+                room: room.clone(),
+            })
             .collect()
     }
 }
@@ -122,11 +139,16 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Start pulling (`startup=true` first), each pull sent to `tx`.
+    /// Start pulling (`startup=true` first), each pull sent to `tx` as
+    /// `wrap` makes it.
     #[must_use]
-    pub fn start(spec: Crowdsec, tx: mpsc::Sender<Pulled>) -> Self {
+    pub fn start<T: Send + 'static>(
+        spec: Crowdsec,
+        tx: mpsc::Sender<T>,
+        wrap: impl Fn(Pulled) -> T + Send + 'static,
+    ) -> Self {
         let status = Arc::new(Mutex::new(Status::default()));
-        let task = tokio::spawn(run(spec.clone(), tx, status.clone()));
+        let task = tokio::spawn(run(spec.clone(), (tx, wrap), status.clone()));
         Self { task, spec, status }
     }
 
@@ -143,15 +165,15 @@ impl Drop for Watch {
     }
 }
 
-async fn run(spec: Crowdsec, tx: mpsc::Sender<Pulled>, status: Arc<Mutex<Status>>) {
+async fn run<T>(spec: Crowdsec, (tx, wrap): (mpsc::Sender<T>, impl Fn(Pulled) -> T), status: Arc<Mutex<Status>>) {
     let mut startup = true;
     let mut backoff = Duration::from_secs(1);
+    let rooms = Arc::new(Semaphore::new(ROOM));
     loop {
-        // Room for the pull before it is made: the daemon takes a pull
-        // when the last one is applied, so at most one waits decoded
-        // beside the one being applied (a LAPI answering 850,000
-        // decisions at every pull never piles them up).
-        let Ok(room) = tx.reserve().await else { return };
+        // Room for the pull before it is made, taken back when its last
+        // part is applied: at most one waits decoded beside the one
+        // being applied.
+        let Ok(room) = Arc::clone(&rooms).acquire_owned().await else { return };
         let result = pull(&spec, startup).await;
         let now = crate::clock::unix_now();
         let wait = match result {
@@ -176,7 +198,10 @@ async fn run(spec: Crowdsec, tx: mpsc::Sender<Pulled>, status: Arc<Mutex<Status>
                         spec.lapi_url
                     );
                 }
-                room.send(Pulled { startup, pull, part: Part::default() });
+                let pulled = Pulled { startup, pull, part: Part::default(), room: Some(Arc::new(room)) };
+                if tx.send(wrap(pulled)).await.is_err() {
+                    return;
+                }
                 startup = false;
                 backoff = Duration::from_secs(1);
                 spec.update_frequency

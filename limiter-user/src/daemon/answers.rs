@@ -14,7 +14,7 @@ use crate::{
         SynCookieRow, TopInfo,
     },
     dataplane::{Health, LoadError},
-    feedback::FeedbackCounts,
+    feedback::{Endpoint, FeedbackCounts},
     metrics::Snapshot,
     policy::file,
     top,
@@ -27,16 +27,15 @@ impl Daemon {
         if let Some(change) = Change::of(&mut req) {
             return self.change(change, Some(reply));
         }
+        if let Some(answer) = self.features.answer(&req) {
+            let _ = reply.send(answer);
+            return;
+        }
         let fail = |e: &dyn std::fmt::Display| Response::error(ErrorCode::Unavailable, e.to_string());
         let response = match req {
             Request::Status => self.status().unwrap_or_else(|e| fail(&e)),
             Request::Stats => self.stats().unwrap_or_else(|e| fail(&e)),
             Request::Top { n } => self.top_info(n),
-            Request::Load { forward, rejected } => match self.features.forward.load(&forward, rejected) {
-                Ok(a) => Response::Adaptive(a),
-                Err(message) => Response::error(ErrorCode::Refused, message),
-            },
-            Request::FleetStatus => Response::Fleet { status: self.features.fleet.status() },
             Request::PrefixShow { cidr } => self.prefix_show(cidr).map_or_else(|e| fail(&e), Response::PrefixShow),
             Request::PolicyShow | Request::PrefixList => {
                 let Some((policy, _)) = &self.policy else {
@@ -48,7 +47,8 @@ impl Daemon {
                     // restart), said where the file says otherwise.
                     let mut p = policy.effective(policy.base());
                     let mut note = String::new();
-                    if let (Some(f), Some(e)) = (p.feedback.as_mut(), &self.features.feedback)
+                    if let (Some(f), Some(e)) =
+                        (p.feedback.as_mut(), self.features.get::<Option<Endpoint>>().and_then(Option::as_ref))
                         && ((f.listen.port() != 0 && f.listen != e.bound) || f.token_file != e.token_file)
                     {
                         note = format!(
@@ -77,6 +77,9 @@ impl Daemon {
             | Request::PrefixUnset { .. }
             | Request::PrefixLoad { .. }
             | Request::Penalty { .. } => unreachable!("changes are taken above"),
+            Request::Load { .. } | Request::FleetStatus => {
+                Response::error(ErrorCode::Unavailable, "no feature of this daemon answers it".to_owned())
+            }
         };
         let _ = reply.send(response);
     }
@@ -152,13 +155,12 @@ impl Daemon {
                 .iter()
                 .map(|(i, name, n)| (name.clone(), *n, hits.get(usize::from(*i)).copied().unwrap_or(0)))
                 .collect(),
-            feeds: self.features.feeds.reports(),
         })
     }
 
     fn status(&self) -> Result<Response, LoadError> {
         let t = self.dp.maps.totals()?;
-        Ok(Response::Status(StatusInfo {
+        let mut status = StatusInfo {
             iface: self.settings.iface.clone(),
             attach_mode: self.settings.mode.to_string(),
             attached: self.link.health == Health::Attached,
@@ -167,7 +169,7 @@ impl Daemon {
                 Health::Detached(why) => Some(why.clone()),
             },
             reattaches: self.link.repairs,
-            forwards: self.features.forward.reports(),
+            forwards: Vec::new(),
             pin_dir: self.settings.pin_dir.as_ref().map(|p| p.display().to_string()),
             policy_version: self.view.version,
             policy_source: self.view.source.clone(),
@@ -191,8 +193,10 @@ impl Daemon {
                 (c.priority, others)
             }),
             deny_set: self.view.deny.iter().map(|(_, name, n)| (name.clone(), *n)).collect(),
-            crowdsec: self.features.crowdsec.summary(),
-        }))
+            crowdsec: None,
+        };
+        self.features.status(&mut status);
+        Ok(Response::Status(status))
     }
 
     fn stats(&self) -> Result<Response, LoadError> {

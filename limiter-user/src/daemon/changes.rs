@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use ipnet::IpNet;
 use tokio::sync::oneshot;
 
-use super::{ApplyError, Daemon, Enforcer, Settings};
+use super::{ApplyError, Daemon, Enforcer, Settings, source::SourceChange};
 use crate::{
     control::{Applied, ErrorCode, Request, Response},
     dataplane::maps::Tables,
@@ -39,10 +39,8 @@ pub(super) enum Change {
     /// A penalty from the tenant layer or the daemon's escalation (under
     /// the governor).
     Penalty { cidr: String, ttl: u64, reason: String, by: SetBy },
-    /// A new version of a feed, read whole (the deny set takes the diff).
-    Feed { spec: Box<crate::policy::feed::Feed>, nets: std::collections::BTreeSet<IpNet> },
-    /// A pull of CrowdSec's decision stream, under its section.
-    Crowdsec { spec: Box<crate::policy::crowdsec::Crowdsec>, pulled: crate::crowdsec::Pulled },
+    /// A source of decisions' (a feed's version, a part of a CrowdSec pull).
+    Source(Box<dyn SourceChange>),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -87,12 +85,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
             }
         }
         Change::Penalty { cidr, ttl, reason, by } => e.penalize(t, cidr, *ttl, reason, *by),
-        Change::Feed { spec, nets } => e.feed(t, spec, nets),
-        // The decisions move; the part stays, for `finished`.
-        Change::Crowdsec { spec, pulled } => {
-            let part = crate::crowdsec::Pulled { pull: std::mem::take(&mut pulled.pull), ..*pulled };
-            e.crowdsec(t, spec, part)
-        }
+        Change::Source(c) => c.run(e, t),
         Change::Prefix { cidr, action, ttl } => {
             let action = action.map(|a| match a {
                 PrefixAction::Limit { rate, burst } => {
@@ -157,11 +150,13 @@ pub(super) struct Changes {
     /// The change running off the loop, if any.
     pub running: Option<oneshot::Receiver<Done>>,
     pub queue: VecDeque<Queued>,
-    /// The parts of a CrowdSec pull still to apply: each starts only when
+    /// The sources' changes still to apply: each starts only when
     /// nothing else runs or waits, so an operator's change waits for one
-    /// part at most (on 394d35c a `prefix deny` waited up to 1.2 s behind
-    /// an 850,000-decision pull).
-    pub parts: VecDeque<Change>,
+    /// part at most (on 394d35c a `prefix deny` waited up to 1.2 s
+    /// behind an 850,000-decision pull). Whole changes (a feed's version)
+    /// go before the parts of a split one.
+    pub whole: VecDeque<Box<dyn SourceChange>>,
+    pub parts: VecDeque<Box<dyn SourceChange>>,
     /// When an expiry last went before a part (at most once a second).
     pub expired_between_parts: Option<std::time::Instant>,
 }
@@ -193,17 +188,6 @@ impl Daemon {
         if reload(&q) && self.changes.queue.iter().any(reload) {
             return;
         }
-        // A feed's newer version replaces one that still waits.
-        if let Queued::Change(Change::Feed { spec, .. }, _) = &q
-            && let Some(slot) = self
-                .changes
-                .queue
-                .iter_mut()
-                .find(|w| matches!(w, Queued::Change(Change::Feed { spec: s, .. }, _) if s.name == spec.name))
-        {
-            *slot = q;
-            return;
-        }
         if self.changes.queue.len() >= MAX_QUEUED {
             if let Queued::Call(_, reply) | Queued::Change(_, Some(reply)) = q {
                 let message = format!("{MAX_QUEUED} requests already wait for a policy change to finish; retry");
@@ -220,12 +204,11 @@ impl Daemon {
         let Done { enforcer, tables, change, reply, result } = done;
         self.policy = Some((enforcer, tables));
         self.refresh_view();
-        // After a pull's last part only: trimming a big heap takes time,
-        // and the operator's change may be waiting behind each part.
-        let last_part = matches!(&change, Change::Crowdsec { pulled, .. } if pulled.part.last);
-        if last_part
-            || matches!(change, Change::Apply { .. } | Change::Reload | Change::Load { .. } | Change::Feed { .. })
-        {
+        let frees = match &change {
+            Change::Source(c) => c.frees_heap(),
+            c => matches!(c, Change::Apply { .. } | Change::Reload | Change::Load { .. }),
+        };
+        if frees {
             give_back_memory();
         }
         let response = match change {
@@ -247,20 +230,9 @@ impl Daemon {
                 }
                 None
             }
-            Change::Crowdsec { .. } => {
-                match &result {
-                    Ok(line) if line.is_empty() => {}
-                    Ok(line) => tracing::info!(event = "crowdsec", ok = true, "limiter: {line}"),
-                    Err(e) => tracing::warn!(event = "crowdsec", ok = false, "limiter: crowdsec: {e}"),
-                }
-                None
-            }
-            Change::Feed { spec, .. } => {
-                match &result {
-                    Ok(line) => tracing::info!(event = "feed", ok = true, feed = %spec.name, "limiter: {line}"),
-                    Err(e) => tracing::warn!(event = "feed", ok = false, feed = %spec.name, "limiter: {e}"),
-                }
-                self.features.feeds.applied(&spec.name, result.is_ok(), crate::clock::unix_now());
+            Change::Source(c) => {
+                c.report(&result);
+                self.features.outcome(c.source(), result.is_ok());
                 None
             }
             _ => Some(self.finish_change(result)),
@@ -279,26 +251,41 @@ impl Daemon {
         self.next_part();
     }
 
-    /// Start the next part of a CrowdSec pull, when nothing else runs or
-    /// waits (parts of a section no longer in force are dropped).
+    /// A source's change: in line behind what waits, whole or in its
+    /// parts (a newer version of what still waits replaces it).
+    pub(super) fn decided(&mut self, change: Box<dyn SourceChange>) {
+        if let Some(slot) = self.changes.whole.iter_mut().find(|w| change.replaces(&***w)) {
+            *slot = change;
+        } else {
+            let parts = change.parts();
+            if parts.len() == 1 {
+                self.changes.whole.extend(parts);
+            } else {
+                self.changes.parts.append(&mut parts.into());
+            }
+        }
+        self.next_part();
+    }
+
+    /// Start the next part of a source's change, when nothing else runs
+    /// or waits (parts of a section no longer in force are dropped).
     pub(super) fn next_part(&mut self) {
         while self.changes.running.is_none() && self.changes.queue.is_empty() {
             // Overrides whose time is up go first (a long pull would
             // otherwise hold them past their end).
             let recently = self.changes.expired_between_parts.is_some_and(|t| t.elapsed().as_secs() < 1);
-            if !self.changes.parts.is_empty() && !recently && self.expiry_due() {
+            let waiting = !self.changes.whole.is_empty() || !self.changes.parts.is_empty();
+            if waiting && !recently && self.expiry_due() {
                 self.changes.expired_between_parts = Some(std::time::Instant::now());
                 self.change(Change::Expire, None);
                 continue;
             }
-            let Some(part) = self.changes.parts.pop_front() else { return };
-            if let Change::Crowdsec { spec, .. } = &part
-                && self.features.crowdsec.spec() != Some(&**spec)
-            {
-                self.changes.parts.clear();
+            let Some(part) = self.changes.whole.pop_front().or_else(|| self.changes.parts.pop_front()) else {
                 return;
+            };
+            if part.current() {
+                self.change(Change::Source(part), None);
             }
-            self.change(part, None);
         }
     }
 

@@ -1,12 +1,19 @@
 //! The CrowdSec feature: pulls the decision stream while the policy has
 //! a `[crowdsec]` section (a changed section starts over with
-//! `startup=true`), each pull handed to the policy state as a change.
+//! `startup=true`), each pull sent to the policy state as a change of its
+//! own ([`CrowdsecPull`], applied in parts).
 
-use tokio::sync::mpsc;
+use std::sync::{Arc, Weak};
 
-use super::feature::{Applied, Feature};
+use super::{
+    ApplyError, Enforcer,
+    feature::{Applied, Feature},
+    source::{Sink, SourceChange},
+};
 use crate::{
-    crowdsec::{Pulled, Status, Watch},
+    control::StatusInfo,
+    crowdsec::{PART, Pulled, Status, Watch},
+    dataplane::maps::Tables,
     policy::crowdsec::Crowdsec,
     series::Series,
 };
@@ -14,35 +21,31 @@ use crate::{
 /// The pulling task, if the policy asks for one.
 #[derive(Debug)]
 pub(super) struct CrowdsecSide {
-    watch: Option<Watch>,
-    tx: mpsc::Sender<Pulled>,
-    /// Decisions the policy state left out (from the view), for the report.
-    pub(super) left_out: u64,
+    /// The section in force (the pulls' changes hold it weakly: a part of
+    /// a section no longer in force is dropped) and its task.
+    watch: Option<(Arc<Crowdsec>, Watch)>,
+    sink: Sink,
+    /// Decisions the policy state left out, for the report.
+    left_out: u64,
 }
 
 impl CrowdsecSide {
-    /// The feature, and where its pulls arrive (the daemon's loop).
-    pub(super) fn new() -> (Self, mpsc::Receiver<Pulled>) {
-        let (tx, rx) = mpsc::channel(1);
-        (Self { watch: None, tx, left_out: 0 }, rx)
-    }
-
-    /// The section the pulls run under.
-    pub(super) fn spec(&self) -> Option<&Crowdsec> {
-        self.watch.as_ref().map(|w| &w.spec)
+    /// The feature, which sends its pulls to `sink`.
+    pub(super) fn new(sink: Sink) -> Self {
+        Self { watch: None, sink, left_out: 0 }
     }
 
     /// One line for `limiter status`: the LAPI up or down, since when.
-    pub(super) fn summary(&self) -> Option<String> {
-        let (w, s) = (self.watch.as_ref()?, self.status()?);
+    fn summary(&self) -> Option<String> {
+        let ((spec, _), s) = (self.watch.as_ref()?, self.pulls()?);
         let now = crate::clock::unix_now();
         let ago = |t: u64| if t == 0 { "never".to_owned() } else { format!("{} s ago", now.saturating_sub(t)) };
         Some(if s.up {
-            format!("LAPI {} up, last pull {}, {} pulls", w.spec.lapi_url, ago(s.last_ok), s.pulls)
+            format!("LAPI {} up, last pull {}, {} pulls", spec.lapi_url, ago(s.last_ok), s.pulls)
         } else {
             format!(
                 "LAPI {} DOWN for {} pull(s), the decisions in force stay (last good pull {}): {}",
-                w.spec.lapi_url,
+                spec.lapi_url,
                 s.failing,
                 ago(s.last_ok),
                 s.last_error.as_deref().unwrap_or("not pulled yet")
@@ -51,8 +54,8 @@ impl CrowdsecSide {
     }
 
     /// The pulls' status, if pulling.
-    pub(super) fn status(&self) -> Option<Status> {
-        self.watch.as_ref().map(Watch::status)
+    fn pulls(&self) -> Option<Status> {
+        self.watch.as_ref().map(|(_, w)| w.status())
     }
 }
 
@@ -60,14 +63,75 @@ impl Feature for CrowdsecSide {
     /// An unchanged section keeps pulling; a new or changed one starts
     /// over (`startup=true`); none stops.
     fn apply(&mut self, a: &Applied<'_>) {
-        if self.spec() == a.policy.crowdsec.as_ref() {
+        self.left_out = a.state.crowdsec_decisions().left_out;
+        if self.watch.as_ref().map(|(s, _)| &**s) == a.policy.crowdsec.as_ref() {
             return;
         }
-        self.watch = a.policy.crowdsec.clone().map(|s| Watch::start(s, self.tx.clone()));
+        self.watch = a.policy.crowdsec.clone().map(|spec| {
+            let spec = Arc::new(spec);
+            let held = Arc::downgrade(&spec);
+            let watch = Watch::start((*spec).clone(), self.sink.clone(), move |pulled| {
+                Box::new(CrowdsecPull { spec: held.clone(), pulled }) as Box<dyn SourceChange>
+            });
+            (spec, watch)
+        });
     }
 
     fn series(&self) -> Option<Box<dyn Series>> {
-        self.status()
+        self.pulls()
             .map(|status| Box::new(crate::crowdsec::Report { status, left_out: self.left_out }) as Box<dyn Series>)
+    }
+
+    fn status(&self, status: &mut StatusInfo) {
+        status.crowdsec = self.summary();
+    }
+}
+
+/// A pull of the decision stream (or a part of one), under the section
+/// it was pulled for.
+#[derive(Debug)]
+struct CrowdsecPull {
+    spec: Weak<Crowdsec>,
+    pulled: Pulled,
+}
+
+impl SourceChange for CrowdsecPull {
+    fn source(&self) -> &'static str {
+        "crowdsec"
+    }
+
+    fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {
+        let Some(spec) = self.spec.upgrade() else { return Ok(String::new()) };
+        // The decisions move; the part stays, for `frees_heap`.
+        let part = Pulled { pull: std::mem::take(&mut self.pulled.pull), ..std::mem::take(&mut self.pulled) };
+        self.pulled.part = part.part;
+        state.crowdsec(tables, &spec, part)
+    }
+
+    fn parts(self: Box<Self>) -> Vec<Box<dyn SourceChange>> {
+        let spec = self.spec;
+        self.pulled
+            .parts(PART)
+            .into_iter()
+            .map(|pulled| Box::new(Self { spec: spec.clone(), pulled }) as Box<dyn SourceChange>)
+            .collect()
+    }
+
+    fn current(&self) -> bool {
+        self.spec.strong_count() > 0
+    }
+
+    /// After a pull's last part only: trimming a big heap takes time, and
+    /// the operator's change may be waiting behind each part.
+    fn frees_heap(&self) -> bool {
+        self.pulled.part.last
+    }
+
+    fn report(&self, result: &Result<String, ApplyError>) {
+        match result {
+            Ok(line) if line.is_empty() => {}
+            Ok(line) => tracing::info!(event = "crowdsec", ok = true, "limiter: {line}"),
+            Err(e) => tracing::warn!(event = "crowdsec", ok = false, "limiter: crowdsec: {e}"),
+        }
     }
 }

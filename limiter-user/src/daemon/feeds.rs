@@ -1,9 +1,9 @@
 //! The feed watcher: each `[[feed]]` file is looked at every
 //! [`CHECK`] off the daemon's loop (a blocking task), read again when it
 //! changed (size, time, inode: a new download) or its `refresh` is due,
-//! and a version that reads whole is handed to the policy state as a
-//! change; one that does not is logged with where it failed, and the
-//! version in force stays.
+//! and a version that reads whole is sent to the policy state as a
+//! change ([`FeedVersion`]); one that does not is logged with where it
+//! failed, and the version in force stays.
 
 use std::{
     sync::{
@@ -13,11 +13,17 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use ipnet::IpNet;
 use tokio::sync::mpsc;
 
-use super::feature::{Applied, Feature};
+use super::{
+    ApplyError, Enforcer,
+    feature::{Applied, Feature},
+    source::{Sink, SourceChange},
+};
 use crate::{
-    feeds::{FeedError, FeedReport, Parsed},
+    dataplane::maps::Tables,
+    feeds::{FeedError, FeedReport, FeedReports, Parsed},
     policy::feed::Feed,
     series::Series,
 };
@@ -42,7 +48,7 @@ fn settled(stamp: &Stamp, now: SystemTime) -> bool {
 
 /// A feed's file looked at: read (`Some`) when it changed or was due.
 #[derive(Debug)]
-pub(super) struct FeedRead {
+struct FeedRead {
     pub spec: Feed,
     pub stamp: Option<Stamp>,
     pub result: Option<Result<Parsed, FeedError>>,
@@ -68,18 +74,21 @@ struct Watched {
 #[derive(Debug)]
 pub(super) struct Feeds {
     watched: Vec<Watched>,
+    /// Where the reads off the loop come back (taken at each tick).
     tx: mpsc::Sender<FeedRead>,
+    rx: mpsc::Receiver<FeedRead>,
+    sink: Sink,
 }
 
 impl Feeds {
-    /// The watcher, and where its reads arrive (the daemon's loop).
-    pub(super) fn new() -> (Self, mpsc::Receiver<FeedRead>) {
+    /// The watcher, which sends the versions it reads to `sink`.
+    pub(super) fn new(sink: Sink) -> Self {
         let (tx, rx) = mpsc::channel(crate::policy::feed::MAX_FEEDS);
-        (Self { watched: Vec::new(), tx }, rx)
+        Self { watched: Vec::new(), tx, rx, sink }
     }
 
     /// A read came back: note it; the version to apply, if it is one.
-    pub(super) fn read_done(&mut self, r: FeedRead) -> Option<(Feed, Parsed)> {
+    fn read_done(&mut self, r: FeedRead) -> Option<(Feed, Parsed)> {
         let w = self.watched.iter_mut().find(|w| w.spec.name == r.spec.name)?;
         w.busy.store(false, Ordering::Release);
         if w.spec != r.spec || r.settling {
@@ -115,20 +124,24 @@ impl Feeds {
         }
     }
 
-    /// The policy state refused or took a version of `name`.
-    pub(super) fn applied(&mut self, name: &str, ok: bool, at: u64) {
-        if let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name) {
-            if ok {
-                w.report.applied_at = at;
-            } else {
-                w.report.refused += 1;
-            }
-        }
+    /// Each feed's report.
+    fn reports(&self) -> Vec<FeedReport> {
+        self.watched.iter().map(|w| FeedReport { shadow: w.spec.shadow, ..w.report.clone() }).collect()
     }
 
-    /// Each feed's report.
-    pub(super) fn reports(&self) -> Vec<FeedReport> {
-        self.watched.iter().map(|w| FeedReport { shadow: w.spec.shadow, ..w.report.clone() }).collect()
+    /// The reads that came back: each version read whole goes to the
+    /// policy state (one too many waiting is read again later).
+    fn take_reads(&mut self) {
+        while let Ok(read) = self.rx.try_recv() {
+            let Some((spec, parsed)) = self.read_done(read) else { continue };
+            let name = spec.name.clone();
+            let version = FeedVersion { source: super::enforcer::deny::feed_origin(&name), spec, nets: parsed.nets };
+            if self.sink.try_send(Box::new(version)).is_err()
+                && let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name)
+            {
+                w.force = true;
+            }
+        }
     }
 }
 
@@ -161,8 +174,10 @@ impl Feature for Feeds {
         }
     }
 
-    /// Look at each feed's file whose turn it is, off the loop.
+    /// Send what was read, then look at each feed's file whose turn it
+    /// is, off the loop.
     fn tick(&mut self) {
+        self.take_reads();
         let now = Instant::now();
         for w in &mut self.watched {
             if w.busy.load(Ordering::Acquire) || w.last_check.is_some_and(|t| now - t < CHECK) {
@@ -194,9 +209,56 @@ impl Feature for Feeds {
         }
     }
 
-    /// Reported with the deny set's series (see `answers.rs`).
+    /// The policy state refused or took a version of a feed.
+    fn outcome(&mut self, source: &str, ok: bool) {
+        let Some(name) = source.strip_prefix("feed:") else { return };
+        if let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name) {
+            if ok {
+                w.report.applied_at = crate::clock::unix_now();
+            } else {
+                w.report.refused += 1;
+            }
+        }
+    }
+
     fn series(&self) -> Option<Box<dyn Series>> {
-        None
+        Some(Box::new(FeedReports(self.reports())))
+    }
+}
+
+/// A version of a feed, read whole: the deny set takes the diff.
+#[derive(Debug)]
+struct FeedVersion {
+    /// `feed:NAME`.
+    source: String,
+    spec: Feed,
+    nets: std::collections::BTreeSet<IpNet>,
+}
+
+impl SourceChange for FeedVersion {
+    fn source(&self) -> &str {
+        &self.source
+    }
+
+    fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {
+        state.feed(tables, &self.spec, &self.nets)
+    }
+
+    fn parts(self: Box<Self>) -> Vec<Box<dyn SourceChange>> {
+        vec![self]
+    }
+
+    /// A newer version of the same feed.
+    fn replaces(&self, waiting: &dyn SourceChange) -> bool {
+        waiting.source() == self.source
+    }
+
+    fn report(&self, result: &Result<String, ApplyError>) {
+        let feed = &self.spec.name;
+        match result {
+            Ok(line) => tracing::info!(event = "feed", ok = true, feed = %feed, "limiter: {line}"),
+            Err(e) => tracing::warn!(event = "feed", ok = false, feed = %feed, "limiter: {e}"),
+        }
     }
 }
 

@@ -9,16 +9,20 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use limiter_common::{
     BucketKey, Config, MAX_CLASSES, family, packet, rules,
-    window::{self, WindowState, scope},
+    window::{self, FleetSlot, WindowState, scope},
 };
 
-use super::{Daemon, feature::Feature as _};
+use super::{
+    Daemon,
+    feature::{Applied, Feature},
+};
 use crate::{
-    control::{PrefixShow, WindowRow},
+    control::{PrefixShow, Request, Response, WindowRow},
     dataplane::maps::WindowMaps,
     fleet::{ClassWindow, Classes, FleetStatus, FleetSync, Readers, wall_and_offset},
     policy::fleet::Fleet,
     policy::{OverrideAction, Policy, Scope},
+    series::Series,
 };
 
 /// The fleet sync, or the maps it would have taken.
@@ -165,6 +169,47 @@ impl FleetSide {
     }
 }
 
+impl Feature for FleetSide {
+    /// The window-quota classes apply at once; a changed, new or removed
+    /// `[fleet]` section changes, starts or stops the sync.
+    fn apply(&mut self, a: &Applied<'_>) {
+        self.set_classes(classes(&a.config, a.class_names, a.policy), a.policy.fleet.as_ref());
+    }
+
+    /// Only while the sync runs.
+    fn series(&self) -> Option<Box<dyn Series>> {
+        self.status().map(|s| Box::new(s) as Box<dyn Series>)
+    }
+
+    /// `limiter fleet status`.
+    fn answer(&mut self, req: &Request) -> Option<Response> {
+        matches!(req, Request::FleetStatus).then(|| Response::Fleet { status: self.status() })
+    }
+
+    /// Once a second: take the maps back from a sync that has stopped
+    /// (and start the one a later policy asked for); without a sync, keep
+    /// the wall-clock offset current.
+    fn tick(&mut self) {
+        if let Self::Stopping(s) = self
+            && let Some(maps) = s.0.stopped()
+        {
+            let next = s.2.take();
+            if maps.is_none() {
+                tracing::warn!(
+                    "limiter: the fleet sync's thread died; window quotas run without their maps' upkeep until the daemon restarts"
+                );
+            }
+            *self = Self::Off(maps);
+            if let Some((cfg, classes)) = next {
+                self.set_classes(classes, Some(&cfg));
+            }
+        }
+        if let Self::Off(Some(m)) = self {
+            let _ = m.state.set(FleetSlot::WallOffset.index(), wall_and_offset().1, 0);
+        }
+    }
+}
+
 /// Why `limiter prefix show` has no answer.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ShowError {
@@ -202,7 +247,7 @@ impl Daemon {
                     std::array::from_fn(|i| u32::from_ne_bytes([o[i * 4], o[i * 4 + 1], o[i * 4 + 2], o[i * 4 + 3]]));
             }
         }
-        let maps = self.features.fleet.maps();
+        let maps = self.features.get::<FleetSide>().and_then(FleetSide::maps);
         let wall = wall_and_offset().0;
         // Every class's bucket of `src` covers the same network.
         let cidr = crate::dataplane::net(&rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, 0));

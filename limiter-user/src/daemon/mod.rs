@@ -9,10 +9,14 @@ mod cookie_watch;
 mod crowdsec;
 mod enforcer;
 mod feature;
+mod features;
+mod feedback;
 mod feeds;
 mod fleet;
+mod forward;
 mod observe;
 mod os;
+mod source;
 mod start;
 mod view;
 mod watch;
@@ -30,9 +34,10 @@ use tokio::{
 
 use self::{
     changes::{Change, Changes},
-    feature::Features,
+    features::{Features, Start},
     observe::{Observer, status_line},
     os::{notify_ready, raise_memlock},
+    source::SourceChange,
     view::View,
 };
 pub use self::{
@@ -113,10 +118,8 @@ struct Inputs {
     hup: Signal,
     calls: mpsc::Receiver<Call>,
     scrapes: mpsc::Receiver<ScrapeCall>,
-    /// Feed files read off the loop.
-    feed_reads: mpsc::Receiver<feeds::FeedRead>,
-    /// Pulls of CrowdSec's decision stream.
-    crowdsec_pulls: mpsc::Receiver<crate::crowdsec::Pulled>,
+    /// What the sources of decisions (feeds, CrowdSec) send.
+    decided: mpsc::Receiver<Box<dyn SourceChange>>,
 }
 
 /// A running daemon.
@@ -178,10 +181,9 @@ impl Daemon {
         let (view, effective) = View::of(&enforcer);
         let applied = view.applied(&enforcer, &effective);
         let windows = dp.maps.windows.take();
-        let (feeds, feed_reads) = feeds::Feeds::new();
-        let (crowdsec, crowdsec_pulls) = crowdsec::CrowdsecSide::new();
-        let features =
-            Features::start(&applied, windows, dp.buckets_map_id(), token, &calls_tx, (feeds, crowdsec)).await?;
+        let (sink, decided) = mpsc::channel(source::SINK_ROOM);
+        let start = Start { windows, buckets: dp.buckets_map_id(), token, calls: &calls_tx, sink: &sink };
+        let features = Features::start(&applied, start).await?;
         socket.serve(calls_tx);
         let d = Self {
             settings,
@@ -194,7 +196,7 @@ impl Daemon {
             socket,
             reloads: Reloads::new(),
             observer,
-            inputs: Inputs { hup, calls, scrapes, feed_reads, crowdsec_pulls },
+            inputs: Inputs { hup, calls, scrapes, decided },
         };
         d.announce(&summary, adopted.as_deref(), replaced);
         tracing::info!("limiter: control socket {} (mode 0660)", d.socket.path().display());
@@ -235,23 +237,9 @@ impl Daemon {
                     self.escalate();
                     self.features.tick();
                 }
-                Some(read) = self.inputs.feed_reads.recv() => {
-                    if let Some((spec, parsed)) = self.features.feeds.read_done(read) {
-                        self.change(Change::Feed { spec: Box::new(spec), nets: parsed.nets }, None);
-                    }
-                }
-                // A pull is taken only when the last one's parts are all
-                // applied: the pulling task waits meanwhile (memory stays
-                // at a pull or two, however fast the LAPI answers).
-                Some(pulled) = self.inputs.crowdsec_pulls.recv(), if self.changes.parts.is_empty() => {
-                    if let Some(spec) = self.features.crowdsec.spec() {
-                        let spec = Box::new(spec.clone());
-                        self.changes.parts.extend(
-                            pulled.parts(crate::crowdsec::PART).into_iter().map(|pulled| Change::Crowdsec { spec: spec.clone(), pulled }),
-                        );
-                        self.next_part();
-                    }
-                }
+                // Every source of decisions, one arm: its change waits
+                // behind the operator's (each source bounds what it sends).
+                Some(change) = self.inputs.decided.recv() => self.decided(change),
                 Some(reply) = self.inputs.scrapes.recv() => {
                     if let Ok(s) = self.snapshot() {
                         let _ = reply.send(s);

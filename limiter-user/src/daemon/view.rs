@@ -81,12 +81,13 @@ impl View {
     }
 
     /// The policy in force as the features take it.
-    pub(super) fn applied<'a>(&'a self, p: &Enforcer, effective: &'a Policy) -> Applied<'a> {
+    pub(super) fn applied<'a>(&'a self, p: &'a Enforcer, effective: &'a Policy) -> Applied<'a> {
         Applied {
             version: self.version,
             policy: effective,
             config: p.config().copied().unwrap_or_default(),
             class_names: &self.class_names,
+            state: p,
         }
     }
 }
@@ -98,7 +99,6 @@ impl Daemon {
         if let Some((p, _)) = &self.policy {
             let (view, effective) = View::of(p);
             self.view = view;
-            self.features.crowdsec.left_out = p.crowdsec_decisions().left_out;
             self.features.apply(&self.view.applied(p, &effective));
         }
     }

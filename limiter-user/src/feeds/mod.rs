@@ -21,7 +21,7 @@ use ipnet::IpNet;
 pub use self::{
     bogons::{BOGONS, bogon_overlap},
     formats::{Format, MAX_ENTRIES, MAX_LINE, Parsed, ReadError, Refused, parse, unmapped},
-    series::{DenyReport, FeedReport},
+    series::{DenyReport, FeedReport, FeedReports},
 };
 
 /// Largest feed file read (a million networks as CIDR text with comments

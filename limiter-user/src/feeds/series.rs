@@ -7,14 +7,17 @@ use prometheus_client::{
 
 use crate::series::{Series, clamp};
 
-/// What the deny set holds and drops, by origin, and how its feeds read.
+/// What the deny set holds and drops, by origin.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DenyReport {
     /// Origin (`feed:NAME`, ...), networks it denies, packets the data
     /// plane dropped for it.
     pub origins: Vec<(String, usize, u64)>,
-    pub feeds: Vec<FeedReport>,
 }
+
+/// How each feed reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FeedReports(pub Vec<FeedReport>);
 
 /// One feed's reads and versions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -51,13 +54,19 @@ impl Series for DenyReport {
         for (origin, _, drops) in &self.origins {
             ConstCounter::new(*drops).encode(m.encode_family(&[("origin", origin.as_str())])?)?;
         }
+        Ok(())
+    }
+}
+
+impl Series for FeedReports {
+    fn encode(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
         let mut m = enc.encode_descriptor(
             "limiter_feed_versions",
             "Versions of each feed by result: applied, read_error (the file or its format; the last version stays), refused (its cap, or it shrank too much).",
             None,
             MetricType::Counter,
         )?;
-        for f in &self.feeds {
+        for f in &self.0 {
             let applied = f.reads.saturating_sub(f.refused);
             for (result, n) in [("applied", applied), ("read_error", f.read_errors), ("refused", f.refused)] {
                 ConstCounter::new(n).encode(m.encode_family(&[("feed", f.name.as_str()), ("result", result)])?)?;
@@ -69,7 +78,7 @@ impl Series for DenyReport {
             None,
             MetricType::Gauge,
         )?;
-        for f in &self.feeds {
+        for f in &self.0 {
             ConstGauge::new(clamp(f.applied_at)).encode(m.encode_family(&[("feed", f.name.as_str())])?)?;
         }
         Ok(())

@@ -249,10 +249,11 @@ mod tests {
             }])),
             Box::new(crate::fleet::FleetStatus::default()),
             Box::new(crate::feedback::FeedbackCounts::default()),
-            Box::new(crate::feeds::DenyReport {
-                origins: vec![("feed:f".into(), 1, 1)],
-                feeds: vec![crate::feeds::FeedReport { name: "f".into(), ..Default::default() }],
-            }),
+            Box::new(crate::feeds::DenyReport { origins: vec![("feed:f".into(), 1, 1)] }),
+            Box::new(crate::feeds::FeedReports(vec![crate::feeds::FeedReport {
+                name: "f".into(),
+                ..Default::default()
+            }])),
             Box::new(crate::crowdsec::Report::default()),
         ];
         let syn_cookies = vec![SynCookieRow { class: "c".into(), mode: SynCookies::Auto, engaged: true }];

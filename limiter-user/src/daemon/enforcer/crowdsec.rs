@@ -136,7 +136,7 @@ impl Enforcer {
         pulled: Pulled,
     ) -> Result<String, ApplyError> {
         let now = unix_now();
-        let Pulled { startup, pull, part } = pulled;
+        let Pulled { startup, pull, part, .. } = pulled;
         // The LAPI's own address is never denied: a decision covering it
         // would cut the daemon off the deletions that lift it.
         let lapi = lapi_address(&spec.lapi_url);

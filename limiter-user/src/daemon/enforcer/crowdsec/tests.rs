@@ -21,7 +21,7 @@ fn of_scenario(scenario: &str, d: &Decision) -> Decision {
 }
 
 fn pulled(startup: bool, new: Vec<Decision>, deleted: Vec<Decision>) -> Pulled {
-    Pulled { startup, pull: Pull { new, deleted, ..Pull::default() }, part: crate::crowdsec::Part::default() }
+    Pulled { startup, pull: Pull { new, deleted, ..Pull::default() }, ..Pulled::default() }
 }
 
 /// M1 of the third hardening round: a decision banning the LAPI's
@@ -211,12 +211,9 @@ fn a_startup_pull_in_parts_leaves_no_gap_and_lifts_at_its_end() {
     let three = || d(3, "cscli", "198.51.100.3/32", 600);
     e.crowdsec(&mut m, &s, pulled(true, vec![one(), two()], vec![])).unwrap();
     let key = |n: &str| crate::dataplane::deny::key_of(&n.parse().unwrap());
-    let parts = Pulled {
-        startup: true,
-        pull: Pull { new: vec![three(), one()], ..Pull::default() },
-        part: crate::crowdsec::Part::default(),
-    }
-    .parts(1);
+    let parts =
+        Pulled { startup: true, pull: Pull { new: vec![three(), one()], ..Pull::default() }, ..Pulled::default() }
+            .parts(1);
     let mut lines = Vec::new();
     for (i, p) in parts.into_iter().enumerate() {
         lines.push(e.crowdsec(&mut m, &s, p).unwrap());

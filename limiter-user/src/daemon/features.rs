@@ -1,0 +1,108 @@
+//! The daemon's features as one list it walks in order (see
+//! [`Feature`]): started in [`Features::start`], the one place that
+//! names them.
+
+use std::any::Any;
+
+use super::{
+    crowdsec::CrowdsecSide,
+    feature::{Applied, Feature},
+    feeds::Feeds,
+    fleet::{FleetSide, classes},
+    source::Sink,
+};
+use crate::{
+    control::{Request, Response, StatusInfo, server::Call},
+    dataplane::maps::WindowMaps,
+    feedback::Token,
+    forward,
+    series::Series,
+};
+
+/// Descriptors the forwarders leave to the rest of the daemon: each
+/// listener's connection cap, and room for the maps, files and clients
+/// (fleet store, CrowdSec, feeds) it opens later.
+const FDS_RESERVE: usize =
+    crate::control::server::MAX_CONNS + crate::metrics::MAX_CONNS + crate::feedback::MAX_CONNS + 64;
+
+/// What the features start with besides the policy in force.
+pub(super) struct Start<'a> {
+    /// The window-quota maps (the fleet sync takes them).
+    pub(super) windows: Option<Box<WindowMaps>>,
+    /// The id of the bucket map the forwarders read.
+    pub(super) buckets: u32,
+    /// The feedback endpoint's token, checked before anything was attached.
+    pub(super) token: Option<Token>,
+    /// Where the feedback endpoint sends its penalties (as requests).
+    pub(super) calls: &'a tokio::sync::mpsc::Sender<Call>,
+    /// Where the sources of decisions send their changes.
+    pub(super) sink: &'a Sink,
+}
+
+/// The daemon's features, in the order they are told a policy.
+pub(super) struct Features(Vec<Box<dyn Feature>>);
+
+impl Features {
+    /// Start every feature the policy in force declares.
+    pub(super) async fn start(a: &Applied<'_>, s: Start<'_>) -> anyhow::Result<Self> {
+        let mut list: Vec<Box<dyn Feature>> = vec![
+            Box::new(forward::Manager::new(s.buckets, forward::fds::Budget::of_process(FDS_RESERVE))),
+            Box::new(FleetSide::start(
+                a.policy.fleet.as_ref(),
+                s.windows,
+                classes(&a.config, a.class_names, a.policy),
+            )?),
+            Box::new(super::start::serve_feedback(a.policy, s.token, s.calls).await?),
+            Box::new(Feeds::new(s.sink.clone())),
+            Box::new(CrowdsecSide::new(s.sink.clone())),
+        ];
+        for f in &mut list {
+            f.apply(a);
+        }
+        Ok(Self(list))
+    }
+
+    /// The feature of type `T`, for what only it can say.
+    pub(super) fn get<T: Feature>(&self) -> Option<&T> {
+        self.0.iter().find_map(|f| {
+            let any: &dyn Any = &**f;
+            any.downcast_ref::<T>()
+        })
+    }
+
+    pub(super) fn apply(&mut self, a: &Applied<'_>) {
+        self.0.iter_mut().for_each(|f| f.apply(a));
+    }
+
+    pub(super) fn reload(&mut self, a: &Applied<'_>) {
+        self.0.iter_mut().for_each(|f| f.reload(a));
+    }
+
+    pub(super) fn tick(&mut self) {
+        self.0.iter_mut().for_each(|f| f.tick());
+    }
+
+    pub(super) fn outcome(&mut self, source: &str, ok: bool) {
+        self.0.iter_mut().for_each(|f| f.outcome(source, ok));
+    }
+
+    /// Every feature's report, in order.
+    pub(super) fn series(&self) -> Vec<Box<dyn Series>> {
+        self.0.iter().filter_map(|f| f.series()).collect()
+    }
+
+    pub(super) fn status(&self, status: &mut StatusInfo) {
+        self.0.iter().for_each(|f| f.status(status));
+    }
+
+    /// The answer of the feature whose request `req` is, if any.
+    pub(super) fn answer(&mut self, req: &Request) -> Option<Response> {
+        self.0.iter_mut().find_map(|f| f.answer(req))
+    }
+
+    pub(super) async fn drain(&mut self) {
+        for f in &mut self.0 {
+            f.drain().await;
+        }
+    }
+}

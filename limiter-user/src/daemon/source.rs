@@ -1,0 +1,54 @@
+//! How a source of decisions (a feed, CrowdSec; country and ASN lists
+//! next) hands the policy state its changes: the feature is given a
+//! [`Sink`] at start and sends each change as a [`SourceChange`]; the
+//! daemon's loop takes them in one arm, whatever their source, and runs
+//! them off the loop like any change, after the operator's that wait
+//! (see `changes.rs`). What a change does is the source's own code; the
+//! daemon only orders, splits, drops stale parts and reports.
+
+use tokio::sync::mpsc;
+
+use super::{ApplyError, Enforcer};
+use crate::dataplane::maps::Tables;
+
+/// Where a source sends its changes.
+pub(super) type Sink = mpsc::Sender<Box<dyn SourceChange>>;
+
+/// Changes sent and not yet taken by the loop, all sources together (each
+/// source bounds its own: a feed one version, CrowdSec two pulls).
+pub(super) const SINK_ROOM: usize = 64;
+
+/// A change of the policy state made by a source of decisions.
+pub(super) trait SourceChange: Send + std::fmt::Debug {
+    /// Who makes it (`feed:NAME`, `crowdsec`): its log lines, and the
+    /// outcome handed back to the feature (`Feature::outcome`).
+    fn source(&self) -> &str;
+
+    /// Carry it out, on the thread that holds the policy state.
+    fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError>;
+
+    /// The change in parts, each applied when nothing else runs or waits
+    /// (a pull of 850,000 decisions in parts of 2,000: the operator's
+    /// change waits for one part at most).
+    fn parts(self: Box<Self>) -> Vec<Box<dyn SourceChange>>;
+
+    /// Still wanted: a part of a section no longer in force is dropped.
+    fn current(&self) -> bool {
+        true
+    }
+
+    /// Whether it is a newer version of `waiting` (the same feed), which
+    /// it then replaces in the queue.
+    fn replaces(&self, _waiting: &dyn SourceChange) -> bool {
+        false
+    }
+
+    /// Whether it leaves much heap free (a whole version, a pull's last
+    /// part): the daemon gives it back to the system after it.
+    fn frees_heap(&self) -> bool {
+        true
+    }
+
+    /// Say how it went (a log line; nothing for a part that has none).
+    fn report(&self, result: &Result<String, ApplyError>);
+}
