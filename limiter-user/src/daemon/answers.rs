@@ -65,7 +65,7 @@ impl Daemon {
                     })
                 } else {
                     let mut entries = policy.prefixes();
-                    let (decisions, more) = policy.crowdsec_entries(crate::control::MAX_LISTED_DECISIONS);
+                    let (decisions, more) = policy.deny_layer().entries(crate::control::MAX_LISTED_DECISIONS);
                     entries.extend(decisions);
                     Response::Prefixes(PrefixList { version: policy.version(), entries, more })
                 }

@@ -78,7 +78,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
         Change::Load { cidrs, action, ttl } => e.load(t, cidrs, (*action).into(), *ttl),
         Change::Expire => {
             let now = crate::clock::unix_now();
-            match (e.expire(t, now), e.expire_crowdsec(t, now)) {
+            match (e.expire(t, now), e.deny_mut().expire(t, now)) {
                 (Some(Ok(a)), Some(Ok(b))) => Ok(format!("{a}; {b}")),
                 (Some(r), _) | (None, Some(r)) => r,
                 (None, None) => Ok("nothing expired".into()),

@@ -63,7 +63,7 @@ impl Feature for CrowdsecSide {
     /// An unchanged section keeps pulling; a new or changed one starts
     /// over (`startup=true`); none stops.
     fn apply(&mut self, a: &Applied<'_>) {
-        self.left_out = a.state.crowdsec_decisions().left_out;
+        self.left_out = a.state.deny_layer().crowdsec().left_out;
         if self.watch.as_ref().map(|(s, _)| &**s) == a.policy.crowdsec.as_ref() {
             return;
         }
@@ -105,7 +105,7 @@ impl SourceChange for CrowdsecPull {
         // The decisions move; the part stays, for `frees_heap`.
         let part = Pulled { pull: std::mem::take(&mut self.pulled.pull), ..std::mem::take(&mut self.pulled) };
         self.pulled.part = part.part;
-        state.crowdsec(tables, &spec, part)
+        state.deny_mut().pull(tables, &spec, part)
     }
 
     fn parts(self: Box<Self>) -> Vec<Box<dyn SourceChange>> {

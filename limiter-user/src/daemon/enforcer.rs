@@ -74,10 +74,8 @@ pub struct Enforcer {
     pub kernel_lacks_cookies: Option<String>,
     /// What the feedback governor decided (see `feedback.rs`).
     pub(super) governor: feedback::Governed,
-    /// The deny set and its origins (feeds; see `deny.rs`).
+    /// The deny set and its sources (feeds, CrowdSec; see `deny.rs`).
     pub(super) deny: deny::DenyLayer,
-    /// CrowdSec's decisions in force (see `crowdsec.rs`).
-    pub(super) crowdsec: crowdsec::Decisions,
     /// The escalations in force (see `escalation.rs`).
     pub(super) escalations: escalation::Escalations,
 }
@@ -98,7 +96,6 @@ impl Enforcer {
             kernel_lacks_cookies: None,
             governor: feedback::Governed::default(),
             deny: deny::DenyLayer::default(),
-            crowdsec: crowdsec::Decisions::default(),
             escalations: escalation::Escalations::default(),
         }
     }
@@ -316,6 +313,30 @@ impl Enforcer {
             }
         }
         result
+    }
+
+    /// Write `compiled` (of `p`) with the deny set following it: its
+    /// markers move with the bucket prefixes (the new ones written before
+    /// the switch, the old ones removed after), and what the policy's
+    /// sources no longer name is lifted.
+    fn write_policy(&mut self, maps: &mut impl PolicyMaps, compiled: &Compiled, p: &Policy) -> Result<(), LoadError> {
+        let (before, after) = self.deny.rebucket(compiled.config.v4_prefix, compiled.config.v6_prefix);
+        maps.write_deny(&before)?;
+        maps.apply(compiled)?;
+        maps.write_deny(&after)?;
+        self.deny.follow(maps, p)
+    }
+
+    /// The deny set's layer.
+    #[must_use]
+    pub fn deny_layer(&self) -> &deny::DenyLayer {
+        &self.deny
+    }
+
+    /// The deny set's layer, for a source's change (its own rules, over
+    /// the set only: nothing it does reaches the layers above).
+    pub fn deny_mut(&mut self) -> &mut deny::DenyLayer {
+        &mut self.deny
     }
 
     /// What the feedback governor decided since the daemon started.

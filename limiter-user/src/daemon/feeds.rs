@@ -241,7 +241,7 @@ impl SourceChange for FeedVersion {
     }
 
     fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {
-        state.feed(tables, &self.spec, &self.nets)
+        state.deny_mut().feed(tables, &self.spec, &self.nets)
     }
 
     fn parts(self: Box<Self>) -> Vec<Box<dyn SourceChange>> {

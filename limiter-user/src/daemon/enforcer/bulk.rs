@@ -74,7 +74,7 @@ impl Enforcer {
             .filter_map(|e| e.expires)
             .chain(self.governor.next_shadow_expiry())
             .chain(self.escalations.next_end())
-            .chain(self.crowdsec.next_end())
+            .chain(self.deny.next_end())
             .min()
     }
 

@@ -9,12 +9,13 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer};
-use crate::clock::unix_now;
+use super::deny::DenySource;
 use crate::{
+    clock::unix_now,
+    control::PrefixEntry,
     crowdsec::{Decision, Pulled},
-    dataplane::{PolicyMaps, deny::Origin},
-    policy::crowdsec::Crowdsec,
+    dataplane::deny::{DenyError, DenySet, Origin},
+    policy::{Policy, crowdsec::Crowdsec},
 };
 
 /// Origin indexes CrowdSec's decisions may take, the shared one with
@@ -85,12 +86,6 @@ impl Decisions {
         self.by_net.is_empty()
     }
 
-    /// When the next decision ends.
-    #[must_use]
-    pub fn next_end(&self) -> Option<u64> {
-        self.ends.first().map(|e| e.0)
-    }
-
     fn insert(&mut self, net: IpNet, origin: Origin, id: i64, end: u64) {
         if !self.by_net.contains_key(&(net, origin)) {
             self.v4_addresses += v4_addresses(&net);
@@ -119,22 +114,15 @@ impl Decisions {
         }
         false
     }
-}
 
-impl Enforcer {
     /// Take a pull of the decision stream (or a part of one: see
-    /// [`crate::crowdsec::Part`]) under `spec`. A `startup` pull is the
-    /// whole picture: its first part starts the decisions over (the deny
-    /// set keeps every network meanwhile: no gap), and its last lifts
-    /// what no decision of it names, pinned ones included (decisions
-    /// deleted while no daemon ran). The others are deltas. The line
-    /// comes with the last part.
-    pub fn crowdsec(
-        &mut self,
-        maps: &mut impl PolicyMaps,
-        spec: &Crowdsec,
-        pulled: Pulled,
-    ) -> Result<String, ApplyError> {
+    /// [`crate::crowdsec::Part`]) under `spec` into `set`. A `startup`
+    /// pull is the whole picture: its first part starts the decisions
+    /// over (the deny set keeps every network meanwhile: no gap), and its
+    /// last lifts what no decision of it names, pinned ones included
+    /// (decisions deleted while no daemon ran). The others are deltas.
+    /// The line comes with the last part (empty for the others).
+    pub(super) fn take(&mut self, set: &mut DenySet, spec: &Crowdsec, pulled: Pulled) -> String {
         let now = unix_now();
         let Pulled { startup, pull, part, .. } = pulled;
         // The LAPI's own address is never denied: a decision covering it
@@ -150,7 +138,7 @@ impl Enforcer {
                 && (spec.allow_bogons || crate::feeds::bogons::bogon_overlap(&d.net).is_none())
         };
         if part.first {
-            self.begin_pull(spec, startup, part.of);
+            self.begin_pull(set, spec, startup, part.of);
         }
         // Decisions unreadable (value or duration) are left out, and counted.
         let unreadable = pull.bad_value + pull.bad_duration;
@@ -159,10 +147,10 @@ impl Enforcer {
             // A deletion names no new origin: it looks in the decision's
             // own and in the shared one.
             for d in &pull.deleted {
-                let named = [d.source(), SHARED.to_owned()].map(|n| self.deny.set.named(&n));
+                let named = [d.source(), SHARED.to_owned()].map(|n| set.named(&n));
                 for origin in named.into_iter().flatten() {
-                    if self.crowdsec.remove(d.net, origin, d.id) {
-                        self.deny.set.remove(origin, &d.net);
+                    if self.remove(d.net, origin, d.id) {
+                        set.remove(origin, &d.net);
                         lifted += 1;
                     }
                 }
@@ -184,7 +172,7 @@ impl Enforcer {
             let origin = match &last {
                 Some((names, origin)) if std::sync::Arc::ptr_eq(names, &d.names) => *origin,
                 _ => {
-                    let Ok(origin) = self.crowdsec_origin(&d.source()) else {
+                    let Ok(origin) = origin_of(set, &d.source()) else {
                         left_out += 1;
                         continue;
                     };
@@ -192,102 +180,148 @@ impl Enforcer {
                     origin
                 }
             };
-            let known = self.crowdsec.by_net.contains_key(&(d.net, origin));
+            let known = self.by_net.contains_key(&(d.net, origin));
             // The cap on networks, and on the IPv4 space they cover.
-            let covered = self.crowdsec.v4_addresses + v4_addresses(&d.net);
-            if !known && (self.crowdsec.len() >= spec.max_decisions || covered > spec.max_v4_addresses) {
+            let covered = self.v4_addresses + v4_addresses(&d.net);
+            if !known && (self.len() >= spec.max_decisions || covered > spec.max_v4_addresses) {
                 left_out += 1;
                 continue;
             }
             // Denied already before this startup pull (by the decisions it
             // replaces, or the pins): kept, not added again, not lifted.
-            let held = startup && self.crowdsec.stale.remove(&(d.net, origin)).is_some();
-            if !known && !held && self.deny.set.add_within(origin, &d.net, CROWDSEC_V6_LENS).is_err() {
+            let held = startup && self.stale.remove(&(d.net, origin)).is_some();
+            if !known && !held && set.add_within(origin, &d.net, CROWDSEC_V6_LENS).is_err() {
                 left_out += 1;
                 continue;
             }
             added += usize::from(!known && !held);
-            self.crowdsec.insert(d.net, origin, d.id, now.saturating_add(d.ttl.as_secs()));
+            self.insert(d.net, origin, d.id, now.saturating_add(d.ttl.as_secs()));
         }
         if startup && part.last {
-            lifted += self.sweep_crowdsec();
+            lifted += self.sweep(set);
         }
-        let t = &mut self.crowdsec.tally;
+        let t = &mut self.tally;
         (t.new, t.deleted, t.added, t.lifted) =
             (t.new + pull.new.len(), t.deleted + pull.deleted.len(), t.added + added, t.lifted + lifted);
         t.left_out += left_out;
         t.shadow += shadow.len();
-        self.crowdsec.left_out += left_out;
+        self.left_out += left_out;
         if part.last && (startup || spec.shadow) {
-            self.crowdsec.shadow = self.crowdsec.tally.shadow;
+            self.shadow = self.tally.shadow;
         }
-        self.write_set(maps)?;
-        let t = self.crowdsec.tally;
+        let t = self.tally;
         if !part.last || (!startup && t.new == 0 && t.deleted == 0 && unreadable == 0) {
             // A part, or nothing changed: no line (a pull comes every few seconds).
-            return Ok(String::new());
+            return String::new();
         }
         let unreadable = (unreadable > 0).then_some((pull.bad_value, pull.bad_duration));
-        Ok(self.pull_line(startup, spec.shadow, unreadable))
+        self.pull_line(startup, spec.shadow, unreadable)
+    }
+
+    /// The line of a pull, when its last part is applied.
+    fn pull_line(&self, startup: bool, shadow: bool, unreadable: Option<(usize, usize)>) -> String {
+        let t = self.tally;
+        format!(
+            "crowdsec: {} pull: {} new, {} deleted{}; {} networks denied, {} lifted, {} left out; {} in force{}",
+            if startup { "startup" } else { "delta" },
+            t.new,
+            t.deleted,
+            unreadable.map_or_else(String::new, |(value, duration)| format!(
+                ", {value} with an unreadable value, {duration} with an unreadable or sub-second duration"
+            )),
+            t.added,
+            t.lifted,
+            t.left_out,
+            self.len(),
+            if shadow { format!(" (shadow: {} counted, not enforced)", self.shadow) } else { String::new() }
+        )
+    }
+
+    /// The first part of a pull: its tally starts; a startup pull starts
+    /// the decisions over (what they denied set aside, to be lifted at
+    /// its end unless it names them again) with room for all of it.
+    fn begin_pull(&mut self, set: &mut DenySet, spec: &Crowdsec, startup: bool, of: usize) {
+        self.tally = Tally::default();
+        if !startup {
+            return;
+        }
+        let old = std::mem::take(self);
+        let mut stale = old.stale;
+        if stale.is_empty() {
+            stale = old.by_net;
+        } else {
+            stale.extend(old.by_net);
+        }
+        *self = Decisions { left_out: old.left_out, stale, ..Decisions::default() };
+        // A map growing by doubling rehashes it all within one part; a
+        // delta's new networks are few.
+        let room = of.min(spec.max_decisions);
+        self.by_net.reserve(room);
+        set.reserve(room);
+    }
+
+    /// The end of a startup pull: lift every network denied for CrowdSec
+    /// before it that none of its decisions named. Returns how many.
+    fn sweep(&mut self, set: &mut DenySet) -> usize {
+        let mut lifted = 0;
+        for (net, origin) in std::mem::take(&mut self.stale).into_keys() {
+            if !self.by_net.contains_key(&(net, origin)) {
+                set.remove(origin, &net);
+                lifted += 1;
+            }
+        }
+        lifted
+    }
+}
+
+impl DenySource for Decisions {
+    /// Every decision is lifted when the policy has no `[crowdsec]`.
+    fn follow(&mut self, set: &mut DenySet, policy: &Policy) {
+        if policy.crowdsec.is_some() {
+            return;
+        }
+        let names: Vec<String> = set.names().iter().filter(|n| n.starts_with("crowdsec:")).cloned().collect();
+        for name in names {
+            if let Ok(o) = set.origin(&name) {
+                let _ = set.replace(o, &HashSet::new());
+            }
+        }
+        *self = Decisions { left_out: self.left_out, ..Decisions::default() };
     }
 
     /// Lift the decisions whose time is up at `now`.
-    pub fn expire_crowdsec(&mut self, maps: &mut impl PolicyMaps, now: u64) -> Option<Result<String, ApplyError>> {
-        let due: Vec<(u64, i64, IpNet, Origin)> =
-            self.crowdsec.ends.iter().take_while(|e| e.0 <= now).copied().collect();
+    fn expire(&mut self, set: &mut DenySet, now: u64) -> Option<String> {
+        let due: Vec<(u64, i64, IpNet, Origin)> = self.ends.iter().take_while(|e| e.0 <= now).copied().collect();
         if due.is_empty() {
             return None;
         }
         let mut lifted = 0;
         for (_, id, net, origin) in &due {
-            if self.crowdsec.remove(*net, *origin, *id) {
-                self.deny.set.remove(*origin, net);
+            if self.remove(*net, *origin, *id) {
+                set.remove(*origin, net);
                 lifted += 1;
             }
         }
-        Some(
-            self.write_set(maps)
-                .map(|()| format!("crowdsec: {} decision(s) ended, {lifted} network(s) lifted", due.len())),
-        )
+        Some(format!("crowdsec: {} decision(s) ended, {lifted} network(s) lifted", due.len()))
     }
 
-    /// Lift every CrowdSec decision (the section is gone).
-    pub(super) fn lift_crowdsec(&mut self, maps: &mut impl PolicyMaps) -> Result<(), crate::dataplane::LoadError> {
-        let names: Vec<String> = self.deny.set.names().iter().filter(|n| n.starts_with("crowdsec:")).cloned().collect();
-        if names.is_empty() && self.crowdsec.is_empty() {
-            return Ok(());
-        }
-        for name in names {
-            if let Ok(o) = self.deny.set.origin(&name) {
-                let _ = self.deny.set.replace(o, &HashSet::new());
-            }
-        }
-        self.crowdsec = Decisions { left_out: self.crowdsec.left_out, ..Decisions::default() };
-        let ch = self.deny.set.finish();
-        maps.set_deny_origins(self.deny.set.names())?;
-        maps.write_deny(&ch)
+    fn next_end(&self) -> Option<u64> {
+        self.ends.first().map(|e| e.0)
     }
 
-    /// CrowdSec's decisions.
-    #[must_use]
-    pub fn crowdsec_decisions(&self) -> &Decisions {
-        &self.crowdsec
-    }
-
-    /// The first `limit` networks CrowdSec's decisions deny, by network,
-    /// as `prefix list` shows them (origin, time left), and how many more.
-    #[must_use]
-    pub fn crowdsec_entries(&self, limit: usize) -> (Vec<crate::control::PrefixEntry>, usize) {
-        use crate::control::{EntryAction, Origin as Shown, PrefixEntry};
+    /// The first `limit` networks the decisions deny, by network, with
+    /// their origin and time left.
+    fn entries(&self, set: &DenySet, limit: usize) -> (Vec<PrefixEntry>, usize) {
+        use crate::control::{EntryAction, Origin as Shown};
         let now = unix_now();
-        let mut keys: Vec<&(IpNet, Origin)> = self.crowdsec.by_net.keys().collect();
+        let mut keys: Vec<&(IpNet, Origin)> = self.by_net.keys().collect();
         keys.sort_unstable_by_key(|(net, o)| (*net, o.0));
-        let names = self.deny.set.names();
+        let names = set.names();
         let entries = keys
             .iter()
             .take(limit)
             .map(|&&(net, origin)| {
-                let end = self.crowdsec.by_net[&(net, origin)].iter().map(|(_, e)| *e).max().unwrap_or(now);
+                let end = self.by_net[&(net, origin)].iter().map(|(_, e)| *e).max().unwrap_or(now);
                 PrefixEntry {
                     cidr: net,
                     action: EntryAction::Deny,
@@ -304,27 +338,28 @@ impl Enforcer {
         (entries, keys.len().saturating_sub(limit))
     }
 
-    /// The origin of CrowdSec's `source`: its own while CrowdSec names
-    /// fewer than [`CROWDSEC_ORIGINS`], else the one they share (80 list
-    /// scenarios took all 64 indexes on 394d35c, and the operator's next
-    /// feed was refused): feeds always keep room.
-    fn crowdsec_origin(&mut self, source: &str) -> Result<Origin, crate::dataplane::deny::DenyError> {
-        if let Some(o) = self.deny.set.named(source) {
-            return Ok(o);
+    /// The networks the pins hold for CrowdSec, lifted by the first
+    /// startup pull unless it names them (decisions deleted while no
+    /// daemon ran).
+    fn restored(&mut self, set: &DenySet) {
+        let origins: Vec<Origin> =
+            (0u16..).zip(set.names()).filter(|(_, n)| n.starts_with("crowdsec:")).map(|(i, _)| Origin(i)).collect();
+        for origin in origins {
+            self.stale.extend(set.of(origin).map(|n| ((n, origin), Vec::new())));
         }
-        let named = self.deny.set.names().iter().filter(|n| n.starts_with("crowdsec:") && *n != SHARED).count();
-        self.deny.set.origin(if named + 1 < CROWDSEC_ORIGINS { source } else { SHARED })
     }
+}
 
-    fn write_set(&mut self, maps: &mut impl PolicyMaps) -> Result<(), ApplyError> {
-        let ch = self.deny.set.finish();
-        let written = maps.set_deny_origins(self.deny.set.names()).and_then(|()| maps.write_deny(&ch));
-        if let Err(e) = written {
-            let _ = self.restore_deny(maps);
-            return Err(e.into());
-        }
-        Ok(())
+/// The origin of CrowdSec's `source`: its own while CrowdSec names fewer
+/// than [`CROWDSEC_ORIGINS`], else the one they share (80 list scenarios
+/// took all 64 indexes on 394d35c, and the operator's next feed was
+/// refused): feeds always keep room.
+fn origin_of(set: &mut DenySet, source: &str) -> Result<Origin, DenyError> {
+    if let Some(o) = set.named(source) {
+        return Ok(o);
     }
+    let named = set.names().iter().filter(|n| n.starts_with("crowdsec:") && *n != SHARED).count();
+    set.origin(if named + 1 < CROWDSEC_ORIGINS { source } else { SHARED })
 }
 
 /// The LAPI's address, when its URL names one (not a host name).
@@ -334,6 +369,5 @@ fn lapi_address(url: &str) -> Option<std::net::IpAddr> {
     host.trim_start_matches('[').trim_end_matches(']').parse().ok()
 }
 
-mod pull;
 #[cfg(test)]
 mod tests;

@@ -1,60 +1,79 @@
 //! The deny set's layer of the policy state: who denies what (feeds,
-//! later CrowdSec), under the operator and the file (the data plane asks
-//! the set only below their `allow` and `deny`), each origin under its
-//! own rules and cap; and the set read back from the pins at a restart.
+//! CrowdSec, escalation), under the operator and the file (the data
+//! plane asks the set only below their `allow` and `deny`). Each source
+//! keeps its own state and rules and answers the same walks
+//! ([`DenySource`]); the layer owns the set, writes it to the kernel
+//! after each change (read back from the pins if a write fails), and
+//! reads it back from the pins at a restart.
 
-use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
-    fmt::Write as _,
-};
+use std::collections::BTreeSet;
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer};
-use crate::clock::unix_now;
+use super::ApplyError;
 use crate::{
+    control::PrefixEntry,
+    crowdsec::Pulled,
     dataplane::{
         LoadError, PolicyMaps,
         deny::{Change, DenySet},
     },
-    feeds::check_shrink,
-    policy::feed::Feed,
+    policy::{Policy, crowdsec::Crowdsec, feed::Feed},
 };
+
+pub use self::feeds::{FeedState, Feeds, feed_origin};
+use super::crowdsec::Decisions;
 
 /// Kernel entries the deny set takes, all origins together: networks
 /// and the markers of those finer than the bucket prefix (the map's size).
 pub const DENY_CAPACITY: usize = limiter_common::maps::MAX_DENIES as usize;
 
-/// A feed's state, as the policy state keeps it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FeedState {
-    /// Networks of its version in force (counted, not enforced, in shadow).
-    pub networks: usize,
-    pub shadow: bool,
-    /// Unix time its last version was applied.
-    pub applied_at: Option<u64>,
-    /// Why its last version was refused (the one before stays).
-    pub refused: Option<String>,
-    /// Versions refused, and networks of taken versions left out for
-    /// being wider than the feed's minimum prefix.
-    pub refusals: u64,
-    pub too_wide: usize,
+/// A source of decisions over the deny set: what the layer asks of every
+/// one of them, whatever it reads (a country list next is one more).
+pub trait DenySource {
+    /// A policy was applied: lift what it no longer names.
+    fn follow(&mut self, set: &mut DenySet, policy: &Policy);
+
+    /// Lift what ends at `now`; its line, if anything did.
+    fn expire(&mut self, _set: &mut DenySet, _now: u64) -> Option<String> {
+        None
+    }
+
+    /// When the next of its decisions ends.
+    fn next_end(&self) -> Option<u64> {
+        None
+    }
+
+    /// What `prefix list` shows of it: at most `limit` entries, and how
+    /// many more.
+    fn entries(&self, _set: &DenySet, _limit: usize) -> (Vec<PrefixEntry>, usize) {
+        (Vec::new(), 0)
+    }
+
+    /// The set was read back from the pins at a restart.
+    fn restored(&mut self, _set: &DenySet) {}
 }
 
-/// The deny set and the state of its origins.
+/// The deny set and its sources.
 #[derive(Debug)]
 pub struct DenyLayer {
     pub(super) set: DenySet,
-    pub(super) feeds: BTreeMap<String, FeedState>,
+    feeds: Feeds,
+    crowdsec: Decisions,
 }
 
 impl Default for DenyLayer {
     fn default() -> Self {
-        Self { set: DenySet::new(DENY_CAPACITY, 24, 56), feeds: BTreeMap::new() }
+        Self { set: DenySet::new(DENY_CAPACITY, 24, 56), feeds: Feeds::default(), crowdsec: Decisions::default() }
     }
 }
 
 impl DenyLayer {
+    /// Every source, for the walks.
+    fn sources(&mut self) -> (&mut DenySet, [&mut dyn DenySource; 2]) {
+        (&mut self.set, [&mut self.feeds, &mut self.crowdsec])
+    }
+
     /// The set's networks by origin name.
     #[must_use]
     pub fn counts(&self) -> std::collections::HashMap<&String, usize> {
@@ -67,21 +86,19 @@ impl DenyLayer {
     }
 
     #[must_use]
-    pub fn feeds(&self) -> &BTreeMap<String, FeedState> {
-        &self.feeds
+    pub fn feeds(&self) -> &std::collections::BTreeMap<String, FeedState> {
+        &self.feeds.0
     }
-}
 
-/// A feed's origin name in the set.
-#[must_use]
-pub fn feed_origin(name: &str) -> String {
-    format!("feed:{name}")
-}
+    /// CrowdSec's decisions.
+    #[must_use]
+    pub fn crowdsec(&self) -> &Decisions {
+        &self.crowdsec
+    }
 
-impl Enforcer {
-    /// The deny set as pinned (a restart), its markers under the bucket
-    /// prefixes in force; a write a crash cut short is mended.
-    pub(super) fn restore_deny(&mut self, maps: &mut impl PolicyMaps) -> Result<usize, LoadError> {
+    /// The set as the kernel has it (the pins), its markers under the
+    /// bucket prefixes in force; a write a crash cut short is mended.
+    pub fn restore(&mut self, maps: &mut impl PolicyMaps) -> Result<usize, LoadError> {
         let bucket = maps.active_config()?.map_or((24, 56), |c| (prefix_u8(c.v4_prefix), prefix_u8(c.v6_prefix)));
         let (set, mend) = DenySet::restore(DENY_CAPACITY, bucket, maps.deny_pinned()?);
         // A mend the kernel will not take (a map a build before this one
@@ -90,177 +107,130 @@ impl Enforcer {
         if let Err(e) = maps.write_deny(&mend) {
             tracing::warn!(event = "deny_set", "limiter: mending the pinned deny set: {e}; it is enforced as pinned");
         }
-        self.deny.set = set;
-        let networks = self.deny.set.len();
+        self.set = set;
+        Ok(self.set.len())
+    }
+
+    /// At a restart: the set read back from the pins, and each source
+    /// told what they hold.
+    pub(super) fn read_back(&mut self, maps: &mut impl PolicyMaps) -> Result<(), LoadError> {
+        let networks = self.restore(maps)?;
         if networks > 0 {
             tracing::info!(event = "deny_set", "limiter: the deny set's {networks} networks read back from the pins");
         }
-        Ok(networks)
-    }
-
-    /// The deny set's markers follow a policy whose bucket prefixes
-    /// changed: the new ones before the switch (`before`), the old ones
-    /// gone after it.
-    pub(super) fn rebucket(&mut self, v4: u32, v6: u32) -> (Change, Change) {
-        let (v4, v6) = (prefix_u8(v4), prefix_u8(v6));
-        if self.deny.set.bucket() == (v4, v6) {
-            return (Change::default(), Change::default());
-        }
-        self.deny.set.set_bucket(v4, v6)
-    }
-
-    /// Write `compiled` (of `p`) with the deny set following it: its
-    /// markers move with the bucket prefixes (the new ones written before
-    /// the switch, the old ones removed after), and what feeds or CrowdSec
-    /// the policy no longer names is lifted.
-    pub(super) fn write_policy(
-        &mut self,
-        maps: &mut impl PolicyMaps,
-        compiled: &crate::policy::Compiled,
-        p: &crate::policy::Policy,
-    ) -> Result<(), LoadError> {
-        let (before, after) = self.rebucket(compiled.config.v4_prefix, compiled.config.v6_prefix);
-        maps.write_deny(&before)?;
-        maps.apply(compiled)?;
-        maps.write_deny(&after)?;
-        self.drop_unnamed_feeds(maps, &p.feeds)?;
-        if p.crowdsec.is_none() {
-            self.lift_crowdsec(maps)?;
+        let (set, sources) = self.sources();
+        for s in sources {
+            s.restored(set);
         }
         Ok(())
     }
 
-    /// Take a new version of the feed `spec` (its networks as read):
-    /// networks wider than its minimum prefix are left out; a version
-    /// past its cap, or that lost more than `max_shrink` of the last one,
-    /// is refused (the last one stays); otherwise only what changed moves.
+    /// The set's markers follow a policy whose bucket prefixes changed:
+    /// the new ones before the switch (`before`), the old ones gone
+    /// after it.
+    pub(super) fn rebucket(&mut self, v4: u32, v6: u32) -> (Change, Change) {
+        let (v4, v6) = (prefix_u8(v4), prefix_u8(v6));
+        if self.set.bucket() == (v4, v6) {
+            return (Change::default(), Change::default());
+        }
+        self.set.set_bucket(v4, v6)
+    }
+
+    /// A policy was applied: what its sources no longer name is lifted.
+    pub fn follow(&mut self, maps: &mut impl PolicyMaps, policy: &Policy) -> Result<(), LoadError> {
+        let (set, sources) = self.sources();
+        for s in sources {
+            s.follow(set, policy);
+        }
+        self.write(maps)
+    }
+
+    /// Lift what ends at `now`, every source; `None` when nothing did.
+    pub fn expire(&mut self, maps: &mut impl PolicyMaps, now: u64) -> Option<Result<String, ApplyError>> {
+        let (set, sources) = self.sources();
+        let lines: Vec<String> = sources.into_iter().filter_map(|s| s.expire(set, now)).collect();
+        if lines.is_empty() {
+            return None;
+        }
+        Some(self.write(maps).map(|()| lines.join("; ")).map_err(ApplyError::from))
+    }
+
+    /// When the next decision of any source ends.
+    #[must_use]
+    pub fn next_end(&self) -> Option<u64> {
+        [self.feeds.next_end(), self.crowdsec.next_end()].into_iter().flatten().min()
+    }
+
+    /// What `prefix list` shows of the sources: at most `limit`, and how
+    /// many more.
+    #[must_use]
+    pub fn entries(&self, limit: usize) -> (Vec<PrefixEntry>, usize) {
+        let (mut out, mut more) = (Vec::new(), 0);
+        for s in [&self.feeds as &dyn DenySource, &self.crowdsec] {
+            let (e, m) = s.entries(&self.set, limit.saturating_sub(out.len()));
+            out.extend(e);
+            more += m;
+        }
+        (out, more)
+    }
+
+    /// Write what changed in the set (its names first: a restart reads
+    /// them with the entries); on a failure the set is read back as the
+    /// kernel has it.
+    pub(super) fn write(&mut self, maps: &mut impl PolicyMaps) -> Result<(), LoadError> {
+        self.write_change(maps).map(drop)
+    }
+
+    /// [`DenyLayer::write`], saying what it wrote.
+    fn write_change(&mut self, maps: &mut impl PolicyMaps) -> Result<Change, LoadError> {
+        let ch = self.set.finish();
+        let written = maps.set_deny_origins(self.set.names()).and_then(|()| maps.write_deny(&ch));
+        match written {
+            Ok(()) => Ok(ch),
+            Err(e) => {
+                let _ = self.restore(maps);
+                Err(e)
+            }
+        }
+    }
+
+    /// Take a new version of the feed `spec` (see [`Feeds::take`]).
     pub fn feed(
         &mut self,
         maps: &mut impl PolicyMaps,
         spec: &Feed,
         nets: &BTreeSet<IpNet>,
     ) -> Result<String, ApplyError> {
-        let state = self.deny.feeds.entry(spec.name.clone()).or_default();
-        let wide = |n: &IpNet| crate::policy::feed::wider_than(n, spec.min_v4_prefix, spec.min_v6_prefix);
-        let kept: HashSet<IpNet> = nets.iter().filter(|n| !wide(n)).copied().collect();
-        let too_wide = nets.len() - kept.len();
-        let refuse = |state: &mut FeedState, why: String| {
-            state.refusals += 1;
-            state.refused = Some(why.clone());
-            Err(ApplyError::Request(format!("feed {}: {why}; its last version stays", spec.name)))
-        };
-        if kept.len() > spec.max_networks {
-            return refuse(state, format!("{} networks, past its cap of {}", kept.len(), spec.max_networks));
-        }
-        // The last version is the one this daemon applied or, before its
-        // first, the one the pins hold from the daemon before it (a file
-        // truncated while the daemon was down is refused at start too).
-        let pinned = self.deny.set.count_named(&feed_origin(&spec.name));
-        let last = if state.applied_at.is_some() { Some(state.networks) } else { (pinned > 0).then_some(pinned) };
-        if let Some(last) = last
-            && let Err(e) = check_shrink(last, kept.len(), spec.max_shrink)
-        {
-            return refuse(state, e.to_string());
-        }
-        let origin = self.deny.set.origin(&feed_origin(&spec.name)).map_err(|e| ApplyError::Request(e.to_string()))?;
-        let previous: HashSet<IpNet> = self.deny.set.of(origin).collect();
-        let enforced = if spec.shadow { HashSet::new() } else { kept.clone() };
-        let before = self.deny.set.count_of(origin);
-        let result = self.deny.set.replace(origin, &enforced);
-        if let Err(e) = result {
-            // Taken whole or not at all: what was added goes again, and
-            // the last version stays as it was.
-            let last: HashSet<IpNet> = previous;
-            let _ = self.deny.set.replace(origin, &last);
-            let ch = self.deny.set.finish();
-            if write(maps, &ch, self.deny.set.names()).is_err() {
-                let _ = self.restore_deny(maps);
-            }
-            let state = self.deny.feeds.entry(spec.name.clone()).or_default();
-            return refuse(state, e.to_string());
-        }
-        let ch = self.deny.set.finish();
-        if let Err(e) = write(maps, &ch, self.deny.set.names()) {
-            // The set as the kernel has it, whatever was written.
-            let _ = self.restore_deny(maps);
-            return Err(e.into());
-        }
-        let state = self.deny.feeds.entry(spec.name.clone()).or_default();
-        *state = FeedState {
-            networks: kept.len(),
-            shadow: spec.shadow,
-            applied_at: Some(unix_now()),
-            refused: None,
-            refusals: state.refusals,
-            too_wide,
-        };
-        let mut line = format!("feed {}: {} networks", spec.name, kept.len());
-        if spec.shadow {
-            line.push_str(" in shadow (counted, not enforced)");
-        } else {
-            let _ = write!(
-                line,
-                " (was {before}; {} kernel entries written, {} removed)",
-                ch.upserts.len(),
-                ch.deletes.len()
-            );
-        }
-        if too_wide > 0 {
-            let _ = write!(
-                line,
-                "; {too_wide} wider than /{} (IPv4) or /{} (IPv6) left out",
-                spec.min_v4_prefix, spec.min_v6_prefix
-            );
-        }
+        let taken = self.feeds.take(&mut self.set, spec, nets);
+        let written = self.write_change(maps);
+        let version = taken?;
+        let ch = written?;
+        let line = version.line(spec, &ch);
+        self.feeds.0.insert(spec.name.clone(), version.state);
         Ok(line)
     }
 
-    /// Lift what feeds the policy no longer names denied.
-    pub(super) fn drop_unnamed_feeds(&mut self, maps: &mut impl PolicyMaps, named: &[Feed]) -> Result<(), LoadError> {
-        let gone: Vec<String> =
-            self.deny.feeds.keys().filter(|n| !named.iter().any(|f| &f.name == *n)).cloned().collect();
-        let pinned_only: Vec<String> = self
-            .deny
-            .set
-            .names()
-            .iter()
-            .filter_map(|n| n.strip_prefix("feed:"))
-            .filter(|n| !named.iter().any(|f| f.name == *n) && !gone.iter().any(|g| g == n))
-            .map(str::to_owned)
-            .collect();
-        for name in gone.iter().chain(&pinned_only) {
-            if let Ok(origin) = self.deny.set.origin(&feed_origin(name)) {
-                let _ = self.deny.set.replace(origin, &HashSet::new());
-            }
-            self.deny.feeds.remove(name);
-        }
-        let ch = self.deny.set.finish();
-        write(maps, &ch, self.deny.set.names())
+    /// Take a pull of CrowdSec's decision stream, or a part of one (see
+    /// [`Decisions::take`]).
+    pub fn pull(&mut self, maps: &mut impl PolicyMaps, spec: &Crowdsec, pulled: Pulled) -> Result<String, ApplyError> {
+        let line = self.crowdsec.take(&mut self.set, spec, pulled);
+        self.write(maps)?;
+        Ok(line)
     }
-
-    /// The deny set's layer.
-    #[must_use]
-    pub fn deny_layer(&self) -> &DenyLayer {
-        &self.deny
-    }
-}
-
-pub(super) fn write(maps: &mut impl PolicyMaps, ch: &Change, names: &[String]) -> Result<(), LoadError> {
-    // The names first: a restart reads them with the entries.
-    maps.set_deny_origins(names)?;
-    maps.write_deny(ch)
 }
 
 fn prefix_u8(len: u32) -> u8 {
     u8::try_from(len.min(128)).unwrap_or(128)
 }
 
+mod feeds;
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::dataplane::FakeMaps;
+    use crate::{daemon::Enforcer, dataplane::FakeMaps};
 
     fn spec() -> Feed {
         let text = "[[feed]]\nname = \"x\"\npath = \"/x\"\nmax_networks = 4\n";
@@ -275,18 +245,18 @@ mod tests {
     fn a_feed_moves_by_diff_under_its_cap_width_and_shrink_guard() {
         let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
         let s = spec();
-        let line = e.feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.1.0.0/16", "10.0.0.0/7"])).unwrap();
+        let line = e.deny_mut().feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.1.0.0/16", "10.0.0.0/7"])).unwrap();
         assert!(line.contains("2 networks") && line.contains("1 wider than /8"), "{line}");
         // Two networks, and the /32's marker under its /24.
         assert_eq!(m.deny.len(), 3);
         assert_eq!(m.deny_origins, vec!["feed:x".to_owned()]);
         let past_cap = nets(&["10.0.0.1/32", "10.0.0.2/32", "10.0.0.3/32", "10.0.0.4/32", "10.0.0.5/32"]);
-        let e1 = e.feed(&mut m, &s, &past_cap).unwrap_err().to_string();
+        let e1 = e.deny_mut().feed(&mut m, &s, &past_cap).unwrap_err().to_string();
         assert!(e1.contains("past its cap of 4") && e1.contains("its last version stays"), "{e1}");
         assert_eq!(m.deny.len(), 3, "a refused version wrote nothing");
-        let e2 = e.feed(&mut m, &s, &BTreeSet::new()).unwrap_err().to_string();
+        let e2 = e.deny_mut().feed(&mut m, &s, &BTreeSet::new()).unwrap_err().to_string();
         assert!(e2.contains("shrank by more than 50%"), "{e2}");
-        e.feed(&mut m, &s, &nets(&["10.0.0.1/32"])).unwrap();
+        e.deny_mut().feed(&mut m, &s, &nets(&["10.0.0.1/32"])).unwrap();
         assert_eq!(m.deny.len(), 2, "the /16 lifted, the /32 and its marker stay");
         assert_eq!(e.deny_layer().feeds()["x"].refusals, 2);
     }
@@ -299,14 +269,14 @@ mod tests {
     #[test]
     fn a_version_past_the_sets_room_is_refused_whole() {
         let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
-        e.deny.set = DenySet::new(6, 24, 56);
+        e.deny_mut().set = DenySet::new(6, 24, 56);
         let s = spec();
-        e.feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.0.1.1/32"])).unwrap();
+        e.deny_mut().feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.0.1.1/32"])).unwrap();
         let kernel = m.deny.clone();
         assert_eq!(kernel.len(), 4, "two /32s and their markers");
         // Four /32s in four /24s: eight entries, past six.
         let big = nets(&["10.0.0.1/32", "10.0.2.1/32", "10.0.3.1/32", "10.0.4.1/32"]);
-        let err = e.feed(&mut m, &s, &big).unwrap_err().to_string();
+        let err = e.deny_mut().feed(&mut m, &s, &big).unwrap_err().to_string();
         assert!(err.contains("the deny set is full") && err.contains("its last version stays"), "{err}");
         assert_eq!(m.deny, kernel, "the kernel holds the last version, whole");
         assert_eq!(e.deny_layer().counts().values().sum::<usize>(), 2);
@@ -320,18 +290,18 @@ mod tests {
     fn after_a_restart_the_shrink_guard_holds_against_what_the_pins_hold() {
         let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
         let s = spec();
-        e.feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.1.0.0/16", "10.2.0.0/16"])).unwrap();
+        e.deny_mut().feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.1.0.0/16", "10.2.0.0/16"])).unwrap();
         let held = m.deny.len();
         // A new daemon: the set read back from the pins, no version applied.
         let mut e = Enforcer::new(0, 1024);
-        e.restore_deny(&mut m).unwrap();
-        let err = e.feed(&mut m, &s, &BTreeSet::new()).unwrap_err().to_string();
+        e.deny_mut().restore(&mut m).unwrap();
+        let err = e.deny_mut().feed(&mut m, &s, &BTreeSet::new()).unwrap_err().to_string();
         assert!(err.contains("shrank by more than 50%") && err.contains("its last version stays"), "{err}");
         assert_eq!(m.deny.len(), held, "the truncated file lifted networks");
-        let err = e.feed(&mut m, &s, &nets(&["10.0.0.1/32"])).unwrap_err().to_string();
+        let err = e.deny_mut().feed(&mut m, &s, &nets(&["10.0.0.1/32"])).unwrap_err().to_string();
         assert!(err.contains("shrank by more than 50%"), "{err}");
         // A version within the guard is taken, and then the guard follows it.
-        let line = e.feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.1.0.0/16"])).unwrap();
+        let line = e.deny_mut().feed(&mut m, &s, &nets(&["10.0.0.1/32", "10.1.0.0/16"])).unwrap();
         assert!(line.contains("2 networks (was 3;"), "{line}");
     }
 
@@ -339,16 +309,16 @@ mod tests {
     fn a_feed_in_shadow_is_counted_not_enforced_and_a_feed_gone_is_lifted() {
         let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
         let mut s = spec();
-        e.feed(&mut m, &s, &nets(&["10.1.0.0/16"])).unwrap();
+        e.deny_mut().feed(&mut m, &s, &nets(&["10.1.0.0/16"])).unwrap();
         assert_eq!(m.deny.len(), 1);
         s.shadow = true;
-        let line = e.feed(&mut m, &s, &nets(&["10.1.0.0/16", "10.2.0.0/16"])).unwrap();
+        let line = e.deny_mut().feed(&mut m, &s, &nets(&["10.1.0.0/16", "10.2.0.0/16"])).unwrap();
         assert!(line.contains("in shadow"), "{line}");
         assert!(m.deny.is_empty(), "shadow wrote or kept entries");
         assert_eq!(e.deny_layer().feeds()["x"].networks, 2);
         s.shadow = false;
-        e.feed(&mut m, &s, &nets(&["10.1.0.0/16"])).unwrap();
-        e.drop_unnamed_feeds(&mut m, &[]).unwrap();
+        e.deny_mut().feed(&mut m, &s, &nets(&["10.1.0.0/16"])).unwrap();
+        e.deny_mut().follow(&mut m, &crate::policy::Policy::default()).unwrap();
         assert!(m.deny.is_empty() && e.deny_layer().feeds().is_empty());
     }
 }

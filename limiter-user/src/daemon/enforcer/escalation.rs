@@ -81,10 +81,7 @@ impl Enforcer {
         set_record(maps, &net, Some(end))?;
         let added = self.deny.set.origin(ORIGIN).and_then(|o| self.deny.set.add(o, &net));
         let written = match added {
-            Ok(()) => super::deny::write(maps, &self.deny.set.finish(), self.deny.set.names()).map_err(|e| {
-                let _ = self.restore_deny(maps);
-                ApplyError::from(e)
-            }),
+            Ok(()) => self.deny.write(maps).map_err(ApplyError::from),
             Err(e) => {
                 let _ = self.deny.set.finish();
                 Err(ApplyError::Request(format!("escalation of {net}: {e}")))
@@ -107,10 +104,7 @@ impl Enforcer {
                 self.deny.set.remove(o, n);
             }
         }
-        if let Err(e) = super::deny::write(maps, &self.deny.set.finish(), self.deny.set.names()) {
-            let _ = self.restore_deny(maps);
-            return Err(e.into());
-        }
+        self.deny.write(maps)?;
         for n in nets {
             if let Err(e) = set_record(maps, n, None) {
                 tracing::warn!("limiter: the record of escalation {n} stays in RUNTIME: {e}");
@@ -173,7 +167,7 @@ impl Enforcer {
             }
             self.escalations.nets.insert(net, (end, "escalation (restored at a restart)".to_owned()));
         }
-        super::deny::write(maps, &self.deny.set.finish(), self.deny.set.names())
+        self.deny.write(maps)
     }
 
     /// What escalation denies now.

@@ -66,8 +66,7 @@ impl Enforcer {
                 tracing::warn!("limiter: skipped an unreadable entry of {RUNTIME}: {k:?}");
             }
         }
-        self.restore_deny(maps)?;
-        self.note_pinned_crowdsec();
+        self.deny.read_back(maps)?;
         let n = escalations.len();
         self.restore_escalations(maps, escalations)?;
         Ok(self.runtime.len() + n)

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::{crowdsec::Pull, dataplane::FakeMaps};
+use crate::{crowdsec::Pull, daemon::Enforcer, dataplane::FakeMaps};
 
 fn spec(extra: &str) -> Crowdsec {
     let cap = if extra.contains("allow_bogons") { 1000 } else { 3 };
@@ -35,9 +35,9 @@ fn the_lapis_own_address_is_never_denied() {
         d(2, "lists", "127.0.0.0/8", 3600),
         d(3, "cscli", "198.51.100.7/32", 3600),
     ];
-    e.crowdsec(&mut m, &s, pulled(true, new, vec![])).unwrap();
-    assert_eq!(e.crowdsec_decisions().len(), 1, "only the decision not covering the LAPI");
-    assert_eq!(e.crowdsec_decisions().left_out, 2);
+    e.deny_mut().pull(&mut m, &s, pulled(true, new, vec![])).unwrap();
+    assert_eq!(e.deny_layer().crowdsec().len(), 1, "only the decision not covering the LAPI");
+    assert_eq!(e.deny_layer().crowdsec().left_out, 2);
     assert_eq!(lapi_address("http://[2001:db8::5]:8080"), Some("2001:db8::5".parse().unwrap()));
     assert_eq!(lapi_address("http://lapi.example:8080"), None);
 }
@@ -46,26 +46,26 @@ fn the_lapis_own_address_is_never_denied() {
 fn a_deleted_decision_lifts_only_what_it_applied() {
     let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
     let a = vec![d(1, "cscli", "198.51.100.7/32", 3600), d(2, "crowdsec", "198.51.100.7/32", 3600)];
-    e.crowdsec(&mut m, &s, pulled(true, a, vec![])).unwrap();
-    assert_eq!(e.crowdsec_decisions().len(), 2, "two origins deny the address");
-    e.crowdsec(&mut m, &s, pulled(false, vec![], vec![d(1, "cscli", "198.51.100.7/32", 0)])).unwrap();
+    e.deny_mut().pull(&mut m, &s, pulled(true, a, vec![])).unwrap();
+    assert_eq!(e.deny_layer().crowdsec().len(), 2, "two origins deny the address");
+    e.deny_mut().pull(&mut m, &s, pulled(false, vec![], vec![d(1, "cscli", "198.51.100.7/32", 0)])).unwrap();
     let key = crate::dataplane::deny::key_of(&"198.51.100.7/32".parse().unwrap());
     assert!(m.deny.get(&key).is_some_and(|v| v & limiter_common::deny::DENIED != 0), "crowdsec's still stands");
-    e.crowdsec(&mut m, &s, pulled(false, vec![], vec![d(2, "crowdsec", "198.51.100.7/32", 0)])).unwrap();
+    e.deny_mut().pull(&mut m, &s, pulled(false, vec![], vec![d(2, "crowdsec", "198.51.100.7/32", 0)])).unwrap();
     assert!(!m.deny.contains_key(&key));
 }
 
 #[test]
 fn decisions_end_with_their_duration_and_startup_replaces_the_picture() {
     let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
-    e.crowdsec(&mut m, &s, pulled(true, vec![d(1, "cscli", "198.51.100.7/32", 5)], vec![])).unwrap();
-    let end = e.crowdsec_decisions().next_end().unwrap();
-    assert!(e.expire_crowdsec(&mut m, end - 1).is_none());
-    assert!(e.expire_crowdsec(&mut m, end).unwrap().unwrap().contains("1 network(s) lifted"));
+    e.deny_mut().pull(&mut m, &s, pulled(true, vec![d(1, "cscli", "198.51.100.7/32", 5)], vec![])).unwrap();
+    let end = e.deny_layer().crowdsec().next_end().unwrap();
+    assert!(e.deny_mut().expire(&mut m, end - 1).is_none());
+    assert!(e.deny_mut().expire(&mut m, end).unwrap().unwrap().contains("1 network(s) lifted"));
     assert!(m.deny.is_empty());
-    e.crowdsec(&mut m, &s, pulled(true, vec![d(2, "cscli", "203.0.113.0/24", 60)], vec![])).unwrap();
-    e.crowdsec(&mut m, &s, pulled(true, vec![d(3, "lists", "192.0.2.9/32", 60)], vec![])).unwrap();
-    assert_eq!(e.crowdsec_decisions().len(), 1, "a startup pull is the whole picture");
+    e.deny_mut().pull(&mut m, &s, pulled(true, vec![d(2, "cscli", "203.0.113.0/24", 60)], vec![])).unwrap();
+    e.deny_mut().pull(&mut m, &s, pulled(true, vec![d(3, "lists", "192.0.2.9/32", 60)], vec![])).unwrap();
+    assert_eq!(e.deny_layer().crowdsec().len(), 1, "a startup pull is the whole picture");
     assert!(m.deny_origins.iter().any(|n| n.starts_with("crowdsec:lists:")));
 }
 
@@ -73,11 +73,12 @@ fn decisions_end_with_their_duration_and_startup_replaces_the_picture() {
 fn a_restarted_daemon_lifts_what_was_deleted_while_it_was_down() {
     let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec(""));
     let two = vec![d(1, "cscli", "198.51.100.7/32", 3600), d(2, "cscli", "203.0.113.0/24", 3600)];
-    e.crowdsec(&mut m, &s, pulled(true, two, vec![])).unwrap();
+    e.deny_mut().pull(&mut m, &s, pulled(true, two, vec![])).unwrap();
     // A new daemon: the set read back from the pins, no decisions known.
     let mut e = Enforcer::new(0, 1024);
     e.restore(&mut m).unwrap();
-    let line = e.crowdsec(&mut m, &s, pulled(true, vec![d(2, "cscli", "203.0.113.0/24", 3000)], vec![])).unwrap();
+    let line =
+        e.deny_mut().pull(&mut m, &s, pulled(true, vec![d(2, "cscli", "203.0.113.0/24", 3000)], vec![])).unwrap();
     assert!(line.contains("0 networks denied, 1 lifted"), "{line}");
     let key = |n: &str| crate::dataplane::deny::key_of(&n.parse().unwrap());
     assert!(!m.deny.contains_key(&key("198.51.100.7/32")), "deleted while down, still denied");
@@ -96,12 +97,13 @@ fn the_cap_width_filters_and_shadow_hold() {
         d(5, "cscli", "198.51.100.5/32", 60),
         d(6, "cscli", "198.51.100.6/32", 60),
     ];
-    let line = e.crowdsec(&mut m, &s, pulled(true, new, vec![])).unwrap();
+    let line = e.deny_mut().pull(&mut m, &s, pulled(true, new, vec![])).unwrap();
     assert!(line.contains("3 networks denied") && line.contains("3 left out"), "{line}");
-    assert_eq!(e.crowdsec_decisions().left_out, 3, "too wide, another origin, past the cap");
+    assert_eq!(e.deny_layer().crowdsec().left_out, 3, "too wide, another origin, past the cap");
     let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
     let line = e
-        .crowdsec(&mut m, &spec("shadow = true\n"), pulled(true, vec![d(1, "cscli", "198.51.100.1/32", 60)], vec![]))
+        .deny_mut()
+        .pull(&mut m, &spec("shadow = true\n"), pulled(true, vec![d(1, "cscli", "198.51.100.1/32", 60)], vec![]))
         .unwrap();
     assert!(line.contains("shadow: 1 counted"), "{line}");
     assert!(m.deny.is_empty());
@@ -116,27 +118,28 @@ fn special_purpose_space_is_left_out_and_the_covered_space_capped() {
     let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());
     let s = spec("allow_bogons = false\n");
     let eights: Vec<Decision> = (0..=255u8).map(|i| d(i64::from(i), "lists", &format!("{i}.0.0.0/8"), 3600)).collect();
-    let line = e.crowdsec(&mut m, &s, pulled(true, eights, vec![])).unwrap();
+    let line = e.deny_mut().pull(&mut m, &s, pulled(true, eights, vec![])).unwrap();
     println!("{line}");
-    let covered = e.crowdsec_decisions().v4_addresses;
+    let covered = e.deny_layer().crowdsec().v4_addresses;
     assert!(covered <= s.max_v4_addresses, "{covered} addresses covered");
-    assert!(e.crowdsec_decisions().len() <= 1, "{line}");
+    assert!(e.deny_layer().crowdsec().len() <= 1, "{line}");
     let denied = |e: &Enforcer, a: &str| {
         let a: std::net::IpAddr = a.parse().unwrap();
-        e.crowdsec_decisions().by_net.keys().any(|(n, _)| n.contains(&a))
+        e.deny_layer().crowdsec().by_net.keys().any(|(n, _)| n.contains(&a))
     };
     for a in ["10.1.2.3", "127.0.0.1", "0.0.0.0", "255.255.255.255", "192.168.1.1", "100.64.0.1"] {
         assert!(!denied(&e, a), "{a} is denied");
     }
     // Public /32s are taken as ever.
     let line = e
-        .crowdsec(
+        .deny_mut()
+        .pull(
             &mut m,
             &s,
             pulled(true, vec![d(900, "cscli", "8.8.4.4/32", 60), d(901, "cscli", "10.0.0.1/32", 60)], vec![]),
         )
         .unwrap();
-    assert!(line.contains("1 networks denied") || e.crowdsec_decisions().len() == 1, "{line}");
+    assert!(line.contains("1 networks denied") || e.deny_layer().crowdsec().len() == 1, "{line}");
     assert!(denied(&e, "8.8.4.4") && !denied(&e, "10.0.0.1"));
 }
 
@@ -149,14 +152,14 @@ fn crowdsec_sources_share_bounded_origins_and_leave_feeds_room() {
     let lists: Vec<Decision> = (0..80u8)
         .map(|i| of_scenario(&format!("list-{i}"), &d(i64::from(i), "lists", &format!("198.51.100.{i}/32"), 600)))
         .collect();
-    e.crowdsec(&mut m, &s, pulled(true, lists.clone(), vec![])).unwrap();
+    e.deny_mut().pull(&mut m, &s, pulled(true, lists.clone(), vec![])).unwrap();
     let names = e.deny.set.names().iter().filter(|n| n.starts_with("crowdsec:")).count();
     assert_eq!(names, CROWDSEC_ORIGINS);
-    assert_eq!(e.crowdsec_decisions().len(), 80, "every decision is in force");
+    assert_eq!(e.deny_layer().crowdsec().len(), 80, "every decision is in force");
     // Deleting a decision of a shared source lifts it, naming nothing.
     let gone = vec![lists[70].clone(), of_scenario("never-seen", &d(999, "lists", "198.51.100.200/32", 0))];
-    e.crowdsec(&mut m, &s, pulled(false, vec![], gone)).unwrap();
-    assert_eq!(e.crowdsec_decisions().len(), 79);
+    e.deny_mut().pull(&mut m, &s, pulled(false, vec![], gone)).unwrap();
+    assert_eq!(e.deny_layer().crowdsec().len(), 79);
     assert!(e.deny.set.named("crowdsec:lists:never-seen").is_none());
     let feed: crate::policy::feed::Feed =
         crate::policy::file::parse("p", "[[feed]]\nname = \"ops\"\npath = \"/f\"\nallow_bogons = true\n".into())
@@ -165,7 +168,7 @@ fn crowdsec_sources_share_bounded_origins_and_leave_feeds_room() {
             .feeds[0]
             .clone();
     let nets = std::iter::once("203.0.113.9/32".parse().unwrap()).collect();
-    e.feed(&mut m, &feed, &nets).unwrap();
+    e.deny_mut().feed(&mut m, &feed, &nets).unwrap();
     assert!(e.deny.set.named("feed:ops").is_some());
 }
 
@@ -178,12 +181,12 @@ fn crowdsec_sources_share_bounded_origins_and_leave_feeds_room() {
 fn crowdsec_keeps_within_its_ipv6_length_budget_and_feeds_keep_room() {
     let (mut e, mut m, s) = (Enforcer::new(0, 1024), FakeMaps::default(), spec("allow_bogons = true\n"));
     let ranges: Vec<Decision> = (0..60i64).map(|i| d(i, "cscli", &format!("2001:db8::/{}", 65 + i), 600)).collect();
-    e.crowdsec(&mut m, &s, pulled(true, ranges, vec![])).unwrap();
-    assert_eq!(e.crowdsec_decisions().len(), CROWDSEC_V6_LENS);
-    assert_eq!(e.crowdsec_decisions().left_out, 60 - CROWDSEC_V6_LENS as u64);
+    e.deny_mut().pull(&mut m, &s, pulled(true, ranges, vec![])).unwrap();
+    assert_eq!(e.deny_layer().crowdsec().len(), CROWDSEC_V6_LENS);
+    assert_eq!(e.deny_layer().crowdsec().left_out, 60 - CROWDSEC_V6_LENS as u64);
     // A decision of a length in use still fits.
-    e.crowdsec(&mut m, &s, pulled(false, vec![d(100, "cscli", "2001:db8:1::/65", 600)], vec![])).unwrap();
-    assert_eq!(e.crowdsec_decisions().len(), CROWDSEC_V6_LENS + 1);
+    e.deny_mut().pull(&mut m, &s, pulled(false, vec![d(100, "cscli", "2001:db8:1::/65", 600)], vec![])).unwrap();
+    assert_eq!(e.deny_layer().crowdsec().len(), CROWDSEC_V6_LENS + 1);
     let feed: crate::policy::feed::Feed = crate::policy::file::parse(
         "p",
         "[[feed]]\nname = \"ops\"\npath = \"/f\"\nallow_bogons = true\nmin_v6_prefix = 16\n".into(),
@@ -195,7 +198,7 @@ fn crowdsec_keeps_within_its_ipv6_length_budget_and_feeds_keep_room() {
     // A /64, a /48 and 14 lengths more: 16 lengths none of CrowdSec's used.
     let lens = [64u8, 48].into_iter().chain(34..48);
     let nets = lens.map(|l| format!("2001:db8:2::/{l}").parse::<IpNet>().unwrap().trunc()).collect();
-    let line = e.feed(&mut m, &feed, &nets).unwrap();
+    let line = e.deny_mut().feed(&mut m, &feed, &nets).unwrap();
     assert!(line.contains("16 networks"), "{line}");
 }
 
@@ -209,14 +212,14 @@ fn a_startup_pull_in_parts_leaves_no_gap_and_lifts_at_its_end() {
     let one = || d(1, "cscli", "198.51.100.1/32", 600);
     let two = || d(2, "cscli", "198.51.100.2/32", 600);
     let three = || d(3, "cscli", "198.51.100.3/32", 600);
-    e.crowdsec(&mut m, &s, pulled(true, vec![one(), two()], vec![])).unwrap();
+    e.deny_mut().pull(&mut m, &s, pulled(true, vec![one(), two()], vec![])).unwrap();
     let key = |n: &str| crate::dataplane::deny::key_of(&n.parse().unwrap());
     let parts =
         Pulled { startup: true, pull: Pull { new: vec![three(), one()], ..Pull::default() }, ..Pulled::default() }
             .parts(1);
     let mut lines = Vec::new();
     for (i, p) in parts.into_iter().enumerate() {
-        lines.push(e.crowdsec(&mut m, &s, p).unwrap());
+        lines.push(e.deny_mut().pull(&mut m, &s, p).unwrap());
         if i == 0 {
             for n in ["198.51.100.1/32", "198.51.100.2/32", "198.51.100.3/32"] {
                 assert!(m.deny.contains_key(&key(n)), "{n} not denied between the parts");
@@ -230,5 +233,5 @@ fn a_startup_pull_in_parts_leaves_no_gap_and_lifts_at_its_end() {
         lines[1]
     );
     assert!(!m.deny.contains_key(&key("198.51.100.2/32")), "what the startup pull no longer names is lifted");
-    assert_eq!(e.crowdsec_decisions().len(), 2);
+    assert_eq!(e.deny_layer().crowdsec().len(), 2);
 }
