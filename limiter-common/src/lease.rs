@@ -159,6 +159,9 @@ pub struct CpuSlot {
     pub pad: u32,
 }
 
+/// Slots per CPU in the `CPU_SLOTS` map (a power of two).
+pub const CPU_SLOTS_ENTRIES: u32 = 1024;
+
 impl CpuSlot {
     /// The `CPU_SLOTS` index of `key`: a multiplicative hash of its
     /// fields, top bits kept.
@@ -166,7 +169,7 @@ impl CpuSlot {
     #[must_use]
     pub const fn index(key: &BucketKey) -> u32 {
         let h = key.addr[0] ^ key.addr[1].rotate_left(16) ^ ((key.class as u32) << 8 | key.prefix_len as u32);
-        h.wrapping_mul(0x9e37_79b1) >> (32 - crate::maps::CPU_SLOTS_ENTRIES.trailing_zeros())
+        h.wrapping_mul(0x9e37_79b1) >> (32 - CPU_SLOTS_ENTRIES.trailing_zeros())
     }
 
     /// Whether this entry is `key`'s under `version` and still good at `now`.

@@ -80,8 +80,8 @@ pub const DENY_ORIGINS: &str = "DENY_ORIGINS";
 /// prefixes' buckets are created under (the new-source budget's rate,
 /// its own state).
 pub const DENY_SOURCES: &str = "DENY_SOURCES";
-/// Entries of [`CPU_SLOTS`] per CPU (a power of two).
-pub const CPU_SLOTS_ENTRIES: u32 = 1024;
+/// Entries of [`CPU_SLOTS`] per CPU (the lease's slot table).
+pub use crate::lease::CPU_SLOTS_ENTRIES;
 /// Overrides one policy may hold (both families together).
 pub const MAX_OVERRIDES: u32 = 131_072;
 /// `PERCPU_ARRAY<Counter>`, [`crate::STAT_ENTRIES`] entries: every

@@ -15,6 +15,7 @@ use crate::{
     deny,
     lease::{Slot, charge_leasing},
     maps::{BPF_NOEXIST, BUCKETS, CONFIG, DENY_SOURCES, NEW_SOURCES, OVR_LIMITS},
+    packed::{ANY_VERSION, CHECKED, CLASS_SHIFT, SLOT_BIT, STORE, USABLE_BIT},
     packet::Packet,
     resolve::limiter_resolve,
     window::charge_window,
@@ -65,16 +66,6 @@ const WINDOW: u64 = 1 << 32;
 /// ([`deny::finer`], it has the whole address) and charges again with
 /// [`CHECKED`].
 const FINER_CHECK: u64 = 1 << 33;
-
-// `packed`, the job's scalars: the frame length (bits 0..16, clamped),
-// the class (16..24, `0..MAX_CLASSES`), the `CONFIG` slot (bit 24), whether this CPU's
-// slot is in use (25), whether the address was asked for finer denied
-// networks (26), and the version resolutions are cached under (32..64).
-const CLASS_SHIFT: u32 = 16;
-const _: () = assert!(MAX_CLASSES.is_power_of_two() && MAX_CLASSES <= 256, "the class is decoded by a mask");
-pub const SLOT_BIT: u64 = 1 << 24;
-const USABLE_BIT: u64 = 1 << 25;
-const CHECKED: u64 = 1 << 26;
 
 /// The reason a packet gets from its bucket (and the aggregate tier).
 /// Both halves are global functions: the verifier checks each once, on
@@ -132,12 +123,6 @@ fn charge_once(c: &Charge, packed: u64) -> u64 {
 /// [`limiter_charge_bucket`]'s answer when its bucket's cached resolution
 /// is older than the policy or the deny set.
 const STALE: u64 = u64::MAX - 1;
-/// `packed`'s bit for [`limiter_resolve`]: store the resolution in the
-/// prefix's bucket.
-pub const STORE: u64 = 1 << 27;
-/// `packed`'s bit for [`limiter_charge_bucket`]: take the bucket's cached
-/// resolution whatever its version.
-const ANY_VERSION: u64 = 1 << 28;
 
 /// The job of a global charge function, from `packed` (see above).
 #[inline(always)]

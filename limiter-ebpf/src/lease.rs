@@ -101,6 +101,9 @@ fn swap(p: *mut u64, old: u64, new: u64) -> bool {
 pub enum Hit {
     /// The packet's reason, from a cached refusal or denial, or a lease.
     Reason(Reason),
+    /// Denied by the deny set: its value there (the origin to count the
+    /// drop under).
+    Listed(u32),
     /// The bucket holds finer denied networks: ask the address first.
     Finer,
     /// Nothing: charge the bucket.
@@ -146,8 +149,8 @@ impl Slot {
         }
         if let Some(r) = s.refusal() {
             if s.flags & slot_flags::DENIED != 0 && s.unit != u64::MAX {
-                #[expect(clippy::cast_possible_truncation, reason = "an origin index")]
-                crate::deny::hit(s.unit as u32);
+                #[expect(clippy::cast_possible_truncation, reason = "a deny set value")]
+                return Hit::Listed(s.unit as u32);
             }
             return Hit::Reason(r);
         }

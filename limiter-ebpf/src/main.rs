@@ -3,7 +3,8 @@
 //! masking and GCRA arithmetic are pure code in `limiter-common`; this
 //! crate is the glue over the maps: `charge` (buckets, budgets), `resolve`
 //! (overrides, then the deny set of `deny`),
-//! `count` (counters, drop sampling), `lease` (per-CPU leases of a
+//! `count` (counters, drop sampling), `packed` (the scalars the global
+//! functions take in one word), `lease` (per-CPU leases of a
 //! bucket's credit and cached refusals), `window` (window quotas),
 //! `cookie` (SYN cookies; not in the object built with the
 //! `without-syn-cookies` feature). At the bottom, imported by the rest and
@@ -40,6 +41,8 @@ mod deny;
 mod lease;
 #[cfg(target_arch = "bpf")]
 mod maps;
+#[cfg(target_arch = "bpf")]
+mod packed;
 #[cfg(target_arch = "bpf")]
 mod packet;
 #[cfg(target_arch = "bpf")]

@@ -132,6 +132,10 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     let slot = Slot::probe(&key, cfg.agg_unit == 0);
     let reason = match slot.hit(&key, version, now, pkt.len()) {
         Hit::Reason(r) => r,
+        Hit::Listed(value) => {
+            deny::hit(value);
+            Reason::Denied
+        }
         // The bucket is known to hold finer denied networks: the address
         // is asked without a lookup of the bucket.
         Hit::Finer if deny::finer(&src, key.prefix_len, version, true) => Reason::Denied,

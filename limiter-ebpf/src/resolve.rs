@@ -9,9 +9,9 @@ use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::{BucketKey, family, resolution};
 
 use crate::{
-    charge::{SLOT_BIT, STORE},
     deny,
     maps::{BUCKETS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
+    packed::{SLOT_BIT, STORE},
 };
 
 /// The prefix's resolution ([`resolve`]) as a global function: its own

@@ -75,86 +75,10 @@ pub mod cli;
 pub mod cmd;
 
 #[cfg(test)]
+mod layering;
+
+#[cfg(test)]
 mod tests {
-    /// The rooms in the order this file lists them.
-    fn rooms() -> Vec<String> {
-        include_str!("lib.rs")
-            .lines()
-            .filter_map(|l| l.strip_prefix("//! - "))
-            .flat_map(|l| l.split(':').next().unwrap_or_default().split('`').skip(1).step_by(2))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn sources(path: &std::path::Path, out: &mut Vec<(String, String)>) {
-        if path.is_dir() {
-            for e in std::fs::read_dir(path).unwrap() {
-                sources(&e.unwrap().path(), out);
-            }
-        } else if path.is_file() && path.extension().is_some_and(|x| x == "rs") {
-            out.push((path.display().to_string(), std::fs::read_to_string(path).unwrap()));
-        }
-    }
-
-    /// The rooms a source names: `crate::room::...` anywhere, and the
-    /// first segment of each item of a `use crate::{...}` group.
-    fn rooms_named(text: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        for (i, _) in text.match_indices("crate::") {
-            let rest = &text[i + "crate::".len()..];
-            if let Some(group) = rest.strip_prefix('{') {
-                // Items at depth 0 of the group, up to its closing brace.
-                let (mut depth, mut item) = (0, String::new());
-                for c in group.chars() {
-                    match c {
-                        '{' => depth += 1,
-                        '}' if depth == 0 => {
-                            out.push(item.clone());
-                            break;
-                        }
-                        '}' => depth -= 1,
-                        ',' if depth == 0 => out.push(std::mem::take(&mut item)),
-                        _ if depth == 0 => item.push(c),
-                        _ => {}
-                    }
-                }
-            } else {
-                out.push(rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect());
-            }
-        }
-        out.iter()
-            .map(|i| i.trim().split("::").next().unwrap_or_default().trim().to_owned())
-            .filter(|r| !r.is_empty())
-            .collect()
-    }
-
-    /// No room imports a room listed below it: the layering this file's
-    /// list states holds, so no import circle can form between rooms.
-    #[test]
-    fn no_room_imports_one_listed_below_it() {
-        let rooms = rooms();
-        assert!(rooms.len() >= 15, "{rooms:?}");
-        assert_eq!(
-            rooms_named("use crate::{\n    control::{A, B},\n    policy::feedback::X,\n};\nlet y = crate::daemon::Z;"),
-            ["control", "policy", "daemon"]
-        );
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        for (i, room) in rooms.iter().enumerate() {
-            let mut files = Vec::new();
-            sources(&src.join(room), &mut files);
-            sources(&src.join(format!("{room}.rs")), &mut files);
-            assert!(!files.is_empty(), "room {room} has no source");
-            for (path, text) in &files {
-                for named in rooms_named(text) {
-                    assert!(
-                        !rooms[i + 1..].contains(&named),
-                        "{path} ({room}) imports {named}, a room listed below it"
-                    );
-                }
-            }
-        }
-    }
-
     #[test]
     fn control_characters_are_escaped_and_the_rest_kept() {
         assert_eq!(super::escape_control("a\nb\u{1b}[31mc\u{7f}é"), "a\\u{a}b\\u{1b}[31mc\\u{7f}é");

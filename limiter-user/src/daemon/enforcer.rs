@@ -357,7 +357,6 @@ impl Enforcer {
 }
 
 mod bulk;
-pub mod crowdsec;
 pub mod deny;
 pub mod escalation;
 mod feedback;

@@ -285,26 +285,11 @@ fn compile_overrides(list: &[Override], v4: u32, v6: u32) -> Result<CompiledOver
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use limiter_common::mode;
 
     use super::*;
-    use crate::policy::{Class, Protocol, SynCookies};
-
-    /// A shadow-mode class of TCP SYNs to 443 and 8443 (also used by the
-    /// SYN cookie compilation's tests).
-    pub(crate) fn https_syn() -> Class {
-        Class {
-            name: "https-syn".into(),
-            protocol: Protocol::Tcp,
-            ports: vec![(443, 443), (8443, 8443)],
-            syn: true,
-            limit: Limit { rate: 20, burst: 40, cost: CostUnit::Packets, mode: Mode::Shadow, window: None },
-            syn_cookies: SynCookies::Off,
-            syn_rate: None,
-            criticality: crate::policy::Criticality::Default,
-        }
-    }
+    use crate::policy::{Class, Protocol, tests::https_syn};
 
     fn ovr(cidr: &str, action: OverrideAction) -> Policy {
         Policy {

@@ -102,7 +102,7 @@ fn cookie_ranges(config: &mut Config) -> Result<(), PolicyError> {
 mod tests {
     use limiter_common::flags;
 
-    use crate::policy::{Class, Compiled, Limit, Mode, Policy, PolicyError, SynCookies, compile::tests::https_syn};
+    use crate::policy::{Class, Compiled, Limit, Mode, Policy, PolicyError, SynCookies, tests::https_syn};
 
     #[test]
     fn syn_cookies_are_for_enforced_classes_of_new_connections_to_named_ports() {

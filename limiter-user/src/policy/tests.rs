@@ -33,3 +33,18 @@ fn the_summary_names_every_part() {
     assert!(s.contains("; new sources 5000/s burst 10000; aggregate /16 and /40: rate 4 burst 8"), "{s}");
     assert_eq!(p.summary(3).body(), s.trim_start_matches("policy v3: "));
 }
+
+/// A shadow-mode class of TCP SYNs to 443 and 8443 (also used by the
+/// SYN cookie compilation's tests).
+pub(crate) fn https_syn() -> Class {
+    Class {
+        name: "https-syn".into(),
+        protocol: Protocol::Tcp,
+        ports: vec![(443, 443), (8443, 8443)],
+        syn: true,
+        limit: Limit { rate: 20, burst: 40, cost: CostUnit::Packets, mode: Mode::Shadow, window: None },
+        syn_cookies: SynCookies::Off,
+        syn_rate: None,
+        criticality: crate::policy::Criticality::Default,
+    }
+}

@@ -21,8 +21,8 @@ use crate::{
     policy::{Policy, crowdsec::Crowdsec, feed::Feed},
 };
 
+use self::crowdsec::Decisions;
 pub use self::feeds::{FeedState, Feeds, feed_origin};
-use super::crowdsec::Decisions;
 
 /// Kernel entries the deny set takes, all origins together: networks
 /// and the markers of those finer than the bucket prefix (the map's size).
@@ -223,6 +223,7 @@ fn prefix_u8(len: u32) -> u8 {
     u8::try_from(len.min(128)).unwrap_or(128)
 }
 
+mod crowdsec;
 mod feeds;
 
 #[cfg(test)]

@@ -28,6 +28,9 @@ use super::{
     rounds::{Fig, ROUNDS, busy_during, median_of, order, verdict},
 };
 
+mod cost;
+mod http;
+
 const UPSTREAM: u16 = 7100;
 pub(super) const SECS: f64 = 2.0;
 const BULK: usize = 32 << 20;
@@ -330,9 +333,9 @@ pub fn forward() {
         std::fs::write(&policy, one(20_000, copy)).unwrap();
         let socket = unique_socket("bfw");
         let daemon = fronts::limiter(&net.b, "0", &policy, &socket);
-        idle.push((name, super::forward_cost::idle_memory(&net.b, 7101, daemon.0.id())));
+        idle.push((name, cost::idle_memory(&net.b, 7101, daemon.0.id())));
         if copy == "splice" {
-            refusal = super::forward_cost::refusal_cost(&net, &policy, &socket, daemon.0.id(), &one(1, copy));
+            refusal = cost::refusal_cost(&net, &policy, &socket, daemon.0.id(), &one(1, copy));
         }
         drop::<Guard>(daemon);
     }
@@ -340,7 +343,7 @@ pub fn forward() {
     let rows: Vec<Row> = (0..4).map(|i| median_row(&rounds, i)).collect();
     stop.store(true, Ordering::Relaxed);
     let _ = up.join();
-    let http = super::forward_http::LAYOUTS.map(|l| (l, super::forward_http::rows(&net, dir, l)));
+    let http = http::LAYOUTS.map(|l| (l, http::rows(&net, dir, l)));
 
     println!(
         "forwarders on CPU 0, client and upstream on CPU 1, loopback, {SECS} s a row, median of {ROUNDS} interleaved rounds"
@@ -364,7 +367,7 @@ pub fn forward() {
     for (name, (rss, slab)) in &idle {
         println!(
             "{name}, memory per idle connection ({} open): {rss:.1} KiB daemon RSS, {slab:.1} KiB kernel slab (whole machine)",
-            super::forward_cost::IDLE
+            cost::IDLE
         );
     }
     println!("limiter, a connection refused at the cap: {refused_us:.1} us of daemon CPU ({refused} refused)");
@@ -388,6 +391,6 @@ pub fn forward() {
         );
     }
     for (layout, rounds) in &http {
-        super::forward_http::report(*layout, rounds);
+        http::report(*layout, rounds);
     }
 }

@@ -6,8 +6,6 @@
 mod deny;
 mod fleet;
 mod forward;
-mod forward_cost;
-mod forward_http;
 mod fronts;
 mod hit;
 mod jitlines;

@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use ipnet::IpNet;
 
-use super::deny::DenySource;
+use super::DenySource;
 use crate::{
     clock::unix_now,
     control::PrefixEntry,

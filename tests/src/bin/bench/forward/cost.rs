@@ -14,7 +14,7 @@ use limiter_tests::{
     scenario,
 };
 
-use super::forward::{clients, reset_on_close, wait_port};
+use super::{clients, reset_on_close, wait_port};
 
 /// CPU time (user + system) of `pid` in seconds.
 fn cpu_secs(pid: u32) -> f64 {

@@ -18,7 +18,7 @@ use limiter_tests::{
     scenario::{Guard, unique_socket},
 };
 
-use super::{
+use crate::{
     fronts,
     rounds::{Fig, ROUNDS, busy_during, median_of, order, verdict},
 };
@@ -115,7 +115,7 @@ fn micros(v: &str) -> f64 {
 fn backend(net: &VethPair, dir: &Path, cpu: &str) -> Guard {
     let root = dir.join("www");
     std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(root.join(LONG), &*super::forward::LONG).unwrap();
+    std::fs::write(root.join(LONG), &*super::LONG).unwrap();
     let block = format!(
         "http {{\n  access_log off;\n  keepalive_requests 10000000;\n  sendfile on;\n  server {{\n    listen 127.0.0.1:{BACKEND} proxy_protocol;\n    location / {{ return 200 \"ok\\n\"; }}\n    location = /{LONG} {{ root {}; }}\n  }}\n}}\n",
         root.display()

@@ -1,0 +1,218 @@
+//! The layering tests: no room imports a room listed below it (the list
+//! in `lib.rs`), and inside every room, in this crate, `limiter-common`
+//! and `limiter-ebpf`, the modules of one folder import one another
+//! without a circle. What a test cannot see: an item reached through a
+//! parent's `pub use` (the parent is not a sibling).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The rooms in the order `lib.rs` lists them.
+fn rooms() -> Vec<String> {
+    include_str!("lib.rs")
+        .lines()
+        .filter_map(|l| l.strip_prefix("//! - "))
+        .flat_map(|l| l.split(':').next().unwrap_or_default().split('`').skip(1).step_by(2))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every `.rs` file under `path` (or `path` itself), with its text.
+fn sources(path: &std::path::Path, out: &mut Vec<(String, String)>) {
+    if path.is_dir() {
+        for e in std::fs::read_dir(path).unwrap() {
+            sources(&e.unwrap().path(), out);
+        }
+    } else if path.is_file() && path.extension().is_some_and(|x| x == "rs") {
+        out.push((path.display().to_string(), std::fs::read_to_string(path).unwrap()));
+    }
+}
+
+/// The paths a source names from `crate::`, `super::` or `self::`, each
+/// cut at its group: `use crate::{a::b, c}` names `crate::a` and
+/// `crate::c`. Comments are left out.
+fn paths(text: &str) -> Vec<String> {
+    let code: String = text.lines().map(|l| l.split("//").next().unwrap_or_default()).collect::<Vec<_>>().join("\n");
+    let b = code.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let start = ["crate::", "super::", "self::"].into_iter().find(|k| b[i..].starts_with(k.as_bytes()));
+        if start.is_none() || (i > 0 && ident(b[i - 1])) {
+            i += 1;
+            continue;
+        }
+        // The path's segments, up to a group or its end.
+        let mut j = i;
+        while j < b.len() && (ident(b[j]) || b[j..].starts_with(b"::")) && !b[j..].starts_with(b"::{") {
+            j += if b[j] == b':' { 2 } else { 1 };
+        }
+        let base = code[i..j].trim_end_matches("::").to_owned();
+        if b[j..].starts_with(b"::{") {
+            let (mut depth, mut item) = (0, String::new());
+            for c in code[j + 3..].chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.push(format!("{base}::{}", first_segment(&item)));
+                        item.clear();
+                    }
+                    c if depth == 0 => item.push(c),
+                    _ => {}
+                }
+            }
+            out.push(format!("{base}::{}", first_segment(&item)));
+        } else {
+            out.push(base);
+        }
+        i = j.max(i + 1);
+    }
+    out.retain(|p| !p.ends_with("::"));
+    out
+}
+
+fn first_segment(item: &str) -> &str {
+    item.trim().split("::").next().unwrap_or_default().split_whitespace().next().unwrap_or_default()
+}
+
+/// A file's module path (`daemon/enforcer/deny.rs`: daemon, enforcer,
+/// deny; `mod.rs`, `lib.rs` and `main.rs` are their folder's).
+fn module_of(rel: &str) -> Vec<String> {
+    let mut m: Vec<String> = rel.trim_end_matches(".rs").split('/').map(str::to_owned).collect();
+    if m.last().is_some_and(|l| ["mod", "lib", "main"].contains(&l.as_str())) {
+        m.pop();
+    }
+    m
+}
+
+/// `path` as named from module `from`, made absolute.
+fn resolve(from: &[String], path: &str) -> Vec<String> {
+    let mut segs = path.split("::").map(str::to_owned).peekable();
+    let mut at: Vec<String> = match segs.peek().map(String::as_str) {
+        Some("crate") => Vec::new(),
+        _ => from.to_vec(),
+    };
+    for s in segs {
+        match s.as_str() {
+            "crate" | "self" => {}
+            "super" => {
+                at.pop();
+            }
+            _ => at.push(s),
+        }
+    }
+    at
+}
+
+/// The circles among sibling modules of `files` (path relative to the
+/// crate's `src`, text): each as the modules around it, with the folder.
+fn circles(files: &[(String, String)]) -> Vec<(String, Vec<String>)> {
+    let modules: Vec<Vec<String>> = files.iter().map(|(rel, _)| module_of(rel)).collect();
+    let is_child = |parent: &[String], name: &str| {
+        modules.iter().any(|m| m.len() > parent.len() && m.starts_with(parent) && m[parent.len()] == name)
+    };
+    // Per folder: sibling -> siblings it names.
+    let mut edges: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for ((_, text), from) in files.iter().zip(&modules) {
+        for p in paths(text) {
+            let to = resolve(from, &p);
+            let k = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            if k < from.len() && k < to.len() && is_child(&from[..k], &to[k]) {
+                edges.entry(from[..k].to_vec()).or_default().entry(from[k].clone()).or_default().insert(to[k].clone());
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for (folder, g) in &edges {
+        let reach = |start: &String| {
+            let (mut seen, mut stack) = (BTreeSet::new(), vec![start.clone()]);
+            while let Some(m) = stack.pop() {
+                for n in g.get(&m).into_iter().flatten() {
+                    if seen.insert(n.clone()) {
+                        stack.push(n.clone());
+                    }
+                }
+            }
+            seen
+        };
+        let reaches: BTreeMap<&String, BTreeSet<String>> = g.keys().map(|m| (m, reach(m))).collect();
+        // A circle: the modules that reach `start` and that it reaches,
+        // reported once, from its first.
+        for (start, from_start) in &reaches {
+            let around: Vec<String> =
+                from_start.iter().filter(|n| reaches.get(n).is_some_and(|r| r.contains(*start))).cloned().collect();
+            if around.first() == Some(*start) {
+                found.push((folder.join("/"), around));
+            }
+        }
+    }
+    found
+}
+
+/// A crate's sources, by path relative to its `src`.
+fn crate_sources(name: &str) -> Vec<(String, String)> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let prefix = format!("{}/", src.display());
+    files.into_iter().map(|(p, t)| (p.strip_prefix(&prefix).unwrap_or(&p).to_owned(), t)).collect()
+}
+
+/// The rooms a source names: `crate::room::...` anywhere, and the first
+/// segment of each item of a `use crate::{...}` group.
+fn rooms_named(text: &str) -> Vec<String> {
+    paths(text).iter().filter_map(|p| p.strip_prefix("crate::")).map(|p| first_segment(p).to_owned()).collect()
+}
+
+/// No room imports a room listed below it: the layering `lib.rs`'s list
+/// states holds, so no import circle can form between rooms.
+#[test]
+fn no_room_imports_one_listed_below_it() {
+    let rooms = rooms();
+    assert!(rooms.len() >= 15, "{rooms:?}");
+    assert_eq!(
+        rooms_named("use crate::{\n    control::{A, B},\n    policy::feedback::X,\n};\nlet y = crate::daemon::Z;"),
+        ["control", "policy", "daemon"]
+    );
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for (i, room) in rooms.iter().enumerate() {
+        let mut files = Vec::new();
+        sources(&src.join(room), &mut files);
+        sources(&src.join(format!("{room}.rs")), &mut files);
+        assert!(!files.is_empty(), "room {room} has no source");
+        for (path, text) in &files {
+            for named in rooms_named(text) {
+                assert!(!rooms[i + 1..].contains(&named), "{path} ({room}) imports {named}, a room listed below it");
+            }
+        }
+    }
+}
+
+/// Inside every room, and in the common and eBPF crates, no module of a
+/// folder imports one that imports it back (directly or around).
+#[test]
+fn no_modules_of_one_folder_import_each_other_in_a_circle() {
+    let made_up = |a: &str, b: &str, c: &str| {
+        vec![
+            ("d/a.rs".to_owned(), a.to_owned()),
+            ("d/b.rs".to_owned(), b.to_owned()),
+            ("d/c/mod.rs".to_owned(), c.to_owned()),
+            ("d/_x.rs".to_owned(), String::new()),
+            ("d/mod.rs".to_owned(), "pub use self::a::X;\nuse crate::d::b::Y;".to_owned()),
+        ]
+    };
+    // a -> b -> c -> a: found, with the folder (not _x, which b names
+    // but which names none back); a child naming its parent's items is no
+    // circle.
+    let found = circles(&made_up("use super::b::Y;", "use crate::d::{c::Z, a, _x};", "use super::super::d::a::X;"));
+    assert_eq!(found, [("d".to_owned(), vec!["a".to_owned(), "b".to_owned(), "c".to_owned()])]);
+    assert!(circles(&made_up("use super::{b::Y, X};", "use super::c::Z;", "use super::W;")).is_empty());
+    for name in ["limiter-user", "limiter-common", "limiter-ebpf"] {
+        let files = crate_sources(name);
+        assert!(files.len() > 10, "{name}: {} files", files.len());
+        let found = circles(&files);
+        assert!(found.is_empty(), "{name}: modules in a circle (folder, modules): {found:?}");
+    }
+}
