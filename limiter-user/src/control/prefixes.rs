@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::runtime::Decider;
+
 /// A unit enum of the protocol whose wire form (and display, and what it
 /// compares equal to) is its label.
 macro_rules! labels {
@@ -47,28 +49,83 @@ labels! {
     }
 }
 
-labels! {
-    /// Who decided an override: the operator at run time, the policy file,
-    /// or automation (the tenant layer's feedback, the daemon's
-    /// escalation; in feedback's shadow mode, listed and not enforced).
-    Origin {
-        Runtime = "runtime",
-        File = "file",
-        Feedback = "feedback",
-        Escalation = "escalation",
-        FeedbackShadow = "feedback (shadow)",
-        EscalationShadow = "escalation (shadow)",
-        /// A CrowdSec decision in the deny set (`source` names its origin).
-        Crowdsec = "crowdsec",
-    }
+/// Who decided an entry of `prefix list` (one [`Decider`]), and whether
+/// it is only listed (feedback's shadow mode: counted, not enforced). On
+/// the wire and on screen, its label: the decider's (`runtime`, `file`,
+/// `feedback`, `escalation`, `crowdsec`), with ` (shadow)` after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub by: Decider,
+    pub shadow: bool,
 }
 
+const SHADOW: &str = " (shadow)";
+
 impl Origin {
+    /// `by`'s decision, in force.
+    #[must_use]
+    pub const fn of(by: Decider) -> Self {
+        Self { by, shadow: false }
+    }
+
+    /// `by`'s decision in shadow mode.
+    #[must_use]
+    pub const fn shadow(by: Decider) -> Self {
+        Self { by, shadow: true }
+    }
+
     /// Decided by the tenant layer's feedback or the daemon's escalation
     /// (the penalties the tenant layer may list).
     #[must_use]
-    pub fn is_automation(self) -> bool {
-        !matches!(self, Origin::Runtime | Origin::File | Origin::Crowdsec)
+    pub const fn is_automation(self) -> bool {
+        self.by.governed()
+    }
+
+    /// Its label.
+    #[must_use]
+    pub fn label(self) -> String {
+        if self.shadow { format!("{}{SHADOW}", self.by.label()) } else { self.by.label().to_owned() }
+    }
+
+    /// The origin a label names.
+    #[must_use]
+    pub fn parse(label: &str) -> Option<Self> {
+        let (name, shadow) = label.strip_suffix(SHADOW).map_or((label, false), |n| (n, true));
+        let by = [Decider::Operator, Decider::File, Decider::Feedback, Decider::Escalation, Decider::Crowdsec]
+            .into_iter()
+            .find(|d| d.label() == name)?;
+        Some(Self { by, shadow })
+    }
+}
+
+impl From<Decider> for Origin {
+    fn from(by: Decider) -> Self {
+        Self::of(by)
+    }
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(&self.label())
+    }
+}
+
+impl PartialEq<&str> for Origin {
+    fn eq(&self, other: &&str) -> bool {
+        self.label() == *other
+    }
+}
+
+impl Serialize for Origin {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.label())
+    }
+}
+
+impl<'de> Deserialize<'de> for Origin {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let label = String::deserialize(d)?;
+        Self::parse(&label).ok_or_else(|| serde::de::Error::custom(format!("unknown origin {label:?}")))
     }
 }
 
@@ -127,4 +184,30 @@ pub struct LayerEntry {
     pub expires_in_secs: Option<u64>,
     /// Whether this layer is the one enforced.
     pub in_force: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The labels clients and the tenant layer read, one per decider and
+    /// shadow, each read back as itself; an unknown one is refused.
+    #[test]
+    fn an_origin_is_its_label_on_the_wire() {
+        let all = [Decider::Operator, Decider::File, Decider::Feedback, Decider::Escalation, Decider::Crowdsec];
+        let labels: Vec<String> = all.iter().map(|d| Origin::of(*d).to_string()).collect();
+        assert_eq!(labels, ["runtime", "file", "feedback", "escalation", "crowdsec"]);
+        assert_eq!(Origin::shadow(Decider::Feedback).to_string(), "feedback (shadow)");
+        for d in all {
+            for o in [Origin::of(d), Origin::shadow(d)] {
+                let wire = serde_json::to_string(&o).unwrap();
+                assert_eq!(wire, format!("\"{o}\""));
+                assert_eq!(serde_json::from_str::<Origin>(&wire).unwrap(), o);
+            }
+            // The decider's own serde name is the same label.
+            assert_eq!(serde_json::to_string(&d).unwrap(), format!("\"{}\"", d.label()));
+        }
+        assert!(serde_json::from_str::<Origin>("\"tenant\"").is_err());
+        assert!(Origin::shadow(Decider::Escalation).is_automation() && !Origin::of(Decider::Crowdsec).is_automation());
+    }
 }

@@ -14,7 +14,7 @@ use super::{ApplyError, Daemon, Enforcer, Settings, source::SourceChange};
 use crate::{
     control::{Applied, ErrorCode, Request, Response},
     dataplane::maps::Tables,
-    policy::{Limit, ListAction, OverrideAction, file, runtime::SetBy},
+    policy::{Limit, ListAction, OverrideAction, file, runtime::Decider},
 };
 
 /// Requests waiting for the policy state; more are refused at once.
@@ -38,7 +38,7 @@ pub(super) enum Change {
     Expire,
     /// A penalty from the tenant layer or the daemon's escalation (under
     /// the governor).
-    Penalty { cidr: String, ttl: u64, reason: String, by: SetBy },
+    Penalty { cidr: String, ttl: u64, reason: String, by: Decider },
     /// A source of decisions' (a feed's version, a part of a CrowdSec pull).
     Source(Box<dyn SourceChange>),
 }
@@ -122,7 +122,7 @@ impl Change {
                 cidr: crate::escape_control(cidr),
                 ttl: *ttl_secs,
                 reason: crate::escape_control(reason),
-                by: SetBy::Feedback,
+                by: Decider::Feedback,
             }),
             Request::PrefixLoad { cidrs, action, ttl_secs } => {
                 Some(Change::Load { cidrs: std::mem::take(cidrs), action: *action, ttl: *ttl_secs })

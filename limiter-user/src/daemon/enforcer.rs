@@ -16,7 +16,7 @@ use limiter_common::maps::RUNTIME;
 use crate::{
     control::PrefixEntry,
     dataplane::{LoadError, PolicyMaps},
-    policy::{Compiled, Loaded, Origin, Override, OverrideAction, Policy, PolicyError, runtime::SetBy},
+    policy::{Compiled, Loaded, Origin, Override, OverrideAction, Policy, PolicyError, runtime::Decider},
 };
 
 /// Why a change was refused: the policy (nothing changed), the kernel,
@@ -44,7 +44,7 @@ pub struct RuntimeEntry {
     /// Unix time (seconds) it expires; `None` = never.
     pub expires: Option<u64>,
     /// Who set it.
-    pub origin: SetBy,
+    pub origin: Decider,
 }
 
 /// The policy state of a running daemon.
@@ -59,7 +59,7 @@ pub struct Enforcer {
     /// (the operator's only) removes a file override. Merged over `base`
     /// on every apply by [`Enforcer::in_force`]; a layer never replaces
     /// another's entry, so when one ends the one beneath is in force again.
-    runtime: BTreeMap<(IpNet, SetBy), RuntimeEntry>,
+    runtime: BTreeMap<(IpNet, Decider), RuntimeEntry>,
     /// Version the data plane enforces.
     version: u64,
     /// Capacity of the bucket map in use (fixed until a restart).
@@ -244,20 +244,23 @@ impl Enforcer {
         ttl: Option<u64>,
     ) -> Result<String, ApplyError> {
         let in_file = self.base.overrides.iter().any(|o| o.net == net);
-        let operator = self.runtime.get(&(net, SetBy::Operator)).copied();
+        let operator = self.runtime.get(&(net, Decider::Operator)).copied();
         let expires = ttl.map(|t| crate::clock::unix_now() + t);
         if action.is_some() {
-            let entry = RuntimeEntry { action, expires, origin: SetBy::Operator };
-            return self.change_entries(maps, &[((net, SetBy::Operator), Some(entry))]);
+            let entry = RuntimeEntry { action, expires, origin: Decider::Operator };
+            return self.change_entries(maps, &[((net, Decider::Operator), Some(entry))]);
         }
         // Unset: a runtime-only override is forgotten; the file's is
         // removed by an entry of its own; with neither, automation's go.
-        let changes: Vec<((IpNet, SetBy), Option<RuntimeEntry>)> = match (operator, in_file) {
+        let changes: Vec<((IpNet, Decider), Option<RuntimeEntry>)> = match (operator, in_file) {
             (Some(e), true) if e.action.is_none() => self.automation_of(net),
             (_, true) => {
-                vec![((net, SetBy::Operator), Some(RuntimeEntry { action: None, expires, origin: SetBy::Operator }))]
+                vec![(
+                    (net, Decider::Operator),
+                    Some(RuntimeEntry { action: None, expires, origin: Decider::Operator }),
+                )]
             }
-            (Some(_), false) => vec![((net, SetBy::Operator), None)],
+            (Some(_), false) => vec![((net, Decider::Operator), None)],
             (None, false) => self.automation_of(net),
         };
         if changes.is_empty()
@@ -277,8 +280,8 @@ impl Enforcer {
     }
 
     /// Removals of automation's entries on `net`.
-    fn automation_of(&self, net: IpNet) -> Vec<((IpNet, SetBy), Option<RuntimeEntry>)> {
-        self.runtime.range((net, SetBy::Feedback)..=(net, SetBy::Escalation)).map(|(k, _)| (*k, None)).collect()
+    fn automation_of(&self, net: IpNet) -> Vec<((IpNet, Decider), Option<RuntimeEntry>)> {
+        self.runtime.range((net, Decider::Feedback)..=(net, Decider::Escalation)).map(|(k, _)| (*k, None)).collect()
     }
 
     /// Record `changes` (`None` forgets an entry) and apply, all or
@@ -286,9 +289,9 @@ impl Enforcer {
     fn change_entries(
         &mut self,
         maps: &mut impl PolicyMaps,
-        changes: &[((IpNet, SetBy), Option<RuntimeEntry>)],
+        changes: &[((IpNet, Decider), Option<RuntimeEntry>)],
     ) -> Result<String, ApplyError> {
-        let previous: Vec<((IpNet, SetBy), Option<RuntimeEntry>)> =
+        let previous: Vec<((IpNet, Decider), Option<RuntimeEntry>)> =
             changes.iter().map(|(k, _)| (*k, self.runtime.get(k).copied())).collect();
         // Recorded in the pinned RUNTIME map first, so a daemon that dies
         // right after the apply still puts them back when it restarts.
@@ -364,7 +367,6 @@ pub(super) mod kernel;
 mod layers;
 mod records;
 
-pub use self::layers::Layer;
 #[cfg(test)]
 mod layer_tests;
 #[cfg(test)]

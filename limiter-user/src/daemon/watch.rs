@@ -3,7 +3,7 @@
 //! overrides have expired, and which addresses escalation would deny.
 
 use super::{Daemon, changes::Change};
-use crate::{dataplane::Health, policy::runtime::SetBy};
+use crate::{dataplane::Health, policy::runtime::Decider};
 
 impl Daemon {
     /// Once a second: start forgetting runtime overrides whose time is up
@@ -29,7 +29,7 @@ impl Daemon {
             let reason = format!("escalation: about {rate} drops/s for {} s", rule.sustained.as_secs());
             tracing::info!(event = "escalation", cidr = %cidr, rate, "limiter: {cidr} dropped at about {rate}/s for {} s: asking to deny it", rule.sustained.as_secs());
             let ttl = rule.deny_for.as_secs();
-            self.change(Change::Penalty { cidr, ttl, reason, by: SetBy::Escalation }, None);
+            self.change(Change::Penalty { cidr, ttl, reason, by: Decider::Escalation }, None);
         }
     }
 

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use limiter_common::{RuntimeKey, RuntimeOverride, family, runtime_action};
+use serde::{Deserialize, Serialize};
 
 use super::{CostUnit, Limit, Mode, OverrideAction};
 
@@ -15,7 +16,7 @@ use super::{CostUnit, Limit, Mode, OverrideAction};
 /// of builds before layers have 0 there, whoever set them), so a penalty
 /// never overwrites the operator's entry and a restart restores the stack.
 #[must_use]
-pub fn key(net: &IpNet, by: SetBy) -> RuntimeKey {
+pub fn key(net: &IpNet, by: Decider) -> RuntimeKey {
     RuntimeKey { pad: [by.code(), 0], ..net_key(net) }
 }
 
@@ -41,61 +42,78 @@ pub const FROM_FEEDBACK: u32 = 0x100;
 /// daemon's own escalation.
 pub const FROM_ESCALATION: u32 = 0x200;
 
-/// Who set a runtime override: the layers of decisions under the
-/// operator's, highest first (the policy file's sits between the operator
-/// and automation, and is the file itself, not a record).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum SetBy {
+/// Who decided something about a network: the layers, highest first
+/// (the operator at run time, the policy file, then automation: the
+/// tenant layer's feedback, the daemon's escalation), then CrowdSec's
+/// decisions in the deny set beneath them. Its label is what `prefix
+/// list`, its JSON and the log lines show. The runtime layers (operator,
+/// feedback, escalation) are recorded in the pinned `RUNTIME` map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Decider {
     /// An operator (`limiter prefix ...`).
+    #[serde(rename = "runtime")]
     Operator,
+    /// An `[[override]]` of the policy file.
+    #[serde(rename = "file")]
+    File,
     /// The tenant layer (`POST /v1/penalties`), under the governor.
+    #[serde(rename = "feedback")]
     Feedback,
     /// The daemon's automatic escalation, under the same governor.
+    #[serde(rename = "escalation")]
     Escalation,
+    /// A CrowdSec decision in the deny set.
+    #[serde(rename = "crowdsec")]
+    Crowdsec,
 }
 
-impl SetBy {
-    /// How `prefix list` shows it.
+impl Decider {
+    /// Its label (`runtime` for the operator, as `prefix list` has
+    /// always said).
     #[must_use]
-    pub fn label(self) -> &'static str {
+    pub const fn label(self) -> &'static str {
         match self {
-            SetBy::Operator => "runtime",
-            SetBy::Feedback => "feedback",
-            SetBy::Escalation => "escalation",
+            Decider::Operator => "runtime",
+            Decider::File => "file",
+            Decider::Feedback => "feedback",
+            Decider::Escalation => "escalation",
+            Decider::Crowdsec => "crowdsec",
         }
     }
 
-    /// Decided by automation, so counted against the governor's cap.
+    /// Automation under the governor (the tenant layer's feedback, the
+    /// daemon's escalation), counted against its cap.
     #[must_use]
-    pub fn governed(self) -> bool {
-        self != SetBy::Operator
+    pub const fn governed(self) -> bool {
+        matches!(self, Decider::Feedback | Decider::Escalation)
     }
 
-    /// The layer's code in [`RuntimeKey::pad`]`[0]`.
+    /// The layer's code in [`RuntimeKey::pad`]`[0]` (the file's and
+    /// CrowdSec's are never recorded there).
     #[must_use]
-    pub fn code(self) -> u8 {
+    pub const fn code(self) -> u8 {
         match self {
-            SetBy::Operator => 0,
-            SetBy::Feedback => 1,
-            SetBy::Escalation => 2,
+            Decider::Operator | Decider::File | Decider::Crowdsec => 0,
+            Decider::Feedback => 1,
+            Decider::Escalation => 2,
         }
     }
 
-    fn flag(self) -> u32 {
+    const fn flag(self) -> u32 {
         match self {
-            SetBy::Operator => 0,
-            SetBy::Feedback => FROM_FEEDBACK,
-            SetBy::Escalation => FROM_ESCALATION,
+            Decider::Operator | Decider::File | Decider::Crowdsec => 0,
+            Decider::Feedback => FROM_FEEDBACK,
+            Decider::Escalation => FROM_ESCALATION,
         }
     }
 
-    fn of(action: u32) -> SetBy {
+    fn of(action: u32) -> Decider {
         if action & FROM_ESCALATION != 0 {
-            SetBy::Escalation
+            Decider::Escalation
         } else if action & FROM_FEEDBACK != 0 {
-            SetBy::Feedback
+            Decider::Feedback
         } else {
-            SetBy::Operator
+            Decider::Operator
         }
     }
 }
@@ -103,7 +121,7 @@ impl SetBy {
 /// The map value of a runtime override (`None`: the file's is removed),
 /// expiring at Unix time `expires` (0 = never).
 #[must_use]
-pub fn value(action: Option<&OverrideAction>, expires: u32, origin: SetBy) -> RuntimeOverride {
+pub fn value(action: Option<&OverrideAction>, expires: u32, origin: Decider) -> RuntimeOverride {
     let v = value_of(action);
     RuntimeOverride { expires, action: v.action | origin.flag(), ..v }
 }
@@ -131,7 +149,7 @@ fn value_of(action: Option<&OverrideAction>) -> RuntimeOverride {
 /// read from the value: a record of a build before layers has no layer
 /// in its key (see [`stale_key`]).
 #[must_use]
-pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>, u32, SetBy)> {
+pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>, u32, Decider)> {
     let addr = match k.family {
         family::IPV4 => IpAddr::from([k.addr[0], k.addr[1], k.addr[2], k.addr[3]]),
         family::IPV6 => IpAddr::from(k.addr),
@@ -151,13 +169,13 @@ pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<Over
         })),
         _ => return None,
     };
-    Some((net, action, v.expires, SetBy::of(v.action)))
+    Some((net, action, v.expires, Decider::of(v.action)))
 }
 
 /// Whether `k` is not where this build keeps the record of its layer
 /// (written by a build before layers): it is then moved.
 #[must_use]
-pub fn stale_key(k: &RuntimeKey, by: SetBy) -> bool {
+pub fn stale_key(k: &RuntimeKey, by: Decider) -> bool {
     k.pad != [by.code(), 0]
 }
 
@@ -177,7 +195,7 @@ mod tests {
             ("198.19.255.255/32", Some(limit(CostUnit::Bytes, Mode::Enforce))),
         ];
         for ((cidr, action), origin) in
-            cases.into_iter().zip([SetBy::Feedback, SetBy::Escalation, SetBy::Operator].repeat(2))
+            cases.into_iter().zip([Decider::Feedback, Decider::Escalation, Decider::Operator].repeat(2))
         {
             let net: IpNet = cidr.parse().unwrap();
             let back = decode(&key(&net, origin), &value(action.as_ref(), 1_900_000_000, origin));
@@ -189,23 +207,23 @@ mod tests {
     #[test]
     fn entries_of_another_build_are_skipped() {
         let net: IpNet = "198.18.1.0/24".parse().unwrap();
-        let bad_action = RuntimeOverride { action: 99, ..value(None, 0, SetBy::Operator) };
-        assert_eq!(decode(&key(&net, SetBy::Operator), &bad_action), None);
-        let bad_family = RuntimeKey { family: limiter_common::Family(9), ..key(&net, SetBy::Operator) };
-        assert_eq!(decode(&bad_family, &value(None, 0, SetBy::Operator)), None);
-        let bad_len = RuntimeKey { prefix_len: 33, ..key(&net, SetBy::Operator) };
-        assert_eq!(decode(&bad_len, &value(None, 0, SetBy::Operator)), None);
+        let bad_action = RuntimeOverride { action: 99, ..value(None, 0, Decider::Operator) };
+        assert_eq!(decode(&key(&net, Decider::Operator), &bad_action), None);
+        let bad_family = RuntimeKey { family: limiter_common::Family(9), ..key(&net, Decider::Operator) };
+        assert_eq!(decode(&bad_family, &value(None, 0, Decider::Operator)), None);
+        let bad_len = RuntimeKey { prefix_len: 33, ..key(&net, Decider::Operator) };
+        assert_eq!(decode(&bad_len, &value(None, 0, Decider::Operator)), None);
     }
 
     #[test]
     fn layers_of_one_network_are_entries_of_their_own() {
         let net: IpNet = "198.18.7.0/24".parse().unwrap();
-        let keys = [SetBy::Operator, SetBy::Feedback, SetBy::Escalation].map(|by| key(&net, by));
+        let keys = [Decider::Operator, Decider::Feedback, Decider::Escalation].map(|by| key(&net, by));
         assert!(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2]);
         // A record of a build before layers: a penalty under the layer-less key.
-        let old = RuntimeKey { pad: [0; 2], ..key(&net, SetBy::Feedback) };
-        let (_, _, _, by) = decode(&old, &value(Some(&OverrideAction::Deny), 5, SetBy::Feedback)).unwrap();
-        assert_eq!(by, SetBy::Feedback);
-        assert!(stale_key(&old, by) && !stale_key(&old, SetBy::Operator));
+        let old = RuntimeKey { pad: [0; 2], ..key(&net, Decider::Feedback) };
+        let (_, _, _, by) = decode(&old, &value(Some(&OverrideAction::Deny), 5, Decider::Feedback)).unwrap();
+        assert_eq!(by, Decider::Feedback);
+        assert!(stale_key(&old, by) && !stale_key(&old, Decider::Operator));
     }
 }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, RuntimeEntry, SetBy};
+use super::{ApplyError, Decider, Enforcer, RuntimeEntry};
 use crate::clock::unix_now;
 use crate::{
     dataplane::PolicyMaps,
@@ -38,8 +38,8 @@ impl Enforcer {
                 return Err(refuse(format!("{net} is listed twice")));
             }
             changes.push((
-                (net, SetBy::Operator),
-                Some(RuntimeEntry { action: Some(action), expires, origin: SetBy::Operator }),
+                (net, Decider::Operator),
+                Some(RuntimeEntry { action: Some(action), expires, origin: Decider::Operator }),
             ));
         }
         self.change_entries(maps, &changes)
@@ -53,7 +53,7 @@ impl Enforcer {
         if let Some(Err(e)) = lifted {
             return Some(Err(e));
         }
-        let due: Vec<((IpNet, SetBy), Option<RuntimeEntry>)> =
+        let due: Vec<((IpNet, Decider), Option<RuntimeEntry>)> =
             self.runtime.iter().filter(|(_, e)| e.expires.is_some_and(|t| t <= now)).map(|(k, _)| (*k, None)).collect();
         for ((net, by), _) in &due {
             if by.governed() {
@@ -86,7 +86,7 @@ impl Enforcer {
     /// the same change is refused, and a restart must not lose more).
     /// Returns each one with why.
     pub fn drop_unfit(&mut self, base: &Policy) -> Vec<String> {
-        let unfit: Vec<((IpNet, SetBy), String)> = self
+        let unfit: Vec<((IpNet, Decider), String)> = self
             .runtime
             .iter()
             .filter_map(|(&(net, by), action)| {

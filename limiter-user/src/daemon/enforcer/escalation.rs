@@ -18,7 +18,7 @@ use crate::{
     dataplane::{LoadError, PolicyMaps},
     policy::{
         OverrideAction,
-        runtime::{self, SetBy},
+        runtime::{self, Decider},
     },
 };
 
@@ -50,7 +50,7 @@ impl Escalations {
             action: EntryAction::Deny,
             rate: None,
             burst: None,
-            origin: Origin::Escalation,
+            origin: Origin::of(Decider::Escalation),
             expires_in_secs: Some(end.saturating_sub(now)),
             reason: Some(why.clone()),
             layers: Vec::new(),
@@ -62,9 +62,10 @@ impl Escalations {
 /// Write (`Some(end)`) or remove (`None`) the `RUNTIME` record of the
 /// escalation of `net`.
 pub(super) fn set_record(maps: &mut impl PolicyMaps, net: &IpNet, end: Option<u64>) -> Result<(), LoadError> {
-    let value = end
-        .map(|t| runtime::value(Some(&OverrideAction::Deny), u32::try_from(t).unwrap_or(u32::MAX), SetBy::Escalation));
-    maps.set_runtime_override(&runtime::key(net, SetBy::Escalation), value.as_ref())
+    let value = end.map(|t| {
+        runtime::value(Some(&OverrideAction::Deny), u32::try_from(t).unwrap_or(u32::MAX), Decider::Escalation)
+    });
+    maps.set_runtime_override(&runtime::key(net, Decider::Escalation), value.as_ref())
 }
 
 impl Enforcer {

@@ -7,12 +7,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer, Layer, RuntimeEntry};
+use super::{ApplyError, Enforcer, RuntimeEntry};
 use crate::clock::unix_now;
 use crate::{
     control::{EntryAction, Origin, PrefixEntry},
     dataplane::PolicyMaps,
-    policy::{OverrideAction, feedback::Refusal, runtime::SetBy},
+    policy::{OverrideAction, feedback::Refusal, runtime::Decider},
 };
 
 /// What the governor decided, since the daemon started.
@@ -22,7 +22,7 @@ pub struct Governed {
     pub reasons: HashMap<IpNet, String>,
     /// Shadow decisions: listed and logged, not enforced (expiry, reason,
     /// who decided).
-    pub shadow: BTreeMap<IpNet, (u64, String, SetBy)>,
+    pub shadow: BTreeMap<IpNet, (u64, String, Decider)>,
     pub applied: u64,
     /// Escalations the daemon decided (then applied, shadowed or refused
     /// like any penalty).
@@ -52,7 +52,7 @@ impl Governed {
                 action: EntryAction::Deny,
                 rate: None,
                 burst: None,
-                origin: if *by == SetBy::Escalation { Origin::EscalationShadow } else { Origin::FeedbackShadow },
+                origin: Origin::shadow(*by),
                 expires_in_secs: Some(t.saturating_sub(now)),
                 reason: Some(why.clone()),
                 layers: Vec::new(),
@@ -67,20 +67,22 @@ impl Enforcer {
     /// wider), if any: a penalty there would take away what they allowed.
     /// (An allow inside a wider penalty keeps winning its own addresses:
     /// the longest prefix decides in XDP.)
-    fn allowed_above(&self, net: &IpNet) -> Option<(IpNet, Layer)> {
+    fn allowed_above(&self, net: &IpNet) -> Option<(IpNet, Decider)> {
         let operator = self
             .runtime
             .iter()
-            .filter(|((n, by), e)| *by == SetBy::Operator && e.action == Some(OverrideAction::Allow) && n.contains(net))
-            .map(|((n, _), _)| (*n, Layer::Operator));
+            .filter(|((n, by), e)| {
+                *by == Decider::Operator && e.action == Some(OverrideAction::Allow) && n.contains(net)
+            })
+            .map(|((n, _), _)| (*n, Decider::Operator));
         let file = self
             .base
             .overrides
             .iter()
             .filter(|o| o.action == OverrideAction::Allow && o.net.contains(net))
             // The operator may have unset or replaced the file's allow.
-            .filter(|o| !self.runtime.contains_key(&(o.net, SetBy::Operator)))
-            .map(|o| (o.net, Layer::File));
+            .filter(|o| !self.runtime.contains_key(&(o.net, Decider::Operator)))
+            .map(|o| (o.net, Decider::File));
         operator.chain(file).max_by_key(|(n, _)| n.prefix_len())
     }
 
@@ -92,10 +94,10 @@ impl Enforcer {
         cidr: &str,
         ttl: u64,
         reason: &str,
-        by: SetBy,
+        by: Decider,
     ) -> Result<String, ApplyError> {
         let origin = by.label();
-        if by == SetBy::Escalation {
+        if by == Decider::Escalation {
             self.governor.escalations += 1;
         }
         let Some(g) = self.base.feedback.clone() else {
@@ -112,7 +114,7 @@ impl Enforcer {
         };
         // A tenant's penalty is an override of whole buckets; an
         // escalation is an address in the deny set (see `escalation.rs`).
-        let escalation = by == SetBy::Escalation;
+        let escalation = by == Decider::Escalation;
         let bucket = if net.addr().is_ipv4() { self.base.v4_prefix } else { self.base.v6_prefix };
         if !escalation && u32::from(net.prefix_len()) > bucket {
             return refuse(self, Refusal::BadRequest, format!("{net} is finer than the bucket prefix /{bucket}"));
@@ -133,7 +135,7 @@ impl Enforcer {
             let why = match r {
                 Refusal::TooWide => format!("{net} is wider than the governor allows"),
                 Refusal::TtlTooLong => format!("a TTL of {ttl} s is past the governor's {} s", g.max_ttl.as_secs()),
-                Refusal::Cap if by == SetBy::Escalation => {
+                Refusal::Cap if by == Decider::Escalation => {
                     format!("{cap} prefixes are denied by escalation already (feedback.escalate.max_denied)")
                 }
                 Refusal::Cap => format!("{cap} prefixes are denied by feedback already (max_denied)"),
@@ -142,7 +144,7 @@ impl Enforcer {
                     "{net} is inside {}, which the {} allows; automation does not override an allow (unless the \
                      policy sets feedback.may_override_allow = true)",
                     allowed_above.map_or_else(String::new, |(n, _)| n.to_string()),
-                    allowed_above.map_or("", |(_, l)| if l == Layer::File { "policy file" } else { "operator" }),
+                    allowed_above.map_or("", |(_, l)| if l == Decider::File { "policy file" } else { "operator" }),
                 ),
             };
             return refuse(self, r, why);

@@ -9,9 +9,9 @@ use ipnet::IpNet;
 use super::{ApplyError, Enforcer};
 use crate::clock::unix_now;
 use crate::{
-    control::{EntryAction, LayerEntry, Origin, PrefixEntry},
+    control::{EntryAction, LayerEntry, PrefixEntry},
     dataplane::PolicyMaps,
-    policy::{Loaded, Override, OverrideAction, Policy, runtime::SetBy},
+    policy::{Loaded, Override, OverrideAction, Policy, runtime::Decider},
 };
 
 impl Enforcer {
@@ -27,15 +27,15 @@ impl Enforcer {
         base: &Policy,
         net: IpNet,
         file: Option<OverrideAction>,
-    ) -> Option<(IpNet, OverrideAction, Layer)> {
-        let upper = match self.runtime.get(&(net, SetBy::Operator)) {
-            Some(e) => e.action.map(|a| (a, Layer::Operator)),
-            None => file.map(|a| (a, Layer::File)),
+    ) -> Option<(IpNet, OverrideAction, Decider)> {
+        let upper = match self.runtime.get(&(net, Decider::Operator)) {
+            Some(e) => e.action.map(|a| (a, Decider::Operator)),
+            None => file.map(|a| (a, Decider::File)),
         };
         let auto = self
             .runtime
-            .range((net, SetBy::Feedback)..=(net, SetBy::Escalation))
-            .find_map(|((_, by), e)| e.action.map(|a| (a, Layer::Automation(*by))));
+            .range((net, Decider::Feedback)..=(net, Decider::Escalation))
+            .find_map(|((_, by), e)| e.action.map(|a| (a, *by)));
         let may_override_allow = base.feedback.as_ref().is_some_and(|f| f.may_override_allow);
         let chosen = match (upper, auto) {
             (Some((OverrideAction::Deny, _)), _) | (Some(_), None) => upper,
@@ -79,20 +79,20 @@ impl Enforcer {
                 let (_, _, force) = self.in_force(&self.base, o.net, file.get(&o.net).copied()).unwrap_or((
                     o.net,
                     o.action,
-                    Layer::File,
+                    Decider::File,
                 ));
                 let mut layers: Vec<LayerEntry> = Vec::new();
-                let mut add = |layer: Layer, action: Option<OverrideAction>, expires: Option<u64>| {
+                let mut add = |layer: Decider, action: Option<OverrideAction>, expires: Option<u64>| {
                     layers.push(LayerEntry::new(layer, action, expires.map(|t| t.saturating_sub(now)), layer == force));
                 };
-                if let Some(e) = self.runtime.get(&(o.net, SetBy::Operator)) {
-                    add(Layer::Operator, e.action, e.expires);
+                if let Some(e) = self.runtime.get(&(o.net, Decider::Operator)) {
+                    add(Decider::Operator, e.action, e.expires);
                 }
                 if let Some(a) = file.get(&o.net) {
-                    add(Layer::File, Some(*a), None);
+                    add(Decider::File, Some(*a), None);
                 }
-                for ((_, by), e) in self.runtime.range((o.net, SetBy::Feedback)..=(o.net, SetBy::Escalation)) {
-                    add(Layer::Automation(*by), e.action, e.expires);
+                for ((_, by), e) in self.runtime.range((o.net, Decider::Feedback)..=(o.net, Decider::Escalation)) {
+                    add(*by, e.action, e.expires);
                 }
                 let top = layers
                     .iter()
@@ -106,9 +106,7 @@ impl Enforcer {
                     burst: top.burst,
                     origin: top.layer,
                     expires_in_secs: top.expires_in_secs,
-                    reason: matches!(force, Layer::Automation(_))
-                        .then(|| self.governor.reasons.get(&o.net).cloned())
-                        .flatten(),
+                    reason: force.governed().then(|| self.governor.reasons.get(&o.net).cloned()).flatten(),
                     layers: if layers.len() > 1 { layers } else { Vec::new() },
                     source: None,
                 }
@@ -148,38 +146,14 @@ pub fn shrink(current: &Policy, next: &Policy) -> Option<String> {
     (!why.is_empty()).then(|| format!("the new policy is refused: {}", why.join("; ")))
 }
 
-/// A layer of decisions about a network, highest first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layer {
-    /// `limiter prefix ...` (the control socket).
-    Operator,
-    /// An `[[override]]` of the policy file.
-    File,
-    /// A penalty: the tenant layer's feedback or the daemon's escalation.
-    Automation(SetBy),
-}
-
-impl Layer {
-    /// How `prefix list` names it.
-    #[must_use]
-    pub fn origin(self) -> Origin {
-        match self {
-            Layer::Operator | Layer::Automation(SetBy::Operator) => Origin::Runtime,
-            Layer::File => Origin::File,
-            Layer::Automation(SetBy::Feedback) => Origin::Feedback,
-            Layer::Automation(SetBy::Escalation) => Origin::Escalation,
-        }
-    }
-}
-
 impl LayerEntry {
-    fn new(layer: Layer, action: Option<OverrideAction>, expires_in_secs: Option<u64>, in_force: bool) -> Self {
+    fn new(layer: Decider, action: Option<OverrideAction>, expires_in_secs: Option<u64>, in_force: bool) -> Self {
         let (action, rate, burst) = match action {
             Some(OverrideAction::Limit(l)) => (EntryAction::Limit, Some(l.rate), Some(l.burst)),
             Some(OverrideAction::Allow) => (EntryAction::Allow, None, None),
             Some(OverrideAction::Deny) => (EntryAction::Deny, None, None),
             None => (EntryAction::Unset, None, None),
         };
-        LayerEntry { layer: layer.origin(), action, rate, burst, expires_in_secs, in_force }
+        LayerEntry { layer: layer.into(), action, rate, burst, expires_in_secs, in_force }
     }
 }

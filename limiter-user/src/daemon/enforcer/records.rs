@@ -8,7 +8,7 @@ use limiter_common::maps::RUNTIME;
 use super::{Enforcer, RuntimeEntry};
 use crate::{
     dataplane::{LoadError, PolicyMaps},
-    policy::runtime::{self, SetBy},
+    policy::runtime::{self, Decider},
 };
 
 impl Enforcer {
@@ -17,7 +17,7 @@ impl Enforcer {
     pub(super) fn record(
         &mut self,
         maps: &mut impl PolicyMaps,
-        at: (IpNet, SetBy),
+        at: (IpNet, Decider),
         entry: Option<RuntimeEntry>,
     ) -> Result<(), LoadError> {
         let value = entry.map(|e| {
@@ -49,7 +49,7 @@ impl Enforcer {
                 // Escalations are the deny set's (a build before it kept
                 // them as overrides of whole buckets: those move too). One
                 // without an end never came from escalation: it ends now.
-                if origin == SetBy::Escalation {
+                if origin == Decider::Escalation {
                     let end = expires.unwrap_or(0);
                     if stale {
                         super::escalation::set_record(maps, &net, Some(end))?;

@@ -327,7 +327,7 @@ impl DenySource for Decisions {
                     action: EntryAction::Deny,
                     rate: None,
                     burst: None,
-                    origin: Shown::Crowdsec,
+                    origin: Shown::of(crate::policy::runtime::Decider::Crowdsec),
                     expires_in_secs: Some(end.saturating_sub(now)),
                     reason: None,
                     layers: Vec::new(),
