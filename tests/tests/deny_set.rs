@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use limiter::{
     dataplane::{
         DataPlane,
-        deny::{DenySet, Origin},
+        deny::{DenySet, OriginId},
     },
     policy::{CostUnit, Limit, Mode, Override, OverrideAction, Policy},
 };
@@ -53,7 +53,7 @@ fn open(overrides: Vec<Override>) -> DataPlane {
 
 struct Set {
     s: DenySet,
-    o: Origin,
+    o: OriginId,
 }
 
 impl Set {

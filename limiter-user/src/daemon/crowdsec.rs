@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 
 use super::{
     ApplyError, Enforcer,
-    feature::{Applied, Feature},
+    feature::{Feature, InForce},
     source::{Sink, SourceChange},
 };
 use crate::{
@@ -62,7 +62,7 @@ impl CrowdsecSide {
 impl Feature for CrowdsecSide {
     /// An unchanged section keeps pulling; a new or changed one starts
     /// over (`startup=true`); none stops.
-    fn apply(&mut self, a: &Applied<'_>) {
+    fn apply(&mut self, a: &InForce<'_>) {
         self.left_out = a.state.deny_layer().crowdsec().left_out;
         if self.watch.as_ref().map(|(s, _)| &**s) == a.policy.crowdsec.as_ref() {
             return;

@@ -16,7 +16,7 @@ use limiter_common::maps::RUNTIME;
 use crate::{
     control::PrefixEntry,
     dataplane::{LoadError, PolicyMaps},
-    policy::{Compiled, Loaded, Origin, Override, OverrideAction, Policy, PolicyError, runtime::Decider},
+    policy::{Compiled, Loaded, Override, OverrideAction, Policy, PolicyError, Provenance, runtime::Decider},
 };
 
 /// Why a change was refused: the policy (nothing changed), the kernel,
@@ -44,7 +44,7 @@ pub struct RuntimeEntry {
     /// Unix time (seconds) it expires; `None` = never.
     pub expires: Option<u64>,
     /// Who set it.
-    pub origin: Decider,
+    pub by: Decider,
 }
 
 /// The policy state of a running daemon.
@@ -157,8 +157,8 @@ impl Enforcer {
     /// Apply `loaded` (with the runtime overrides) as the next version.
     /// Returns the summary line; on any error nothing changes.
     pub fn apply(&mut self, maps: &mut impl PolicyMaps, loaded: Loaded) -> Result<String, ApplyError> {
-        let source = loaded.origin.name();
-        self.install(maps, loaded.policy, source, &loaded.origin)
+        let source = loaded.provenance.name();
+        self.install(maps, loaded.policy, source, &loaded.provenance)
     }
 
     /// [`Enforcer::apply`] of a policy already compiled by
@@ -171,9 +171,9 @@ impl Enforcer {
         loaded: Loaded,
         checked: Compiled,
     ) -> Result<String, ApplyError> {
-        let source = loaded.origin.name();
+        let source = loaded.provenance.name();
         let reuse = self.runtime.is_empty().then_some(checked);
-        self.install_with(maps, loaded.policy, source, &loaded.origin, reuse)
+        self.install_with(maps, loaded.policy, source, &loaded.provenance, reuse)
     }
 
     fn install(
@@ -181,9 +181,9 @@ impl Enforcer {
         maps: &mut impl PolicyMaps,
         base: Policy,
         source: String,
-        origin: &Origin,
+        provenance: &Provenance,
     ) -> Result<String, ApplyError> {
-        self.install_with(maps, base, source, origin, None)
+        self.install_with(maps, base, source, provenance, None)
     }
 
     fn install_with(
@@ -191,7 +191,7 @@ impl Enforcer {
         maps: &mut impl PolicyMaps,
         base: Policy,
         source: String,
-        origin: &Origin,
+        provenance: &Provenance,
         compiled: Option<Compiled>,
     ) -> Result<String, ApplyError> {
         let next = self.version + 1;
@@ -201,10 +201,10 @@ impl Enforcer {
                 c.config.version = next;
                 c
             }
-            None => p.compile(next).map_err(|e| origin.locate(e, &p))?,
+            None => p.compile(next).map_err(|e| provenance.locate(e, &p))?,
         };
         let (cookies_off, mss_only) = kernel::cookies(&p, &mut compiled, self.kernel_lacks_cookies.as_deref())
-            .map_err(|e| origin.locate(e, &p))?;
+            .map_err(|e| provenance.locate(e, &p))?;
         self.write_policy(maps, &compiled, &p)?;
         self.config = Some(compiled.config);
         for w in p.warnings() {
@@ -247,7 +247,7 @@ impl Enforcer {
         let operator = self.runtime.get(&(net, Decider::Operator)).copied();
         let expires = ttl.map(|t| crate::clock::unix_now() + t);
         if action.is_some() {
-            let entry = RuntimeEntry { action, expires, origin: Decider::Operator };
+            let entry = RuntimeEntry { action, expires, by: Decider::Operator };
             return self.change_entries(maps, &[((net, Decider::Operator), Some(entry))]);
         }
         // Unset: a runtime-only override is forgotten; the file's is
@@ -255,10 +255,7 @@ impl Enforcer {
         let changes: Vec<((IpNet, Decider), Option<RuntimeEntry>)> = match (operator, in_file) {
             (Some(e), true) if e.action.is_none() => self.automation_of(net),
             (_, true) => {
-                vec![(
-                    (net, Decider::Operator),
-                    Some(RuntimeEntry { action: None, expires, origin: Decider::Operator }),
-                )]
+                vec![((net, Decider::Operator), Some(RuntimeEntry { action: None, expires, by: Decider::Operator }))]
             }
             (Some(_), false) => vec![((net, Decider::Operator), None)],
             (None, false) => self.automation_of(net),
@@ -306,7 +303,7 @@ impl Enforcer {
         }
         let result = result.and_then(|()| {
             let (base, source) = (self.base.clone(), self.source.clone());
-            self.install(maps, base, source, &Origin::BuiltIn)
+            self.install(maps, base, source, &Provenance::BuiltIn)
         });
         if result.is_err() {
             for (net, entry) in previous.iter().take(done).rev() {

@@ -9,7 +9,7 @@
 //! drained at shutdown. A policy change fans out to every feature from one
 //! place ([`Daemon::refresh_view`](super::Daemon) through
 //! [`Features::apply`](super::features::Features)), so a setting of a
-//! feature goes one way, once: file -> policy -> [`Applied`] -> the
+//! feature goes one way, once: file -> policy -> [`InForce`] -> the
 //! feature. A new feature is its own files and one line in
 //! [`Features::start`](super::features::Features::start).
 
@@ -25,7 +25,7 @@ use crate::{
 };
 
 /// The policy in force, as every feature sees it.
-pub(super) struct Applied<'a> {
+pub(super) struct InForce<'a> {
     pub(super) version: u64,
     /// The effective policy: the file's, with the runtime overrides.
     pub(super) policy: &'a Policy,
@@ -43,11 +43,11 @@ pub(super) type Drain<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 /// A subsystem of the daemon.
 pub(super) trait Feature: Any + Send {
     /// Take the policy in force: start, change or stop what it declares.
-    fn apply(&mut self, applied: &Applied<'_>);
+    fn apply(&mut self, applied: &InForce<'_>);
 
     /// SIGHUP, after the policy was read again: read again what the
     /// feature reads from files of its own.
-    fn reload(&mut self, _applied: &Applied<'_>) {}
+    fn reload(&mut self, _applied: &InForce<'_>) {}
 
     /// Once a second, on the daemon's loop (never blocking it).
     fn tick(&mut self) {}
@@ -78,13 +78,13 @@ pub(super) trait Feature: Any + Send {
 
 /// A feature the policy may leave out.
 impl<T: Feature> Feature for Option<T> {
-    fn apply(&mut self, applied: &Applied<'_>) {
+    fn apply(&mut self, applied: &InForce<'_>) {
         if let Some(f) = self {
             f.apply(applied);
         }
     }
 
-    fn reload(&mut self, applied: &Applied<'_>) {
+    fn reload(&mut self, applied: &InForce<'_>) {
         if let Some(f) = self {
             f.reload(applied);
         }

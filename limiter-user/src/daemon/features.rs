@@ -6,7 +6,7 @@ use std::any::Any;
 
 use super::{
     crowdsec::CrowdsecSide,
-    feature::{Applied, Feature},
+    feature::{Feature, InForce},
     feeds::Feeds,
     fleet::{FleetSide, classes},
     source::Sink,
@@ -44,7 +44,7 @@ pub(super) struct Features(Vec<Box<dyn Feature>>);
 
 impl Features {
     /// Start every feature the policy in force declares.
-    pub(super) async fn start(a: &Applied<'_>, s: Start<'_>) -> anyhow::Result<Self> {
+    pub(super) async fn start(a: &InForce<'_>, s: Start<'_>) -> anyhow::Result<Self> {
         let mut list: Vec<Box<dyn Feature>> = vec![
             Box::new(forward::Manager::new(s.buckets, forward::fds::Budget::of_process(FDS_RESERVE))),
             Box::new(FleetSide::start(
@@ -70,11 +70,11 @@ impl Features {
         })
     }
 
-    pub(super) fn apply(&mut self, a: &Applied<'_>) {
+    pub(super) fn apply(&mut self, a: &InForce<'_>) {
         self.0.iter_mut().for_each(|f| f.apply(a));
     }
 
-    pub(super) fn reload(&mut self, a: &Applied<'_>) {
+    pub(super) fn reload(&mut self, a: &InForce<'_>) {
         self.0.iter_mut().for_each(|f| f.reload(a));
     }
 

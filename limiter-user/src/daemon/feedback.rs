@@ -2,18 +2,18 @@
 //! the policy state as requests (`Change::Penalty`, under the governor);
 //! here, its token read again on SIGHUP.
 
-use super::feature::{Applied, Feature};
+use super::feature::{Feature, InForce};
 use crate::feedback::Endpoint;
 
 impl Feature for Endpoint {
     /// Where it listens and its token file take a restart (the token
     /// itself is read again on SIGHUP): nothing to change here.
-    fn apply(&mut self, _: &Applied<'_>) {}
+    fn apply(&mut self, _: &InForce<'_>) {}
 
     /// Read the token again (a rotated file is taken at once; a bad one
     /// is refused and the old token stays), and say plainly when the
     /// policy's `listen` or `token_file` moved, which takes a restart.
-    fn reload(&mut self, a: &Applied<'_>) {
+    fn reload(&mut self, a: &InForce<'_>) {
         let Endpoint { bound, token_file: file, token } = self;
         if let Some(f) = &a.policy.feedback
             && ((f.listen.port() != 0 && f.listen != *bound) || f.token_file != *file)

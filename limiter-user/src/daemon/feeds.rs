@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use super::{
     ApplyError, Enforcer,
-    feature::{Applied, Feature},
+    feature::{Feature, InForce},
     source::{Sink, SourceChange},
 };
 use crate::{
@@ -148,7 +148,7 @@ impl Feeds {
 impl Feature for Feeds {
     /// Exactly the policy's `[[feed]]` sections: an unchanged one keeps
     /// its state, a new or changed one is read at the next tick.
-    fn apply(&mut self, a: &Applied<'_>) {
+    fn apply(&mut self, a: &InForce<'_>) {
         let mut next = Vec::with_capacity(a.policy.feeds.len());
         for spec in &a.policy.feeds {
             match self.watched.iter().position(|w| w.spec == *spec) {
@@ -168,7 +168,7 @@ impl Feature for Feeds {
     }
 
     /// SIGHUP: every feed is read again.
-    fn reload(&mut self, _: &Applied<'_>) {
+    fn reload(&mut self, _: &InForce<'_>) {
         for w in &mut self.watched {
             w.force = true;
         }

@@ -14,7 +14,7 @@ use limiter_common::{
 
 use super::{
     Daemon,
-    feature::{Applied, Feature},
+    feature::{Feature, InForce},
 };
 use crate::{
     control::{PrefixShow, Request, Response, WindowRow},
@@ -172,7 +172,7 @@ impl FleetSide {
 impl Feature for FleetSide {
     /// The window-quota classes apply at once; a changed, new or removed
     /// `[fleet]` section changes, starts or stops the sync.
-    fn apply(&mut self, a: &Applied<'_>) {
+    fn apply(&mut self, a: &InForce<'_>) {
         self.set_classes(classes(&a.config, a.class_names, a.policy), a.policy.fleet.as_ref());
     }
 

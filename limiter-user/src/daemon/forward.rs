@@ -1,6 +1,6 @@
 //! The forwarders as a feature of the daemon.
 
-use super::feature::{Applied, Drain, Feature};
+use super::feature::{Drain, Feature, InForce};
 use crate::{
     control::{ErrorCode, Request, Response, StatusInfo},
     forward,
@@ -10,7 +10,7 @@ use crate::{
 impl Feature for forward::Manager {
     /// Runs exactly the `[[forward]]` sections: unchanged ones keep
     /// running, changed and removed ones drain, new ones start.
-    fn apply(&mut self, a: &Applied<'_>) {
+    fn apply(&mut self, a: &InForce<'_>) {
         let ranks = std::sync::Arc::new(forward::rank::Ranks::of(a.policy));
         self.update(&a.policy.forwards, forward::Context { version: a.version, config: a.config, ranks });
     }

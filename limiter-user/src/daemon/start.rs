@@ -66,7 +66,7 @@ pub(super) fn load(settings: &Settings, checked: Checked, without_cookies: Optio
     }
     if let Some(lacks) = &plan.lacks {
         super::enforcer::kernel::cookies_without_kernel(&loaded.policy, lacks)
-            .map_err(|e| loaded.origin.locate(e, &loaded.policy))?;
+            .map_err(|e| loaded.provenance.locate(e, &loaded.policy))?;
         tracing::warn!(event = "kernel_lacks", "limiter: {lacks}: loading the program without SYN cookies");
     }
     let capacity = loaded.policy.capacity;

@@ -1,7 +1,7 @@
 //! What the daemon's loop shows of the policy in force (`status`, the
 //! metrics, the fleet's classes), refreshed after start and each change.
 
-use super::{Daemon, Enforcer, feature::Applied};
+use super::{Daemon, Enforcer, feature::InForce};
 use crate::{feedback::FeedbackCounts, policy::Policy};
 
 /// What the loop shows of the policy, kept while a change has it away.
@@ -81,8 +81,8 @@ impl View {
     }
 
     /// The policy in force as the features take it.
-    pub(super) fn applied<'a>(&'a self, p: &'a Enforcer, effective: &'a Policy) -> Applied<'a> {
-        Applied {
+    pub(super) fn applied<'a>(&'a self, p: &'a Enforcer, effective: &'a Policy) -> InForce<'a> {
+        InForce {
             version: self.version,
             policy: effective,
             config: p.config().copied().unwrap_or_default(),

@@ -1,7 +1,7 @@
 //! The deny set as userspace keeps it: every denied network with the
 //! origins that denied it (a feed, a CrowdSec origin), the markers of
 //! networks finer than the bucket prefix, and how many networks each
-//! prefix length holds. Each change to it is a [`Change`], the kernel
+//! prefix length holds. Each change to it is a [`DenyWrites`], the kernel
 //! writes in the order that keeps the data plane whole: the lengths in
 //! use grow first, then networks and markers are written, then removed,
 //! then `ACTIVE`'s change count moves (buckets re-resolve) and the
@@ -20,13 +20,14 @@ use limiter_common::{
 /// Origins one set may name at once (an owner set is a 64-bit mask).
 pub const MAX_NAMED: usize = 64;
 
-/// Who denied a network: an index of `DENY_ORIGINS`.
+/// Who denied a network, as the set numbers it: an index of
+/// `DENY_ORIGINS` (the name there is the origin).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Origin(pub u16);
+pub struct OriginId(pub u16);
 
 /// What a change of the set does to the kernel's maps, in order.
 #[derive(Debug, Default, PartialEq)]
-pub struct Change {
+pub struct DenyWrites {
     /// The lengths in use while the change is written (the old and the
     /// new ones), if they differ from those in force.
     pub lens_during: Option<DenyLens>,
@@ -39,7 +40,7 @@ pub struct Change {
     pub lens_after: Option<DenyLens>,
 }
 
-impl Change {
+impl DenyWrites {
     /// Whether it changes nothing.
     #[must_use]
     pub fn is_empty(&self) -> bool {
@@ -154,7 +155,7 @@ impl DenySet {
 
     /// How many networks `origin` denies.
     #[must_use]
-    pub fn count_of(&self, origin: Origin) -> usize {
+    pub fn count_of(&self, origin: OriginId) -> usize {
         self.per_origin.get(usize::from(origin.0)).copied().unwrap_or(0)
     }
 
@@ -167,14 +168,14 @@ impl DenySet {
 
     /// The origin named `name`, if it has an index.
     #[must_use]
-    pub fn named(&self, name: &str) -> Option<Origin> {
-        self.names.iter().position(|n| n == name).map(|i| Origin(u16::try_from(i).unwrap_or(u16::MAX)))
+    pub fn named(&self, name: &str) -> Option<OriginId> {
+        self.names.iter().position(|n| n == name).map(|i| OriginId(u16::try_from(i).unwrap_or(u16::MAX)))
     }
 
     /// The origin named `name`, given an index if it has none yet.
-    pub fn origin(&mut self, name: &str) -> Result<Origin, DenyError> {
+    pub fn origin(&mut self, name: &str) -> Result<OriginId, DenyError> {
         if let Some(i) = self.names.iter().position(|n| n == name) {
-            return Ok(Origin(u16::try_from(i).unwrap_or(u16::MAX)));
+            return Ok(OriginId(u16::try_from(i).unwrap_or(u16::MAX)));
         }
         // A free index; else one whose origin denies nothing now (its
         // networks removed, or none ever taken): freed for the new one, so
@@ -189,7 +190,7 @@ impl DenySet {
             None => unused().ok_or(DenyError::TooManyOrigins)?,
         };
         name.clone_into(&mut self.names[i]);
-        Ok(Origin(u16::try_from(i).unwrap_or(u16::MAX)))
+        Ok(OriginId(u16::try_from(i).unwrap_or(u16::MAX)))
     }
 
     /// Every origin's name, by index.
@@ -199,16 +200,16 @@ impl DenySet {
     }
 
     /// The networks `origin` denies.
-    pub fn of(&self, origin: Origin) -> impl Iterator<Item = IpNet> + '_ {
+    pub fn of(&self, origin: OriginId) -> impl Iterator<Item = IpNet> + '_ {
         let bit = 1u64 << origin.0;
         self.nets.iter().filter(move |(_, o)| *o & bit != 0).map(|(k, _)| net_of(k))
     }
 
     /// The origins that deny `net` exactly.
     #[must_use]
-    pub fn origins_of(&self, net: &IpNet) -> Vec<Origin> {
+    pub fn origins_of(&self, net: &IpNet) -> Vec<OriginId> {
         let bits = self.nets.get(&key_of(net)).copied().unwrap_or(0);
-        (0..64).filter(|i| bits & (1 << i) != 0).map(Origin).collect()
+        (0..64).filter(|i| bits & (1 << i) != 0).map(OriginId).collect()
     }
 
     /// The kernel's value of `k` as the set is now (0: no entry).
@@ -237,7 +238,7 @@ impl DenySet {
     }
 
     /// `origin` denies `net` too.
-    pub fn add(&mut self, origin: Origin, net: &IpNet) -> Result<(), DenyError> {
+    pub fn add(&mut self, origin: OriginId, net: &IpNet) -> Result<(), DenyError> {
         self.add_within(origin, net, limiter_common::deny::MAX_LENS)
     }
 
@@ -245,7 +246,7 @@ impl DenySet {
     /// yet is refused once `v6_lens` lengths are in use: CrowdSec keeps
     /// within a budget, so that feeds and escalation always have lengths
     /// left (a network of a length in use always fits).
-    pub fn add_within(&mut self, origin: Origin, net: &IpNet, v6_lens: usize) -> Result<(), DenyError> {
+    pub fn add_within(&mut self, origin: OriginId, net: &IpNet, v6_lens: usize) -> Result<(), DenyError> {
         let k = key_of(net);
         let bit = 1u64 << origin.0;
         match self.nets.get(&k).copied() {
@@ -289,7 +290,7 @@ impl DenySet {
     }
 
     /// `origin` no longer denies `net` (others may still).
-    pub fn remove(&mut self, origin: Origin, net: &IpNet) {
+    pub fn remove(&mut self, origin: OriginId, net: &IpNet) {
         let k = key_of(net);
         let bit = 1u64 << origin.0;
         let Some(o) = self.nets.get(&k).copied().filter(|o| o & bit != 0) else { return };
@@ -316,7 +317,7 @@ impl DenySet {
     /// Make `origin` deny exactly `nets`: a diff (only what changed moves).
     /// Stops at the first network not taken; what was done stays (and is
     /// in the change).
-    pub fn replace(&mut self, origin: Origin, nets: &HashSet<IpNet>) -> Result<(), DenyError> {
+    pub fn replace(&mut self, origin: OriginId, nets: &HashSet<IpNet>) -> Result<(), DenyError> {
         let gone: Vec<IpNet> = self.of(origin).filter(|n| !nets.contains(n)).collect();
         for n in nets {
             self.add(origin, n)?;

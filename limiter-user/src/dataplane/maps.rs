@@ -20,7 +20,7 @@ use limiter_common::{
 use super::{
     LoadError,
     counters::Totals,
-    deny::{Active, Change, DenyMaps, Pinned, SETTLE},
+    deny::{Active, DenyMaps, DenyWrites, Pinned, SETTLE},
 };
 use crate::policy::Compiled;
 
@@ -218,7 +218,7 @@ impl Tables {
     }
 
     /// Write a change of the deny set (see [`DenyMaps::write`]).
-    pub fn write_deny(&mut self, ch: &Change) -> Result<(), LoadError> {
+    pub fn write_deny(&mut self, ch: &DenyWrites) -> Result<(), LoadError> {
         if ch.is_empty() {
             return Ok(());
         }

@@ -7,7 +7,7 @@ use limiter_common::{Config, RuntimeKey, RuntimeOverride};
 
 use super::{
     DataPlane, LoadError,
-    deny::{Change, Pinned},
+    deny::{DenyWrites, Pinned},
     maps::Tables,
 };
 use crate::policy::Compiled;
@@ -23,7 +23,7 @@ pub trait PolicyMaps {
     /// Record (`Some`) or forget (`None`) one runtime override.
     fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError>;
     /// Write a change of the deny set, in its order.
-    fn write_deny(&mut self, ch: &Change) -> Result<(), LoadError>;
+    fn write_deny(&mut self, ch: &DenyWrites) -> Result<(), LoadError>;
     /// The deny set as pinned, and its origins' names.
     fn deny_pinned(&self) -> Result<Pinned, LoadError>;
     /// Record the deny set's origins' names.
@@ -43,7 +43,7 @@ impl PolicyMaps for Tables {
     fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError> {
         Tables::set_runtime_override(self, key, value)
     }
-    fn write_deny(&mut self, ch: &Change) -> Result<(), LoadError> {
+    fn write_deny(&mut self, ch: &DenyWrites) -> Result<(), LoadError> {
         Tables::write_deny(self, ch)
     }
     fn deny_pinned(&self) -> Result<Pinned, LoadError> {
@@ -67,7 +67,7 @@ impl PolicyMaps for DataPlane {
     fn set_runtime_override(&mut self, key: &RuntimeKey, value: Option<&RuntimeOverride>) -> Result<(), LoadError> {
         self.maps.tables().set_runtime_override(key, value)
     }
-    fn write_deny(&mut self, ch: &Change) -> Result<(), LoadError> {
+    fn write_deny(&mut self, ch: &DenyWrites) -> Result<(), LoadError> {
         self.maps.tables().write_deny(ch)
     }
     fn deny_pinned(&self) -> Result<Pinned, LoadError> {
@@ -136,7 +136,7 @@ impl PolicyMaps for FakeMaps {
         };
         Ok(())
     }
-    fn write_deny(&mut self, ch: &Change) -> Result<(), LoadError> {
+    fn write_deny(&mut self, ch: &DenyWrites) -> Result<(), LoadError> {
         for (k, v) in &ch.upserts {
             self.deny.insert(*k, *v);
         }

@@ -1,6 +1,6 @@
 //! The policy file (TOML). Unknown fields are refused, and every error
 //! names the file, the line and the field. Reading only builds the model;
-//! [`Policy::compile`] validates it, and [`Origin::locate`] puts the file
+//! [`Policy::compile`] validates it, and [`Provenance::locate`] puts the file
 //! and line on what compile finds. Locating is one pass over the text.
 //!
 //! ```toml
@@ -59,13 +59,13 @@ pub const MAX_FILE_BYTES: u64 = 32 << 20;
 #[derive(Clone, Debug)]
 pub struct Loaded {
     pub policy: Policy,
-    pub origin: Origin,
+    pub provenance: Provenance,
 }
 
 /// Where a policy came from: errors that [`Policy::compile`] finds later
 /// are located in it.
 #[derive(Clone, Debug)]
-pub enum Origin {
+pub enum Provenance {
     BuiltIn,
     /// A file (or text named like one), kept until the policy is applied.
     File {
@@ -74,13 +74,13 @@ pub enum Origin {
     },
 }
 
-impl Origin {
+impl Provenance {
     /// The file's name, or `built-in policy`.
     #[must_use]
     pub fn name(&self) -> String {
         match self {
-            Origin::BuiltIn => "built-in policy".into(),
-            Origin::File { name, .. } => name.clone(),
+            Provenance::BuiltIn => "built-in policy".into(),
+            Provenance::File { name, .. } => name.clone(),
         }
     }
 }
@@ -89,12 +89,12 @@ impl Loaded {
     /// The built-in policy.
     #[must_use]
     pub fn built_in() -> Self {
-        Self { policy: Policy::default(), origin: Origin::BuiltIn }
+        Self { policy: Policy::default(), provenance: Provenance::BuiltIn }
     }
 
     /// Validate offline (`limiter policy check`): compile, errors located.
     pub fn check(&self) -> Result<Compiled, PolicyError> {
-        self.policy.compile(0).map_err(|e| self.origin.locate(e, &self.policy))
+        self.policy.compile(0).map_err(|e| self.provenance.locate(e, &self.policy))
     }
 }
 
@@ -203,7 +203,7 @@ pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
         return Err(locate(bad("(document)", problem), 0));
     }
     let policy = build(root).map_err(|(e, offset)| locate(e, offset))?;
-    Ok(Loaded { policy, origin: Origin::File { name: name.to_owned(), text } })
+    Ok(Loaded { policy, provenance: Provenance::File { name: name.to_owned(), text } })
 }
 
 impl Root {

@@ -32,7 +32,7 @@ pub(crate) use self::duration::{duration, duration_opt, duration_opt_out, durati
 pub use self::{
     compile::{Compiled, CompiledOverrides},
     duration::{DurationError, parse_duration, spell_duration},
-    file::{Loaded, Origin},
+    file::{Loaded, Provenance},
     overlay::Overlay,
     summary::Summary,
 };

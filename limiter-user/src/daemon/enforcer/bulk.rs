@@ -39,7 +39,7 @@ impl Enforcer {
             }
             changes.push((
                 (net, Decider::Operator),
-                Some(RuntimeEntry { action: Some(action), expires, origin: Decider::Operator }),
+                Some(RuntimeEntry { action: Some(action), expires, by: Decider::Operator }),
             ));
         }
         self.change_entries(maps, &changes)

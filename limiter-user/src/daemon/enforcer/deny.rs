@@ -16,7 +16,7 @@ use crate::{
     crowdsec::Pulled,
     dataplane::{
         LoadError, PolicyMaps,
-        deny::{Change, DenySet},
+        deny::{DenySet, DenyWrites},
     },
     policy::{Policy, crowdsec::Crowdsec, feed::Feed},
 };
@@ -77,7 +77,7 @@ impl DenyLayer {
     /// The set's networks by origin name.
     #[must_use]
     pub fn counts(&self) -> std::collections::HashMap<&String, usize> {
-        self.origins().map(|(i, n)| (n, self.set.count_of(crate::dataplane::deny::Origin(i)))).collect()
+        self.origins().map(|(i, n)| (n, self.set.count_of(crate::dataplane::deny::OriginId(i)))).collect()
     }
 
     /// The origins named, with their index.
@@ -128,10 +128,10 @@ impl DenyLayer {
     /// The set's markers follow a policy whose bucket prefixes changed:
     /// the new ones before the switch (`before`), the old ones gone
     /// after it.
-    pub(super) fn rebucket(&mut self, v4: u32, v6: u32) -> (Change, Change) {
+    pub(super) fn rebucket(&mut self, v4: u32, v6: u32) -> (DenyWrites, DenyWrites) {
         let (v4, v6) = (prefix_u8(v4), prefix_u8(v6));
         if self.set.bucket() == (v4, v6) {
-            return (Change::default(), Change::default());
+            return (DenyWrites::default(), DenyWrites::default());
         }
         self.set.set_bucket(v4, v6)
     }
@@ -182,7 +182,7 @@ impl DenyLayer {
     }
 
     /// [`DenyLayer::write`], saying what it wrote.
-    fn write_change(&mut self, maps: &mut impl PolicyMaps) -> Result<Change, LoadError> {
+    fn write_change(&mut self, maps: &mut impl PolicyMaps) -> Result<DenyWrites, LoadError> {
         let ch = self.set.finish();
         let written = maps.set_deny_origins(self.set.names()).and_then(|()| maps.write_deny(&ch));
         match written {

@@ -159,7 +159,7 @@ impl Enforcer {
         let summary = if escalation {
             self.escalation_deny(maps, net, expires, reason)?
         } else {
-            let entry = RuntimeEntry { action: Some(OverrideAction::Deny), expires: Some(expires), origin: by };
+            let entry = RuntimeEntry { action: Some(OverrideAction::Deny), expires: Some(expires), by };
             let summary = self.change_entries(maps, &[((net, by), Some(entry))])?;
             self.governor.reasons.insert(net, reason.to_owned());
             summary

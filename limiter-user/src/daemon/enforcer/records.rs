@@ -57,7 +57,7 @@ impl Enforcer {
                     escalations.push((net, end));
                     continue;
                 }
-                let entry = RuntimeEntry { action, expires, origin };
+                let entry = RuntimeEntry { action, expires, by: origin };
                 if stale {
                     self.record(maps, (net, origin), Some(entry))?;
                 }

@@ -4,12 +4,12 @@
 
 use limiter_common::deny::{DenyLens, OWNER};
 
-use super::{Change, DenySet, owner_key, past_lowest};
+use super::{DenySet, DenyWrites, owner_key, past_lowest};
 
 impl DenySet {
     /// The change built since the last call, to write.
-    pub fn finish(&mut self) -> Change {
-        let mut ch = Change::default();
+    pub fn finish(&mut self) -> DenyWrites {
+        let mut ch = DenyWrites::default();
         for (k, (was, was_owners)) in std::mem::take(&mut self.before) {
             let now = self.value(&k);
             if was != now {

@@ -1,4 +1,4 @@
-//! The deny set's maps, and a [`Change`] written into them in order.
+//! The deny set's maps, and a [`DenyWrites`] written into them in order.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,7 @@ use limiter_common::{
 
 use super::{
     super::{LoadError, maps::Named as _, rawmap},
-    Change,
+    DenyWrites,
 };
 
 /// How long a packet may still read the `DENY_LENS` slot (or `CONFIG`
@@ -57,7 +57,7 @@ impl DenyMaps {
     /// Write `ch`: the lengths in use grow, entries are written, then
     /// removed, then `ACTIVE`'s change count moves (with the lengths'
     /// slot, if they shrink) so that every bucket resolves again.
-    pub(crate) fn write(&mut self, mut act: Active, ch: &Change) -> Result<(), LoadError> {
+    pub(crate) fn write(&mut self, mut act: Active, ch: &DenyWrites) -> Result<(), LoadError> {
         let mut word = act.get()?;
         if let Some(l) = &ch.lens_during {
             word = self.flip_lens(&mut act, word, l)?;

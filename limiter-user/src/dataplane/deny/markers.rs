@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use limiter_common::deny::{DENIED, DenyKey, FINER, OWNER, OWNER_KEY};
 
-use super::{Change, DenySet, Pinned, slot};
+use super::{DenySet, DenyWrites, Pinned, slot};
 
 impl DenySet {
     /// The set as the kernel holds it (its pinned entries, origins'
@@ -13,7 +13,7 @@ impl DenySet {
     /// to what it should hold (markers under buckets of `v4`/`v6` bits,
     /// the lengths in use): nothing, unless a write was cut short.
     #[must_use]
-    pub fn restore(capacity: usize, bucket: (u8, u8), pinned: Pinned) -> (Self, Change) {
+    pub fn restore(capacity: usize, bucket: (u8, u8), pinned: Pinned) -> (Self, DenyWrites) {
         let mut s = Self::new(capacity, bucket.0, bucket.1);
         s.names = pinned.names;
         let mut kernel_markers = Vec::new();
@@ -70,7 +70,7 @@ impl DenySet {
     /// Markers under buckets of `v4`/`v6` bits from now on: the new ones
     /// are added (a first change, to write before the policy's switch),
     /// and the old ones removed (a second, to write after it).
-    pub fn set_bucket(&mut self, v4: u8, v6: u8) -> (Change, Change) {
+    pub fn set_bucket(&mut self, v4: u8, v6: u8) -> (DenyWrites, DenyWrites) {
         let old = std::mem::take(&mut self.markers);
         self.bucket = [v4, v6];
         let finer: Vec<DenyKey> = self.nets.keys().copied().collect();

@@ -6,7 +6,7 @@ fn net(s: &str) -> IpNet {
     s.parse().unwrap()
 }
 
-fn value_of(ch: &Change, n: &str) -> Option<u32> {
+fn value_of(ch: &DenyWrites, n: &str) -> Option<u32> {
     let k = key_of(&net(n));
     ch.upserts.iter().find(|(u, _)| *u == k).map(|(_, v)| *v)
 }
@@ -100,7 +100,7 @@ fn the_set_is_bounded() {
     // that denies nothing any more gives its index to the next (on
     // 394d35c, origins that came and went used the indexes up for good).
     let mut s = DenySet::new(1000, 24, 64);
-    let held: Vec<(Origin, IpNet)> = (0..MAX_NAMED)
+    let held: Vec<(OriginId, IpNet)> = (0..MAX_NAMED)
         .map(|i| {
             let o = s.origin(&format!("o{i}")).unwrap();
             let n = net(&format!("198.18.{i}.1/32"));
@@ -156,7 +156,7 @@ fn a_restart_reads_the_set_back_and_mends_a_cut_write() {
 #[test]
 fn every_origin_of_a_network_survives_a_restart() {
     let mut kernel: HashMap<DenyKey, u32> = HashMap::new();
-    let write = |kernel: &mut HashMap<DenyKey, u32>, ch: Change| {
+    let write = |kernel: &mut HashMap<DenyKey, u32>, ch: DenyWrites| {
         kernel.extend(ch.upserts);
         for k in ch.deletes {
             kernel.remove(&k);

@@ -2,17 +2,17 @@
 //! dotted path of the table each line is in, so locating an error is
 //! linear in the size of the file.
 
-use super::Origin;
+use super::Provenance;
 use crate::policy::{Policy, PolicyError};
 
-impl Origin {
+impl Provenance {
     /// Put file and line on an error of `applied`, which is this origin's
     /// policy, possibly with runtime overrides merged in: an error of
     /// override `k` is located by that override's network, so it points at
     /// the right table (or says it was set at run time).
     #[must_use]
     pub fn locate(&self, e: PolicyError, applied: &Policy) -> PolicyError {
-        let Origin::File { name, text } = self else { return e };
+        let Provenance::File { name, text } = self else { return e };
         if e.location.is_some() {
             return e;
         }

@@ -143,13 +143,13 @@ fn an_error_in_a_policy_with_runtime_overrides_points_at_the_file_or_says_run_ti
     // override[0] of the applied policy, but it is the file's override[1].
     let mut applied = l.policy.clone();
     applied.overrides.remove(0);
-    let e = l.origin.locate(applied.compile(1).unwrap_err(), &applied);
+    let e = l.provenance.locate(applied.compile(1).unwrap_err(), &applied);
     assert_eq!((e.field.as_str(), e.location.clone()), ("override[1].rate", Some(("p.toml".into(), 7))), "{e}");
     // One added at run time is said to be so.
     let mut applied = l.policy.clone();
     applied.overrides[1] =
         Override { net: "198.18.77.0/25".parse().unwrap(), action: OverrideAction::Deny, criticality: None };
-    let e = l.origin.locate(applied.compile(1).unwrap_err(), &applied);
+    let e = l.provenance.locate(applied.compile(1).unwrap_err(), &applied);
     assert!(e.problem.contains("198.18.77.0/25 was set at run time"), "{e}");
 }
 

@@ -14,7 +14,7 @@ use crate::{
     clock::unix_now,
     control::PrefixEntry,
     crowdsec::{Decision, Pulled},
-    dataplane::deny::{DenyError, DenySet, Origin},
+    dataplane::deny::{DenyError, DenySet, OriginId},
     policy::{Policy, crowdsec::Crowdsec},
 };
 
@@ -36,9 +36,9 @@ const SHARED: &str = "crowdsec:other";
 #[derive(Debug, Default)]
 pub struct Decisions {
     /// Each (network, origin)'s decisions: id and when it ends (Unix s).
-    by_net: HashMap<(IpNet, Origin), Vec<(i64, u64)>>,
+    by_net: HashMap<(IpNet, OriginId), Vec<(i64, u64)>>,
     /// When each ends, for expiry.
-    ends: BTreeSet<(u64, i64, IpNet, Origin)>,
+    ends: BTreeSet<(u64, i64, IpNet, OriginId)>,
     /// Decisions left out since the start: the cap, too wide, filtered.
     pub left_out: u64,
     /// Networks held in shadow (counted, not enforced).
@@ -52,7 +52,7 @@ pub struct Decisions {
     /// (the decisions it replaces, and the pins' at a restart) that none
     /// of its parts named yet; its last part lifts what is left. Kept
     /// apart so that no part walks the whole set.
-    stale: HashMap<(IpNet, Origin), Vec<(i64, u64)>>,
+    stale: HashMap<(IpNet, OriginId), Vec<(i64, u64)>>,
 }
 
 /// A pull's counts over its parts.
@@ -86,7 +86,7 @@ impl Decisions {
         self.by_net.is_empty()
     }
 
-    fn insert(&mut self, net: IpNet, origin: Origin, id: i64, end: u64) {
+    fn insert(&mut self, net: IpNet, origin: OriginId, id: i64, end: u64) {
         if !self.by_net.contains_key(&(net, origin)) {
             self.v4_addresses += v4_addresses(&net);
         }
@@ -101,7 +101,7 @@ impl Decisions {
     }
 
     /// Forget decision `id`; whether its (network, origin) has none left.
-    fn remove(&mut self, net: IpNet, origin: Origin, id: i64) -> bool {
+    fn remove(&mut self, net: IpNet, origin: OriginId, id: i64) -> bool {
         let Some(ids) = self.by_net.get_mut(&(net, origin)) else { return false };
         if let Some(at) = ids.iter().position(|(i, _)| *i == id) {
             let (_, end) = ids.swap_remove(at);
@@ -159,7 +159,7 @@ impl Decisions {
         let mut shadow: HashSet<IpNet> = HashSet::new();
         // The origin of the last decision's names (decisions of a pull
         // share them): looked up once per run of them, not per decision.
-        let mut last: Option<(std::sync::Arc<crate::crowdsec::Names>, Origin)> = None;
+        let mut last: Option<(std::sync::Arc<crate::crowdsec::Names>, OriginId)> = None;
         for d in pull.new.iter().filter(|d| !d.ttl.is_zero()) {
             if !taken(d) {
                 left_out += 1;
@@ -291,7 +291,7 @@ impl DenySource for Decisions {
 
     /// Lift the decisions whose time is up at `now`.
     fn expire(&mut self, set: &mut DenySet, now: u64) -> Option<String> {
-        let due: Vec<(u64, i64, IpNet, Origin)> = self.ends.iter().take_while(|e| e.0 <= now).copied().collect();
+        let due: Vec<(u64, i64, IpNet, OriginId)> = self.ends.iter().take_while(|e| e.0 <= now).copied().collect();
         if due.is_empty() {
             return None;
         }
@@ -314,7 +314,7 @@ impl DenySource for Decisions {
     fn entries(&self, set: &DenySet, limit: usize) -> (Vec<PrefixEntry>, usize) {
         use crate::control::{EntryAction, Origin as Shown};
         let now = unix_now();
-        let mut keys: Vec<&(IpNet, Origin)> = self.by_net.keys().collect();
+        let mut keys: Vec<&(IpNet, OriginId)> = self.by_net.keys().collect();
         keys.sort_unstable_by_key(|(net, o)| (*net, o.0));
         let names = set.names();
         let entries = keys
@@ -342,8 +342,8 @@ impl DenySource for Decisions {
     /// startup pull unless it names them (decisions deleted while no
     /// daemon ran).
     fn restored(&mut self, set: &DenySet) {
-        let origins: Vec<Origin> =
-            (0u16..).zip(set.names()).filter(|(_, n)| n.starts_with("crowdsec:")).map(|(i, _)| Origin(i)).collect();
+        let origins: Vec<OriginId> =
+            (0u16..).zip(set.names()).filter(|(_, n)| n.starts_with("crowdsec:")).map(|(i, _)| OriginId(i)).collect();
         for origin in origins {
             self.stale.extend(set.of(origin).map(|n| ((n, origin), Vec::new())));
         }
@@ -354,7 +354,7 @@ impl DenySource for Decisions {
 /// than [`CROWDSEC_ORIGINS`], else the one they share (80 list scenarios
 /// took all 64 indexes on 394d35c, and the operator's next feed was
 /// refused): feeds always keep room.
-fn origin_of(set: &mut DenySet, source: &str) -> Result<Origin, DenyError> {
+fn origin_of(set: &mut DenySet, source: &str) -> Result<OriginId, DenyError> {
     if let Some(o) = set.named(source) {
         return Ok(o);
     }

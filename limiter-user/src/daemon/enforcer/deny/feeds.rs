@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use super::DenySource;
 use crate::{
     daemon::enforcer::ApplyError,
-    dataplane::deny::{Change, DenySet},
+    dataplane::deny::{DenySet, DenyWrites},
     feeds::check_shrink,
     policy::{Policy, feed::Feed},
 };
@@ -106,7 +106,7 @@ pub(super) struct Version {
 
 impl Version {
     /// Its line, with what the kernel was written.
-    pub(super) fn line(&self, spec: &Feed, written: &Change) -> String {
+    pub(super) fn line(&self, spec: &Feed, written: &DenyWrites) -> String {
         let s = &self.state;
         let mut line = format!("feed {}: {} networks", spec.name, s.networks);
         if spec.shadow {
