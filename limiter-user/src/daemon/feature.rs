@@ -19,7 +19,7 @@ use limiter_common::Config;
 
 use super::Enforcer;
 use crate::{
-    control::{Request, Response, StatusInfo},
+    control::{PrefixShow, Request, Response, StatusInfo},
     policy::Policy,
     series::Series,
 };
@@ -65,6 +65,9 @@ pub(super) trait Feature: Any + Send {
     /// Its part of `limiter status`.
     fn status(&self, _status: &mut StatusInfo) {}
 
+    /// What it says of the bucket prefix of `src` in `limiter prefix show`.
+    fn show(&self, _src: &limiter_common::packet::Source, _in_force: &InForce<'_>, _out: &mut PrefixShow) {}
+
     /// The answer to a control request that is its own (`None`: not its).
     fn answer(&mut self, _req: &Request) -> Option<Response> {
         None
@@ -109,6 +112,12 @@ impl<T: Feature> Feature for Option<T> {
     fn status(&self, status: &mut StatusInfo) {
         if let Some(f) = self {
             f.status(status);
+        }
+    }
+
+    fn show(&self, src: &limiter_common::packet::Source, in_force: &InForce<'_>, out: &mut PrefixShow) {
+        if let Some(f) = self {
+            f.show(src, in_force, out);
         }
     }
 

@@ -12,7 +12,7 @@ use super::{
     source::Sink,
 };
 use crate::{
-    control::{Request, Response, StatusInfo, server::Call},
+    control::{PrefixShow, Request, Response, StatusInfo, server::Call},
     dataplane::maps::WindowMaps,
     feedback::Token,
     forward,
@@ -93,6 +93,11 @@ impl Features {
 
     pub(super) fn status(&self, status: &mut StatusInfo) {
         self.0.iter().for_each(|f| f.status(status));
+    }
+
+    /// What every feature says of a bucket prefix, in order.
+    pub(super) fn show(&self, src: &limiter_common::packet::Source, a: &InForce<'_>, out: &mut PrefixShow) {
+        self.0.iter().for_each(|f| f.show(src, a, out));
     }
 
     /// The answer of the feature whose request `req` is, if any.

@@ -4,18 +4,13 @@
 //! daemon still keeps the wall-clock offset current, so window slices
 //! start on whole multiples of their length.
 
-use std::net::IpAddr;
-
 use ipnet::IpNet;
 use limiter_common::{
-    BucketKey, Config, MAX_CLASSES, family, packet, rules,
+    BucketKey, Config, MAX_CLASSES, packet, rules,
     window::{self, FleetSlot, WindowState, scope},
 };
 
-use super::{
-    Daemon,
-    feature::{Feature, InForce},
-};
+use super::feature::{Feature, InForce};
 use crate::{
     control::{PrefixShow, Request, Response, WindowRow},
     dataplane::maps::WindowMaps,
@@ -181,6 +176,34 @@ impl Feature for FleetSide {
         self.status().map(|s| Box::new(s) as Box<dyn Series>)
     }
 
+    /// The window quotas of the bucket prefix of `src`: each class's (and
+    /// window override's) count here and across the fleet.
+    fn show(&self, src: &packet::Source, a: &InForce<'_>, out: &mut PrefixShow) {
+        let config = &a.config;
+        let maps = self.maps();
+        let wall = wall_and_offset().0;
+        let windows = classes(config, a.class_names, a.policy);
+        for i in 0..MAX_CLASSES {
+            let key = rules::bucket_key(src, config.v4_prefix, config.v6_prefix, u8::try_from(i).unwrap_or(0));
+            let Some(c) = windows.of(&key) else { continue };
+            let (cur, _, edge) = window::locate(wall, c.slice_ns);
+            let count = |m: &WindowMap| m.get(&key, 0).map_or(0, |w| window::total(&w, cur, edge, c.slices));
+            let (local, fleet) = maps.map_or((0, 0), |(w, f)| (count(w), if c.fleet { count(f) } else { 0 }));
+            #[expect(clippy::cast_precision_loss, reason = "display")]
+            let window_secs = (c.slice_ns * u64::from(c.slices)) as f64 / 1e9;
+            out.windows.push(WindowRow {
+                class: c.name.clone(),
+                scope: if c.fleet { Scope::Fleet } else { Scope::Local },
+                limit: c.limit,
+                window_secs,
+                slices: c.slices,
+                local,
+                fleet,
+                remaining: c.limit.saturating_sub(local + fleet),
+            });
+        }
+    }
+
     /// `limiter fleet status`.
     fn answer(&mut self, req: &Request) -> Option<Response> {
         matches!(req, Request::FleetStatus).then(|| Response::Fleet { status: self.status() })
@@ -210,68 +233,5 @@ impl Feature for FleetSide {
     }
 }
 
-/// Why `limiter prefix show` has no answer.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum ShowError {
-    #[error("a policy change is running; ask again")]
-    Changing,
-    #[error("no policy applied yet")]
-    NoPolicy,
-    #[error("{net} is wider than a bucket prefix (/{bucket}): give one address or a /{bucket}")]
-    Wider { net: IpNet, bucket: u32 },
-}
-
 /// A read handle on a map of slice counts.
 type WindowMap = aya::maps::HashMap<aya::maps::MapData, BucketKey, WindowState>;
-
-impl Daemon {
-    /// `limiter prefix show`: the window quotas of the bucket prefix that
-    /// `text` (an address or a CIDR) falls in.
-    pub(super) fn prefix_show(&self, net: IpNet) -> Result<PrefixShow, ShowError> {
-        let (p, _) = self.policy.as_ref().ok_or(ShowError::Changing)?;
-        let config = p.config().ok_or(ShowError::NoPolicy)?;
-        let bucket = if net.addr().is_ipv4() { config.v4_prefix } else { config.v6_prefix };
-        if u32::from(net.prefix_len()) < bucket {
-            return Err(ShowError::Wider { net, bucket });
-        }
-        let mut src = packet::Source::default();
-        match net.addr() {
-            IpAddr::V4(a) => {
-                src.family = family::IPV4;
-                src.addr[0] = u32::from_ne_bytes(a.octets());
-            }
-            IpAddr::V6(a) => {
-                src.family = family::IPV6;
-                let o = a.octets();
-                src.addr =
-                    std::array::from_fn(|i| u32::from_ne_bytes([o[i * 4], o[i * 4 + 1], o[i * 4 + 2], o[i * 4 + 3]]));
-            }
-        }
-        let maps = self.features.get::<FleetSide>().and_then(FleetSide::maps);
-        let wall = wall_and_offset().0;
-        // Every class's bucket of `src` covers the same network.
-        let cidr = crate::dataplane::net(&rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, 0));
-        let mut out = PrefixShow { cidr, windows: Vec::new() };
-        let windows = classes(config, &self.view.class_names, &p.effective(p.base()));
-        for i in 0..MAX_CLASSES {
-            let key = rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, u8::try_from(i).unwrap_or(0));
-            let Some(c) = windows.of(&key) else { continue };
-            let (cur, _, edge) = window::locate(wall, c.slice_ns);
-            let count = |m: &WindowMap| m.get(&key, 0).map_or(0, |w| window::total(&w, cur, edge, c.slices));
-            let (local, fleet) = maps.map_or((0, 0), |(w, f)| (count(w), if c.fleet { count(f) } else { 0 }));
-            #[expect(clippy::cast_precision_loss, reason = "display")]
-            let window_secs = (c.slice_ns * u64::from(c.slices)) as f64 / 1e9;
-            out.windows.push(WindowRow {
-                class: c.name.clone(),
-                scope: if c.fleet { Scope::Fleet } else { Scope::Local },
-                limit: c.limit,
-                window_secs,
-                slices: c.slices,
-                local,
-                fleet,
-                remaining: c.limit.saturating_sub(local + fleet),
-            });
-        }
-        Ok(out)
-    }
-}

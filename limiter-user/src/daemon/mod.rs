@@ -16,6 +16,7 @@ mod fleet;
 mod forward;
 mod observe;
 mod os;
+mod show;
 mod source;
 mod start;
 mod view;
