@@ -274,8 +274,8 @@ fn a_live_socket_cannot_be_taken_and_a_file_is_never_deleted() {
         .unwrap();
     assert!(stderr(&o).contains("is not a socket"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
-    // Hardening round 2: another program's live socket (no limiter lock
-    // beside it): on 084fce7 it was unlinked and that program cut off.
+    // Another program's live socket (no limiter lock beside it): left
+    // alone, or that program would be cut off.
     let theirs = tmp.0.join("theirs.sock");
     let listener = std::os::unix::net::UnixListener::bind(&theirs).unwrap();
     let o = Command::new("nsenter")
@@ -325,10 +325,10 @@ fn one_daemon_per_pin_directory_and_what_unload_removes_comes_back() {
     assert_eq!((s["attached"].as_bool(), s["reattaches"].as_u64()), (Some(true), Some(1)), "{s}");
     let m = scrape(&net);
     assert!(m.contains("limiter_reattaches_total 1"), "{m}");
-    // Hardening round 2: forced without --keep-maps. On 084fce7 the pin
-    // directory itself went, the daemon failed to pin anything again and
-    // the interface stayed unprotected; the next start was refused (META
-    // missing). The maps and directory stay; the daemon is back at once.
+    // Forced without --keep-maps: were the pin directory itself removed,
+    // the daemon could pin nothing again, the interface would stay
+    // unprotected and the next start would be refused (META missing).
+    // The maps and directory stay; the daemon is back at once.
     let o = Command::new(bin()).args(["unload", "--force", "--pin-dir"]).arg(&dir).output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("its maps stay"), "{}", stderr(&o));

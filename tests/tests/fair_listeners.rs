@@ -1,8 +1,8 @@
-//! Hardening round 2, listener slots: on 084fce7 any local user holding
-//! 32 `/metrics` connections and reopening them made 0/20 scrapes
-//! succeed, the feedback endpoint's 16 slots failed 13/15 tenant POSTs the
-//! same way, and pipelined scrapes by one user kept the daemon at 100% of
-//! a core. Every listener now shares its slots per peer (per uid on the
+//! Listener slots: with slots shared by all, any local user holding 32
+//! `/metrics` connections and reopening them would make every scrape
+//! fail, the feedback endpoint's 16 slots would fail the tenant's POSTs
+//! the same way, and pipelined scrapes by one user would keep the daemon
+//! at 100% of a core. Every listener now shares its slots per peer (per uid on the
 //! control socket, per address and uid on loopback TCP), sheds the oldest
 //! idle connection before refusing, and rate-limits scrapes per peer.
 

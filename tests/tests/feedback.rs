@@ -147,9 +147,8 @@ fn in_shadow_mode_a_penalty_is_listed_and_not_enforced() {
 
 /// Automatic escalation: a proven address rate-limited at about 7,000
 /// drops/s for 2 s is denied by the daemon itself (origin "escalation",
-/// under the governor): the address, never its /24 (issue 43, H2: on
-/// 394d35c the bucket was denied and a neighbour that exceeded nothing
-/// got 0/250). Its neighbour in the same bucket keeps its allowance while
+/// under the governor): the address, never its /24 (were the bucket
+/// denied, a neighbour that exceeded nothing would get 0/250). Its neighbour in the same bucket keeps its allowance while
 /// the flood goes on; a source under its rate is not escalated; the deny
 /// drops in XDP.
 #[test]
@@ -225,10 +224,9 @@ fn an_address_dropped_above_the_threshold_long_enough_is_escalated_alone() {
     }
 }
 
-/// Hardening round 2: on 084fce7 a penalty's `reason` with a newline and
-/// ANSI escapes was written raw into the log (a forged log line) and
-/// echoed into the list. Now its control characters are escaped
-/// everywhere it shows.
+/// A penalty's `reason` with a newline and ANSI escapes must not reach
+/// the log raw (a forged log line) nor the list: its control characters
+/// are escaped everywhere it shows.
 #[test]
 fn a_reason_cannot_forge_a_log_line_or_drive_a_terminal() {
     let r = start("fbcc", false);
@@ -249,11 +247,11 @@ fn a_reason_cannot_forge_a_log_line_or_drive_a_terminal() {
     );
 }
 
-/// Hardening round 2, the token file: on 084fce7 a FIFO as `token_file`
-/// hung the daemon after it had attached (and it ignored SIGTERM), a
-/// 16-letter token of one letter in a 0644 file was taken silently, and a
-/// rotated token file was ignored on SIGHUP (the old token still
-/// answered, the new one got 403), as was a changed `listen`, while
+/// The token file: a FIFO as `token_file` must not hang the daemon after
+/// it has attached (or make it deaf to SIGTERM), a 16-letter token of one
+/// letter in a 0644 file must not be taken silently, and a rotated token
+/// file must be taken on SIGHUP (not the old token answering and the new
+/// one getting 403), nor a changed `listen` ignored, while
 /// `policy show` printed the new port.
 #[test]
 fn the_token_file_is_checked_before_attaching_and_read_again_on_sighup() {

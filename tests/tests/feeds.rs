@@ -106,8 +106,8 @@ fn a_feed_drops_its_networks_and_follows_its_file() {
     assert_eq!(delivered(&net, FLOOD_SRC, 50), 0);
     // The file is read again: the one-line version is this daemon's
     // first, and it is held to what the pins hold (3): refused as a
-    // shrink (on 394d35c it was taken, and a file truncated while the
-    // daemon was down lifted the feed), the range still denied.
+    // shrink (else a file truncated while the daemon was down would lift
+    // the feed), the range still denied.
     wait_for(&rx, "shrank by more than 50%", Duration::from_secs(10), &mut log).unwrap();
     assert_eq!(delivered(&net, FLOOD_SRC, 50), 0);
     // A version within the guard is taken and lifts the range.

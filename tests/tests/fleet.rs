@@ -79,10 +79,10 @@ fn a_client_at_nine_times_its_rate_gets_at_most_1_1x_through_the_fleet() {
     assert!(keys.lines().any(|k| k == "lim2:{quota|198.18.1.0/24}"), "keys in the store: {keys}");
 }
 
-/// Issue 28, item 2: on 084fce7 a flood at 9x starting wherever it liked
-/// got 1.04-1.25x of the limit through one host and 1.05-1.17x through
-/// three (the busiest exact window: a leaving slice's whole count left the
-/// window at once). Now, at a phase drawn for this run, one host stays
+/// A flood at 9x starting wherever it likes: were a leaving slice's
+/// whole count to leave the window at once, the busiest exact window
+/// would get up to 1.25x of the limit through one host. At a phase drawn
+/// for this run, one host stays
 /// within the bench's 1.05x and three hosts within its 1.10x.
 #[test]
 fn a_flood_starting_at_any_phase_stays_within_the_bound_on_one_host_and_three() {

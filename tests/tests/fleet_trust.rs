@@ -57,10 +57,10 @@ fn rss_kb(node: &Node) -> u64 {
     s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
 }
 
-/// Finding 4a/4b: a writer to the store. On 084fce7, 1e6 planted in the
-/// current and the next 24 slices refused the prefix on every node (2/20
-/// passed), and 2M fields in `lim:nodes` made every sync time out (the
-/// store DOWN everywhere, the daemon's RSS 16 -> 141 MB).
+/// A writer to the store: 1e6 planted in the current and the next 24
+/// slices must not refuse the prefix on every node, and 2M fields in
+/// `lim:nodes` must not make every sync time out (the store DOWN
+/// everywhere, the daemon's RSS 16 -> 141 MB).
 #[test]
 fn a_hostile_writer_is_clamped_and_a_huge_heartbeat_hash_stalls_nothing() {
     require_root();
@@ -141,8 +141,8 @@ fn a_hostile_writer_is_clamped_and_a_huge_heartbeat_hash_stalls_nothing() {
 
     // n1 silent longer than a heartbeat stays fresh (stopped): n0 drops
     // it. Once it beats again it must be found again by name, though the
-    // 2,000,000 fields hide it from the one page scanned (on 8038bdf it
-    // was lost for good).
+    // 2,000,000 fields hide it from the one page scanned (a scan of one
+    // page would lose it for good).
     let seen = |want: &[&str]| {
         Client::new(&nodes[0].socket).fleet_status().ok().flatten().is_some_and(|f| f.nodes_seen == want)
     };
@@ -159,10 +159,10 @@ fn a_hostile_writer_is_clamped_and_a_huge_heartbeat_hash_stalls_nothing() {
     assert!(seen_again, "a peer that went stale was never found again");
 }
 
-/// Finding 4c: node n1's clock 5 s ahead (libfaketime, the monotonic
-/// clock left alone so its program's slices are 5 s ahead too). On
-/// 084fce7 its counts stayed in the other nodes' windows 5 s too long and
-/// refused a compliant client there, and nothing said so. Now n0 reads
+/// Node n1's clock 5 s ahead (libfaketime, the monotonic clock left alone
+/// so its program's slices are 5 s ahead too): read on n1's clock, its
+/// counts would stay in the other nodes' windows 5 s too long and refuse
+/// a compliant client there, and nothing would say so. n0 reads
 /// n1's slices on its own clock and both report the skew.
 #[test]
 fn a_node_with_a_skewed_clock_is_reported_and_read_on_the_readers_clock() {
@@ -213,7 +213,7 @@ fn a_node_with_a_skewed_clock_is_reported_and_read_on_the_readers_clock() {
     assert_eq!(later, 40, "n1's counts stayed in n0's window past their time");
 }
 
-/// Finding 4d: the store's password comes from `password_file`, and is
+/// The store's password comes from `password_file`, and is
 /// shown nowhere (`fleet status`, `policy show`, the log); without it the
 /// log says NOAUTH plainly.
 #[test]

@@ -283,7 +283,7 @@ fn client_first_upstream(ns: &limiter_tests::netns::NetNs, port: u16, stop: Arc<
     })
 }
 
-/// Issue 43, H1 and M2: a client that connects and closes at once, 40
+/// A client that connects and closes at once, 40
 /// times a second, and a hostile report (`rejected = 1000000`) against an
 /// upstream where the client speaks first. Neither is the tenant layer
 /// refusing: a client that closes first is not counted, and a report

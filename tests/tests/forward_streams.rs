@@ -45,10 +45,9 @@ fn long_transfers_arrive_intact_by_splice_and_by_buffer_over_ipv4_and_ipv6() {
     assert!(bytes >= 3 * len as u64, "bytes counted up: {bytes}\n{j}");
 }
 
-/// Hardening round 2: on 084fce7, 10 clients that never read a bulk
-/// download stayed open past 45 s with `idle_timeout = "10s"` (about 4 MB
-/// of socket memory each): a blocked write had no deadline, in both copy
-/// modes. Now a direction that cannot drain for the idle timeout ends the
+/// Clients that never read a bulk download must not stay open past
+/// `idle_timeout` (about 4 MB of socket memory each), in both copy
+/// modes: a direction that cannot drain for the idle timeout ends the
 /// connection.
 #[test]
 fn clients_that_stop_reading_are_closed_after_the_idle_timeout() {
@@ -112,11 +111,10 @@ fn clients_that_stop_reading_are_closed_after_the_idle_timeout() {
     }
 }
 
-/// Hardening round 2: on 084fce7, with the only upstream out for 3 s while
-/// 40 clients connected, every concurrent failure doubled the back-off to
-/// 30 s, every connection was shed `no_upstream` for 30 s after the
-/// upstream was healthy again, and 44 WARN lines were logged. The
-/// back-off now doubles once per failure episode, one probe at a time
+/// The only upstream out for 3 s while 40 clients connect: were every
+/// concurrent failure to double the back-off, it would reach 30 s, every
+/// connection would be shed `no_upstream` for 30 s after the upstream was
+/// healthy again, with a WARN line each. The back-off doubles once per failure episode, one probe at a time
 /// goes through, and the warnings are rate-limited with a count.
 #[test]
 fn an_upstream_back_from_an_outage_serves_within_seconds() {
@@ -146,12 +144,11 @@ fn an_upstream_back_from_an_outage_serves_within_seconds() {
     up.join().unwrap();
 }
 
-/// Hardening round 2: on 084fce7, under `ulimit -n 256` the forwarder
-/// blamed its own EMFILE on the healthy upstream (60 `upstream_failed`, 70
-/// `no_upstream`), and kept shedding after descriptors were free again.
-/// Then (7f11d16, a CI run) the forwarded connections took every
-/// descriptor and the control socket could not accept `limiter status`
-/// for 30 s. Now the forwarders hold at most what the limit leaves after
+/// Under `ulimit -n 256` the forwarder must not blame its own EMFILE on
+/// the healthy upstream (`upstream_failed`, `no_upstream`) nor keep
+/// shedding after descriptors are free again; nor may the forwarded
+/// connections take every descriptor so that the control socket cannot
+/// accept `limiter status` for 30 s. The forwarders hold at most what the limit leaves after
 /// a reserve for the control socket, `/metrics` and feedback, shed the
 /// rest at accept (`descriptors`), never blame the upstream, and the
 /// operator's `status` answers throughout.

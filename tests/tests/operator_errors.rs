@@ -57,8 +57,8 @@ fn an_interface_with_a_program_is_reported_as_busy() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("vb already has an XDP program attached"), "{err}");
     assert!(!err.contains("driver may not support"), "{err}");
-    // Hardening round 2: with --pin the same failure leaves nothing pinned
-    // (on 084fce7: 17 pins, 132 MB of maps, protecting nothing).
+    // With --pin the same failure leaves nothing pinned (not 17 pins and
+    // 132 MB of maps protecting nothing).
     let pins = pin_dir("opbz");
     let o = net
         .b
@@ -156,8 +156,8 @@ fn an_unfit_runtime_override_does_not_block_a_restart() {
         .unwrap_or_else(|e| panic!("the restart failed: {e}: {log}"));
     assert!(log.contains("set aside the runtime override of 198.18.5.0/24"), "{log}");
     drop::<Guard>(second);
-    // Hardening round 2: set aside, not lost (on 084fce7 the restart with
-    // /16 deleted it from the pinned record): back with /24 buckets.
+    // Set aside, not lost (the restart with /16 keeps it in the pinned
+    // record): back with /24 buckets.
     let (third, rx) = run(&[]);
     let mut log = String::new();
     wait_for(&rx, "control socket", Duration::from_secs(20), &mut log).unwrap();
@@ -192,10 +192,9 @@ fn metrics_refuse_methods_other_than_get() {
     drop::<Guard>(daemon);
 }
 
-/// Hardening round 2, the CLI's inputs: on 084fce7 `policy apply
-/// /dev/zero` and `prefix load --deny /dev/zero` grew the client to
-/// 8.6 GB and 9.2 GB in 4 s, and `policy apply FIFO` blocked forever. The
-/// client now applies the daemon's checks (a regular file, a size cap)
+/// The CLI's inputs: `policy apply /dev/zero` and `prefix load --deny
+/// /dev/zero` must not grow the client without bound, nor `policy apply
+/// FIFO` block forever. The client applies the daemon's checks (a regular file, a size cap)
 /// before it reads anything: one line, non-zero, at once.
 #[test]
 fn the_cli_reads_no_device_no_fifo_and_no_oversized_file() {

@@ -1,7 +1,7 @@
-//! Hardening round 2, policy memory: on 084fce7 a 32 MiB policy apply
-//! peaked at 1.56 GB of daemon memory and kept 0.6-1.0 GB, because a TOML
-//! document tree costs far more than its text (about 2 KiB an override
-//! table, 160 bytes an array element). Now the file is cut up by TOML's
+//! Policy memory: a TOML document tree costs far more than its text
+//! (about 2 KiB an override table, 160 bytes an array element), so a
+//! 32 MiB policy parsed whole would take 1.5 GB of daemon memory. The
+//! file is cut up by TOML's
 //! lexer and parsed in bounded batches: the daemon's and the client's
 //! peak stay within a few times the file's size, what the daemon keeps is
 //! about the new policy, and a document of values a policy cannot use is

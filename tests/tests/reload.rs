@@ -70,9 +70,8 @@ fn reload_during_a_flood_is_atomic_and_a_bad_policy_changes_nothing() {
     assert_eq!(conform_got, conform_sent, "conforming packets lost during reloads; links:\n{}", net.link_counters());
 }
 
-/// Hardening round 2: on 084fce7 a SIGHUP with the file cut to `rate =
-/// 10` (or at a section boundary) applied: denies lifted, the rate cut
-/// 100x. Now such a reload is refused with the numbers and the running
+/// A SIGHUP with the file cut to `rate = 10` (or at a section boundary)
+/// would lift the denies and cut the rate 100x: such a reload is refused with the numbers and the running
 /// policy keeps enforcing; the file's `allow_shrink = true` lets it in.
 #[test]
 fn a_truncated_file_is_refused_on_reload_unless_it_says_so() {

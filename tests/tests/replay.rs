@@ -156,9 +156,9 @@ fn replay_charges_original_lengths_and_never_runs_time_back() {
     assert_eq!(row(&j, "198.18.51.0/24"), [8, 7, 1, 0], "{j}");
 }
 
-/// Issue 28, item 3: on 084fce7 `replay` numbered window slices from its
-/// own clock (1 s in), not the capture's, and gave 1820 for the seed's
-/// uniform pattern where the live program gives 1800. Now a capture
+/// `replay` numbers window slices from the capture's clock, not its own
+/// (which would give 1820 for the seed's uniform pattern where the live
+/// program gives 1800): a capture
 /// written at a multiple of the slice gives the seed's row, and one
 /// shifted by a fraction of a slice gives what the live program gives at
 /// those very times.

@@ -162,7 +162,7 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
         line.contains("at priority 20") && line.contains(&format!("xdpfilt_alw_all (id {id}, priority 10)")),
         "{ours}"
     );
-    // Both enforce, one after the other (issue 44, point 1): a flood of
+    // Both enforce, one after the other: a flood of
     // 1,000 from one /24 is held to its allowance (burst 100 and 100/s),
     // a conforming /24 loses nothing, and what xdp-filter lists is
     // dropped by xdp-filter.
@@ -178,7 +178,7 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
     assert_eq!(conform, 50);
     assert_eq!(filtered, 0, "xdp-filter's deny does not hold behind the limiter");
     // `--attach exclusive` next to the dispatcher is refused, naming its
-    // programs (issue 44, point 4).
+    // programs.
     let o = run(&net, "exclusive", "shxf-ex");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
@@ -251,8 +251,8 @@ fn auto_attaches_alone_on_a_bare_interface_and_libxdp_needs_freplace() {
         let line = status.lines().find(|l| l.contains("limiter_chain")).unwrap_or_else(|| panic!("{status}"));
         assert!(line.contains(" 10 ") && line.contains("XDP_PASS"), "{status}");
         println!("--attach libxdp: {line}");
-        // What the chain entry costs over the plain one (issue 44, point
-        // 6): its translated instructions, as the kernel runs them.
+        // What the chain entry costs over the plain one: its translated
+        // instructions, as the kernel runs them.
         let chain = listed_id(&status, "limiter_chain").map(xlated);
         println!("translated instructions: plain entry {plain:?}, chain entry {chain:?}");
         let (Some(plain), Some(chain)) = (plain, chain) else { panic!("{status}") };

@@ -1,4 +1,4 @@
-//! Under libxdp's dispatcher, over time (issue 44, points 2 and 3): a
+//! Under libxdp's dispatcher, over time: a
 //! neighbour loaded, unloaded and loaded again while a flood runs, and
 //! the limiter killed, restarted over its pins and unloaded, each time
 //! with what the interface holds read back from Debian's xdp-loader. On
@@ -85,7 +85,7 @@ fn counted(socket: &Path) -> u64 {
     j["reasons"].as_array().unwrap().iter().filter_map(|r| r["packets"].as_u64()).sum()
 }
 
-/// Issue 44, point 3: `kill -9` and a restart over the pins leave one
+/// `kill -9` and a restart over the pins leave one
 /// limiter component, its buckets and counters kept; `limiter unload`
 /// takes out only the limiter's component, and xdp-filter goes on.
 #[test]
@@ -138,7 +138,7 @@ fn under_a_dispatcher_a_restart_keeps_one_component_and_unload_takes_only_ours()
     assert_eq!(scenario::delivered(&net, FLOOD_SRC, 300), 300, "the limiter still limits after unload");
 }
 
-/// Issue 44, point 2: a flood of 2,000/s for 8 s against rate 100/s and
+/// A flood of 2,000/s for 8 s against rate 100/s and
 /// burst 100, while xdp-filter is loaded after the limiter, unloaded,
 /// and loaded again: the flood gets no more than its allowance (each
 /// change of the dispatcher carries the limiter's component, or the

@@ -266,7 +266,7 @@ fn with_timestamps_the_syn_ack_offers_window_scale_sack_and_timestamps() {
     }
 }
 
-/// Trust boundaries, item 3: SYN+RST, SYN+FIN and a data offset under 5
+/// Trust boundaries: SYN+RST, SYN+FIN and a data offset under 5
 /// are refused under a reason of their own before any state is touched
 /// (with cookies or without: they used to be charged, so each made a
 /// bucket and spent the new-source budget); while cookies are engaged, a

@@ -328,11 +328,10 @@ fn syn_flood(v6: bool, routes: Routes, clients_per_phase: usize) {
 /// One test, IPv4 then IPv6, then IPv4 with the two other layouts of
 /// routes: two floods at once would share two CPUs.
 ///
-/// Trust boundaries, item 5: on a host with no route back to the spoofed
+/// Trust boundaries: on a host with no route back to the spoofed
 /// sources, the SYNs handed to the kernel once a second used to be the
 /// flood's: the kernel sent no cookie for them, so it answered every
-/// client's verified cookie ACK with RST (0/20 connected on 084fce7). Now
-/// only SYNs from routable sources are handed over. The same with a
+/// client's verified cookie ACK with RST (none would connect). Only SYNs from routable sources are handed over. The same with a
 /// default route (every source routable).
 /// Twenty new clients over IPv4 and twenty over IPv6, before and during
 /// a spoofed SYN flood, each on its first SYN: what the kernel tier runs

@@ -1,10 +1,11 @@
-//! Trust boundaries, item 3, live over a veth pair: a flood of SYN+RST
+//! Trust boundaries, live over a veth pair: a flood of SYN+RST
 //! from spoofed sources makes no bucket and spends no new-source budget,
 //! so priming the sources with one first does not open a path for their
 //! SYN flood into the kernel, and a new UDP source still gets in during it.
-//! On 084fce7, priming made buckets and the primed flood put 1,318,723 SYNs
-//! into the kernel listener against 1,668 without priming; a new UDP
-//! prefix got 0/150 during a SYN+RST flood.
+//! Were priming to make buckets, the primed flood would put over a
+//! million SYNs into the kernel listener (against about 1,700 without
+//! priming), and a new UDP prefix would get nothing in during a SYN+RST
+//! flood.
 
 use std::{process::Stdio, time::Duration};
 

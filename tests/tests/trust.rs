@@ -78,9 +78,8 @@ fn metric(r: &Running, name: &str) -> u64 {
     m.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0)
 }
 
-/// Finding 1: `prefix deny`, then a tenant's 1 s penalty of the same /24:
-/// on 084fce7 the operator's permanent deny was gone 2.5 s later (50/50
-/// passed). An operator's or the file's allow refuses a penalty (409).
+/// `prefix deny`, then a tenant's 1 s penalty of the same /24: the
+/// operator's permanent deny must still hold when the penalty ends. An operator's or the file's allow refuses a penalty (409).
 #[test]
 fn a_tenant_penalty_never_erases_the_operator() {
     let r = start("trl", "\n[[override]]\ncidr = \"198.18.9.0/24\"\naction = \"allow\"\n");
@@ -106,9 +105,9 @@ fn a_tenant_penalty_never_erases_the_operator() {
     assert_eq!(metric(&r, "limiter_feedback_decisions_total{result=\"refused_allowed\"}"), 2);
 }
 
-/// Finding 2: 8,000 packets/s for 6 s spoofed inside 198.18.11.0/24
-/// against an escalation of 5,000/s for 3 s: on 084fce7 the /24 was
-/// denied for 600 s and its real host lost 40/40. Its own host proved
+/// 8,000 packets/s for 6 s spoofed inside 198.18.11.0/24 against an
+/// escalation of 5,000/s for 3 s: the /24 must not be denied (its real
+/// host would lose everything for 600 s). Its own host proved
 /// itself (a TCP connection), but its share of the spoofed drops is a
 /// 256th: no escalation, and once the flood is over the host is served.
 /// An abuser that proved its own address (16,000/s) is still escalated within
@@ -184,7 +183,7 @@ fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
     assert_eq!(delivered(&r, abuser, 20), 0, "the escalated deny drops the abuser");
 }
 
-/// Finding 1 across a pinned restart and a SIGHUP: the operator's limit
+/// The operator outranks a penalty across a pinned restart and a SIGHUP: the operator's limit
 /// under a tenant's penalty, `kill -9`, a restart over the pins, a SIGHUP;
 /// both layers are listed throughout, and when the penalty ends the
 /// operator's limit (rate 100, burst 200) is in force again, exactly.
@@ -245,7 +244,7 @@ fn the_layers_survive_a_pinned_restart_and_a_reload() {
     assert_eq!(delivered(&r, src, 50), 50, "the operator's limit admits its burst again");
 }
 
-/// Issue 43, H2 across a crash: a proven address escalated (a /32 in the
+/// Escalation across a crash: a proven address escalated (a /32 in the
 /// deny set, its end recorded in RUNTIME), then `kill -9` and a restart
 /// over the pins: still listed with the time it had left, still dropped,
 /// its neighbour still served, and lifted on time.

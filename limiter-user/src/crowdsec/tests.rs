@@ -88,7 +88,7 @@ fn durations_are_read_bounded_and_counted_when_unreadable() {
     assert_eq!(p.deleted.len(), 1, "a deletion's negative duration is fine");
 }
 
-/// Issue 43, M4: the stream is decoded as it arrives, in whatever chunks
+/// The stream is decoded as it arrives, in whatever chunks
 /// the connection gives (here 7 bytes), to what the whole body gives; the
 /// names are shared between decisions, not copied per decision.
 #[test]

@@ -152,8 +152,7 @@ pub(super) struct Changes {
     pub queue: VecDeque<Queued>,
     /// The sources' changes still to apply: each starts only when
     /// nothing else runs or waits, so an operator's change waits for one
-    /// part at most (on 394d35c a `prefix deny` waited up to 1.2 s
-    /// behind an 850,000-decision pull). Whole changes (a feed's version)
+    /// part at most (not 1.2 s behind a whole 850,000-decision pull). Whole changes (a feed's version)
     /// go before the parts of a split one.
     pub whole: VecDeque<Box<dyn SourceChange>>,
     pub parts: VecDeque<Box<dyn SourceChange>>,

@@ -273,10 +273,9 @@ mod tests {
         assert!(e.streaks.is_empty() && e.escalated.is_empty());
     }
 
-    /// Issue 43, H2: on 394d35c a proven address flooding got its whole
-    /// /24 denied (with `v4_prefix = 16`, the /16), and its neighbour,
-    /// which exceeded nothing, got 0/250. Now the address is escalated
-    /// alone; its neighbours in the bucket are not, however they share
+    /// A proven address flooding must not get its whole /24 denied (with
+    /// `v4_prefix = 16`, the /16): its neighbour, which exceeded nothing,
+    /// would get nothing through. The address is escalated alone; its neighbours in the bucket are not, however they share
     /// its drops. An operator who asks for a wider network gets the
     /// drops of its proven addresses counted together.
     #[test]

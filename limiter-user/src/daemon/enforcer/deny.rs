@@ -262,11 +262,10 @@ mod tests {
         assert_eq!(e.deny_layer().feeds()["x"].refusals, 2);
     }
 
-    /// Issue 43, H4: a version that does not fit the set (counted in
-    /// kernel entries, markers included) is refused whole, and the last
-    /// one stays as it was, in the set and in the kernel (on 394d35c part
-    /// of it was taken, the status claimed all of it, and the kernel
-    /// refused the rest).
+    /// A version that does not fit the set (counted in kernel entries,
+    /// markers included) is refused whole, and the last one stays as it
+    /// was, in the set and in the kernel (not part of it taken, the status
+    /// claiming all of it, and the kernel refusing the rest).
     #[test]
     fn a_version_past_the_sets_room_is_refused_whole() {
         let (mut e, mut m) = (Enforcer::new(0, 1024), FakeMaps::default());

@@ -176,9 +176,9 @@ fn the_operator_outranks_the_file_and_lifts_penalties() {
     assert_eq!(enforced(&e, "198.18.4.0/24"), Some(OverrideAction::Deny));
 }
 
-/// Issue 43, H2: an escalation denies the address, in the deny set
-/// (origin `escalation`), never the bucket (on 394d35c the /24 was an
-/// override, and its neighbours lost everything); it has a cap of its
+/// An escalation denies the address, in the deny set (origin
+/// `escalation`), never the bucket (a /24 override would cost its
+/// neighbours everything); it has a cap of its
 /// own, is recorded with its end so a restart keeps it, ends on time, and
 /// the operator's unset lifts it.
 #[test]

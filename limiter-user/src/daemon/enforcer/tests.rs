@@ -154,7 +154,7 @@ fn runtime_overrides_that_no_longer_fit_are_dropped_at_restart() {
     again.apply(&mut maps, coarse).unwrap();
     assert_eq!(again.prefixes().len(), 1, "the /16 allow stays");
     // Set aside, not lost: it stays in the pinned record, and a restart
-    // with /24 buckets again puts it back (on 084fce7 it was deleted).
+    // with /24 buckets again puts it back.
     assert_eq!(maps.runtime.len(), 2, "the unfit one is kept in the record");
     let mut back = Enforcer::new(again.version(), 1024);
     assert_eq!(back.restore(&mut maps).unwrap(), 2);

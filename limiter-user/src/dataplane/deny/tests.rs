@@ -77,10 +77,9 @@ fn a_replacement_moves_only_what_changed() {
 
 #[test]
 fn the_set_is_bounded() {
-    // Kernel entries are bounded, markers with the networks (issue 43 H4:
-    // on 394d35c a million /32s each in its own /24 took two million
-    // entries of a map of 2,097,152 counted as a million, and the kernel
-    // refused the rest).
+    // Kernel entries are bounded, markers with the networks (a million
+    // /32s each in its own /24 take two million entries: counted as a
+    // million, the kernel would refuse the rest).
     let mut s = DenySet::new(5, 24, 64);
     let o = s.origin("x").unwrap();
     s.add(o, &net("198.18.1.1/32")).unwrap();
@@ -97,8 +96,8 @@ fn the_set_is_bounded() {
     }
     assert!(matches!(s.add(o, &net("2001:2::/48")), Err(DenyError::TooManyLengths(_))));
     // Every index held by an origin that denies something: no room. One
-    // that denies nothing any more gives its index to the next (on
-    // 394d35c, origins that came and went used the indexes up for good).
+    // that denies nothing any more gives its index to the next (else
+    // origins that come and go would use the indexes up for good).
     let mut s = DenySet::new(1000, 24, 64);
     let held: Vec<(OriginId, IpNet)> = (0..MAX_NAMED)
         .map(|i| {
@@ -147,11 +146,11 @@ fn a_restart_reads_the_set_back_and_mends_a_cut_write() {
     assert!(mend.deletes.is_empty() && mend.lens_during.is_none() && mend.lens_after.is_none());
 }
 
-/// Issue 43, L3: the pins kept one origin per network (the lowest, in its
-/// value), so a restarted daemon thought a network two feeds list was the
-/// first one's alone: the first's next version lifted it (for the 2 ms
-/// until the second's was read), and the second's shrink guard counted
-/// too few. Owner records keep every origin; a record whose network is
+/// Were the pins to keep one origin per network (the lowest, in its
+/// value), a restarted daemon would think a network two feeds list the
+/// first one's alone: the first's next version would lift it (until the
+/// second's was read), and the second's shrink guard would count too
+/// few. Owner records keep every origin; a record whose network is
 /// gone is mended away.
 #[test]
 fn every_origin_of_a_network_survives_a_restart() {

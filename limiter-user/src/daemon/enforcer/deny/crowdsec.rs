@@ -24,8 +24,8 @@ pub const CROWDSEC_ORIGINS: usize = 16;
 
 /// IPv6 prefix lengths CrowdSec's decisions may bring into use (of the
 /// set's `MAX_LENS`): the rest are kept for feeds and escalation (ranges
-/// of 60 lengths from the LAPI took all 40 on 394d35c, and the operator's
-/// feed with a /64 and a /48 was refused). Decisions of lengths in use
+/// of 60 lengths from the LAPI would take all 40, and the operator's feed
+/// with a /64 and a /48 would be refused). Decisions of lengths in use
 /// (by anyone) always fit.
 pub const CROWDSEC_V6_LENS: usize = limiter_common::deny::MAX_LENS - 16;
 
@@ -352,7 +352,7 @@ impl DenySource for Decisions {
 
 /// The origin of CrowdSec's `source`: its own while CrowdSec names fewer
 /// than [`CROWDSEC_ORIGINS`], else the one they share (80 list scenarios
-/// took all 64 indexes on 394d35c, and the operator's next feed was
+/// would take all 64 indexes, and the operator's next feed would be
 /// refused): feeds always keep room.
 fn origin_of(set: &mut DenySet, source: &str) -> Result<OriginId, DenyError> {
     if let Some(o) = set.named(source) {

@@ -109,9 +109,8 @@ fn the_cap_width_filters_and_shadow_hold() {
     assert!(m.deny.is_empty());
 }
 
-/// Issue 43, M3: on 394d35c the LAPI's 256 /8s denied all of IPv4
-/// (10/8, 127.0.0.1, 0.0.0.0 and 255.255.255.255 with them).
-/// Special-purpose space is left out, and the IPv4 space CrowdSec's
+/// A LAPI's 256 /8s would deny all of IPv4 (10/8, 127.0.0.1, 0.0.0.0
+/// and 255.255.255.255 with them). Special-purpose space is left out, and the IPv4 space CrowdSec's
 /// networks cover together is capped.
 #[test]
 fn special_purpose_space_is_left_out_and_the_covered_space_capped() {
@@ -143,7 +142,7 @@ fn special_purpose_space_is_left_out_and_the_covered_space_capped() {
     assert!(denied(&e, "8.8.4.4") && !denied(&e, "10.0.0.1"));
 }
 
-/// Issue 43, H6: decisions of 80 list scenarios take at most
+/// Decisions of 80 list scenarios take at most
 /// `CROWDSEC_ORIGINS` indexes (the rest share one), a deletion takes
 /// none, and a feed still gets its own.
 #[test]
@@ -172,9 +171,9 @@ fn crowdsec_sources_share_bounded_origins_and_leave_feeds_room() {
     assert!(e.deny.set.named("feed:ops").is_some());
 }
 
-/// Issue 43, M5: decisions of 60 IPv6 prefix lengths took all 40 of the
-/// set's on 394d35c, and the operator's feed with a /64 and a /48 was then
-/// refused. CrowdSec now brings at most `CROWDSEC_V6_LENS` into use (the
+/// Decisions of 60 IPv6 prefix lengths would take all 40 of the set's,
+/// and the operator's feed with a /64 and a /48 would then be refused.
+/// CrowdSec brings at most `CROWDSEC_V6_LENS` into use (the
 /// rest are left out and counted; lengths in use still fit), and a feed
 /// of 16 new lengths is taken.
 #[test]
@@ -202,7 +201,7 @@ fn crowdsec_keeps_within_its_ipv6_length_budget_and_feeds_keep_room() {
     assert!(line.contains("16 networks"), "{line}");
 }
 
-/// Issue 43, M4: a pull is applied in parts (an operator's change waits
+/// A pull is applied in parts (an operator's change waits
 /// for one part at most). A startup pull in parts keeps every network
 /// denied until its last part (no gap), then lifts what it no longer
 /// names; its line comes with the last part, with the whole pull's counts.
