@@ -5,10 +5,7 @@
 //! runtime overrides are recorded in the pinned `RUNTIME` map before they
 //! are applied, so a restarted daemon puts them back (invariant 5).
 
-use std::{
-    collections::{BTreeMap, HashSet},
-    fmt::Write as _,
-};
+use std::fmt::Write as _;
 
 use ipnet::IpNet;
 use limiter_common::maps::RUNTIME;
@@ -16,7 +13,7 @@ use limiter_common::maps::RUNTIME;
 use crate::{
     control::PrefixEntry,
     dataplane::{LoadError, PolicyMaps},
-    policy::{Compiled, Loaded, Override, OverrideAction, Policy, PolicyError, Provenance, runtime::Decider},
+    policy::{Compiled, Loaded, OverrideAction, Policy, PolicyError, Provenance, runtime::Decider},
 };
 
 /// Why a change was refused: the policy (nothing changed), the kernel,
@@ -54,12 +51,9 @@ pub struct Enforcer {
     base: Policy,
     /// Where `base` came from.
     source: String,
-    /// Overrides set at run time, one per network and layer (the
-    /// operator's, then automation's): `Some` adds or replaces, `None`
-    /// (the operator's only) removes a file override. Merged over `base`
-    /// on every apply by [`Enforcer::in_force`]; a layer never replaces
-    /// another's entry, so when one ends the one beneath is in force again.
-    runtime: BTreeMap<(IpNet, Decider), RuntimeEntry>,
+    /// The runtime layers over `base`: the operator's overrides and
+    /// automation's (see [`Layers`]).
+    pub(super) layers: Layers,
     /// Version the data plane enforces.
     version: u64,
     /// Capacity of the bucket map in use (fixed until a restart).
@@ -72,12 +66,8 @@ pub struct Enforcer {
     /// What the kernel lacks for SYN cookies, when the program runs
     /// without them (see [`kernel`]).
     pub kernel_lacks_cookies: Option<String>,
-    /// What the feedback governor decided (see `feedback.rs`).
-    pub(super) governor: feedback::Governed,
     /// The deny set and its sources (feeds, CrowdSec; see `deny.rs`).
     pub(super) deny: deny::DenyLayer,
-    /// The escalations in force (see `escalation.rs`).
-    pub(super) escalations: escalation::Escalations,
 }
 
 impl Enforcer {
@@ -88,15 +78,13 @@ impl Enforcer {
         Self {
             base: Policy::default(),
             source: String::new(),
-            runtime: BTreeMap::new(),
+            layers: Layers::default(),
             version,
             capacity,
             config: None,
             syn_cookies_off: None,
             kernel_lacks_cookies: None,
-            governor: feedback::Governed::default(),
             deny: deny::DenyLayer::default(),
-            escalations: escalation::Escalations::default(),
         }
     }
 
@@ -128,30 +116,11 @@ impl Enforcer {
         &self.source
     }
 
-    /// `base` with the runtime overrides merged in, layer by layer (see
-    /// [`Enforcer::in_force`]): a file override keeps its place (as the
-    /// layers make it, or gone if the operator unset it), runtime-only
-    /// ones follow in address order.
+    /// `base` with the runtime overrides merged in (see
+    /// [`Layers::effective`]).
     #[must_use]
     pub fn effective(&self, base: &Policy) -> Policy {
-        let mut p = base.clone();
-        let in_file: HashSet<IpNet> = base.overrides.iter().map(|o| o.net).collect();
-        p.overrides = base
-            .overrides
-            .iter()
-            .filter_map(|o| self.in_force(base, o.net, Some(o.action)).map(|f| (f, o.criticality)))
-            .map(|((net, action, _), criticality)| Override { net, action, criticality })
-            .collect();
-        let mut runtime_only: Vec<IpNet> =
-            self.runtime.keys().map(|(net, _)| *net).filter(|net| !in_file.contains(net)).collect();
-        runtime_only.dedup();
-        p.overrides.extend(
-            runtime_only
-                .into_iter()
-                .filter_map(|net| self.in_force(base, net, None))
-                .map(|(net, action, _)| Override { net, action, criticality: None }),
-        );
-        p
+        self.layers.effective(base)
     }
 
     /// Apply `loaded` (with the runtime overrides) as the next version.
@@ -172,7 +141,7 @@ impl Enforcer {
         checked: Compiled,
     ) -> Result<String, ApplyError> {
         let source = loaded.provenance.name();
-        let reuse = self.runtime.is_empty().then_some(checked);
+        let reuse = self.layers.entries.is_empty().then_some(checked);
         self.install_with(maps, loaded.policy, source, &loaded.provenance, reuse)
     }
 
@@ -244,7 +213,7 @@ impl Enforcer {
         ttl: Option<u64>,
     ) -> Result<String, ApplyError> {
         let in_file = self.base.overrides.iter().any(|o| o.net == net);
-        let operator = self.runtime.get(&(net, Decider::Operator)).copied();
+        let operator = self.layers.entries.get(&(net, Decider::Operator)).copied();
         let expires = ttl.map(|t| crate::clock::unix_now() + t);
         if action.is_some() {
             let entry = RuntimeEntry { action, expires, by: Decider::Operator };
@@ -253,12 +222,12 @@ impl Enforcer {
         // Unset: a runtime-only override is forgotten; the file's is
         // removed by an entry of its own; with neither, automation's go.
         let changes: Vec<((IpNet, Decider), Option<RuntimeEntry>)> = match (operator, in_file) {
-            (Some(e), true) if e.action.is_none() => self.automation_of(net),
+            (Some(e), true) if e.action.is_none() => self.layers.automation_of(net),
             (_, true) => {
                 vec![((net, Decider::Operator), Some(RuntimeEntry { action: None, expires, by: Decider::Operator }))]
             }
             (Some(_), false) => vec![((net, Decider::Operator), None)],
-            (None, false) => self.automation_of(net),
+            (None, false) => self.layers.automation_of(net),
         };
         if changes.is_empty()
             && let Some(lifted) = self.unset_escalation(maps, net)
@@ -270,15 +239,10 @@ impl Enforcer {
         }
         for ((n, by), _) in &changes {
             if by.governed() {
-                self.governor.reasons.remove(n);
+                self.layers.governor.reasons.remove(n);
             }
         }
         self.change_entries(maps, &changes)
-    }
-
-    /// Removals of automation's entries on `net`.
-    fn automation_of(&self, net: IpNet) -> Vec<((IpNet, Decider), Option<RuntimeEntry>)> {
-        self.runtime.range((net, Decider::Feedback)..=(net, Decider::Escalation)).map(|(k, _)| (*k, None)).collect()
     }
 
     /// Record `changes` (`None` forgets an entry) and apply, all or
@@ -289,7 +253,7 @@ impl Enforcer {
         changes: &[((IpNet, Decider), Option<RuntimeEntry>)],
     ) -> Result<String, ApplyError> {
         let previous: Vec<((IpNet, Decider), Option<RuntimeEntry>)> =
-            changes.iter().map(|(k, _)| (*k, self.runtime.get(k).copied())).collect();
+            changes.iter().map(|(k, _)| (*k, self.layers.entries.get(k).copied())).collect();
         // Recorded in the pinned RUNTIME map first, so a daemon that dies
         // right after the apply still puts them back when it restarts.
         let mut done = 0;
@@ -313,6 +277,28 @@ impl Enforcer {
             }
         }
         result
+    }
+
+    /// [`Enforcer::apply`] of a new version of the file (SIGHUP, `policy
+    /// apply`), refused when it would take away too much at once (see
+    /// [`shrink`]) unless the file sets `allow_shrink = true` or `force`.
+    pub fn apply_guarded(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        loaded: Loaded,
+        force: bool,
+    ) -> Result<String, ApplyError> {
+        if !force
+            && !loaded.policy.allow_shrink
+            && self.config.is_some()
+            && let Some(why) = layers::shrink(&self.base, &loaded.policy)
+        {
+            return Err(ApplyError::Request(format!(
+                "{why}: refused, as editors and config pushes truncate files; write `allow_shrink = true` in the \
+                 file or run `limiter policy apply --force FILE` if it is meant"
+            )));
+        }
+        self.apply(maps, loaded)
     }
 
     /// Write `compiled` (of `p`) with the deny set following it: its
@@ -342,17 +328,14 @@ impl Enforcer {
     /// What the feedback governor decided since the daemon started.
     #[must_use]
     pub fn governed(&self) -> &feedback::Governed {
-        &self.governor
+        &self.layers.governor
     }
 
     /// The overrides in force, with where each came from, then the
-    /// feedback's shadow decisions.
+    /// escalations and the feedback's shadow decisions.
     #[must_use]
     pub fn prefixes(&self) -> Vec<PrefixEntry> {
-        let mut list = self.enforced();
-        list.extend(self.escalations.entries());
-        list.extend(self.governor.shadow_entries());
-        list
+        self.layers.prefixes(&self.base)
     }
 }
 
@@ -362,6 +345,8 @@ pub mod escalation;
 mod feedback;
 pub(super) mod kernel;
 mod layers;
+
+pub use self::layers::Layers;
 mod records;
 
 #[cfg(test)]

@@ -48,16 +48,21 @@ impl Enforcer {
     /// Forget the runtime overrides whose time is up at `now` (Unix
     /// seconds), as one new version; `None` when none is.
     pub fn expire(&mut self, maps: &mut impl PolicyMaps, now: u64) -> Option<Result<String, ApplyError>> {
-        self.governor.expire_shadow(now);
+        self.layers.governor.expire_shadow(now);
         let lifted = self.expire_escalations(maps, now);
         if let Some(Err(e)) = lifted {
             return Some(Err(e));
         }
-        let due: Vec<((IpNet, Decider), Option<RuntimeEntry>)> =
-            self.runtime.iter().filter(|(_, e)| e.expires.is_some_and(|t| t <= now)).map(|(k, _)| (*k, None)).collect();
+        let due: Vec<((IpNet, Decider), Option<RuntimeEntry>)> = self
+            .layers
+            .entries
+            .iter()
+            .filter(|(_, e)| e.expires.is_some_and(|t| t <= now))
+            .map(|(k, _)| (*k, None))
+            .collect();
         for ((net, by), _) in &due {
             if by.governed() {
-                self.governor.reasons.remove(net);
+                self.layers.governor.reasons.remove(net);
             }
         }
         if due.is_empty() {
@@ -66,46 +71,16 @@ impl Enforcer {
         Some(self.change_entries(maps, &due))
     }
 
-    /// The earliest expiry of a runtime override, if any.
+    /// The earliest end of a runtime override, a shadow decision, an
+    /// escalation or a deny-set decision, if any.
     #[must_use]
     pub fn next_expiry(&self) -> Option<u64> {
-        self.runtime
-            .values()
-            .filter_map(|e| e.expires)
-            .chain(self.governor.next_shadow_expiry())
-            .chain(self.escalations.next_end())
-            .chain(self.deny.next_end())
-            .min()
+        [self.layers.next_end(), self.deny.next_end()].into_iter().flatten().min()
     }
 
-    /// Set aside restored runtime overrides that `base` cannot hold (a /24
-    /// deny under a policy whose buckets are now /16, a limit no longer
-    /// valid), so that they cannot keep a restarted daemon from starting.
-    /// They stay in the pinned `RUNTIME` record, not applied: a restart
-    /// with a policy that holds them again puts them back (a SIGHUP with
-    /// the same change is refused, and a restart must not lose more).
-    /// Returns each one with why.
+    /// Set aside restored runtime overrides that `base` cannot hold (see
+    /// [`super::Layers::drop_unfit`]).
     pub fn drop_unfit(&mut self, base: &Policy) -> Vec<String> {
-        let unfit: Vec<((IpNet, Decider), String)> = self
-            .runtime
-            .iter()
-            .filter_map(|(&(net, by), action)| {
-                let bucket = if net.addr().is_ipv4() { base.v4_prefix } else { base.v6_prefix };
-                if u32::from(net.prefix_len()) > bucket {
-                    return Some(((net, by), format!("finer than the policy's /{bucket} buckets")));
-                }
-                match action.action {
-                    Some(OverrideAction::Limit(l)) => l.to_kernel("").err().map(|e| ((net, by), e.to_string())),
-                    _ => None,
-                }
-            })
-            .collect();
-        unfit
-            .into_iter()
-            .map(|(at, why)| {
-                self.runtime.remove(&at);
-                format!("{} ({why})", at.0)
-            })
-            .collect()
+        self.layers.drop_unfit(base)
     }
 }

@@ -78,7 +78,7 @@ impl Enforcer {
         end: u64,
         reason: &str,
     ) -> Result<String, ApplyError> {
-        let was = self.escalations.nets.get(&net).map(|(t, _)| *t);
+        let was = self.layers.escalations.nets.get(&net).map(|(t, _)| *t);
         set_record(maps, &net, Some(end))?;
         let added = self.deny.set.origin(ORIGIN).and_then(|o| self.deny.set.add(o, &net));
         let written = match added {
@@ -93,7 +93,7 @@ impl Enforcer {
             let _ = set_record(maps, &net, was);
             return Err(e);
         }
-        self.escalations.nets.insert(net, (end, reason.to_owned()));
+        self.layers.escalations.nets.insert(net, (end, reason.to_owned()));
         Ok(format!("escalation: {net} denied for {} s (in the deny set)", end.saturating_sub(unix_now())))
     }
 
@@ -110,7 +110,7 @@ impl Enforcer {
             if let Err(e) = set_record(maps, n, None) {
                 tracing::warn!("limiter: the record of escalation {n} stays in RUNTIME: {e}");
             }
-            self.escalations.nets.remove(n);
+            self.layers.escalations.nets.remove(n);
         }
         Ok(())
     }
@@ -121,7 +121,7 @@ impl Enforcer {
         maps: &mut impl PolicyMaps,
         net: IpNet,
     ) -> Option<Result<String, ApplyError>> {
-        self.escalations.nets.contains_key(&net).then(|| {
+        self.layers.escalations.nets.contains_key(&net).then(|| {
             self.lift_escalations(maps, &[net]).map(|()| format!("escalation of {net} lifted by the operator"))
         })
     }
@@ -132,7 +132,8 @@ impl Enforcer {
         maps: &mut impl PolicyMaps,
         now: u64,
     ) -> Option<Result<String, ApplyError>> {
-        let due: Vec<IpNet> = self.escalations.nets.iter().filter(|(_, (t, _))| *t <= now).map(|(n, _)| *n).collect();
+        let due: Vec<IpNet> =
+            self.layers.escalations.nets.iter().filter(|(_, (t, _))| *t <= now).map(|(n, _)| *n).collect();
         (!due.is_empty())
             .then(|| self.lift_escalations(maps, &due).map(|()| format!("{} escalation(s) ended", due.len())))
     }
@@ -166,7 +167,7 @@ impl Enforcer {
                 tracing::warn!("limiter: escalation of {net} not restored: {e}");
                 continue;
             }
-            self.escalations.nets.insert(net, (end, "escalation (restored at a restart)".to_owned()));
+            self.layers.escalations.nets.insert(net, (end, "escalation (restored at a restart)".to_owned()));
         }
         self.deny.write(maps)
     }
@@ -174,6 +175,6 @@ impl Enforcer {
     /// What escalation denies now.
     #[must_use]
     pub fn escalations(&self) -> &Escalations {
-        &self.escalations
+        &self.layers.escalations
     }
 }

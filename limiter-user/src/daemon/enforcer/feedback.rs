@@ -63,29 +63,6 @@ impl Governed {
 }
 
 impl Enforcer {
-    /// The operator's or the file's `allow` that holds `net` (equal or
-    /// wider), if any: a penalty there would take away what they allowed.
-    /// (An allow inside a wider penalty keeps winning its own addresses:
-    /// the longest prefix decides in XDP.)
-    fn allowed_above(&self, net: &IpNet) -> Option<(IpNet, Decider)> {
-        let operator = self
-            .runtime
-            .iter()
-            .filter(|((n, by), e)| {
-                *by == Decider::Operator && e.action == Some(OverrideAction::Allow) && n.contains(net)
-            })
-            .map(|((n, _), _)| (*n, Decider::Operator));
-        let file = self
-            .base
-            .overrides
-            .iter()
-            .filter(|o| o.action == OverrideAction::Allow && o.net.contains(net))
-            // The operator may have unset or replaced the file's allow.
-            .filter(|o| !self.runtime.contains_key(&(o.net, Decider::Operator)))
-            .map(|o| (o.net, Decider::File));
-        operator.chain(file).max_by_key(|(n, _)| n.prefix_len())
-    }
-
     /// Deny `cidr` for `ttl` seconds at the tenant layer's request (or the
     /// daemon's own escalation: `by`), if the governor allows it.
     pub fn penalize(
@@ -98,13 +75,13 @@ impl Enforcer {
     ) -> Result<String, ApplyError> {
         let origin = by.label();
         if by == Decider::Escalation {
-            self.governor.escalations += 1;
+            self.layers.governor.escalations += 1;
         }
         let Some(g) = self.base.feedback.clone() else {
             return Err(ApplyError::Request("feedback is not configured ([feedback] in the policy)".into()));
         };
         let refuse = |this: &mut Self, r: Refusal, why: String| {
-            this.governor.refused.bump(r);
+            this.layers.governor.refused.bump(r);
             tracing::warn!(event = "feedback", decision = "refused", origin, cidr, reason = %reason, "limiter: governor refused a penalty: {why}");
             Err(ApplyError::Governor { refusal: r, message: why })
         };
@@ -122,12 +99,12 @@ impl Enforcer {
         // Each kind of automation has its own cap: escalations cannot
         // spend the tenant's, nor the tenant's the escalations'.
         let denied = if escalation {
-            self.escalations.nets.keys().filter(|n| **n != net).count()
+            self.layers.escalations.nets.keys().filter(|n| **n != net).count()
         } else {
-            self.runtime.keys().filter(|(n, b)| *b == by && *n != net).count()
+            self.layers.entries.keys().filter(|(n, b)| *b == by && *n != net).count()
         };
         let cap = if escalation { g.escalate.map_or(g.max_denied, |e| e.max_denied) } else { g.max_denied };
-        let allowed_above = self.allowed_above(&net);
+        let allowed_above = self.layers.allowed_above(&self.base, &net);
         // The deny set lies beneath every allow: an escalation there would
         // be listed and not enforced, so it is refused whatever the policy.
         let g = if escalation { crate::policy::feedback::Feedback { may_override_allow: false, ..g } } else { g };
@@ -151,8 +128,8 @@ impl Enforcer {
         }
         let expires = unix_now() + ttl;
         if g.shadow {
-            self.governor.shadow.insert(net, (expires, reason.to_owned(), by));
-            self.governor.shadowed += 1;
+            self.layers.governor.shadow.insert(net, (expires, reason.to_owned(), by));
+            self.layers.governor.shadowed += 1;
             tracing::info!(event = "feedback", decision = "shadow", origin, cidr = %net, ttl, reason = %reason, "limiter: {origin} (shadow): would deny {net} for {ttl} s: {reason}");
             return Ok(format!("shadow: {net} would be denied for {ttl} s (not enforced)"));
         }
@@ -161,10 +138,10 @@ impl Enforcer {
         } else {
             let entry = RuntimeEntry { action: Some(OverrideAction::Deny), expires: Some(expires), by };
             let summary = self.change_entries(maps, &[((net, by), Some(entry))])?;
-            self.governor.reasons.insert(net, reason.to_owned());
+            self.layers.governor.reasons.insert(net, reason.to_owned());
             summary
         };
-        self.governor.applied += 1;
+        self.layers.governor.applied += 1;
         tracing::info!(event = "feedback", decision = "applied", origin, cidr = %net, ttl, reason = %reason, "limiter: {origin}: denied {net} for {ttl} s: {reason}");
         Ok(summary)
     }

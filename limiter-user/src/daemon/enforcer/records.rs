@@ -26,8 +26,8 @@ impl Enforcer {
         });
         maps.set_runtime_override(&runtime::key(&at.0, at.1), value.as_ref())?;
         match entry {
-            Some(e) => self.runtime.insert(at, e),
-            None => self.runtime.remove(&at),
+            Some(e) => self.layers.entries.insert(at, e),
+            None => self.layers.entries.remove(&at),
         };
         Ok(())
     }
@@ -61,7 +61,7 @@ impl Enforcer {
                 if stale {
                     self.record(maps, (net, origin), Some(entry))?;
                 }
-                self.runtime.insert((net, origin), entry);
+                self.layers.entries.insert((net, origin), entry);
             } else {
                 tracing::warn!("limiter: skipped an unreadable entry of {RUNTIME}: {k:?}");
             }
@@ -69,6 +69,6 @@ impl Enforcer {
         self.deny.read_back(maps)?;
         let n = escalations.len();
         self.restore_escalations(maps, escalations)?;
-        Ok(self.runtime.len() + n)
+        Ok(self.layers.entries.len() + n)
     }
 }
