@@ -20,103 +20,14 @@ use limiter_tests::{
     scenario::{self, Guard, spawn_lines, unique_socket, wait_for},
 };
 
-struct Daemon {
-    guard: Guard,
-    log: Receiver<String>,
-    socket: PathBuf,
-}
+#[path = "adversarial/harness.rs"]
+mod harness;
 
-impl Daemon {
-    fn pid(&self) -> u32 {
-        self.guard.0.id()
-    }
+use self::harness::*;
 
-    /// Lines logged so far (without waiting).
-    fn drain(&self) -> String {
-        self.log.try_iter().collect::<Vec<_>>().join("\n")
-    }
-}
-
-fn bin() -> PathBuf {
-    scenario::locate_bin("limiter").unwrap()
-}
-
-/// `limiter run` in `ns` (its network only: pins stay visible) on `iface`.
-fn start_in(ns: &NetNs, iface: &str, tag: &str, extra: &[&str], pre: impl FnOnce(&mut Command)) -> Daemon {
-    require_root();
-    let socket = unique_socket(tag);
-    let mut c = ns.net_command(bin());
-    c.args(["run", "--iface", iface, "--status-interval", "0", "--socket"]).arg(&socket).args(extra);
-    pre(&mut c);
-    let (guard, log) = spawn_lines(c).unwrap();
-    let mut seen = String::new();
-    wait_for(&log, "control socket", Duration::from_secs(20), &mut seen).unwrap();
-    if !extra.contains(&"off") {
-        // `/metrics` comes up just after the control socket.
-        wait_for(&log, "metrics on", Duration::from_secs(5), &mut seen).unwrap();
-    }
-    Daemon { guard, log, socket }
-}
-
-fn start(net: &VethPair, tag: &str, extra: &[&str]) -> Daemon {
-    start_in(&net.b, B_IF, tag, extra, |_| {})
-}
-
-fn cli(socket: &Path, args: &[&str]) -> Output {
-    Command::new(bin()).args(args).arg("--socket").arg(socket).output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn status_json(d: &Daemon) -> serde_json::Value {
-    let o = cli(&d.socket, &["status", "--json"]);
-    assert!(o.status.success(), "status: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
-}
-
-/// `GET path` on the daemon's `/metrics` port, from inside its namespace.
-fn http(net: &VethPair, request: &str) -> String {
-    let request = request.to_owned();
-    net.b.run_in(move || {
-        let mut s = TcpStream::connect("127.0.0.1:9464").expect("connect to /metrics");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(request.as_bytes()).unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    })
-}
-
-fn scrape(net: &VethPair) -> String {
-    http(net, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-}
-
-fn vm_rss_kb(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
-}
-
-/// Whether `r` reads end-of-stream (or an error line, then the end)
-/// within `t`.
-fn closed_within(r: &mut impl std::io::Read, t: Duration) -> bool {
-    let start = Instant::now();
-    let mut buf = [0u8; 4096];
-    while start.elapsed() < t {
-        match r.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(_) => return true,
-        }
-    }
-    false
-}
-
-/// Item 1: with its descriptors exhausted by held connections, both
-/// listeners keep accepting once they are released (they used to end for
-/// good on the first accept error).
+/// With its descriptors exhausted by held connections, both listeners
+/// keep accepting once they are released (they must not end for good on
+/// the first accept error).
 #[test]
 fn descriptor_exhaustion_does_not_end_the_listeners() {
     let net = VethPair::new("adfd");
@@ -152,7 +63,7 @@ fn descriptor_exhaustion_does_not_end_the_listeners() {
     assert!(back, "a listener did not come back: {}", d.drain());
 }
 
-/// Items 1 and 7: slow and silent clients are cut off at their deadline,
+/// Slow and silent clients are cut off at their deadline,
 /// excess clients are closed at accept, and meanwhile others are served.
 #[test]
 fn slow_clients_are_cut_off_while_others_are_served() {
@@ -207,7 +118,7 @@ fn slow_clients_are_cut_off_while_others_are_served() {
     assert!(scrape(&net).contains("limiter_attached"));
 }
 
-/// Item 7: a line without end is refused at the cap; only one client at a
+/// A line without end is refused at the cap; only one client at a
 /// time may hold a large buffer; the daemon's memory stays small.
 #[test]
 fn oversized_request_lines_are_refused_without_growing_memory() {
@@ -244,7 +155,7 @@ fn oversized_request_lines_are_refused_without_growing_memory() {
     assert!(cli(&d.socket, &["status"]).status.success());
 }
 
-/// Item 4: a second daemon cannot take a live daemon's socket; a path
+/// A second daemon cannot take a live daemon's socket; a path
 /// that is not a socket is never deleted.
 #[test]
 fn a_live_socket_cannot_be_taken_and_a_file_is_never_deleted() {
@@ -297,7 +208,7 @@ impl Drop for Pins {
     }
 }
 
-/// Items 3 and 5: one daemon per pin directory; `limiter unload` refuses
+/// One daemon per pin directory; `limiter unload` refuses
 /// while it runs; forced, the daemon notices the loss, says so, and pins
 /// its link again.
 #[test]
@@ -347,7 +258,7 @@ fn one_daemon_per_pin_directory_and_what_unload_removes_comes_back() {
     assert!(status_json(&again)["attached"].as_bool() == Some(true));
 }
 
-/// Item 3: an interface that disappears is reported (status, metrics at 0)
+/// An interface that disappears is reported (status, metrics at 0)
 /// and the program is attached again when it returns.
 #[test]
 fn a_lost_interface_is_reported_and_reattached() {
@@ -380,7 +291,7 @@ fn overrides(n: u32, duplicate_last: bool) -> String {
     text
 }
 
-/// Item 2: error location is linear; a long apply leaves status and
+/// Error location is linear; a long apply leaves status and
 /// signals answered; files that never end are refused at once.
 #[test]
 fn quadratic_and_endless_policy_inputs_stay_bounded() {
@@ -444,7 +355,7 @@ fn quadratic_and_endless_policy_inputs_stay_bounded() {
     assert_eq!(s["policy_version"].as_u64(), Some(2), "{s}");
 }
 
-/// Item 8: a truncated policy file on SIGHUP does not lift the operator's
+/// A truncated policy file on SIGHUP does not lift the operator's
 /// denies: it is refused and the running policy stays.
 #[test]
 fn an_empty_policy_file_does_not_replace_the_running_one() {

@@ -35,7 +35,7 @@ fn pin_dir(tag: &str) -> Pins {
     Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}-{}", std::process::id())))
 }
 
-/// Item 10: an interface that already holds an XDP program is said to,
+/// An interface that already holds an XDP program is said to,
 /// not blamed on the driver.
 #[test]
 fn an_interface_with_a_program_is_reported_as_busy() {
@@ -78,7 +78,7 @@ fn an_interface_with_a_program_is_reported_as_busy() {
     drop::<Guard>(first);
 }
 
-/// Item 12: a missing interface with `--pin` is refused before anything is
+/// A missing interface with `--pin` is refused before anything is
 /// pinned.
 #[test]
 fn a_missing_interface_leaves_nothing_pinned() {
@@ -98,7 +98,7 @@ fn a_missing_interface_leaves_nothing_pinned() {
     assert!(left.is_empty(), "pinned anyway: {left:?}");
 }
 
-/// Item 11: started under `ip netns exec` (a mount namespace of its own,
+/// Started under `ip netns exec` (a mount namespace of its own,
 /// where /sys/fs/bpf is not mounted), `run --pin` refuses instead of
 /// pinning where pins vanish with it, and `unload` says why it cannot see
 /// the pins instead of "nothing pinned".
@@ -127,7 +127,7 @@ fn a_private_mount_namespace_is_refused_for_pins() {
     assert!(err.contains("mount namespace") && !err.contains("nothing pinned"), "{err}");
 }
 
-/// Item 12: a runtime override that the restarted daemon's policy cannot
+/// A runtime override that the restarted daemon's policy cannot
 /// hold (finer than its buckets) is set aside with a warning, instead of
 /// keeping the daemon from starting (a restart loop under systemd).
 #[test]
@@ -168,7 +168,7 @@ fn an_unfit_runtime_override_does_not_block_a_restart() {
     drop::<Guard>(third);
 }
 
-/// Item 12: `/metrics` answers only GET (and HEAD); POST and DELETE get 405.
+/// `/metrics` answers only GET (and HEAD); POST and DELETE get 405.
 #[test]
 fn metrics_refuse_methods_other_than_get() {
     require_root();

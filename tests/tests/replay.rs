@@ -108,7 +108,7 @@ fn replay_of_a_generated_capture_gives_the_expected_totals() {
     assert!(err.lines().count() == 1 && err.contains("not a pcap file"), "{err}");
 }
 
-/// Item 9: a frame cut by the capture's snap length is charged its
+/// A frame cut by the capture's snap length is charged its
 /// original length, and a frame stamped earlier than the one before is
 /// replayed at that one's time (said in the report), not as time zero.
 #[test]
