@@ -39,7 +39,8 @@ pub(super) enum Change {
     /// A penalty from the tenant layer or the daemon's escalation (under
     /// the governor).
     Penalty { cidr: String, ttl: u64, reason: String, by: Decider },
-    /// A source of decisions' (a feed's version, a part of a CrowdSec pull).
+    /// A source of decisions' change (a feed's version, a part of a
+    /// CrowdSec pull).
     Source(Box<dyn SourceChange>),
 }
 
@@ -152,8 +153,9 @@ pub(super) struct Changes {
     pub queue: VecDeque<Queued>,
     /// The sources' changes still to apply: each starts only when
     /// nothing else runs or waits, so an operator's change waits for one
-    /// part at most (not 1.2 s behind a whole 850,000-decision pull). Whole changes (a feed's version)
-    /// go before the parts of a split one.
+    /// part at most (not 1.2 s behind a whole 850,000-decision pull).
+    /// Whole changes (a feed's version) go before the parts of a split
+    /// one.
     pub whole: VecDeque<Box<dyn SourceChange>>,
     pub parts: VecDeque<Box<dyn SourceChange>>,
     /// When an expiry last went before a part (at most once a second).

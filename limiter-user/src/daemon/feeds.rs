@@ -68,6 +68,10 @@ struct Watched {
     force: bool,
     busy: Arc<AtomicBool>,
     report: FeedReport,
+    /// Held while the section stands as it is: a version read under it
+    /// and still waiting is dropped once it goes (removed or changed),
+    /// so a removed feed's networks never come back.
+    section: Arc<()>,
 }
 
 /// Every feed of the policy in force.
@@ -135,7 +139,10 @@ impl Feeds {
         while let Ok(read) = self.rx.try_recv() {
             let Some((spec, parsed)) = self.read_done(read) else { continue };
             let name = spec.name.clone();
-            let version = FeedVersion { source: super::enforcer::deny::feed_origin(&name), spec, nets: parsed.nets };
+            let Some(w) = self.watched.iter().find(|w| w.spec.name == name) else { continue };
+            let section = Arc::downgrade(&w.section);
+            let version =
+                FeedVersion { source: super::enforcer::deny::feed_origin(&name), spec, nets: parsed.nets, section };
             if self.sink.try_send(Box::new(version)).is_err()
                 && let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name)
             {
@@ -161,6 +168,7 @@ impl Feature for Feeds {
                     force: true,
                     busy: Arc::new(AtomicBool::new(false)),
                     report: FeedReport { name: spec.name.clone(), ..FeedReport::default() },
+                    section: Arc::new(()),
                 }),
             }
         }
@@ -233,6 +241,8 @@ struct FeedVersion {
     source: String,
     spec: Feed,
     nets: std::collections::BTreeSet<IpNet>,
+    /// The section it was read under (see `Watched::section`).
+    section: std::sync::Weak<()>,
 }
 
 impl SourceChange for FeedVersion {
@@ -246,6 +256,11 @@ impl SourceChange for FeedVersion {
 
     fn parts(self: Box<Self>) -> Vec<Box<dyn SourceChange>> {
         vec![self]
+    }
+
+    /// Its section still stands as it was read under.
+    fn current(&self) -> bool {
+        self.section.strong_count() > 0
     }
 
     /// A newer version of the same feed.
@@ -271,6 +286,21 @@ fn stamp_of(path: &std::path::Path) -> Option<Stamp> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_version_waiting_when_its_section_goes_is_dropped() {
+        let section = Arc::new(());
+        let spec: Feed = toml::from_str("name = \"x\"\npath = \"/x\"\n").unwrap();
+        let v = FeedVersion {
+            source: "feed:x".into(),
+            spec,
+            nets: std::collections::BTreeSet::new(),
+            section: Arc::downgrade(&section),
+        };
+        assert!(v.current());
+        drop(section);
+        assert!(!v.current(), "a version of a removed or changed section would be applied");
+    }
 
     #[test]
     fn a_file_written_to_within_the_quiet_time_is_not_read_yet() {
