@@ -127,11 +127,13 @@ fn kill_9_keeps_enforcing_and_restart_keeps_buckets() {
     // left a gap or handed out a fresh burst (which would add 2000).
     let bound = BURST as f64 + RATE as f64 * flood_secs + RATE as f64 * 0.01 + 0.01 * RATE as f64 * flood_secs;
     assert!((flood_got as f64) <= bound, "flood got {flood_got} > {bound:.0}");
-    // At five times its allowance the flood keeps the bucket drained from
-    // its first half second on, so a gap or a fresh burst shows above the
-    // bound. (QEMU's emulator sends about 7x from a guest of Debian 12's
-    // kernel in the kernel tier; the host about 200x.)
-    assert!(flood_sent as f64 >= 5.0 * bound, "flood too weak: {flood_sent} sent, bound {bound:.0}");
+    // At three times its allowance (about 4,000 packets/s against a refill
+    // of 1,000/s) the flood drains the burst within a second and keeps the
+    // bucket drained after it, so a gap or a fresh burst (2,000 more) shows
+    // above the bound. (QEMU's emulator sends 4-7x from a guest of Debian
+    // 12's kernel in the kernel tier, as busy as the machine lets it; the
+    // host about 200x.)
+    assert!(flood_sent as f64 >= 3.0 * bound, "flood too weak: {flood_sent} sent, bound {bound:.0}");
     assert_eq!(
         conform_got,
         conform_sent,
