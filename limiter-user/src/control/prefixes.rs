@@ -91,9 +91,7 @@ impl Origin {
     #[must_use]
     pub fn parse(label: &str) -> Option<Self> {
         let (name, shadow) = label.strip_suffix(SHADOW).map_or((label, false), |n| (n, true));
-        let by = [Decider::Operator, Decider::File, Decider::Feedback, Decider::Escalation, Decider::Crowdsec]
-            .into_iter()
-            .find(|d| d.label() == name)?;
+        let by = Decider::ALL.into_iter().find(|d| d.label() == name)?;
         Some(Self { by, shadow })
     }
 }
@@ -112,7 +110,7 @@ impl std::fmt::Display for Origin {
 
 impl PartialEq<&str> for Origin {
     fn eq(&self, other: &&str) -> bool {
-        self.label() == *other
+        Self::parse(other) == Some(*self)
     }
 }
 
@@ -194,7 +192,7 @@ mod tests {
     /// shadow, each read back as itself; an unknown one is refused.
     #[test]
     fn an_origin_is_its_label_on_the_wire() {
-        let all = [Decider::Operator, Decider::File, Decider::Feedback, Decider::Escalation, Decider::Crowdsec];
+        let all = Decider::ALL;
         let labels: Vec<String> = all.iter().map(|d| Origin::of(*d).to_string()).collect();
         assert_eq!(labels, ["runtime", "file", "feedback", "escalation", "crowdsec"]);
         assert_eq!(Origin::shadow(Decider::Feedback).to_string(), "feedback (shadow)");

@@ -148,7 +148,7 @@ impl Watch {
         wrap: impl Fn(Pulled) -> T + Send + 'static,
     ) -> Self {
         let status = Arc::new(Mutex::new(Status::default()));
-        let task = tokio::spawn(run(spec.clone(), (tx, wrap), status.clone()));
+        let task = tokio::spawn(run(spec.clone(), tx, wrap, status.clone()));
         Self { task, spec, status }
     }
 
@@ -165,7 +165,7 @@ impl Drop for Watch {
     }
 }
 
-async fn run<T>(spec: Crowdsec, (tx, wrap): (mpsc::Sender<T>, impl Fn(Pulled) -> T), status: Arc<Mutex<Status>>) {
+async fn run<T>(spec: Crowdsec, tx: mpsc::Sender<T>, wrap: impl Fn(Pulled) -> T, status: Arc<Mutex<Status>>) {
     let mut startup = true;
     let mut backoff = Duration::from_secs(1);
     let rooms = Arc::new(Semaphore::new(ROOM));

@@ -103,7 +103,7 @@ impl SourceChange for CrowdsecPull {
     fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {
         let Some(spec) = self.spec.upgrade() else { return Ok(String::new()) };
         // The decisions move; the part stays, for `frees_heap`.
-        let part = Pulled { pull: std::mem::take(&mut self.pulled.pull), ..std::mem::take(&mut self.pulled) };
+        let part = std::mem::take(&mut self.pulled);
         self.pulled.part = part.part;
         state.deny_mut().pull(tables, &spec, part)
     }

@@ -91,18 +91,20 @@ impl Feeds {
         Self { watched: Vec::new(), tx, rx, sink }
     }
 
-    /// A read came back: note it; the version to apply, if it is one.
-    fn read_done(&mut self, r: FeedRead) -> Option<(Feed, Parsed)> {
-        let w = self.watched.iter_mut().find(|w| w.spec.name == r.spec.name)?;
+    /// A read came back: note it, and send the version it read whole to
+    /// the policy state (with the sink full, it is read again later).
+    fn read_done(&mut self, r: FeedRead) {
+        let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == r.spec.name) else { return };
         w.busy.store(false, Ordering::Release);
         if w.spec != r.spec || r.settling {
             // The section changed while it was read, or the file is being
             // written: read again.
             w.force = true;
-            return None;
+            return;
         }
-        match r.result? {
-            Ok(parsed) => {
+        match r.result {
+            None => {}
+            Some(Ok(parsed)) => {
                 w.stamp = r.stamp;
                 w.last_read = Some(Instant::now());
                 w.report.reads += 1;
@@ -117,13 +119,20 @@ impl Feeds {
                         first.unwrap_or_default()
                     );
                 }
-                Some((w.spec.clone(), parsed))
+                let version = FeedVersion {
+                    source: super::enforcer::deny::feed_origin(&w.spec.name),
+                    spec: w.spec.clone(),
+                    nets: parsed.nets,
+                    section: Arc::downgrade(&w.section),
+                };
+                if self.sink.try_send(Box::new(version)).is_err() {
+                    w.force = true;
+                }
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 w.last_read = Some(Instant::now());
                 w.report.read_errors += 1;
                 tracing::warn!(event = "feed", ok = false, feed = %w.spec.name, "limiter: feed {}: {e}; its last version stays", w.spec.name);
-                None
             }
         }
     }
@@ -131,24 +140,6 @@ impl Feeds {
     /// Each feed's report.
     fn reports(&self) -> Vec<FeedReport> {
         self.watched.iter().map(|w| FeedReport { shadow: w.spec.shadow, ..w.report.clone() }).collect()
-    }
-
-    /// The reads that came back: each version read whole goes to the
-    /// policy state (one too many waiting is read again later).
-    fn take_reads(&mut self) {
-        while let Ok(read) = self.rx.try_recv() {
-            let Some((spec, parsed)) = self.read_done(read) else { continue };
-            let name = spec.name.clone();
-            let Some(w) = self.watched.iter().find(|w| w.spec.name == name) else { continue };
-            let section = Arc::downgrade(&w.section);
-            let version =
-                FeedVersion { source: super::enforcer::deny::feed_origin(&name), spec, nets: parsed.nets, section };
-            if self.sink.try_send(Box::new(version)).is_err()
-                && let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name)
-            {
-                w.force = true;
-            }
-        }
     }
 }
 
@@ -185,7 +176,9 @@ impl Feature for Feeds {
     /// Send what was read, then look at each feed's file whose turn it
     /// is, off the loop.
     fn tick(&mut self) {
-        self.take_reads();
+        while let Ok(read) = self.rx.try_recv() {
+            self.read_done(read);
+        }
         let now = Instant::now();
         for w in &mut self.watched {
             if w.busy.load(Ordering::Acquire) || w.last_check.is_some_and(|t| now - t < CHECK) {

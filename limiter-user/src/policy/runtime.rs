@@ -68,6 +68,10 @@ pub enum Decider {
 }
 
 impl Decider {
+    /// Every decider, highest layer first.
+    pub const ALL: [Decider; 5] =
+        [Decider::Operator, Decider::File, Decider::Feedback, Decider::Escalation, Decider::Crowdsec];
+
     /// Its label (`runtime` for the operator, as `prefix list` has
     /// always said).
     #[must_use]

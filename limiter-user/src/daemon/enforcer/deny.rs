@@ -142,7 +142,7 @@ impl DenyLayer {
         for s in sources {
             s.follow(set, policy);
         }
-        self.write(maps)
+        self.write(maps).map(drop)
     }
 
     /// Lift what ends at `now`, every source; `None` when nothing did.
@@ -152,7 +152,7 @@ impl DenyLayer {
         if lines.is_empty() {
             return None;
         }
-        Some(self.write(maps).map(|()| lines.join("; ")).map_err(ApplyError::from))
+        Some(self.write(maps).map(|_| lines.join("; ")).map_err(ApplyError::from))
     }
 
     /// When the next decision of any source ends.
@@ -175,14 +175,9 @@ impl DenyLayer {
     }
 
     /// Write what changed in the set (its names first: a restart reads
-    /// them with the entries); on a failure the set is read back as the
-    /// kernel has it.
-    pub(super) fn write(&mut self, maps: &mut impl PolicyMaps) -> Result<(), LoadError> {
-        self.write_change(maps).map(drop)
-    }
-
-    /// [`DenyLayer::write`], saying what it wrote.
-    fn write_change(&mut self, maps: &mut impl PolicyMaps) -> Result<DenyWrites, LoadError> {
+    /// them with the entries), and say what; on a failure the set is read
+    /// back as the kernel has it.
+    pub(super) fn write(&mut self, maps: &mut impl PolicyMaps) -> Result<DenyWrites, LoadError> {
         let ch = self.set.finish();
         let written = maps.set_deny_origins(self.set.names()).and_then(|()| maps.write_deny(&ch));
         match written {
@@ -202,7 +197,7 @@ impl DenyLayer {
         nets: &BTreeSet<IpNet>,
     ) -> Result<String, ApplyError> {
         let taken = self.feeds.take(&mut self.set, spec, nets);
-        let written = self.write_change(maps);
+        let written = self.write(maps);
         let version = taken?;
         let ch = written?;
         let line = version.line(spec, &ch);

@@ -169,7 +169,7 @@ impl Enforcer {
             }
             self.layers.escalations.nets.insert(net, (end, "escalation (restored at a restart)".to_owned()));
         }
-        self.deny.write(maps)
+        self.deny.write(maps).map(drop)
     }
 
     /// What escalation denies now.

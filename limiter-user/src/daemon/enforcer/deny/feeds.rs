@@ -77,7 +77,8 @@ impl Feeds {
         }
         let origin = set.origin(&feed_origin(&spec.name)).map_err(|e| ApplyError::Request(e.to_string()))?;
         let previous: HashSet<IpNet> = set.of(origin).collect();
-        let enforced = if spec.shadow { HashSet::new() } else { kept.clone() };
+        let networks = kept.len();
+        let enforced = if spec.shadow { HashSet::new() } else { kept };
         let before = set.count_of(origin);
         if let Err(e) = set.replace(origin, &enforced) {
             // Taken whole or not at all: what was added goes again, and
@@ -86,7 +87,7 @@ impl Feeds {
             return refuse(state, e.to_string());
         }
         let state = FeedState {
-            networks: kept.len(),
+            networks,
             shadow: spec.shadow,
             applied_at: Some(crate::clock::unix_now()),
             refused: None,
