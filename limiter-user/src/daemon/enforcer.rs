@@ -8,7 +8,6 @@
 use std::fmt::Write as _;
 
 use ipnet::IpNet;
-use limiter_common::maps::RUNTIME;
 
 use crate::{
     control::PrefixEntry,
@@ -204,7 +203,8 @@ impl Enforcer {
     /// network as a new version; a `ttl` makes it expire (see
     /// [`Enforcer::expire`]). Automation's entries on the same network are
     /// kept beneath it, except that an unset with no operator or file
-    /// entry left to remove lifts them (the operator outranks automation).
+    /// entry left to remove lifts them, or the network's escalation (the
+    /// operator outranks automation).
     pub fn change_prefix(
         &mut self,
         maps: &mut impl PolicyMaps,
@@ -213,68 +213,85 @@ impl Enforcer {
         ttl: Option<u64>,
     ) -> Result<String, ApplyError> {
         let in_file = self.base.overrides.iter().any(|o| o.net == net);
-        let operator = self.layers.entries.get(&(net, Decider::Operator)).copied();
         let expires = ttl.map(|t| crate::clock::unix_now() + t);
-        if action.is_some() {
-            let entry = RuntimeEntry { action, expires, by: Decider::Operator };
-            return self.change_entries(maps, &[((net, Decider::Operator), Some(entry))]);
-        }
-        // Unset: a runtime-only override is forgotten; the file's is
-        // removed by an entry of its own; with neither, automation's go.
-        let changes: Vec<((IpNet, Decider), Option<RuntimeEntry>)> = match (operator, in_file) {
-            (Some(e), true) if e.action.is_none() => self.layers.automation_of(net),
-            (_, true) => {
-                vec![((net, Decider::Operator), Some(RuntimeEntry { action: None, expires, by: Decider::Operator }))]
-            }
-            (Some(_), false) => vec![((net, Decider::Operator), None)],
-            (None, false) => self.layers.automation_of(net),
-        };
-        if changes.is_empty()
-            && let Some(lifted) = self.unset_escalation(maps, net)
-        {
-            return lifted;
-        }
+        let changes = self.layers.operator(net, action, expires, in_file);
         if changes.is_empty() {
-            return Err(ApplyError::Request(format!("{net} has no override")));
-        }
-        for ((n, by), _) in &changes {
-            if by.governed() {
-                self.layers.governor.reasons.remove(n);
-            }
+            return self
+                .layers
+                .escalations
+                .unset(&mut self.deny, maps, net)
+                .unwrap_or_else(|| Err(ApplyError::Request(format!("{net} has no override"))));
         }
         self.change_entries(maps, &changes)
     }
 
-    /// Record `changes` (`None` forgets an entry) and apply, all or
-    /// nothing: on any failure the records are put back as they were.
-    fn change_entries(
+    /// Set `action` on every CIDR of `cidrs` as one new version, all or
+    /// nothing: a bad entry is refused with its index and nothing changes.
+    pub fn load(
         &mut self,
         maps: &mut impl PolicyMaps,
-        changes: &[((IpNet, Decider), Option<RuntimeEntry>)],
+        cidrs: &[IpNet],
+        action: OverrideAction,
+        ttl: Option<u64>,
     ) -> Result<String, ApplyError> {
-        let previous: Vec<((IpNet, Decider), Option<RuntimeEntry>)> =
-            changes.iter().map(|(k, _)| (*k, self.layers.entries.get(k).copied())).collect();
-        // Recorded in the pinned RUNTIME map first, so a daemon that dies
-        // right after the apply still puts them back when it restarts.
-        let mut done = 0;
-        let mut result = Ok(());
-        for (net, entry) in changes {
-            if let Err(e) = self.record(maps, *net, *entry) {
-                result = Err(ApplyError::from(e));
-                break;
+        let changes = bulk::changes(&self.base, cidrs, action, ttl)?;
+        self.change_entries(maps, &changes)
+    }
+
+    /// Deny `cidr` for `ttl` seconds at the tenant layer's request (or the
+    /// daemon's own escalation: `by`), if the governor allows it.
+    pub fn penalize(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        cidr: &str,
+        ttl: u64,
+        reason: &str,
+        by: Decider,
+    ) -> Result<String, ApplyError> {
+        let (net, summary) = match feedback::judge(&mut self.layers, &self.base, cidr, ttl, reason, by)? {
+            feedback::Judged::Shadow(summary) => return Ok(summary),
+            feedback::Judged::Escalate(net, end) => {
+                (net, self.layers.escalations.deny(&mut self.deny, maps, net, end, reason)?)
             }
-            done += 1;
+            feedback::Judged::Deny(net, entry) => (net, self.change_entries(maps, &[((net, by), Some(entry))])?),
+        };
+        self.layers.governor.applied(net, ttl, reason, by);
+        Ok(summary)
+    }
+
+    /// Forget the runtime overrides and escalations whose time is up at
+    /// `now` (Unix seconds), as one new version; `None` when none is.
+    pub fn expire(&mut self, maps: &mut impl PolicyMaps, now: u64) -> Option<Result<String, ApplyError>> {
+        let lifted = self.layers.escalations.expire(&mut self.deny, maps, now);
+        if let Some(Err(e)) = lifted {
+            return Some(Err(e));
         }
-        let result = result.and_then(|()| {
-            let (base, source) = (self.base.clone(), self.source.clone());
-            self.install(maps, base, source, &Provenance::BuiltIn)
-        });
+        let due = self.layers.due(now);
+        if due.is_empty() {
+            return lifted;
+        }
+        Some(self.change_entries(maps, &due))
+    }
+
+    /// Put back the overrides and escalations a previous daemon set at run
+    /// time (kept in the pinned `RUNTIME` map) and the deny set's sources
+    /// as pinned. Returns how many overrides and escalations.
+    pub fn restore(&mut self, maps: &mut impl PolicyMaps) -> Result<usize, LoadError> {
+        let escalations = self.layers.restore(maps)?;
+        self.deny.read_back(maps)?;
+        let n = escalations.len();
+        self.layers.escalations.restore(&mut self.deny, maps, escalations)?;
+        Ok(self.layers.entries.len() + n)
+    }
+
+    /// Record `changes` in the runtime layers and apply, all or nothing:
+    /// on any failure the records are put back as they were.
+    fn change_entries(&mut self, maps: &mut impl PolicyMaps, changes: &[Change]) -> Result<String, ApplyError> {
+        let undo = self.layers.record(maps, changes)?;
+        let (base, source) = (self.base.clone(), self.source.clone());
+        let result = self.install(maps, base, source, &Provenance::BuiltIn);
         if result.is_err() {
-            for (net, entry) in previous.iter().take(done).rev() {
-                if let Err(e) = self.record(maps, *net, *entry) {
-                    tracing::warn!("limiter: runtime override of {} not restored in {RUNTIME}: {e}", net.0);
-                }
-            }
+            self.layers.undo(maps, undo);
         }
         result
     }
@@ -291,7 +308,7 @@ impl Enforcer {
         if !force
             && !loaded.policy.allow_shrink
             && self.config.is_some()
-            && let Some(why) = layers::shrink(&self.base, &loaded.policy)
+            && let Some(why) = shrink::shrink(&self.base, &loaded.policy)
         {
             return Err(ApplyError::Request(format!(
                 "{why}: refused, as editors and config pushes truncate files; write `allow_shrink = true` in the \
@@ -325,6 +342,25 @@ impl Enforcer {
         &mut self.deny
     }
 
+    /// The earliest end of a runtime override, a shadow decision, an
+    /// escalation or a deny-set decision, if any.
+    #[must_use]
+    pub fn next_expiry(&self) -> Option<u64> {
+        [self.layers.next_end(), self.deny.next_end()].into_iter().flatten().min()
+    }
+
+    /// Set aside restored runtime overrides that `base` cannot hold (see
+    /// [`Layers::drop_unfit`]).
+    pub fn drop_unfit(&mut self, base: &Policy) -> Vec<String> {
+        self.layers.drop_unfit(base)
+    }
+
+    /// What escalation denies now.
+    #[must_use]
+    pub fn escalations(&self) -> &escalation::Escalations {
+        &self.layers.escalations
+    }
+
     /// What the feedback governor decided since the daemon started.
     #[must_use]
     pub fn governed(&self) -> &feedback::Governed {
@@ -345,9 +381,10 @@ pub mod escalation;
 mod feedback;
 pub(super) mod kernel;
 mod layers;
+mod shrink;
 
+use self::layers::Change;
 pub use self::layers::Layers;
-mod records;
 
 #[cfg(test)]
 mod layer_tests;

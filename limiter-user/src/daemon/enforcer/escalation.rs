@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Enforcer};
+use super::{ApplyError, deny::DenyLayer};
 use crate::clock::unix_now;
 use crate::{
     control::{EntryAction, Origin, PrefixEntry},
@@ -68,23 +68,25 @@ pub(super) fn set_record(maps: &mut impl PolicyMaps, net: &IpNet, end: Option<u6
     maps.set_runtime_override(&runtime::key(net, Decider::Escalation), value.as_ref())
 }
 
-impl Enforcer {
-    /// Deny `net` until `end` (an escalation the governor allowed): the
-    /// record first, then the deny set; on any failure neither stays.
-    pub(super) fn escalation_deny(
+impl Escalations {
+    /// Deny `net` until `end` (an escalation the governor allowed) in
+    /// `deny`: the record first, then the deny set; on any failure
+    /// neither stays.
+    pub(super) fn deny(
         &mut self,
+        deny: &mut DenyLayer,
         maps: &mut impl PolicyMaps,
         net: IpNet,
         end: u64,
         reason: &str,
     ) -> Result<String, ApplyError> {
-        let was = self.layers.escalations.nets.get(&net).map(|(t, _)| *t);
+        let was = self.nets.get(&net).map(|(t, _)| *t);
         set_record(maps, &net, Some(end))?;
-        let added = self.deny.set.origin(ORIGIN).and_then(|o| self.deny.set.add(o, &net));
+        let added = deny.set.origin(ORIGIN).and_then(|o| deny.set.add(o, &net));
         let written = match added {
-            Ok(()) => self.deny.write(maps).map_err(ApplyError::from),
+            Ok(()) => deny.write(maps).map_err(ApplyError::from),
             Err(e) => {
-                let _ = self.deny.set.finish();
+                let _ = deny.set.finish();
                 Err(ApplyError::Request(format!("escalation of {net}: {e}")))
             }
         };
@@ -93,65 +95,66 @@ impl Enforcer {
             let _ = set_record(maps, &net, was);
             return Err(e);
         }
-        self.layers.escalations.nets.insert(net, (end, reason.to_owned()));
+        self.nets.insert(net, (end, reason.to_owned()));
         Ok(format!("escalation: {net} denied for {} s (in the deny set)", end.saturating_sub(unix_now())))
     }
 
     /// Lift the escalations of `nets` (ended, or unset by the operator):
     /// out of the deny set, then their records.
-    fn lift_escalations(&mut self, maps: &mut impl PolicyMaps, nets: &[IpNet]) -> Result<(), ApplyError> {
-        if let Some(o) = self.deny.set.named(ORIGIN) {
+    fn lift(&mut self, deny: &mut DenyLayer, maps: &mut impl PolicyMaps, nets: &[IpNet]) -> Result<(), ApplyError> {
+        if let Some(o) = deny.set.named(ORIGIN) {
             for n in nets {
-                self.deny.set.remove(o, n);
+                deny.set.remove(o, n);
             }
         }
-        self.deny.write(maps)?;
+        deny.write(maps)?;
         for n in nets {
             if let Err(e) = set_record(maps, n, None) {
                 tracing::warn!("limiter: the record of escalation {n} stays in RUNTIME: {e}");
             }
-            self.layers.escalations.nets.remove(n);
+            self.nets.remove(n);
         }
         Ok(())
     }
 
-    /// The operator unsets an escalated network.
-    pub(super) fn unset_escalation(
+    /// The operator unsets `net`: its escalation is lifted, if it has one.
+    pub(super) fn unset(
         &mut self,
+        deny: &mut DenyLayer,
         maps: &mut impl PolicyMaps,
         net: IpNet,
     ) -> Option<Result<String, ApplyError>> {
-        self.layers.escalations.nets.contains_key(&net).then(|| {
-            self.lift_escalations(maps, &[net]).map(|()| format!("escalation of {net} lifted by the operator"))
-        })
+        self.nets
+            .contains_key(&net)
+            .then(|| self.lift(deny, maps, &[net]).map(|()| format!("escalation of {net} lifted by the operator")))
     }
 
     /// Lift the escalations whose time is up at `now`.
-    pub(super) fn expire_escalations(
+    pub(super) fn expire(
         &mut self,
+        deny: &mut DenyLayer,
         maps: &mut impl PolicyMaps,
         now: u64,
     ) -> Option<Result<String, ApplyError>> {
-        let due: Vec<IpNet> =
-            self.layers.escalations.nets.iter().filter(|(_, (t, _))| *t <= now).map(|(n, _)| *n).collect();
-        (!due.is_empty())
-            .then(|| self.lift_escalations(maps, &due).map(|()| format!("{} escalation(s) ended", due.len())))
+        let due: Vec<IpNet> = self.nets.iter().filter(|(_, (t, _))| *t <= now).map(|(n, _)| *n).collect();
+        (!due.is_empty()).then(|| self.lift(deny, maps, &due).map(|()| format!("{} escalation(s) ended", due.len())))
     }
 
     /// A restart: the escalations recorded in `RUNTIME` (`restored`, with
     /// their ends) are what the deny set's `escalation` origin holds;
     /// whatever the pins hold beyond them goes (a record removed before a
     /// crash cut the lift short), whatever they miss is written.
-    pub(super) fn restore_escalations(
+    pub(super) fn restore(
         &mut self,
+        deny: &mut DenyLayer,
         maps: &mut impl PolicyMaps,
         restored: Vec<(IpNet, u64)>,
     ) -> Result<(), LoadError> {
-        let pinned: Vec<IpNet> = self.deny.set.named(ORIGIN).map(|o| self.deny.set.of(o).collect()).unwrap_or_default();
+        let pinned: Vec<IpNet> = deny.set.named(ORIGIN).map(|o| deny.set.of(o).collect()).unwrap_or_default();
         if restored.is_empty() && pinned.is_empty() {
             return Ok(());
         }
-        let origin = match self.deny.set.origin(ORIGIN) {
+        let origin = match deny.set.origin(ORIGIN) {
             Ok(o) => o,
             Err(e) => {
                 tracing::warn!("limiter: escalations not restored: {e}");
@@ -160,21 +163,15 @@ impl Enforcer {
         };
         let recorded: std::collections::HashSet<IpNet> = restored.iter().map(|(n, _)| *n).collect();
         for n in pinned.iter().filter(|n| !recorded.contains(n)) {
-            self.deny.set.remove(origin, n);
+            deny.set.remove(origin, n);
         }
         for (net, end) in restored {
-            if let Err(e) = self.deny.set.add(origin, &net) {
+            if let Err(e) = deny.set.add(origin, &net) {
                 tracing::warn!("limiter: escalation of {net} not restored: {e}");
                 continue;
             }
-            self.layers.escalations.nets.insert(net, (end, "escalation (restored at a restart)".to_owned()));
+            self.nets.insert(net, (end, "escalation (restored at a restart)".to_owned()));
         }
-        self.deny.write(maps).map(drop)
-    }
-
-    /// What escalation denies now.
-    #[must_use]
-    pub fn escalations(&self) -> &Escalations {
-        &self.layers.escalations
+        deny.write(maps).map(drop)
     }
 }

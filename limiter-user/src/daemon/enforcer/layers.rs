@@ -6,12 +6,25 @@ use std::collections::{BTreeMap, HashSet};
 
 use ipnet::IpNet;
 
+use limiter_common::maps::RUNTIME;
+
 use super::{RuntimeEntry, escalation::Escalations, feedback::Governed};
 use crate::clock::unix_now;
 use crate::{
     control::{EntryAction, LayerEntry, PrefixEntry},
-    policy::{Override, OverrideAction, Policy, runtime::Decider},
+    dataplane::{LoadError, PolicyMaps},
+    policy::{
+        Override, OverrideAction, Policy,
+        runtime::{self, Decider},
+    },
 };
+
+/// A change of one network's layer: `None` forgets its entry.
+pub(super) type Change = ((IpNet, Decider), Option<RuntimeEntry>);
+
+/// What a [`Layers::record`] changed, to put back if the apply fails.
+#[must_use]
+pub(super) struct Undo(Vec<Change>);
 
 /// The runtime layers of decisions about networks over the policy
 /// file: the operator's overrides and automation's (the tenant layer's
@@ -19,8 +32,9 @@ use crate::{
 /// with the governor's account of automation. `Some` adds or replaces,
 /// `None` (the operator's only) removes a file override; a layer never
 /// replaces another's entry, so when one ends the one beneath is in force
-/// again. What they decide is read here; the enforcer records and
-/// applies each change, all or nothing.
+/// again. They are recorded here (in the pinned `RUNTIME` map before
+/// memory); the enforcer applies each change, all or nothing, and has a
+/// change [undone](Layers::undo) if the apply fails.
 #[derive(Debug, Default)]
 pub struct Layers {
     pub(super) entries: BTreeMap<(IpNet, Decider), RuntimeEntry>,
@@ -31,6 +45,136 @@ pub struct Layers {
 }
 
 impl Layers {
+    /// Record `changes` (`None` forgets an entry), in the pinned `RUNTIME`
+    /// map and then here, so a daemon that dies right after the apply
+    /// still puts them back when it restarts. On a failure what was
+    /// recorded is put back; on success the returned [`Undo`] does so if
+    /// the apply that follows fails.
+    pub(super) fn record(&mut self, maps: &mut impl PolicyMaps, changes: &[Change]) -> Result<Undo, LoadError> {
+        let previous: Vec<Change> = changes.iter().map(|(k, _)| (*k, self.entries.get(k).copied())).collect();
+        for (done, (at, entry)) in changes.iter().enumerate() {
+            if let Err(e) = self.record_one(maps, *at, *entry) {
+                self.undo(maps, Undo(previous.into_iter().take(done).collect()));
+                return Err(e);
+            }
+        }
+        Ok(Undo(previous))
+    }
+
+    /// Put the entries an [`Undo`] names back as they were.
+    pub(super) fn undo(&mut self, maps: &mut impl PolicyMaps, undo: Undo) {
+        for (at, entry) in undo.0.into_iter().rev() {
+            if let Err(e) = self.record_one(maps, at, entry) {
+                tracing::warn!("limiter: runtime override of {} not restored in {RUNTIME}: {e}", at.0);
+            }
+        }
+    }
+
+    /// Set (`Some`) or forget (`None`) the runtime entry of a network's
+    /// layer, in the `RUNTIME` map and then in memory.
+    fn record_one(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        at: (IpNet, Decider),
+        entry: Option<RuntimeEntry>,
+    ) -> Result<(), LoadError> {
+        let value = entry.map(|e| {
+            let expires = e.expires.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX));
+            runtime::value(e.action.as_ref(), expires, at.1)
+        });
+        maps.set_runtime_override(&runtime::key(&at.0, at.1), value.as_ref())?;
+        match entry {
+            Some(e) => self.entries.insert(at, e),
+            None => self.entries.remove(&at),
+        };
+        Ok(())
+    }
+
+    /// Read back the overrides a previous daemon set at run time (kept in
+    /// the pinned `RUNTIME` map); entries this build cannot read are
+    /// skipped with a warning. Returns the escalations recorded there,
+    /// with their ends: the deny set holds them (see
+    /// [`Escalations::restore`]).
+    pub(super) fn restore(&mut self, maps: &mut impl PolicyMaps) -> Result<Vec<(IpNet, u64)>, LoadError> {
+        let mut escalations = Vec::new();
+        for (k, v) in maps.runtime_overrides()? {
+            let Some((net, action, expires, origin)) = runtime::decode(&k, &v) else {
+                tracing::warn!("limiter: skipped an unreadable entry of {RUNTIME}: {k:?}");
+                continue;
+            };
+            let expires = (expires != 0).then_some(u64::from(expires));
+            // A record of a build before layers: moved under its layer's
+            // key, so that its removal finds it.
+            let stale = runtime::stale_key(&k, origin);
+            if stale {
+                maps.set_runtime_override(&k, None)?;
+            }
+            // Escalations are the deny set's (a build before it kept them
+            // as overrides of whole buckets: those move too). One without
+            // an end never came from escalation: it ends now.
+            if origin == Decider::Escalation {
+                let end = expires.unwrap_or(0);
+                if stale {
+                    super::escalation::set_record(maps, &net, Some(end))?;
+                }
+                escalations.push((net, end));
+                continue;
+            }
+            let entry = RuntimeEntry { action, expires, by: origin };
+            if stale {
+                self.record_one(maps, (net, origin), Some(entry))?;
+            }
+            self.entries.insert((net, origin), entry);
+        }
+        Ok(escalations)
+    }
+
+    /// The operator's change of `net`: an entry of theirs (`action`), or
+    /// an unset: a runtime-only override is forgotten, the file's is
+    /// removed by an entry of its own, and with neither automation's go
+    /// (the operator outranks automation). Empty: nothing to unset.
+    pub(super) fn operator(
+        &mut self,
+        net: IpNet,
+        action: Option<OverrideAction>,
+        expires: Option<u64>,
+        in_file: bool,
+    ) -> Vec<Change> {
+        let operator = self.entries.get(&(net, Decider::Operator)).copied();
+        let entry = |action| Some(RuntimeEntry { action, expires, by: Decider::Operator });
+        if action.is_some() {
+            return vec![((net, Decider::Operator), entry(action))];
+        }
+        let changes = match (operator, in_file) {
+            (Some(e), true) if e.action.is_none() => self.automation_of(net),
+            (_, true) => vec![((net, Decider::Operator), entry(None))],
+            (Some(_), false) => vec![((net, Decider::Operator), None)],
+            (None, false) => self.automation_of(net),
+        };
+        self.forget_reasons(&changes);
+        changes
+    }
+
+    /// The entries whose time is up at `now`, to forget (and the shadow
+    /// decisions, forgotten now).
+    pub(super) fn due(&mut self, now: u64) -> Vec<Change> {
+        self.governor.expire_shadow(now);
+        let due: Vec<Change> =
+            self.entries.iter().filter(|(_, e)| e.expires.is_some_and(|t| t <= now)).map(|(k, _)| (*k, None)).collect();
+        self.forget_reasons(&due);
+        due
+    }
+
+    /// Automation's entries among `changes` lose the reason they were
+    /// asked for.
+    fn forget_reasons(&mut self, changes: &[Change]) {
+        for ((n, by), _) in changes {
+            if by.governed() {
+                self.governor.reasons.remove(n);
+            }
+        }
+    }
+
     /// `base` with the runtime overrides merged in, layer by layer (see
     /// [`Layers::in_force`]): a file override keeps its place (as the
     /// layers make it, or gone if the operator unset it), runtime-only
@@ -58,7 +202,7 @@ impl Layers {
     }
 
     /// Removals of automation's entries on `net`.
-    pub(super) fn automation_of(&self, net: IpNet) -> Vec<((IpNet, Decider), Option<RuntimeEntry>)> {
+    fn automation_of(&self, net: IpNet) -> Vec<Change> {
         self.entries.range((net, Decider::Feedback)..=(net, Decider::Escalation)).map(|(k, _)| (*k, None)).collect()
     }
 
@@ -209,37 +353,6 @@ impl Layers {
             })
             .collect()
     }
-}
-
-/// What `next` would take away at once from the running `current` file
-/// policy, if it is too much for a reload to do unasked: more than half of
-/// its overrides (two or more) lifted, or any token-bucket rate (the
-/// default's or a class's, by name) cut more than 10x. `None`: nothing
-/// of the kind.
-#[must_use]
-pub fn shrink(current: &Policy, next: &Policy) -> Option<String> {
-    let mut why = Vec::new();
-    let kept: HashSet<IpNet> = next.overrides.iter().map(|o| o.net).collect();
-    let lifted: Vec<&Override> = current.overrides.iter().filter(|o| !kept.contains(&o.net)).collect();
-    if lifted.len() >= 2 && lifted.len() * 2 > current.overrides.len() {
-        let denies = lifted.iter().filter(|o| o.action == OverrideAction::Deny).count();
-        why.push(format!(
-            "it lifts {} of the {} overrides in force ({denies} of them denies)",
-            lifted.len(),
-            current.overrides.len()
-        ));
-    }
-    let cut = |name: &str, was: &crate::policy::Limit, now: &crate::policy::Limit| {
-        (was.window.is_none() && now.window.is_none() && now.rate.saturating_mul(10) < was.rate)
-            .then(|| format!("it cuts the {name} rate from {} to {}", was.rate, now.rate))
-    };
-    why.extend(cut("default", &current.default, &next.default));
-    for c in &current.classes {
-        if let Some(n) = next.classes.iter().find(|n| n.name == c.name) {
-            why.extend(cut(&format!("class {:?}", c.name), &c.limit, &n.limit));
-        }
-    }
-    (!why.is_empty()).then(|| format!("the new policy is refused: {}", why.join("; ")))
 }
 
 impl LayerEntry {
