@@ -2,6 +2,7 @@
 //! network namespaces with veth pairs, and the flood scenario shared by the
 //! integration test and `cargo xtask demo`. Everything here needs root.
 
+pub mod alone;
 pub mod crowdsec;
 pub mod feedback;
 pub mod fleet;
@@ -14,3 +15,5 @@ pub mod seccomp;
 pub mod sharing;
 pub mod study;
 pub mod tcp;
+
+pub use alone::alone;

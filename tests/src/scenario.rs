@@ -16,7 +16,7 @@ use anyhow::{Context as _, bail};
 use crate::netns::{B_ADDR, B_IF, VethPair};
 
 /// How long a daemon may take to start: its verifier run alone takes
-/// tens of seconds under the kernel tier's emulation (Debian 13's 6.12
+/// tens of seconds under the guest tier's emulation (Debian 13's 6.12
 /// verifies 513,315 instructions of the production program; seen over
 /// 20 s on these machines). On the host a start takes about a second.
 pub const DAEMON_START: std::time::Duration = std::time::Duration::from_secs(90);

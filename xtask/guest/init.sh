@@ -1,5 +1,5 @@
 #!/bin/sh
-# /init of the kernel tier's initramfs (busybox sh), written into the cpio
+# /init of the guest tier's initramfs (busybox sh), written into the cpio
 # by xtask/src/guest.rs; never run on the host.
 #
 # Loads the virtio, 9p and overlay modules, mounts the host's root (9p,

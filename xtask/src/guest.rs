@@ -1,4 +1,4 @@
-//! The kernel tier: boot a distribution's stock kernel in a QEMU guest and
+//! The guest tier: boot a distribution's stock kernel in a QEMU guest and
 //! run host-built binaries there.
 //!
 //! The kernel comes from the distribution's package registry

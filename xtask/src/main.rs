@@ -84,7 +84,7 @@ enum Cmd {
         /// Skip `cargo fmt --check` and `cargo clippy`.
         #[arg(long)]
         no_lint: bool,
-        /// Run only the kernel tier (for work on it; the full command runs
+        /// Run only the guest tier (for work on it; the full command runs
         /// everything).
         #[arg(long)]
         only_kernels: bool,
@@ -135,7 +135,7 @@ fn main() -> anyhow::Result<()> {
             // Integration tests run the `limiter` binary itself.
             cargo(&["build", "--bins"])?;
             let host = if only_kernels { Ok(Tally::default()) } else { test_with_summary() };
-            // The kernel tier runs even when a host test failed: its
+            // The guest tier runs even when a host test failed: its
             // report says what works on which kernel.
             let exes = tier::test_executables()?;
             let guests = tier::run_all(&exes);
@@ -149,7 +149,7 @@ fn main() -> anyhow::Result<()> {
                     }
                 }
                 Err(e) => {
-                    println!("tier: the kernel tier could not run: {e:#}");
+                    println!("tier: the guest tier could not run: {e:#}");
                     total.failed += 1;
                 }
             }
@@ -256,9 +256,14 @@ fn test_with_summary() -> anyhow::Result<Tally> {
     c.args(["test", "--workspace", "--no-fail-fast"]).stdout(Stdio::piped());
     let mut child = c.spawn().context("running cargo test")?;
     let (mut passed, mut failed, mut skipped) = (0u64, 0u64, 0u64);
+    let mut unrun = Vec::new();
     for line in BufReader::new(child.stdout.take().context("stdout")?).lines() {
         let line = line?;
         println!("{line}");
+        // A tier built by a user other than root (see tests/build.rs).
+        if let Some(tier) = line.strip_prefix("test ").and_then(|l| l.split_once("_tier_needs_root ... ignored")) {
+            unrun.push(tier.0.to_owned());
+        }
         if let Some(rest) = line.strip_prefix("test result: ") {
             let count = |word: &str| -> u64 {
                 rest.split(';')
@@ -274,6 +279,9 @@ fn test_with_summary() -> anyhow::Result<Tally> {
     println!("host: {passed} passed, {failed} failed, {skipped} skipped");
     if !st.success() || failed > 0 {
         bail!("cargo test failed: {st}");
+    }
+    if !unrun.is_empty() {
+        bail!("the {} tier(s) did not run: built as a user other than root", unrun.join(", "));
     }
     Ok(Tally { passed, failed, skipped })
 }

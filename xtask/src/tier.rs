@@ -1,4 +1,4 @@
-//! The kernel tier of `cargo xtask test`: the kernel-facing tests, built on
+//! The guest tier of `cargo xtask test`: the kernel-facing tests, built on
 //! the host, run in a guest of each distribution kernel users run
 //! ([`guest::RELEASES`]), with a per-kernel report of what ran and what
 //! passed. A guest that does not boot, or a test binary that is missing,
@@ -16,31 +16,50 @@ use anyhow::{Context as _, bail};
 
 use crate::guest;
 
-/// What runs in each guest: an integration-test target of `limiter-tests`
-/// and the tests of it (all when none is named). Each is a kernel-facing
-/// behaviour: loading and verifying, BPF_PROG_TEST_RUN, the daemon on a
-/// veth, SYN cookies, window quotas, the deny set, pins across restarts
-/// and upgrades, and sharing the interface through libxdp's dispatcher.
+/// What runs in each guest: a module of a tier binary of `limiter-tests`
+/// (`binary::module`) and the tests of it (all when none is named). Each
+/// is a kernel-facing behaviour: loading and verifying, BPF_PROG_TEST_RUN,
+/// the daemon on a veth, SYN cookies, window quotas, the deny set, pins
+/// across restarts and upgrades, and sharing the interface through
+/// libxdp's dispatcher.
 pub const PLAN: &[(&str, &[&str])] = &[
-    ("verifier", &[]),
-    ("fixtures", &[]),
-    ("admission", &[]),
-    ("netns_flood", &["flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing"]),
-    ("syn_flood", &["--ignored", "twenty_new_clients_connect_on_their_first_syn_during_a_spoofed_syn_flood"]),
-    ("kernel_features", &[]),
-    ("deny_set", &[]),
-    ("feeds", &[]),
+    ("kernel::verifier", &[]),
+    ("kernel::fixtures", &[]),
+    ("kernel::admission", &[]),
+    ("daemon::netns_flood", &["flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing"]),
+    ("daemon::syn_flood", &["--ignored", "twenty_new_clients_connect_on_their_first_syn_during_a_spoofed_syn_flood"]),
+    ("daemon::kernel_features", &[]),
+    ("kernel::deny_set", &[]),
+    ("daemon::feeds", &[]),
     // The upgrade test stays on the host: an emulated upgrade takes tens
     // of seconds, its bucket refills meanwhile, and the 1 s flood after
     // it (about 2,300 packets under emulation) fits its allowance.
-    ("restart", &["kill_9_keeps_enforcing_and_restart_keeps_buckets"]),
-    ("share_interface", &[]),
-    ("share_restart", &[]),
+    ("daemon::restart", &["kill_9_keeps_enforcing_and_restart_keeps_buckets"]),
+    ("daemon::share_interface", &[]),
+    ("daemon::share_restart", &[]),
 ];
 
 /// What runs in a guest of a kernel older than the oldest supported
 /// ([`guest::OLDER`]): the daemon's refusal (an ignored test on the host).
-pub const OLDER_PLAN: &[(&str, &[&str])] = &[("kernels", &["--ignored"])];
+pub const OLDER_PLAN: &[(&str, &[&str])] = &[("guest::kernels", &["--ignored"])];
+
+/// The tier binary of a plan's entry, and the arguments that run its
+/// module's tests: each named test exactly (`module::test`), or every
+/// test under `module::` when none is named; flags (`--ignored`) as they
+/// are.
+fn args_of(entry: &str, filters: &[&str]) -> anyhow::Result<(String, Vec<String>)> {
+    let (binary, module) = entry.split_once("::").with_context(|| format!("{entry} is not binary::module"))?;
+    let mut args = vec!["--test-threads=1".to_owned(), "--color=never".to_owned()];
+    let (flags, names): (Vec<&str>, Vec<&str>) = filters.iter().partition(|f| f.starts_with("--"));
+    args.extend(flags.iter().map(|f| (*f).to_owned()));
+    if names.is_empty() {
+        args.push(format!("{module}::"));
+    } else {
+        args.push("--exact".to_owned());
+        args.extend(names.iter().map(|n| format!("{module}::{n}")));
+    }
+    Ok((binary.to_owned(), args))
+}
 
 /// The longest one guest may take (its run is about 10 minutes).
 const GUEST_TIMEOUT: Duration = Duration::from_mins(35);
@@ -83,10 +102,9 @@ pub fn test_executables() -> anyhow::Result<BTreeMap<String, PathBuf>> {
 fn script(exes: &BTreeMap<String, PathBuf>, plan: &[(&str, &[&str])]) -> anyhow::Result<String> {
     let mut s = String::from("uname -r | sed 's/^/tier: kernel /'\n");
     for (target, filters) in plan {
-        let exe = exes.get(*target).with_context(|| format!("no test executable for {target}"))?;
+        let (binary, args) = args_of(target, filters)?;
+        let exe = exes.get(&binary).with_context(|| format!("no test executable for {binary}"))?;
         let _ = writeln!(s, "echo 'tier: target {target}'");
-        let mut args = vec!["--test-threads=1".to_owned(), "--color=never".to_owned()];
-        args.extend(filters.iter().map(|f| (*f).to_owned()));
         let _ = writeln!(s, "timeout -k 10 900 {} {} 2>&1", exe.display(), args.join(" "));
         let _ = writeln!(s, "echo \"tier: status {target} $?\"");
     }
@@ -116,7 +134,7 @@ impl Reader {
         }
         if self.failures >= 2 {
             let name = l.trim();
-            let plain = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            let plain = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
             if l.starts_with("    ") && plain {
                 let tests = self.tally.tests.entry(self.target.clone()).or_default();
                 if !tests.iter().any(|(n, r)| n == name && r == "FAILED") {
@@ -210,7 +228,8 @@ pub fn run_all(exes: &BTreeMap<String, PathBuf>) -> anyhow::Result<Vec<(String, 
     for (kernel, t) in &all {
         for (target, tests) in &t.tests {
             for (name, result) in tests {
-                println!("tier:   {kernel:<32} {target}::{name} {result}");
+                let binary = target.split_once("::").map_or(target.as_str(), |(b, _)| b);
+                println!("tier:   {kernel:<32} {binary}::{name} {result}");
             }
         }
     }
@@ -225,38 +244,61 @@ mod tests {
     /// whose `FAILED` came on a line of its own after libbpf's chatter.
     #[test]
     fn a_failure_split_by_other_output_and_a_target_that_never_ran_both_count() {
-        let plan: &[(&str, &[&str])] = &[("share", &[]), ("verifier", &[])];
+        let plan: &[(&str, &[&str])] = &[("daemon::share", &[]), ("kernel::verifier", &[])];
         let mut r = Reader::default();
         for l in [
-            "tier: target share",
-            "test a_program_without_a_dispatcher ... ok",
-            "test auto_joins ... libbpf: elf: skipping unrecognized data section(7) xdp_metadata",
+            "tier: target daemon::share",
+            "test share::a_program_without_a_dispatcher ... ok",
+            "test share::auto_joins ... libbpf: elf: skipping unrecognized data section(7) xdp_metadata",
             "FAILED",
             "failures:",
-            "---- auto_joins stdout ----",
+            "---- share::auto_joins stdout ----",
             "    indented output",
             "failures:",
-            "    auto_joins",
+            "    share::auto_joins",
             "test result: FAILED. 1 passed; 1 failed; 0 ignored",
-            "tier: status share 101",
+            "tier: status daemon::share 101",
         ] {
             r.line(l);
         }
         let t = r.finish(plan);
         assert_eq!((t.passed, t.failed), (1, 2), "auto_joins, and verifier, which never ran");
-        assert!(t.tests["share"].contains(&("auto_joins".to_owned(), "FAILED".to_owned())));
-        assert!(!t.tests["share"].iter().any(|(n, _)| n == "indented"));
-        assert_eq!(t.tests["verifier"], vec![("(the binary)".to_owned(), "never ran".to_owned())]);
+        assert!(t.tests["daemon::share"].contains(&("share::auto_joins".to_owned(), "FAILED".to_owned())));
+        assert!(!t.tests["daemon::share"].iter().any(|(n, _)| n == "indented"));
+        assert_eq!(t.tests["kernel::verifier"], vec![("(the binary)".to_owned(), "never ran".to_owned())]);
     }
 
     #[test]
     fn a_binary_that_ended_badly_without_a_failed_test_counts_once() {
-        let plan: &[(&str, &[&str])] = &[("restart", &[])];
+        let plan: &[(&str, &[&str])] = &[("daemon::restart", &[])];
         let mut r = Reader::default();
-        for l in ["tier: target restart", "test kill_9 ... ok", "tier: status restart 124"] {
+        for l in ["tier: target daemon::restart", "test restart::kill_9 ... ok", "tier: status daemon::restart 124"] {
             r.line(l);
         }
         let t = r.finish(plan);
         assert_eq!((t.passed, t.failed), (1, 1));
+    }
+
+    /// A module alone runs every test under it; named tests run exactly,
+    /// so `restart::x` does not also run `share_restart::x`.
+    #[test]
+    fn a_plan_entry_runs_its_module_or_exactly_its_named_tests() {
+        let (bin, args) = args_of("kernel::verifier", &[]).unwrap();
+        assert_eq!((bin.as_str(), &args[2..]), ("kernel", &["verifier::".to_owned()][..]));
+        let (bin, args) = args_of("daemon::syn_flood", &["--ignored", "twenty"]).unwrap();
+        assert_eq!(bin, "daemon");
+        assert_eq!(args[2..], ["--ignored", "--exact", "syn_flood::twenty"]);
+        assert!(args_of("verifier", &[]).is_err());
+    }
+
+    /// Every entry of the plans names a module that exists.
+    #[test]
+    fn every_planned_module_is_a_file_of_its_tier() {
+        let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
+        for (entry, _) in PLAN.iter().chain(OLDER_PLAN) {
+            let (binary, module) = entry.split_once("::").unwrap();
+            let file = tests.join(binary).join(format!("{module}.rs"));
+            assert!(file.is_file(), "{entry}: no {}", file.display());
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The running kernel: its release, and what the program needs of it.
 //!
-//! Supported kernels are those the kernel tier of `cargo xtask test` runs
+//! Supported kernels are those the guest tier of `cargo xtask test` runs
 //! the program on (Debian 12's 6.1 and Debian 13's 6.12) and the
 //! development machines' (6.18); the oldest is [`MINIMUM`].
 

@@ -1,0 +1,107 @@
+//! Policy memory: a TOML document tree costs far more than its text
+//! (about 2 KiB an override table, 160 bytes an array element), so a
+//! 32 MiB policy parsed whole would take 1.5 GB of daemon memory. The
+//! file is cut up by TOML's
+//! lexer and parsed in bounded batches: the daemon's and the client's
+//! peak stay within a few times the file's size, what the daemon keeps is
+//! about the new policy, and a document of values a policy cannot use is
+//! refused before any tree is built.
+
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use limiter_tests::{
+    kernel::{TempDir, require_root},
+    netns::{B_IF, VethPair},
+    scenario::{self, spawn_lines, unique_socket, wait_for},
+};
+
+fn status_kb(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    f64::from(u32::try_from(a).unwrap()) / f64::from(u32::try_from(b).unwrap())
+}
+
+/// The largest resident size of any child waited for so far, in KiB.
+fn children_max_rss_kb() -> u64 {
+    // SAFETY: getrusage on a struct we own.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &raw mut u) };
+    u64::try_from(u.ru_maxrss).unwrap()
+}
+
+/// 131,072 deny overrides, each followed by a comment line, up to about
+/// 31 MiB: the most overrides a policy may hold, in a file near the
+/// 32 MiB cap.
+fn largest_policy(path: &Path) -> u64 {
+    use std::fmt::Write as _;
+    let pad = format!("# {}\n", "x".repeat(180));
+    let mut text = String::from("rate = 1000\nburst = 2000\n");
+    for i in 0u32..131_072 {
+        let [_, a, b, c] = i.to_be_bytes();
+        let _ = write!(text, "[[override]]\ncidr = \"{}.{b}.{c}.0/24\"\naction = \"deny\"\n{pad}", 100 + a);
+    }
+    std::fs::write(path, &text).unwrap();
+    text.len() as u64
+}
+
+#[test]
+fn a_policy_near_the_size_cap_costs_a_few_times_its_size() {
+    let _alone = limiter_tests::alone(module_path!());
+    require_root();
+    let net = VethPair::new("pmem");
+    let tmp = TempDir::new("pmem");
+    let policy = tmp.0.join("policy.toml");
+    std::fs::write(&policy, "rate = 1000\nburst = 2000\n").unwrap();
+    let socket = unique_socket("pmem");
+    let bin = scenario::locate_bin("limiter").unwrap();
+    let mut c = net.b.net_command(&bin);
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"]).arg(&policy).arg("--socket").arg(&socket);
+    let (daemon, log) = spawn_lines(c).unwrap();
+    let mut seen = String::new();
+    wait_for(&log, "metrics on", Duration::from_secs(20), &mut seen).unwrap();
+    let pid = daemon.0.id();
+    std::thread::sleep(Duration::from_millis(500));
+    let (hwm0, rss0) = (status_kb(pid, "VmHWM:"), status_kb(pid, "VmRSS:"));
+
+    let big = tmp.0.join("big.toml");
+    let size_kb = largest_policy(&big) / 1024;
+    let t = Instant::now();
+    let o = Command::new(&bin).args(["policy", "apply"]).arg(&big).arg("--socket").arg(&socket).output().unwrap();
+    let took = t.elapsed();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let client_kb = children_max_rss_kb();
+    std::thread::sleep(Duration::from_secs(1));
+    let (hwm1, rss1) = (status_kb(pid, "VmHWM:"), status_kb(pid, "VmRSS:"));
+    println!(
+        "a {size_kb} KiB policy of 131,072 overrides applied in {took:?}: daemon peak +{} KiB ({:.1}x the file), kept +{} KiB; client peak {client_kb} KiB ({:.1}x)",
+        hwm1 - hwm0,
+        ratio(hwm1 - hwm0, size_kb),
+        rss1.saturating_sub(rss0),
+        ratio(client_kb, size_kb),
+    );
+    assert!(hwm1 - hwm0 <= 4 * size_kb, "the daemon's peak grew {} KiB for a {size_kb} KiB file", hwm1 - hwm0);
+    assert!(rss1.saturating_sub(rss0) <= 2 * size_kb, "the daemon kept {} KiB", rss1 - rss0);
+    assert!(client_kb <= 3 * size_kb, "the client peaked at {client_kb} KiB");
+
+    // 30 MiB of one array: refused where it grows too big, with no tree.
+    let arr = tmp.0.join("arr.toml");
+    let text = format!("rate = 1000\nburst = 2000\nzzz = [{}]\n", "0,".repeat(15 << 20));
+    std::fs::write(&arr, &text).unwrap();
+    let o = Command::new(&bin).args(["policy", "apply"]).arg(&arr).arg("--socket").arg(&socket).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("an array of 15,728,640 values: {}", err.trim());
+    assert!(!o.status.success());
+    assert!(err.contains(&format!("{}:3: (document): more than", arr.display())), "{err}");
+    let hwm2 = status_kb(pid, "VmHWM:");
+    assert!(hwm2 - hwm1 <= 2 * (text.len() as u64 / 1024), "the daemon's peak grew {} KiB", hwm2 - hwm1);
+    let s = Command::new(&bin).args(["status", "--json", "--socket"]).arg(&socket).output().unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    assert_eq!(s["policy_version"].as_u64(), Some(2), "the big policy stays in force: {s}");
+}

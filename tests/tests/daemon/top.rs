@@ -1,0 +1,71 @@
+//! `limiter top` in a real terminal (tmux) during two floods: the stronger
+//! flooding prefix is at the top, the weaker one next; and `--once -j`.
+
+use std::{process::Command, process::Stdio, thread, time::Duration};
+
+use limiter_tests::{
+    kernel::require_root,
+    netns::{B_ADDR, B_IF, VethPair},
+    scenario::{self, FLOOD_SRC, Guard, PORT, spawn_lines, unique_socket, wait_for},
+};
+
+const WEAK_SRC: &str = "198.18.3.10";
+
+/// Kills the tmux session even when the test fails.
+struct Tmux(String);
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["kill-session", "-t", &self.0]).status();
+    }
+}
+
+#[test]
+fn the_flooding_prefix_is_at_the_top() {
+    let _alone = limiter_tests::alone(module_path!());
+    require_root();
+    let net = VethPair::new("tp");
+    net.add_source(FLOOD_SRC);
+    net.add_source(WEAK_SRC);
+    let socket = unique_socket("top");
+    let bin = scenario::locate_bin("limiter").unwrap();
+    let mut c = net.b.command(&bin);
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--rate", "1000", "--burst", "200", "--socket"])
+        .arg(&socket);
+    let (_daemon, rx) = spawn_lines(c).unwrap();
+    wait_for(&rx, "control socket", Duration::from_secs(20), &mut String::new()).unwrap();
+
+    let netload = env!("CARGO_BIN_EXE_netload");
+    let dst = format!("{B_ADDR}:{PORT}");
+    let strong =
+        net.a.command(netload).args(["send", FLOOD_SRC, &dst, "0", "5"]).stdout(Stdio::null()).spawn().unwrap();
+    let weak =
+        net.a.command(netload).args(["send", WEAK_SRC, &dst, "20000", "5"]).stdout(Stdio::null()).spawn().unwrap();
+    let (_strong, _weak) = (Guard(strong), Guard(weak));
+    thread::sleep(Duration::from_millis(1500));
+
+    let session = Tmux(format!("limiter-top-{}", std::process::id()));
+    let cmd = format!("{} top --interval 0.3 --socket {}", bin.display(), socket.display());
+    let st = Command::new("tmux")
+        .args(["new-session", "-d", "-s", &session.0, "-x", "140", "-y", "30", &cmd])
+        .status()
+        .unwrap();
+    assert!(st.success(), "tmux new-session");
+    thread::sleep(Duration::from_secs(2));
+    let pane = Command::new("tmux").args(["capture-pane", "-p", "-t", &session.0]).output().unwrap();
+    let screen = String::from_utf8_lossy(&pane.stdout).into_owned();
+    let rows: Vec<&str> =
+        screen.lines().skip_while(|l| !l.starts_with("prefix")).skip(1).filter(|l| !l.trim().is_empty()).collect();
+    assert!(rows.first().is_some_and(|r| r.starts_with("198.18.1.0/24")), "screen:\n{screen}");
+    assert!(rows.get(1).is_some_and(|r| r.starts_with("198.18.3.0/24")), "screen:\n{screen}");
+    assert!(screen.lines().any(|l| l.starts_with("drop ") && l.contains('█')), "no drop sparkline:\n{screen}");
+
+    let o = Command::new(&bin).args(["top", "--once", "-j", "--socket"]).arg(&socket).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let offenders = j["offenders"].as_array().unwrap();
+    assert_eq!(offenders[0]["prefix"], "198.18.1.0/24", "{j}");
+    assert_eq!(offenders[0]["class"], "default", "{j}");
+    assert!(offenders[0]["drops_per_sec"].as_u64().unwrap() > offenders[1]["drops_per_sec"].as_u64().unwrap());
+    assert!(j["dropped_per_sec"].as_array().unwrap().iter().any(|v| v.as_u64().unwrap() > 10_000), "{j}");
+}

@@ -1,0 +1,21 @@
+//! The guest tier: tests that only a guest of another kernel runs
+//! (`cargo xtask test` boots them in QEMU; ignored on the host).
+//! Each module was a binary of its own; tests of two modules never run at
+//! once (see `limiter_tests::alone`). Built by a user other than root,
+//! the tier is one ignored test that says it needs root.
+
+#![allow(
+    clippy::items_after_statements,
+    reason = "every test's first line takes its module's turn (`limiter_tests::alone`), before the items a test keeps to itself"
+)]
+
+#[cfg(not(limiter_tests_need_root))]
+mod kernels;
+
+/// Built by a user other than root: the tier cannot run.
+#[cfg(limiter_tests_need_root)]
+#[test]
+#[ignore = "the guest tier needs root: run `cargo xtask test` as root"]
+fn guest_tier_needs_root() {
+    panic!("the guest tier needs root (BPF programs, network namespaces): run `cargo xtask test` as root");
+}

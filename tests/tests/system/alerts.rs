@@ -1,0 +1,114 @@
+//! The shipped alert rules (`packaging/prometheus/limiter-alerts.yml`)
+//! loaded by Prometheus's own rule checker and evaluator, Debian's
+//! `promtool` (extracted by `cargo xtask setup` from the `prometheus`
+//! package, which is not installed): they parse, and each alert fires on
+//! the series that should raise it, after its `for`, and not before.
+//! (`metrics.rs` checks that every metric they name is exposed.)
+
+use std::{path::PathBuf, process::Command};
+
+use limiter_tests::kernel::TempDir;
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn promtool() -> PathBuf {
+    let p = workspace().join("target/tools/prometheus/usr/bin/promtool");
+    assert!(p.exists(), "{} is missing: run `cargo xtask setup`", p.display());
+    p
+}
+
+fn rules() -> PathBuf {
+    workspace().join("packaging/prometheus/limiter-alerts.yml").canonicalize().unwrap()
+}
+
+#[test]
+fn prometheus_loads_the_alert_rules() {
+    let _alone = limiter_tests::alone(module_path!());
+    let o = Command::new(promtool()).args(["check", "rules"]).arg(rules()).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("SUCCESS: 4 rules found"), "{out}");
+}
+
+/// Synthetic series, a scrape a minute, through `promtool test rules`:
+/// each alert fires where it should and not earlier.
+#[test]
+fn each_alert_fires_on_what_should_raise_it() {
+    let _alone = limiter_tests::alone(module_path!());
+    let tmp = TempDir::new("alerts");
+    let unit = tmp.0.join("limiter-alerts.test.yml");
+    let text = format!(
+        r#"rule_files:
+  - {rules}
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      # Attached for 3 minutes, then detached (the daemon still scraped).
+      - series: 'limiter_attached{{instance="edge1", interface="eth0", mode="native"}}'
+        values: '1 1 1 0 0 0 0 0'
+      # 2,000 drops a second from minute 0 on.
+      - series: 'limiter_packets_total{{instance="edge2", action="drop", reason="rate_limited", family="ipv4"}}'
+        values: '0+120000x20'
+      - series: 'limiter_attached{{instance="edge2", interface="eth0", mode="native"}}'
+        values: '1x20'
+      # One policy refused at minute 2.
+      - series: 'limiter_policy_reloads_total{{instance="edge2", result="failure"}}'
+        values: '0 0 1 1 1 1'
+      # The bucket map 95% full throughout.
+      - series: 'limiter_tracked_prefixes{{instance="edge2"}}'
+        values: '950x20'
+      - series: 'limiter_tracked_prefixes_capacity{{instance="edge2"}}'
+        values: '1000x20'
+    alert_rule_test:
+      - eval_time: 4m
+        alertname: LimiterNotAttached
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: LimiterNotAttached
+        exp_alerts:
+          - exp_labels: {{ severity: critical, instance: edge1, interface: eth0, mode: native }}
+            exp_annotations:
+              summary: "limiter is not attached (or its daemon is not scraped)"
+              description: "Without --pin nothing enforces while the daemon is down."
+      - eval_time: 4m
+        alertname: LimiterDropping
+        exp_alerts: []
+      - eval_time: 11m
+        alertname: LimiterDropping
+        exp_alerts:
+          - exp_labels: {{ severity: warning, instance: edge2 }}
+            exp_annotations:
+              summary: "limiter on edge2 drops 2k packets/s"
+              description: "A flood is being held back, or a policy is too tight. See `limiter stats`."
+      - eval_time: 1m
+        alertname: LimiterReloadFailed
+        exp_alerts: []
+      - eval_time: 3m
+        alertname: LimiterReloadFailed
+        exp_alerts:
+          - exp_labels: {{ severity: warning, instance: edge2, result: failure }}
+            exp_annotations:
+              summary: "limiter on edge2 rejected a policy"
+              description: "The previous policy keeps running. `limiter status` shows the error."
+      - eval_time: 5m
+        alertname: LimiterBucketMapNearlyFull
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: LimiterBucketMapNearlyFull
+        exp_alerts:
+          - exp_labels: {{ severity: warning, instance: edge2 }}
+            exp_annotations:
+              summary: "limiter on edge2: bucket map 95% full"
+              description: "Evictions hand returning prefixes a fresh bucket. Raise capacity or coarsen prefixes."
+"#,
+        rules = rules().display()
+    );
+    std::fs::write(&unit, text).unwrap();
+    let o = Command::new(promtool()).args(["test", "rules"]).arg(&unit).output().unwrap();
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("SUCCESS"), "{out}");
+}

@@ -1,0 +1,27 @@
+//! The system tier: what ships beside the binary, on the system: the
+//! Debian package, the systemd unit, the alert rules, offline replay.
+//! Each module was a binary of its own; tests of two modules never run at
+//! once (see `limiter_tests::alone`). Built by a user other than root,
+//! the tier is one ignored test that says it needs root.
+
+#![allow(
+    clippy::items_after_statements,
+    reason = "every test's first line takes its module's turn (`limiter_tests::alone`), before the items a test keeps to itself"
+)]
+
+#[cfg(not(limiter_tests_need_root))]
+mod alerts;
+#[cfg(not(limiter_tests_need_root))]
+mod package;
+#[cfg(not(limiter_tests_need_root))]
+mod replay;
+#[cfg(not(limiter_tests_need_root))]
+mod systemd;
+
+/// Built by a user other than root: the tier cannot run.
+#[cfg(limiter_tests_need_root)]
+#[test]
+#[ignore = "the system tier needs root: run `cargo xtask test` as root"]
+fn system_tier_needs_root() {
+    panic!("the system tier needs root (BPF programs, network namespaces): run `cargo xtask test` as root");
+}
