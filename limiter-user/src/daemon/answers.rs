@@ -1,11 +1,10 @@
 //! The daemon's answers to control requests and metrics scrapes.
 
 use limiter_common::{Action, Reason};
-use tokio::sync::oneshot;
 
 use super::{
-    ApplyError, Daemon,
-    changes::{Change, Queued},
+    ApplyError, Enforcer, Settings, features::Features, link::Link, observe::Observer, reloads::Reloads, show,
+    view::View,
 };
 use crate::{
     clock::unix_now,
@@ -13,33 +12,42 @@ use crate::{
         ClassRow, ErrorCode, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo, StatusInfo,
         SynCookieRow, TopInfo,
     },
-    dataplane::{Health, LoadError},
+    dataplane::{DataPlane, Health, LoadError},
     feedback::{Endpoint, FeedbackCounts},
     metrics::Snapshot,
     policy::file,
     top,
 };
 
-impl Daemon {
-    /// Take one control request: answer it now, start the change it asks
-    /// for, or queue it while a change has the policy state.
-    pub(super) fn handle(&mut self, mut req: Request, reply: oneshot::Sender<Response>) {
-        if let Some(change) = Change::of(&mut req) {
-            return self.change(change, Some(reply));
-        }
-        if let Some(answer) = self.features.answer(&req) {
-            let _ = reply.send(answer);
-            return;
-        }
+/// What the loop's read-only answers read: its parts, borrowed for one
+/// answer (the changes and the clients' turns are the loop's).
+pub(super) struct Answers<'a> {
+    pub(super) settings: &'a Settings,
+    pub(super) dp: &'a DataPlane,
+    /// The policy state; `None` while a change has it away.
+    pub(super) policy: Option<&'a Enforcer>,
+    pub(super) view: &'a View,
+    pub(super) link: &'a Link,
+    pub(super) features: &'a Features,
+    pub(super) reloads: &'a Reloads,
+    pub(super) observer: &'a Observer,
+}
+
+impl Answers<'_> {
+    /// The answer to a request that reads (a change or a feature's own
+    /// request is taken before); `Err` gives back one that needs the
+    /// policy state while a change has it away.
+    pub(super) fn answer(&self, req: Request) -> Result<Response, Request> {
         let fail = |e: &dyn std::fmt::Display| Response::error(ErrorCode::Unavailable, e.to_string());
-        let response = match req {
+        Ok(match req {
             Request::Status => self.status().unwrap_or_else(|e| fail(&e)),
             Request::Stats => self.stats().unwrap_or_else(|e| fail(&e)),
             Request::Top { n } => self.top_info(n),
-            Request::PrefixShow { cidr } => self.prefix_show(cidr).map_or_else(|e| fail(&e), Response::PrefixShow),
+            Request::PrefixShow { cidr } => show::prefix_show(self.policy, self.view, self.features, cidr)
+                .map_or_else(|e| fail(&e), Response::PrefixShow),
             Request::PolicyShow | Request::PrefixList => {
-                let Some((policy, _)) = &self.policy else {
-                    return self.enqueue(Queued::Call(req, reply));
+                let Some(policy) = self.policy else {
+                    return Err(req);
                 };
                 if matches!(req, Request::PolicyShow) {
                     // What is in force: the feedback endpoint's address and
@@ -76,12 +84,11 @@ impl Daemon {
             | Request::PrefixDeny { .. }
             | Request::PrefixUnset { .. }
             | Request::PrefixLoad { .. }
-            | Request::Penalty { .. } => unreachable!("changes are taken above"),
+            | Request::Penalty { .. } => unreachable!("changes are taken before"),
             Request::Load { .. } | Request::FleetStatus => {
                 Response::error(ErrorCode::Unavailable, "no feature of this daemon answers it".to_owned())
             }
-        };
-        let _ = reply.send(response);
+        })
     }
 
     /// The counters per reason, and per class of the running policy by
@@ -226,8 +233,8 @@ impl Daemon {
         Ok(Response::Stats(StatsInfo { reasons, classes, syn_cookies }))
     }
 
-    fn top_info(&mut self, n: usize) -> Response {
-        self.observer.drain_drop_events();
+    /// The top offenders (the loop drains the drop events first).
+    fn top_info(&self, n: usize) -> Response {
         let names = &self.view.class_names;
         let offenders = self
             .observer

@@ -10,9 +10,9 @@ use std::collections::VecDeque;
 use ipnet::IpNet;
 use tokio::sync::oneshot;
 
-use super::{ApplyError, Daemon, Enforcer, Settings, source::SourceChange};
+use super::{ApplyError, Enforcer, Settings, source::SourceChange};
 use crate::{
-    control::{Applied, ErrorCode, Request, Response},
+    control::{ErrorCode, Request, Response},
     dataplane::maps::Tables,
     policy::{Limit, ListAction, OverrideAction, file, runtime::Decider},
 };
@@ -145,27 +145,59 @@ fn give_back_memory() {
     }
 }
 
-/// The daemon's side of changes.
-#[derive(Default)]
+/// The policy state and the changes of it: the state is home, or away
+/// with the one change that runs; what needs it meanwhile waits here.
 pub(super) struct Changes {
+    /// The policy state and the tables it writes; `None` while a change
+    /// runs off the loop.
+    policy: Option<(Enforcer, Tables)>,
     /// The change running off the loop, if any.
-    pub running: Option<oneshot::Receiver<Done>>,
-    pub queue: VecDeque<Queued>,
+    running: Option<oneshot::Receiver<Done>>,
+    queue: VecDeque<Queued>,
     /// The sources' changes still to apply: each starts only when
     /// nothing else runs or waits, so an operator's change waits for one
     /// part at most (not 1.2 s behind a whole 850,000-decision pull).
     /// Whole changes (a feed's version) go before the parts of a split
     /// one.
-    pub whole: VecDeque<Box<dyn SourceChange>>,
-    pub parts: VecDeque<Box<dyn SourceChange>>,
+    whole: VecDeque<Box<dyn SourceChange>>,
+    parts: VecDeque<Box<dyn SourceChange>>,
     /// When an expiry last went before a part (at most once a second).
-    pub expired_between_parts: Option<std::time::Instant>,
+    expired_between_parts: Option<std::time::Instant>,
 }
 
-impl Daemon {
+impl Changes {
+    pub(super) fn new(enforcer: Enforcer, tables: Tables) -> Self {
+        Self {
+            policy: Some((enforcer, tables)),
+            running: None,
+            queue: VecDeque::new(),
+            whole: VecDeque::new(),
+            parts: VecDeque::new(),
+            expired_between_parts: None,
+        }
+    }
+
+    /// The policy state, when no change has it away.
+    pub(super) fn policy(&self) -> Option<&Enforcer> {
+        self.policy.as_ref().map(|(p, _)| p)
+    }
+
+    /// Whether a change runs off the loop.
+    pub(super) fn running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// The change running off the loop, once it is done (cancel-safe: the
+    /// loop's other arms may win meanwhile).
+    pub(super) async fn done(&mut self) -> Result<Done, oneshot::error::RecvError> {
+        let done = self.running.as_mut().expect("awaited only while a change runs").await;
+        self.running = None;
+        done
+    }
+
     /// Start `change` on a blocking thread, or queue it behind the one
     /// running.
-    pub(super) fn change(&mut self, change: Change, reply: Option<oneshot::Sender<Response>>) {
+    pub(super) fn start(&mut self, change: Change, reply: Option<oneshot::Sender<Response>>, settings: &Settings) {
         let Some((mut enforcer, mut tables)) = self.policy.take() else {
             // An expiry is retried by the next tick.
             if !matches!(change, Change::Expire) {
@@ -173,38 +205,37 @@ impl Daemon {
             }
             return;
         };
-        let settings = self.settings.clone();
+        let settings = settings.clone();
         let (tx, rx) = oneshot::channel();
         tokio::task::spawn_blocking(move || {
             let mut change = change;
             let result = run(&mut change, &mut enforcer, &mut tables, &settings);
             let _ = tx.send(Done { enforcer, tables, change, reply, result });
         });
-        self.changes.running = Some(rx);
+        self.running = Some(rx);
     }
 
     /// Queue a request until the policy state is back; refuse past the cap.
     pub(super) fn enqueue(&mut self, q: Queued) {
         let reload = |q: &Queued| matches!(q, Queued::Change(Change::Reload, _));
-        if reload(&q) && self.changes.queue.iter().any(reload) {
+        if reload(&q) && self.queue.iter().any(reload) {
             return;
         }
-        if self.changes.queue.len() >= MAX_QUEUED {
+        if self.queue.len() >= MAX_QUEUED {
             if let Queued::Call(_, reply) | Queued::Change(_, Some(reply)) = q {
                 let message = format!("{MAX_QUEUED} requests already wait for a policy change to finish; retry");
                 let _ = reply.send(Response::error(ErrorCode::Busy, message));
             }
             return;
         }
-        self.changes.queue.push_back(q);
+        self.queue.push_back(q);
     }
 
-    /// A change finished: take the state back, report, and go on with
-    /// what waited for it until the next change starts.
-    pub(super) fn finished(&mut self, done: Done) {
+    /// A change finished: the state is home again (and the heap a big
+    /// change freed given back); what it was, who asked and its outcome.
+    pub(super) fn take_back(&mut self, done: Done) -> Finished {
         let Done { enforcer, tables, change, reply, result } = done;
         self.policy = Some((enforcer, tables));
-        self.refresh_view();
         let frees = match &change {
             Change::Source(c) => c.frees_heap(),
             c => matches!(c, Change::Apply { .. } | Change::Reload | Change::Load { .. }),
@@ -212,116 +243,69 @@ impl Daemon {
         if frees {
             give_back_memory();
         }
-        let response = match change {
-            Change::Reload => {
-                self.report_reload(result);
-                None
-            }
-            Change::Expire => {
-                match result {
-                    Ok(summary) => {
-                        tracing::info!(
-                            event = "policy_change",
-                            version = self.view.version,
-                            "limiter: runtime override(s) expired: applied {summary}"
-                        );
-                        self.note_reload(true, summary);
-                    }
-                    Err(e) => tracing::warn!("limiter: expiring runtime overrides failed (retried): {e}"),
-                }
-                None
-            }
-            Change::Source(c) => {
-                c.report(&result);
-                self.features.outcome(c.source(), result.is_ok());
-                None
-            }
-            _ => Some(self.finish_change(result)),
-        };
-        if let (Some(reply), Some(r)) = (reply, response) {
-            let _ = reply.send(r);
-        }
-        while self.changes.running.is_none()
-            && let Some(q) = self.changes.queue.pop_front()
-        {
-            match q {
-                Queued::Change(c, reply) => self.change(c, reply),
-                Queued::Call(req, reply) => self.handle(req, reply),
-            }
-        }
-        self.next_part();
+        Finished { change, reply, result }
+    }
+
+    /// What waited for the state, while no change has it away.
+    pub(super) fn next_queued(&mut self) -> Option<Queued> {
+        if self.running.is_some() { None } else { self.queue.pop_front() }
     }
 
     /// A source's change: in line behind what waits, whole or in its
     /// parts (a newer version of what still waits replaces it).
-    pub(super) fn decided(&mut self, change: Box<dyn SourceChange>) {
-        if let Some(slot) = self.changes.whole.iter_mut().find(|w| change.replaces(&***w)) {
+    pub(super) fn decided(&mut self, change: Box<dyn SourceChange>, settings: &Settings) {
+        if let Some(slot) = self.whole.iter_mut().find(|w| change.replaces(&***w)) {
             *slot = change;
         } else {
             let parts = change.parts();
             if parts.len() == 1 {
-                self.changes.whole.extend(parts);
+                self.whole.extend(parts);
             } else {
-                self.changes.parts.append(&mut parts.into());
+                self.parts.append(&mut parts.into());
             }
         }
-        self.next_part();
+        self.next_part(settings);
     }
 
     /// Start the next part of a source's change, when nothing else runs
     /// or waits (parts of a section no longer in force are dropped).
-    pub(super) fn next_part(&mut self) {
-        while self.changes.running.is_none() && self.changes.queue.is_empty() {
+    pub(super) fn next_part(&mut self, settings: &Settings) {
+        while self.running.is_none() && self.queue.is_empty() {
             // Overrides whose time is up go first (a long pull would
             // otherwise hold them past their end).
-            let recently = self.changes.expired_between_parts.is_some_and(|t| t.elapsed().as_secs() < 1);
-            let waiting = !self.changes.whole.is_empty() || !self.changes.parts.is_empty();
+            let recently = self.expired_between_parts.is_some_and(|t| t.elapsed().as_secs() < 1);
+            let waiting = !self.whole.is_empty() || !self.parts.is_empty();
             if waiting && !recently && self.expiry_due() {
-                self.changes.expired_between_parts = Some(std::time::Instant::now());
-                self.change(Change::Expire, None);
+                self.expired_between_parts = Some(std::time::Instant::now());
+                self.start(Change::Expire, None, settings);
                 continue;
             }
-            let Some(part) = self.changes.whole.pop_front().or_else(|| self.changes.parts.pop_front()) else {
+            let Some(part) = self.whole.pop_front().or_else(|| self.parts.pop_front()) else {
                 return;
             };
             if part.current() {
-                self.change(Change::Source(part), None);
+                self.start(Change::Source(part), None, settings);
             }
         }
     }
 
-    /// Log and record a policy change; the answer to its client.
-    fn finish_change(&mut self, result: Result<String, ApplyError>) -> Response {
-        let version = self.view.version;
-        match result {
-            Ok(summary) => {
-                tracing::info!(event = "policy_change", version, "limiter: applied {summary}");
-                self.note_reload(true, summary.clone());
-                Response::Applied(Applied { version, summary })
-            }
-            Err(e) => {
-                let message = format!("{e}; policy v{version} keeps running");
-                tracing::warn!(event = "policy_change", ok = false, version, "limiter: refused: {message}");
-                self.note_reload(false, message);
-                e.answer(version)
-            }
+    /// Once a second: start forgetting what reached its end (when no
+    /// other change runs; it is one change for all of them).
+    pub(super) fn expire(&mut self, settings: &Settings) {
+        if self.expiry_due() && self.running.is_none() {
+            self.start(Change::Expire, None, settings);
         }
     }
 
-    /// SIGHUP's outcome.
-    fn report_reload(&mut self, result: Result<String, ApplyError>) {
-        let (version, source) = (self.view.version, self.view.source.clone());
-        match result {
-            Ok(summary) => {
-                tracing::info!(event = "reload", ok = true, version, source = %source, "limiter: SIGHUP: applied {source}: {summary}");
-                self.note_reload(true, summary);
-            }
-            Err(e) => {
-                let message = format!("rejected: {e}; policy v{version} keeps running");
-                tracing::warn!(event = "reload", ok = false, version, "limiter: SIGHUP: {message}");
-                self.note_reload(false, message);
-            }
-        }
-        self.reload_features();
+    /// Whether an override, escalation or decision has reached its end.
+    fn expiry_due(&self) -> bool {
+        self.policy().and_then(Enforcer::next_expiry).is_some_and(|t| t <= crate::clock::unix_now())
     }
+}
+
+/// A change done, with its state home again.
+pub(super) struct Finished {
+    pub(super) change: Change,
+    pub(super) reply: Option<oneshot::Sender<Response>>,
+    pub(super) result: Result<String, ApplyError>,
 }

@@ -7,7 +7,7 @@
 //! its report (which writes its own series) and for its part of `limiter
 //! status`, may answer the control requests that are its own, and is
 //! drained at shutdown. A policy change fans out to every feature from one
-//! place ([`Daemon::refresh_view`](super::Daemon) through
+//! place ([`View::refresh`](super::view::View::refresh) through
 //! [`Features::apply`](super::features::Features)), so a setting of a
 //! feature goes one way, once: file -> policy -> [`InForce`] -> the
 //! feature. A new feature is its own files and one line in

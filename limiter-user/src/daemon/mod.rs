@@ -14,105 +14,51 @@ mod feedback;
 mod feeds;
 mod fleet;
 mod forward;
+mod link;
 mod observe;
 mod os;
+mod reloads;
+mod settings;
 mod show;
 mod source;
 mod start;
 mod view;
-mod watch;
 
-use std::{
-    net::SocketAddr,
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
-    sync::mpsc,
+    sync::{mpsc, oneshot},
 };
 
 use self::{
-    changes::{Change, Changes},
+    answers::Answers,
+    changes::{Change, Changes, Done, Finished, Queued},
     features::{Features, Start},
+    link::Link,
     observe::{Observer, status_line},
     os::{notify_ready, raise_memlock},
+    reloads::Reloads,
     source::SourceChange,
     view::View,
 };
 pub use self::{
     enforcer::{ApplyError, Enforcer},
     os::init_logging,
+    settings::Settings,
 };
 use crate::{
     control::{
-        ReloadInfo,
+        Request, Response,
         server::{self, Bound, Call},
     },
     dataplane::{
-        AttachMode, Attachment, DataPlane, Health,
-        maps::Tables,
+        DataPlane,
         upgrade::{Renewal, renewal_loss},
     },
     metrics::ScrapeCall,
-    policy::{self, Loaded, Overlay, PolicyError},
+    policy::runtime::Decider,
 };
-
-/// How the daemon is to run (from `limiter run`'s arguments).
-#[derive(Clone, Debug)]
-pub struct Settings {
-    pub iface: String,
-    pub mode: AttachMode,
-    /// Exclusive, or a libxdp dispatcher's component (`--attach`).
-    pub attach: crate::dataplane::chain::Attach,
-    /// Run priority under a libxdp dispatcher (`--priority`).
-    pub priority: u32,
-    /// Pin under this directory (`--pin`).
-    pub pin_dir: Option<PathBuf>,
-    pub socket: PathBuf,
-    /// Group (name or gid) allowed on the control socket besides root.
-    pub socket_group: Option<String>,
-    pub metrics: Option<SocketAddr>,
-    /// Between status lines; `None` = no status lines.
-    pub status_interval: Option<Duration>,
-    /// `--policy`; else the default path if a file is there.
-    pub policy: Option<PathBuf>,
-    pub overlay: Overlay,
-}
-
-impl Settings {
-    /// The policy to enforce: the file (or the built-in policy) with the
-    /// command-line flags laid over it.
-    pub fn load_policy(&self) -> Result<Loaded, PolicyError> {
-        let mut loaded = match policy::resolve_path(self.policy.as_deref()) {
-            Some(path) => policy::file::read(&path)?,
-            None => Loaded::built_in(),
-        };
-        loaded.policy = self.overlay.apply(loaded.policy)?;
-        Ok(loaded)
-    }
-}
-
-/// Policy applies since start, for `status` and the metrics.
-#[derive(Debug)]
-struct Reloads {
-    started: Instant,
-    last: Option<ReloadInfo>,
-    applied: u64,
-    rejected: u64,
-    /// Unix times of the last applied and the last rejected policy.
-    last_applied: Option<u64>,
-    last_rejected: Option<u64>,
-}
-
-/// The program's link to its interface, as last checked.
-struct Link {
-    attachment: Attachment,
-    health: Health,
-    /// Times the daemon put back a lost link or pin.
-    repairs: u64,
-}
 
 /// What wakes the loop besides its timers.
 struct Inputs {
@@ -123,15 +69,14 @@ struct Inputs {
     decided: mpsc::Receiver<Box<dyn SourceChange>>,
 }
 
-/// A running daemon.
+/// A running daemon: its parts, each with its own state and methods; the
+/// loop hands each input to the part it is for.
 pub struct Daemon {
     settings: Settings,
     dp: DataPlane,
-    /// The policy state and the tables it writes; `None` while a change
-    /// runs off the loop (see `changes`).
-    policy: Option<(Enforcer, Tables)>,
-    view: View,
+    /// The policy state and its changes (see `changes`).
     changes: Changes,
+    view: View,
     link: Link,
     features: Features,
     /// The control socket (removed on drop if still ours).
@@ -189,10 +134,9 @@ impl Daemon {
         let d = Self {
             settings,
             dp,
-            policy: Some((enforcer, tables)),
+            changes: Changes::new(enforcer, tables),
             view,
-            changes: Changes::default(),
-            link: Link { attachment, health: Health::Attached, repairs: 0 },
+            link: Link::new(attachment),
             features,
             socket,
             reloads: Reloads::new(),
@@ -221,8 +165,7 @@ impl Daemon {
                 why = &mut shutdown => break why,
                 _ = self.inputs.hup.recv() => self.change(Change::Reload, None),
                 Some((req, reply)) = self.inputs.calls.recv() => self.handle(req, reply),
-                done = async { self.changes.running.as_mut().expect("guarded").await }, if self.changes.running.is_some() => {
-                    self.changes.running = None;
+                done = self.changes.done(), if self.changes.running() => {
                     match done {
                         Ok(done) => self.finished(done),
                         Err(_) => anyhow::bail!("a policy change thread died; the data plane keeps its last policy"),
@@ -233,16 +176,18 @@ impl Daemon {
                     let cookies = !self.view.syn_cookies.is_empty();
                     self.observer.tick_second(&self.dp.maps.totals()?, cookies);
                     self.observer.cookies.arm(&self.view.syn_cookie_ports);
-                    self.check_attachment();
-                    self.expire_overrides();
-                    self.escalate();
+                    self.link.check(&mut self.dp, &self.settings.iface);
+                    self.changes.expire(&self.settings);
+                    for (cidr, ttl, reason) in self.observer.escalations(self.view.escalate) {
+                        self.change(Change::Penalty { cidr, ttl, reason, by: Decider::Escalation }, None);
+                    }
                     self.features.tick();
                 }
                 // Every source of decisions, one arm: its change waits
                 // behind the operator's (each source bounds what it sends).
-                Some(change) = self.inputs.decided.recv() => self.decided(change),
+                Some(change) = self.inputs.decided.recv() => self.changes.decided(change, &self.settings),
                 Some(reply) = self.inputs.scrapes.recv() => {
-                    if let Ok(s) = self.snapshot() {
+                    if let Ok(s) = self.answers().snapshot() {
                         let _ = reply.send(s);
                     }
                 }
@@ -293,7 +238,7 @@ impl Daemon {
                 },
                 if replaced { "replaced the program on the pinned link atomically" } else { "new link" },
             );
-            if self.policy.as_ref().is_some_and(|(p, _)| capacity != p.base().capacity) {
+            if self.changes.policy().is_some_and(|p| capacity != p.base().capacity) {
                 tracing::info!(
                     "limiter: capacity stays {capacity} (pinned map); `limiter unload` and restart to change it"
                 );
@@ -327,21 +272,77 @@ impl Daemon {
         Ok(())
     }
 
-    /// Record the outcome of a reload for `status` and the metrics.
-    fn note_reload(&mut self, ok: bool, message: String) {
-        let now = crate::clock::unix_now();
-        let r = &mut self.reloads;
-        if ok {
-            (r.applied, r.last_applied) = (r.applied + 1, Some(now));
-        } else {
-            (r.rejected, r.last_rejected) = (r.rejected + 1, Some(now));
+    /// Take one control request: start the change it asks for (or queue
+    /// it while a change has the policy state), or answer it now.
+    fn handle(&mut self, mut req: Request, reply: oneshot::Sender<Response>) {
+        if let Some(change) = Change::of(&mut req) {
+            return self.change(change, Some(reply));
         }
-        r.last = Some(ReloadInfo { ok, message, unix_time: now });
+        if let Some(answer) = self.features.answer(&req) {
+            let _ = reply.send(answer);
+            return;
+        }
+        if matches!(req, Request::Top { .. }) {
+            self.observer.drain_drop_events();
+        }
+        match self.answers().answer(req) {
+            Ok(response) => drop(reply.send(response)),
+            Err(req) => self.changes.enqueue(Queued::Call(req, reply)),
+        }
     }
-}
 
-impl Reloads {
-    fn new() -> Self {
-        Self { started: Instant::now(), last: None, applied: 0, rejected: 0, last_applied: None, last_rejected: None }
+    /// The loop's parts, borrowed for a read-only answer.
+    fn answers(&self) -> Answers<'_> {
+        Answers {
+            settings: &self.settings,
+            dp: &self.dp,
+            policy: self.changes.policy(),
+            view: &self.view,
+            link: &self.link,
+            features: &self.features,
+            reloads: &self.reloads,
+            observer: &self.observer,
+        }
+    }
+
+    /// Start `change` off the loop, or queue it behind the one running.
+    fn change(&mut self, change: Change, reply: Option<oneshot::Sender<Response>>) {
+        self.changes.start(change, reply, &self.settings);
+    }
+
+    /// A change finished: show the state in force, report, and go on
+    /// with what waited for it until the next change starts.
+    fn finished(&mut self, done: Done) {
+        let Finished { change, reply, result } = self.changes.take_back(done);
+        let Some(p) = self.changes.policy() else { unreachable!("the state is home") };
+        self.view.refresh(p, &mut self.features);
+        let version = self.view.version;
+        let response = match change {
+            Change::Reload => {
+                self.reloads.reloaded(result, version, &self.view.source);
+                self.view.reload(p, &mut self.features);
+                None
+            }
+            Change::Expire => {
+                self.reloads.expired(result, version);
+                None
+            }
+            Change::Source(c) => {
+                c.report(&result);
+                self.features.outcome(c.source(), result.is_ok());
+                None
+            }
+            _ => Some(self.reloads.changed(result, version)),
+        };
+        if let (Some(reply), Some(r)) = (reply, response) {
+            let _ = reply.send(r);
+        }
+        while let Some(q) = self.changes.next_queued() {
+            match q {
+                Queued::Change(c, reply) => self.change(c, reply),
+                Queued::Call(req, reply) => self.handle(req, reply),
+            }
+        }
+        self.changes.next_part(&self.settings);
     }
 }

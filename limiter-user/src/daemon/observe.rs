@@ -52,6 +52,23 @@ impl Observer {
         }
     }
 
+    /// Once a second: the addresses escalation found under `rule`, each
+    /// to deny through the governor like a penalty from the tenant layer
+    /// (its CIDR, TTL and why).
+    pub fn escalations(&mut self, rule: Option<crate::policy::feedback::Escalate>) -> Vec<(String, u64, String)> {
+        let found = self.escalator.second(rule.as_ref(), crate::clock::unix_now());
+        let Some(rule) = rule else { return Vec::new() };
+        let secs = rule.sustained.as_secs();
+        found
+            .into_iter()
+            .map(|(net, rate)| {
+                let cidr = net.to_string();
+                tracing::info!(event = "escalation", cidr = %cidr, rate, "limiter: {cidr} dropped at about {rate}/s for {secs} s: asking to deny it");
+                (cidr, rule.deny_for.as_secs(), format!("escalation: about {rate} drops/s for {secs} s"))
+            })
+            .collect()
+    }
+
     /// Tracked prefixes as last counted in the background.
     pub fn tracked(&self) -> usize {
         self.tracked.0.load(Ordering::Relaxed)

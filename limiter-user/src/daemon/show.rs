@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use limiter_common::{family, packet, rules};
 
-use super::Daemon;
+use super::{Enforcer, features::Features, view::View};
 use crate::control::PrefixShow;
 
 /// Why `limiter prefix show` has no answer.
@@ -21,25 +21,29 @@ pub(super) enum ShowError {
     Wider { net: IpNet, bucket: u32 },
 }
 
-impl Daemon {
-    /// `limiter prefix show`: the bucket prefix that `net` (an address or
-    /// a network no wider than a bucket) falls in, and what the features
-    /// say of it.
-    pub(super) fn prefix_show(&self, net: IpNet) -> Result<PrefixShow, ShowError> {
-        let (p, _) = self.policy.as_ref().ok_or(ShowError::Changing)?;
-        let config = p.config().ok_or(ShowError::NoPolicy)?;
-        let bucket = if net.addr().is_ipv4() { config.v4_prefix } else { config.v6_prefix };
-        if u32::from(net.prefix_len()) < bucket {
-            return Err(ShowError::Wider { net, bucket });
-        }
-        let src = source_of(net.addr());
-        // Every class's bucket of `src` covers the same network.
-        let cidr = crate::dataplane::net(&rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, 0));
-        let mut out = PrefixShow { cidr, windows: Vec::new() };
-        let effective = p.effective(p.base());
-        self.features.show(&src, &self.view.applied(p, &effective), &mut out);
-        Ok(out)
+/// `limiter prefix show`: the bucket prefix that `net` (an address or a
+/// network no wider than a bucket) falls in under the policy state
+/// `policy` (`None`: a change has it away), and what the features say of
+/// it.
+pub(super) fn prefix_show(
+    policy: Option<&Enforcer>,
+    view: &View,
+    features: &Features,
+    net: IpNet,
+) -> Result<PrefixShow, ShowError> {
+    let p = policy.ok_or(ShowError::Changing)?;
+    let config = p.config().ok_or(ShowError::NoPolicy)?;
+    let bucket = if net.addr().is_ipv4() { config.v4_prefix } else { config.v6_prefix };
+    if u32::from(net.prefix_len()) < bucket {
+        return Err(ShowError::Wider { net, bucket });
     }
+    let src = source_of(net.addr());
+    // Every class's bucket of `src` covers the same network.
+    let cidr = crate::dataplane::net(&rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, 0));
+    let mut out = PrefixShow { cidr, windows: Vec::new() };
+    let effective = p.effective(p.base());
+    features.show(&src, &view.applied(p, &effective), &mut out);
+    Ok(out)
 }
 
 /// A packet source of `addr`, as the data plane parses one.

@@ -1,7 +1,7 @@
 //! What the daemon's loop shows of the policy in force (`status`, the
 //! metrics, the fleet's classes), refreshed after start and each change.
 
-use super::{Daemon, Enforcer, feature::InForce};
+use super::{Enforcer, feature::InForce, features::Features};
 use crate::{feedback::FeedbackCounts, policy::Policy};
 
 /// What the loop shows of the policy, kept while a change has it away.
@@ -80,6 +80,20 @@ impl View {
         (view, effective)
     }
 
+    /// Show the policy state `p` in force (after start and each change),
+    /// and hand it to every feature: from here and from nowhere else.
+    pub(super) fn refresh(&mut self, p: &Enforcer, features: &mut Features) {
+        let (view, effective) = View::of(p);
+        *self = view;
+        features.apply(&self.applied(p, &effective));
+    }
+
+    /// SIGHUP: every feature reads its own files again.
+    pub(super) fn reload(&self, p: &Enforcer, features: &mut Features) {
+        let effective = p.effective(p.base());
+        features.reload(&self.applied(p, &effective));
+    }
+
     /// The policy in force as the features take it.
     pub(super) fn applied<'a>(&'a self, p: &'a Enforcer, effective: &'a Policy) -> InForce<'a> {
         InForce {
@@ -88,26 +102,6 @@ impl View {
             config: p.config().copied().unwrap_or_default(),
             class_names: &self.class_names,
             state: p,
-        }
-    }
-}
-
-impl Daemon {
-    /// Show the policy state in force (after start and each change), and
-    /// hand it to every feature: from here and from nowhere else.
-    pub(super) fn refresh_view(&mut self) {
-        if let Some((p, _)) = &self.policy {
-            let (view, effective) = View::of(p);
-            self.view = view;
-            self.features.apply(&self.view.applied(p, &effective));
-        }
-    }
-
-    /// SIGHUP: every feature reads its own files again.
-    pub(super) fn reload_features(&mut self) {
-        if let Some((p, _)) = &self.policy {
-            let effective = p.effective(p.base());
-            self.features.reload(&self.view.applied(p, &effective));
         }
     }
 }
