@@ -127,4 +127,36 @@ mod tests {
         let e = Overlay { new_source_rate: Some(5), ..Overlay::default() }.apply(file).unwrap_err();
         assert_eq!(e.field, "new_source_burst");
     }
+
+    /// The defaults the flags' help gives are the built-in policy's: the
+    /// values are declared once, in [`Policy::default`], and the help is
+    /// held to them.
+    #[test]
+    fn the_help_of_each_flag_gives_the_built_in_default() {
+        use clap::{Args, ValueEnum};
+        let d = Policy::default();
+        let (sources, sources_burst) = crate::policy::DEFAULT_NEW_SOURCES;
+        let (agg_v4, agg_v6) = DEFAULT_AGGREGATE_PREFIXES;
+        let cost = d.default.cost.to_possible_value().expect("a flag value").get_name().to_owned();
+        let expected = [
+            ("rate", d.default.rate.to_string()),
+            ("burst", d.default.burst.to_string()),
+            ("cost", cost),
+            ("v4_prefix", d.v4_prefix.to_string()),
+            ("v6_prefix", d.v6_prefix.to_string()),
+            ("new_source_rate", format!("{sources}, burst {sources_burst}")),
+            ("aggregate_rate", "off".to_owned()),
+            ("aggregate_v4_prefix", agg_v4.to_string()),
+            ("aggregate_v6_prefix", agg_v6.to_string()),
+            ("capacity", d.capacity.to_string()),
+        ];
+        assert!(d.aggregate.is_none(), "the aggregate tier is off by default");
+        assert_eq!(d.new_sources, Some((sources, sources_burst)));
+        let cmd = Overlay::augment_args(clap::Command::new("run"));
+        for (id, value) in expected {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap_or_else(|| panic!("no flag {id}"));
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            assert!(help.contains(&format!("[default: {value}]")), "--{id}: {help:?} does not give {value}");
+        }
+    }
 }
