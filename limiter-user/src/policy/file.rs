@@ -48,8 +48,8 @@ pub use self::{
 };
 
 use super::{
-    Aggregate, Class, Compiled, CostUnit, Criticality, DEFAULT_AGGREGATE_PREFIXES, Limit, Mode, Policy, PolicyError,
-    Protocol, Scope, StoreFailure, SynCookies, bad,
+    Class, Compiled, CostUnit, Criticality, Limit, Mode, Policy, PolicyError, Protocol, Scope, StoreFailure,
+    SynCookies, bad, knobs::Knobs,
 };
 
 /// Largest policy file read: 131,072 overrides take about 8 MB.
@@ -110,18 +110,10 @@ struct Root {
     #[serde(default, skip_serializing_if = "super::kernel::MissingFeature::is_default")]
     missing_kernel_feature: super::kernel::MissingFeature,
     mode: Option<Spanned<Mode>>,
-    rate: Option<u64>,
-    burst: Option<u64>,
-    cost: Option<CostUnit>,
-    v4_prefix: Option<u32>,
-    v6_prefix: Option<u32>,
-    capacity: Option<u32>,
-    new_source_rate: Option<Spanned<u64>>,
-    new_source_burst: Option<Spanned<u64>>,
-    aggregate_rate: Option<Spanned<u64>>,
-    aggregate_burst: Option<Spanned<u64>>,
-    aggregate_v4_prefix: Option<Spanned<u32>>,
-    aggregate_v6_prefix: Option<Spanned<u32>>,
+    /// The top-level settings `limiter run`'s flags share (an error of
+    /// one comes without a place: [`placeless`] finds it).
+    #[serde(flatten)]
+    knobs: Knobs,
     #[serde(default, rename = "class", skip_serializing_if = "Vec::is_empty")]
     classes: Vec<Spanned<ClassSpec>>,
     #[serde(default, rename = "override", skip_serializing_if = "Vec::is_empty")]
@@ -186,9 +178,12 @@ pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
         let field = field_at(&text, line_of(&rest, offset));
         locate(bad(field, e.message().trim().to_owned()), offset)
     };
-    let mut root: Root = toml::from_str(&rest).map_err(|e| {
-        let at = e.span().map_or(0, |s| s.start);
-        syntax(e, at)
+    let mut root: Root = toml::from_str(&rest).map_err(|e| match e.span() {
+        Some(s) if !s.is_empty() => syntax(e, s.start),
+        s => match placeless(&rest, &e) {
+            Some((at, message)) => locate(bad(field_at(&text, line_of(&rest, at)), message), at),
+            None => syntax(e, s.map_or(0, |s| s.start)),
+        },
     })?;
     if let (Some(first), Some(b)) = (root.overrides.first(), batches.first()) {
         let problem = "overrides are given both as [[override]] tables and otherwise (an `override` key or table)";
@@ -202,7 +197,7 @@ pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
                        truncated file?); write `allow_empty = true` if that is meant";
         return Err(locate(bad("(document)", problem), 0));
     }
-    let policy = build(root).map_err(|(e, offset)| locate(e, offset))?;
+    let policy = build(root, &rest).map_err(|(e, offset)| locate(e, offset))?;
     Ok(Loaded { policy, provenance: Provenance::File { name: name.to_owned(), text } })
 }
 
@@ -215,33 +210,60 @@ impl Root {
 
 type Located<T> = Result<T, (PolicyError, usize)>;
 
-/// Both of a pair or neither: `Ok(None)`, `Ok(Some(..))`, or the missing one.
-fn pair<T>(a: Option<Spanned<T>>, b: Option<Spanned<T>>, names: [&str; 2]) -> Located<Option<(T, T)>> {
-    match (a, b) {
-        (None, None) => Ok(None),
-        (Some(a), Some(b)) => Ok(Some((a.into_inner(), b.into_inner()))),
-        (Some(a), None) => Err((bad(names[1], format!("{} needs {}", names[0], names[1])), a.span().start)),
-        (None, Some(b)) => Err((bad(names[0], format!("{} needs {}", names[1], names[0])), b.span().start)),
-    }
+/// The file's own top-level keys, in order, but the knobs (which go
+/// after `mode`): an unknown key's message lists them, as flattening the
+/// knobs drops serde's list (the docs' tests hold it to the reference).
+const OWN_KEYS: [&str; 11] = [
+    "allow_empty",
+    "allow_shrink",
+    "missing_kernel_feature",
+    "mode",
+    "class",
+    "override",
+    "forward",
+    "feedback",
+    "feed",
+    "crowdsec",
+    "fleet",
+];
+
+/// Every top-level key, in the model's order.
+fn top_level_keys() -> Vec<String> {
+    use clap::Args as _;
+    let knobs = Knobs::augment_args(clap::Command::new("knobs"));
+    let knobs = knobs.get_arguments().map(|a| a.get_id().to_string());
+    let own = |r: std::ops::Range<usize>| OWN_KEYS[r].iter().map(|k| (*k).to_owned());
+    own(0..4).chain(knobs).chain(own(4..OWN_KEYS.len())).collect()
 }
 
-fn build(root: Root) -> Located<Policy> {
+/// Where an error without a place lies, and what it says: the top-level
+/// settings are flattened into the file's model, so their errors (and an
+/// unknown top-level key's) come without one. An unknown key names
+/// itself; a value of the wrong type is found by trying each top-level
+/// key alone.
+fn placeless(text: &str, e: &toml::de::Error) -> Option<(usize, String)> {
+    let message = e.message().trim();
+    if let Some(key) = message.strip_prefix("unknown field `").and_then(|r| r.split_once('`')).map(|(k, _)| k) {
+        let keys: Vec<String> = top_level_keys().iter().map(|k| format!("`{k}`")).collect();
+        return Some((
+            locate::offset_of(text, key),
+            format!("unknown field `{key}`, expected one of {}", keys.join(", ")),
+        ));
+    }
+    let table: toml::Table = text.parse().ok()?;
+    let bad = table.into_iter().find(|(k, v)| {
+        let alone: toml::Table = [(k.clone(), v.clone())].into_iter().collect();
+        alone.try_into::<Knobs>().is_err()
+    })?;
+    Some((locate::offset_of(text, &bad.0), message.to_owned()))
+}
+
+fn build(root: Root, text: &str) -> Located<Policy> {
     let Root {
         allow_empty: _,
         allow_shrink,
         mode,
-        rate,
-        burst,
-        cost,
-        v4_prefix,
-        v6_prefix,
-        capacity,
-        new_source_rate,
-        new_source_burst,
-        aggregate_rate,
-        aggregate_burst,
-        aggregate_v4_prefix,
-        aggregate_v6_prefix,
+        knobs,
         classes,
         overrides,
         mut forwards,
@@ -252,51 +274,17 @@ fn build(root: Root) -> Located<Policy> {
         missing_kernel_feature,
     } = root;
     super::forward::name_defaults(&mut forwards);
-    let base = Policy::default();
+    let base = knobs.apply(Policy::default()).map_err(|(e, given)| (e, locate::offset_of(text, given)))?;
     let global_mode = mode.map_or(base.default.mode, Spanned::into_inner);
-    let default = Limit {
-        rate: rate.unwrap_or(base.default.rate),
-        burst: burst.unwrap_or(base.default.burst),
-        cost: cost.unwrap_or(base.default.cost),
-        mode: global_mode,
-        window: None,
-    };
+    let default = Limit { mode: global_mode, ..base.default };
     let classes =
         classes.into_iter().enumerate().map(|(i, c)| build_class(i, c, global_mode)).collect::<Located<Vec<_>>>()?;
     let overrides =
         overrides.into_iter().enumerate().map(|(i, o)| build_override(i, o, default)).collect::<Located<Vec<_>>>()?;
-    // 0 turns the budget off (the burst, if given, is moot).
-    let new_sources = match (new_source_rate, new_source_burst) {
-        (Some(r), _) if *r.get_ref() == 0 => None,
-        (None, None) => base.new_sources,
-        (r, b) => pair(r, b, ["new_source_rate", "new_source_burst"])?,
-    };
-    if aggregate_rate.is_none()
-        && aggregate_burst.is_none()
-        && let Some(p) = aggregate_v4_prefix.as_ref().or(aggregate_v6_prefix.as_ref())
-    {
-        return Err((
-            bad("aggregate_rate", "aggregate prefixes need aggregate_rate and aggregate_burst"),
-            p.span().start,
-        ));
-    }
-    let (v4_default, v6_default) = DEFAULT_AGGREGATE_PREFIXES;
-    let aggregate =
-        pair(aggregate_rate, aggregate_burst, ["aggregate_rate", "aggregate_burst"])?.map(|(rate, burst)| Aggregate {
-            rate,
-            burst,
-            v4_prefix: aggregate_v4_prefix.map_or(v4_default, Spanned::into_inner),
-            v6_prefix: aggregate_v6_prefix.map_or(v6_default, Spanned::into_inner),
-        });
     Ok(Policy {
         default,
         classes,
         overrides,
-        new_sources,
-        aggregate,
-        v4_prefix: v4_prefix.unwrap_or(base.v4_prefix),
-        v6_prefix: v6_prefix.unwrap_or(base.v6_prefix),
-        capacity: capacity.unwrap_or(base.capacity),
         forwards,
         feedback,
         feeds,
@@ -304,6 +292,7 @@ fn build(root: Root) -> Located<Policy> {
         fleet,
         allow_shrink: allow_shrink.unwrap_or(false),
         missing_kernel_feature,
+        ..base
     })
 }
 

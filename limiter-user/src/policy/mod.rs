@@ -1,5 +1,6 @@
 //! The policy the data plane enforces: its model with every default, the
-//! TOML file (`file`), the command-line overlay (`overlay`), the one
+//! TOML file (`file`), its top-level settings, which `limiter run`'s flags
+//! are too (`knobs`), the command-line overlay (`overlay`), the one
 //! compilation into the kernel's form (`compile`), and the encoding of
 //! runtime overrides in the pinned `RUNTIME` map (`runtime`).
 
@@ -14,6 +15,7 @@ pub mod file;
 pub mod fleet;
 pub mod forward;
 pub mod kernel;
+pub mod knobs;
 pub mod overlay;
 pub mod runtime;
 mod summary;
@@ -33,6 +35,7 @@ pub use self::{
     compile::{Compiled, CompiledOverrides},
     duration::{DurationError, parse_duration, spell_duration},
     file::{Loaded, Provenance},
+    knobs::Knobs,
     overlay::Overlay,
     summary::Summary,
 };

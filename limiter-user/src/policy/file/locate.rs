@@ -64,6 +64,13 @@ fn paths(text: &str) -> impl Iterator<Item = (usize, String, &str)> {
     })
 }
 
+/// Byte offset of the line where `field` is first mentioned (or the
+/// table holding it; 0 when neither is).
+pub(super) fn offset_of(text: &str, field: &str) -> usize {
+    let line = find_field(text, field);
+    text.split_inclusive('\n').take(line - 1).map(str::len).sum()
+}
+
 /// Field path of the key on 1-based line `line_no`.
 pub(super) fn field_at(text: &str, line_no: usize) -> String {
     paths(text).find(|(n, ..)| *n == line_no).map_or_else(|| "(document)".into(), |(_, p, _)| p)

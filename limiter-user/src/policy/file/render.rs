@@ -45,28 +45,11 @@ fn bucket(l: &Limit) -> (Option<u64>, Option<u64>) {
 impl From<&Policy> for Root {
     fn from(p: &Policy) -> Self {
         let d = p.default;
-        let (new_source_rate, new_source_burst) = match p.new_sources {
-            Some((rate, burst)) => (Some(here(rate)), Some(here(burst))),
-            // 0 turns the budget off.
-            None => (Some(here(0)), None),
-        };
-        let aggregate = p.aggregate.map(|a| (a.rate, a.burst, a.v4_prefix, a.v6_prefix));
         Root {
             allow_empty: None,
             allow_shrink: p.allow_shrink.then_some(true),
             mode: Some(here(d.mode)),
-            rate: Some(d.rate),
-            burst: Some(d.burst),
-            cost: Some(d.cost),
-            v4_prefix: Some(p.v4_prefix),
-            v6_prefix: Some(p.v6_prefix),
-            capacity: Some(p.capacity),
-            new_source_rate,
-            new_source_burst,
-            aggregate_rate: aggregate.map(|a| here(a.0)),
-            aggregate_burst: aggregate.map(|a| here(a.1)),
-            aggregate_v4_prefix: aggregate.map(|a| here(a.2)),
-            aggregate_v6_prefix: aggregate.map(|a| here(a.3)),
+            knobs: crate::policy::Knobs::of(p),
             classes: p.classes.iter().map(|c| here(ClassSpec::from(c))).collect(),
             overrides: p.overrides.iter().map(|o| here(OverrideSpec::from(o))).collect(),
             forwards: p.forwards.clone(),
