@@ -29,22 +29,34 @@ fn ratio(a: u64, b: u64) -> f64 {
 }
 
 /// Run `c` to its end: whether it succeeded, its stderr, and its own
-/// peak resident size in KiB (`wait4` on that child: the process's
-/// `RUSAGE_CHILDREN` counts every child of every test of the tier).
+/// peak resident size in KiB: its `VmHWM`, read until it ends (the high
+/// water mark of the memory it exec'd into, so neither this process's
+/// size, which a fork or exec carries into `ru_maxrss`, nor any other
+/// child of the tier's one process counts).
 fn run_measured(mut c: Command, tmp: &Path) -> (bool, String, u64) {
     let err_path = tmp.join("client.err");
     let err = std::fs::File::create(&err_path).unwrap();
-    #[expect(clippy::zombie_processes, reason = "reaped by wait4 below, which reads its rusage")]
-    let child = c.stdout(std::process::Stdio::null()).stderr(err).spawn().unwrap();
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    let mut status = 0;
-    // SAFETY: wait4 on our own child, into structs we own; std's `Child`
-    // is not waited for after (dropping it does not wait).
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut u) };
-    assert_eq!(r, pid, "wait4: {}", std::io::Error::last_os_error());
-    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    (ok, std::fs::read_to_string(&err_path).unwrap_or_default(), u64::try_from(u.ru_maxrss).unwrap())
+    let mut child = c.stdout(std::process::Stdio::null()).stderr(err).spawn().unwrap();
+    let status_path = format!("/proc/{}/status", child.id());
+    let mut peak = 0;
+    let deadline = Instant::now() + Duration::from_mins(5);
+    let status = loop {
+        // The mark only grows: the last read before the end is its peak
+        // (after parsing, the client waits seconds for the daemon).
+        if let Some(kb) = std::fs::read_to_string(&status_path)
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok())
+        {
+            peak = peak.max(kb);
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "the client did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(peak > 0, "no VmHWM read of the client");
+    (status.success(), std::fs::read_to_string(&err_path).unwrap_or_default(), peak)
 }
 
 /// 131,072 deny overrides, each followed by a comment line, up to about
