@@ -44,6 +44,34 @@ impl Drop for Alone {
     }
 }
 
+/// A tier binary's modules: each compiled when the tier can run; built
+/// by a user other than root (`tests/build.rs` sets
+/// `limiter_tests_need_root`), the tier is one ignored test instead,
+/// `TIER::needs_root`, that says so (and fails if run with `--ignored`);
+/// `cargo xtask test` fails on it.
+#[macro_export]
+macro_rules! tier {
+    ($tier:ident: $($module:ident),+ $(,)?) => {
+        $(
+            #[cfg(not(limiter_tests_need_root))]
+            mod $module;
+        )+
+
+        /// Built by a user other than root: the tier cannot run.
+        #[cfg(limiter_tests_need_root)]
+        mod $tier {
+            #[test]
+            #[ignore = "this tier needs root: run `cargo xtask test` as root"]
+            fn needs_root() {
+                panic!(
+                    "the {} tier needs root (BPF programs, network namespaces): run `cargo xtask test` as root",
+                    stringify!($tier)
+                );
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use std::{

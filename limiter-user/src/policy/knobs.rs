@@ -17,53 +17,41 @@ use super::{Aggregate, CostUnit, DEFAULT_AGGREGATE_PREFIXES, Policy, PolicyError
 pub struct Knobs {
     /// Units (packets or bytes) per second per prefix [default: 1000].
     #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub rate: Option<u64>,
     /// Bucket depth in units [default: 2000].
     #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<u64>,
     /// What a packet costs [default: packets].
     #[arg(long, value_enum)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostUnit>,
     /// IPv4 source prefix length [default: 24].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub v4_prefix: Option<u32>,
     /// IPv6 source prefix length, at most 64 [default: 56].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub v6_prefix: Option<u32>,
     /// Tracked prefixes (LRU capacity) [default: 262144].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity: Option<u32>,
     /// New prefixes admitted per second, shared by all sources (with
     /// --new-source-burst; 0 = unlimited) [default: 5000, burst 10000].
     #[arg(long, value_name = "N")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub new_source_rate: Option<u64>,
     /// Depth of the new-source budget.
     #[arg(long, value_name = "N", requires = "new_source_rate")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub new_source_burst: Option<u64>,
     /// Aggregate tier: units per second per coarser prefix, charged with
     /// the fine one (with --aggregate-burst) [default: off].
     #[arg(long, value_name = "N", requires = "aggregate_burst")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub aggregate_rate: Option<u64>,
     /// Depth of each aggregate bucket.
     #[arg(long, value_name = "N", requires = "aggregate_rate")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub aggregate_burst: Option<u64>,
     /// Aggregate IPv4 prefix length [default: 16].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=32))]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub aggregate_v4_prefix: Option<u32>,
     /// Aggregate IPv6 prefix length [default: 40].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64))]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub aggregate_v6_prefix: Option<u32>,
 }
 

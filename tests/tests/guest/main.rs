@@ -9,13 +9,4 @@
     reason = "every test's first line takes its module's turn (`limiter_tests::alone`), before the items a test keeps to itself"
 )]
 
-#[cfg(not(limiter_tests_need_root))]
-mod kernels;
-
-/// Built by a user other than root: the tier cannot run.
-#[cfg(limiter_tests_need_root)]
-#[test]
-#[ignore = "the guest tier needs root: run `cargo xtask test` as root"]
-fn guest_tier_needs_root() {
-    panic!("the guest tier needs root (BPF programs, network namespaces): run `cargo xtask test` as root");
-}
+limiter_tests::tier!(guest: kernels);

@@ -9,29 +9,4 @@
     reason = "every test's first line takes its module's turn (`limiter_tests::alone`), before the items a test keeps to itself"
 )]
 
-#[cfg(not(limiter_tests_need_root))]
-mod admission;
-#[cfg(not(limiter_tests_need_root))]
-mod aggregate;
-#[cfg(not(limiter_tests_need_root))]
-mod classes;
-#[cfg(not(limiter_tests_need_root))]
-mod deny_set;
-#[cfg(not(limiter_tests_need_root))]
-mod fixtures;
-#[cfg(not(limiter_tests_need_root))]
-mod leases;
-#[cfg(not(limiter_tests_need_root))]
-mod overrides;
-#[cfg(not(limiter_tests_need_root))]
-mod syn_cookies;
-#[cfg(not(limiter_tests_need_root))]
-mod verifier;
-
-/// Built by a user other than root: the tier cannot run.
-#[cfg(limiter_tests_need_root)]
-#[test]
-#[ignore = "the kernel tier needs root: run `cargo xtask test` as root"]
-fn kernel_tier_needs_root() {
-    panic!("the kernel tier needs root (BPF programs, network namespaces): run `cargo xtask test` as root");
-}
+limiter_tests::tier!(kernel: admission, aggregate, classes, deny_set, fixtures, leases, overrides, syn_cookies, verifier);

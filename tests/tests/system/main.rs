@@ -9,19 +9,4 @@
     reason = "every test's first line takes its module's turn (`limiter_tests::alone`), before the items a test keeps to itself"
 )]
 
-#[cfg(not(limiter_tests_need_root))]
-mod alerts;
-#[cfg(not(limiter_tests_need_root))]
-mod package;
-#[cfg(not(limiter_tests_need_root))]
-mod replay;
-#[cfg(not(limiter_tests_need_root))]
-mod systemd;
-
-/// Built by a user other than root: the tier cannot run.
-#[cfg(limiter_tests_need_root)]
-#[test]
-#[ignore = "the system tier needs root: run `cargo xtask test` as root"]
-fn system_tier_needs_root() {
-    panic!("the system tier needs root (BPF programs, network namespaces): run `cargo xtask test` as root");
-}
+limiter_tests::tier!(system: alerts, package, replay, systemd);
