@@ -7,8 +7,9 @@ use std::sync::{Arc, Weak};
 
 use super::{
     ApplyError, Enforcer,
+    decision::{Decision, Sink},
     feature::{Feature, InForce},
-    source::{Sink, SourceChange},
+    source::SourceChange,
 };
 use crate::{
     control::StatusInfo,
@@ -71,7 +72,7 @@ impl Feature for CrowdsecSide {
             let spec = Arc::new(spec);
             let held = Arc::downgrade(&spec);
             let watch = Watch::start((*spec).clone(), self.sink.clone(), move |pulled| {
-                Box::new(CrowdsecPull { spec: held.clone(), pulled }) as Box<dyn SourceChange>
+                Decision::Source(Box::new(CrowdsecPull { spec: held.clone(), pulled }))
             });
             (spec, watch)
         });

@@ -286,7 +286,7 @@ impl Enforcer {
 
     /// Record `changes` in the runtime layers and apply, all or nothing:
     /// on any failure the records are put back as they were.
-    fn change_entries(&mut self, maps: &mut impl PolicyMaps, changes: &[Change]) -> Result<String, ApplyError> {
+    fn change_entries(&mut self, maps: &mut impl PolicyMaps, changes: &[EntryWrite]) -> Result<String, ApplyError> {
         let undo = self.layers.record(maps, changes)?;
         let (base, source) = (self.base.clone(), self.source.clone());
         let result = self.install(maps, base, source, &Provenance::BuiltIn);
@@ -383,7 +383,7 @@ pub(super) mod kernel;
 mod layers;
 mod shrink;
 
-use self::layers::Change;
+use self::layers::EntryWrite;
 pub use self::layers::Layers;
 
 #[cfg(test)]

@@ -6,10 +6,10 @@ use std::any::Any;
 
 use super::{
     crowdsec::CrowdsecSide,
+    decision::Sink,
     feature::{Feature, InForce},
     feeds::Feeds,
     fleet::{FleetSide, classes},
-    source::Sink,
 };
 use crate::{
     control::{PrefixShow, Request, Response, StatusInfo, server::Call},
@@ -33,7 +33,8 @@ pub(super) struct Start<'a> {
     pub(super) buckets: u32,
     /// The feedback endpoint's token, checked before anything was attached.
     pub(super) token: Option<Token>,
-    /// Where the feedback endpoint sends its penalties (as requests).
+    /// Where the feedback endpoint sends its penalties (as requests,
+    /// routed down the path of decisions like the operator's).
     pub(super) calls: &'a tokio::sync::mpsc::Sender<Call>,
     /// Where the sources of decisions send their changes.
     pub(super) sink: &'a Sink,

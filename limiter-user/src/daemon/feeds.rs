@@ -18,8 +18,9 @@ use tokio::sync::mpsc;
 
 use super::{
     ApplyError, Enforcer,
+    decision::{Decision, Sink},
     feature::{Feature, InForce},
-    source::{Sink, SourceChange},
+    source::SourceChange,
 };
 use crate::{
     dataplane::maps::Tables,
@@ -125,7 +126,7 @@ impl Feeds {
                     nets: parsed.nets,
                     section: Arc::downgrade(&w.section),
                 };
-                if self.sink.try_send(Box::new(version)).is_err() {
+                if self.sink.try_send(Decision::Source(Box::new(version))).is_err() {
                     w.force = true;
                 }
             }

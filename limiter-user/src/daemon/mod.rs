@@ -7,6 +7,7 @@ mod answers;
 mod changes;
 mod cookie_watch;
 mod crowdsec;
+mod decision;
 mod enforcer;
 mod feature;
 mod features;
@@ -27,19 +28,19 @@ mod view;
 use std::time::{Duration, Instant};
 
 use tokio::{
-    signal::unix::{Signal, SignalKind, signal},
+    signal::unix::{SignalKind, signal},
     sync::{mpsc, oneshot},
 };
 
 use self::{
     answers::Answers,
     changes::{Change, Changes, Done, Finished, Queued},
+    decision::Decision,
     features::{Features, Start},
     link::Link,
     observe::{Observer, status_line},
     os::{notify_ready, raise_memlock},
     reloads::Reloads,
-    source::SourceChange,
     view::View,
 };
 pub use self::{
@@ -62,11 +63,11 @@ use crate::{
 
 /// What wakes the loop besides its timers.
 struct Inputs {
-    hup: Signal,
-    calls: mpsc::Receiver<Call>,
+    /// The control socket's queries (its change requests are decisions).
+    queries: mpsc::Receiver<Call>,
     scrapes: mpsc::Receiver<ScrapeCall>,
-    /// What the sources of decisions (feeds, CrowdSec) send.
-    decided: mpsc::Receiver<Box<dyn SourceChange>>,
+    /// Every decider's decisions (see `decision.rs`).
+    decided: mpsc::Receiver<Decision>,
 }
 
 /// A running daemon: its parts, each with its own state and methods; the
@@ -122,12 +123,15 @@ impl Daemon {
             };
         let observer = Observer::new(dp.buckets_map_id(), dp.take_drop_events(), dp.take_logger());
         let (calls_tx, calls) = mpsc::channel(16);
+        let (queries_tx, queries) = mpsc::channel(16);
         let (scrape_tx, scrapes) = mpsc::channel(4);
         let tables = dp.maps.take_tables().expect("the policy tables are ours at start");
         let (view, effective) = View::of(&enforcer);
         let applied = view.applied(&enforcer, &effective);
         let windows = dp.maps.windows.take();
-        let (sink, decided) = mpsc::channel(source::SINK_ROOM);
+        let (sink, decided) = mpsc::channel(decision::SINK_ROOM);
+        tokio::spawn(decision::route(calls, sink.clone(), queries_tx));
+        tokio::spawn(decision::hangups(hup, sink.clone()));
         let start = Start { windows, buckets: dp.buckets_map_id(), token, calls: &calls_tx, sink: &sink };
         let features = Features::start(&applied, start).await?;
         socket.serve(calls_tx);
@@ -141,7 +145,7 @@ impl Daemon {
             socket,
             reloads: Reloads::new(),
             observer,
-            inputs: Inputs { hup, calls, scrapes, decided },
+            inputs: Inputs { queries, scrapes, decided },
         };
         d.announce(&summary, adopted.as_deref(), replaced);
         tracing::info!("limiter: control socket {} (mode 0660)", d.socket.path().display());
@@ -163,8 +167,7 @@ impl Daemon {
         let why = loop {
             tokio::select! {
                 why = &mut shutdown => break why,
-                _ = self.inputs.hup.recv() => self.change(Change::Reload, None),
-                Some((req, reply)) = self.inputs.calls.recv() => self.handle(req, reply),
+                Some((req, reply)) = self.inputs.queries.recv() => self.handle(req, reply),
                 done = self.changes.done(), if self.changes.running() => {
                     match done {
                         Ok(done) => self.finished(done),
@@ -178,14 +181,16 @@ impl Daemon {
                     self.observer.cookies.arm(&self.view.syn_cookie_ports);
                     self.link.check(&mut self.dp, &self.settings.iface);
                     self.changes.expire(&self.settings);
+                    // The daemon's own decider reads the loop's counters:
+                    // its decisions join the path here.
                     for (cidr, ttl, reason) in self.observer.escalations(self.view.escalate) {
-                        self.change(Change::Penalty { cidr, ttl, reason, by: Decider::Escalation }, None);
+                        self.decide(Decision::Told(Change::Penalty { cidr, ttl, reason, by: Decider::Escalation }));
                     }
                     self.features.tick();
                 }
-                // Every source of decisions, one arm: its change waits
-                // behind the operator's (each source bounds what it sends).
-                Some(change) = self.inputs.decided.recv() => self.changes.decided(change, &self.settings),
+                // Every decider, one arm (see `decision.rs`): a source's
+                // change waits behind the operator's.
+                Some(decision) = self.inputs.decided.recv() => self.decide(decision),
                 Some(reply) = self.inputs.scrapes.recv() => {
                     if let Ok(s) = self.answers().snapshot() {
                         let _ = reply.send(s);
@@ -272,12 +277,9 @@ impl Daemon {
         Ok(())
     }
 
-    /// Take one control request: start the change it asks for (or queue
-    /// it while a change has the policy state), or answer it now.
-    fn handle(&mut self, mut req: Request, reply: oneshot::Sender<Response>) {
-        if let Some(change) = Change::of(&mut req) {
-            return self.change(change, Some(reply));
-        }
+    /// A query: answered now, by a feature or from the loop's parts, or
+    /// queued while it needs the policy state a change has away.
+    fn handle(&mut self, req: Request, reply: oneshot::Sender<Response>) {
         if let Some(answer) = self.features.answer(&req) {
             let _ = reply.send(answer);
             return;
@@ -305,9 +307,15 @@ impl Daemon {
         }
     }
 
-    /// Start `change` off the loop, or queue it behind the one running.
-    fn change(&mut self, change: Change, reply: Option<oneshot::Sender<Response>>) {
-        self.changes.start(change, reply, &self.settings);
+    /// A decision, whoever made it: the operator's and the daemon's own
+    /// start off the loop (or queue behind the change running); a
+    /// source's waits behind them.
+    fn decide(&mut self, decision: Decision) {
+        match decision {
+            Decision::Asked(change, reply) => self.changes.start(change, Some(reply), &self.settings),
+            Decision::Told(change) => self.changes.start(change, None, &self.settings),
+            Decision::Source(change) => self.changes.decided(change, &self.settings),
+        }
     }
 
     /// A change finished: show the state in force, report, and go on
@@ -339,7 +347,7 @@ impl Daemon {
         }
         while let Some(q) = self.changes.next_queued() {
             match q {
-                Queued::Change(c, reply) => self.change(c, reply),
+                Queued::Change(c, reply) => self.changes.start(c, reply, &self.settings),
                 Queued::Call(req, reply) => self.handle(req, reply),
             }
         }

@@ -1,22 +1,14 @@
 //! How a source of decisions (a feed, CrowdSec; country and ASN lists
 //! next) hands the policy state its changes: the feature is given a
-//! [`Sink`] at start and sends each change as a [`SourceChange`]; the
-//! daemon's loop takes them in one arm, whatever their source, and runs
-//! them off the loop like any change, after the operator's that wait
-//! (see `changes.rs`). What a change does is the source's own code; the
+//! [`Sink`](super::decision::Sink) at start and sends each change as a
+//! [`SourceChange`] (in a [`Decision::Source`](super::decision::Decision));
+//! the daemon's loop takes every decision in one arm, whatever its
+//! source, and runs it off the loop like any change, after the operator's
+//! that wait (see `changes.rs`). What a change does is the source's own code; the
 //! daemon only orders, splits, drops stale parts and reports.
-
-use tokio::sync::mpsc;
 
 use super::{ApplyError, Enforcer};
 use crate::dataplane::maps::Tables;
-
-/// Where a source sends its changes.
-pub(super) type Sink = mpsc::Sender<Box<dyn SourceChange>>;
-
-/// Changes sent and not yet taken by the loop, all sources together (each
-/// source bounds its own: a feed one version, CrowdSec two pulls).
-pub(super) const SINK_ROOM: usize = 64;
 
 /// A change of the policy state made by a source of decisions.
 pub(super) trait SourceChange: Send + std::fmt::Debug {

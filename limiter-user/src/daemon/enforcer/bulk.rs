@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Decider, RuntimeEntry, layers::Change};
+use super::{ApplyError, Decider, RuntimeEntry, layers::EntryWrite};
 use crate::clock::unix_now;
 use crate::policy::{OverrideAction, Policy};
 
@@ -15,7 +15,7 @@ pub(super) fn changes(
     cidrs: &[IpNet],
     action: OverrideAction,
     ttl: Option<u64>,
-) -> Result<Vec<Change>, ApplyError> {
+) -> Result<Vec<EntryWrite>, ApplyError> {
     let expires = ttl.map(|t| unix_now() + t);
     let mut changes = Vec::with_capacity(cidrs.len());
     let mut seen = HashSet::with_capacity(cidrs.len());

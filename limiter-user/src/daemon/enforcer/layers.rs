@@ -20,11 +20,11 @@ use crate::{
 };
 
 /// A change of one network's layer: `None` forgets its entry.
-pub(super) type Change = ((IpNet, Decider), Option<RuntimeEntry>);
+pub(super) type EntryWrite = ((IpNet, Decider), Option<RuntimeEntry>);
 
 /// What a [`Layers::record`] changed, to put back if the apply fails.
 #[must_use]
-pub(super) struct Undo(Vec<Change>);
+pub(super) struct Undo(Vec<EntryWrite>);
 
 /// The runtime layers of decisions about networks over the policy
 /// file: the operator's overrides and automation's (the tenant layer's
@@ -50,8 +50,8 @@ impl Layers {
     /// still puts them back when it restarts. On a failure what was
     /// recorded is put back; on success the returned [`Undo`] does so if
     /// the apply that follows fails.
-    pub(super) fn record(&mut self, maps: &mut impl PolicyMaps, changes: &[Change]) -> Result<Undo, LoadError> {
-        let previous: Vec<Change> = changes.iter().map(|(k, _)| (*k, self.entries.get(k).copied())).collect();
+    pub(super) fn record(&mut self, maps: &mut impl PolicyMaps, changes: &[EntryWrite]) -> Result<Undo, LoadError> {
+        let previous: Vec<EntryWrite> = changes.iter().map(|(k, _)| (*k, self.entries.get(k).copied())).collect();
         for (done, (at, entry)) in changes.iter().enumerate() {
             if let Err(e) = self.record_one(maps, *at, *entry) {
                 self.undo(maps, Undo(previous.into_iter().take(done).collect()));
@@ -139,7 +139,7 @@ impl Layers {
         action: Option<OverrideAction>,
         expires: Option<u64>,
         in_file: bool,
-    ) -> Vec<Change> {
+    ) -> Vec<EntryWrite> {
         let operator = self.entries.get(&(net, Decider::Operator)).copied();
         let entry = |action| Some(RuntimeEntry { action, expires, by: Decider::Operator });
         if action.is_some() {
@@ -157,9 +157,9 @@ impl Layers {
 
     /// The entries whose time is up at `now`, to forget (and the shadow
     /// decisions, forgotten now).
-    pub(super) fn due(&mut self, now: u64) -> Vec<Change> {
+    pub(super) fn due(&mut self, now: u64) -> Vec<EntryWrite> {
         self.governor.expire_shadow(now);
-        let due: Vec<Change> =
+        let due: Vec<EntryWrite> =
             self.entries.iter().filter(|(_, e)| e.expires.is_some_and(|t| t <= now)).map(|(k, _)| (*k, None)).collect();
         self.forget_reasons(&due);
         due
@@ -167,7 +167,7 @@ impl Layers {
 
     /// Automation's entries among `changes` lose the reason they were
     /// asked for.
-    fn forget_reasons(&mut self, changes: &[Change]) {
+    fn forget_reasons(&mut self, changes: &[EntryWrite]) {
         for ((n, by), _) in changes {
             if by.governed() {
                 self.governor.reasons.remove(n);
@@ -202,7 +202,7 @@ impl Layers {
     }
 
     /// Removals of automation's entries on `net`.
-    fn automation_of(&self, net: IpNet) -> Vec<Change> {
+    fn automation_of(&self, net: IpNet) -> Vec<EntryWrite> {
         self.entries.range((net, Decider::Feedback)..=(net, Decider::Escalation)).map(|(k, _)| (*k, None)).collect()
     }
 
