@@ -7,6 +7,8 @@
 //! - `listen`: what every listener shares (fair slots per peer, bounds);
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `feeds`: blocklist files read into sets of networks, checked, diffed;
+//! - `groups`: the country and ASN of networks, read from MaxMind
+//!   databases and CSV lists;
 //! - `crowdsec`: decisions read from CrowdSec's Local API, typed;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `fleet`: window quotas kept across hosts through Redis;
@@ -53,6 +55,7 @@ pub mod policy;
 
 pub mod crowdsec;
 pub mod feeds;
+pub mod groups;
 pub mod series;
 
 pub mod dataplane;

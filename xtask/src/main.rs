@@ -16,6 +16,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
+mod data;
 mod guest;
 mod package;
 mod tier;
@@ -316,7 +317,8 @@ fn setup() -> anyhow::Result<()> {
         run(c)?;
     }
     extract("prometheus", PROMTOOL)?;
-    extract("crowdsec", CROWDSEC)
+    extract("crowdsec", CROWDSEC)?;
+    data::fetch()
 }
 
 /// Where setup puts Debian's `promtool` (the tests check the alert rules

@@ -9,4 +9,4 @@
     reason = "every test's first line takes its module's turn (`limiter_tests::alone`), before the items a test keeps to itself"
 )]
 
-limiter_tests::tier!(system: alerts, package, replay, systemd);
+limiter_tests::tier!(system: alerts, groups, package, replay, systemd);

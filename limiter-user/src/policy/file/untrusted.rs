@@ -35,6 +35,14 @@ pub fn read_text_and_metadata(
     max: u64,
     what: &'static str,
 ) -> Result<(String, std::fs::Metadata), ReadError> {
+    let (bytes, meta) = read_bytes(path, max, what)?;
+    let text = String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    Ok((text, meta))
+}
+
+/// The bytes of `path`, read as [`read_text_and_metadata`] reads text
+/// (a binary database, an `.mmdb`).
+pub fn read_bytes(path: &Path, max: u64, what: &'static str) -> Result<(Vec<u8>, std::fs::Metadata), ReadError> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
     let meta = file.metadata()?;
@@ -44,10 +52,10 @@ pub fn read_text_and_metadata(
     if meta.len() > max {
         return Err(ReadError::TooBig { len: meta.len(), max, what });
     }
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut std::io::Read::take(file, max + 1), &mut text)?;
-    if text.len() as u64 > max {
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, max + 1), &mut bytes)?;
+    if bytes.len() as u64 > max {
         return Err(ReadError::Grew { max, what });
     }
-    Ok((text, meta))
+    Ok((bytes, meta))
 }

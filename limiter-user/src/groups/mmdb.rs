@@ -1,0 +1,75 @@
+//! MaxMind-format databases, read with the `maxminddb` crate: every
+//! network with its country (`country.iso_code`, else
+//! `registered_country.iso_code`, else ip-location-db's `country_code`)
+//! and its ASN (`autonomous_system_number`, else `asn`). IPv4 networks
+//! that an IPv6 database repeats under its IPv4-mapped aliases are read
+//! once.
+
+use serde::Deserialize;
+
+use super::{MAX_NETWORKS, Table, Tag};
+
+/// What ends every MaxMind database, before its metadata.
+const MARKER: &[u8] = b"\xab\xcd\xefMaxMind.com";
+/// The metadata section is at most 128 KiB from the end.
+const METADATA_MAX: usize = 128 << 10;
+
+pub(super) enum Error {
+    Db(String),
+    TooMany,
+}
+
+pub(super) fn is_mmdb(bytes: &[u8]) -> bool {
+    let tail = &bytes[bytes.len().saturating_sub(METADATA_MAX)..];
+    tail.windows(MARKER.len()).any(|w| w == MARKER)
+}
+
+#[derive(Deserialize)]
+struct Iso<'a> {
+    #[serde(borrow, default)]
+    iso_code: Option<&'a str>,
+}
+
+#[derive(Deserialize)]
+struct Record<'a> {
+    #[serde(borrow, default)]
+    country: Option<Iso<'a>>,
+    #[serde(borrow, default)]
+    registered_country: Option<Iso<'a>>,
+    #[serde(borrow, default)]
+    country_code: Option<&'a str>,
+    #[serde(default)]
+    autonomous_system_number: Option<u32>,
+    #[serde(default)]
+    asn: Option<u32>,
+}
+
+pub(super) fn read(bytes: Vec<u8>) -> Result<Table, Error> {
+    let db = |e: maxminddb::MaxMindDbError| Error::Db(e.to_string());
+    let reader = maxminddb::Reader::from_source(bytes).map_err(db)?;
+    let (mut networks, mut untagged) = (Vec::new(), 0);
+    for found in reader.networks(maxminddb::WithinOptions::default()).map_err(db)? {
+        let found = found.map_err(db)?;
+        let net = found.network().map_err(db)?;
+        let net = super::network(net.ip(), net.prefix()).ok_or_else(|| Error::Db(format!("{net} is not a network")))?;
+        let Some(r) = found.decode::<Record<'_>>().map_err(db)? else {
+            untagged += 1;
+            continue;
+        };
+        let country =
+            [r.country.and_then(|i| i.iso_code), r.registered_country.and_then(|i| i.iso_code), r.country_code]
+                .into_iter()
+                .flatten()
+                .find_map(super::country);
+        let tag = Tag { country, asn: r.autonomous_system_number.or(r.asn) };
+        if tag == Tag::default() {
+            untagged += 1;
+            continue;
+        }
+        if networks.len() >= MAX_NETWORKS {
+            return Err(Error::TooMany);
+        }
+        networks.push((net, tag));
+    }
+    Ok(Table { format: super::Format::Mmdb, networks, untagged })
+}
