@@ -185,12 +185,23 @@ pub struct Matcher {
     pub syn: u8,
     /// Class index, `1..MAX_CLASSES`.
     pub class: u8,
-    /// Always zero (explicit padding).
-    pub pad: u8,
-    /// Destination port range, inclusive; `0..=65535` also matches packets
-    /// without a port (non-first fragments, other protocols).
+    /// Which port the range is of ([`port_side`]; zero in the layout's
+    /// padding byte before, so an older policy's matchers read as
+    /// destination ports).
+    pub side: u8,
+    /// Port range, inclusive; `0..=65535` also matches packets without a
+    /// port (non-first fragments, other protocols).
     pub port_lo: u16,
     pub port_hi: u16,
+}
+
+/// Which port of a packet a [`Matcher`]'s range is of.
+pub mod port_side {
+    /// The destination port (a service of this host).
+    pub const DESTINATION: u8 = 0;
+    /// The source port (a reflection class: the answers of a service
+    /// elsewhere, DNS from 53, NTP from 123).
+    pub const SOURCE: u8 = 1;
 }
 
 /// The policy the data plane enforces. Written by userspace into the

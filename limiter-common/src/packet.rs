@@ -82,11 +82,15 @@ pub struct Source {
     pub addr: [u32; 4],
     /// IP protocol of the L4 header (or of the fragment).
     pub proto: u8,
-    /// 1 when `dport` was read (TCP/UDP, unfragmented or first fragment).
+    /// 1 when `dport` and `sport` were read (TCP/UDP, unfragmented or
+    /// first fragment).
     pub port_known: u8,
     /// TCP SYN without ACK.
     pub syn: u8,
     pub dport: u16,
+    /// The source port: what a reflection class matches (an amplified
+    /// answer comes from its service's port: 53, 123, 11211, ...).
+    pub sport: u16,
     /// The TCP flags byte (0 for other protocols).
     pub tcp_flags: u8,
 }
@@ -224,7 +228,7 @@ fn is_ext(next: u8) -> bool {
 }
 
 /// TCP and UDP headers of first fragments must be complete; read the
-/// destination port and the SYN flag from them.
+/// ports and the SYN flag from them.
 #[inline(always)]
 fn read_l4<F: Frame + ?Sized>(f: &F, off: usize, src: &mut Source) -> Result<(), Reason> {
     match src.proto {
@@ -237,6 +241,7 @@ fn read_l4<F: Frame + ?Sized>(f: &F, off: usize, src: &mut Source) -> Result<(),
             if tcp[12] >> 4 < 5 || (flags & tcp_flag::SYN != 0 && flags & (tcp_flag::RST | tcp_flag::FIN) != 0) {
                 return Err(Reason::TcpBadFlags);
             }
+            src.sport = be16(tcp, 0);
             src.dport = be16(tcp, 2);
             src.tcp_flags = tcp[13];
             src.syn = u8::from(tcp[13] & (tcp_flag::SYN | tcp_flag::ACK) == tcp_flag::SYN);
@@ -244,6 +249,7 @@ fn read_l4<F: Frame + ?Sized>(f: &F, off: usize, src: &mut Source) -> Result<(),
         }
         IPPROTO_UDP => {
             let udp = f.bytes_at::<{ UdpHdr::LEN }>(off).ok_or(Reason::L4Truncated)?;
+            src.sport = be16(udp, 0);
             src.dport = be16(udp, 2);
             src.port_known = 1;
         }

@@ -5,6 +5,7 @@
 use crate::{
     BucketKey, Config, MAX_CLASSES, MAX_MATCHERS, family,
     packet::Source,
+    port_side,
     prefix::{mask_v4, mask_v6},
 };
 
@@ -21,7 +22,8 @@ pub fn classify(cfg: &Config, src: &Source) -> usize {
             continue;
         }
         let any_port = m.port_lo == 0 && m.port_hi == u16::MAX;
-        if !any_port && (src.port_known == 0 || src.dport < m.port_lo || src.dport > m.port_hi) {
+        let port = if m.side == port_side::SOURCE { src.sport } else { src.dport };
+        if !any_port && (src.port_known == 0 || port < m.port_lo || port > m.port_hi) {
             continue;
         }
         if m.syn != 0 && src.syn == 0 {
@@ -93,14 +95,33 @@ mod tests {
     #[test]
     fn the_first_matching_class_wins_and_the_rest_is_class_zero() {
         let mut cfg = Config { n_matchers: 2, ..Config::default() };
-        cfg.matchers[0] = Matcher { proto: IPPROTO_TCP, syn: 1, class: 3, pad: 0, port_lo: 443, port_hi: 443 };
-        cfg.matchers[1] = Matcher { proto: 0, syn: 0, class: 5, pad: 0, port_lo: 400, port_hi: 500 };
+        cfg.matchers[0] = Matcher { proto: IPPROTO_TCP, syn: 1, class: 3, side: 0, port_lo: 443, port_hi: 443 };
+        cfg.matchers[1] = Matcher { proto: 0, syn: 0, class: 5, side: 0, port_lo: 400, port_hi: 500 };
         assert_eq!(classify(&cfg, &syn_to(443)), 3);
         assert_eq!(classify(&cfg, &Source { syn: 0, ..syn_to(443) }), 5);
         assert_eq!(classify(&cfg, &syn_to(80)), 0);
         // A matcher beyond n_matchers is ignored.
         cfg.n_matchers = 1;
         assert_eq!(classify(&cfg, &Source { syn: 0, ..syn_to(443) }), 0);
+    }
+
+    #[test]
+    fn a_source_port_matcher_takes_the_answers_of_its_service_only() {
+        use crate::packet::IPPROTO_UDP;
+        let mut cfg = Config { n_matchers: 2, ..Config::default() };
+        let reflection =
+            Matcher { proto: IPPROTO_UDP, syn: 0, class: 2, side: port_side::SOURCE, port_lo: 123, port_hi: 123 };
+        cfg.matchers[0] = reflection;
+        cfg.matchers[1] = Matcher { proto: IPPROTO_UDP, class: 4, port_lo: 123, port_hi: 123, ..Matcher::default() };
+        let udp = |sport, dport| Source { proto: IPPROTO_UDP, syn: 0, sport, dport, ..syn_to(0) };
+        // An NTP answer (from 123) is the reflection class's, whatever
+        // port it is sent to; a query to this host's NTP server (to 123)
+        // is the other class's.
+        assert_eq!(classify(&cfg, &udp(123, 40_000)), 2);
+        assert_eq!(classify(&cfg, &udp(40_000, 123)), 4);
+        assert_eq!(classify(&cfg, &udp(53, 40_000)), 0);
+        // A packet without ports (a later fragment) is in neither.
+        assert_eq!(classify(&cfg, &Source { port_known: 0, ..udp(123, 123) }), 0);
     }
 
     #[test]

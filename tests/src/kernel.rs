@@ -71,6 +71,7 @@ pub fn window_config(limit: u64, length_ms: u64, slices: u32, scope: Scope) -> C
             name: "quota".into(),
             protocol: Protocol::Udp,
             ports: Vec::new(),
+            source_ports: Vec::new(),
             syn: false,
             limit: Limit { rate: 0, burst: 0, cost: CostUnit::Packets, mode: Mode::Enforce, window: Some(window) },
             syn_cookies: SynCookies::Off,

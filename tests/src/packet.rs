@@ -115,10 +115,16 @@ impl Frame {
         self.push(&[0x30, 0x39, 0x23, 0x28, 0, 8, 0, 0], Reason::L4Truncated)
     }
 
-    /// UDP header to `dport`.
+    /// UDP header to `dport` (from port 12345).
     #[must_use]
     pub fn udp_to(self, dport: u16) -> Self {
-        let mut h = vec![0x30, 0x39];
+        self.udp_ports(12345, dport)
+    }
+
+    /// UDP header from `sport` to `dport`.
+    #[must_use]
+    pub fn udp_ports(self, sport: u16, dport: u16) -> Self {
+        let mut h = sport.to_be_bytes().to_vec();
         h.extend_from_slice(&dport.to_be_bytes());
         h.extend_from_slice(&[0, 8, 0, 0]);
         self.push(&h, Reason::L4Truncated)

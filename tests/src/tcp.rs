@@ -20,6 +20,7 @@ pub fn policy(cookies: SynCookies, syn_rate: Option<u64>, new_sources: Option<(u
             name: "https-syn".into(),
             protocol: Protocol::Tcp,
             ports: vec![(443, 443)],
+            source_ports: Vec::new(),
             syn: true,
             limit: Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
             syn_cookies: cookies,

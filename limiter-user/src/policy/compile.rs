@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use limiter_common::{
     ClassLimits, Config, MAX_CLASSES, MAX_MATCHERS, MAX_V6_BUCKET_PREFIX, Matcher, flags, gcra,
     maps::{MAX_BUCKET_CAPACITY, MAX_OVERRIDES},
-    resolution,
+    port_side, resolution,
 };
 
 use super::{
@@ -218,20 +218,33 @@ fn compile_classes(classes: &[super::Class], config: &mut Config) -> Result<(), 
         if c.syn && c.protocol != super::Protocol::Tcp {
             return Err(bad(format!("{at}syn"), "syn = true needs protocol = \"tcp\""));
         }
-        if !c.ports.is_empty() && !matches!(c.protocol, super::Protocol::Tcp | super::Protocol::Udp) {
-            return Err(bad(format!("{at}ports"), "ports need protocol = \"tcp\" or \"udp\""));
+        if !c.ports.is_empty() && !c.source_ports.is_empty() {
+            let problem = "a class matches destination ports or source ports, not both (a reflection class names \
+                           the source ports of the services whose answers it holds)";
+            return Err(bad(format!("{at}source_ports"), problem));
+        }
+        let (field, side, ranges) = if c.source_ports.is_empty() {
+            ("ports", port_side::DESTINATION, &c.ports)
+        } else {
+            ("source_ports", port_side::SOURCE, &c.source_ports)
+        };
+        if !ranges.is_empty() && !matches!(c.protocol, super::Protocol::Tcp | super::Protocol::Udp) {
+            return Err(bad(format!("{at}{field}"), format!("{field} need protocol = \"tcp\" or \"udp\"")));
         }
         config.classes[i + 1] = c.limit.to_kernel(&at)?;
-        let ranges: &[(u16, u16)] = if c.ports.is_empty() { &[(0, u16::MAX)] } else { &c.ports };
+        let ranges: &[(u16, u16)] = if ranges.is_empty() { &[(0, u16::MAX)] } else { ranges };
         for &(lo, hi) in ranges {
             if lo > hi {
-                return Err(bad(format!("{at}ports"), format!("range {lo}-{hi} is empty")));
+                return Err(bad(format!("{at}{field}"), format!("range {lo}-{hi} is empty")));
             }
             let Some(m) = config.matchers.get_mut(n) else {
-                return Err(bad(format!("{at}ports"), format!("more than {MAX_MATCHERS} port ranges in all classes")));
+                return Err(bad(
+                    format!("{at}{field}"),
+                    format!("more than {MAX_MATCHERS} port ranges in all classes"),
+                ));
             };
             let class = u8::try_from(i + 1).expect("fewer than MAX_CLASSES");
-            *m = Matcher { proto, syn: u8::from(c.syn), class, pad: 0, port_lo: lo, port_hi: hi };
+            *m = Matcher { proto, syn: u8::from(c.syn), class, side, port_lo: lo, port_hi: hi };
             n += 1;
         }
     }
@@ -285,98 +298,4 @@ fn compile_overrides(list: &[Override], v4: u32, v6: u32) -> Result<CompiledOver
 }
 
 #[cfg(test)]
-mod tests {
-    use limiter_common::mode;
-
-    use super::*;
-    use crate::policy::{Class, Protocol, tests::https_syn};
-
-    fn ovr(cidr: &str, action: OverrideAction) -> Policy {
-        Policy {
-            overrides: vec![Override { net: cidr.parse().unwrap(), action, criticality: None }],
-            ..Policy::default()
-        }
-    }
-
-    #[test]
-    fn overrides_compile_to_trie_entries_and_limits() {
-        let lim = Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None };
-        let p = Policy {
-            overrides: vec![
-                Override {
-                    net: "198.18.0.0/16".parse().unwrap(),
-                    action: OverrideAction::Limit(lim),
-                    criticality: None,
-                },
-                Override { net: "198.18.5.0/24".parse().unwrap(), action: OverrideAction::Allow, criticality: None },
-                Override { net: "2001:2::/48".parse().unwrap(), action: OverrideAction::Deny, criticality: None },
-            ],
-            ..Policy::default()
-        };
-        let c = p.compile(1).unwrap().overrides;
-        assert_eq!(
-            c.v4,
-            vec![(16, u32::from_ne_bytes([198, 18, 0, 0]), 1), (24, u32::from_ne_bytes([198, 18, 5, 0]), u32::MAX)]
-        );
-        assert_eq!(c.v6.len(), 1);
-        assert_eq!(c.v6[0].2, u32::MAX - 1);
-        assert_eq!(c.limits, vec![lim.to_kernel("").unwrap()]);
-        let dup = Policy { overrides: vec![p.overrides[1], p.overrides[1]], ..Policy::default() };
-        assert!(dup.compile(1).unwrap_err().problem.contains("twice"));
-    }
-
-    #[test]
-    fn default_policy_is_valid() {
-        let c = Policy::default().compile(1).unwrap().config;
-        // 1 ms per packet and 2 s of burst, in 1/16 ns.
-        assert_eq!(c.classes[0].unit, 16_000_000);
-        assert_eq!(c.classes[0].tau, 32_000_000_000);
-        assert_eq!((c.version, c.n_matchers, c.flags), (1, 0, flags::CONFIGURED));
-    }
-
-    #[test]
-    fn classes_compile_to_one_matcher_per_port_range() {
-        let p = Policy { classes: vec![https_syn()], ..Policy::default() };
-        let c = p.compile(7).unwrap().config;
-        assert_eq!(c.n_matchers, 2);
-        assert_eq!((c.matchers[0].port_lo, c.matchers[1].port_lo), (443, 8443));
-        assert!(c.matchers[..2].iter().all(|m| m.class == 1 && m.syn == 1 && m.proto == 6));
-        assert_eq!(c.classes[1].mode, mode::SHADOW);
-        assert_eq!(p.class_names(), ["default", "https-syn"]);
-    }
-
-    #[test]
-    fn each_bad_field_is_named() {
-        let d = Policy::default();
-        let lim = d.default;
-        let with_class = |f: fn(&mut Class)| {
-            let mut c = https_syn();
-            f(&mut c);
-            Policy { classes: vec![c], ..d.clone() }
-        };
-        let cases = [
-            (Policy { default: Limit { rate: 0, ..lim }, ..d.clone() }, "rate"),
-            (Policy { default: Limit { burst: 0, ..lim }, ..d.clone() }, "burst"),
-            (Policy { default: Limit { cost: CostUnit::Bytes, burst: 1000, ..lim }, ..d.clone() }, "burst"),
-            (Policy { default: Limit { burst: u64::MAX / 2, ..lim }, ..d.clone() }, "burst"),
-            (Policy { v4_prefix: 33, ..d.clone() }, "v4_prefix"),
-            (Policy { v6_prefix: 65, ..d.clone() }, "v6_prefix"),
-            (Policy { capacity: 0, ..d.clone() }, "capacity"),
-            (Policy { capacity: u32::MAX, ..d.clone() }, "capacity"),
-            (with_class(|c| c.limit.rate = 0), "class[0].rate"),
-            (with_class(|c| c.protocol = Protocol::Udp), "class[0].syn"),
-            (with_class(|c| c.name.clear()), "class[0].name"),
-            (with_class(|c| c.ports = vec![(9, 3)]), "class[0].ports"),
-            (with_class(|c| c.ports = (1..=17).map(|p| (p, p)).collect()), "class[0].ports"),
-            (Policy { classes: vec![https_syn(); 8], ..d.clone() }, "class"),
-            (Policy { classes: vec![https_syn(), https_syn()], ..d }, "class[1].name"),
-            (ovr("198.18.5.1/24", OverrideAction::Allow), "override[0].cidr"),
-            (ovr("198.18.5.0/25", OverrideAction::Allow), "override[0].cidr"),
-            (ovr("2001:2::/64", OverrideAction::Deny), "override[0].cidr"),
-            (ovr("198.18.0.0/16", OverrideAction::Limit(Limit { rate: 0, ..lim })), "override[0].rate"),
-        ];
-        for (p, field) in cases {
-            assert_eq!(p.compile(1).unwrap_err().field, field, "{p:?}");
-        }
-    }
-}
+mod tests;

@@ -135,6 +135,8 @@ struct ClassSpec {
     protocol: Protocol,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     ports: Vec<PortSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    source_ports: Vec<PortSpec>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     syn: bool,
     rate: Option<u64>,
@@ -302,6 +304,7 @@ fn build_class(i: usize, c: Spanned<ClassSpec>, global_mode: Mode) -> Located<Cl
         name,
         protocol,
         ports,
+        source_ports,
         syn,
         rate,
         burst,
@@ -332,6 +335,7 @@ fn build_class(i: usize, c: Spanned<ClassSpec>, global_mode: Mode) -> Located<Cl
         name,
         protocol,
         ports: ports.into_iter().map(|PortSpec(lo, hi)| (lo, hi)).collect(),
+        source_ports: source_ports.into_iter().map(|PortSpec(lo, hi)| (lo, hi)).collect(),
         syn,
         limit: Limit {
             rate,

@@ -236,6 +236,10 @@ pub struct Class {
     pub protocol: Protocol,
     /// Destination port ranges (inclusive); empty = any port.
     pub ports: Vec<(u16, u16)>,
+    /// Source port ranges (inclusive): a reflection class, which takes
+    /// the answers of services elsewhere (DNS from 53, NTP from 123);
+    /// a class has `ports` or `source_ports`, not both.
+    pub source_ports: Vec<(u16, u16)>,
     /// Only TCP SYN without ACK (new connections).
     pub syn: bool,
     pub limit: Limit,

@@ -41,6 +41,7 @@ pub(crate) fn https_syn() -> Class {
         name: "https-syn".into(),
         protocol: Protocol::Tcp,
         ports: vec![(443, 443), (8443, 8443)],
+        source_ports: Vec::new(),
         syn: true,
         limit: Limit { rate: 20, burst: 40, cost: CostUnit::Packets, mode: Mode::Shadow, window: None },
         syn_cookies: SynCookies::Off,

@@ -28,6 +28,7 @@ fn policy(mode: Mode) -> Policy {
                 name: "https-syn".into(),
                 protocol: Protocol::Tcp,
                 ports: vec![(443, 443)],
+                source_ports: Vec::new(),
                 syn: true,
                 limit: lim(1, 1, mode),
                 syn_cookies: SynCookies::Off,
@@ -38,6 +39,7 @@ fn policy(mode: Mode) -> Policy {
                 name: "quic".into(),
                 protocol: Protocol::Udp,
                 ports: vec![(443, 443), (8443, 8443)],
+                source_ports: Vec::new(),
                 syn: false,
                 limit: lim(1, 2, mode),
                 syn_cookies: SynCookies::Off,
@@ -106,6 +108,43 @@ fn a_fragment_without_ports_goes_to_the_default_class() {
     }
     assert_eq!(reason(&mut l, &frag), Reason::RateLimited);
     assert_eq!(l.maps.class_totals().unwrap()[0].admitted.packets, 3);
+}
+
+#[test]
+fn a_reflection_class_holds_answers_from_its_source_ports_to_their_own_budget() {
+    let _alone = limiter_tests::alone(module_path!());
+    let mut p = policy(Mode::Enforce);
+    p.classes.push(Class {
+        name: "reflection".into(),
+        protocol: Protocol::Udp,
+        ports: Vec::new(),
+        source_ports: vec![(53, 53), (123, 123)],
+        syn: false,
+        limit: lim(1, 2, Mode::Enforce),
+        syn_cookies: SynCookies::Off,
+        syn_rate: None,
+        criticality: limiter::policy::Criticality::Default,
+    });
+    let mut l = kernel::open(&p.compile(1).unwrap());
+    let from = |sport, dport| {
+        Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 22, 1), IPPROTO_UDP, 0, 0).udp_ports(sport, dport).bytes
+    };
+    let seq = [
+        ("an NTP answer to a high port: reflection", from(123, 40_000), Reason::Admitted),
+        ("a DNS answer to another port: reflection", from(53, 51_000), Reason::Admitted),
+        ("reflection burst 2 is spent", from(123, 33_000), Reason::RateLimited),
+        ("a query to this host's DNS (to 53): default", from(40_000, 53), Reason::Admitted),
+        ("udp from 5353 is no reflection port: default", from(5353, 40_000), Reason::Admitted),
+        ("reflection still spent", from(53, 40_000), Reason::RateLimited),
+    ];
+    for (what, f, want) in seq {
+        assert_eq!(reason(&mut l, &f), want, "{what}");
+    }
+    let c = l.maps.class_totals().unwrap();
+    assert_eq!((c[3].admitted.packets, c[3].dropped.packets), (2, 2), "the reflection class's counts");
+    assert_eq!((c[0].admitted.packets, c[0].dropped.packets), (2, 0), "the default class's counts");
+    // One prefix, two classes: two buckets.
+    assert_eq!(l.tracked(), 2);
 }
 
 /// A deterministic mix of classes, sources and gaps (xorshift).

@@ -62,6 +62,7 @@ fn policy() -> Policy {
             name: "syn".into(),
             protocol: Protocol::Tcp,
             ports: vec![(443, 443)],
+            source_ports: Vec::new(),
             syn: true,
             limit: lim(1, 2),
             syn_cookies: SynCookies::Off,

@@ -74,6 +74,7 @@ impl From<&crate::policy::Class> for ClassSpec {
             name: c.name.clone(),
             protocol: c.protocol,
             ports: c.ports.iter().map(|&(lo, hi)| PortSpec(lo, hi)).collect(),
+            source_ports: c.source_ports.iter().map(|&(lo, hi)| PortSpec(lo, hi)).collect(),
             syn: c.syn,
             rate,
             burst,

@@ -38,6 +38,7 @@ fn cookie_policy() -> limiter::policy::Compiled {
             name: "syn".into(),
             protocol: Protocol::Tcp,
             ports: vec![(PORT, PORT)],
+            source_ports: Vec::new(),
             syn: true,
             limit: Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
             syn_cookies: SynCookies::Always,

@@ -62,15 +62,18 @@ fn class() -> impl Strategy<Value = Class> {
         Just(Protocol::Icmpv6)
     ];
     let ports = vec((1u16..=u16::MAX, 0u16..100), 0..4)
-        .prop_map(|v| v.into_iter().map(|(lo, n)| (lo, lo.saturating_add(n))).collect());
+        .prop_map(|v| v.into_iter().map(|(lo, n)| (lo, lo.saturating_add(n))).collect::<Vec<_>>());
     let cookies = prop_oneof![Just(SynCookies::Off), Just(SynCookies::Auto), Just(SynCookies::Always)];
     // Any printable name: quotes, backslashes and non-ASCII are escaped.
-    let rest = (cookies, option::of(1u64..1 << 32), criticality());
+    let rest = (cookies, option::of(1u64..1 << 32), criticality(), any::<bool>());
     ("\\PC{1,16}", protocol, ports, any::<bool>(), limit(cost()), rest).prop_map(
-        |(name, protocol, ports, syn, limit, (syn_cookies, syn_rate, criticality))| Class {
+        // The ranges are of the destination or (a reflection class) of
+        // the source port.
+        |(name, protocol, ports, syn, limit, (syn_cookies, syn_rate, criticality, source))| Class {
             name,
             protocol,
-            ports,
+            ports: if source { Vec::new() } else { ports.clone() },
+            source_ports: if source { ports } else { Vec::new() },
             syn,
             limit,
             syn_cookies,
