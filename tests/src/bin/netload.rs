@@ -8,10 +8,12 @@
 //!                                                   sources, IPv4 as above or
 //!                                                   IPv6 in 2001:2:100::/40,
 //!                                                   as fast as it can for SECS)
-//!   netload spoof-prefix IFACE DST_MAC DST_IP:PORT A.B.C PPS SECS
+//!   netload spoof-prefix IFACE DST_MAC DST_IP:PORT A.B.C PPS SECS [SPORT]
 //!                                                  (UDP from every host of
 //!                                                   the /24 A.B.C.0 in turn,
-//!                                                   PPS a second for SECS)
+//!                                                   PPS a second for SECS,
+//!                                                   from port SPORT, 12345
+//!                                                   unless given)
 //!   netload spoof-tcp IFACE DST_MAC DST_IP:PORT SECS FLAGS
 //!                                                  (the same with the TCP
 //!                                                   flags FLAGS, in hex)
@@ -66,10 +68,10 @@ fn main() -> anyhow::Result<()> {
             let flags = u8::from_str_radix(flags.trim_start_matches("0x"), 16).context("FLAGS (hex)")?;
             spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?, flags)
         }
-        ["spoof-prefix", iface, mac, dst, net, pps, secs] => spoof_prefix(
+        ["spoof-prefix", iface, mac, dst, net, pps, secs, sport @ ..] if sport.len() <= 1 => spoof_prefix(
             iface,
             mac,
-            dst.parse().context("DST_IP:PORT")?,
+            (dst.parse().context("DST_IP:PORT")?, sport.first().map_or(Ok(12345), |p| p.parse()).context("SPORT")?),
             net,
             pps.parse().context("PPS")?,
             secs.parse().context("SECS")?,
@@ -288,7 +290,7 @@ fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<
         // 198.18.0.0/15 host i + 1024: from 198.18.4.0 on.
         let host = 1024 + i;
         let src = [198, 18 + u8::try_from(host >> 16)?, u8::try_from((host >> 8) & 0xff)?, u8::try_from(host & 0xff)?];
-        let frame = udp_frame(&mac, src, dst_ip, dst.port());
+        let frame = udp_frame(&mac, src, dst_ip, (12345, dst.port()));
         if send_frame(fd, &addr, &frame)? {
             sent += 1;
         }
@@ -302,7 +304,14 @@ fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<
 /// UDP to DST out of IFACE from each host of the /24 `net` (`A.B.C`) in
 /// turn, paced at `pps` for `secs` (at most 60): a flood spoofed inside
 /// one victim's prefix. Bounded by time and by MAX_PACKETS.
-fn spoof_prefix(iface: &str, mac: &str, dst: SocketAddr, net: &str, pps: u64, secs: f64) -> anyhow::Result<()> {
+fn spoof_prefix(
+    iface: &str,
+    mac: &str,
+    (dst, sport): (SocketAddr, u16),
+    net: &str,
+    pps: u64,
+    secs: f64,
+) -> anyhow::Result<()> {
     let std::net::IpAddr::V4(dst_ip) = dst.ip() else { bail!("IPv4 only") };
     let octets: Vec<u8> = net.split('.').map(str::parse).collect::<Result<_, _>>().context("A.B.C")?;
     let [o1, o2, o3] = octets[..] else { bail!("give the /24 as A.B.C") };
@@ -317,7 +326,7 @@ fn spoof_prefix(iface: &str, mac: &str, dst: SocketAddr, net: &str, pps: u64, se
         if let Some(wait) = due.checked_sub(start.elapsed()) {
             std::thread::sleep(wait);
         }
-        let frame = udp_frame(&mac, [o1, o2, o3, u8::try_from(i % 256)?], dst_ip, dst.port());
+        let frame = udp_frame(&mac, [o1, o2, o3, u8::try_from(i % 256)?], dst_ip, (sport, dst.port()));
         if send_frame(fd, &addr, &frame)? {
             sent += 1;
         }
@@ -425,9 +434,9 @@ fn packet_socket(iface: &str, mac: &[u8]) -> anyhow::Result<(i32, libc::sockaddr
     Ok((fd, addr))
 }
 
-fn udp_frame(dst_mac: &[u8], src: [u8; 4], dst: std::net::Ipv4Addr, port: u16) -> Vec<u8> {
+fn udp_frame(dst_mac: &[u8], src: [u8; 4], dst: std::net::Ipv4Addr, (sport, port): (u16, u16)) -> Vec<u8> {
     use limiter_tests::packet::{ETH_P_IP, Frame, IPPROTO_UDP};
-    let mut f = Frame::eth(ETH_P_IP).ipv4(src.into(), IPPROTO_UDP, 0, 0).udp_to(port).payload(4);
+    let mut f = Frame::eth(ETH_P_IP).ipv4(src.into(), IPPROTO_UDP, 0, 0).udp_ports(sport, port).payload(4);
     f.bytes[..6].copy_from_slice(dst_mac);
     f.bytes[30..34].copy_from_slice(&dst.octets());
     f.on_the_wire()
