@@ -110,6 +110,10 @@ impl Table {
 /// `net` without the special-purpose networks: none if one holds it, the
 /// rest cut into networks if it holds some.
 fn carve(net: IpNet) -> Vec<IpNet> {
+    // Most networks touch none (one lookup of the parsed list).
+    if bogons::bogon_overlap(&net).is_none() {
+        return vec![net];
+    }
     let inside: Vec<IpNet> = bogons::BOGONS
         .iter()
         .map(|b| b.parse::<IpNet>().expect("a valid network"))
