@@ -215,8 +215,7 @@ pub enum StoreFailure {
     Split,
 }
 
-/// A window quota: at most `limit` units per `length`, counted in
-/// `slices` slices.
+/// A window quota: at most `limit` units per `length`, in `slices`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window {
     pub limit: u64,
@@ -234,11 +233,9 @@ pub const DEFAULT_SLICES: u32 = 12;
 pub struct Class {
     pub name: String,
     pub protocol: Protocol,
-    /// Destination port ranges (inclusive); empty = any port.
+    /// Destination port ranges (inclusive; empty = any port), or source
+    /// port ranges (a reflection class: DNS answers from 53), not both.
     pub ports: Vec<(u16, u16)>,
-    /// Source port ranges (inclusive): a reflection class, which takes
-    /// the answers of services elsewhere (DNS from 53, NTP from 123);
-    /// a class has `ports` or `source_ports`, not both.
     pub source_ports: Vec<(u16, u16)>,
     /// Only TCP SYN without ACK (new connections).
     pub syn: bool,
@@ -246,8 +243,7 @@ pub struct Class {
     pub syn_cookies: SynCookies,
     /// `auto` engages above this many SYNs/s from sources without a bucket.
     pub syn_rate: Option<u64>,
-    /// How the forwarder ranks its connections at the cap and when it
-    /// throttles ([`Criticality`]).
+    /// The forwarder's rank of its connections ([`Criticality`]).
     pub criticality: Criticality,
 }
 
