@@ -13,12 +13,14 @@
 pub mod cookie;
 pub mod deny;
 pub mod gcra;
+pub mod group;
 pub mod lease;
 mod limits;
 pub mod maps;
 pub mod packet;
 pub mod prefix;
 pub mod reason;
+pub mod resolution;
 pub mod rules;
 pub mod stats;
 pub mod window;
@@ -124,32 +126,6 @@ pub mod mode {
     pub const ENFORCE: u32 = 0;
     /// Pass it, counted as `shadow_dropped`: a dry run on live traffic.
     pub const SHADOW: u32 = 1;
-}
-
-/// What an override lookup resolves a prefix to (the LPM trie's value and
-/// the low half of [`BucketState::resolved`]).
-pub mod resolution {
-    /// No override: the class's own limits.
-    pub const CLASS: u32 = 0;
-    /// `allow`: never limited.
-    pub const ALLOW: u32 = u32::MAX;
-    /// `deny`: always dropped.
-    pub const DENY: u32 = u32::MAX - 1;
-    // 1..=MAX_OVERRIDES: the override's limits, for the default class.
-    /// Bit: denied by the deny set (`crate::deny`), below the overrides;
-    /// the low 16 bits name the origin. Never with [`FINER`].
-    pub const LISTED: u32 = 1 << 29;
-    /// Bit, beside [`CLASS`] or an override: networks finer than the
-    /// bucket's prefix are denied inside it, so each packet asks whether
-    /// its own address is one (and the bucket is never leased).
-    pub const FINER: u32 = 1 << 30;
-
-    /// Whether `res` (not [`ALLOW`] nor [`DENY`]) is a deny-set denial.
-    #[inline(always)]
-    #[must_use]
-    pub const fn listed(res: u32) -> bool {
-        res != ALLOW && res != DENY && res & LISTED != 0
-    }
 }
 
 /// Rule classes: class 0 is the default; matchers send packets to others.
@@ -261,7 +237,10 @@ pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// 15: the deny set (`DENY`, `DENY_LENS`, `DENY_HITS`, `DENY_ORIGINS`,
 /// `DENY_SOURCES`); `ACTIVE`'s bits above the slot count its changes
 /// (an older program reads only the slot bit).
-pub const SCHEMA_VERSION: u32 = 15;
+/// 16: country and ASN groups (`GROUPS4`, `GROUPS6`, `GROUP_LIMITS`,
+/// `GROUP_BUCKETS`, `GROUP_HITS`); `STATS` has a slot for
+/// `group_limited`; a bucket's resolution may name a group.
+pub const SCHEMA_VERSION: u32 = 16;
 
 /// Value of [`maps::META`].
 #[repr(C)]
@@ -399,46 +378,4 @@ pub struct DropEvent {
     pub src: [u32; 4],
 }
 
-const _: () = assert!(core::mem::size_of::<ClassLimits>() == 32);
-const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 72 + 32 * MAX_CLASSES + 8 * MAX_MATCHERS + 88);
-const _: () = assert!(core::mem::size_of::<cookie::Cookies>() == 88);
-const _: () = assert!(core::mem::size_of::<cookie::SynGuard>() == 24);
-const _: () = assert!(core::mem::size_of::<DropEvent>() == 32);
-const _: () = assert!(core::mem::size_of::<BucketKey>() == 12);
-const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
-const _: () = assert!(core::mem::size_of::<ClassCounters>() == 48);
-const _: () = assert!(core::mem::size_of::<Counter>() == 16);
-const _: () = assert!(core::mem::size_of::<ClockCache>() == 16);
-const _: () = assert!(core::mem::size_of::<Meta>() == 16);
-const _: () = assert!(core::mem::size_of::<lease::CpuSlot>() == 48);
-const _: () = assert!(core::mem::size_of::<RuntimeKey>() == 20);
-const _: () = assert!(core::mem::size_of::<RuntimeOverride>() == 32);
-const _: () = assert!(maps::CPU_SLOTS_ENTRIES.is_power_of_two());
-const _: () = assert!(core::mem::size_of::<deny::DenyKey>() == 20);
-const _: () = assert!(core::mem::size_of::<deny::DenyLens>() == 2 * deny::MAX_LENS);
-const _: () = assert!(core::mem::size_of::<deny::OriginName>() == deny::ORIGIN_NAME);
-
-#[cfg(feature = "user")]
-mod pod {
-    // SAFETY: all of them are #[repr(C)], Copy, contain only integers and have
-    // no implicit padding (sizes asserted above).
-    unsafe impl aya::Pod for super::Config {}
-    unsafe impl aya::Pod for super::BucketKey {}
-    unsafe impl aya::Pod for super::BucketState {}
-    unsafe impl aya::Pod for super::Counter {}
-    unsafe impl aya::Pod for super::Meta {}
-    unsafe impl aya::Pod for super::ClassCounters {}
-    unsafe impl aya::Pod for super::ClassLimits {}
-    unsafe impl aya::Pod for super::DropEvent {}
-    unsafe impl aya::Pod for super::lease::CpuSlot {}
-    unsafe impl aya::Pod for super::ClockCache {}
-    unsafe impl aya::Pod for super::window::WindowState {}
-    unsafe impl aya::Pod for super::window::Touch {}
-    unsafe impl aya::Pod for super::cookie::SynGuard {}
-    unsafe impl aya::Pod for super::RuntimeKey {}
-    unsafe impl aya::Pod for super::RuntimeOverride {}
-    unsafe impl aya::Pod for super::deny::DenyKey {}
-    unsafe impl aya::Pod for super::deny::DenyLens {}
-    unsafe impl aya::Pod for super::deny::OriginName {}
-}
+mod layout;

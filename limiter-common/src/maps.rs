@@ -13,6 +13,7 @@ use crate::{
     STAT_ENTRIES,
     cookie::{REFRESH_SLOTS, SynGuard},
     deny::{DenyKey, DenyLens, MAX_ORIGINS, OriginName},
+    group::{GroupHits, GroupLimits, MAX_GROUPS, MAX_NETWORKS as GROUP_NETWORKS},
     lease::CpuSlot,
     window::{FleetSlot, WindowState},
 };
@@ -80,6 +81,21 @@ pub const DENY_ORIGINS: &str = "DENY_ORIGINS";
 /// prefixes' buckets are created under (the new-source budget's rate,
 /// its own state).
 pub const DENY_SOURCES: &str = "DENY_SOURCES";
+/// `LPM_TRIE<Key<u32>, u32>`: the IPv4 networks of the rate and allow
+/// groups (`crate::group`), valued with the group's index, none finer
+/// than the bucket prefix. Written by userspace, entry by entry (then
+/// `ACTIVE`'s change count moves); read by XDP when a bucket resolves.
+pub const GROUPS4: &str = "GROUPS4";
+/// `LPM_TRIE<Key<[u32; 2]>, u32>`: the IPv6 ones (their top 64 bits).
+pub const GROUPS6: &str = "GROUPS6";
+/// `ARRAY<crate::group::GroupLimits>`, `2 * MAX_GROUPS` entries: group
+/// `n` of `CONFIG` slot `s` at `s * MAX_GROUPS + n`.
+pub const GROUP_LIMITS: &str = "GROUP_LIMITS";
+/// `ARRAY<u64>`, `MAX_GROUPS` entries: each group's GCRA state, shared
+/// by every CPU (compare-and-swap).
+pub const GROUP_BUCKETS: &str = "GROUP_BUCKETS";
+/// `PERCPU_ARRAY<crate::group::GroupHits>`, `MAX_GROUPS` entries.
+pub const GROUP_HITS: &str = "GROUP_HITS";
 /// Entries of [`CPU_SLOTS`] per CPU (the lease's slot table).
 pub use crate::lease::CPU_SLOTS_ENTRIES;
 /// Overrides one policy may hold (both families together).
@@ -223,7 +239,7 @@ const CLASSES_U32: u32 = MAX_CLASSES as u32;
 
 /// Every map of the program; the pinned ones first, in the order the
 /// loader pins them.
-pub const TABLE: [Spec; 29] = [
+pub const TABLE: [Spec; 34] = [
     Spec::new(BUCKETS, Kind::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), DEFAULT_BUCKET_CAPACITY)
         .by_capacity()
         .pinned(11),
@@ -242,7 +258,7 @@ pub const TABLE: [Spec; 29] = [
     Spec::new(OVR6[0], Kind::LpmTrie, 20, 4, MAX_OVERRIDES).pinned(11),
     Spec::new(OVR6[1], Kind::LpmTrie, 20, 4, MAX_OVERRIDES).pinned(11),
     Spec::new(OVR_LIMITS, Kind::Array, 4, size_of::<ClassLimits>(), 2 * MAX_OVERRIDES).pinned(11),
-    Spec::new(STATS, Kind::PerCpuArray, 4, size_of::<Counter>(), STAT_ENTRIES_U32).pinned(13),
+    Spec::new(STATS, Kind::PerCpuArray, 4, size_of::<Counter>(), STAT_ENTRIES_U32).pinned(16),
     Spec::new(META, Kind::Array, 4, size_of::<Meta>(), 1).pinned(1),
     Spec::new(LAYOUT, Kind::Hash, 16, 4, LAYOUT_ENTRIES).pinned(11),
     Spec::new(RUNTIME, Kind::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>(), MAX_OVERRIDES)
@@ -254,6 +270,11 @@ pub const TABLE: [Spec; 29] = [
     Spec::new(DENY_HITS, Kind::PerCpuArray, 4, 8, MAX_ORIGINS).pinned(15),
     Spec::new(DENY_ORIGINS, Kind::Array, 4, size_of::<OriginName>(), MAX_ORIGINS).pinned(15),
     Spec::new(DENY_SOURCES, Kind::Array, 4, 8, 1).pinned(15),
+    Spec::new(GROUPS4, Kind::LpmTrie, 8, 4, GROUP_NETWORKS).pinned(16),
+    Spec::new(GROUPS6, Kind::LpmTrie, 12, 4, GROUP_NETWORKS).pinned(16),
+    Spec::new(GROUP_LIMITS, Kind::Array, 4, size_of::<GroupLimits>(), 2 * MAX_GROUPS).pinned(16),
+    Spec::new(GROUP_BUCKETS, Kind::Array, 4, 8, MAX_GROUPS).pinned(16),
+    Spec::new(GROUP_HITS, Kind::PerCpuArray, 4, size_of::<GroupHits>(), MAX_GROUPS).pinned(16),
     Spec::new(TOUCHED, Kind::RingBuf, 0, 0, TOUCHED_BYTES),
     Spec::new(TEST_CLOCK, Kind::Array, 4, 8, 1),
     Spec::new(DROP_EVENTS, Kind::RingBuf, 0, 0, DROP_EVENTS_BYTES),

@@ -143,10 +143,13 @@ reasons! {
     /// data offset under 5 words. Never charged, so it never makes a
     /// bucket nor spends the new-source budget.
     TcpBadFlags = 25 => Drop, "tcp_bad_flags";
+    /// The prefix's own bucket admitted it, but its country or ASN
+    /// group's shared budget did not; the prefix's charge was refunded.
+    GroupLimited = 26 => Drop, "group_limited";
 }
 
 /// Number of counter slots in `STATS`.
-pub const REASON_COUNT: usize = 26;
+pub const REASON_COUNT: usize = 27;
 
 impl Reason {
     /// The action category of this reason (see [`Action`]).

@@ -6,15 +6,16 @@ use core::ptr::read_volatile;
 
 use aya_ebpf::maps::Array;
 use limiter_common::{
-    BucketKey, BucketState, ClassLimits, Config, MAX_CLASSES, REASON_COUNT, Reason, cost, gcra, maps::MAX_OVERRIDES,
-    mode, packet::Source, resolution, rules::coarser,
+    BucketKey, BucketState, ClassLimits, Config, REASON_COUNT, Reason, cost, gcra, mode, packet::Source, resolution,
+    rules::coarser,
 };
 
 use crate::{
     atomic::{Cas, cas, charge_existing, refund},
-    deny,
+    deny, group,
+    job::{Job, job, limits_for},
     lease::{Slot, charge_leasing},
-    maps::{BPF_NOEXIST, BUCKETS, CONFIG, DENY_SOURCES, NEW_SOURCES, OVR_LIMITS},
+    maps::{BPF_NOEXIST, BUCKETS, DENY_SOURCES, NEW_SOURCES},
     packed::{ANY_VERSION, CHECKED, CLASS_SHIFT, SLOT_BIT, STORE, USABLE_BIT},
     packet::Packet,
     resolve::limiter_resolve,
@@ -37,20 +38,6 @@ pub struct Charge<'a> {
     pub version: u32,
     /// 1/16 ns.
     pub now: u64,
-}
-
-/// What the charge itself needs of a packet: its bucket and its length,
-/// under one policy at one instant.
-struct Job<'a> {
-    /// The policy (a `CONFIG` entry).
-    cfg: &'a Config,
-    key: BucketKey,
-    class: usize,
-    /// The `CONFIG` slot and its policy version.
-    slot: u32,
-    version: u32,
-    now: u64,
-    len: u64,
 }
 
 /// [`limiter_charge_bucket`]'s answer when the prefix has no bucket.
@@ -85,9 +72,11 @@ pub fn charge(c: &Charge, slot: &Slot, checked: bool) -> Reason {
         packed |= CHECKED;
         code = charge_once(c, packed);
     }
+    let (head, tail) = c.key.words();
     if code & WINDOW != 0 {
-        let (head, tail) = c.key.words();
         code = limiter_charge_window(head, tail, c.now, packed, code & u64::from(u32::MAX));
+    } else if code & group::GROUP_STEP != 0 {
+        code = group::limiter_charge_group(head, tail, c.now, packed, code & u64::from(u32::MAX));
     }
     reason_of(code)
 }
@@ -124,23 +113,6 @@ fn charge_once(c: &Charge, packed: u64) -> u64 {
 /// is older than the policy or the deny set.
 const STALE: u64 = u64::MAX - 1;
 
-/// The job of a global charge function, from `packed` (see above).
-#[inline(always)]
-fn job(head: u64, tail: u64, now: u64, packed: u64) -> Option<Job<'static>> {
-    let slot = u32::from(packed & SLOT_BIT != 0);
-    let cfg = CONFIG.get(slot)?;
-    let key = BucketKey::from_words(head, tail);
-    // Masked to the class table's size rather than checked against it:
-    // the index is spilled to the stack before `limits_for` uses it, and
-    // the verifier of 6.1 (before 6.8's "assign ID to scalars on spill")
-    // does not carry a comparison's bound to the spilled copy, so only a
-    // bound made by the value itself reaches the table lookup (with `& 0xff`
-    // 6.1 refused the program: "R5 max value is outside of the allowed
-    // memory range", off=8256 into the 544-byte `CONFIG` value).
-    let class = ((packed >> CLASS_SHIFT) as usize) & (MAX_CLASSES - 1);
-    Some(Job { cfg, key, class, slot, version: (packed >> 32) as u32, now, len: packed & 0xffff })
-}
-
 /// The charge of a packet whose prefix has no bucket: `allow`/`deny`, the
 /// new-source budget, then a full bucket (or window entry) charged once.
 /// Returns the reason's index or [`WINDOW`].
@@ -151,6 +123,10 @@ pub extern "C" fn limiter_charge_new(head: u64, tail: u64, now: u64, packed: u64
     let Some(j) = job(head, tail, now, packed) else { return Reason::NoConfig as u64 };
     let res = res as u32;
     let resolved = (u64::from(j.version) << 32) | u64::from(res);
+    if let Some(g) = resolution::allowing_group(res) {
+        group::count(g, true);
+        return admit_listed(&j, resolved) as u64;
+    }
     let r = match res {
         resolution::ALLOW => admit_listed(&j, resolved),
         resolution::DENY => deny_listed(&j, resolved),
@@ -178,7 +154,7 @@ pub extern "C" fn limiter_charge_new(head: u64, tail: u64, now: u64, packed: u64
                 }
                 let inc = units * limits.unit;
                 let r = charge_new(&j.key, j.now, inc, limits.tau, resolved);
-                finish_fine(&j, limits, r, None, Fine { units, inc, resolved })
+                return group::to_group(finish_fine(&j, limits, r, None, Fine { units, inc, resolved }), res);
             }
         },
     };
@@ -200,6 +176,10 @@ pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: 
     let remember = |finer: bool, origin: u64| {
         Slot::probe(&j.key, packed & USABLE_BIT != 0).remember(&j.key, j.version, finer, origin);
     };
+    if let Some(g) = resolution::allowing_group(res) {
+        group::count(g, true);
+        return Reason::Allowed as u64;
+    }
     let r = match res {
         resolution::ALLOW => Reason::Allowed,
         resolution::DENY => {
@@ -223,12 +203,13 @@ pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: 
                 let inc = units * limits.unit;
                 // A bucket with finer denied networks (its packets come
                 // back `CHECKED`) is never leased: a lease would admit
-                // them without asking.
-                let usable = packed & (USABLE_BIT | CHECKED) == USABLE_BIT;
+                // them without asking; nor is a group's, whose every
+                // packet is charged to the group too.
+                let usable = packed & (USABLE_BIT | CHECKED) == USABLE_BIT && resolution::group(res).is_none();
                 let cpu_slot = Slot::probe(&j.key, usable);
                 let r = charge_leasing(p, &cpu_slot, &j.key, j.version, j.now, j.cfg.cpus, limits, inc);
                 let resolved = (u64::from(j.version) << 32) | u64::from(res);
-                finish_fine(&j, limits, r, Some(p), Fine { units, inc, resolved })
+                return group::to_group(finish_fine(&j, limits, r, Some(p), Fine { units, inc, resolved }), res);
             }
         },
     };
@@ -240,7 +221,7 @@ pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: 
 /// check would be refused by the verifier.
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "checked against REASON_COUNT")]
-fn reason_of(code: u64) -> Reason {
+pub fn reason_of(code: u64) -> Reason {
     let i = if code < REASON_COUNT as u64 { code as u32 } else { Reason::NoConfig as u32 };
     // SAFETY: `Reason` is `repr(u32)` with the discriminants
     // `0..REASON_COUNT` (limiter_common's `discriminants_are_slot_indexes`).
@@ -280,17 +261,6 @@ fn cached_resolution(p: *mut BucketState, version: u32, any: bool) -> Option<u32
     // single-copy atomic, so version and resolution are always a pair.
     let cached = unsafe { read_volatile(&raw const (*p).resolved) };
     ((cached >> 32) as u32 == version || any).then_some(cached as u32)
-}
-
-/// Limits for a packet of `class` whose prefix resolved to `res`: an
-/// override's own limits apply to the default class only.
-#[inline(always)]
-fn limits_for(cfg: &Config, class: usize, slot: u32, res: u32) -> Option<&ClassLimits> {
-    let res = res & !resolution::FINER;
-    if res != resolution::CLASS && class == 0 && res <= MAX_OVERRIDES {
-        return OVR_LIMITS.get(slot * MAX_OVERRIDES + res - 1);
-    }
-    cfg.classes.get(class)
 }
 
 /// `allow` / `deny`: no charge. A listed prefix gets a bucket only to

@@ -78,10 +78,13 @@ pub fn finer(src: &Source, bucket_len: u8, version: u32, usable: bool) -> bool {
 /// `to`'s bit in a scan: count the packet under the network's origin.
 const COUNT: u32 = 1 << 8;
 
-/// Count a packet the deny set dropped under its origin.
+/// Count a packet the deny set dropped under its origin (or an enforced
+/// `deny` group under the group, `limiter_common::group::DENIED_ORIGIN`).
 #[inline(always)]
 pub fn hit(value: u32) {
-    if let Some(c) = DENY_HITS.get_ptr_mut(value & ORIGIN) {
+    if value & limiter_common::group::DENIED_ORIGIN != 0 {
+        crate::group::count(value & (limiter_common::group::MAX_GROUPS - 1), false);
+    } else if let Some(c) = DENY_HITS.get_ptr_mut(value & ORIGIN) {
         // SAFETY: per-CPU slot, only this CPU's softirq writes it.
         unsafe { *c += 1 };
     }

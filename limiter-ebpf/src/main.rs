@@ -38,6 +38,10 @@ mod count;
 #[cfg(target_arch = "bpf")]
 mod deny;
 #[cfg(target_arch = "bpf")]
+mod group;
+#[cfg(target_arch = "bpf")]
+mod job;
+#[cfg(target_arch = "bpf")]
 mod lease;
 #[cfg(target_arch = "bpf")]
 mod maps;

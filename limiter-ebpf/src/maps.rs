@@ -15,6 +15,7 @@ use limiter_common::{
     BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, Meta, RuntimeKey, RuntimeOverride,
     cookie::SynGuard,
     deny::{DenyKey, DenyLens, OriginName},
+    group::{GroupHits, GroupLimits},
     lease::CpuSlot,
     maps,
     window::WindowState,
@@ -236,4 +237,34 @@ map! {
     /// Written and read by: XDP, with compare-and-swap: the budget under
     /// which a denied prefix gets a bucket (caching its denial).
     DENY_SOURCES: Array<u64>
+}
+
+map! {
+    /// Written by: userspace, entry by entry (then `ACTIVE`'s change count
+    /// moves). Read by: XDP, when a bucket resolves.
+    GROUPS4: LpmTrie<u32, u32>
+}
+
+map! {
+    /// As `GROUPS4`, for IPv6 (the top 64 bits).
+    GROUPS6: LpmTrie<[u32; 2], u32>
+}
+
+map! {
+    /// Written by: userspace, into the `CONFIG` slot not in use, with the
+    /// policy. Read by: XDP, when a bucket resolves and per packet of a
+    /// group.
+    GROUP_LIMITS: Array<GroupLimits>
+}
+
+map! {
+    /// Written and read by: XDP, with compare-and-swap: each group's
+    /// shared budget.
+    GROUP_BUCKETS: Array<u64>
+}
+
+map! {
+    /// Written by: XDP, per CPU, each packet of a group. Read by:
+    /// userspace, summed over CPUs, for the metrics.
+    GROUP_HITS: PerCpuArray<GroupHits>
 }

@@ -1,7 +1,8 @@
 //! A bucket's resolution: the most specific override holding its
-//! prefix (operator and policy file), and below an `allow` or a `deny`
-//! the deny set's answer; as a global function, cached in the bucket
-//! under the packet's version.
+//! prefix (operator and policy file); without one, its country or ASN
+//! group; below an `allow` or a `deny` (override or group) the deny
+//! set's answer; as a global function, cached in the bucket under the
+//! packet's version.
 
 use core::ptr::write_volatile;
 
@@ -9,7 +10,7 @@ use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::{BucketKey, family, resolution};
 
 use crate::{
-    deny,
+    deny, group,
     maps::{BUCKETS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
     packed::{SLOT_BIT, STORE},
 };
@@ -34,24 +35,34 @@ pub extern "C" fn limiter_resolve(head: u64, tail: u64, packed: u64) -> u64 {
     u64::from(res)
 }
 
-/// The prefix's resolution for code outside the charge (the cookie
-/// path), through [`limiter_resolve`] (not stored in a bucket).
+/// The prefix's own resolution for code outside the charge (the cookie
+/// path), through [`limiter_resolve`] (not stored in a bucket), without
+/// the bits that name its group: a prefix of a group gets cookies as any.
 #[cfg_attr(feature = "without-syn-cookies", expect(dead_code, reason = "SYN cookies only"))]
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "a resolution is a u32")]
 pub fn resolved(key: &BucketKey, slot: u32) -> u32 {
     let (head, tail) = key.words();
-    limiter_resolve(head, tail, if slot != 0 { SLOT_BIT } else { 0 }) as u32
+    resolution::ungrouped(limiter_resolve(head, tail, if slot != 0 { SLOT_BIT } else { 0 }) as u32)
 }
 
 /// Most specific override containing the bucket's prefix (the bucket's
 /// address is already masked, so overrides no longer than it match);
-/// below an `allow` or a `deny`, the deny set's answer
+/// without one, the prefix's group ([`group::limiter_group_of`]); below an `allow` or
+/// a `deny` (an override or a group: the policy file outranks the
+/// automation that fills the deny set), the deny set's answer
 /// ([`deny::listed`]).
 #[inline(always)]
 pub fn resolve(key: &BucketKey, slot: u32) -> u32 {
     match override_of(key, slot) {
         r @ (resolution::ALLOW | resolution::DENY) => r,
+        resolution::CLASS => {
+            let (head, tail) = key.words();
+            let found = group::limiter_group_of(head, tail, u64::from(slot));
+            #[expect(clippy::cast_possible_truncation, reason = "the low half is the resolution")]
+            let res = found as u32;
+            if found >> 32 != 0 { res } else { deny::listed(key, res) }
+        }
         r => deny::listed(key, r),
     }
 }

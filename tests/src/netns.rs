@@ -160,6 +160,14 @@ impl VethPair {
             .collect()
     }
 
+    /// The MAC address of B's end (where spoofed frames are sent).
+    #[must_use]
+    pub fn b_mac(&self) -> String {
+        let link = std::process::Command::new("ip").args(["-n", &self.b.name, "link", "show", B_IF]).output().unwrap();
+        let link = String::from_utf8_lossy(&link.stdout);
+        link.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap().to_owned()
+    }
+
     /// Give the sender one more source address (a /32 on `va`).
     pub fn add_source(&self, addr: &str) {
         self.a.ip(&format!("addr add {addr}/32 dev {A_IF}"));

@@ -19,9 +19,9 @@ use crate::guest;
 /// What runs in each guest: a module of a tier binary of `limiter-tests`
 /// (`binary::module`) and the tests of it (all when none is named). Each
 /// is a kernel-facing behaviour: loading and verifying, BPF_PROG_TEST_RUN,
-/// the daemon on a veth, SYN cookies, window quotas, the deny set, pins
-/// across restarts and upgrades, and sharing the interface through
-/// libxdp's dispatcher.
+/// the daemon on a veth, SYN cookies, window quotas, the deny set,
+/// country and ASN groups, pins across restarts and upgrades, and sharing
+/// the interface through libxdp's dispatcher.
 pub const PLAN: &[(&str, &[&str])] = &[
     ("kernel::verifier", &[]),
     ("kernel::fixtures", &[]),
@@ -30,6 +30,7 @@ pub const PLAN: &[(&str, &[&str])] = &[
     ("daemon::syn_flood", &["--ignored", "twenty_new_clients_connect_on_their_first_syn_during_a_spoofed_syn_flood"]),
     ("daemon::kernel_features", &[]),
     ("kernel::deny_set", &[]),
+    ("kernel::groups", &[]),
     ("daemon::feeds", &[]),
     // The upgrade test stays on the host: an emulated upgrade takes tens
     // of seconds, its bucket refills meanwhile, and the 1 s flood after

@@ -21,13 +21,21 @@ pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result
     super::policy::print_applied(&client.change(&req)?, json)
 }
 
-/// `prefix show`: one line per window-quota class.
+/// `prefix show`: the address's country, ASN and group when the policy
+/// names groups, then one line per window-quota class.
 fn show(client: Client, cidr: ipnet::IpNet, json: bool) -> anyhow::Result<()> {
     let s = client.prefix_show(cidr)?;
     if json {
         return super::print_json(&s);
     }
     println!("{}", s.cidr);
+    if let Some(g) = &s.group {
+        let or_unknown = |v: Option<String>| v.unwrap_or_else(|| "unknown".into());
+        println!("country: {}", or_unknown(g.country.clone()));
+        println!("asn: {}", or_unknown(g.asn.map(|a| format!("AS{a}"))));
+        println!("group: {}", g.group.clone().unwrap_or_else(|| "none".into()));
+        println!("budget: {}", g.budget);
+    }
     if s.windows.is_empty() {
         println!("no window-quota class in the policy (token buckets only)");
     }

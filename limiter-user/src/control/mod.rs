@@ -158,6 +158,21 @@ pub struct PrefixShow {
     /// The bucket prefix the address or CIDR falls in.
     pub cidr: IpNet,
     pub windows: Vec<WindowRow>,
+    /// Its country, ASN and group (none: the policy names no group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupShow>,
+}
+
+/// What the groups' files say of an address, and which budget holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupShow {
+    /// ISO 3166-1 alpha-2, from a file a group reads.
+    pub country: Option<String>,
+    pub asn: Option<u32>,
+    /// The group its bucket prefix is in.
+    pub group: Option<String>,
+    /// Which budget holds it, in words.
+    pub budget: String,
 }
 
 /// One window-quota class of a prefix.

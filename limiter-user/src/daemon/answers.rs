@@ -139,6 +139,12 @@ impl Answers<'_> {
                     ..self.view.feedback
                 }));
                 f.push(Box::new(self.deny_report()?));
+                if !self.view.groups.is_empty() {
+                    let hits = self.dp.maps.counters.group_hits()?;
+                    f.push(Box::new(crate::groups::GroupHitsReport(
+                        self.view.groups.iter().zip(hits).map(|(n, h)| (n.clone(), h.passed, h.dropped)).collect(),
+                    )));
+                }
                 f
             },
             syn_cookies: self.syn_cookie_states()?,

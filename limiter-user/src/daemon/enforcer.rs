@@ -67,6 +67,8 @@ pub struct Enforcer {
     pub kernel_lacks_cookies: Option<String>,
     /// The deny set and its sources (feeds, CrowdSec; see `deny.rs`).
     pub(super) deny: deny::DenyLayer,
+    /// The country and ASN groups' networks (see `groups.rs`).
+    pub(super) groups: groups::GroupLayer,
 }
 
 impl Enforcer {
@@ -84,6 +86,7 @@ impl Enforcer {
             syn_cookies_off: None,
             kernel_lacks_cookies: None,
             deny: deny::DenyLayer::default(),
+            groups: groups::GroupLayer::default(),
         }
     }
 
@@ -279,6 +282,7 @@ impl Enforcer {
     pub fn restore(&mut self, maps: &mut impl PolicyMaps) -> Result<usize, LoadError> {
         let escalations = self.layers.restore(maps)?;
         self.deny.read_back(maps)?;
+        self.groups.read_back(maps)?;
         let n = escalations.len();
         self.layers.escalations.restore(&mut self.deny, maps, escalations)?;
         Ok(self.layers.entries.len() + n)
@@ -327,6 +331,7 @@ impl Enforcer {
         maps.write_deny(&before)?;
         maps.apply(compiled)?;
         maps.write_deny(&after)?;
+        self.groups.follow(maps, p)?;
         self.deny.follow(maps, p)
     }
 
@@ -379,6 +384,7 @@ mod bulk;
 pub mod deny;
 pub mod escalation;
 mod feedback;
+pub mod groups;
 pub(super) mod kernel;
 mod layers;
 mod shrink;

@@ -55,6 +55,7 @@ impl Features {
             )?),
             Box::new(super::start::serve_feedback(a.policy, s.token, s.calls).await?),
             Box::new(Feeds::new(s.sink.clone())),
+            Box::new(super::groups::Groups::new(s.sink.clone())),
             Box::new(CrowdsecSide::new(s.sink.clone())),
         ];
         for f in &mut list {

@@ -30,7 +30,7 @@ use crate::{
 };
 
 /// How often each feed's file is looked at.
-pub const CHECK: Duration = Duration::from_secs(2);
+pub(super) const CHECK: Duration = Duration::from_secs(2);
 
 /// What identifies a version of a file without reading it.
 type Stamp = (SystemTime, u64, u64);

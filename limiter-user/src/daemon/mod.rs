@@ -15,6 +15,7 @@ mod feedback;
 mod feeds;
 mod fleet;
 mod forward;
+mod groups;
 mod link;
 mod observe;
 mod os;

@@ -40,7 +40,7 @@ pub(super) fn prefix_show(
     let src = source_of(net.addr());
     // Every class's bucket of `src` covers the same network.
     let cidr = crate::dataplane::net(&rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, 0));
-    let mut out = PrefixShow { cidr, windows: Vec::new() };
+    let mut out = PrefixShow { cidr, windows: Vec::new(), group: None };
     let effective = p.effective(p.base());
     features.show(&src, &view.applied(p, &effective), &mut out);
     Ok(out)

@@ -25,6 +25,8 @@ pub(super) struct View {
     pub(super) syn_cookies_on: bool,
     /// The deny set's origins: index, name, networks.
     pub(super) deny: Vec<(u16, String, usize)>,
+    /// The groups' names, by index.
+    pub(super) groups: Vec<String>,
 }
 
 impl View {
@@ -76,6 +78,7 @@ impl View {
                 let counts = layer.counts();
                 layer.origins().map(|(i, name)| (i, name.clone(), counts.get(name).copied().unwrap_or(0))).collect()
             },
+            groups: effective.groups.iter().map(|g| g.name.clone()).collect(),
         };
         (view, effective)
     }

@@ -79,6 +79,7 @@ pub struct Tables {
     runtime: HashMap<MapData, RuntimeKey, RuntimeOverride>,
     test_clock: Array<MapData, u64>,
     pub(crate) deny: DenyMaps,
+    pub(crate) groups: super::groups::GroupMaps,
     last_flip: Option<Instant>,
 }
 
@@ -93,6 +94,7 @@ pub struct Counters {
     pub(crate) buckets_id: u32,
     syn_guard: Array<MapData, SynGuard>,
     deny_hits: PerCpuArray<MapData, u64>,
+    group_hits: PerCpuArray<MapData, limiter_common::group::GroupHits>,
 }
 
 impl Maps {
@@ -116,6 +118,7 @@ impl Maps {
                 lens: take(ebpf, maps::DENY_LENS)?,
                 origins: take(ebpf, maps::DENY_ORIGINS)?,
             },
+            groups: super::groups::GroupMaps::take(ebpf)?,
             last_flip: None,
         };
         let counters = Counters {
@@ -125,6 +128,7 @@ impl Maps {
             buckets_id: info.id(),
             syn_guard: take(ebpf, maps::SYN_GUARD)?,
             deny_hits: take(ebpf, maps::DENY_HITS)?,
+            group_hits: take(ebpf, maps::GROUP_HITS)?,
         };
         let windows = WindowMaps {
             windows: take(ebpf, maps::WINDOWS)?,
@@ -202,6 +206,7 @@ impl Tables {
         for (i, l) in (0u32..).zip(&c.overrides.limits) {
             self.ovr_limits.set(next * MAX_OVERRIDES + i, l, 0).on(maps::OVR_LIMITS)?;
         }
+        self.groups.set_limits(next, &c.groups)?;
         // How many leases of one bucket may be out at once: one per CPU
         // that can run the program (limiter_common::lease).
         let config = Config { cpus: possible_cpus(), ..c.config };
@@ -240,6 +245,24 @@ impl Tables {
         let fd = aya::maps::IterableMap::map(&self.deny.deny).fd().as_fd().as_raw_fd();
         let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
         info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Write a change of the group tries, then move `ACTIVE`'s change
+    /// count so that every bucket resolves again; the longest single
+    /// write.
+    pub fn write_groups(&mut self, w: &super::groups::GroupWrites) -> Result<std::time::Duration, LoadError> {
+        if w.is_empty() {
+            return Ok(std::time::Duration::ZERO);
+        }
+        let longest = self.groups.write(w)?;
+        let word = self.active.get(&0, 0).on(maps::ACTIVE)?;
+        self.active.set(0, super::groups::counted(word), 0).on(maps::ACTIVE)?;
+        Ok(longest)
+    }
+
+    /// The group tries as pinned.
+    pub fn groups_pinned(&self) -> Result<Vec<(ipnet::IpNet, u32)>, LoadError> {
+        self.groups.entries()
     }
 
     /// Record the deny set's origins' names.
@@ -339,6 +362,18 @@ impl Counters {
         for i in 0..super::deny::MAX_NAMED {
             let i = u32::try_from(i).unwrap_or(u32::MAX);
             out.push(sum_cpus(&self.deny_hits.get(&i, 0).on(maps::DENY_HITS)?));
+        }
+        Ok(out)
+    }
+
+    /// Each group's packets passed and dropped, by index, summed over CPUs.
+    pub fn group_hits(&self) -> Result<Vec<limiter_common::group::GroupHits>, LoadError> {
+        let mut out = Vec::with_capacity(limiter_common::group::MAX_GROUPS as usize);
+        for i in 0..limiter_common::group::MAX_GROUPS {
+            let v = self.group_hits.get(&i, 0).on(maps::GROUP_HITS)?;
+            out.push(v.iter().fold(limiter_common::group::GroupHits::default(), |a, h| {
+                limiter_common::group::GroupHits { passed: a.passed + h.passed, dropped: a.dropped + h.dropped }
+            }));
         }
         Ok(out)
     }

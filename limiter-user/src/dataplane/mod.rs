@@ -9,6 +9,7 @@ pub mod chain;
 pub mod counters;
 pub mod deny;
 mod error;
+pub mod groups;
 pub mod kernel;
 pub mod libxdp;
 pub mod maps;

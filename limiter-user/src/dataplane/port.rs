@@ -3,11 +3,13 @@
 //! daemon's policy logic (apply, runtime overrides, restore after a
 //! restart) is tested on the host without root.
 
+use ipnet::IpNet;
 use limiter_common::{Config, RuntimeKey, RuntimeOverride};
 
 use super::{
     DataPlane, LoadError,
     deny::{DenyWrites, Pinned},
+    groups::GroupWrites,
     maps::Tables,
 };
 use crate::policy::Compiled;
@@ -28,6 +30,11 @@ pub trait PolicyMaps {
     fn deny_pinned(&self) -> Result<Pinned, LoadError>;
     /// Record the deny set's origins' names.
     fn set_deny_origins(&mut self, names: &[String]) -> Result<(), LoadError>;
+    /// Write a change of the group tries (then every bucket resolves
+    /// again); the longest single write.
+    fn write_groups(&mut self, w: &GroupWrites) -> Result<std::time::Duration, LoadError>;
+    /// The group tries as pinned.
+    fn groups_pinned(&self) -> Result<Vec<(IpNet, u32)>, LoadError>;
 }
 
 impl PolicyMaps for Tables {
@@ -51,6 +58,12 @@ impl PolicyMaps for Tables {
     }
     fn set_deny_origins(&mut self, names: &[String]) -> Result<(), LoadError> {
         Tables::set_deny_origins(self, names)
+    }
+    fn write_groups(&mut self, w: &GroupWrites) -> Result<std::time::Duration, LoadError> {
+        Tables::write_groups(self, w)
+    }
+    fn groups_pinned(&self) -> Result<Vec<(IpNet, u32)>, LoadError> {
+        Tables::groups_pinned(self)
     }
 }
 
@@ -76,6 +89,12 @@ impl PolicyMaps for DataPlane {
     fn set_deny_origins(&mut self, names: &[String]) -> Result<(), LoadError> {
         self.maps.tables().set_deny_origins(names)
     }
+    fn write_groups(&mut self, w: &GroupWrites) -> Result<std::time::Duration, LoadError> {
+        self.maps.tables().write_groups(w)
+    }
+    fn groups_pinned(&self) -> Result<Vec<(IpNet, u32)>, LoadError> {
+        self.maps.tables.as_ref().map_or(Ok(Vec::new()), Tables::groups_pinned)
+    }
 }
 
 /// In-memory maps for host tests: records what was applied and can be
@@ -93,6 +112,8 @@ pub struct FakeMaps {
     /// The deny set as written: entries, and origins' names.
     pub deny: std::collections::HashMap<limiter_common::deny::DenyKey, u32>,
     pub deny_origins: Vec<String>,
+    /// The group tries as written.
+    pub groups: std::collections::BTreeMap<IpNet, u32>,
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -156,5 +177,17 @@ impl PolicyMaps for FakeMaps {
     fn set_deny_origins(&mut self, names: &[String]) -> Result<(), LoadError> {
         self.deny_origins = names.to_vec();
         Ok(())
+    }
+    fn write_groups(&mut self, w: &GroupWrites) -> Result<std::time::Duration, LoadError> {
+        for (n, i) in &w.upserts {
+            self.groups.insert(*n, *i);
+        }
+        for n in &w.deletes {
+            self.groups.remove(n);
+        }
+        Ok(std::time::Duration::ZERO)
+    }
+    fn groups_pinned(&self) -> Result<Vec<(IpNet, u32)>, LoadError> {
+        Ok(self.groups.iter().map(|(n, i)| (*n, *i)).collect())
     }
 }

@@ -22,7 +22,7 @@ impl DataPlane {
 
     /// Switch to `cfg` with no overrides.
     pub fn apply_config(&mut self, cfg: &Config) -> Result<(), LoadError> {
-        self.maps.apply(&Compiled { config: *cfg, overrides: CompiledOverrides::default() })
+        self.maps.apply(&Compiled { config: *cfg, overrides: CompiledOverrides::default(), groups: Vec::new() })
     }
 
     /// Attach any entry point (the bench's receivers too).

@@ -10,6 +10,7 @@
 
 mod csv;
 mod mmdb;
+mod series;
 #[cfg(test)]
 mod tests;
 
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use ipnet::{IpNet, Ipv4Net, Ipv4Subnets, Ipv6Net, Ipv6Subnets};
 
+pub use self::series::{GroupHitsReport, GroupReport, GroupReports};
 use crate::feeds::bogons;
 
 /// The largest file read (GeoLite2 Country is 9 MiB, the ASN CSVs 24 MiB).
@@ -93,18 +95,68 @@ impl Table {
     /// carved out.
     #[must_use]
     pub fn select(&self, countries: &[[u8; 2]], asns: &[u32]) -> Vec<IpNet> {
+        self.select_with(countries, asns, false)
+    }
+
+    /// [`Table::select`], keeping the special-purpose networks if
+    /// `allow_bogons` (a test bed's own ranges).
+    #[must_use]
+    pub fn select_with(&self, countries: &[[u8; 2]], asns: &[u32], allow_bogons: bool) -> Vec<IpNet> {
         let wanted =
             |t: &Tag| t.country.is_some_and(|c| countries.contains(&c)) || t.asn.is_some_and(|a| asns.contains(&a));
-        let chosen: Vec<IpNet> = self.networks.iter().filter(|(_, t)| wanted(t)).flat_map(|(n, _)| carve(*n)).collect();
+        let chosen: Vec<IpNet> = self
+            .networks
+            .iter()
+            .filter(|(_, t)| wanted(t))
+            .flat_map(|(n, _)| if allow_bogons { vec![*n] } else { carve(*n) })
+            .collect();
         IpNet::aggregate(&chosen)
     }
 
-    /// What the file says of `addr` (the most specific network holding
-    /// it).
+    /// Sort the networks by address, so that [`Table::tag_of`] finds one
+    /// by bisection.
+    pub fn sort(&mut self) {
+        self.networks.sort_unstable_by_key(|(n, _)| (n.network(), std::cmp::Reverse(n.prefix_len())));
+    }
+
+    /// What the file says of `addr`: the most specific network holding it
+    /// (by bisection in a [`Table::sort`]ed table of disjoint networks, as
+    /// the files' are; a scan otherwise).
     #[must_use]
     pub fn tag_of(&self, addr: std::net::IpAddr) -> Option<Tag> {
-        self.networks.iter().filter(|(n, _)| n.contains(&addr)).max_by_key(|(n, _)| n.prefix_len()).map(|(_, t)| *t)
+        let sorted = self.networks.is_sorted_by_key(|(n, _)| n.network());
+        if !sorted {
+            return self
+                .networks
+                .iter()
+                .filter(|(n, _)| n.contains(&addr))
+                .max_by_key(|(n, _)| n.prefix_len())
+                .map(|(_, t)| *t);
+        }
+        let at = self.networks.partition_point(|(n, _)| n.network() <= addr);
+        self.networks[..at].iter().rev().take(64).find(|(n, _)| n.contains(&addr)).map(|(_, t)| *t)
     }
+}
+
+/// `nets` without those finer than a bucket prefix (`v4`, and `v6` at
+/// most /64): a bucket prefix is in a group only when the group holds
+/// all of it. Returns the networks kept and how many were left out.
+#[must_use]
+pub fn coarsen(nets: Vec<IpNet>, v4: u32, v6: u32) -> (std::collections::HashSet<IpNet>, usize) {
+    let v6 = v6.min(limiter_common::MAX_V6_BUCKET_PREFIX);
+    let total = nets.len();
+    let kept: std::collections::HashSet<IpNet> = nets
+        .into_iter()
+        .filter(|n| {
+            u32::from(n.prefix_len())
+                <= match n {
+                    IpNet::V4(_) => v4,
+                    IpNet::V6(_) => v6,
+                }
+        })
+        .collect();
+    let left = total - kept.len();
+    (kept, left)
 }
 
 /// `net` without the special-purpose networks: none if one holds it, the

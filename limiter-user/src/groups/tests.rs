@@ -65,3 +65,23 @@ fn a_database_is_told_from_a_list_by_its_metadata_marker() {
     // A broken database is refused with the crate's reason.
     assert!(matches!(mmdb::read(db), Err(mmdb::Error::Db(_))));
 }
+
+#[test]
+fn a_sorted_table_finds_an_address_by_bisection_and_says_the_same_as_a_scan() {
+    let text = "network,country\n203.0.113.128/25,FR\n192.0.3.0/24,DE\n2001:db9::/32,NL\n192.0.4.0/23,DE\n";
+    let scanned = table(text).unwrap_or_else(|_| panic!("a valid list"));
+    let mut sorted = table(text).unwrap_or_else(|_| panic!("a valid list"));
+    sorted.sort();
+    for a in ["192.0.3.9", "192.0.5.255", "192.0.6.0", "203.0.113.200", "203.0.113.1", "2001:db9::1", "10.0.0.1"] {
+        let a = a.parse().unwrap();
+        assert_eq!(sorted.tag_of(a), scanned.tag_of(a), "{a}");
+    }
+    assert_eq!(sorted.tag_of("192.0.5.1".parse().unwrap()).and_then(|t| t.country), Some(*b"DE"));
+}
+
+#[test]
+fn networks_finer_than_a_bucket_prefix_are_left_out_and_counted() {
+    let (kept, left) = coarsen(nets(&["198.18.0.0/23", "198.18.2.0/25", "2001:2::/48", "2001:2:0:1::/72"]), 24, 56);
+    assert_eq!(left, 2);
+    assert!(kept.contains(&"198.18.0.0/23".parse().unwrap()) && kept.contains(&"2001:2::/48".parse().unwrap()));
+}

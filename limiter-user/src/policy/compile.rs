@@ -22,6 +22,8 @@ use super::{
 pub struct Compiled {
     pub config: Config,
     pub overrides: CompiledOverrides,
+    /// Each `[[group]]`'s limits, by index (`GROUP_LIMITS`).
+    pub groups: Vec<limiter_common::group::GroupLimits>,
 }
 
 /// Overrides in the form the kernel's tries and `OVR_LIMITS` take.
@@ -116,6 +118,7 @@ impl Policy {
             forwards,
             feedback,
             feeds,
+            groups,
             crowdsec,
             fleet,
             // Only a reload reads it (the daemon's guard).
@@ -131,6 +134,7 @@ impl Policy {
             super::feedback::check(f)?;
         }
         super::feed::check(feeds)?;
+        let groups = super::group::check(groups)?;
         if let Some(c) = crowdsec {
             super::crowdsec::check(c)?;
         }
@@ -179,7 +183,7 @@ impl Policy {
         compile_classes(classes, &mut config)?;
         super::cookies::compile(classes, new_sources.map(|(rate, _)| rate), &mut config)?;
         let overrides = compile_overrides(overrides, *v4_prefix, *v6_prefix)?;
-        Ok(Compiled { config, overrides })
+        Ok(Compiled { config, overrides, groups })
     }
 }
 

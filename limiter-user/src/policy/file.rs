@@ -123,6 +123,8 @@ struct Root {
     feedback: Option<super::feedback::Feedback>,
     #[serde(default, rename = "feed", skip_serializing_if = "Vec::is_empty")]
     feeds: Vec<super::feed::Feed>,
+    #[serde(default, rename = "group", skip_serializing_if = "Vec::is_empty")]
+    groups: Vec<super::group::Group>,
     crowdsec: Option<super::crowdsec::Crowdsec>,
     fleet: Option<super::fleet::Fleet>,
 }
@@ -215,7 +217,7 @@ type Located<T> = Result<T, (PolicyError, usize)>;
 /// The file's own top-level keys, in order, but the knobs (which go
 /// after `mode`): an unknown key's message lists them, as flattening the
 /// knobs drops serde's list (the docs' tests hold it to the reference).
-const OWN_KEYS: [&str; 11] = [
+const OWN_KEYS: [&str; 12] = [
     "allow_empty",
     "allow_shrink",
     "missing_kernel_feature",
@@ -225,6 +227,7 @@ const OWN_KEYS: [&str; 11] = [
     "forward",
     "feedback",
     "feed",
+    "group",
     "crowdsec",
     "fleet",
 ];
@@ -271,6 +274,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         mut forwards,
         feedback,
         feeds,
+        groups,
         crowdsec,
         fleet,
         missing_kernel_feature,
@@ -290,6 +294,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         forwards,
         feedback,
         feeds,
+        groups,
         crowdsec,
         fleet,
         allow_shrink: allow_shrink.unwrap_or(false),

@@ -14,6 +14,7 @@ pub mod feedback;
 pub mod file;
 pub mod fleet;
 pub mod forward;
+pub mod group;
 pub mod kernel;
 pub mod knobs;
 pub mod overlay;
@@ -45,27 +46,23 @@ pub const DEFAULT_PATH: &str = "/etc/limiter/limiter.toml";
 /// Smallest byte burst: a bucket must hold one full-size Ethernet frame.
 pub const MIN_BYTE_BURST: u64 = 1_518;
 /// Default new-source budget: 5,000 new prefixes a second, burst 10,000.
-///
 /// On by default: without it every spoofed source is a new key with a
 /// fresh allowance, so a random-source flood passes whole and churns the
 /// LRU at several hundred ns a packet. A host's steady rate of prefixes
 /// it has not seen recently is far below 5,000 a second, and the burst
-/// absorbs a flash crowd; during a spoofed flood, new legitimate prefixes
-/// compete with the flood for the budget while prefixes that already have
-/// a bucket are not affected. `new_source_rate = 0` turns it off.
+/// absorbs a flash crowd (new legitimate prefixes compete with a spoofed
+/// flood for it; prefixes with a bucket are not affected).
 pub const DEFAULT_NEW_SOURCES: (u64, u64) = (5_000, 10_000);
 /// Default aggregate prefix lengths (IPv4, IPv6) when the tier is on.
 pub const DEFAULT_AGGREGATE_PREFIXES: (u32, u32) = (16, 40);
 
-/// The policy file in force: `given`, else [`DEFAULT_PATH`] if a file is
-/// there, else none (the built-in policy).
+/// The policy file in force: `given`, else [`DEFAULT_PATH`] if a file is there, else none (built-in).
 #[must_use]
 pub fn resolve_path(given: Option<&Path>) -> Option<PathBuf> {
     given.map(Path::to_path_buf).or_else(|| Path::new(DEFAULT_PATH).is_file().then(|| DEFAULT_PATH.into()))
 }
 
-/// The name of an enum value as the file and the command line spell it
-/// (one table: the variant names, shared by serde and clap).
+/// An enum value's name as the file and the command line spell it (serde's and clap's one table).
 fn name_of<T: ValueEnum>(v: &T) -> String {
     v.to_possible_value().map_or_else(String::new, |p| p.get_name().to_owned())
 }
@@ -323,8 +320,10 @@ pub struct Policy {
     pub forwards: Vec<forward::Forward>,
     /// The feedback endpoint and its governor (off by default).
     pub feedback: Option<feedback::Feedback>,
-    /// Blocklist feeds, denied through the deny set (none by default).
+    /// Blocklist feeds, denied through the deny set; country and ASN
+    /// groups (none by default).
     pub feeds: Vec<feed::Feed>,
+    pub groups: Vec<group::Group>,
     /// CrowdSec's decisions, denied through the deny set (off by default).
     pub crowdsec: Option<crowdsec::Crowdsec>,
     /// The fleet's shared store (off by default: fleet-scope quotas then
@@ -356,6 +355,7 @@ impl Default for Policy {
             forwards: Vec::new(),
             feedback: None,
             feeds: Vec::new(),
+            groups: Vec::new(),
             crowdsec: None,
             fleet: None,
             allow_shrink: false,

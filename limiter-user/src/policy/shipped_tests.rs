@@ -48,7 +48,7 @@ fn every_default_it_shows_is_the_real_one() {
 }
 
 /// The sections of a policy file, each as the text that opens one.
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "",
     "[[class]]\nname = \"x\"\n",
     "[[override]]\n",
@@ -56,6 +56,7 @@ const SECTIONS: [&str; 9] = [
     "[feedback]\n",
     "[feedback.escalate]\n",
     "[[feed]]\n",
+    "[[group]]\n",
     "[crowdsec]\n",
     "[fleet]\n",
 ];
@@ -101,6 +102,7 @@ fn the_reference_tables_list_exactly_the_parsers_keys() {
         "`[feedback]`",
         "`[feedback.escalate]`",
         "`[[feed]]`",
+        "`[[group]]`",
         "`[crowdsec]`",
         "`[fleet]`",
     ];

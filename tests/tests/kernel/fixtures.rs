@@ -43,7 +43,8 @@ fn documented_action(r: Reason) -> u32 {
         | Reason::NewSourceLimited
         | Reason::AggregateLimited
         | Reason::SynCookieInvalid
-        | Reason::TcpBadFlags => XDP_DROP,
+        | Reason::TcpBadFlags
+        | Reason::GroupLimited => XDP_DROP,
     }
 }
 

@@ -29,7 +29,7 @@ fn prometheus_loads_the_alert_rules() {
     let o = Command::new(promtool()).args(["check", "rules"]).arg(rules()).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("SUCCESS: 4 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 5 rules found"), "{out}");
 }
 
 /// Synthetic series, a scrape a minute, through `promtool test rules`:
@@ -62,6 +62,12 @@ tests:
         values: '950x20'
       - series: 'limiter_tracked_prefixes_capacity{{instance="edge2"}}'
         values: '1000x20'
+      # A group's file 44 days old, aging a day a minute (over 45 days from
+      # minute 2); another never read.
+      - series: 'limiter_group_file_age_seconds{{instance="edge2", group="de"}}'
+        values: '3801600+86400x60'
+      - series: 'limiter_group_file_age_seconds{{instance="edge3", group="fr"}}'
+        values: '-1x60'
     alert_rule_test:
       - eval_time: 4m
         alertname: LimiterNotAttached
@@ -103,6 +109,20 @@ tests:
             exp_annotations:
               summary: "limiter on edge2: bucket map 95% full"
               description: "Evictions hand returning prefixes a fresh bucket. Raise capacity or coarsen prefixes."
+      - eval_time: 25m
+        alertname: LimiterGroupFileStale
+        exp_alerts: []
+      - eval_time: 45m
+        alertname: LimiterGroupFileStale
+        exp_alerts:
+          - exp_labels: {{ severity: warning, instance: edge3, group: fr }}
+            exp_annotations:
+              summary: "limiter on edge3: group fr's file is stale or unread"
+              description: "Over 45 days old (a monthly list missed its update), or never read (-1): the group holds the networks of its last version. See `limiter status` and the daemon's log."
+          - exp_labels: {{ severity: warning, instance: edge2, group: de }}
+            exp_annotations:
+              summary: "limiter on edge2: group de's file is stale or unread"
+              description: "Over 45 days old (a monthly list missed its update), or never read (-1): the group holds the networks of its last version. See `limiter status` and the daemon's log."
 "#,
         rules = rules().display()
     );

@@ -55,6 +55,7 @@ impl From<&Policy> for Root {
             forwards: p.forwards.clone(),
             feedback: p.feedback.clone(),
             feeds: p.feeds.clone(),
+            groups: p.groups.clone(),
             crowdsec: p.crowdsec.clone(),
             fleet: p.fleet.clone().map(|mut f| {
                 f.store = f.store.iter().map(|a| crate::policy::fleet::redacted(a)).collect();

@@ -206,6 +206,29 @@ fn feed() -> impl Strategy<Value = crate::policy::feed::Feed> {
     )
 }
 
+fn group() -> impl Strategy<Value = crate::policy::group::Group> {
+    use crate::policy::group::GroupAction;
+    let action = prop_oneof![Just(GroupAction::Rate), Just(GroupAction::Allow), Just(GroupAction::Deny)];
+    let members = (vec("[A-Z]{2}", 0..3), vec(any::<u32>(), 0..3));
+    let flags = (any::<bool>(), any::<bool>(), option::of(1u64..1 << 32), option::of(1u64..1 << 32));
+    ("[a-z_]{1,12}", "/[a-z/]{1,20}", members, action, duration(), flags).prop_map(
+        |(name, path, (countries, asns), action, refresh, (allow_bogons, shadow, rate, burst))| {
+            crate::policy::group::Group {
+                name,
+                path: path.into(),
+                countries,
+                asns,
+                action,
+                rate,
+                burst,
+                refresh,
+                allow_bogons,
+                shadow,
+            }
+        },
+    )
+}
+
 /// Store addresses without a password: `render` hides one (tested apart).
 fn fleet() -> impl Strategy<Value = Fleet> {
     let store = vec("redis://[a-z0-9.]{1,12}:[0-9]{1,5}", 1..4);
@@ -234,14 +257,21 @@ fn policy() -> impl Strategy<Value = Policy> {
         option::of((1u64..1 << 32, 1u64..1 << 32, 0u32..=32, 0u32..=128)),
         (0u32..=32, 0u32..=128, 1u32..1 << 24, any::<bool>(), any::<bool>()),
     );
-    let services = (vec(forward(), 0..3), option::of(feedback()), option::of(fleet()), option::of(feed()));
+    let services =
+        (vec(forward(), 0..3), option::of(feedback()), option::of(fleet()), option::of(feed()), vec(group(), 0..3));
     (default, vec(class(), 0..7), tiers, services)
         .prop_flat_map(|(default, classes, tiers, services)| {
             overrides(default.cost)
                 .prop_map(move |overrides| (default, classes.clone(), overrides, tiers, services.clone()))
         })
         .prop_map(
-            |(default, classes, overrides, (new_sources, aggregate, prefixes), (forwards, feedback, fleet, feed))| {
+            |(
+                default,
+                classes,
+                overrides,
+                (new_sources, aggregate, prefixes),
+                (forwards, feedback, fleet, feed, groups),
+            )| {
                 let (v4_prefix, v6_prefix, capacity, allow_shrink, run_without) = prefixes;
                 Policy {
                     default,
@@ -260,6 +290,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     forwards,
                     feedback,
                     feeds: feed.into_iter().collect(),
+                    groups,
                     crowdsec: None,
                     fleet,
                     allow_shrink,

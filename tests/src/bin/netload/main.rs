@@ -10,7 +10,9 @@
 //!                                                   as fast as it can for SECS)
 //!   netload spoof-prefix IFACE DST_MAC DST_IP:PORT A.B.C PPS SECS [SPORT]
 //!                                                  (UDP from every host of
-//!                                                   the /24 A.B.C.0 in turn,
+//!                                                   the /24 A.B.C.0 in turn
+//!                                                   (or, given A.B, of every
+//!                                                   /24 of A.B.0.0/16),
 //!                                                   PPS a second for SECS,
 //!                                                   from port SPORT, 12345
 //!                                                   unless given)
@@ -39,6 +41,11 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+
+use self::spoof::{spoof, spoof_prefix, spoof_syn};
+
+/// Raw Ethernet frames from addresses that are not this host's.
+mod spoof;
 
 /// Hard cap on packets one `send` may emit, whatever it is asked.
 const MAX_PACKETS: u64 = 50_000_000;
@@ -273,171 +280,4 @@ fn hold(target: &str, count: usize, secs: f64, mode: &str) {
         std::thread::sleep(Duration::from_millis(2));
     }
     println!("opened {opened} failed {failed} ok200 {ok} too_many {too_many}");
-}
-
-/// Send COUNT UDP frames, each from a different IPv4 source inside
-/// 198.18.0.0/15 but above 198.18.4.0 (never the veth addresses nor the
-/// fixed test sources in 198.18.1-3.x), out of IFACE as raw Ethernet
-/// frames. Bounded by COUNT (at most 130,000).
-fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Result<()> {
-    let std::net::IpAddr::V4(dst_ip) = dst.ip() else { bail!("IPv4 only") };
-    let mac = parse_mac(mac)?;
-    let count = count.min(130_000);
-    let (fd, addr) = packet_socket(iface, &mac)?;
-    let mut sent = 0u32;
-    let start = Instant::now();
-    for i in 0..count {
-        // 198.18.0.0/15 host i + 1024: from 198.18.4.0 on.
-        let host = 1024 + i;
-        let src = [198, 18 + u8::try_from(host >> 16)?, u8::try_from((host >> 8) & 0xff)?, u8::try_from(host & 0xff)?];
-        let frame = udp_frame(&mac, src, dst_ip, (12345, dst.port()));
-        if send_frame(fd, &addr, &frame)? {
-            sent += 1;
-        }
-    }
-    // SAFETY: closing our own fd.
-    unsafe { libc::close(fd) };
-    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// UDP to DST out of IFACE from each host of the /24 `net` (`A.B.C`) in
-/// turn, paced at `pps` for `secs` (at most 60): a flood spoofed inside
-/// one victim's prefix. Bounded by time and by MAX_PACKETS.
-fn spoof_prefix(
-    iface: &str,
-    mac: &str,
-    (dst, sport): (SocketAddr, u16),
-    net: &str,
-    pps: u64,
-    secs: f64,
-) -> anyhow::Result<()> {
-    let std::net::IpAddr::V4(dst_ip) = dst.ip() else { bail!("IPv4 only") };
-    let octets: Vec<u8> = net.split('.').map(str::parse).collect::<Result<_, _>>().context("A.B.C")?;
-    let [o1, o2, o3] = octets[..] else { bail!("give the /24 as A.B.C") };
-    let mac = parse_mac(mac)?;
-    let (fd, addr) = packet_socket(iface, &mac)?;
-    let dur = Duration::from_secs_f64(secs.clamp(0.0, 60.0));
-    let (start, mut sent, mut i) = (Instant::now(), 0u64, 0u64);
-    while start.elapsed() < dur && i < MAX_PACKETS {
-        // Paced: packet i leaves at i / pps seconds.
-        #[expect(clippy::cast_precision_loss, reason = "pacing only")]
-        let due = Duration::from_secs_f64(i as f64 / pps.max(1) as f64);
-        if let Some(wait) = due.checked_sub(start.elapsed()) {
-            std::thread::sleep(wait);
-        }
-        let frame = udp_frame(&mac, [o1, o2, o3, u8::try_from(i % 256)?], dst_ip, (sport, dst.port()));
-        if send_frame(fd, &addr, &frame)? {
-            sent += 1;
-        }
-        i += 1;
-    }
-    // SAFETY: closing our own fd.
-    unsafe { libc::close(fd) };
-    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// TCP SYNs to DST out of IFACE for SECS seconds (at most 60), each from
-/// the next source of a range no test client uses: IPv4 hosts of
-/// 198.18.4.0-198.19.255.255, IPv6 hosts of 2001:2:100::/40. Bounded by
-/// time and by MAX_PACKETS.
-fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64, flags: u8) -> anyhow::Result<()> {
-    use limiter_tests::packet::{ETH_P_IP, ETH_P_IPV6, Frame, IPPROTO_TCP};
-    let mac = parse_mac(mac)?;
-    let (fd, addr) = packet_socket(iface, &mac)?;
-    let until = Instant::now() + Duration::from_secs_f64(secs.clamp(0.0, 60.0));
-    let (mut sent, start) = (0u64, Instant::now());
-    let mut i = 0u32;
-    while Instant::now() < until && sent < MAX_PACKETS {
-        for _ in 0..1024 {
-            i = i.wrapping_add(1);
-            let mut f = match dst.ip() {
-                std::net::IpAddr::V4(d) => {
-                    let host = 1024 + i % 130_000;
-                    let src = std::net::Ipv4Addr::from(0xc612_0000 + host);
-                    let mut f =
-                        Frame::eth(ETH_P_IP).ipv4(src, IPPROTO_TCP, 0, 0).tcp_to(dst.port(), flags).on_the_wire();
-                    f[30..34].copy_from_slice(&d.octets());
-                    f
-                }
-                std::net::IpAddr::V6(d) => {
-                    let src = std::net::Ipv6Addr::from(
-                        0x2001_0002_0100_0000_0000_0000_0000_0000u128 | (u128::from(i) << 64) | 7,
-                    );
-                    let mut f = Frame::eth(ETH_P_IPV6).ipv6(src, IPPROTO_TCP).tcp_to(dst.port(), flags).bytes;
-                    f[18..20].copy_from_slice(&20u16.to_be_bytes());
-                    f[38..54].copy_from_slice(&d.octets());
-                    f
-                }
-            };
-            f[..6].copy_from_slice(&mac);
-            tcp_checksum(&mut f);
-            if send_frame(fd, &addr, &f)? {
-                sent += 1;
-            }
-        }
-    }
-    // SAFETY: closing our own fd.
-    unsafe { libc::close(fd) };
-    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// Fill in the TCP checksum of an Ethernet + IPv4 (no options) or IPv6 +
-/// TCP frame, so that a receiving stack takes the segment.
-fn tcp_checksum(f: &mut [u8]) {
-    let v6 = f[12..14] == [0x86, 0xdd];
-    let (addrs, l4) = if v6 { (22..54, 54) } else { (26..34, 34) };
-    f[l4 + 16..l4 + 18].fill(0);
-    let len = u32::try_from(f.len() - l4).expect("a short frame");
-    let mut acc = 6 + len;
-    for w in f[addrs].chunks(2).chain(f[l4..].chunks(2)) {
-        acc += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
-    }
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    let sum = !u16::try_from(acc).expect("folded");
-    f[l4 + 16..l4 + 18].copy_from_slice(&sum.to_be_bytes());
-}
-
-/// `aa:bb:cc:dd:ee:ff` as six bytes.
-fn parse_mac(mac: &str) -> anyhow::Result<Vec<u8>> {
-    let mac: Vec<u8> =
-        mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>().context("DST_MAC")?;
-    anyhow::ensure!(mac.len() == 6, "DST_MAC must have 6 bytes");
-    Ok(mac)
-}
-
-/// Send one frame on an AF_PACKET socket; whether the kernel took it.
-fn send_frame(fd: i32, addr: &libc::sockaddr_ll, frame: &[u8]) -> anyhow::Result<bool> {
-    let len = libc::socklen_t::try_from(size_of::<libc::sockaddr_ll>())?;
-    // SAFETY: frame and addr are valid for the lengths given.
-    let rc = unsafe { libc::sendto(fd, frame.as_ptr().cast(), frame.len(), 0, std::ptr::from_ref(addr).cast(), len) };
-    Ok(rc > 0)
-}
-
-/// An AF_PACKET socket and the address that sends out of `iface` to `mac`.
-fn packet_socket(iface: &str, mac: &[u8]) -> anyhow::Result<(i32, libc::sockaddr_ll)> {
-    let name = std::ffi::CString::new(iface)?;
-    // SAFETY: plain libc calls on values we own.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    anyhow::ensure!(ifindex != 0, "no interface {iface}");
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-    anyhow::ensure!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
-    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    addr.sll_family = u16::try_from(libc::AF_PACKET)?;
-    addr.sll_ifindex = i32::try_from(ifindex)?;
-    addr.sll_halen = 6;
-    addr.sll_addr[..6].copy_from_slice(mac);
-    Ok((fd, addr))
-}
-
-fn udp_frame(dst_mac: &[u8], src: [u8; 4], dst: std::net::Ipv4Addr, (sport, port): (u16, u16)) -> Vec<u8> {
-    use limiter_tests::packet::{ETH_P_IP, Frame, IPPROTO_UDP};
-    let mut f = Frame::eth(ETH_P_IP).ipv4(src.into(), IPPROTO_UDP, 0, 0).udp_ports(sport, port).payload(4);
-    f.bytes[..6].copy_from_slice(dst_mac);
-    f.bytes[30..34].copy_from_slice(&dst.octets());
-    f.on_the_wire()
 }

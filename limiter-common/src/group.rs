@@ -1,0 +1,88 @@
+//! Country and ASN groups: every address of a group shares one budget
+//! (`rate`/`burst`), passes uncharged (`allow`) or is dropped (`deny`).
+//!
+//! Two LPM tries ([`crate::maps::GROUPS4`], [`crate::maps::GROUPS6`])
+//! hold each group's networks, valued with its index, at no length finer
+//! than the bucket prefix: a bucket prefix belongs to a group only when
+//! the group holds all of it. A bucket asks them once, when it resolves
+//! (and caches the answer in its resolution, [`crate::resolution::GROUP`]);
+//! a packet of a rate group is charged to its prefix's bucket and then to
+//! its group's ([`crate::maps::GROUP_BUCKETS`], one GCRA state shared by
+//! every CPU), or to neither.
+
+use crate::gcra;
+
+/// Groups one policy may hold.
+pub const MAX_GROUPS: u32 = 64;
+/// Networks of the tries (each family): a million.
+pub const MAX_NETWORKS: u32 = 1 << 20;
+
+/// What a group does ([`GroupLimits::action`]).
+pub mod action {
+    /// No group at this index (in this policy).
+    pub const NONE: u32 = 0;
+    /// Its addresses share one budget.
+    pub const RATE: u32 = 1;
+    /// Its addresses pass uncharged.
+    pub const ALLOW: u32 = 2;
+    /// Its addresses are dropped.
+    pub const DENY: u32 = 3;
+}
+
+/// The bit of a deny-set origin (`crate::deny::ORIGIN`) that says the
+/// low bits name a `deny` group instead: an enforced `deny` group's
+/// prefix resolves as the deny set's networks do
+/// (`crate::resolution::LISTED`), so that it costs what they cost.
+pub const DENIED_ORIGIN: u32 = 0x8000;
+
+/// Value of [`crate::maps::GROUP_LIMITS`] (per `CONFIG` slot, at `slot *
+/// MAX_GROUPS + index`): what the group does, and its budget.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupLimits {
+    /// [`gcra::unit_interval`] of the group's rate (packets/s).
+    pub unit: u64,
+    /// [`gcra::tau`] of its burst.
+    pub tau: u64,
+    /// [`action`].
+    pub action: u32,
+    /// [`crate::mode::ENFORCE`] or [`crate::mode::SHADOW`].
+    pub mode: u32,
+}
+
+impl GroupLimits {
+    /// A shared budget of `rate` packets/s and `burst` packets, or `None`
+    /// outside `1..=MAX_RATE` (or a burst that overflows).
+    #[must_use]
+    pub const fn rate(rate: u64, burst: u64, mode: u32) -> Option<Self> {
+        if rate == 0 || rate > gcra::MAX_RATE {
+            return None;
+        }
+        let unit = gcra::unit_interval(rate);
+        match gcra::tau(burst, unit) {
+            Some(tau) => Some(Self { unit, tau, action: action::RATE, mode }),
+            None => None,
+        }
+    }
+
+    /// Its addresses pass uncharged ([`action::ALLOW`]) or are dropped
+    /// ([`action::DENY`]).
+    #[must_use]
+    pub const fn decide(action: u32, mode: u32) -> Self {
+        Self { unit: 0, tau: 0, action, mode }
+    }
+}
+
+/// Value of [`crate::maps::GROUP_HITS`] (per CPU, per group index):
+/// packets of the group passed and dropped (or, in shadow mode, passed
+/// that would have been dropped).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupHits {
+    pub passed: u64,
+    pub dropped: u64,
+}
+
+/// Key of [`crate::maps::GROUPS6`]: the top 64 bits of an IPv6 network
+/// (a bucket prefix is never finer than /64), network order.
+pub type V6Key = [u32; 2];

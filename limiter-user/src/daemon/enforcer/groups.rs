@@ -1,0 +1,252 @@
+//! The country and ASN groups' layer of the policy state: which group
+//! holds each network of the data plane's tries. An address is in the
+//! first group of the policy (the lowest index) that holds its network;
+//! a version of a group's networks is taken as a diff against what the
+//! tries hold, so a monthly file changes only what moved.
+
+use std::collections::{HashMap, HashSet};
+
+use ipnet::IpNet;
+
+use super::ApplyError;
+use crate::{
+    dataplane::{LoadError, PolicyMaps, groups::GroupWrites},
+    policy::{Policy, group::Group},
+};
+
+/// What identifies the networks a group's section selects: a change of
+/// its action or budget keeps them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Identity {
+    name: String,
+    path: std::path::PathBuf,
+    countries: Vec<String>,
+    asns: Vec<u32>,
+    allow_bogons: bool,
+    bucket: (u32, u32),
+}
+
+impl Identity {
+    fn of(g: &Group, p: &Policy) -> Self {
+        Self {
+            name: g.name.clone(),
+            path: g.path.clone(),
+            countries: g.countries.clone(),
+            asns: g.asns.clone(),
+            allow_bogons: g.allow_bogons,
+            bucket: (p.v4_prefix, p.v6_prefix),
+        }
+    }
+}
+
+/// What a group's index holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Holder {
+    /// Read back from the pins at a start: kept until the group's first
+    /// version (or a policy without a group at its index).
+    Restored,
+    Taken(Identity),
+}
+
+/// The groups' networks as the tries hold them.
+#[derive(Debug, Default)]
+pub struct GroupLayer {
+    /// Every network, with the indexes (bits) of the groups that hold it.
+    nets: HashMap<IpNet, u64>,
+    /// By index: whose networks it holds, and how many.
+    holders: HashMap<u32, (Holder, usize)>,
+}
+
+/// The index a network's bits give it in the tries: the lowest.
+fn index_of(bits: u64) -> u32 {
+    bits.trailing_zeros()
+}
+
+impl GroupLayer {
+    /// How many networks group `index` holds in the tries.
+    #[must_use]
+    #[cfg(test)]
+    pub fn networks(&self, index: u32) -> usize {
+        self.holders.get(&index).map_or(0, |h| h.1)
+    }
+
+    /// The index of the group whose network holds `net` (a bucket
+    /// prefix), as the data plane's longest match finds it.
+    #[must_use]
+    pub fn holding(&self, net: &IpNet) -> Option<u32> {
+        (0..=net.prefix_len()).rev().find_map(|len| {
+            let n = IpNet::new(net.addr(), len).ok()?.trunc();
+            self.nets.get(&n).map(|bits| index_of(*bits))
+        })
+    }
+
+    /// At a start: the tries as pinned.
+    pub fn read_back(&mut self, maps: &mut impl PolicyMaps) -> Result<(), LoadError> {
+        for (net, index) in maps.groups_pinned()? {
+            if index < 64 {
+                self.nets.insert(net, 1 << index);
+                self.holders.entry(index).or_insert((Holder::Restored, 0)).1 += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Take a version of group `index`'s networks (none finer than the
+    /// bucket prefixes, which the reader saw to), selected under `g` and
+    /// `p`. Nothing changes unless the tries take it all.
+    pub fn take(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        index: u32,
+        g: &Group,
+        p: &Policy,
+        nets: &HashSet<IpNet>,
+    ) -> Result<String, ApplyError> {
+        let bit = 1u64 << index;
+        let mut changed: Vec<(IpNet, u64)> = Vec::new();
+        let mut w = GroupWrites::default();
+        for (net, bits) in &self.nets {
+            if bits & bit != 0 && !nets.contains(net) {
+                let left = bits & !bit;
+                if left == 0 {
+                    w.deletes.push(*net);
+                } else if index_of(left) != index_of(*bits) {
+                    w.upserts.push((*net, index_of(left)));
+                }
+                changed.push((*net, left));
+            }
+        }
+        let (mut added, removed) = (0usize, changed.len());
+        for net in nets {
+            let bits = self.nets.get(net).copied().unwrap_or(0);
+            if bits & bit == 0 {
+                let now = bits | bit;
+                if index_of(now) != index_of(bits) || bits == 0 {
+                    w.upserts.push((*net, index_of(now)));
+                }
+                changed.push((*net, now));
+                added += 1;
+            }
+        }
+        let t = std::time::Instant::now();
+        let longest = maps.write_groups(&w)?;
+        let took = t.elapsed();
+        for (net, bits) in changed {
+            if bits == 0 {
+                self.nets.remove(&net);
+            } else {
+                self.nets.insert(net, bits);
+            }
+        }
+        self.holders.insert(index, (Holder::Taken(Identity::of(g, p)), nets.len()));
+        Ok(format!(
+            "group {}: {} networks ({added} added, {removed} removed; {} writes in {:.3} s, the longest {} us)",
+            g.name,
+            nets.len(),
+            w.upserts.len() + w.deletes.len(),
+            took.as_secs_f64(),
+            longest.as_micros()
+        ))
+    }
+
+    /// The policy `p` is in force: an index whose group is gone, or
+    /// selects other networks now, gives its networks up (its watcher
+    /// reads the new ones).
+    pub fn follow(&mut self, maps: &mut impl PolicyMaps, p: &Policy) -> Result<(), LoadError> {
+        let stale: Vec<u32> = self
+            .holders
+            .iter()
+            .filter(|(i, (h, _))| match (p.groups.get(**i as usize), h) {
+                (None, _) => true,
+                (Some(_), Holder::Restored) => false,
+                (Some(g), Holder::Taken(id)) => *id != Identity::of(g, p),
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        for index in stale {
+            let bit = 1u64 << index;
+            let mut w = GroupWrites::default();
+            let mut changed = Vec::new();
+            for (net, bits) in &self.nets {
+                if bits & bit != 0 {
+                    let left = bits & !bit;
+                    if left == 0 {
+                        w.deletes.push(*net);
+                    } else if index_of(left) != index_of(*bits) {
+                        w.upserts.push((*net, index_of(left)));
+                    }
+                    changed.push((*net, left));
+                }
+            }
+            maps.write_groups(&w)?;
+            for (net, bits) in changed {
+                if bits == 0 {
+                    self.nets.remove(&net);
+                } else {
+                    self.nets.insert(net, bits);
+                }
+            }
+            self.holders.remove(&index);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::FakeMaps;
+
+    fn policy(groups: &str) -> Policy {
+        crate::policy::file::parse("t", format!("rate = 10\n{groups}")).unwrap().policy
+    }
+
+    fn set(nets: &[&str]) -> HashSet<IpNet> {
+        nets.iter().map(|n| n.parse().unwrap()).collect()
+    }
+
+    const TWO: &str = "[[group]]\nname = \"a\"\npath = \"/a\"\nasns = [1]\nrate = 5\n\
+                       [[group]]\nname = \"b\"\npath = \"/b\"\nasns = [2]\nrate = 5\n";
+
+    #[test]
+    fn a_network_of_two_groups_is_the_first_ones_and_a_new_version_changes_only_what_moved() {
+        let (p, mut maps, mut l) = (policy(TWO), FakeMaps::default(), GroupLayer::default());
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        l.take(&mut maps, 1, &p.groups[1], &p, &set(&["198.18.0.0/24", "198.18.1.0/24"])).unwrap();
+        l.take(&mut maps, 0, &p.groups[0], &p, &set(&["198.18.1.0/24", "198.18.2.0/24"])).unwrap();
+        assert_eq!(maps.groups.get(&net("198.18.0.0/24")), Some(&1));
+        assert_eq!(maps.groups.get(&net("198.18.1.0/24")), Some(&0), "the first group of the policy holds it");
+        // Group a's next version leaves 198.18.1.0/24: group b holds it again.
+        let line = l.take(&mut maps, 0, &p.groups[0], &p, &set(&["198.18.2.0/24", "198.18.3.0/24"])).unwrap();
+        assert!(line.contains("1 added, 1 removed"), "{line}");
+        assert_eq!(maps.groups.get(&net("198.18.1.0/24")), Some(&1));
+        assert_eq!(maps.groups.len(), 4);
+        assert_eq!((l.networks(0), l.networks(1)), (2, 2));
+    }
+
+    #[test]
+    fn a_group_gone_from_the_policy_gives_its_networks_up_and_a_changed_budget_keeps_them() {
+        let (p, mut maps, mut l) = (policy(TWO), FakeMaps::default(), GroupLayer::default());
+        l.take(&mut maps, 0, &p.groups[0], &p, &set(&["198.18.0.0/24"])).unwrap();
+        l.take(&mut maps, 1, &p.groups[1], &p, &set(&["198.18.9.0/24"])).unwrap();
+        let cheaper = policy(&TWO.replace("rate = 5\n[[group]]", "rate = 7\n[[group]]"));
+        l.follow(&mut maps, &cheaper).unwrap();
+        assert_eq!(maps.groups.len(), 2, "a new rate selects the same networks");
+        let one = policy("[[group]]\nname = \"a\"\npath = \"/a\"\nasns = [1]\nrate = 5\n");
+        l.follow(&mut maps, &one).unwrap();
+        assert_eq!(maps.groups.keys().map(ToString::to_string).collect::<Vec<_>>(), ["198.18.0.0/24"]);
+    }
+
+    #[test]
+    fn networks_read_back_at_a_start_stay_until_their_group_reads_its_file() {
+        let (p, mut maps) = (policy(TWO), FakeMaps::default());
+        maps.groups.insert("198.18.0.0/24".parse().unwrap(), 0);
+        maps.groups.insert("198.18.5.0/24".parse().unwrap(), 7);
+        let mut l = GroupLayer::default();
+        l.read_back(&mut maps).unwrap();
+        l.follow(&mut maps, &p).unwrap();
+        assert_eq!(maps.groups.len(), 1, "index 7 has no group in the policy");
+        l.take(&mut maps, 0, &p.groups[0], &p, &set(&["198.18.1.0/24"])).unwrap();
+        assert_eq!(maps.groups.keys().map(ToString::to_string).collect::<Vec<_>>(), ["198.18.1.0/24"]);
+    }
+}

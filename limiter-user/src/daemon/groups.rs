@@ -1,0 +1,334 @@
+//! The groups' watcher: each `[[group]]`'s file is looked at every
+//! [`CHECK`](super::feeds::CHECK) off the daemon's loop, read again when
+//! it changed or its `refresh` is due (a file several groups name is
+//! read once per version), and the group's networks, selected and left
+//! no finer than a bucket prefix, are sent to the policy state as a
+//! change ([`GroupVersion`]). A file that does not read whole is logged
+//! with where it failed, and the version in force stays.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Instant, SystemTime},
+};
+
+use ipnet::IpNet;
+use tokio::sync::mpsc;
+
+use super::{
+    ApplyError, Enforcer,
+    decision::{Decision, Sink},
+    feature::{Feature, InForce},
+    feeds::{CHECK, QUIET},
+    source::SourceChange,
+};
+use crate::{
+    control::{GroupShow, PrefixShow},
+    dataplane::maps::Tables,
+    groups::{GroupReport, GroupReports, Table},
+    policy::group::{Group, GroupAction},
+    series::Series,
+};
+
+/// What identifies a version of a file without reading it.
+type Stamp = (SystemTime, u64, u64);
+
+/// A group's networks as read: the file's table, the networks, and how
+/// many were left out (finer than a bucket prefix).
+type Selected = (Arc<Table>, HashSet<IpNet>, usize);
+
+/// What one read of a group's file gave.
+struct GroupRead {
+    index: usize,
+    spec: Group,
+    bucket: (u32, u32),
+    stamp: Option<Stamp>,
+    result: Option<Result<Selected, String>>,
+    settling: bool,
+}
+
+#[derive(Debug)]
+struct Watched {
+    spec: Group,
+    /// Bucket prefixes it was selected under.
+    bucket: (u32, u32),
+    stamp: Option<Stamp>,
+    last_read: Option<Instant>,
+    last_check: Option<Instant>,
+    force: bool,
+    busy: Arc<AtomicBool>,
+    report: GroupReport,
+    /// Held while the section stands as it is (see `feeds.rs`).
+    section: Arc<()>,
+}
+
+/// Every group of the policy in force, by index.
+pub(super) struct Groups {
+    watched: Vec<Watched>,
+    /// The last table read of each file, with its stamp: other groups of
+    /// the same file select from it, and `prefix show` asks it.
+    tables: HashMap<PathBuf, (Stamp, Arc<Table>)>,
+    tx: mpsc::Sender<GroupRead>,
+    rx: mpsc::Receiver<GroupRead>,
+    sink: Sink,
+}
+
+impl Groups {
+    pub(super) fn new(sink: Sink) -> Self {
+        let (tx, rx) = mpsc::channel(crate::policy::group::MAX_GROUPS);
+        Self { watched: Vec::new(), tables: HashMap::new(), tx, rx, sink }
+    }
+
+    fn read_done(&mut self, r: GroupRead) {
+        let Some(w) = self.watched.get_mut(r.index) else { return };
+        w.busy.store(false, Ordering::Release);
+        if w.spec != r.spec || w.bucket != r.bucket || r.settling {
+            w.force = true;
+            return;
+        }
+        match r.result {
+            None => {}
+            Some(Ok((table, nets, left_out))) => {
+                if let Some(stamp) = r.stamp {
+                    self.tables.insert(w.spec.path.clone(), (stamp, table));
+                }
+                w.stamp = r.stamp;
+                w.last_read = Some(Instant::now());
+                w.report.reads += 1;
+                w.report.modified = r.stamp.map(|s| s.0);
+                w.report.left_out = left_out as u64;
+                w.report.read_networks = nets.len() as u64;
+                let version = GroupVersion {
+                    source: format!("group:{}", w.spec.name),
+                    index: r.index,
+                    spec: w.spec.clone(),
+                    nets,
+                    section: Arc::downgrade(&w.section),
+                };
+                if self.sink.try_send(Decision::Source(Box::new(version))).is_err() {
+                    w.force = true;
+                }
+            }
+            Some(Err(e)) => {
+                w.last_read = Some(Instant::now());
+                w.report.read_errors += 1;
+                tracing::warn!(event = "group", ok = false, group = %w.spec.name, "limiter: group {}: {e}; its last version stays", w.spec.name);
+            }
+        }
+    }
+}
+
+impl Feature for Groups {
+    /// Exactly the policy's `[[group]]` sections, by index: an unchanged
+    /// one keeps its state, a new or changed one is read at the next tick.
+    fn apply(&mut self, a: &InForce<'_>) {
+        let bucket = (a.policy.v4_prefix, a.policy.v6_prefix);
+        let mut old = std::mem::take(&mut self.watched);
+        for spec in &a.policy.groups {
+            let i = self.watched.len();
+            match old.get(i) {
+                Some(w) if w.spec == *spec && w.bucket == bucket => {
+                    let w = std::mem::replace(&mut old[i], placeholder(spec, bucket));
+                    self.watched.push(w);
+                }
+                _ => self.watched.push(placeholder(spec, bucket)),
+            }
+        }
+        let named: HashSet<&PathBuf> = self.watched.iter().map(|w| &w.spec.path).collect();
+        self.tables.retain(|p, _| named.contains(p));
+    }
+
+    fn reload(&mut self, _: &InForce<'_>) {
+        for w in &mut self.watched {
+            w.force = true;
+        }
+    }
+
+    fn tick(&mut self) {
+        while let Ok(read) = self.rx.try_recv() {
+            self.read_done(read);
+        }
+        let now = Instant::now();
+        for (index, w) in self.watched.iter_mut().enumerate() {
+            if w.busy.load(Ordering::Acquire) || w.last_check.is_some_and(|t| now - t < CHECK) {
+                continue;
+            }
+            w.last_check = Some(now);
+            let due = std::mem::take(&mut w.force) || w.last_read.is_none_or(|t| now - t >= w.spec.refresh);
+            let (spec, bucket, known, tx, busy) = (w.spec.clone(), w.bucket, w.stamp, self.tx.clone(), w.busy.clone());
+            let cached = self.tables.get(&spec.path).cloned();
+            busy.store(true, Ordering::Release);
+            tokio::task::spawn_blocking(move || {
+                let stamp = stamp_of(&spec.path);
+                let changed = stamp.is_some() && stamp != known;
+                let settled = |s: &Stamp| SystemTime::now().duration_since(s.0).map_or(true, |age| age >= QUIET);
+                let mut settling = (due || changed) && stamp.is_some_and(|s| !settled(&s));
+                let mut result = None;
+                if (due || changed) && !settling {
+                    let read = read(&spec, bucket, cached.filter(|(s, _)| Some(*s) == stamp).map(|(_, t)| t));
+                    if stamp_of(&spec.path) == stamp {
+                        result = Some(read);
+                    } else {
+                        settling = true;
+                    }
+                }
+                let r = GroupRead { index, spec, bucket, stamp, result, settling };
+                if tx.blocking_send(r).is_err() {
+                    busy.store(false, Ordering::Release);
+                }
+            });
+        }
+    }
+
+    fn outcome(&mut self, source: &str, ok: bool) {
+        let Some(name) = source.strip_prefix("group:") else { return };
+        if let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name) {
+            if ok {
+                w.report.applied_at = crate::clock::unix_now();
+                w.report.networks = w.report.read_networks;
+            } else {
+                w.report.refused += 1;
+            }
+        }
+    }
+
+    fn series(&self) -> Option<Box<dyn Series>> {
+        Some(Box::new(GroupReports(self.watched.iter().map(|w| w.report.clone()).collect())))
+    }
+
+    /// The address's country and ASN (each file the groups read says what
+    /// it knows), its group, and which budget holds it.
+    fn show(&self, src: &limiter_common::packet::Source, a: &InForce<'_>, out: &mut PrefixShow) {
+        if self.watched.is_empty() {
+            return;
+        }
+        let addr = crate::dataplane::net(&limiter_common::rules::bucket_key(src, 32, 64, 0)).addr();
+        let addr = match (addr, src.family) {
+            (std::net::IpAddr::V6(_), f) if f == limiter_common::family::IPV6 => {
+                let mut b = [0u8; 16];
+                for (i, w) in src.addr.iter().enumerate() {
+                    b[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+                }
+                std::net::IpAddr::from(b)
+            }
+            (a, _) => a,
+        };
+        let mut show = GroupShow::default();
+        for (_, t) in self.tables.values() {
+            if let Some(tag) = t.tag_of(addr) {
+                show.country = show.country.or(tag.country.map(|c| String::from_utf8_lossy(&c).into_owned()));
+                show.asn = show.asn.or(tag.asn);
+            }
+        }
+        let net = out.cidr;
+        let index = a.state.groups.holding(&net);
+        if let Some(g) = index.and_then(|i| a.policy.groups.get(i as usize)) {
+            show.group = Some(g.name.clone());
+            show.budget = match (g.action, g.rate) {
+                (GroupAction::Rate, Some(r)) => {
+                    format!(
+                        "its prefix's bucket, then group {}'s {r}/s{}",
+                        g.name,
+                        if g.shadow { " (shadow)" } else { "" }
+                    )
+                }
+                (GroupAction::Allow, _) => format!("none: group {} is allowed{}", g.name, shadow(g)),
+                (GroupAction::Deny, _) => format!("none: group {} is denied{}", g.name, shadow(g)),
+                (GroupAction::Rate, None) => String::new(),
+            };
+        } else {
+            show.budget = "its prefix's bucket (no group holds the whole prefix)".into();
+        }
+        out.group = Some(show);
+    }
+}
+
+fn shadow(g: &Group) -> &'static str {
+    if g.shadow { " (shadow: counted, charged as any)" } else { "" }
+}
+
+fn placeholder(spec: &Group, bucket: (u32, u32)) -> Watched {
+    Watched {
+        spec: spec.clone(),
+        bucket,
+        stamp: None,
+        last_read: None,
+        last_check: None,
+        force: true,
+        busy: Arc::new(AtomicBool::new(false)),
+        report: GroupReport { name: spec.name.clone(), shadow: spec.shadow, ..GroupReport::default() },
+        section: Arc::new(()),
+    }
+}
+
+/// Read (or take `cached`) the group's file, select its networks and
+/// leave out those finer than a bucket prefix.
+fn read(spec: &Group, bucket: (u32, u32), cached: Option<Arc<Table>>) -> Result<Selected, String> {
+    let table = if let Some(t) = cached {
+        t
+    } else {
+        let mut t = crate::groups::read(&spec.path).map_err(|e| e.to_string())?;
+        t.sort();
+        Arc::new(t)
+    };
+    let selected = table.select_with(&spec.country_codes(), &spec.asns, spec.allow_bogons);
+    let (nets, left_out) = crate::groups::coarsen(selected, bucket.0, bucket.1);
+    Ok((table, nets, left_out))
+}
+
+/// A version of a group's networks: the tries take the diff.
+#[derive(Debug)]
+struct GroupVersion {
+    /// `group:NAME`.
+    source: String,
+    index: usize,
+    spec: Group,
+    nets: HashSet<IpNet>,
+    section: std::sync::Weak<()>,
+}
+
+impl SourceChange for GroupVersion {
+    fn source(&self) -> &str {
+        &self.source
+    }
+
+    fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {
+        // The policy's groups and prefixes, which identify what it took.
+        let policy = state.base().clone();
+        if policy.groups.get(self.index) != Some(&self.spec) {
+            return Err(ApplyError::Request(format!("group {}: its section changed; read again", self.spec.name)));
+        }
+        let index = u32::try_from(self.index).unwrap_or(u32::MAX);
+        state.groups.take(tables, index, &self.spec, &policy, &self.nets)
+    }
+
+    fn parts(self: Box<Self>) -> Vec<Box<dyn SourceChange>> {
+        vec![self]
+    }
+
+    fn current(&self) -> bool {
+        self.section.strong_count() > 0
+    }
+
+    fn replaces(&self, waiting: &dyn SourceChange) -> bool {
+        waiting.source() == self.source
+    }
+
+    fn report(&self, result: &Result<String, ApplyError>) {
+        let group = &self.spec.name;
+        match result {
+            Ok(line) => tracing::info!(event = "group", ok = true, group = %group, "limiter: {line}"),
+            Err(e) => tracing::warn!(event = "group", ok = false, group = %group, "limiter: group {group}: {e}"),
+        }
+    }
+}
+
+fn stamp_of(path: &std::path::Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len(), m.ino()))
+}

@@ -1,0 +1,141 @@
+//! `[[group]]`: the networks of some countries or autonomous systems,
+//! read from a file the operator already fetches (a MaxMind-format
+//! database or a CSV list, `crate::groups`), and what they share: one
+//! budget for every address of the group together (`rate`, `burst`),
+//! or `allow`, or `deny`. Below the operator's overrides (a prefix an
+//! override holds is never in a group) and above the automation that
+//! fills the deny set.
+//!
+//! ```toml
+//! [[group]]
+//! name = "as64500"
+//! path = "/var/lib/limiter/groups/asn.csv"
+//! asns = [64500, 64501]     # and/or countries = ["DE", "FR"]
+//! action = "rate"           # rate (default) | allow | deny
+//! rate = 20000              # packets/s for the whole group together
+//! burst = 40000
+//! refresh = "1h"            # read again this often, and when the file changes
+//! allow_bogons = false      # special-purpose ranges are left out unless true
+//! shadow = false            # true: counted, not enforced
+//! ```
+
+use std::{path::PathBuf, time::Duration};
+
+use limiter_common::{
+    group::{self as kernel, GroupLimits},
+    mode,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{PolicyError, bad, duration, duration_out};
+
+/// Groups one policy may name.
+pub const MAX_GROUPS: usize = kernel::MAX_GROUPS as usize;
+/// Countries and ASNs one group may name together.
+pub const MAX_MEMBERS: usize = 4096;
+
+/// What a group does with its addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupAction {
+    /// One budget for all of them together, charged after each prefix's own.
+    #[default]
+    Rate,
+    /// Pass uncharged.
+    Allow,
+    /// Drop.
+    Deny,
+}
+
+/// One `[[group]]` section.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Group {
+    pub name: String,
+    pub path: PathBuf,
+    /// ISO 3166-1 alpha-2 codes, as the file writes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub countries: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asns: Vec<u32>,
+    #[serde(default)]
+    pub action: GroupAction,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    #[serde(default = "default_refresh", deserialize_with = "duration", serialize_with = "duration_out")]
+    pub refresh: Duration,
+    #[serde(default)]
+    pub allow_bogons: bool,
+    #[serde(default)]
+    pub shadow: bool,
+}
+
+const fn default_refresh() -> Duration {
+    Duration::from_hours(1)
+}
+
+impl Group {
+    /// The countries, as the tables write them (two upper-case letters).
+    #[must_use]
+    pub fn country_codes(&self) -> Vec<[u8; 2]> {
+        self.countries.iter().filter_map(|c| c.as_bytes().try_into().ok()).collect()
+    }
+}
+
+/// Check the sections and derive each group's limits, by index (the
+/// files are read by the daemon, off its loop).
+pub fn check(groups: &[Group]) -> Result<Vec<GroupLimits>, PolicyError> {
+    if groups.len() > MAX_GROUPS {
+        return Err(bad("group", format!("{} groups, at most {MAX_GROUPS}", groups.len())));
+    }
+    let mut out = Vec::with_capacity(groups.len());
+    for (i, g) in groups.iter().enumerate() {
+        let at = |field: &str| format!("group[{i}].{field}");
+        let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+        if g.name.is_empty() || g.name.len() > 40 || !g.name.chars().all(name_ok) {
+            return Err(bad(at("name"), "1 to 40 letters, digits, '_', '-' or '.'"));
+        }
+        if groups[..i].iter().any(|o| o.name == g.name) {
+            return Err(bad(at("name"), format!("{:?} names another group too", g.name)));
+        }
+        if !g.path.is_absolute() {
+            return Err(bad(at("path"), format!("{} is not an absolute path", g.path.display())));
+        }
+        if let Some(c) = g.countries.iter().find(|c| c.len() != 2 || !c.bytes().all(|b| b.is_ascii_uppercase())) {
+            return Err(bad(at("countries"), format!("{c:?} is not a country code (two upper-case letters, \"DE\")")));
+        }
+        if g.countries.is_empty() && g.asns.is_empty() {
+            return Err(bad(at("countries"), "name at least one country or ASN (`countries` or `asns`)"));
+        }
+        if g.countries.len() + g.asns.len() > MAX_MEMBERS {
+            return Err(bad(at("asns"), format!("more than {MAX_MEMBERS} countries and ASNs")));
+        }
+        if g.refresh < Duration::from_secs(1) {
+            return Err(bad(at("refresh"), "at least 1s"));
+        }
+        let m = if g.shadow { mode::SHADOW } else { mode::ENFORCE };
+        let limits = match (g.action, g.rate, g.burst) {
+            (GroupAction::Rate, Some(rate), burst) => {
+                let burst = burst.unwrap_or(rate.saturating_mul(2));
+                if !(1..=limiter_common::gcra::MAX_RATE).contains(&rate) {
+                    return Err(bad(at("rate"), format!("{rate} is outside 1..={}", limiter_common::gcra::MAX_RATE)));
+                }
+                if burst == 0 {
+                    return Err(bad(at("burst"), "at least 1"));
+                }
+                GroupLimits::rate(rate, burst, m)
+                    .ok_or_else(|| bad(at("burst"), format!("{burst} is too large for rate {rate}")))?
+            }
+            (GroupAction::Rate, None, _) => return Err(bad(at("rate"), "a rate group needs a rate (packets/s)")),
+            (a, None, None) => GroupLimits::decide(
+                if a == GroupAction::Allow { kernel::action::ALLOW } else { kernel::action::DENY },
+                m,
+            ),
+            (_, _, _) => return Err(bad(at("rate"), "only a rate group (action = \"rate\") has a rate and a burst")),
+        };
+        out.push(limits);
+    }
+    Ok(out)
+}
