@@ -4,6 +4,7 @@
 
 pub mod alone;
 pub mod crowdsec;
+pub mod data;
 pub mod feedback;
 pub mod fleet;
 pub mod forward;

@@ -33,7 +33,7 @@ use crate::{
 pub(super) const CHECK: Duration = Duration::from_secs(2);
 
 /// What identifies a version of a file without reading it.
-type Stamp = (SystemTime, u64, u64);
+pub(super) type Stamp = (SystemTime, u64, u64);
 
 /// A file written to less than this long ago is being written (a
 /// download, an editor): read once it has been still this long. On
@@ -43,7 +43,7 @@ pub const QUIET: Duration = Duration::from_secs(1);
 
 /// Whether a file of `stamp` was still at `now` for [`QUIET`] (a time
 /// in the future, a clock set back, counts as still).
-fn settled(stamp: &Stamp, now: SystemTime) -> bool {
+pub(super) fn settled(stamp: &Stamp, now: SystemTime) -> bool {
     now.duration_since(stamp.0).map_or(true, |age| age >= QUIET)
 }
 
@@ -271,7 +271,8 @@ impl SourceChange for FeedVersion {
     }
 }
 
-fn stamp_of(path: &std::path::Path) -> Option<Stamp> {
+/// The stamp of the file at `path`, if it can be read.
+pub(super) fn stamp_of(path: &std::path::Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt as _;
     let m = std::fs::metadata(path).ok()?;
     Some((m.modified().ok()?, m.len(), m.ino()))

@@ -23,7 +23,7 @@ use super::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
     feature::{Feature, InForce},
-    feeds::{CHECK, QUIET},
+    feeds::{CHECK, Stamp, settled, stamp_of},
     source::SourceChange,
 };
 use crate::{
@@ -33,9 +33,6 @@ use crate::{
     policy::group::{Group, GroupAction},
     series::Series,
 };
-
-/// What identifies a version of a file without reading it.
-type Stamp = (SystemTime, u64, u64);
 
 /// A group's networks as read: the file's table, the networks, and how
 /// many were left out (finer than a bucket prefix).
@@ -165,8 +162,7 @@ impl Feature for Groups {
             tokio::task::spawn_blocking(move || {
                 let stamp = stamp_of(&spec.path);
                 let changed = stamp.is_some() && stamp != known;
-                let settled = |s: &Stamp| SystemTime::now().duration_since(s.0).map_or(true, |age| age >= QUIET);
-                let mut settling = (due || changed) && stamp.is_some_and(|s| !settled(&s));
+                let mut settling = (due || changed) && stamp.is_some_and(|s| !settled(&s, SystemTime::now()));
                 let mut result = None;
                 if (due || changed) && !settling {
                     let read = read(&spec, bucket, cached.filter(|(s, _)| Some(*s) == stamp).map(|(_, t)| t));
@@ -325,10 +321,4 @@ impl SourceChange for GroupVersion {
             Err(e) => tracing::warn!(event = "group", ok = false, group = %group, "limiter: group {group}: {e}"),
         }
     }
-}
-
-fn stamp_of(path: &std::path::Path) -> Option<Stamp> {
-    use std::os::unix::fs::MetadataExt as _;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len(), m.ino()))
 }

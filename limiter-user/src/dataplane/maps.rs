@@ -260,6 +260,12 @@ impl Tables {
         Ok(longest)
     }
 
+    /// The kernel memory of the group tries, if known.
+    #[must_use]
+    pub fn groups_memory(&self) -> Option<u64> {
+        self.groups.memory()
+    }
+
     /// The group tries as pinned.
     pub fn groups_pinned(&self) -> Result<Vec<(ipnet::IpNet, u32)>, LoadError> {
         self.groups.entries()

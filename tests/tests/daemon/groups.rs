@@ -56,6 +56,13 @@ fn policy(dir: &std::path::Path, csv: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
+/// `limiter prefix show ADDR` against the daemon on `socket`.
+fn show(socket: &std::path::Path, addr: &str) -> String {
+    let o = cli(socket, &["prefix", "show", addr]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// Packets `recv`'s log counts from sources starting with `prefix`.
 fn got(log: &str, prefix: &str) -> u64 {
     log.lines()
@@ -154,11 +161,7 @@ fn a_group_shares_one_budget_over_its_prefixes_and_a_client_of_another_loses_not
     assert_eq!(metric(&text, "limiter_group_networks{group=\"as64500\"}"), 1);
     assert!(text.contains("limiter_group_file_age_seconds{group=\"as64500\"} "), "{text}");
 
-    let show = |addr: &str| {
-        let o = cli(&socket, &["prefix", "show", addr]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+    let show = |addr: &str| show(&socket, addr);
     let s = show("198.19.5.9");
     assert!(s.contains("asn: AS64500") && s.contains("group: as64500") && s.contains("2000/s"), "{s}");
     let s = show("198.18.77.1");
@@ -172,4 +175,74 @@ fn a_group_shares_one_budget_over_its_prefixes_and_a_client_of_another_loses_not
     let s = show("198.19.5.9");
     assert!(s.contains("asn: AS64501") && s.contains("group: as64501"), "{s}");
     println!("the new file was in force after {:.1} s", t.elapsed().as_secs_f64());
+}
+
+/// The first address of the first network `table` tags with `want`.
+fn address_of(table: &limiter::groups::Table, want: impl Fn(&limiter::groups::Tag) -> bool) -> std::net::IpAddr {
+    let (n, _) = table.networks.iter().find(|(n, t)| want(t) && n.addr().is_ipv4()).expect("a network");
+    n.network()
+}
+
+#[test]
+fn a_real_country_database_and_asn_list_load_whole_and_name_real_addresses() {
+    let _alone = limiter_tests::alone(module_path!());
+    require_root();
+    let geolite = limiter_tests::data::ip_location_db("geolite2-country-mmdb", "geolite2-country.mmdb");
+    let asn = limiter_tests::data::ip_location_db("asn", "asn-ipv4.csv");
+    // Copies the test may touch, as a monthly download replaces a file.
+    let dir = limiter_tests::kernel::TempDir::new("groups-real");
+    let (geolite_copy, asn_copy) = (dir.0.join("country.mmdb"), dir.0.join("asn.csv"));
+    std::fs::copy(&geolite, &geolite_copy).unwrap();
+    std::fs::copy(&asn, &asn_copy).unwrap();
+    let policy = dir.0.join("real.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "rate = 1000\nburst = 2000\n\n[[group]]\nname = \"cloudflare\"\npath = \"{}\"\nasns = [13335]\naction = \
+             \"allow\"\n\n[[group]]\nname = \"de\"\npath = \"{}\"\ncountries = [\"DE\"]\nrate = 50000\n",
+            asn_copy.display(),
+            geolite_copy.display()
+        ),
+    )
+    .unwrap();
+    // What the daemon should hold: the files as the tests' own reading of
+    // them (the readers are checked against the files' text in the
+    // system tier), selected and left no finer than /24.
+    let table = |p: &std::path::Path| limiter::groups::read(p).unwrap();
+    let (countries, asns) = (table(&geolite), table(&asn));
+    let want = |t: &limiter::groups::Table, c: &[[u8; 2]], a: &[u32]| limiter::groups::coarsen(t.select(c, a), 24, 56);
+    let (de, left_de) = want(&countries, &[*b"DE"], &[]);
+    let (cf, _) = want(&asns, &[], &[13335]);
+
+    let net = VethPair::new("gq");
+    let socket = unique_socket("gq");
+    let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--policy"]).arg(&policy).arg("--socket").arg(&socket);
+    let (_daemon, log) = spawn_lines(c).unwrap();
+    let mut seen = String::new();
+    for line in [format!("group de: {} networks", de.len()), format!("group cloudflare: {} networks", cf.len())] {
+        if !seen.contains(&line) {
+            wait_for(&log, &line, Duration::from_mins(1), &mut seen).unwrap();
+        }
+    }
+    let text = scrape(&net);
+    assert_eq!(metric(&text, "limiter_group_networks{group=\"de\"}"), de.len() as u64);
+    assert_eq!(metric(&text, "limiter_group_left_out_networks{group=\"de\"}"), left_de as u64);
+    let show = |addr: &str| show(&socket, addr);
+    let s = show("1.1.1.1");
+    assert!(s.contains("asn: AS13335") && s.contains("group: cloudflare") && s.contains("allowed"), "{s}");
+    let german = address_of(&countries, |t| t.country == Some(*b"DE")).to_string();
+    let s = show(&german);
+    println!("{german}:\n{s}");
+    assert!(s.contains("country: DE"), "{s}");
+    // Its /24 is the group's unless the file splits it (then no group's).
+    let whole = de.iter().any(|n| n.contains(&german.parse::<std::net::IpAddr>().unwrap()));
+    assert_eq!(s.contains("group: de"), whole, "{s}");
+    // The same file written again (a download that changed nothing): read
+    // again, and nothing moves.
+    std::fs::copy(&geolite, &geolite_copy).unwrap();
+    wait_for(&log, "group de: ", Duration::from_secs(30), &mut seen).unwrap();
+    let last = seen.lines().rev().find(|l| l.contains("group de: ")).unwrap().to_owned();
+    println!("{}", seen.lines().filter(|l| l.contains("group ")).collect::<Vec<_>>().join("\n"));
+    assert!(last.contains("(0 added, 0 removed"), "{last}");
 }

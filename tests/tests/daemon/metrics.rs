@@ -85,9 +85,7 @@ fn one_hundred_thousand_spoofed_sources_add_no_series() {
     // new-source budget, so every one of them gets a bucket.
     let _d = daemon(&net, "sp", &["--v4-prefix", "32", "--rate", "100", "--burst", "10", "--new-source-rate", "0"]);
     let before = scrape(&net);
-    let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
-    let link = String::from_utf8_lossy(&link.stdout);
-    let mac = link.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap().to_owned();
+    let mac = net.b_mac();
     let o = net
         .a
         .command(env!("CARGO_BIN_EXE_netload"))

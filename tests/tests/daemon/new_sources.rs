@@ -97,9 +97,7 @@ fn a_flood_of_100k_spoofed_sources_stays_within_the_budget() {
     let conform =
         net.a.command(netload).args(["send", CONFORM_SRC, &dst, "400", "4"]).stdout(Stdio::piped()).spawn().unwrap();
     thread::sleep(Duration::from_millis(500));
-    let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
-    let link = String::from_utf8_lossy(&link.stdout);
-    let mac = link.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap().to_owned();
+    let mac = net.b_mac();
     let spoof = net.a.command(netload).args(["spoof", "va", &mac, &dst, "100000"]).output().unwrap();
     assert!(spoof.status.success(), "{}", String::from_utf8_lossy(&spoof.stderr));
     let spoof_out = String::from_utf8_lossy(&spoof.stdout).into_owned();

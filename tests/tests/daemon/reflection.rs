@@ -10,7 +10,7 @@
 use std::{
     fmt::Write as _,
     net::UdpSocket,
-    process::{Command, Output},
+    process::Output,
     time::{Duration, Instant},
 };
 
@@ -97,9 +97,7 @@ fn answers_from_reflection_ports_get_their_budget_and_the_hosts_own_dns_client_e
     recv.args(["recv", &format!("0.0.0.0:{PORT}"), &(SECS + 3.0).to_string()]);
     let (mut recv, recv_rx) = spawn_lines(recv).unwrap();
     wait_for(&recv_rx, "ready", Duration::from_secs(10), &mut String::new()).unwrap();
-    let link = Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
-    let link = String::from_utf8_lossy(&link.stdout);
-    let mac = link.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap().to_owned();
+    let mac = net.b_mac();
 
     let resolver = net.a.spawn_in(|| resolve(SECS + 3.0));
     std::thread::sleep(Duration::from_millis(200));

@@ -74,9 +74,7 @@ fn syn_flood(v6: bool, routes: Routes, clients_per_phase: usize) {
     // a spoofed one (what broke cookies on a host without a route back).
     let quiet_first = routes == Routes::OnLink;
     let stop = AtomicBool::new(false);
-    let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
-    let link = String::from_utf8_lossy(&link.stdout);
-    let mac = link.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap().to_owned();
+    let mac = net.b_mac();
 
     let (quiet, flooded, flood_out, served, daemon_status) = thread::scope(|s| {
         let server = s.spawn(|| serve(&listener, &stop));

@@ -101,9 +101,7 @@ fn syn_rst_priming_opens_no_path_and_spends_no_budget() {
         .arg(&socket);
     let (_daemon, rx) = spawn_lines(c).unwrap();
     wait_for(&rx, "control socket", Duration::from_secs(20), &mut String::new()).unwrap();
-    let link = std::process::Command::new("ip").args(["-n", &net.b.name, "link", "show", B_IF]).output().unwrap();
-    let link = String::from_utf8_lossy(&link.stdout);
-    let mac = link.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap().to_owned();
+    let mac = net.b_mac();
 
     // The plain SYN flood: SYNs from sources without a bucket get cookies.
     let before = syns_passed(&socket);

@@ -123,9 +123,7 @@ fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
     let _victim_conn = prove(&r, victim, LISTEN_PORT);
     let netload = scenario::locate_bin("netload").unwrap();
     let dst = format!("{B_ADDR}:{}", scenario::PORT);
-    let link = Command::new("ip").args(["-n", &r.net.b.name, "link", "show", B_IF]).output().unwrap();
-    let link = String::from_utf8_lossy(&link.stdout);
-    let mac = link.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap().to_owned();
+    let mac = r.net.b_mac();
     let spoof = r.net.a.command(&netload).args(["spoof-prefix", "va", &mac, &dst, "198.18.11", "8000", "6"]).output();
     let spoof = spoof.unwrap();
     assert!(spoof.status.success(), "{}", String::from_utf8_lossy(&spoof.stderr));

@@ -13,15 +13,8 @@ use std::{
 use ipnet::IpNet;
 use limiter::groups::{self, Format, Tag};
 
-const VERSION: &str = "2.3.2026061719";
-
 fn file(package: &str, name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tools/ip-location-db").join(package);
-    assert!(
-        dir.join(format!("package/.version-{VERSION}")).exists(),
-        "@ip-location-db/{package}@{VERSION} is missing: run `cargo xtask setup`"
-    );
-    dir.join("package").join(name)
+    limiter_tests::data::ip_location_db(package, name)
 }
 
 fn read(path: &Path) -> groups::Table {

@@ -103,19 +103,7 @@ impl GroupLayer {
         nets: &HashSet<IpNet>,
     ) -> Result<String, ApplyError> {
         let bit = 1u64 << index;
-        let mut changed: Vec<(IpNet, u64)> = Vec::new();
-        let mut w = GroupWrites::default();
-        for (net, bits) in &self.nets {
-            if bits & bit != 0 && !nets.contains(net) {
-                let left = bits & !bit;
-                if left == 0 {
-                    w.deletes.push(*net);
-                } else if index_of(left) != index_of(*bits) {
-                    w.upserts.push((*net, index_of(left)));
-                }
-                changed.push((*net, left));
-            }
-        }
+        let (mut w, mut changed) = self.give_up(index, |net| !nets.contains(net));
         let (mut added, removed) = (0usize, changed.len());
         for net in nets {
             let bits = self.nets.get(net).copied().unwrap_or(0);
@@ -131,13 +119,7 @@ impl GroupLayer {
         let t = std::time::Instant::now();
         let longest = maps.write_groups(&w)?;
         let took = t.elapsed();
-        for (net, bits) in changed {
-            if bits == 0 {
-                self.nets.remove(&net);
-            } else {
-                self.nets.insert(net, bits);
-            }
-        }
+        self.commit(changed);
         self.holders.insert(index, (Holder::Taken(Identity::of(g, p)), nets.len()));
         Ok(format!(
             "group {}: {} networks ({added} added, {removed} removed; {} writes in {:.3} s, the longest {} us)",
@@ -164,31 +146,42 @@ impl GroupLayer {
             .map(|(i, _)| *i)
             .collect();
         for index in stale {
-            let bit = 1u64 << index;
-            let mut w = GroupWrites::default();
-            let mut changed = Vec::new();
-            for (net, bits) in &self.nets {
-                if bits & bit != 0 {
-                    let left = bits & !bit;
-                    if left == 0 {
-                        w.deletes.push(*net);
-                    } else if index_of(left) != index_of(*bits) {
-                        w.upserts.push((*net, index_of(left)));
-                    }
-                    changed.push((*net, left));
-                }
-            }
+            let (w, changed) = self.give_up(index, |_| true);
             maps.write_groups(&w)?;
-            for (net, bits) in changed {
-                if bits == 0 {
-                    self.nets.remove(&net);
-                } else {
-                    self.nets.insert(net, bits);
-                }
-            }
+            self.commit(changed);
             self.holders.remove(&index);
         }
         Ok(())
+    }
+
+    /// The writes that take group `index` off its networks `which` picks,
+    /// and each such network's groups after.
+    fn give_up(&self, index: u32, which: impl Fn(&IpNet) -> bool) -> (GroupWrites, Vec<(IpNet, u64)>) {
+        let bit = 1u64 << index;
+        let (mut w, mut changed) = (GroupWrites::default(), Vec::new());
+        for (net, bits) in &self.nets {
+            if bits & bit != 0 && which(net) {
+                let left = bits & !bit;
+                if left == 0 {
+                    w.deletes.push(*net);
+                } else if index_of(left) != index_of(*bits) {
+                    w.upserts.push((*net, index_of(left)));
+                }
+                changed.push((*net, left));
+            }
+        }
+        (w, changed)
+    }
+
+    /// Record what the tries took: each network's groups (none: gone).
+    fn commit(&mut self, changed: Vec<(IpNet, u64)>) {
+        for (net, bits) in changed {
+            if bits == 0 {
+                self.nets.remove(&net);
+            } else {
+                self.nets.insert(net, bits);
+            }
+        }
     }
 }
 

@@ -73,7 +73,7 @@ fn load(l: &mut DataPlane, set: &mut DenySet, nets: &HashSet<IpNet>) -> f64 {
 }
 
 /// This process's resident memory, bytes.
-fn rss() -> u64 {
+pub fn rss() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
 }
@@ -183,28 +183,10 @@ fn replace_whole(l: &mut DataPlane, set: DenySet, n: usize, user_bytes: u64, goa
         start.elapsed()
     });
     kernel::pin_to_cpu(1);
-    let fifo = realtime();
-    // Spinning 800 ms of each second, resting 200 (uncounted): under the
-    // kernel's real-time throttle (950 ms a second) it is never the
-    // throttle that takes the CPU.
-    let longest = |until: &dyn Fn() -> bool| {
-        let mut worst = Duration::ZERO;
-        while !until() {
-            let (start, mut last) = (Instant::now(), Instant::now());
-            while !until() && start.elapsed() < Duration::from_millis(800) {
-                let now = Instant::now();
-                worst = worst.max(now - last);
-                last = now;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        worst
-    };
-    let during = longest(&|| worker.is_finished());
+    let during = spin_until(&|| worker.is_finished());
     let took = worker.join().expect("the replacement");
     let quiet_until = Instant::now() + took;
-    let before = longest(&|| Instant::now() >= quiet_until);
-    normal(fifo);
+    let before = spin_until(&|| Instant::now() >= quiet_until);
     #[expect(clippy::cast_precision_loss, reason = "a report")]
     let per = |b: u64| b as f64 / n as f64;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -220,6 +202,26 @@ fn replace_whole(l: &mut DataPlane, set: DenySet, n: usize, user_bytes: u64, goa
     );
     let met = if during <= Duration::from_millis(10) { "met" } else { "NOT met" };
     goals.push(format!("replacing {n}: no CPU stalled over 10 ms {met}"));
+}
+
+/// Spin on this thread (under `SCHED_FIFO`) reading the clock until
+/// `until`, 800 ms of each second, resting 200 (uncounted: under the
+/// kernel's real-time throttle, 950 ms a second, it is never the
+/// throttle that takes the CPU); the longest gap between two reads.
+pub fn spin_until(until: &dyn Fn() -> bool) -> Duration {
+    let fifo = realtime();
+    let mut worst = Duration::ZERO;
+    while !until() {
+        let (start, mut last) = (Instant::now(), Instant::now());
+        while !until() && start.elapsed() < Duration::from_millis(800) {
+            let now = Instant::now();
+            worst = worst.max(now - last);
+            last = now;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    normal(fifo);
+    worst
 }
 
 /// This thread under `SCHED_FIFO` (priority 10); whether it is.

@@ -7,6 +7,7 @@ mod deny;
 mod fleet;
 mod forward;
 mod fronts;
+mod groups;
 mod hit;
 mod jitlines;
 mod profile;
@@ -38,9 +39,10 @@ fn measure(l: &mut DataPlane, prog: &'static str, frame: &[u8], want: u32) -> f6
 }
 
 /// Sections in the order they print; `bench [SECTION...]` runs only those.
-const SECTIONS: [(&str, fn()); 13] = [
+const SECTIONS: [(&str, fn()); 14] = [
     ("hit", hit::hit_path),
     ("deny", deny::deny),
+    ("groups", groups::groups),
     ("system", system::system_flood),
     ("accuracy", accuracy),
     ("working-sets", working_sets),
