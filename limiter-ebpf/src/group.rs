@@ -52,9 +52,9 @@ pub extern "C" fn limiter_group_of(head: u64, tail: u64, slot: u64) -> u64 {
 #[inline(always)]
 fn of(key: &BucketKey) -> u32 {
     let found = if key.family == family::IPV4 {
-        GROUPS4.get(&Key::new(32, key.addr[0]))
+        GROUPS4.get(Key::new(32, key.addr[0]))
     } else {
-        GROUPS6.get(&Key::new(64, [key.addr[0], key.addr[1]]))
+        GROUPS6.get(Key::new(64, [key.addr[0], key.addr[1]]))
     };
     found.map_or(resolution::CLASS, |g| resolution::grouped(*g))
 }

@@ -26,7 +26,6 @@ pub struct Job<'a> {
 
 /// The job of a global charge function, from `packed` (see `charge`).
 #[inline(always)]
-#[expect(clippy::cast_possible_truncation, reason = "the fields of `packed`")]
 pub fn job(head: u64, tail: u64, now: u64, packed: u64) -> Option<Job<'static>> {
     let slot = u32::from(packed & SLOT_BIT != 0);
     let cfg = CONFIG.get(slot)?;
