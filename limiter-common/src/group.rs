@@ -83,6 +83,13 @@ pub struct GroupHits {
     pub dropped: u64,
 }
 
+impl core::ops::AddAssign for GroupHits {
+    fn add_assign(&mut self, o: Self) {
+        self.passed += o.passed;
+        self.dropped += o.dropped;
+    }
+}
+
 /// Key of [`crate::maps::GROUPS6`]: the top 64 bits of an IPv6 network
 /// (a bucket prefix is never finer than /64), network order.
 pub type V6Key = [u32; 2];

@@ -221,7 +221,7 @@ pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: 
 /// check would be refused by the verifier.
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "checked against REASON_COUNT")]
-pub fn reason_of(code: u64) -> Reason {
+fn reason_of(code: u64) -> Reason {
     let i = if code < REASON_COUNT as u64 { code as u32 } else { Reason::NoConfig as u32 };
     // SAFETY: `Reason` is `repr(u32)` with the discriminants
     // `0..REASON_COUNT` (limiter_common's `discriminants_are_slot_indexes`).

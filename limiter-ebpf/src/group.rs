@@ -121,7 +121,8 @@ pub fn to_group(r: Reason, res: u32) -> u64 {
 /// group), charged after the prefix's bucket and its aggregate admitted
 /// the packet: if the group refuses, both are refunded, so a packet is
 /// charged to every tier or to none, and a flood its own bucket refuses
-/// never drains its group. A global function, its own frame beside the
+/// never drains its group (a shadow group's refusal passes the packet,
+/// charged to its prefix as any). A global function, its own frame beside the
 /// charge's. Returns the reason's index.
 #[unsafe(no_mangle)]
 #[inline(never)]
@@ -130,7 +131,9 @@ pub extern "C" fn limiter_charge_group(head: u64, tail: u64, now: u64, packed: u
     let Some(j) = job(head, tail, now, packed) else { return Reason::NoConfig as u64 };
     let res = res as u32;
     let r = charge(j.slot, res, now);
-    if r == Reason::Admitted {
+    // Passed (a shadow group's would-be drop too): the prefix's charge
+    // stands, as if the group were not there.
+    if r == Reason::Admitted || r == Reason::ShadowDropped {
         return r as u64;
     }
     if let Some(limits) = limits_for(j.cfg, j.class, j.slot, res) {

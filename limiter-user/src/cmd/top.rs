@@ -37,5 +37,13 @@ fn screen(t: &TopInfo, clear: bool) -> String {
     for o in &t.offenders {
         let _ = writeln!(out, "{:<44} {:<14} {:>14}", o.prefix, o.class, o.drops_per_sec);
     }
+    if !t.groups.is_empty() {
+        let _ = writeln!(out, "\n{:<44} {:>14} {:>14}", "group", "passed/s", "dropped/s");
+        let mut groups = t.groups.clone();
+        groups.sort_by(|a, b| b.dropped_per_sec.cmp(&a.dropped_per_sec).then_with(|| a.group.cmp(&b.group)));
+        for g in &groups {
+            let _ = writeln!(out, "{:<44} {:>14} {:>14}", g.group, g.passed_per_sec, g.dropped_per_sec);
+        }
+    }
     out
 }

@@ -5,6 +5,7 @@
 
 pub mod client;
 mod forward;
+mod group;
 mod prefixes;
 pub mod server;
 
@@ -12,6 +13,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 pub use self::forward::{AdaptiveInfo, ForwardInfo};
+pub use self::group::{GroupRate, GroupShow};
 pub use self::prefixes::{EntryAction, LayerEntry, MAX_LISTED_DECISIONS, Origin, PrefixEntry, PrefixList};
 use crate::policy::ListAction;
 
@@ -163,18 +165,6 @@ pub struct PrefixShow {
     pub group: Option<GroupShow>,
 }
 
-/// What the groups' files say of an address, and which budget holds it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GroupShow {
-    /// ISO 3166-1 alpha-2, from a file a group reads.
-    pub country: Option<String>,
-    pub asn: Option<u32>,
-    /// The group its bucket prefix is in.
-    pub group: Option<String>,
-    /// Which budget holds it, in words.
-    pub budget: String,
-}
-
 /// One window-quota class of a prefix.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WindowRow {
@@ -234,6 +224,9 @@ pub struct TopInfo {
     pub passed_per_sec: Vec<u64>,
     pub dropped_per_sec: Vec<u64>,
     pub offenders: Vec<Offender>,
+    /// Each country or ASN group's packets in the last second.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupRate>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

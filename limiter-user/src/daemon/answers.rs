@@ -9,8 +9,8 @@ use super::{
 use crate::{
     clock::unix_now,
     control::{
-        ClassRow, ErrorCode, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo, StatusInfo,
-        SynCookieRow, TopInfo,
+        ClassRow, ErrorCode, GroupRate, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo,
+        StatusInfo, SynCookieRow, TopInfo,
     },
     dataplane::{DataPlane, Health, LoadError},
     feedback::{Endpoint, FeedbackCounts},
@@ -260,6 +260,17 @@ impl Answers<'_> {
             passed_per_sec: history.iter().map(|h| h.0).collect(),
             dropped_per_sec: history.iter().map(|h| h.1).collect(),
             offenders,
+            groups: self
+                .view
+                .groups
+                .iter()
+                .zip(self.observer.group_rates())
+                .map(|(name, (passed, dropped))| GroupRate {
+                    group: name.clone(),
+                    passed_per_sec: *passed,
+                    dropped_per_sec: *dropped,
+                })
+                .collect(),
         })
     }
 }

@@ -1,6 +1,6 @@
 //! The one path of decisions: whoever decides (the operator on the
 //! control socket, the tenant layer's penalties, SIGHUP's re-read of the
-//! policy file, the feeds, CrowdSec; country and ASN lists next) sends a
+//! policy file, the feeds, CrowdSec, the country and ASN groups) sends a
 //! [`Decision`] down one [`Sink`], and the daemon's loop takes them all in
 //! one arm, in order, to the policy state (see `changes.rs`). The daemon's
 //! own escalation, which reads the loop's drop counters once a second,

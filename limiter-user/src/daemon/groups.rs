@@ -150,10 +150,18 @@ impl Feature for Groups {
             self.read_done(read);
         }
         let now = Instant::now();
+        // A file another group is reading now is left to it: this group
+        // selects from the table it leaves (one read per version).
+        let mut reading: HashSet<PathBuf> =
+            self.watched.iter().filter(|w| w.busy.load(Ordering::Acquire)).map(|w| w.spec.path.clone()).collect();
         for (index, w) in self.watched.iter_mut().enumerate() {
-            if w.busy.load(Ordering::Acquire) || w.last_check.is_some_and(|t| now - t < CHECK) {
+            if w.busy.load(Ordering::Acquire)
+                || w.last_check.is_some_and(|t| now - t < CHECK)
+                || reading.contains(&w.spec.path)
+            {
                 continue;
             }
+            reading.insert(w.spec.path.clone());
             w.last_check = Some(now);
             let due = std::mem::take(&mut w.force) || w.last_read.is_none_or(|t| now - t >= w.spec.refresh);
             let (spec, bucket, known, tx, busy) = (w.spec.clone(), w.bucket, w.stamp, self.tx.clone(), w.busy.clone());
@@ -202,16 +210,15 @@ impl Feature for Groups {
         if self.watched.is_empty() {
             return;
         }
-        let addr = crate::dataplane::net(&limiter_common::rules::bucket_key(src, 32, 64, 0)).addr();
-        let addr = match (addr, src.family) {
-            (std::net::IpAddr::V6(_), f) if f == limiter_common::family::IPV6 => {
-                let mut b = [0u8; 16];
-                for (i, w) in src.addr.iter().enumerate() {
-                    b[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
-                }
-                std::net::IpAddr::from(b)
-            }
-            (a, _) => a,
+        // The address's words are in network order, as the parser's.
+        let mut b = [0u8; 16];
+        for (i, w) in src.addr.iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        let addr = if src.family == limiter_common::family::IPV4 {
+            std::net::IpAddr::from([b[0], b[1], b[2], b[3]])
+        } else {
+            std::net::IpAddr::from(b)
         };
         let mut show = GroupShow::default();
         for (_, t) in self.tables.values() {

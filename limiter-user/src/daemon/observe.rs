@@ -33,6 +33,9 @@ pub(super) struct Observer {
     ebpf_log: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     /// Totals at the last per-second tick.
     last_tick: Option<Totals>,
+    /// Each group's counts at the last tick, and what the second before
+    /// it passed and dropped (for `limiter top`).
+    groups: (Vec<limiter_common::group::GroupHits>, Vec<(u64, u64)>),
 }
 
 impl Observer {
@@ -49,7 +52,24 @@ impl Observer {
             drop_events,
             ebpf_log,
             last_tick: None,
+            groups: (Vec::new(), Vec::new()),
         }
+    }
+
+    /// Once a second: each group's counts (by index), for its rates.
+    pub fn tick_groups(&mut self, hits: Vec<limiter_common::group::GroupHits>) {
+        let (last, rates) = &mut self.groups;
+        *rates = hits
+            .iter()
+            .zip(last.iter().chain(std::iter::repeat(&limiter_common::group::GroupHits::default())))
+            .map(|(h, l)| (h.passed.saturating_sub(l.passed), h.dropped.saturating_sub(l.dropped)))
+            .collect();
+        *last = hits;
+    }
+
+    /// What each group (by index) passed and dropped in the last second.
+    pub fn group_rates(&self) -> &[(u64, u64)] {
+        &self.groups.1
     }
 
     /// Once a second: the addresses escalation found under `rule`, each

@@ -1,5 +1,5 @@
-//! How a source of decisions (a feed, CrowdSec; country and ASN lists
-//! next) hands the policy state its changes: the feature is given a
+//! How a source of decisions (a feed, CrowdSec, a country or ASN
+//! group) hands the policy state its changes: the feature is given a
 //! [`Sink`](super::decision::Sink) at start and sends each change as a
 //! [`SourceChange`] (in a [`Decision::Source`](super::decision::Decision));
 //! the daemon's loop takes every decision in one arm, whatever its

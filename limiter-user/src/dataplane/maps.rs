@@ -374,14 +374,8 @@ impl Counters {
 
     /// Each group's packets passed and dropped, by index, summed over CPUs.
     pub fn group_hits(&self) -> Result<Vec<limiter_common::group::GroupHits>, LoadError> {
-        let mut out = Vec::with_capacity(limiter_common::group::MAX_GROUPS as usize);
-        for i in 0..limiter_common::group::MAX_GROUPS {
-            let v = self.group_hits.get(&i, 0).on(maps::GROUP_HITS)?;
-            out.push(v.iter().fold(limiter_common::group::GroupHits::default(), |a, h| {
-                limiter_common::group::GroupHits { passed: a.passed + h.passed, dropped: a.dropped + h.dropped }
-            }));
-        }
-        Ok(out)
+        let all = 0..limiter_common::group::MAX_GROUPS;
+        all.map(|i| Ok(sum_cpus(&self.group_hits.get(&i, 0).on(maps::GROUP_HITS)?))).collect()
     }
 
     /// Per-class counters by action (all families), summed over CPUs.

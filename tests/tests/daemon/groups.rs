@@ -111,7 +111,12 @@ fn a_group_shares_one_budget_over_its_prefixes_and_a_client_of_another_loses_not
         .collect();
     let mut flood = net.a.command(netload);
     flood.args(["spoof-prefix", "va", &net.b_mac(), &dst, "198.19", &FLOOD_PPS.to_string(), &SECS.to_string()]);
-    let flood = flood.output().unwrap();
+    let flood = flood.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    // Two seconds into the flood, `limiter top` shows the group's drops.
+    std::thread::sleep(Duration::from_secs(2));
+    let top = cli(&socket, &["top", "--once", "--json"]);
+    let top: serde_json::Value = serde_json::from_slice(&top.stdout).unwrap();
+    let flood = flood.wait_with_output().unwrap();
     assert!(flood.status.success(), "{}", String::from_utf8_lossy(&flood.stderr));
     let sent: Vec<(&str, u64)> = senders
         .into_iter()
@@ -159,6 +164,12 @@ fn a_group_shares_one_budget_over_its_prefixes_and_a_client_of_another_loses_not
     }
     assert!(packets("as64502", "drop") >= sent[1].1, "{report}");
     assert_eq!(metric(&text, "limiter_group_networks{group=\"as64500\"}"), 1);
+    let row = |g: &str| top["groups"].as_array().unwrap().iter().find(|r| r["group"] == g).cloned().unwrap();
+    println!("limiter top, 2 s into the flood: {}", top["groups"]);
+    // A second of it: about 18,000 dropped and 2,000 passed.
+    let (passed, dropped) = (row("as64500")["passed_per_sec"].as_u64().unwrap(), row("as64500")["dropped_per_sec"].as_u64().unwrap());
+    assert!(dropped as f64 >= 0.5 * (FLOOD_PPS - RATE) as f64 && passed as f64 <= 1.5 * RATE as f64, "{top}");
+    assert_eq!(row("as64502")["passed_per_sec"], 0, "{top}");
     assert!(text.contains("limiter_group_file_age_seconds{group=\"as64500\"} "), "{text}");
 
     let show = |addr: &str| show(&socket, addr);

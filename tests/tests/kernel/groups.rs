@@ -23,8 +23,9 @@ fn udp4(a: [u8; 4]) -> Vec<u8> {
 }
 
 /// Groups 0 (`flooded`, a rate group of 100/s, burst 10), 1 (`allowed`),
-/// 2 (`denied`) and 3 (`watched`, a shadow rate group of 1/s), each
-/// prefix 1,000/s; an operator's `allow` on 198.18.33.0/24; `extra` on top.
+/// 2 (`denied`), 3 (`watched`, a shadow rate group of 1/s) and 4
+/// (`watched_deny`, a shadow deny group), each prefix 1,000/s (burst
+/// 1,000); an operator's `allow` on 198.18.33.0/24; `extra` on top.
 fn open(extra: &str) -> DataPlane {
     let group = |name: &str, rest: &str| format!("[[group]]\nname = \"{name}\"\npath = \"/g\"\nasns = [1]\n{rest}\n");
     let text = [
@@ -34,6 +35,7 @@ fn open(extra: &str) -> DataPlane {
         group("allowed", "action = \"allow\""),
         group("denied", "action = \"deny\""),
         group("watched", "rate = 1\nburst = 1\nshadow = true"),
+        group("watched_deny", "action = \"deny\"\nshadow = true"),
         extra.to_owned(),
     ]
     .concat();
@@ -41,7 +43,7 @@ fn open(extra: &str) -> DataPlane {
     let mut l = kernel::open(&c);
     l.maps.apply(&c).unwrap();
     write(&mut l, &[("198.19.0.0/16", 0), ("2001:2:10::/48", 0), ("198.18.20.0/24", 1), ("198.18.32.0/23", 2)]);
-    write(&mut l, &[("198.18.40.0/24", 3)]);
+    write(&mut l, &[("198.18.40.0/24", 3), ("198.18.41.0/24", 4)]);
     l
 }
 
@@ -103,6 +105,14 @@ fn allow_and_deny_groups_decide_below_the_operator_and_a_shadow_group_only_count
     assert_eq!(hits(&l, 1), (20, 0));
     assert_eq!(hits(&l, 2), (0, 20));
     assert_eq!(hits(&l, 3), (1, 19));
+    // A shadow deny group passes what it would drop, and its prefix's
+    // bucket is charged as any: its burst of 1,000, then refused.
+    let watched = udp4([198, 18, 41, 1]);
+    for i in 0..1000 {
+        assert_eq!(kernel::reason_at(&mut l, T0, &watched), Reason::ShadowDropped, "packet {i}");
+    }
+    assert_eq!(kernel::reason_at(&mut l, T0, &watched), Reason::RateLimited);
+    assert_eq!(hits(&l, 4), (0, 1000));
 }
 
 #[test]

@@ -116,6 +116,9 @@ impl GroupLayer {
                 added += 1;
             }
         }
+        if let Some(why) = self.overfills(&w, limiter_common::group::MAX_NETWORKS as usize) {
+            return Err(ApplyError::Request(format!("group {}: {why}; its last version stays", g.name)));
+        }
         let t = std::time::Instant::now();
         let longest = maps.write_groups(&w)?;
         let took = t.elapsed();
@@ -173,6 +176,21 @@ impl GroupLayer {
         (w, changed)
     }
 
+    /// Why the tries (`cap` networks of each family) would not take `w`
+    /// whole, if they would not: a version is refused before any write,
+    /// never half written.
+    fn overfills(&self, w: &GroupWrites, cap: usize) -> Option<String> {
+        let v4 = |n: &IpNet| n.addr().is_ipv4();
+        let new = |fam: bool| w.upserts.iter().filter(|(n, _)| v4(n) == fam && !self.nets.contains_key(n)).count();
+        let gone = |fam: bool| w.deletes.iter().filter(|n| v4(n) == fam).count();
+        [(true, "IPv4"), (false, "IPv6")].into_iter().find_map(|(fam, name)| {
+            let after = self.nets.keys().filter(|n| v4(n) == fam).count() + new(fam) - gone(fam);
+            (after > cap).then(|| {
+                format!("{after} {name} networks of all groups together, more than the {cap} the data plane holds")
+            })
+        })
+    }
+
     /// Record what the tries took: each network's groups (none: gone).
     fn commit(&mut self, changed: Vec<(IpNet, u64)>) {
         for (net, bits) in changed {
@@ -228,6 +246,20 @@ mod tests {
         let one = policy("[[group]]\nname = \"a\"\npath = \"/a\"\nasns = [1]\nrate = 5\n");
         l.follow(&mut maps, &one).unwrap();
         assert_eq!(maps.groups.keys().map(ToString::to_string).collect::<Vec<_>>(), ["198.18.0.0/24"]);
+    }
+
+    #[test]
+    fn a_version_the_tries_cannot_hold_is_refused_before_any_write() {
+        let (p, mut maps, mut l) = (policy(TWO), FakeMaps::default(), GroupLayer::default());
+        l.take(&mut maps, 0, &p.groups[0], &p, &set(&["198.18.0.0/24", "198.18.1.0/24"])).unwrap();
+        let three = GroupWrites {
+            upserts: ["198.18.2.0/24", "198.18.1.0/24"].iter().map(|n| (n.parse().unwrap(), 1)).collect(),
+            deletes: Vec::new(),
+        };
+        let why = l.overfills(&three, 2).unwrap();
+        assert!(why.starts_with("3 IPv4 networks"), "{why}");
+        let swap = GroupWrites { deletes: vec!["198.18.0.0/24".parse().unwrap()], ..three };
+        assert_eq!(l.overfills(&swap, 2), None, "one in, one out");
     }
 
     #[test]

@@ -122,3 +122,23 @@ pub fn peer_run(p: &xdp_filter::XdpFilter, frame: &[u8], want: u32) -> f64 {
     assert_eq!(action, want, "xdp-filter: unexpected action");
     ns
 }
+
+/// For `perf record -C 0`: the hit path of `bench hit`, admitted or
+/// dropped, alone on CPU 0 for 5 s, so a profile of that CPU is a
+/// profile of that path (and of BPF_PROG_TEST_RUN's own loop).
+pub fn spin(admitted: bool) {
+    let frame = Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 5, 1), IPPROTO_UDP, 0, 0).udp().payload(22).bytes;
+    let (rate, burst, want) =
+        if admitted { (limiter_common::gcra::MAX_RATE, 1 << 40, kernel::XDP_PASS) } else { (1, 1, kernel::XDP_DROP) };
+    let mut l = kernel::open_bench(&kernel::config(rate, burst, false, 24, 56), 1024);
+    l.load_program(programs::LIMITER).unwrap();
+    l.test_run(programs::LIMITER, &frame, 1).unwrap();
+    kernel::pin_to_cpu(0);
+    let (start, mut runs, mut ns) = (std::time::Instant::now(), 0u64, 0.0);
+    while start.elapsed() < std::time::Duration::from_secs(5) {
+        ns += measure(&mut l, programs::LIMITER, &frame, want);
+        runs += 1;
+    }
+    let what = if admitted { "admitted" } else { "dropped" };
+    println!("spin: hit path {what}, {runs} calls of {REPEAT} runs on CPU 0, mean {:.1} ns/packet", ns / runs as f64);
+}

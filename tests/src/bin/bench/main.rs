@@ -52,8 +52,8 @@ const SECTIONS: [(&str, fn()); 14] = [
     ("forward", forward::forward),
     ("fleet", fleet::fleet),
     ("syn", syn::syn),
-    ("spin-admitted", || spin(true)),
-    ("spin-dropped", || spin(false)),
+    ("spin-admitted", || hit::spin(true)),
+    ("spin-dropped", || hit::spin(false)),
 ];
 
 fn main() {
@@ -75,26 +75,6 @@ fn main() {
             section();
         }
     }
-}
-
-/// For `perf record -C 0`: the hit path of `bench hit`, admitted or
-/// dropped, alone on CPU 0 for 5 s, so a profile of that CPU is a
-/// profile of that path (and of BPF_PROG_TEST_RUN's own loop).
-fn spin(admitted: bool) {
-    let frame = Frame::eth(ETH_P_IP).ipv4(Ipv4Addr::new(198, 18, 5, 1), IPPROTO_UDP, 0, 0).udp().payload(22).bytes;
-    let (rate, burst, want) =
-        if admitted { (limiter_common::gcra::MAX_RATE, 1 << 40, kernel::XDP_PASS) } else { (1, 1, kernel::XDP_DROP) };
-    let mut l = kernel::open_bench(&kernel::config(rate, burst, false, 24, 56), 1024);
-    l.load_program(programs::LIMITER).unwrap();
-    l.test_run(programs::LIMITER, &frame, 1).unwrap();
-    kernel::pin_to_cpu(0);
-    let (start, mut runs, mut ns) = (std::time::Instant::now(), 0u64, 0.0);
-    while start.elapsed() < std::time::Duration::from_secs(5) {
-        ns += measure(&mut l, programs::LIMITER, &frame, want);
-        runs += 1;
-    }
-    let what = if admitted { "admitted" } else { "dropped" };
-    println!("spin: hit path {what}, {runs} calls of {REPEAT} runs on CPU 0, mean {:.1} ns/packet", ns / runs as f64);
 }
 
 /// Processed instructions of each entry point (goal: at most 500,000).
