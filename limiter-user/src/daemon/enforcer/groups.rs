@@ -93,7 +93,8 @@ impl GroupLayer {
 
     /// Take a version of group `index`'s networks (none finer than the
     /// bucket prefixes, which the reader saw to), selected under `g` and
-    /// `p`. Nothing changes unless the tries take it all.
+    /// `p`. A version the tries could not hold is refused before any
+    /// write; the layer records what the tries took once they took it.
     pub fn take(
         &mut self,
         maps: &mut impl PolicyMaps,
