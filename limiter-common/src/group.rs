@@ -10,8 +10,6 @@
 //! its group's ([`crate::maps::GROUP_BUCKETS`], one GCRA state shared by
 //! every CPU), or to neither.
 
-use crate::gcra;
-
 /// Groups one policy may hold.
 pub const MAX_GROUPS: u32 = 64;
 /// Networks of the tries (each family): a million.
@@ -40,9 +38,9 @@ pub const DENIED_ORIGIN: u32 = 0x8000;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GroupLimits {
-    /// [`gcra::unit_interval`] of the group's rate (packets/s).
+    /// [`crate::gcra::unit_interval`] of the group's rate (packets/s).
     pub unit: u64,
-    /// [`gcra::tau`] of its burst.
+    /// [`crate::gcra::tau`] of its burst.
     pub tau: u64,
     /// [`action`].
     pub action: u32,
@@ -55,12 +53,9 @@ impl GroupLimits {
     /// outside `1..=MAX_RATE` (or a burst that overflows).
     #[must_use]
     pub const fn rate(rate: u64, burst: u64, mode: u32) -> Option<Self> {
-        if rate == 0 || rate > gcra::MAX_RATE {
-            return None;
-        }
-        let unit = gcra::unit_interval(rate);
-        match gcra::tau(burst, unit) {
-            Some(tau) => Some(Self { unit, tau, action: action::RATE, mode }),
+        // A class's bucket of packets: the same arithmetic.
+        match crate::ClassLimits::new(rate, burst, crate::cost::PACKETS, mode) {
+            Some(c) => Some(Self { unit: c.unit, tau: c.tau, action: action::RATE, mode }),
             None => None,
         }
     }

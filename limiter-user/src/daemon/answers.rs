@@ -140,7 +140,7 @@ impl Answers<'_> {
                 }));
                 f.push(Box::new(self.deny_report()?));
                 if !self.view.groups.is_empty() {
-                    let hits = self.dp.maps.counters.group_hits()?;
+                    let hits = self.dp.maps.counters.group_hits(self.view.groups.len())?;
                     f.push(Box::new(crate::groups::GroupHitsReport(
                         self.view.groups.iter().zip(hits).map(|(n, h)| (n.clone(), h.passed, h.dropped)).collect(),
                     )));

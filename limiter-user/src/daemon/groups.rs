@@ -300,13 +300,13 @@ impl SourceChange for GroupVersion {
     }
 
     fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {
-        // The policy's groups and prefixes, which identify what it took.
-        let policy = state.base().clone();
+        let policy = state.base();
         if policy.groups.get(self.index) != Some(&self.spec) {
             return Err(ApplyError::Request(format!("group {}: its section changed; read again", self.spec.name)));
         }
+        let bucket = (policy.v4_prefix, policy.v6_prefix);
         let index = u32::try_from(self.index).unwrap_or(u32::MAX);
-        state.groups.take(tables, index, &self.spec, &policy, &self.nets)
+        state.groups.take(tables, index, &self.spec, bucket, &self.nets)
     }
 
     fn parts(self: Box<Self>) -> Vec<Box<dyn SourceChange>> {

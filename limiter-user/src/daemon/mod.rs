@@ -180,7 +180,7 @@ impl Daemon {
                     let cookies = !self.view.syn_cookies.is_empty();
                     self.observer.tick_second(&self.dp.maps.totals()?, cookies);
                     if !self.view.groups.is_empty() {
-                        self.observer.tick_groups(self.dp.maps.counters.group_hits()?);
+                        self.observer.tick_groups(self.dp.maps.counters.group_hits(self.view.groups.len())?);
                     }
                     self.observer.cookies.arm(&self.view.syn_cookie_ports);
                     self.link.check(&mut self.dp, &self.settings.iface);

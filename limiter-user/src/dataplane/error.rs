@@ -91,3 +91,14 @@ pub enum LoadError {
         source: ProgramError,
     },
 }
+
+/// A map operation's error, named.
+pub(crate) trait Named<T> {
+    fn on(self, map: &'static str) -> Result<T, LoadError>;
+}
+
+impl<T> Named<T> for Result<T, aya::maps::MapError> {
+    fn on(self, map: &'static str) -> Result<T, LoadError> {
+        self.map_err(|source| LoadError::Map { map, source })
+    }
+}

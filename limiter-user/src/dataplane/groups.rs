@@ -18,19 +18,7 @@ use limiter_common::{
     maps,
 };
 
-use super::LoadError;
-
-/// A map operation's error, named (as `maps.rs`'s, which names this
-/// module's maps in its own tables).
-trait Named<T> {
-    fn on(self, map: &'static str) -> Result<T, LoadError>;
-}
-
-impl<T> Named<T> for Result<T, aya::maps::MapError> {
-    fn on(self, map: &'static str) -> Result<T, LoadError> {
-        self.map_err(|source| LoadError::Map { map, source })
-    }
-}
+use super::{LoadError, error::Named as _, rawmap::memlock};
 
 /// `GROUPS4`, `GROUPS6` and `GROUP_LIMITS`.
 pub struct GroupMaps {
@@ -107,15 +95,8 @@ impl GroupMaps {
     /// The kernel memory of the two tries (their fdinfo's `memlock`).
     #[must_use]
     pub fn memory(&self) -> Option<u64> {
-        use std::os::fd::{AsFd as _, AsRawFd as _};
-        let of = |fd: std::os::fd::BorrowedFd<'_>| -> Option<u64> {
-            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
-            info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
-        };
-        Some(
-            of(aya::maps::IterableMap::map(&self.v4).fd().as_fd())?
-                + of(aya::maps::IterableMap::map(&self.v6).fd().as_fd())?,
-        )
+        use aya::maps::IterableMap as _;
+        Some(memlock(self.v4.map())? + memlock(self.v6.map())?)
     }
 
     /// Every network of the tries, with its group's index.

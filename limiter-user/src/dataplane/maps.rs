@@ -24,16 +24,7 @@ use super::{
 };
 use crate::policy::Compiled;
 
-/// A map operation's error, named.
-pub(crate) trait Named<T> {
-    fn on(self, map: &'static str) -> Result<T, LoadError>;
-}
-
-impl<T> Named<T> for Result<T, MapError> {
-    fn on(self, map: &'static str) -> Result<T, LoadError> {
-        self.map_err(|source| LoadError::Map { map, source })
-    }
-}
+pub(crate) use super::error::Named;
 
 fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, LoadError> {
     T::try_from(ebpf.take_map(name).ok_or(LoadError::MissingMap(name))?).on(name)
@@ -241,10 +232,7 @@ impl Tables {
     /// The kernel memory of `DENY` (its fdinfo's `memlock`), if known.
     #[must_use]
     pub fn deny_memory(&self) -> Option<u64> {
-        use std::os::fd::{AsFd as _, AsRawFd as _};
-        let fd = aya::maps::IterableMap::map(&self.deny.deny).fd().as_fd().as_raw_fd();
-        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
-        info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
+        super::rawmap::memlock(aya::maps::IterableMap::map(&self.deny.deny))
     }
 
     /// Write a change of the group tries, then move `ACTIVE`'s change
@@ -372,10 +360,11 @@ impl Counters {
         Ok(out)
     }
 
-    /// Each group's packets passed and dropped, by index, summed over CPUs.
-    pub fn group_hits(&self) -> Result<Vec<limiter_common::group::GroupHits>, LoadError> {
-        let all = 0..limiter_common::group::MAX_GROUPS;
-        all.map(|i| Ok(sum_cpus(&self.group_hits.get(&i, 0).on(maps::GROUP_HITS)?))).collect()
+    /// The packets the first `n` groups passed and dropped, by index,
+    /// summed over CPUs.
+    pub fn group_hits(&self, n: usize) -> Result<Vec<limiter_common::group::GroupHits>, LoadError> {
+        let n = u32::try_from(n).unwrap_or(u32::MAX).min(limiter_common::group::MAX_GROUPS);
+        (0..n).map(|i| Ok(sum_cpus(&self.group_hits.get(&i, 0).on(maps::GROUP_HITS)?))).collect()
     }
 
     /// Per-class counters by action (all families), summed over CPUs.

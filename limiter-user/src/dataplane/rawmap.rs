@@ -204,3 +204,12 @@ struct BatchAttr {
     elem_flags: u64,
     flags: u64,
 }
+
+/// The kernel memory of `map` (its fdinfo's `memlock`), if known.
+#[must_use]
+pub fn memlock(map: &MapData) -> Option<u64> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let fd = map.fd().as_fd().as_raw_fd();
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
+}

@@ -121,6 +121,13 @@ mod defaults {
     }
 }
 
+/// Whether `name` may name a feed or a group (its metrics label, its
+/// origin): 1 to 40 letters, digits, `_`, `-` or `.`.
+pub(super) fn valid_name(name: &str) -> bool {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    !name.is_empty() && name.len() <= 40 && name.chars().all(ok)
+}
+
 /// Check the sections (the files are read by the daemon, off its loop).
 pub fn check(feeds: &[Feed]) -> Result<(), PolicyError> {
     if feeds.len() > MAX_FEEDS {
@@ -128,8 +135,7 @@ pub fn check(feeds: &[Feed]) -> Result<(), PolicyError> {
     }
     for (i, f) in feeds.iter().enumerate() {
         let at = |field: &str| format!("feed[{i}].{field}");
-        let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-        if f.name.is_empty() || f.name.len() > 40 || !f.name.chars().all(name_ok) {
+        if !valid_name(&f.name) {
             return Err(bad(at("name"), "1 to 40 letters, digits, '_', '-' or '.'"));
         }
         if feeds[..i].iter().any(|o| o.name == f.name) {

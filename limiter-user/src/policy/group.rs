@@ -93,8 +93,7 @@ pub fn check(groups: &[Group]) -> Result<Vec<GroupLimits>, PolicyError> {
     let mut out = Vec::with_capacity(groups.len());
     for (i, g) in groups.iter().enumerate() {
         let at = |field: &str| format!("group[{i}].{field}");
-        let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-        if g.name.is_empty() || g.name.len() > 40 || !g.name.chars().all(name_ok) {
+        if !super::feed::valid_name(&g.name) {
             return Err(bad(at("name"), "1 to 40 letters, digits, '_', '-' or '.'"));
         }
         if groups[..i].iter().any(|o| o.name == g.name) {

@@ -53,7 +53,7 @@ fn write(l: &mut DataPlane, nets: &[(&str, u32)]) {
 }
 
 fn hits(l: &DataPlane, index: usize) -> (u64, u64) {
-    let h = l.maps.counters.group_hits().unwrap()[index];
+    let h = l.maps.counters.group_hits(index + 1).unwrap()[index];
     (h.passed, h.dropped)
 }
 

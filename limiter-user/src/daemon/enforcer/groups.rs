@@ -27,14 +27,15 @@ struct Identity {
 }
 
 impl Identity {
-    fn of(g: &Group, p: &Policy) -> Self {
+    /// `g`'s, under bucket prefixes `bucket` (IPv4, IPv6).
+    fn of(g: &Group, bucket: (u32, u32)) -> Self {
         Self {
             name: g.name.clone(),
             path: g.path.clone(),
             countries: g.countries.clone(),
             asns: g.asns.clone(),
             allow_bogons: g.allow_bogons,
-            bucket: (p.v4_prefix, p.v6_prefix),
+            bucket,
         }
     }
 }
@@ -93,14 +94,14 @@ impl GroupLayer {
 
     /// Take a version of group `index`'s networks (none finer than the
     /// bucket prefixes, which the reader saw to), selected under `g` and
-    /// `p`. A version the tries could not hold is refused before any
+    /// the bucket prefixes `bucket`. A version the tries could not hold is refused before any
     /// write; the layer records what the tries took once they took it.
     pub fn take(
         &mut self,
         maps: &mut impl PolicyMaps,
         index: u32,
         g: &Group,
-        p: &Policy,
+        bucket: (u32, u32),
         nets: &HashSet<IpNet>,
     ) -> Result<String, ApplyError> {
         let bit = 1u64 << index;
@@ -124,7 +125,7 @@ impl GroupLayer {
         let longest = maps.write_groups(&w)?;
         let took = t.elapsed();
         self.commit(changed);
-        self.holders.insert(index, (Holder::Taken(Identity::of(g, p)), nets.len()));
+        self.holders.insert(index, (Holder::Taken(Identity::of(g, bucket)), nets.len()));
         Ok(format!(
             "group {}: {} networks ({added} added, {removed} removed; {} writes in {:.3} s, the longest {} us)",
             g.name,
@@ -145,7 +146,7 @@ impl GroupLayer {
             .filter(|(i, (h, _))| match (p.groups.get(**i as usize), h) {
                 (None, _) => true,
                 (Some(_), Holder::Restored) => false,
-                (Some(g), Holder::Taken(id)) => *id != Identity::of(g, p),
+                (Some(g), Holder::Taken(id)) => *id != Identity::of(g, (p.v4_prefix, p.v6_prefix)),
             })
             .map(|(i, _)| *i)
             .collect();
@@ -217,6 +218,9 @@ mod tests {
         nets.iter().map(|n| n.parse().unwrap()).collect()
     }
 
+    /// The default bucket prefixes (the test policies keep them).
+    const B: (u32, u32) = (24, 56);
+
     const TWO: &str = "[[group]]\nname = \"a\"\npath = \"/a\"\nasns = [1]\nrate = 5\n\
                        [[group]]\nname = \"b\"\npath = \"/b\"\nasns = [2]\nrate = 5\n";
 
@@ -224,12 +228,12 @@ mod tests {
     fn a_network_of_two_groups_is_the_first_ones_and_a_new_version_changes_only_what_moved() {
         let (p, mut maps, mut l) = (policy(TWO), FakeMaps::default(), GroupLayer::default());
         let net = |s: &str| s.parse::<IpNet>().unwrap();
-        l.take(&mut maps, 1, &p.groups[1], &p, &set(&["198.18.0.0/24", "198.18.1.0/24"])).unwrap();
-        l.take(&mut maps, 0, &p.groups[0], &p, &set(&["198.18.1.0/24", "198.18.2.0/24"])).unwrap();
+        l.take(&mut maps, 1, &p.groups[1], B, &set(&["198.18.0.0/24", "198.18.1.0/24"])).unwrap();
+        l.take(&mut maps, 0, &p.groups[0], B, &set(&["198.18.1.0/24", "198.18.2.0/24"])).unwrap();
         assert_eq!(maps.groups.get(&net("198.18.0.0/24")), Some(&1));
         assert_eq!(maps.groups.get(&net("198.18.1.0/24")), Some(&0), "the first group of the policy holds it");
         // Group a's next version leaves 198.18.1.0/24: group b holds it again.
-        let line = l.take(&mut maps, 0, &p.groups[0], &p, &set(&["198.18.2.0/24", "198.18.3.0/24"])).unwrap();
+        let line = l.take(&mut maps, 0, &p.groups[0], B, &set(&["198.18.2.0/24", "198.18.3.0/24"])).unwrap();
         assert!(line.contains("1 added, 1 removed"), "{line}");
         assert_eq!(maps.groups.get(&net("198.18.1.0/24")), Some(&1));
         assert_eq!(maps.groups.len(), 4);
@@ -239,8 +243,8 @@ mod tests {
     #[test]
     fn a_group_gone_from_the_policy_gives_its_networks_up_and_a_changed_budget_keeps_them() {
         let (p, mut maps, mut l) = (policy(TWO), FakeMaps::default(), GroupLayer::default());
-        l.take(&mut maps, 0, &p.groups[0], &p, &set(&["198.18.0.0/24"])).unwrap();
-        l.take(&mut maps, 1, &p.groups[1], &p, &set(&["198.18.9.0/24"])).unwrap();
+        l.take(&mut maps, 0, &p.groups[0], B, &set(&["198.18.0.0/24"])).unwrap();
+        l.take(&mut maps, 1, &p.groups[1], B, &set(&["198.18.9.0/24"])).unwrap();
         let cheaper = policy(&TWO.replace("rate = 5\n[[group]]", "rate = 7\n[[group]]"));
         l.follow(&mut maps, &cheaper).unwrap();
         assert_eq!(maps.groups.len(), 2, "a new rate selects the same networks");
@@ -252,7 +256,7 @@ mod tests {
     #[test]
     fn a_version_the_tries_cannot_hold_is_refused_before_any_write() {
         let (p, mut maps, mut l) = (policy(TWO), FakeMaps::default(), GroupLayer::default());
-        l.take(&mut maps, 0, &p.groups[0], &p, &set(&["198.18.0.0/24", "198.18.1.0/24"])).unwrap();
+        l.take(&mut maps, 0, &p.groups[0], B, &set(&["198.18.0.0/24", "198.18.1.0/24"])).unwrap();
         let three = GroupWrites {
             upserts: ["198.18.2.0/24", "198.18.1.0/24"].iter().map(|n| (n.parse().unwrap(), 1)).collect(),
             deletes: Vec::new(),
@@ -272,7 +276,7 @@ mod tests {
         l.read_back(&mut maps).unwrap();
         l.follow(&mut maps, &p).unwrap();
         assert_eq!(maps.groups.len(), 1, "index 7 has no group in the policy");
-        l.take(&mut maps, 0, &p.groups[0], &p, &set(&["198.18.1.0/24"])).unwrap();
+        l.take(&mut maps, 0, &p.groups[0], B, &set(&["198.18.1.0/24"])).unwrap();
         assert_eq!(maps.groups.keys().map(ToString::to_string).collect::<Vec<_>>(), ["198.18.1.0/24"]);
     }
 }
