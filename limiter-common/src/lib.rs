@@ -149,6 +149,11 @@ pub mod flags {
     /// Some class has `syn_cookies` on and the kernel will accept the
     /// cookies' ACKs (the daemon checked `net.ipv4.tcp_syncookies`).
     pub const SYN_COOKIES: u32 = 2;
+    /// Bits `ANSWERS_SHIFT + class`: the UDP classes that take source
+    /// ports (reflection classes). A packet of one that its budget refuses
+    /// is asked of the host's sockets, and passes (`own_answer`) when it
+    /// answers one this host connected to its source.
+    pub const ANSWERS_SHIFT: u32 = 8;
 }
 
 /// Sends matching packets to a class. All conditions must hold.
@@ -240,7 +245,8 @@ pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// 16: country and ASN groups (`GROUPS4`, `GROUPS6`, `GROUP_LIMITS`,
 /// `GROUP_BUCKETS`, `GROUP_HITS`); `STATS` has a slot for
 /// `group_limited`; a bucket's resolution may name a group.
-pub const SCHEMA_VERSION: u32 = 16;
+/// 17: `STATS` has a slot for `own_answer`.
+pub const SCHEMA_VERSION: u32 = 17;
 
 /// Value of [`maps::META`].
 #[repr(C)]

@@ -258,7 +258,7 @@ pub const TABLE: [Spec; 34] = [
     Spec::new(OVR6[0], Kind::LpmTrie, 20, 4, MAX_OVERRIDES).pinned(11),
     Spec::new(OVR6[1], Kind::LpmTrie, 20, 4, MAX_OVERRIDES).pinned(11),
     Spec::new(OVR_LIMITS, Kind::Array, 4, size_of::<ClassLimits>(), 2 * MAX_OVERRIDES).pinned(11),
-    Spec::new(STATS, Kind::PerCpuArray, 4, size_of::<Counter>(), STAT_ENTRIES_U32).pinned(16),
+    Spec::new(STATS, Kind::PerCpuArray, 4, size_of::<Counter>(), STAT_ENTRIES_U32).pinned(17),
     Spec::new(META, Kind::Array, 4, size_of::<Meta>(), 1).pinned(1),
     Spec::new(LAYOUT, Kind::Hash, 16, 4, LAYOUT_ENTRIES).pinned(11),
     Spec::new(RUNTIME, Kind::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>(), MAX_OVERRIDES)

@@ -146,10 +146,15 @@ reasons! {
     /// The prefix's own bucket admitted it, but its country or ASN
     /// group's shared budget did not; the prefix's charge was refunded.
     GroupLimited = 26 => Drop, "group_limited";
+    /// A UDP packet its budget refused, of a class that takes source
+    /// ports (a reflection class), that answers a socket this host
+    /// connected to its source address and port: passed, uncharged (a
+    /// flood from this host's own resolver does not cost it its answers).
+    OwnAnswer = 27 => Pass, "own_answer";
 }
 
 /// Number of counter slots in `STATS`.
-pub const REASON_COUNT: usize = 27;
+pub const REASON_COUNT: usize = 28;
 
 impl Reason {
     /// The action category of this reason (see [`Action`]).

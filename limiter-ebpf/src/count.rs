@@ -59,14 +59,7 @@ pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, rea
 /// tags (as the parser found it), network byte order.
 #[inline(always)]
 fn source_of(pkt: &Packet, v6: bool) -> Option<[u32; 4]> {
-    let tag = |et: [u8; 2]| et == [0x81, 0x00] || et == [0x88, 0xa8];
-    let mut l3 = 14;
-    if tag(*pkt.bytes_at::<2>(12)?) {
-        l3 = 18;
-        if tag(*pkt.bytes_at::<2>(16)?) {
-            l3 = 22;
-        }
-    }
+    let l3 = pkt.l3()?;
     let w = |b: &[u8], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
     if v6 {
         let a = pkt.bytes_at::<16>(l3 + 8)?;

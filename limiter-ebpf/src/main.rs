@@ -3,7 +3,8 @@
 //! masking and GCRA arithmetic are pure code in `limiter-common`; this
 //! crate is the glue over the maps: `charge` (buckets, budgets), `resolve`
 //! (overrides, then the deny set of `deny`),
-//! `count` (counters, drop sampling), `packed` (the scalars the global
+//! `count` (counters, drop sampling), `answer` (a refused answer to a
+//! socket this host connected), `packed` (the scalars the global
 //! functions take in one word), `lease` (per-CPU leases of a
 //! bucket's credit and cached refusals), `window` (window quotas),
 //! `cookie` (SYN cookies; not in the object built with the
@@ -20,6 +21,8 @@
 // `#[xdp]` entry points take their context by value.
 #![cfg_attr(target_arch = "bpf", expect(clippy::needless_pass_by_value, reason = "the #[xdp] signature"))]
 
+#[cfg(target_arch = "bpf")]
+mod answer;
 #[cfg(target_arch = "bpf")]
 mod atomic;
 #[cfg(all(target_arch = "bpf", feature = "bench"))]

@@ -26,6 +26,17 @@ impl Packet<'_> {
         unsafe { *((start + off) as *mut [u8; N]) = *bytes };
         Some(())
     }
+
+    /// The offset of the IP header behind up to two VLAN tags, as the
+    /// parser found it (14, 18 or 22).
+    #[inline(always)]
+    pub fn l3(&self) -> Option<usize> {
+        let tag = |et: [u8; 2]| et == [0x81, 0x00] || et == [0x88, 0xa8];
+        if !tag(*self.bytes_at::<2>(12)?) {
+            return Some(14);
+        }
+        Some(if tag(*self.bytes_at::<2>(16)?) { 22 } else { 18 })
+    }
 }
 
 impl Frame for Packet<'_> {

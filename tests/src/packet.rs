@@ -66,6 +66,22 @@ impl Frame {
         self.push(&h, Reason::Ipv4Truncated)
     }
 
+    /// The same frame to `dst`: its (first) IPv4 header, untagged, is
+    /// addressed to it.
+    #[must_use]
+    pub fn to_v4(mut self, dst: Ipv4Addr) -> Self {
+        self.bytes[30..34].copy_from_slice(&dst.octets());
+        self
+    }
+
+    /// The same frame to `dst`: its IPv6 header, untagged, is addressed to
+    /// it.
+    #[must_use]
+    pub fn to_v6(mut self, dst: Ipv6Addr) -> Self {
+        self.bytes[38..54].copy_from_slice(&dst.octets());
+        self
+    }
+
     /// IPv4 header with a raw first byte (version/IHL) for malformed cases.
     #[must_use]
     pub fn ipv4_raw_vihl(self, vihl: u8) -> Self {

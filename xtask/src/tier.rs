@@ -31,6 +31,7 @@ pub const PLAN: &[(&str, &[&str])] = &[
     ("daemon::kernel_features", &[]),
     ("kernel::deny_set", &[]),
     ("kernel::groups", &[]),
+    ("kernel::answers", &[]),
     ("daemon::feeds", &[]),
     // The upgrade test stays on the host: an emulated upgrade takes tens
     // of seconds, its bucket refills meanwhile, and the 1 s flood after

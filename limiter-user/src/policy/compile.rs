@@ -236,6 +236,11 @@ fn compile_classes(classes: &[super::Class], config: &mut Config) -> Result<(), 
             return Err(bad(format!("{at}{field}"), format!("{field} need protocol = \"tcp\" or \"udp\"")));
         }
         config.classes[i + 1] = c.limit.to_kernel(&at)?;
+        // A UDP reflection class's refusals are asked of this host's
+        // sockets: an answer to one it connected passes.
+        if side == port_side::SOURCE && c.protocol == super::Protocol::Udp {
+            config.flags |= 1 << (flags::ANSWERS_SHIFT as usize + i + 1);
+        }
         let ranges: &[(u16, u16)] = if ranges.is_empty() { &[(0, u16::MAX)] } else { ranges };
         for &(lo, hi) in ranges {
             if lo > hi {

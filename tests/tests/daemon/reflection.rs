@@ -3,8 +3,9 @@
 //! attack's reflectors send them: to whatever port of this host) is held
 //! to the class's small budget per prefix, the same flood from another
 //! port is not (the class takes source ports only), and this host's own
-//! DNS client, asking a resolver in another prefix all along, gets every
-//! answer.
+//! DNS client, asking a resolver all along whose prefix the port-53 flood
+//! comes from (its bucket spent a hundred times over), gets every answer:
+//! a refused answer to a socket this host connected passes (`own_answer`).
 #![allow(clippy::cast_precision_loss, reason = "test measurements: counts far inside f64's exact range")]
 
 use std::{
@@ -103,9 +104,10 @@ fn answers_from_reflection_ports_get_their_budget_and_the_hosts_own_dns_client_e
     std::thread::sleep(Duration::from_millis(200));
     let client = net.b.spawn_in(ask);
     let dst = format!("{B_ADDR}:{PORT}");
-    // Reflectors in 198.18.60.0/24 answer from 53, in .61 from 123; the
-    // same flood from .62 comes from port 40000.
-    let floods: Vec<_> = [("198.18.60", "53"), ("198.18.61", "123"), ("198.18.62", "40000")]
+    // Reflectors in the resolver's own /24 answer from 53 (the resolver
+    // among them), in .61 from 123; the same flood from .62 comes from
+    // port 40000.
+    let floods: Vec<_> = [("198.18.50", "53"), ("198.18.61", "123"), ("198.18.62", "40000")]
         .into_iter()
         .map(|(prefix, sport)| {
             let mut f = net.a.command(netload);
@@ -125,7 +127,16 @@ fn answers_from_reflection_ports_get_their_budget_and_the_hosts_own_dns_client_e
             .filter_map(|l| l.split_whitespace().nth(2)?.parse::<u64>().ok())
             .sum()
     };
-    let mut report = format!("client {answers}/{QUERIES} answers, resolver answered {answered}\n");
+    let stats = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["stats", "-j", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let own = stats["reasons"].as_array().unwrap().iter().find(|r| r["reason"] == "own_answer").unwrap()["packets"]
+        .as_u64()
+        .unwrap();
+    let mut report = format!("client {answers}/{QUERIES} answers ({own} passed as own answers), resolver answered {answered}\n");
     for (prefix, o) in &floods {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let out = String::from_utf8_lossy(&o.stdout);
@@ -151,7 +162,11 @@ fn answers_from_reflection_ports_get_their_budget_and_the_hosts_own_dns_client_e
     let out = String::from_utf8_lossy(&floods[2].1.stdout);
     let sent = field(&out, "sent", 1).unwrap();
     assert!(got("198.18.62") as f64 >= 0.5 * sent as f64, "port 40000 was held\n{report}");
-    // This host's DNS client, whose answers come from port 53 of another
-    // prefix, got every one.
+    // This host's DNS client, whose answers come from port 53 of the
+    // flooded prefix, got every one.
     assert_eq!(answers, QUERIES, "{report}");
+    // Its answers came through as its own while the flood held the
+    // bucket (nearly all of them), and nothing else did: the flood, to a
+    // socket bound but not connected, never.
+    assert!((u64::from(QUERIES) / 2..=u64::from(QUERIES)).contains(&own), "{report}");
 }

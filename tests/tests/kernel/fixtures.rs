@@ -25,7 +25,8 @@ fn documented_action(r: Reason) -> u32 {
         | Reason::ShadowDropped
         | Reason::Allowed
         | Reason::SynCookieToKernel
-        | Reason::SynCookieVerified => XDP_PASS,
+        | Reason::SynCookieVerified
+        | Reason::OwnAnswer => XDP_PASS,
         Reason::SynCookieSent => XDP_TX,
         Reason::RateLimited
         | Reason::Contended

@@ -109,6 +109,8 @@ fn a_reflection_class_compiles_to_source_port_matchers() {
         ]
     );
     assert!(c.matchers[2..4].iter().all(|m| m.proto == 17 && m.syn == 0));
+    // Class 2 (UDP, source ports) asks the host's sockets; class 1 not.
+    assert_eq!(c.flags >> flags::ANSWERS_SHIFT, 1 << 2);
     let with = |f: fn(&mut Class)| {
         let mut c = Class {
             protocol: Protocol::Udp,

@@ -1,0 +1,108 @@
+//! Answers to this host's own sockets: a reflection class holds amplified
+//! answers from its source ports to a small budget per prefix, but the
+//! host's own resolver (or NTP server) answers from the same ports, and a
+//! flood reflected off it shares its prefix's bucket. A packet of such a
+//! class that its budget refused is asked of the host's UDP sockets: if it
+//! answers one this host connected to the packet's source address and
+//! port, it passes (`own_answer`), uncharged. Only on that drop path, so
+//! admitted packets and every other class pay nothing; an unconnected
+//! socket (a server's, bound to a port every sender may reach) is no
+//! proof and is not asked for.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_F_CURRENT_NETNS, BPF_TCP_ESTABLISHED, bpf_sock_tuple, bpf_sock_tuple__bindgen_ty_1 as Tuple,
+        bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as V4, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2 as V6, xdp_md,
+    },
+    helpers::{bpf_sk_lookup_udp, bpf_sk_release},
+    programs::XdpContext,
+};
+use limiter_common::{
+    Config, Reason, family, flags,
+    packet::{Frame as _, IPPROTO_UDP, parse},
+};
+
+use crate::packet::Packet;
+
+/// `reason`, or [`Reason::OwnAnswer`] when a budget refused a packet of
+/// a class that asks (see the module) and it answers a socket this host
+/// connected. Everything else is read again in [`limiter_own_answer`], on
+/// the drop path only: a value kept here over the charge's calls would
+/// take stack from the entry point's frame, which the charge's call chain
+/// already fills to the verifier's limit.
+#[inline(always)]
+pub fn unless_own(ctx: &XdpContext, cfg: &Config, class: usize, reason: Reason) -> Reason {
+    let refused = matches!(
+        reason,
+        Reason::RateLimited
+            | Reason::Contended
+            | Reason::NewSourceLimited
+            | Reason::AggregateLimited
+            | Reason::GroupLimited
+    );
+    let asks = cfg.flags & (1 << (flags::ANSWERS_SHIFT as usize + class)) != 0;
+    if refused && asks && limiter_own_answer(ctx.ctx) == 1 { Reason::OwnAnswer } else { reason }
+}
+
+/// 1 when the packet is UDP and answers a socket of the interface's
+/// network namespace connected to its source address and port. A global
+/// function: the parse and the lookup's tuple live in its own frame, off
+/// the charge's call chain.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_own_answer(ctx: *mut xdp_md) -> u64 {
+    let xdp = XdpContext::new(ctx);
+    let pkt = Packet(&xdp);
+    let mut fam = family::NONE;
+    let Ok(src) = parse(&pkt, &mut fam) else { return 0 };
+    if src.proto != IPPROTO_UDP || src.port_known == 0 {
+        return 0;
+    }
+    let Some(l3) = pkt.l3() else { return 0 };
+    let (sport, dport) = (src.sport.to_be(), src.dport.to_be());
+    let w = |b: &[u8], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    // The tuple as the packet has it: the sender is the socket's peer.
+    let sk = if fam == family::IPV4 {
+        let Some(a) = pkt.bytes_at::<8>(l3 + 12) else { return 0 };
+        let ip = V4 { saddr: w(a, 0), daddr: w(a, 4), sport, dport };
+        let mut t = bpf_sock_tuple { __bindgen_anon_1: Tuple { ipv4: ip } };
+        // SAFETY: the helper reads the tuple's IPv4 part, written above.
+        unsafe { lookup(ctx, &mut t, size_of::<V4>()) }
+    } else {
+        let Some(a) = pkt.bytes_at::<32>(l3 + 8) else { return 0 };
+        let ip = V6 {
+            saddr: [w(a, 0), w(a, 4), w(a, 8), w(a, 12)],
+            daddr: [w(a, 16), w(a, 20), w(a, 24), w(a, 28)],
+            sport,
+            dport,
+        };
+        let mut t = bpf_sock_tuple { __bindgen_anon_1: Tuple { ipv6: ip } };
+        // SAFETY: the helper reads the tuple's IPv6 part, written above.
+        unsafe { lookup(ctx, &mut t, size_of::<V6>()) }
+    };
+    if sk.is_null() {
+        return 0;
+    }
+    // A connected UDP socket is in TCP_ESTABLISHED; one bound only is in
+    // TCP_CLOSE (and the lookup found it by its local port alone).
+    // SAFETY: a socket the lookup returned, released right after.
+    let connected = unsafe { (*sk).state } == BPF_TCP_ESTABLISHED;
+    // SAFETY: the reference the lookup took.
+    unsafe { bpf_sk_release(sk.cast()) };
+    u64::from(connected)
+}
+
+/// The UDP socket of the interface's namespace the tuple reaches, if any.
+///
+/// # Safety
+/// `size` bytes of `t` are written.
+#[inline(always)]
+#[expect(
+    clippy::cast_sign_loss,
+    clippy::cast_possible_truncation,
+    reason = "BPF_F_CURRENT_NETNS is -1 by definition; a tuple is 12 or 36 bytes"
+)]
+unsafe fn lookup(ctx: *mut xdp_md, t: &mut bpf_sock_tuple, size: usize) -> *mut aya_ebpf::bindings::bpf_sock {
+    // SAFETY: per the caller.
+    unsafe { bpf_sk_lookup_udp(ctx.cast(), t, size as u32, BPF_F_CURRENT_NETNS as u64, 0) }
+}
