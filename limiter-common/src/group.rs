@@ -70,12 +70,38 @@ impl GroupLimits {
 
 /// Value of [`crate::maps::GROUP_HITS`] (per CPU, per group index):
 /// packets of the group passed and dropped (or, in shadow mode, passed
-/// that would have been dropped).
+/// that would have been dropped), and this CPU's lease of the group's
+/// budget: `lease_credit` taken from it ahead (at most
+/// [`crate::lease::lease`] of the group's limits, under the same rule as a
+/// bucket's lease, [`crate::lease::admit`]), spent a packet at a time by
+/// this CPU alone, given back when it expires or the policy changes.
+/// One entry, so that a packet admitted from a bucket's lease is charged
+/// to its group and counted with one lookup.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GroupHits {
     pub passed: u64,
     pub dropped: u64,
+    /// Unspent credit of the lease, in 1/16 ns of the group's `tat`.
+    pub lease_credit: u64,
+    /// The charge of one packet under the lease (the group's `unit`).
+    pub lease_unit: u64,
+    /// The lease expires at (1/16 ns).
+    pub lease_until: u64,
+    /// Low 32 bits of the policy version the lease was taken under.
+    pub lease_version: u32,
+    /// Always zero (explicit padding).
+    pub pad: u32,
+}
+
+impl GroupHits {
+    /// Whether the lease admits one more packet under `version` at `now`.
+    #[inline(always)]
+    #[must_use]
+    pub const fn lease_holds(&self, version: u32, now: u64) -> bool {
+        // An empty entry's unit is 0: wrapped, no credit is above it.
+        self.lease_version == version && now < self.lease_until && self.lease_credit > self.lease_unit.wrapping_sub(1)
+    }
 }
 
 impl core::ops::AddAssign for GroupHits {

@@ -27,7 +27,7 @@ const _: () = assert!(core::mem::size_of::<deny::DenyKey>() == 20);
 const _: () = assert!(core::mem::size_of::<deny::DenyLens>() == 2 * deny::MAX_LENS);
 const _: () = assert!(core::mem::size_of::<deny::OriginName>() == deny::ORIGIN_NAME);
 const _: () = assert!(core::mem::size_of::<group::GroupLimits>() == 24);
-const _: () = assert!(core::mem::size_of::<group::GroupHits>() == 16);
+const _: () = assert!(core::mem::size_of::<group::GroupHits>() == 48);
 const _: () = assert!(maps::MAX_OVERRIDES < resolution::GROUP);
 const _: () = assert!(group::MAX_GROUPS <= resolution::GROUP_INDEX >> resolution::GROUP_SHIFT);
 

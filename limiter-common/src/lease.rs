@@ -43,6 +43,14 @@
 //! slow prefixes (under 128 packets a second with a 16 ms lease, or a
 //! burst under 32) are charged packet by packet as before.
 //!
+//! # Groups
+//!
+//! A rate group's budget is leased the same way to each CPU (its
+//! [`crate::group::GroupHits`] entry), and a grouped prefix's lease admits
+//! only while this CPU's lease of the group holds the packet too: the
+//! group admits at most `burst + rate x T + cpus x lease`. No CPU takes
+//! back another's lease of a group.
+//!
 //! # The slot word
 //!
 //! Other CPUs may only zero a slot's credit, with compare-and-swap on

@@ -245,7 +245,8 @@ pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// 16: country and ASN groups (`GROUPS4`, `GROUPS6`, `GROUP_LIMITS`,
 /// `GROUP_BUCKETS`, `GROUP_HITS`); `STATS` has a slot for
 /// `group_limited`; a bucket's resolution may name a group.
-/// 17: `STATS` has a slot for `own_answer`.
+/// 17: `STATS` has a slot for `own_answer`; `GROUP_HITS` holds each
+/// CPU's lease of its group's budget.
 pub const SCHEMA_VERSION: u32 = 17;
 
 /// Value of [`maps::META`].

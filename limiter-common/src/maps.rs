@@ -274,7 +274,7 @@ pub const TABLE: [Spec; 34] = [
     Spec::new(GROUPS6, Kind::LpmTrie, 12, 4, GROUP_NETWORKS).pinned(16),
     Spec::new(GROUP_LIMITS, Kind::Array, 4, size_of::<GroupLimits>(), 2 * MAX_GROUPS).pinned(16),
     Spec::new(GROUP_BUCKETS, Kind::Array, 4, 8, MAX_GROUPS).pinned(16),
-    Spec::new(GROUP_HITS, Kind::PerCpuArray, 4, size_of::<GroupHits>(), MAX_GROUPS).pinned(16),
+    Spec::new(GROUP_HITS, Kind::PerCpuArray, 4, size_of::<GroupHits>(), MAX_GROUPS).pinned(17),
     Spec::new(TOUCHED, Kind::RingBuf, 0, 0, TOUCHED_BYTES),
     Spec::new(TEST_CLOCK, Kind::Array, 4, 8, 1),
     Spec::new(DROP_EVENTS, Kind::RingBuf, 0, 0, DROP_EVENTS_BYTES),

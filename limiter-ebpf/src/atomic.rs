@@ -73,5 +73,11 @@ impl Cas {
 #[inline(always)]
 pub fn refund(p: *mut BucketState, inc: u64) {
     // SAFETY: p points to a live map value.
-    let _ = cas(unsafe { &raw mut (*p).tat }, |cur| Some(cur.saturating_sub(inc)));
+    refund_tat(unsafe { &raw mut (*p).tat }, inc);
+}
+
+/// [`refund`] of a bare `tat` (a group's budget).
+#[inline(always)]
+pub fn refund_tat(tat: *mut u64, inc: u64) {
+    let _ = cas(tat, |cur| Some(cur.saturating_sub(inc)));
 }

@@ -203,9 +203,12 @@ pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: 
                 let inc = units * limits.unit;
                 // A bucket with finer denied networks (its packets come
                 // back `CHECKED`) is never leased: a lease would admit
-                // them without asking; nor is a group's, whose every
-                // packet is charged to the group too.
-                let usable = packed & (USABLE_BIT | CHECKED) == USABLE_BIT && resolution::group(res).is_none();
+                // them without asking; nor is a group's of byte cost. A
+                // group's of packets is: its packets admitted from the
+                // lease are charged to this CPU's lease of the group's
+                // budget (`lease::Slot::hit`).
+                let usable = packed & (USABLE_BIT | CHECKED) == USABLE_BIT
+                    && (limits.cost == cost::PACKETS || resolution::group(res).is_none());
                 let cpu_slot = Slot::probe(&j.key, usable);
                 let r = charge_leasing(p, &cpu_slot, &j.key, j.version, j.now, j.cfg.cpus, limits, inc);
                 let resolved = (u64::from(j.version) << 32) | u64::from(res);

@@ -4,16 +4,18 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::{
-    BucketKey, Reason, cost, family, gcra,
+    BucketKey, Reason, cost, family,
     group::{DENIED_ORIGIN, GroupHits, GroupLimits, MAX_GROUPS, action},
-    mode, resolution,
+    lease, mode, resolution,
     rules::coarser,
 };
 
 use crate::{
-    atomic::{Cas, cas, refund},
+    atomic::{Cas, cas, refund, refund_tat},
     job::{job, limits_for},
+    lease::Slot,
     maps::{BUCKETS, GROUP_BUCKETS, GROUP_HITS, GROUP_LIMITS, GROUPS4, GROUPS6},
+    packed::USABLE_BIT,
 };
 
 /// The answer of both charge functions for a packet admitted by its
@@ -75,37 +77,76 @@ pub fn limits(slot: u32, res: u32) -> Option<(u32, &'static GroupLimits)> {
 pub fn count(g: u32, passed: bool) {
     if let Some(h) = GROUP_HITS.get_ptr_mut(g) {
         // SAFETY: per-CPU slot, only this CPU's softirq writes it.
-        let h: &mut GroupHits = unsafe { &mut *h };
-        if passed {
-            h.passed += 1;
-        } else {
-            h.dropped += 1;
-        }
+        count_in(unsafe { &mut *h }, passed);
     }
 }
 
-/// What the group of `res` says of one more packet at `now`: a rate
-/// group `Admitted` (charged, counted as passed) or why not (nothing
-/// charged; counted as dropped); a shadow `deny` group `ShadowDropped`;
-/// any other (an `allow` group in shadow mode) `Admitted`, counted.
 #[inline(always)]
-pub fn charge(slot: u32, res: u32, now: u64) -> Reason {
+fn count_in(h: &mut GroupHits, passed: bool) {
+    if passed {
+        h.passed += 1;
+    } else {
+        h.dropped += 1;
+    }
+}
+
+/// What the group of `res` says of one more packet at `now` under policy
+/// `version`: a rate group `Admitted` (charged, counted as passed) or why
+/// not (nothing charged; counted as dropped); a shadow `deny` group
+/// `ShadowDropped`; any other (an `allow` group in shadow mode)
+/// `Admitted`, counted. A rate group's packet is charged to this CPU's
+/// lease of the group's budget while it holds, else to the budget, taking
+/// a new lease when the budget holds plenty (as a bucket's: see
+/// `limiter_common::lease`), after what the old one left went back.
+#[inline(always)]
+pub fn charge(slot: u32, res: u32, now: u64, version: u32, cpus: u32) -> Reason {
     let Some((g, l)) = limits(slot, res) else { return Reason::Admitted };
+    let Some(h) = GROUP_HITS.get_ptr_mut(g) else { return Reason::Admitted };
+    // SAFETY: per-CPU slot, only this CPU's softirq touches it.
+    let h = unsafe { &mut *h };
     let shadow = l.mode == mode::SHADOW;
     let r = match l.action {
+        action::RATE if h.lease_holds(version, now) => {
+            h.lease_credit -= h.lease_unit;
+            Reason::Admitted
+        }
         action::RATE => match GROUP_BUCKETS.get_ptr_mut(g) {
-            Some(p) => match cas(p, |cur| gcra::admit(cur, now, l.unit, l.tau)) {
-                Cas::Done => Reason::Admitted,
-                Cas::Refused(_) if shadow => Reason::ShadowDropped,
-                Cas::Refused(_) => Reason::GroupLimited,
-                Cas::Contended => Reason::Contended,
-            },
+            Some(p) => {
+                // What the old lease left goes back, unless a policy since
+                // gave the index another group's limits (then it is let go:
+                // at most a lease, once).
+                if h.lease_credit != 0 && h.lease_unit == l.unit {
+                    refund_tat(p, h.lease_credit);
+                }
+                h.lease_credit = 0;
+                let lease = lease::lease(l.unit, l.tau, false, cpus);
+                let mut leased = false;
+                let step = cas(p, |cur| {
+                    let (next, took) = lease::admit(cur, now, l.unit, l.tau, lease, cpus)?;
+                    leased = took;
+                    Some(next)
+                });
+                match step {
+                    Cas::Done => {
+                        if leased {
+                            h.lease_credit = lease;
+                            h.lease_unit = l.unit;
+                            h.lease_until = now.saturating_add(lease);
+                            h.lease_version = version;
+                        }
+                        Reason::Admitted
+                    }
+                    Cas::Refused(_) if shadow => Reason::ShadowDropped,
+                    Cas::Refused(_) => Reason::GroupLimited,
+                    Cas::Contended => Reason::Contended,
+                }
+            }
             None => Reason::Admitted,
         },
         action::DENY if shadow => Reason::ShadowDropped,
         _ => Reason::Admitted,
     };
-    count(g, r == Reason::Admitted);
+    count_in(h, r == Reason::Admitted);
     r
 }
 
@@ -130,7 +171,14 @@ pub fn to_group(r: Reason, res: u32) -> u64 {
 pub extern "C" fn limiter_charge_group(head: u64, tail: u64, now: u64, packed: u64, res: u64) -> u64 {
     let Some(j) = job(head, tail, now, packed) else { return Reason::NoConfig as u64 };
     let res = res as u32;
-    let r = charge(j.slot, res, now);
+    // A lease the bucket's charge took for this CPU is the group's: its
+    // packets are charged to the group's lease too.
+    // (Any group's: a shadow `deny` group's packets, never leased by the
+    // group, each reach it this way.)
+    if let Some(g) = resolution::group(res) {
+        Slot::probe(&j.key, packed & USABLE_BIT != 0).mark_group(&j.key, g);
+    }
+    let r = charge(j.slot, res, now, j.version, j.cfg.cpus);
     // Passed (a shadow group's would-be drop too): the prefix's charge
     // stands, as if the group were not there.
     if r == Reason::Admitted || r == Reason::ShadowDropped {

@@ -12,13 +12,14 @@ use core::{
 use aya_ebpf::helpers::bpf_map_lookup_percpu_elem;
 use limiter_common::{
     BucketKey, BucketState, ClassLimits, Reason, cost,
+    group::MAX_GROUPS,
     lease::{self, CREDIT_MASK, CpuSlot, MAX_CPUS, slot_flags},
     mode,
 };
 
 use crate::{
     atomic::{Cas, cas, charge_existing, refund},
-    maps::{BUCKETS, CPU_SLOTS},
+    maps::{BUCKETS, CPU_SLOTS, GROUP_HITS},
 };
 
 /// An existing bucket's charge, through this CPU's slot when it is in
@@ -158,10 +159,22 @@ impl Slot {
         let word = unsafe { &raw mut (*e).word };
         // SAFETY: an aligned 8-byte load is single-copy atomic.
         let w = unsafe { read_volatile(word) };
-        match lease::spend(w, s.inc(len)) {
-            Some(next) if swap(word, w, next) => Hit::Reason(Reason::Admitted),
-            _ => Hit::Miss,
+        let Some(next) = lease::spend(w, s.inc(len)) else { return Hit::Miss };
+        if s.pad == 0 {
+            return if swap(word, w, next) { Hit::Reason(Reason::Admitted) } else { Hit::Miss };
         }
+        // A grouped bucket's lease admits only while this CPU's lease of
+        // the group's budget holds the packet too (a pointer kept in this
+        // branch alone: 6.1's verifier loses one merged with a null).
+        let Some(h) = GROUP_HITS.get_ptr_mut((s.pad - 1) & (MAX_GROUPS - 1)) else { return Hit::Miss };
+        // SAFETY: per-CPU slot, only this CPU's softirq touches it.
+        let h = unsafe { &mut *h };
+        if !h.lease_holds(version, now) || !swap(word, w, next) {
+            return Hit::Miss;
+        }
+        h.lease_credit -= h.lease_unit;
+        h.passed += 1;
+        Hit::Reason(Reason::Admitted)
     }
 
     /// The origin of the deny set's denial of the address whose entry key
@@ -192,6 +205,22 @@ impl Slot {
     pub fn remember(&self, key: &BucketKey, version: u32, finer: bool, origin: u64) {
         let flags = if finer { slot_flags::FINER } else { slot_flags::DENIED };
         self.write(key, version, u64::MAX, origin, flags, 0);
+    }
+
+    /// Mark this CPU's entry, if it is a lease of `key`'s bucket, as of
+    /// group `g` (its index in `pad`, plus one): [`Self::hit`] then
+    /// charges the group's lease too. Only this CPU reads `pad` of a
+    /// lease, and [`Self::write`] clears it.
+    #[inline(always)]
+    pub fn mark_group(&self, key: &BucketKey, g: u32) {
+        if let Some(e) = self.entry {
+            // SAFETY: this CPU's entry; only this CPU writes its fields
+            // but the word.
+            let s = unsafe { &mut *e };
+            if s.flags & slot_flags::LEASE != 0 && s.key == *key {
+                s.pad = g + 1;
+            }
+        }
     }
 
     /// Whether this CPU's entry is `key`'s (of any version, in any state).

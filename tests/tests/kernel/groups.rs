@@ -136,3 +136,58 @@ fn a_prefix_moves_with_the_tries_and_a_group_the_policy_drops_holds_nothing() {
         assert_eq!(kernel::reason_at(&mut l, T0 + 3 + i, &udp4([198, 19, 1, 1])), Reason::Admitted);
     }
 }
+
+/// A group large enough to lease (800/s, burst 500: a lease of 16 ms,
+/// 12.8 packets): each CPU takes its lease of the group's budget as a
+/// bucket's lease is taken, so a packet admitted from its bucket's lease
+/// is charged to the group without touching it; the group still admits
+/// no more than its burst at one instant, all CPUs together, and within a
+/// lease per CPU of its rate over a second; every packet counted once.
+#[test]
+fn a_large_group_leases_its_budget_to_each_cpu_and_keeps_its_bound() {
+    let _alone = limiter_tests::alone(module_path!());
+    kernel::require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    assert!(cpus >= 2, "this test needs two CPUs; this machine has {cpus}");
+    let mut l = open("[[group]]\nname = \"large\"\npath = \"/g\"\nasns = [1]\nrate = 800\nburst = 500\n");
+    write(&mut l, &[("198.18.50.0/23", 5)]);
+    let (from_50, from_51) = (udp4([198, 18, 50, 1]), udp4([198, 18, 51, 1]));
+    let until_refused = |l: &mut DataPlane, f: &[u8]| {
+        let mut got = 0u64;
+        while kernel::reason_at(l, T0, f) == Reason::Admitted {
+            got += 1;
+            assert!(got <= 1000, "never refused");
+        }
+        got
+    };
+    kernel::pin_to_cpu(0);
+    for i in 0..5 {
+        assert_eq!(kernel::reason_at(&mut l, T0, &from_50), Reason::Admitted, "packet {i}");
+    }
+    // CPU 1, at the same instant: the group's burst but what CPU 0 took,
+    // and what CPU 0 holds of its lease (at least two packets' worth).
+    kernel::pin_to_cpu(1);
+    let cpu1_got = until_refused(&mut l, &from_51);
+    assert!(cpu1_got <= 500 - 5 - 2, "CPU 1 got {cpu1_got}: CPU 0 held no lease of the group");
+    // CPU 0 spends what it holds: no more than the burst in all, and at
+    // most a lease's worth short of it.
+    kernel::pin_to_cpu(0);
+    let cpu0_got = 5 + until_refused(&mut l, &from_50);
+    let total = cpu0_got + cpu1_got;
+    assert!((500 - 13..=500).contains(&total), "{cpu0_got} + {cpu1_got} admitted at one instant, burst 500");
+    let refused = 2;
+    assert_eq!(hits(&l, 5), (total, refused), "every packet counted once under the group");
+    // A second at 4,000/s, the CPUs taking turns of 50 packets over both
+    // prefixes: the group's rate, within a lease per CPU.
+    let mut admitted = 0u64;
+    for i in 1..=4_000u64 {
+        if i % 50 == 1 {
+            kernel::pin_to_cpu(usize::try_from(i / 50 % 2).unwrap());
+        }
+        let f = if i % 3 == 0 { &from_50 } else { &from_51 };
+        admitted += u64::from(kernel::reason_at(&mut l, T0 + i * 250_000, f) == Reason::Admitted);
+    }
+    println!("at one instant: CPU 0 {cpu0_got}, CPU 1 {cpu1_got} of burst 500; then {admitted} in a second at 800/s");
+    assert!((800 - 2 * 13..=800 + 2 * 13).contains(&admitted), "{admitted} admitted in a second at 800/s");
+    assert_eq!(hits(&l, 5), (total + admitted, refused + 4_000 - admitted));
+}
