@@ -102,6 +102,12 @@ impl GroupHits {
         // An empty entry's unit is 0: wrapped, no credit is above it.
         self.lease_version == version && now < self.lease_until && self.lease_credit > self.lease_unit.wrapping_sub(1)
     }
+
+    /// One packet taken from the lease (which [`Self::lease_holds`]).
+    #[inline(always)]
+    pub const fn spend(&mut self) {
+        self.lease_credit -= self.lease_unit;
+    }
 }
 
 impl core::ops::AddAssign for GroupHits {

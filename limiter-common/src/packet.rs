@@ -108,8 +108,10 @@ fn be16(b: &[u8], i: usize) -> u16 {
     u16::from_be_bytes([b[i], b[i + 1]])
 }
 
+/// The 4 bytes of `b` at `i` as they lie (an address word, network order).
 #[inline(always)]
-fn word(b: &[u8], i: usize) -> u32 {
+#[must_use]
+pub fn word(b: &[u8], i: usize) -> u32 {
     u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 

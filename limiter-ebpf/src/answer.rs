@@ -19,7 +19,7 @@ use aya_ebpf::{
 };
 use limiter_common::{
     Config, Reason, family, flags,
-    packet::{Frame as _, IPPROTO_UDP, parse},
+    packet::{Frame as _, IPPROTO_UDP, parse, word as w},
 };
 
 use crate::packet::Packet;
@@ -58,24 +58,19 @@ pub extern "C" fn limiter_own_answer(ctx: *mut xdp_md) -> u64 {
     if src.proto != IPPROTO_UDP || src.port_known == 0 {
         return 0;
     }
+    // The destination, which the parse does not keep.
     let Some(l3) = pkt.l3() else { return 0 };
     let (sport, dport) = (src.sport.to_be(), src.dport.to_be());
-    let w = |b: &[u8], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
     // The tuple as the packet has it: the sender is the socket's peer.
     let sk = if fam == family::IPV4 {
-        let Some(a) = pkt.bytes_at::<8>(l3 + 12) else { return 0 };
-        let ip = V4 { saddr: w(a, 0), daddr: w(a, 4), sport, dport };
+        let Some(a) = pkt.bytes_at::<4>(l3 + 16) else { return 0 };
+        let ip = V4 { saddr: src.addr[0], daddr: w(a, 0), sport, dport };
         let mut t = bpf_sock_tuple { __bindgen_anon_1: Tuple { ipv4: ip } };
         // SAFETY: the helper reads the tuple's IPv4 part, written above.
         unsafe { lookup(ctx, &mut t, size_of::<V4>()) }
     } else {
-        let Some(a) = pkt.bytes_at::<32>(l3 + 8) else { return 0 };
-        let ip = V6 {
-            saddr: [w(a, 0), w(a, 4), w(a, 8), w(a, 12)],
-            daddr: [w(a, 16), w(a, 20), w(a, 24), w(a, 28)],
-            sport,
-            dport,
-        };
+        let Some(a) = pkt.bytes_at::<16>(l3 + 24) else { return 0 };
+        let ip = V6 { saddr: src.addr, daddr: [w(a, 0), w(a, 4), w(a, 8), w(a, 12)], sport, dport };
         let mut t = bpf_sock_tuple { __bindgen_anon_1: Tuple { ipv6: ip } };
         // SAFETY: the helper reads the tuple's IPv6 part, written above.
         unsafe { lookup(ctx, &mut t, size_of::<V6>()) }

@@ -6,7 +6,11 @@
 use aya_ebpf::bindings::xdp_md;
 use aya_ebpf::programs::XdpContext;
 use aya_log_ebpf::debug;
-use limiter_common::{BucketKey, Config, DropEvent, Family, Reason, family, gcra, packet::Frame as _, stat_index};
+use limiter_common::{
+    BucketKey, Config, DropEvent, Family, Reason, family, gcra,
+    packet::{Frame as _, word as w},
+    stat_index,
+};
 
 use crate::packet::Packet;
 
@@ -60,7 +64,6 @@ pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, rea
 #[inline(always)]
 fn source_of(pkt: &Packet, v6: bool) -> Option<[u32; 4]> {
     let l3 = pkt.l3()?;
-    let w = |b: &[u8], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
     if v6 {
         let a = pkt.bytes_at::<16>(l3 + 8)?;
         Some([w(a, 0), w(a, 4), w(a, 8), w(a, 12)])

@@ -107,7 +107,7 @@ pub fn charge(slot: u32, res: u32, now: u64, version: u32, cpus: u32) -> Reason 
     let shadow = l.mode == mode::SHADOW;
     let r = match l.action {
         action::RATE if h.lease_holds(version, now) => {
-            h.lease_credit -= h.lease_unit;
+            h.spend();
             Reason::Admitted
         }
         action::RATE => match GROUP_BUCKETS.get_ptr_mut(g) {

@@ -172,7 +172,7 @@ impl Slot {
         if !h.lease_holds(version, now) || !swap(word, w, next) {
             return Hit::Miss;
         }
-        h.lease_credit -= h.lease_unit;
+        h.spend();
         h.passed += 1;
         Hit::Reason(Reason::Admitted)
     }

@@ -127,12 +127,7 @@ fn answers_from_reflection_ports_get_their_budget_and_the_hosts_own_dns_client_e
             .filter_map(|l| l.split_whitespace().nth(2)?.parse::<u64>().ok())
             .sum()
     };
-    let stats = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
-        .args(["stats", "-j", "--socket"])
-        .arg(&socket)
-        .output()
-        .unwrap();
-    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&scenario::cli(&socket, &["stats", "-j"]).stdout).unwrap();
     let own = stats["reasons"].as_array().unwrap().iter().find(|r| r["reason"] == "own_answer").unwrap()["packets"]
         .as_u64()
         .unwrap();

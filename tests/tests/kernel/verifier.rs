@@ -14,7 +14,7 @@ use limiter_tests::kernel;
 /// CPU remembers, took it to 281,546. The window's sum without a branch
 /// a slot (for 6.1) took it to 262,024. 290,000 until the lookup of the
 /// host's sockets on a reflection class's drop path and the groups'
-/// leases on the lease path took it to 294,269.
+/// leases on the lease path took it to 295,609.
 ///
 /// The same object costs each kernel's verifier a different count (its
 /// pruning changed between releases), so each kernel the tests run on has
