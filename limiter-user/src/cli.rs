@@ -45,6 +45,10 @@ pub enum Command {
     /// The fleet sync of window quotas (`[fleet]` in the policy).
     #[command(subcommand)]
     Fleet(FleetCommand),
+    /// Rules announced to the transit over BGP (`[upstream]` in the
+    /// policy): list, announce, blackhole, withdraw.
+    #[command(subcommand)]
+    Upstream(UpstreamCommand),
     /// Live view: pass and drop rates with sparklines, and the prefixes
     /// with the most drops over the last 10 s (sampled; bounded memory).
     Top {
@@ -117,6 +121,54 @@ pub enum FleetCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum UpstreamCommand {
+    /// The speaker, its sessions, and each rule wanted.
+    List,
+    /// Ask the transit to drop (or rate-limit) traffic from a source
+    /// network: a FlowSpec rule.
+    Announce {
+        /// The source network, e.g. 198.18.80.0/24.
+        cidr: ipnet::IpNet,
+        /// Match this destination too.
+        #[arg(long, value_name = "CIDR")]
+        destination: Option<ipnet::IpNet>,
+        /// Match this IP protocol too (tcp, udp, icmp, or a number).
+        #[arg(long, value_parser = protocol)]
+        protocol: Option<u8>,
+        /// Rate-limit to this many bytes a second instead of discarding.
+        #[arg(long, value_name = "BYTES")]
+        rate_limit: Option<u64>,
+        /// Withdraw after this long [default: the policy's upstream.ttl].
+        #[arg(long, value_name = "DURATION", value_parser = ttl)]
+        ttl: Option<u64>,
+    },
+    /// Ask the transit to drop everything sent to one of this host's
+    /// destinations (RFC 7999 BLACKHOLE; needs `upstream.rtbh = true`):
+    /// the attack's aim, reached for it, so never automatic.
+    Blackhole {
+        /// The destination, e.g. 198.18.90.1/32.
+        cidr: ipnet::IpNet,
+        /// Withdraw after this long [default: the policy's upstream.ttl].
+        #[arg(long, value_name = "DURATION", value_parser = ttl)]
+        ttl: Option<u64>,
+    },
+    /// Withdraw the rules of a network, or every rule.
+    Withdraw {
+        /// The network.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        cidr: Option<ipnet::IpNet>,
+        /// Every rule, whoever asked for it.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+/// An IP protocol by name or number.
+fn protocol(s: &str) -> Result<u8, String> {
+    crate::upstream::rule::protocol(s).ok_or_else(|| format!("{s:?} is not tcp, udp, icmp, icmp6 or a number 0-255"))
+}
+
+#[derive(Debug, Subcommand)]
 pub enum PrefixCommand {
     /// List the overrides in force.
     List,
@@ -154,9 +206,14 @@ pub enum PrefixCommand {
     Deny {
         /// The prefix.
         cidr: ipnet::IpNet,
-        /// Expire after this long [default: never].
+        /// Expire after this long [default: never; with --upstream, the
+        /// upstream rule lasts the policy's `upstream.ttl`].
         #[arg(long, value_name = "DURATION", value_parser = ttl)]
         ttl: Option<u64>,
+        /// Ask the transit to drop it too: a FlowSpec rule on the source,
+        /// announced by the policy's `[upstream]` speaker.
+        #[arg(long)]
+        upstream: bool,
     },
     /// Deny (or allow) every prefix of a file as one version, all or
     /// nothing: one CIDR per line, `#` comments and blank lines allowed

@@ -12,6 +12,7 @@
 //! - `crowdsec`: decisions read from CrowdSec's Local API, typed;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `fleet`: window quotas kept across hosts through Redis;
+//! - `upstream`: rules announced to the transit through a BGP speaker;
 //! - `control`: the control-socket protocol, server and client;
 //! - `forward`: the forwarder to the tenant layer (PROXY protocol);
 //! - `sockets`: the kernel's TCP socket tables (`/proc/net/tcp{,6}`);
@@ -61,6 +62,7 @@ pub mod series;
 pub mod dataplane;
 
 pub mod fleet;
+pub mod upstream;
 
 pub mod control;
 

@@ -3,6 +3,7 @@
 //! integration test and `cargo xtask demo`. Everything here needs root.
 
 pub mod alone;
+pub mod bgp;
 pub mod crowdsec;
 pub mod data;
 pub mod feedback;

@@ -57,6 +57,11 @@ const APT_PACKAGES: &[&str] = &[
     // the `hit` and `deny` benches.
     "libxdp-dev",
     "xdp-tools",
+    // The upstream tests: ExaBGP, the BGP speaker the daemon drives, and
+    // BIRD 2, the transit's router it peers with (neither starts a
+    // service when installed; the tests start their own).
+    "exabgp",
+    "bird2",
 ];
 /// Only `bench` needs these: the netfilter peers of the system flood,
 /// nginx's stream module for the forwarder's peers, perf for the system

@@ -11,6 +11,7 @@ mod stats;
 mod status;
 mod top;
 mod unload;
+mod upstream;
 
 use std::path::{Path, PathBuf};
 
@@ -37,6 +38,7 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
         Command::Policy(cmd) => policy::policy(cmd, client, json),
         Command::Prefix(cmd) => prefix::prefix(cmd, client, json),
         Command::Fleet(crate::cli::FleetCommand::Status) => fleet::status(client, json),
+        Command::Upstream(cmd) => upstream::upstream(cmd, client, json),
         Command::Top { once, count, interval } => top::top(client, json, *once, *count, *interval),
         Command::Replay { pcap, policy } => replay::replay(pcap, policy.as_deref(), json),
         Command::Completions { shell } => {

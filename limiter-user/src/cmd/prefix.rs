@@ -14,11 +14,35 @@ pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result
             Request::PrefixSet { cidr: *cidr, rate: *rate, burst: *burst, ttl_secs: *ttl }
         }
         PrefixCommand::Allow { cidr, ttl } => Request::PrefixAllow { cidr: *cidr, ttl_secs: *ttl },
-        PrefixCommand::Deny { cidr, ttl } => Request::PrefixDeny { cidr: *cidr, ttl_secs: *ttl },
+        PrefixCommand::Deny { cidr, ttl, upstream: true } => return deny_upstream(client, *cidr, *ttl, json),
+        PrefixCommand::Deny { cidr, ttl, upstream: false } => Request::PrefixDeny { cidr: *cidr, ttl_secs: *ttl },
         PrefixCommand::Unset { cidr } => Request::PrefixUnset { cidr: *cidr },
         PrefixCommand::Load { deny, allow, ttl } => return load(client, deny.as_deref(), allow.as_deref(), *ttl, json),
     };
     super::policy::print_applied(&client.change(&req)?, json)
+}
+
+/// `prefix deny --upstream`: denied here first (what protects the host
+/// whatever the transit does), then announced upstream for the same time.
+fn deny_upstream(client: Client, cidr: ipnet::IpNet, ttl: Option<u64>, json: bool) -> anyhow::Result<()> {
+    let applied = client.change(&Request::PrefixDeny { cidr, ttl_secs: ttl })?;
+    let req = Request::UpstreamAnnounce {
+        cidr,
+        blackhole: false,
+        destination: None,
+        protocol: None,
+        rate_limit: None,
+        ttl_secs: ttl,
+    };
+    let info = client
+        .upstream(&req)
+        .map_err(|e| anyhow::anyhow!("{cidr} is denied here (policy v{}); {e}", applied.version))?;
+    if json {
+        return super::print_json(&serde_json::json!({ "applied": applied, "upstream": info }));
+    }
+    super::policy::print_applied(&applied, false)?;
+    println!("{cidr}: asked upstream ({}); `limiter upstream list` shows what the speaker holds", info.speaker);
+    Ok(())
 }
 
 /// `prefix show`: the address's country, ASN and group when the policy

@@ -81,6 +81,9 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     if let Some(c) = &s.crowdsec {
         let _ = writeln!(out, "crowdsec        {c}");
     }
+    if let Some(u) = &s.upstream {
+        let _ = writeln!(out, "upstream        {}", crate::escape_control(u));
+    }
     match &s.last_reload {
         Some(r) => {
             let ok = if r.ok { "ok" } else { "FAILED" };

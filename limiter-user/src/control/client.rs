@@ -94,6 +94,11 @@ impl<'a> Client<'a> {
         self.ask("top", &Request::Top { n }, |r| if let Response::Top(t) = r { Some(t) } else { None })
     }
 
+    /// `limiter upstream ...`: the rules after the request.
+    pub fn upstream(&self, req: &Request) -> Result<crate::upstream::UpstreamInfo, ClientError> {
+        self.ask("upstream", req, |r| if let Response::Upstream(u) = r { Some(u) } else { None })
+    }
+
     /// A request that makes a new policy version (`policy apply`, `prefix
     /// set|allow|deny|unset`).
     pub fn change(&self, req: &Request) -> Result<Applied, ClientError> {

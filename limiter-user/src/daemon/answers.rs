@@ -85,7 +85,11 @@ impl Answers<'_> {
             | Request::PrefixUnset { .. }
             | Request::PrefixLoad { .. }
             | Request::Penalty { .. } => unreachable!("changes are taken before"),
-            Request::Load { .. } | Request::FleetStatus => {
+            Request::Load { .. }
+            | Request::FleetStatus
+            | Request::UpstreamList
+            | Request::UpstreamAnnounce { .. }
+            | Request::UpstreamWithdraw { .. } => {
                 Response::error(ErrorCode::Unavailable, "no feature of this daemon answers it".to_owned())
             }
         })
@@ -207,6 +211,7 @@ impl Answers<'_> {
             }),
             deny_set: self.view.deny.iter().map(|(_, name, n)| (name.clone(), *n)).collect(),
             crowdsec: None,
+            upstream: None,
         };
         self.features.status(&mut status);
         Ok(Response::Status(status))

@@ -38,6 +38,8 @@ pub(super) struct Start<'a> {
     pub(super) calls: &'a tokio::sync::mpsc::Sender<Call>,
     /// Where the sources of decisions send their changes.
     pub(super) sink: &'a Sink,
+    /// The interface (the upstream feature reads its received bytes).
+    pub(super) iface: &'a str,
 }
 
 /// The daemon's features, in the order they are told a policy.
@@ -57,11 +59,20 @@ impl Features {
             Box::new(Feeds::new(s.sink.clone())),
             Box::new(super::groups::Groups::new(s.sink.clone())),
             Box::new(CrowdsecSide::new(s.sink.clone())),
+            Box::new(super::upstream::UpstreamSide::new(s.iface)),
         ];
         for f in &mut list {
             f.apply(a);
         }
         Ok(Self(list))
+    }
+
+    /// The feature of type `T`, mutable, for what only it is told.
+    pub(super) fn get_mut<T: Feature>(&mut self) -> Option<&mut T> {
+        self.0.iter_mut().find_map(|f| {
+            let any: &mut dyn Any = &mut **f;
+            any.downcast_mut::<T>()
+        })
     }
 
     /// The feature of type `T`, for what only it can say.

@@ -24,6 +24,7 @@ mod settings;
 mod show;
 mod source;
 mod start;
+mod upstream;
 mod view;
 
 use std::time::{Duration, Instant};
@@ -133,7 +134,14 @@ impl Daemon {
         let (sink, decided) = mpsc::channel(decision::SINK_ROOM);
         tokio::spawn(decision::route(calls, sink.clone(), queries_tx));
         tokio::spawn(decision::hangups(hup, sink.clone()));
-        let start = Start { windows, buckets: dp.buckets_map_id(), token, calls: &calls_tx, sink: &sink };
+        let start = Start {
+            windows,
+            buckets: dp.buckets_map_id(),
+            token,
+            calls: &calls_tx,
+            sink: &sink,
+            iface: &settings.iface,
+        };
         let features = Features::start(&applied, start).await?;
         socket.serve(calls_tx);
         let d = Self {
@@ -188,8 +196,12 @@ impl Daemon {
                     // The daemon's own decider reads the loop's counters:
                     // its decisions join the path here.
                     for (cidr, ttl, reason) in self.observer.escalations(self.view.escalate) {
+                        if let Some(up) = self.features.get_mut::<upstream::UpstreamSide>() {
+                            up.escalated(&cidr, ttl);
+                        }
                         self.decide(Decision::Told(Change::Penalty { cidr, ttl, reason, by: Decider::Escalation }));
                     }
+                    self.link_pressure()?;
                     self.features.tick();
                 }
                 // Every decider, one arm (see `decision.rs`): a source's
@@ -211,6 +223,27 @@ impl Daemon {
         };
         self.features.drain().await;
         self.stop(why)
+    }
+
+    /// Once a second, when `[upstream]` watches the link: what it
+    /// received and the prefixes the program drops most.
+    fn link_pressure(&mut self) -> anyhow::Result<()> {
+        if !self.features.get::<upstream::UpstreamSide>().is_some_and(upstream::UpstreamSide::wants_pressure) {
+            return Ok(());
+        }
+        self.observer.drain_drop_events();
+        let totals = self.dp.maps.totals()?;
+        let dropping: Vec<(ipnet::IpNet, u8)> = self
+            .observer
+            .top
+            .offenders(crate::clock::unix_now(), 100)
+            .into_iter()
+            .map(|(k, _)| (crate::dataplane::net(&k), k.class))
+            .collect();
+        if let Some(up) = self.features.get_mut::<upstream::UpstreamSide>() {
+            up.second(&totals, &dropping);
+        }
+        Ok(())
     }
 
     /// The lines printed once the program is attached.

@@ -121,6 +121,7 @@ impl Policy {
             groups,
             crowdsec,
             fleet,
+            upstream,
             // Only a reload reads it (the daemon's guard).
             allow_shrink: _,
             // The daemon reads it against the kernel it runs on.
@@ -137,6 +138,9 @@ impl Policy {
         let groups = super::group::check(groups)?;
         if let Some(c) = crowdsec {
             super::crowdsec::check(c)?;
+        }
+        if let Some(u) = upstream {
+            super::upstream::check(u)?;
         }
         if *v4_prefix > 32 {
             return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));

@@ -127,6 +127,7 @@ struct Root {
     groups: Vec<super::group::Group>,
     crowdsec: Option<super::crowdsec::Crowdsec>,
     fleet: Option<super::fleet::Fleet>,
+    upstream: Option<Box<super::upstream::Upstream>>,
 }
 
 #[derive(Deserialize, Serialize, PartialEq)]
@@ -217,7 +218,7 @@ type Located<T> = Result<T, (PolicyError, usize)>;
 /// The file's own top-level keys, in order, but the knobs (which go
 /// after `mode`): an unknown key's message lists them, as flattening the
 /// knobs drops serde's list (the docs' tests hold it to the reference).
-const OWN_KEYS: [&str; 12] = [
+const OWN_KEYS: [&str; 13] = [
     "allow_empty",
     "allow_shrink",
     "missing_kernel_feature",
@@ -230,6 +231,7 @@ const OWN_KEYS: [&str; 12] = [
     "group",
     "crowdsec",
     "fleet",
+    "upstream",
 ];
 
 /// Every top-level key, in the model's order.
@@ -277,6 +279,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         groups,
         crowdsec,
         fleet,
+        upstream,
         missing_kernel_feature,
     } = root;
     super::forward::name_defaults(&mut forwards);
@@ -297,6 +300,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         groups,
         crowdsec,
         fleet,
+        upstream,
         allow_shrink: allow_shrink.unwrap_or(false),
         missing_kernel_feature,
         ..base

@@ -9,6 +9,7 @@ mod cookies;
 mod criticality;
 pub mod crowdsec;
 mod duration;
+mod error;
 pub mod feed;
 pub mod feedback;
 pub mod file;
@@ -20,6 +21,7 @@ pub mod knobs;
 pub mod overlay;
 pub mod runtime;
 mod summary;
+pub mod upstream;
 
 use std::{
     fmt,
@@ -32,6 +34,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::criticality::Criticality;
 pub(crate) use self::duration::{duration, duration_opt, duration_opt_out, duration_out};
+pub use self::error::PolicyError;
+pub(crate) use self::error::bad;
 pub use self::{
     compile::{Compiled, CompiledOverrides},
     duration::{DurationError, parse_duration, spell_duration},
@@ -329,6 +333,8 @@ pub struct Policy {
     /// The fleet's shared store (off by default: fleet-scope quotas then
     /// count this host only, and say so).
     pub fleet: Option<fleet::Fleet>,
+    /// Rules announced upstream over BGP (off by default).
+    pub upstream: Option<Box<upstream::Upstream>>,
     /// A reload of this policy may lift most of the running one's
     /// overrides or cut a rate more than 10x (refused otherwise).
     pub allow_shrink: bool,
@@ -358,6 +364,7 @@ impl Default for Policy {
             groups: Vec::new(),
             crowdsec: None,
             fleet: None,
+            upstream: None,
             allow_shrink: false,
             missing_kernel_feature: kernel::MissingFeature::Refuse,
         }
@@ -376,22 +383,6 @@ impl Policy {
     pub fn summary(&self, version: u64) -> Summary<'_> {
         Summary { policy: self, version }
     }
-}
-
-/// Why a policy was refused: the path of the offending field, the problem,
-/// and where in which file when it came from one.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{}{field}: {problem}", location.as_ref().map(|(f, l)| format!("{f}:{l}: ")).unwrap_or_default())]
-pub struct PolicyError {
-    /// Dotted path, e.g. `class[2].rate`.
-    pub field: String,
-    pub problem: String,
-    /// File and 1-based line.
-    pub location: Option<(String, usize)>,
-}
-
-pub(crate) fn bad(field: impl Into<String>, problem: impl Into<String>) -> PolicyError {
-    PolicyError { field: field.into(), problem: problem.into(), location: None }
 }
 
 #[cfg(test)]

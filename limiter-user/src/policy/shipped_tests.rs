@@ -48,7 +48,7 @@ fn every_default_it_shows_is_the_real_one() {
 }
 
 /// The sections of a policy file, each as the text that opens one.
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "",
     "[[class]]\nname = \"x\"\n",
     "[[override]]\n",
@@ -59,6 +59,7 @@ const SECTIONS: [&str; 10] = [
     "[[group]]\n",
     "[crowdsec]\n",
     "[fleet]\n",
+    "[upstream]\nspeaker = \"/run/exabgp/x\"\n",
 ];
 
 /// A section's fields, as the parser lists them when it meets an unknown one.
@@ -105,6 +106,7 @@ fn the_reference_tables_list_exactly_the_parsers_keys() {
         "`[[group]]`",
         "`[crowdsec]`",
         "`[fleet]`",
+        "`[upstream]`",
     ];
     for (heading, section) in headings.into_iter().zip(SECTIONS) {
         let table = REFERENCE

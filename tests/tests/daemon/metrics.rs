@@ -130,7 +130,12 @@ fn every_dashboard_and_alert_query_names_an_exposed_metric() {
     let _alone = limiter_tests::alone(module_path!());
     require_root();
     let net = VethPair::new("dq");
-    let _d = daemon(&net, "dq", &[]);
+    // With `[upstream]` (its speaker not running: its series are there).
+    let dir = limiter_tests::kernel::TempDir::new("dq");
+    let policy = dir.0.join("p.toml");
+    let state = dir.0.join("upstream.json");
+    std::fs::write(&policy, format!("allow_empty = true\n[upstream]\nspeaker = \"/run/exabgp/limiter-none\"\nstate = {:?}\n", state.display().to_string())).unwrap();
+    let _d = daemon(&net, "dq", &["--policy", policy.to_str().unwrap()]);
     let text = scrape(&net);
     let exposed: Vec<&str> =
         text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split_whitespace().next()).collect();
@@ -151,7 +156,11 @@ fn every_dashboard_and_alert_query_names_an_exposed_metric() {
     let alerts = std::fs::read_to_string(root.join("prometheus/limiter-alerts.yml")).unwrap();
     let alert_exprs: Vec<String> =
         alerts.lines().filter_map(|l| l.trim().strip_prefix("expr:")).map(|e| e.trim().to_owned()).collect();
-    assert_eq!(alert_exprs.len(), 5, "drop rate, map fill, reload failures, not attached, a stale group file");
+    assert_eq!(
+        alert_exprs.len(),
+        7,
+        "drop rate, map fill, reload failures, not attached, a stale group file, upstream session down, upstream rules at cap"
+    );
     queries.extend(alert_exprs);
 
     let mut checked = 0;

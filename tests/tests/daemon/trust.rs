@@ -112,11 +112,23 @@ fn a_tenant_penalty_never_erases_the_operator() {
 /// itself (a TCP connection), but its share of the spoofed drops is a
 /// 256th: no escalation, and once the flood is over the host is served.
 /// An abuser that proved its own address (16,000/s) is still escalated within
-/// `sustained` + 1 s: its address, not its bucket.
+/// `sustained` + 1 s: its address, not its bucket. With `[upstream]
+/// escalate = true`, the transit's router (BIRD, through ExaBGP) is asked
+/// to drop the abuser's address, and never anything of the victim's.
 #[test]
 fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
     let _alone = limiter_tests::alone(module_path!());
-    let r = start("trs", "\n[feedback.escalate]\ndrops_per_sec = 5000\nsustained = \"3s\"\ndeny_for = \"10m\"\n");
+    let bgp = limiter_tests::bgp::Bgp::start("tru");
+    let upstream = format!(
+        "\n[upstream]\nspeaker = {:?}\nstate = {:?}\nescalate = true\n",
+        bgp.pipe.display().to_string(),
+        bgp.dir.0.join("upstream.json").display().to_string()
+    );
+    let r = start(
+        "trs",
+        &format!("\n[feedback.escalate]\ndrops_per_sec = 5000\nsustained = \"3s\"\ndeny_for = \"10m\"\n{upstream}"),
+    );
+    assert!(bgp.wait_established(Duration::from_mins(1)), "no BGP session\n{}", bgp.exabgp_log());
     let (victim, abuser) = ("198.18.11.7", "198.18.12.9");
     r.net.add_source(victim);
     r.net.add_source(abuser);
@@ -181,6 +193,16 @@ fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
     // for this loop's polling.
     assert!(since_drop <= Duration::from_millis(4_300), "escalated {since_drop:?} after the first drop");
     assert_eq!(delivered(&r, abuser, 20), 0, "the escalated deny drops the abuser");
+    // Announced upstream: the abuser's address, discarded, and nothing of
+    // the victim's prefix.
+    let seen = bgp.wait(Duration::from_secs(10), |b| b.flows(false).contains("src 198.18.12.9/32"));
+    let flows = bgp.flows(false);
+    println!("BIRD's flow4 after the escalation:\n{flows}");
+    assert!(seen, "the escalation was not announced upstream\n{flows}\n{}", bgp.exabgp_log());
+    assert_eq!(limiter_tests::bgp::routes(&flows), ["flow4 { src 198.18.12.9/32; }"], "{flows}");
+    assert!(flows.contains("(generic, 0x80060000, 0x0)"), "{flows}");
+    let up = cli(&r, &["upstream", "list"]);
+    assert!(up.contains("198.18.12.9/32") && up.contains("by escalation"), "{up}");
 }
 
 /// The operator outranks a penalty across a pinned restart and a SIGHUP: the operator's limit

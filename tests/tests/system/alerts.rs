@@ -29,12 +29,13 @@ fn prometheus_loads_the_alert_rules() {
     let o = Command::new(promtool()).args(["check", "rules"]).arg(rules()).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("SUCCESS: 5 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 7 rules found"), "{out}");
 }
 
 /// Synthetic series, a scrape a minute, through `promtool test rules`:
 /// each alert fires where it should and not earlier.
 #[test]
+#[expect(clippy::too_many_lines, reason = "one promtool unit: each alert's series beside what it must raise")]
 fn each_alert_fires_on_what_should_raise_it() {
     let _alone = limiter_tests::alone(module_path!());
     let tmp = TempDir::new("alerts");
@@ -68,6 +69,18 @@ tests:
         values: '3801600+86400x60'
       - series: 'limiter_group_file_age_seconds{{instance="edge3", group="fr"}}'
         values: '-1x60'
+      # The BGP session up for 3 minutes, then down; the speaker always up.
+      - series: 'limiter_upstream_session_up{{instance="edge4", neighbor="192.0.2.1"}}'
+        values: '1 1 1 0 0 0 0 0'
+      - series: 'limiter_upstream_speaker_up{{instance="edge4"}}'
+        values: '1x20'
+      # Rules: 40 from minute 0, 100 (the cap) from minute 3.
+      - series: 'limiter_upstream_rules{{instance="edge4", trigger="operator"}}'
+        values: '40 40 40 60x20'
+      - series: 'limiter_upstream_rules{{instance="edge4", trigger="pressure"}}'
+        values: '0 0 0 40x20'
+      - series: 'limiter_upstream_max_rules{{instance="edge4"}}'
+        values: '100x20'
     alert_rule_test:
       - eval_time: 4m
         alertname: LimiterNotAttached
@@ -109,6 +122,26 @@ tests:
             exp_annotations:
               summary: "limiter on edge2: bucket map 95% full"
               description: "Evictions hand returning prefixes a fresh bucket. Raise capacity or coarsen prefixes."
+      - eval_time: 4m
+        alertname: LimiterUpstreamSessionDown
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: LimiterUpstreamSessionDown
+        exp_alerts:
+          - exp_labels: {{ severity: critical, instance: edge4, neighbor: 192.0.2.1 }}
+            exp_annotations:
+              summary: "limiter on edge4: the BGP speaker or a session of it is down"
+              description: "Rules wanted upstream do not reach the transit (the host's own dropping goes on). See `limiter upstream list` and the speaker's log."
+      - eval_time: 7m
+        alertname: LimiterUpstreamRulesAtCap
+        exp_alerts: []
+      - eval_time: 9m
+        alertname: LimiterUpstreamRulesAtCap
+        exp_alerts:
+          - exp_labels: {{ severity: warning, instance: edge4 }}
+            exp_annotations:
+              summary: "limiter on edge4: upstream rules at upstream.max_rules"
+              description: "Further rules are refused (the operator's) or left out (automation's): see limiter_upstream_refused_total and `limiter upstream list`."
       - eval_time: 25m
         alertname: LimiterGroupFileStale
         exp_alerts: []

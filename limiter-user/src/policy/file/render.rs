@@ -61,6 +61,7 @@ impl From<&Policy> for Root {
                 f.store = f.store.iter().map(|a| crate::policy::fleet::redacted(a)).collect();
                 f
             }),
+            upstream: p.upstream.clone(),
             missing_kernel_feature: p.missing_kernel_feature,
         }
     }

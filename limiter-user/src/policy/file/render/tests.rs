@@ -293,6 +293,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     groups,
                     crowdsec: None,
                     fleet,
+                    upstream: None,
                     allow_shrink,
                     missing_kernel_feature: if run_without {
                         crate::policy::kernel::MissingFeature::RunWithout

@@ -1,0 +1,329 @@
+//! The upstream feature: while the policy has an `[upstream]` section, a
+//! [`Book`] of the rules wanted (the operator's over the control socket,
+//! escalation's proven sources, link pressure's top droppers) and the
+//! [`Speaker`] thread that keeps the BGP speaker's routes equal to it.
+//! The loop only edits the book and hands the thread a copy; it never
+//! waits on the speaker.
+
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::feature::{Drain, Feature, InForce};
+use crate::{
+    control::{ErrorCode, Request, Response, StatusInfo},
+    dataplane::Totals,
+    policy::{CostUnit, OverrideAction, upstream::Upstream},
+    series::Series,
+    upstream::{
+        Action, Book, Key, Refusal, Rule, Trigger, UpstreamInfo,
+        series::UpstreamReport,
+        speaker::{Saved, Sending, Speaker},
+    },
+};
+
+/// How long a stop waits for the speaker's withdrawals.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// The feature (nothing while the policy has no `[upstream]`).
+#[derive(Debug)]
+pub(super) struct UpstreamSide {
+    iface: String,
+    on: Option<On>,
+    /// Bytes the interface and the program had received at the last
+    /// second.
+    last_rx: Option<(u64, u64)>,
+    /// Each class's rate in bytes a second, by class index.
+    class_bytes: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct On {
+    book: Book,
+    speaker: Option<Speaker>,
+}
+
+fn sending(s: &Upstream) -> Sending {
+    Sending { shadow: s.shadow, communities: s.communities.clone(), max_changes_per_minute: s.max_changes_per_minute }
+}
+
+/// Stop a speaker thread off the loop (withdrawing its rules when `withdraw`).
+fn stop_aside(speaker: Speaker, withdraw: bool) {
+    let _ = std::thread::Builder::new()
+        .name("limiter-upstream-stop".into())
+        .spawn(move || speaker.stop(withdraw, STOP_WAIT));
+}
+
+impl UpstreamSide {
+    pub(super) fn new(iface: &str) -> Self {
+        Self { iface: iface.to_owned(), on: None, last_rx: None, class_bytes: Vec::new() }
+    }
+
+    /// Start on `spec`: the rules the state file wants and whose time is
+    /// not up, under today's section; the speaker is told what the file
+    /// says it holds (what is no longer wanted is withdrawn).
+    fn start(spec: &Upstream, allowed: Vec<IpNet>) -> On {
+        let saved = Saved::read(&spec.state).unwrap_or_else(|e| {
+            tracing::error!(event = "upstream", "limiter: upstream state unreadable ({e}): starting with no rules; what an earlier run announced is not known");
+            Saved::default()
+        });
+        let mut book = Book::new(spec.clone());
+        book.set(spec.clone(), allowed);
+        let now = crate::clock::unix_now();
+        for r in saved.wanted.into_iter().filter(|r| r.expires > now) {
+            let what = r.describe();
+            if let Err(e) = book.add(r) {
+                tracing::warn!(event = "upstream", "limiter: upstream {what} from the state file not kept: {e}");
+            }
+        }
+        let kept = book.rules().count();
+        tracing::info!(
+            event = "upstream",
+            "limiter: upstream speaker {}: {kept} rule(s) wanted, {} announced by the last run",
+            spec.speaker.display(),
+            saved.announced.len()
+        );
+        let speaker = Speaker::start(
+            &spec.speaker,
+            spec.state.clone(),
+            saved.announced,
+            book.rules().cloned().collect(),
+            sending(spec),
+        );
+        On { book, speaker: Some(speaker) }
+    }
+
+    fn push(&self) {
+        if let Some(on) = &self.on
+            && let Some(s) = &on.speaker
+        {
+            s.want(on.book.rules().cloned().collect(), sending(on.book.spec()));
+        }
+    }
+
+    /// Whether the loop should measure link pressure for it.
+    pub(super) fn wants_pressure(&self) -> bool {
+        self.on.as_ref().is_some_and(|on| on.book.spec().link_capacity > 0)
+    }
+
+    /// Once a second, with link pressure on: the bits received (the
+    /// interface's count, or what the program saw if that is more) and
+    /// the prefixes the program drops most (with their class index).
+    pub(super) fn second(&mut self, totals: &Totals, dropping: &[(IpNet, u8)]) {
+        let Some(on) = &mut self.on else { return };
+        let sysfs = std::fs::read_to_string(format!("/sys/class/net/{}/statistics/rx_bytes", self.iface))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        let seen = totals.passed().bytes + totals.dropped().bytes;
+        let rx = match self.last_rx.replace((sysfs, seen)) {
+            Some((s, x)) => sysfs.saturating_sub(s).max(seen.saturating_sub(x)).saturating_mul(8),
+            None => return,
+        };
+        let packet_bytes = on.book.spec().packet_bytes;
+        let rated: Vec<(IpNet, u64)> = dropping
+            .iter()
+            .map(|(net, class)| {
+                let b = self.class_bytes.get(usize::from(*class)).copied().unwrap_or(0);
+                (*net, if b == 0 { packet_bytes } else { b })
+            })
+            .collect();
+        if on.book.second(crate::clock::unix_now(), rx, &rated) {
+            self.push();
+        }
+    }
+
+    /// Escalation denied a proven source for `ttl` seconds: announced too
+    /// when the policy says `escalate = true`.
+    pub(super) fn escalated(&mut self, cidr: &str, ttl: u64) {
+        let Some(on) = &mut self.on else { return };
+        let Ok(net) = cidr.parse::<IpNet>() else { return };
+        if !on.book.spec().escalate {
+            return;
+        }
+        let now = crate::clock::unix_now();
+        let rule = Rule {
+            key: Key::flow(net),
+            action: Action::Discard,
+            by: Trigger::Escalation,
+            since: now,
+            expires: crate::upstream::expiry(now, ttl),
+        };
+        match on.book.add(rule) {
+            Ok(true) => self.push(),
+            Ok(false) => {}
+            Err(e) => tracing::info!(event = "upstream", "limiter: escalation of {net} not announced upstream: {e}"),
+        }
+    }
+
+    fn info(on: &On) -> UpstreamInfo {
+        let spec = on.book.spec();
+        UpstreamInfo {
+            speaker: spec.speaker.display().to_string(),
+            shadow: spec.shadow,
+            max_rules: spec.max_rules,
+            status: on.speaker.as_ref().map(Speaker::status).unwrap_or_default(),
+            rules: on.book.rules().cloned().collect(),
+            pressure: on.book.pressure,
+        }
+    }
+
+    /// The operator's announcement.
+    fn announce(&mut self, key: Key, rate: Option<u64>, ttl: Option<u64>) -> Response {
+        let Some(on) = &mut self.on else { return no_section() };
+        let now = crate::clock::unix_now();
+        let ttl = ttl.unwrap_or(on.book.spec().ttl.as_secs());
+        let action = rate.map_or(Action::Discard, |bytes_per_sec| Action::RateLimit { bytes_per_sec });
+        let rule = Rule { key, action, by: Trigger::Operator, since: now, expires: crate::upstream::expiry(now, ttl) };
+        let what = rule.describe();
+        match on.book.add(rule) {
+            Ok(_) => {
+                tracing::info!(event = "upstream", "limiter: the operator asks upstream for {what} for {ttl} s");
+                self.push();
+                self.list()
+            }
+            Err(e) => {
+                let code = match e {
+                    Refusal::Cap(_) => ErrorCode::Capped,
+                    Refusal::Protected { .. } | Refusal::Outranked { .. } => ErrorCode::Conflict,
+                    _ => ErrorCode::Refused,
+                };
+                Response::error(code, format!("not announced upstream: {e}"))
+            }
+        }
+    }
+
+    fn list(&self) -> Response {
+        self.on.as_ref().map_or_else(no_section, |on| Response::Upstream(Self::info(on)))
+    }
+}
+
+fn no_section() -> Response {
+    Response::error(ErrorCode::Refused, "the policy has no [upstream] section: nothing is announced upstream")
+}
+
+impl Feature for UpstreamSide {
+    fn apply(&mut self, a: &InForce<'_>) {
+        let p = a.policy;
+        let bytes = |l: &crate::policy::Limit, packet: u64| match l.cost {
+            CostUnit::Packets => l.rate.saturating_mul(packet),
+            CostUnit::Bytes => l.rate,
+        };
+        let allowed: Vec<IpNet> =
+            p.overrides.iter().filter(|o| matches!(o.action, OverrideAction::Allow)).map(|o| o.net).collect();
+        match (&mut self.on, &p.upstream) {
+            (None, None) => {}
+            (Some(_), None) => {
+                tracing::info!(event = "upstream", "limiter: [upstream] removed: withdrawing every rule");
+                if let Some(s) = self.on.take().and_then(|mut on| on.speaker.take()) {
+                    stop_aside(s, true);
+                }
+            }
+            (None, Some(spec)) => self.on = Some(Self::start(spec, allowed)),
+            (Some(on), Some(spec)) => {
+                let old = on.book.spec();
+                if old.speaker != spec.speaker || old.state != spec.state {
+                    if let Some(s) = on.speaker.take() {
+                        stop_aside(s, true);
+                    }
+                    self.on = Some(Self::start(spec, allowed));
+                } else {
+                    on.book.set((**spec).clone(), allowed);
+                    self.push();
+                }
+            }
+        }
+        if let Some(on) = &self.on {
+            let packet = on.book.spec().packet_bytes;
+            self.class_bytes = std::iter::once(&p.default)
+                .chain(p.classes.iter().map(|c| &c.limit))
+                .map(|l| bytes(l, packet))
+                .collect();
+        }
+    }
+
+    fn tick(&mut self) {
+        if let Some(on) = &mut self.on
+            && on.book.expire(crate::clock::unix_now())
+        {
+            self.push();
+        }
+    }
+
+    fn answer(&mut self, req: &Request) -> Option<Response> {
+        Some(match req {
+            Request::UpstreamList => self.list(),
+            Request::UpstreamAnnounce { cidr, blackhole, destination, protocol, rate_limit, ttl_secs } => {
+                let mut key = if *blackhole { Key::blackhole(*cidr) } else { Key::flow(*cidr) };
+                key.dest = destination.map(|d| d.trunc());
+                key.protocol = *protocol;
+                if *blackhole && (key.dest.is_some() || key.protocol.is_some() || rate_limit.is_some()) {
+                    return Some(Response::error(ErrorCode::Refused, "a blackhole is a destination only"));
+                }
+                self.announce(key, *rate_limit, *ttl_secs)
+            }
+            Request::UpstreamWithdraw { cidr } => {
+                let Some(on) = &mut self.on else { return Some(no_section()) };
+                let n = on.book.withdraw(*cidr);
+                if n == 0 && cidr.is_some() {
+                    return Some(Response::error(
+                        ErrorCode::Refused,
+                        format!("no rule of {} is announced", cidr.map(|c| c.to_string()).unwrap_or_default()),
+                    ));
+                }
+                tracing::info!(event = "upstream", "limiter: the operator withdraws {n} upstream rule(s)");
+                self.push();
+                self.list()
+            }
+            _ => return None,
+        })
+    }
+
+    fn status(&self, status: &mut StatusInfo) {
+        status.upstream = self.on.as_ref().map(|on| {
+            let i = Self::info(on);
+            let s = &i.status;
+            let sessions: Vec<String> =
+                s.neighbours.iter().map(|(n, up)| format!("{n} {}", if *up { "up" } else { "DOWN" })).collect();
+            format!(
+                "speaker {} {}{}, sessions: {}; {} rule(s) wanted of {} at most, {} announced, {} pending{}",
+                i.speaker,
+                if s.speaker_up { "up" } else { "DOWN" },
+                if i.shadow { " (shadow: nothing is sent)" } else { "" },
+                if sessions.is_empty() { "none".to_owned() } else { sessions.join(", ") },
+                i.rules.len(),
+                i.max_rules,
+                s.announced,
+                s.pending,
+                if i.pressure.pressured { "; link pressure" } else { "" }
+            )
+        });
+    }
+
+    fn series(&self) -> Option<Box<dyn Series>> {
+        let on = self.on.as_ref()?;
+        let spec = on.book.spec();
+        Some(Box::new(UpstreamReport {
+            status: on.speaker.as_ref().map(Speaker::status).unwrap_or_default(),
+            by_trigger: on.book.by_trigger(),
+            max_rules: spec.max_rules,
+            refused: on.book.refused.clone(),
+            pressure: on.book.pressure,
+            shadow: spec.shadow,
+        }))
+    }
+
+    /// Stop the thread; withdraw everything first when the policy says
+    /// `withdraw_on_stop` (else the rules stay with the speaker and the
+    /// next run takes them up from the state file).
+    fn drain(&mut self) -> Drain<'_> {
+        let Some((speaker, withdraw)) =
+            self.on.as_mut().and_then(|on| Some((on.speaker.take()?, on.book.spec().withdraw_on_stop)))
+        else {
+            return Box::pin(async {});
+        };
+        Box::pin(async move {
+            let _ = tokio::task::spawn_blocking(move || speaker.stop(withdraw, STOP_WAIT)).await;
+        })
+    }
+}

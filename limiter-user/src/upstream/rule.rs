@@ -1,0 +1,236 @@
+//! A rule announced upstream, and its text in ExaBGP's command language.
+
+use std::fmt::Write as _;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// What kind of route a rule is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A FlowSpec rule matching a source network (RFC 8955/8956).
+    Flowspec,
+    /// A route to a destination with the BLACKHOLE community (RFC 7999):
+    /// the transit drops everything sent to it.
+    Blackhole,
+}
+
+/// What the transit is asked to do with what a FlowSpec rule matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "action")]
+pub enum Action {
+    Discard,
+    /// At most this many bytes a second (RFC 8955's traffic-rate).
+    RateLimit {
+        bytes_per_sec: u64,
+    },
+}
+
+/// Who asked for a rule; a higher one is never replaced by a lower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// Link pressure: a prefix the program drops while the link is full.
+    Pressure,
+    /// Escalation of a proven source.
+    Escalation,
+    /// `limiter prefix deny --upstream`, `limiter upstream announce|blackhole`.
+    Operator,
+}
+
+impl Trigger {
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Trigger::Pressure => "pressure",
+            Trigger::Escalation => "escalation",
+            Trigger::Operator => "operator",
+        }
+    }
+}
+
+/// What identifies a route: one rule per key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Key {
+    pub kind: Kind,
+    /// A FlowSpec rule's source, a blackhole's destination.
+    pub net: IpNet,
+    /// A FlowSpec rule's destination, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dest: Option<IpNet>,
+    /// A FlowSpec rule's IP protocol, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u8>,
+}
+
+/// A rule the daemon wants announced.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rule {
+    #[serde(flatten)]
+    pub key: Key,
+    #[serde(flatten)]
+    pub action: Action,
+    pub by: Trigger,
+    /// Unix time it was asked for.
+    pub since: u64,
+    /// Unix time it is withdrawn (a pressure rule's is pushed on while
+    /// the pressure lasts).
+    pub expires: u64,
+}
+
+impl Key {
+    /// A FlowSpec rule on a source network.
+    #[must_use]
+    pub fn flow(net: IpNet) -> Self {
+        Key { kind: Kind::Flowspec, net: net.trunc(), dest: None, protocol: None }
+    }
+
+    /// A blackhole route to a destination.
+    #[must_use]
+    pub fn blackhole(net: IpNet) -> Self {
+        Key { kind: Kind::Blackhole, net: net.trunc(), dest: None, protocol: None }
+    }
+
+    /// Its match, as ExaBGP reads it (`{ source ...; }`) or its prefix.
+    fn nlri(&self) -> String {
+        match self.kind {
+            Kind::Blackhole => self.net.to_string(),
+            Kind::Flowspec => {
+                let mut m = format!("match {{ source {};", self.net);
+                if let Some(d) = self.dest {
+                    let _ = write!(m, " destination {d};");
+                }
+                if let Some(p) = self.protocol {
+                    let _ = write!(m, " protocol ={};", protocol_name(p));
+                }
+                m.push_str(" }");
+                m
+            }
+        }
+    }
+}
+
+/// ExaBGP's name of an IP protocol (it takes names for the common ones).
+fn protocol_name(p: u8) -> String {
+    match p {
+        1 => "icmp".into(),
+        6 => "tcp".into(),
+        17 => "udp".into(),
+        58 => "icmp6".into(),
+        n => n.to_string(),
+    }
+}
+
+/// An IP protocol by name or number (`tcp`, `udp`, `icmp`, `17`).
+#[must_use]
+pub fn protocol(s: &str) -> Option<u8> {
+    match s {
+        "icmp" => Some(1),
+        "tcp" => Some(6),
+        "udp" => Some(17),
+        "icmp6" | "ipv6-icmp" => Some(58),
+        n => n.parse().ok(),
+    }
+}
+
+/// The BLACKHOLE community (RFC 7999).
+pub const BLACKHOLE: &str = "65535:666";
+
+impl Rule {
+    /// The command that announces it, with `communities` added.
+    #[must_use]
+    pub fn announce(&self, communities: &[String]) -> String {
+        format!("announce {}", self.route(communities))
+    }
+
+    /// The command that withdraws it.
+    #[must_use]
+    pub fn withdraw(&self, communities: &[String]) -> String {
+        format!("withdraw {}", self.route(communities))
+    }
+
+    fn route(&self, communities: &[String]) -> String {
+        match self.key.kind {
+            Kind::Flowspec => {
+                let action = match self.action {
+                    Action::Discard => "discard;".to_owned(),
+                    Action::RateLimit { bytes_per_sec } => format!("rate-limit {bytes_per_sec};"),
+                };
+                let c = if communities.is_empty() {
+                    String::new()
+                } else {
+                    format!(" community [{}];", communities.join(" "))
+                };
+                format!("flow route {{ {} then {{ {action}{c} }} }}", self.key.nlri())
+            }
+            Kind::Blackhole => {
+                let mut all = vec![BLACKHOLE.to_owned()];
+                all.extend(communities.iter().cloned());
+                format!("route {} next-hop self community [{}]", self.key.nlri(), all.join(" "))
+            }
+        }
+    }
+
+    /// One line for logs and `limiter upstream list`.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        let what = match (self.key.kind, self.action) {
+            (Kind::Blackhole, _) => format!("blackhole {}", self.key.net),
+            (Kind::Flowspec, a) => {
+                let mut s = format!("flowspec source {}", self.key.net);
+                if let Some(d) = self.key.dest {
+                    let _ = write!(s, " destination {d}");
+                }
+                if let Some(p) = self.key.protocol {
+                    let _ = write!(s, " protocol {}", protocol_name(p));
+                }
+                match a {
+                    Action::Discard => s.push_str(" discard"),
+                    Action::RateLimit { bytes_per_sec } => {
+                        let _ = write!(s, " rate-limit {bytes_per_sec} B/s");
+                    }
+                }
+                s
+            }
+        };
+        format!("{what} ({})", self.by.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(key: Key, action: Action) -> Rule {
+        Rule { key, action, by: Trigger::Operator, since: 1, expires: 2 }
+    }
+
+    /// The commands are ExaBGP's own syntax (the daemon tier's BIRD sees
+    /// what they announce); the network is its own prefix, never an
+    /// address with host bits.
+    #[test]
+    fn commands_name_the_match_and_the_action() {
+        let r = rule(Key::flow("198.18.80.7/24".parse().unwrap()), Action::Discard);
+        assert_eq!(r.announce(&[]), "announce flow route { match { source 198.18.80.0/24; } then { discard; } }");
+        let mut k = Key::flow("2001:2:80::/48".parse().unwrap());
+        k.dest = Some("2001:2:90::1/128".parse().unwrap());
+        k.protocol = protocol("udp");
+        let r = rule(k, Action::RateLimit { bytes_per_sec: 1500 });
+        assert_eq!(
+            r.withdraw(&["64500:1".into()]),
+            "withdraw flow route { match { source 2001:2:80::/48; destination 2001:2:90::1/128; protocol =udp; } \
+             then { rate-limit 1500; community [64500:1]; } }"
+        );
+        let b = rule(Key::blackhole("198.18.90.1/32".parse().unwrap()), Action::Discard);
+        assert_eq!(b.announce(&[]), "announce route 198.18.90.1/32 next-hop self community [65535:666]");
+    }
+
+    /// A rule survives the state file as written.
+    #[test]
+    fn a_rule_round_trips_through_json() {
+        let r = rule(Key::flow("198.18.80.0/24".parse().unwrap()), Action::RateLimit { bytes_per_sec: 9 });
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<Rule>(&text).unwrap(), r);
+    }
+}
