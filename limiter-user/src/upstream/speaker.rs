@@ -26,6 +26,9 @@ use super::{
 
 /// Between two checks of the speaker.
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Between two reads of what the speaker holds (`show adj-rib out`, up
+/// to 1.5 MB with 10,000 rules), unless it was just found back.
+pub const RIB_EVERY: Duration = Duration::from_secs(5);
 /// One command's deadline.
 const DEADLINE: Duration = Duration::from_secs(2);
 
@@ -90,6 +93,7 @@ impl Speaker {
             sent: VecDeque::new(),
             status: Arc::clone(&status),
             last_check: None,
+            last_rib: None,
             dirty: true,
         };
         let thread = std::thread::Builder::new()
@@ -134,6 +138,8 @@ struct Worker {
     sent: VecDeque<Instant>,
     status: Arc<Mutex<Status>>,
     last_check: Option<Instant>,
+    /// When what the speaker holds was last read.
+    last_rib: Option<Instant>,
     /// The state file is behind.
     dirty: bool,
 }
@@ -204,6 +210,8 @@ impl Worker {
                 let was_up = self.status.lock().is_ok_and(|s| s.speaker_up);
                 if !was_up {
                     tracing::info!(event = "upstream", "limiter: upstream speaker answers ({} neighbour(s))", n.len());
+                    // Back (or new): what it holds is read at once.
+                    self.last_rib = None;
                 }
                 self.set(|s| {
                     s.speaker_up = true;
@@ -222,9 +230,10 @@ impl Worker {
                 return;
             }
         }
-        if self.announced.is_empty() {
+        if self.announced.is_empty() || self.last_rib.is_some_and(|t| t.elapsed() < RIB_EVERY) {
             return;
         }
+        self.last_rib = Some(Instant::now());
         match self.pipe.ask("show adj-rib out", DEADLINE) {
             Ok(rib) if routes(&rib) < self.announced.len() => {
                 let lost = self.announced.len() - routes(&rib);

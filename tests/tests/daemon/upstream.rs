@@ -81,7 +81,7 @@ fn the_operators_rules_reach_the_router_and_leave_it_and_survive_restarts() {
     let net = VethPair::new("upd");
     let dir = TempDir::new("upstream");
     let socket = unique_socket("up");
-    let policy = policy(&dir.0, &bgp, "198.18.40.0/24", "");
+    let policy = policy(&dir.0, &bgp, "198.18.40.0/24", "communities = [\"64500:100\"]\n");
     let daemon = run(&net, &policy, &socket);
     assert!(bgp.wait_established(SESSION), "no session\n{}", bgp.exabgp_log());
 
@@ -98,8 +98,10 @@ fn the_operators_rules_reach_the_router_and_leave_it_and_survive_restarts() {
     let table = v4(&bgp);
     println!("deny --upstream in BIRD's flow4 {} ms after the command began:\n{table}", asked.elapsed().as_millis());
     assert_eq!(routes(&table), ["flow4 { src 198.18.80.0/24; }"], "{table}");
-    // The action: traffic-rate 0, which is discard (RFC 8955).
+    // The action: traffic-rate 0, which is discard (RFC 8955); the
+    // policy's community.
     assert!(table.contains("(generic, 0x80060000, 0x0)"), "{table}");
+    assert!(table.contains("BGP.community: (64500,100)"), "{table}");
     // Denied here as well.
     assert!(ok(&scenario::cli(&socket, &["prefix", "list"])).contains("198.18.80.0/24"));
 
@@ -205,7 +207,7 @@ fn the_operators_rules_reach_the_router_and_leave_it_and_survive_restarts() {
 }
 
 /// Shadow mode logs and sends nothing; the change budget holds what is
-/// past it, and a withdrawal of what is pending never reaches the router.
+/// past it; the cap refuses the operator's rule past it.
 #[test]
 fn shadow_mode_sends_nothing_and_the_change_budget_holds_the_rest() {
     let _alone = limiter_tests::alone(module_path!());
@@ -215,7 +217,9 @@ fn shadow_mode_sends_nothing_and_the_change_budget_holds_the_rest() {
     let dir = TempDir::new("upstream-shadow");
     let socket = unique_socket("sh");
     let policy = policy(&dir.0, &bgp, "198.18.40.0/24", "shadow = true\n");
-    let text = std::fs::read_to_string(&policy).unwrap().replace("max_changes_per_minute = 600", "max_changes_per_minute = 3");
+    let text = std::fs::read_to_string(&policy)
+        .unwrap()
+        .replace("max_changes_per_minute = 600", "max_changes_per_minute = 3\nmax_rules = 4");
     std::fs::write(&policy, &text).unwrap();
     let (_daemon, log) = run(&net, &policy, &socket);
     assert!(bgp.wait_established(SESSION), "no session\n{}", bgp.exabgp_log());
@@ -243,6 +247,9 @@ fn shadow_mode_sends_nothing_and_the_change_budget_holds_the_rest() {
     assert_eq!(routes(&v4(&bgp)).len(), 3, "past the budget\n{}", v4(&bgp));
     assert_eq!((l["rules"].as_array().unwrap().len(), l["status"]["pending"].as_u64()), (4, Some(1)), "{l}");
     assert_eq!(l["status"]["announced"], 3, "{l}");
+    // At `max_rules`, the operator's next rule is refused, and says why.
+    let e = refused(&scenario::cli(&socket, &["upstream", "announce", "198.18.89.0/24"]));
+    assert!(e.contains("max_rules"), "{e}");
 }
 
 #[test]
