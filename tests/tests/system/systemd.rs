@@ -28,8 +28,8 @@ fn the_unit_asks_for_least_privilege_and_reloads_by_sighup() {
     let _alone = limiter_tests::alone(module_path!());
     let u = unit();
     assert_eq!(value(&u, "Type"), "notify");
-    assert_eq!(value(&u, "CapabilityBoundingSet"), "CAP_BPF CAP_NET_ADMIN");
-    assert_eq!(value(&u, "AmbientCapabilities"), "CAP_BPF CAP_NET_ADMIN");
+    assert_eq!(value(&u, "CapabilityBoundingSet"), "CAP_BPF CAP_PERFMON CAP_NET_ADMIN");
+    assert_eq!(value(&u, "AmbientCapabilities"), "CAP_BPF CAP_PERFMON CAP_NET_ADMIN");
     assert_eq!(value(&u, "NoNewPrivileges"), "yes");
     assert_eq!(value(&u, "ProtectSystem"), "strict");
     assert_eq!(value(&u, "ExecReload"), "/bin/kill -HUP $MAINPID");
@@ -80,7 +80,17 @@ fn exec_start_runs_as_written_and_notifies_ready() {
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
 
-    let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
+    // Under the unit's capabilities only (root keeps its uid, as in the
+    // unit) and NoNewPrivileges, through util-linux's setpriv: a program
+    // the verifier refuses to a loader without CAP_PERFMON fails here.
+    let caps: Vec<String> = value(&unit(), "CapabilityBoundingSet")
+        .split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    let set = format!("-all,{}", caps.join(","));
+    let mut c = net.b.net_command("setpriv");
+    c.args(["--no-new-privs", "--bounding-set", &set, "--inh-caps", &set, "--ambient-caps", &set]);
+    c.arg(scenario::locate_bin("limiter").unwrap());
     c.args(&args).env("NOTIFY_SOCKET", &notify_path).stderr(Stdio::inherit());
     let (daemon, rx) = spawn_lines(c).unwrap();
     let mut buf = [0u8; 64];
