@@ -83,13 +83,9 @@ impl UpstreamSide {
             spec.speaker.display(),
             saved.announced.len()
         );
-        let speaker = Speaker::start(
-            &spec.speaker,
-            spec.state.clone(),
-            saved.announced,
-            book.rules().cloned().collect(),
-            sending(spec),
-        );
+        let given = Saved { wanted: Vec::new(), announced: saved.announced, communities: saved.communities };
+        let speaker =
+            Speaker::start(&spec.speaker, spec.state.clone(), given, book.rules().cloned().collect(), sending(spec));
         On { book, speaker: Some(speaker) }
     }
 

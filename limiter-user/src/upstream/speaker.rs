@@ -9,7 +9,7 @@
 //! loop never waits on the speaker.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     path::{Path, PathBuf},
     sync::{Arc, Mutex, mpsc},
     thread::JoinHandle,
@@ -77,17 +77,25 @@ pub struct Speaker {
 
 impl Speaker {
     /// Start the thread for the speaker at `pipe`, keeping `state`; the
-    /// speaker holds `announced` as far as the daemon knows, and is to
-    /// hold `wanted`.
+    /// speaker holds what `saved` says was announced as far as the daemon
+    /// knows, and is to hold `wanted`.
     #[must_use]
-    pub fn start(pipe: &Path, state: PathBuf, announced: Vec<Rule>, wanted: Vec<Rule>, sending: Sending) -> Self {
+    pub fn start(pipe: &Path, state: PathBuf, saved: Saved, wanted: Vec<Rule>, sending: Sending) -> Self {
         let (tx, rx) = mpsc::channel();
         let status = Arc::new(Mutex::new(Status::default()));
         let worker = Worker {
             pipe: Pipe::new(pipe),
             state,
             wanted: wanted.into_iter().map(|r| (r.key, r)).collect(),
-            announced: announced.into_iter().map(|r| (r.key, r)).collect(),
+            // Routes given with other communities than the policy's now
+            // are given again.
+            stale: if saved.communities == sending.communities {
+                BTreeSet::new()
+            } else {
+                saved.announced.iter().map(|r| r.key).collect()
+            },
+            announced_with: saved.communities,
+            announced: saved.announced.into_iter().map(|r| (r.key, r)).collect(),
             shadowed: BTreeMap::new(),
             sending,
             sent: VecDeque::new(),
@@ -131,6 +139,10 @@ struct Worker {
     state: PathBuf,
     wanted: BTreeMap<Key, Rule>,
     announced: BTreeMap<Key, Rule>,
+    /// Announced routes that carry communities other than the policy's.
+    stale: BTreeSet<Key>,
+    /// The communities the announced routes carry (those not stale).
+    announced_with: Vec<String>,
     /// What shadow mode would have announced.
     shadowed: BTreeMap<Key, Rule>,
     sending: Sending,
@@ -156,6 +168,9 @@ impl Worker {
             loop {
                 match msg {
                     Ok(Msg::Want(rules, sending)) => {
+                        if sending.communities != self.sending.communities {
+                            self.stale = self.announced.keys().copied().collect();
+                        }
                         self.wanted = rules.into_iter().map(|r| (r.key, r)).collect();
                         self.sending = sending;
                         self.dirty = true;
@@ -274,8 +289,11 @@ impl Worker {
         let wanted = if shadow { BTreeMap::new() } else { self.wanted.clone() };
         let gone: Vec<Rule> =
             self.announced.values().filter(|r| !wanted.get(&r.key).is_some_and(|w| same(w, r))).cloned().collect();
-        let new: Vec<Rule> =
-            wanted.values().filter(|w| !self.announced.get(&w.key).is_some_and(|r| same(w, r))).cloned().collect();
+        let new: Vec<Rule> = wanted
+            .values()
+            .filter(|w| self.stale.contains(&w.key) || !self.announced.get(&w.key).is_some_and(|r| same(w, r)))
+            .cloned()
+            .collect();
         let mut pending = 0;
         if up || force {
             let c = self.sending.communities.clone();
@@ -293,6 +311,7 @@ impl Worker {
                     Ok(_) => {
                         tracing::info!(event = "upstream", "limiter: withdrew upstream {}", r.describe());
                         self.announced.remove(&r.key);
+                        self.stale.remove(&r.key);
                         self.dirty = true;
                         self.set(|s| s.withdrawals += 1);
                     }
@@ -312,6 +331,10 @@ impl Worker {
                 match self.pipe.ask(&r.announce(&c), DEADLINE) {
                     Ok(_) => {
                         tracing::info!(event = "upstream", "limiter: announced upstream {}", r.describe());
+                        if self.stale.remove(&r.key) {
+                            // The file says which communities they carry.
+                            self.dirty = true;
+                        }
                         self.set(|s| s.announcements += 1);
                     }
                     Err(e) => {
@@ -361,9 +384,13 @@ impl Worker {
         if !self.dirty {
             return;
         }
+        if self.stale.is_empty() {
+            self.announced_with.clone_from(&self.sending.communities);
+        }
         let saved = Saved {
             wanted: self.wanted.values().cloned().collect(),
             announced: self.announced.values().cloned().collect(),
+            communities: self.announced_with.clone(),
         };
         match saved.write(&self.state) {
             Ok(()) => self.dirty = false,

@@ -13,6 +13,9 @@ use super::rule::Rule;
 pub struct Saved {
     pub wanted: Vec<Rule>,
     pub announced: Vec<Rule>,
+    /// The communities the announced routes carry.
+    #[serde(default)]
+    pub communities: Vec<String>,
 }
 
 /// The most a state file may be.
@@ -63,9 +66,11 @@ mod tests {
             since: 1,
             expires: 9,
         };
-        Saved { wanted: vec![r.clone()], announced: vec![r.clone()] }.write(&path).unwrap();
+        Saved { wanted: vec![r.clone()], announced: vec![r.clone()], communities: vec!["64500:1".into()] }
+            .write(&path)
+            .unwrap();
         let back = Saved::read(&path).unwrap();
-        assert_eq!((back.wanted, back.announced), (vec![r.clone()], vec![r]));
+        assert_eq!((back.wanted, back.announced, back.communities), (vec![r.clone()], vec![r], vec!["64500:1".into()]));
         std::fs::write(&path, "{\"wanted\": 7}").unwrap();
         assert!(Saved::read(&path).is_err());
         std::fs::remove_dir_all(&dir).unwrap();

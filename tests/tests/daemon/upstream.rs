@@ -74,6 +74,7 @@ fn until(bgp: &Bgp, within: Duration, cond: impl Fn(&Bgp) -> bool) -> Option<Dur
 }
 
 #[test]
+#[expect(clippy::too_many_lines, reason = "one router through every step: each step starts from the state the last left")]
 fn the_operators_rules_reach_the_router_and_leave_it_and_survive_restarts() {
     let _alone = limiter_tests::alone(module_path!());
     require_root();
@@ -180,9 +181,16 @@ fn the_operators_rules_reach_the_router_and_leave_it_and_survive_restarts() {
 
     // The policy allows blackholing: the operator's blackhole reaches the
     // router's unicast table with the BLACKHOLE community.
-    let text = std::fs::read_to_string(&policy).unwrap() + "rtbh = true\n";
+    // A new community is given to the routes already announced.
+    let text = std::fs::read_to_string(&policy).unwrap().replace("64500:100", "64500:200") + "rtbh = true\n";
     std::fs::write(&policy, text).unwrap();
     ok(&scenario::cli(&socket, &["policy", "apply"]));
+    let renewed = until(&bgp, Duration::from_secs(10), |b| {
+        let t = v4(b);
+        t.matches("BGP.community: (64500,200)").count() == 2 && !t.contains("(64500,100)")
+    });
+    assert!(renewed.is_some(), "the routes keep the old community\n{}", v4(&bgp));
+    assert!(v6(&bgp).contains("BGP.community: (64500,200)"), "{}", v6(&bgp));
     ok(&scenario::cli(&socket, &["upstream", "blackhole", "198.18.90.1/32", "--ttl", "1h"]));
     let bh = until(&bgp, Duration::from_secs(10), |b| b.birdc("show route all 198.18.90.1/32").contains("(65535,666)"));
     assert!(bh.is_some(), "{}", bgp.birdc("show route all"));
