@@ -13,6 +13,7 @@ pub mod rule;
 pub mod series;
 pub mod speaker;
 mod state;
+mod status;
 
 use std::collections::BTreeMap;
 

@@ -16,13 +16,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::{Deserialize, Serialize};
-
-pub use super::state::Saved;
 use super::{
     exabgp::{Pipe, PipeError, neighbours, routes},
     rule::{Key, Rule},
 };
+pub use super::{state::Saved, status::Status};
 
 /// Between two checks of the speaker.
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -40,26 +38,6 @@ pub struct Sending {
     pub communities: Vec<String>,
     /// Announcements and withdrawals in any 60 s.
     pub max_changes_per_minute: u32,
-}
-
-/// What the thread last found and did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Status {
-    /// The speaker answered its last check.
-    pub speaker_up: bool,
-    /// Each neighbour of the speaker and whether its session is up.
-    pub neighbours: Vec<(String, bool)>,
-    /// Rules the speaker holds for the daemon.
-    pub announced: usize,
-    /// Rules wanted and not yet sent (the change budget, the speaker down).
-    pub pending: usize,
-    pub announcements: u64,
-    pub withdrawals: u64,
-    /// Commands the speaker refused or did not answer.
-    pub failures: u64,
-    /// Times the speaker was found without what it had been given.
-    pub reannounced: u64,
-    pub last_error: Option<String>,
 }
 
 enum Msg {
