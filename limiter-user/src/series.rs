@@ -24,6 +24,36 @@ pub fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> s
     ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
 }
 
+/// A gauge family with one label: a sample per `(label value, value)`.
+pub fn gauges<'a>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    samples: impl IntoIterator<Item = (&'a str, i64)>,
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (value, v) in samples {
+        ConstGauge::new(v).encode(m.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
+
+/// A counter family with one label: a sample per `(label value, count)`.
+pub fn counters<'a>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    samples: impl IntoIterator<Item = (&'a str, u64)>,
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (value, n) in samples {
+        ConstCounter::new(n).encode(m.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
+
 /// A count as a gauge's value (saturating).
 #[must_use]
 pub fn clamp(v: u64) -> i64 {

@@ -1,11 +1,9 @@
 //! `limiter upstream list|announce|blackhole|withdraw`.
 
-use std::fmt::Write as _;
-
 use crate::{
     cli::UpstreamCommand,
     control::{Request, client::Client},
-    upstream::{Action, Kind, UpstreamInfo},
+    upstream::UpstreamInfo,
 };
 
 pub fn upstream(cmd: &UpstreamCommand, client: Client, json: bool) -> anyhow::Result<()> {
@@ -71,22 +69,6 @@ fn print(i: &UpstreamInfo) {
     }
     let now = crate::clock::unix_now();
     for r in &i.rules {
-        let kind = match r.key.kind {
-            Kind::Flowspec => "flowspec",
-            Kind::Blackhole => "blackhole",
-        };
-        let action = match (r.key.kind, r.action) {
-            (Kind::Blackhole, _) => "blackhole".to_owned(),
-            (_, Action::Discard) => "discard".to_owned(),
-            (_, Action::RateLimit { bytes_per_sec }) => format!("rate-limit {bytes_per_sec} B/s"),
-        };
-        let mut m = r.key.net.to_string();
-        if let Some(d) = r.key.dest {
-            let _ = write!(m, " -> {d}");
-        }
-        if let Some(p) = r.key.protocol {
-            let _ = write!(m, " proto {p}");
-        }
-        println!("{kind:<9} {m:<40} {action:<24} by {:<10} {} s left", r.by.name(), r.expires.saturating_sub(now));
+        println!("{}, {} s left", r.describe(), r.expires.saturating_sub(now));
     }
 }

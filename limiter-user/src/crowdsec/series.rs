@@ -1,12 +1,9 @@
 //! The CrowdSec pulls' series.
 
-use prometheus_client::{
-    encoding::{DescriptorEncoder, EncodeMetric as _},
-    metrics::{MetricType, counter::ConstCounter},
-};
+use prometheus_client::encoding::DescriptorEncoder;
 
 use super::Status;
-use crate::series::{Series, clamp, gauge};
+use crate::series::{Series, clamp, counters, gauge};
 
 /// The pulls, and what the policy state left out.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -31,23 +28,19 @@ impl Series for Report {
             "Unix time of the last pull of the decision stream that succeeded (0: none yet).",
             clamp(s.last_ok),
         )?;
-        let mut m = enc.encode_descriptor(
+        counters(
+            enc,
             "limiter_crowdsec_pulls",
             "Pulls of the decision stream by result (while they fail, the decisions in force stay).",
-            None,
-            MetricType::Counter,
+            "result",
+            [("ok", s.pulls), ("failed", s.failures)],
         )?;
-        ConstCounter::new(s.pulls).encode(m.encode_family(&[("result", "ok")])?)?;
-        ConstCounter::new(s.failures).encode(m.encode_family(&[("result", "failed")])?)?;
-        let mut m = enc.encode_descriptor(
+        counters(
+            enc,
             "limiter_crowdsec_decisions",
             "Decisions the stream brought, by kind (new, deleted), and those left out (a cap, a width rule, a filter).",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(s.new).encode(m.encode_family(&[("kind", "new")])?)?;
-        ConstCounter::new(s.deleted).encode(m.encode_family(&[("kind", "deleted")])?)?;
-        ConstCounter::new(self.left_out).encode(m.encode_family(&[("kind", "left_out")])?)?;
-        Ok(())
+            "kind",
+            [("new", s.new), ("deleted", s.deleted), ("left_out", self.left_out)],
+        )
     }
 }

@@ -186,7 +186,8 @@ impl Daemon {
                 _ = drain.tick() => self.observer.drain_drop_events(),
                 _ = second.tick() => {
                     let cookies = !self.view.syn_cookies.is_empty();
-                    self.observer.tick_second(&self.dp.maps.totals()?, cookies);
+                    let totals = self.dp.maps.totals()?;
+                    self.observer.tick_second(&totals, cookies);
                     if !self.view.groups.is_empty() {
                         self.observer.tick_groups(self.dp.maps.counters.group_hits(self.view.groups.len())?);
                     }
@@ -196,12 +197,9 @@ impl Daemon {
                     // The daemon's own decider reads the loop's counters:
                     // its decisions join the path here.
                     for (cidr, ttl, reason) in self.observer.escalations(self.view.escalate) {
-                        if let Some(up) = self.features.get_mut::<upstream::UpstreamSide>() {
-                            up.escalated(&cidr, ttl);
-                        }
                         self.decide(Decision::Told(Change::Penalty { cidr, ttl, reason, by: Decider::Escalation }));
                     }
-                    self.link_pressure()?;
+                    self.link_pressure(&totals);
                     self.features.tick();
                 }
                 // Every decider, one arm (see `decision.rs`): a source's
@@ -226,24 +224,19 @@ impl Daemon {
     }
 
     /// Once a second, when `[upstream]` watches the link: what it
-    /// received and the prefixes the program drops most.
-    fn link_pressure(&mut self) -> anyhow::Result<()> {
-        if !self.features.get::<upstream::UpstreamSide>().is_some_and(upstream::UpstreamSide::wants_pressure) {
-            return Ok(());
-        }
-        self.observer.drain_drop_events();
-        let totals = self.dp.maps.totals()?;
+    /// received (this second's `totals`) and the prefixes the program
+    /// drops most, as many as it announces.
+    fn link_pressure(&mut self, totals: &crate::dataplane::Totals) {
+        let Some(up) = self.features.get_mut::<upstream::UpstreamSide>() else { return };
+        let Some(top) = up.pressure_prefixes() else { return };
         let dropping: Vec<(ipnet::IpNet, u8)> = self
             .observer
             .top
-            .offenders(crate::clock::unix_now(), 100)
+            .offenders(crate::clock::unix_now(), top)
             .into_iter()
             .map(|(k, _)| (crate::dataplane::net(&k), k.class))
             .collect();
-        if let Some(up) = self.features.get_mut::<upstream::UpstreamSide>() {
-            up.second(&totals, &dropping);
-        }
-        Ok(())
+        up.second(totals, &dropping);
     }
 
     /// The lines printed once the program is attached.
@@ -371,6 +364,14 @@ impl Daemon {
             Change::Expire => {
                 self.reloads.expired(result, version);
                 None
+            }
+            // Escalation's denial, in force here: announced upstream too
+            // when the policy asks (a refused one never is).
+            Change::Penalty { cidr, ttl, by: Decider::Escalation, .. } if result.is_ok() => {
+                if let Some(up) = self.features.get_mut::<upstream::UpstreamSide>() {
+                    up.escalated(&cidr, ttl);
+                }
+                Some(self.reloads.changed(result, version))
             }
             Change::Source(c) => {
                 c.report(&result);

@@ -67,8 +67,7 @@ impl UpstreamSide {
             tracing::error!(event = "upstream", "limiter: upstream state unreadable ({e}): starting with no rules; what an earlier run announced is not known");
             Saved::default()
         });
-        let mut book = Book::new(spec.clone());
-        book.set(spec.clone(), allowed);
+        let mut book = Book::new(spec.clone(), allowed);
         let now = crate::clock::unix_now();
         for r in saved.wanted.into_iter().filter(|r| r.expires > now) {
             let what = r.describe();
@@ -97,9 +96,10 @@ impl UpstreamSide {
         }
     }
 
-    /// Whether the loop should measure link pressure for it.
-    pub(super) fn wants_pressure(&self) -> bool {
-        self.on.as_ref().is_some_and(|on| on.book.spec().link_capacity > 0)
+    /// With link pressure on: how many of the top dropping prefixes the
+    /// loop is to hand it each second.
+    pub(super) fn pressure_prefixes(&self) -> Option<usize> {
+        self.on.as_ref().map(|on| on.book.spec()).filter(|s| s.link_capacity > 0).map(|s| s.pressure_prefixes)
     }
 
     /// Once a second, with link pressure on: the bits received (the

@@ -93,15 +93,12 @@ fn overlap(a: &IpNet, b: &IpNet) -> bool {
 }
 
 impl Book {
+    /// The book of `spec`, protecting `never` and `allowed` (the
+    /// policy's and the operator's allows).
     #[must_use]
-    pub fn new(spec: Upstream) -> Self {
-        Self {
-            spec,
-            rules: BTreeMap::new(),
-            protected: Vec::new(),
-            pressure: Pressure::default(),
-            refused: BTreeMap::new(),
-        }
+    pub fn new(spec: Upstream, allowed: Vec<IpNet>) -> Self {
+        let protected = spec.never.iter().copied().chain(allowed).collect();
+        Self { spec, rules: BTreeMap::new(), protected, pressure: Pressure::default(), refused: BTreeMap::new() }
     }
 
     #[must_use]
@@ -118,9 +115,9 @@ impl Book {
     /// the operator's allows): rules they no longer permit are dropped,
     /// each named in the log.
     pub fn set(&mut self, spec: Upstream, allowed: Vec<IpNet>) {
-        self.protected = spec.never.iter().copied().chain(allowed).collect();
-        self.spec = spec;
         let rules = std::mem::take(&mut self.rules);
+        let (pressure, refused) = (self.pressure, std::mem::take(&mut self.refused));
+        *self = Self { pressure, refused, ..Self::new(spec, allowed) };
         for r in rules.into_values() {
             if let Err(e) = self.check(&r) {
                 tracing::warn!(event = "upstream", "limiter: upstream {} no longer announced: {e}", r.describe());

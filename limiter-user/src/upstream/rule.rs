@@ -111,27 +111,18 @@ impl Key {
     }
 }
 
-/// ExaBGP's name of an IP protocol (it takes names for the common ones).
+/// The IP protocols ExaBGP names (it takes a number for the others).
+const PROTOCOLS: [(&str, u8); 4] = [("icmp", 1), ("tcp", 6), ("udp", 17), ("icmp6", 58)];
+
+/// ExaBGP's name of an IP protocol, or its number.
 fn protocol_name(p: u8) -> String {
-    match p {
-        1 => "icmp".into(),
-        6 => "tcp".into(),
-        17 => "udp".into(),
-        58 => "icmp6".into(),
-        n => n.to_string(),
-    }
+    PROTOCOLS.iter().find(|(_, n)| *n == p).map_or_else(|| p.to_string(), |(name, _)| (*name).to_owned())
 }
 
 /// An IP protocol by name or number (`tcp`, `udp`, `icmp`, `17`).
 #[must_use]
 pub fn protocol(s: &str) -> Option<u8> {
-    match s {
-        "icmp" => Some(1),
-        "tcp" => Some(6),
-        "udp" => Some(17),
-        "icmp6" | "ipv6-icmp" => Some(58),
-        n => n.parse().ok(),
-    }
+    PROTOCOLS.iter().find(|(name, _)| *name == s).map(|(_, n)| *n).or_else(|| s.parse().ok())
 }
 
 /// The BLACKHOLE community (RFC 7999).
@@ -172,7 +163,8 @@ impl Rule {
         }
     }
 
-    /// One line for logs and `limiter upstream list`.
+    /// One line for logs and `limiter upstream list`: the route, its
+    /// action and who asked for it.
     #[must_use]
     pub fn describe(&self) -> String {
         let what = match (self.key.kind, self.action) {
@@ -194,7 +186,7 @@ impl Rule {
                 s
             }
         };
-        format!("{what} ({})", self.by.name())
+        format!("{what} by {}", self.by.name())
     }
 }
 

@@ -2,13 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use prometheus_client::{
-    encoding::{DescriptorEncoder, EncodeMetric as _},
-    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
-};
+use prometheus_client::encoding::DescriptorEncoder;
 
 use super::{Pressure, Trigger, speaker::Status};
-use crate::series::{Series, clamp, counter, gauge};
+use crate::series::{Series, clamp, counter, counters, gauge, gauges};
 
 /// What the upstream feature reports at a scrape.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,24 +27,20 @@ impl Series for UpstreamReport {
             "1 while the BGP speaker answers on its pipes.",
             i64::from(s.speaker_up),
         )?;
-        let mut m = enc.encode_descriptor(
+        gauges(
+            enc,
             "limiter_upstream_session_up",
             "1 while the speaker's BGP session with the neighbour is established.",
-            None,
-            MetricType::Gauge,
+            "neighbor",
+            s.neighbours.iter().map(|(n, up)| (n.as_str(), i64::from(*up))),
         )?;
-        for (n, up) in &s.neighbours {
-            ConstGauge::new(i64::from(*up)).encode(m.encode_family(&[("neighbor", n.as_str())])?)?;
-        }
-        let mut m = enc.encode_descriptor(
+        gauges(
+            enc,
             "limiter_upstream_rules",
             "Rules wanted announced upstream, by trigger (operator, escalation, pressure).",
-            None,
-            MetricType::Gauge,
+            "trigger",
+            self.by_trigger.iter().map(|(t, n)| (t.name(), clamp(*n as u64))),
         )?;
-        for (t, n) in self.by_trigger {
-            ConstGauge::new(clamp(n as u64)).encode(m.encode_family(&[("trigger", t.name())])?)?;
-        }
         gauge(
             enc,
             "limiter_upstream_max_rules",
@@ -72,15 +65,13 @@ impl Series for UpstreamReport {
             "1 while upstream.shadow: rules are logged, not announced.",
             i64::from(self.shadow),
         )?;
-        let mut m = enc.encode_descriptor(
+        counters(
+            enc,
             "limiter_upstream_changes",
             "Announcements and withdrawals the speaker took.",
-            None,
-            MetricType::Counter,
+            "change",
+            [("announce", s.announcements), ("withdraw", s.withdrawals)],
         )?;
-        for (change, n) in [("announce", s.announcements), ("withdraw", s.withdrawals)] {
-            ConstCounter::new(n).encode(m.encode_family(&[("change", change)])?)?;
-        }
         counter(enc, "limiter_upstream_failures", "Commands the speaker refused or did not answer.", s.failures)?;
         counter(
             enc,
@@ -88,15 +79,13 @@ impl Series for UpstreamReport {
             "Times the speaker was found without routes it had been given (a restart) and given them again.",
             s.reannounced,
         )?;
-        let mut m = enc.encode_descriptor(
+        counters(
+            enc,
             "limiter_upstream_refused",
             "Rules not announced, by reason (protected, too_wide, cap, not_allowed, outranked).",
-            None,
-            MetricType::Counter,
+            "reason",
+            self.refused.iter().map(|(reason, n)| (*reason, *n)),
         )?;
-        for (reason, n) in &self.refused {
-            ConstCounter::new(*n).encode(m.encode_family(&[("reason", *reason)])?)?;
-        }
         let p = &self.pressure;
         gauge(
             enc,

@@ -61,7 +61,7 @@ impl Speaker {
     pub fn start(pipe: &Path, state: PathBuf, saved: Saved, wanted: Vec<Rule>, sending: Sending) -> Self {
         let (tx, rx) = mpsc::channel();
         let status = Arc::new(Mutex::new(Status::default()));
-        let worker = Worker {
+        let mut worker = Worker {
             pipe: Pipe::new(pipe),
             state,
             wanted: wanted.into_iter().map(|r| (r.key, r)).collect(),
@@ -82,6 +82,9 @@ impl Speaker {
             last_rib: None,
             dirty: true,
         };
+        if worker.sending.shadow {
+            worker.log_shadow();
+        }
         let thread = std::thread::Builder::new()
             .name("limiter-upstream".into())
             .spawn(move || worker.run(&rx))
@@ -152,6 +155,11 @@ impl Worker {
                         self.wanted = rules.into_iter().map(|r| (r.key, r)).collect();
                         self.sending = sending;
                         self.dirty = true;
+                        if self.sending.shadow {
+                            self.log_shadow();
+                        } else {
+                            self.shadowed.clear();
+                        }
                     }
                     Ok(Msg::Stop { withdraw, done }) => {
                         if withdraw {
@@ -259,14 +267,12 @@ impl Worker {
 
     /// Send what differs between what is wanted and what is announced.
     fn sync(&mut self, force: bool) {
-        let shadow = self.sending.shadow;
-        if shadow {
-            self.log_shadow();
-        }
         let up = self.status.lock().is_ok_and(|s| s.speaker_up);
-        let wanted = if shadow { BTreeMap::new() } else { self.wanted.clone() };
-        let gone: Vec<Rule> =
-            self.announced.values().filter(|r| !wanted.get(&r.key).is_some_and(|w| same(w, r))).cloned().collect();
+        let none = BTreeMap::new();
+        let wanted = if self.sending.shadow { &none } else { &self.wanted };
+        // A route still wanted with another action is announced again (it
+        // replaces the old one), not withdrawn.
+        let gone: Vec<Rule> = self.announced.values().filter(|r| !wanted.contains_key(&r.key)).cloned().collect();
         let new: Vec<Rule> = wanted
             .values()
             .filter(|w| self.stale.contains(&w.key) || !self.announced.get(&w.key).is_some_and(|r| same(w, r)))
@@ -276,11 +282,6 @@ impl Worker {
         if up || force {
             let c = self.sending.communities.clone();
             for r in gone {
-                // A changed action is a new announcement of the same
-                // route (it replaces the old), not a withdrawal.
-                if wanted.contains_key(&r.key) {
-                    continue;
-                }
                 if !self.budget(force) {
                     pending += 1;
                     continue;
@@ -296,16 +297,20 @@ impl Worker {
                     Err(e) => self.failed(&format!("withdrawing {}", r.describe()), &e),
                 }
             }
-            for r in new {
-                if force || !self.budget(false) {
-                    pending += 1;
-                    continue;
-                }
-                // Written down first: a daemon that dies now withdraws
-                // it when it starts again.
+            // What the budget lets go now, written down first, in one
+            // write: a daemon that dies while it goes withdraws it when it
+            // starts again.
+            let total = new.len();
+            let sending: Vec<Rule> = new.into_iter().filter(|_| !force && self.budget(false)).collect();
+            pending += total - sending.len();
+            for r in &sending {
                 self.announced.insert(r.key, r.clone());
+            }
+            if !sending.is_empty() {
                 self.dirty = true;
                 self.persist();
+            }
+            for r in sending {
                 match self.pipe.ask(&r.announce(&c), DEADLINE) {
                     Ok(_) => {
                         tracing::info!(event = "upstream", "limiter: announced upstream {}", r.describe());

@@ -15,8 +15,10 @@ fn op(net: &str, expires: u64) -> Rule {
 /// allowed and only by the operator.
 #[test]
 fn the_policy_bounds_what_is_announced() {
-    let mut b = Book::new(spec("max_rules = 2\nnever = [\"198.18.10.0/24\"]\nmin_v4_prefix = 24\n"));
-    b.set(b.spec().clone(), vec!["198.18.20.5/32".parse().unwrap()]);
+    let mut b = Book::new(
+        spec("max_rules = 2\nnever = [\"198.18.10.0/24\"]\nmin_v4_prefix = 24\n"),
+        vec!["198.18.20.5/32".parse().unwrap()],
+    );
     assert!(matches!(b.add(op("198.18.10.0/25", 9)), Err(Refusal::Protected { .. })));
     assert!(matches!(b.add(op("198.18.20.0/24", 9)), Err(Refusal::Protected { .. })));
     assert!(matches!(b.add(op("198.18.0.0/16", 9)), Err(Refusal::TooWide { min: 24, .. })));
@@ -26,8 +28,7 @@ fn the_policy_bounds_what_is_announced() {
     let mut bh = op("198.18.90.1/32", 9);
     bh.key = Key::blackhole("198.18.90.1/32".parse().unwrap());
     assert!(matches!(b.add(bh.clone()), Err(Refusal::NotAllowed(..))));
-    let mut b = Book::new(spec("rtbh = true\nnever = [\"198.18.90.0/24\"]\n"));
-    b.set(b.spec().clone(), Vec::new());
+    let mut b = Book::new(spec("rtbh = true\nnever = [\"198.18.90.0/24\"]\n"), Vec::new());
     assert_eq!(b.add(bh.clone()), Ok(true), "the host's own network may be blackholed by the operator");
     bh.by = Trigger::Escalation;
     bh.key.net = "198.18.90.2/32".parse().unwrap();
@@ -39,7 +40,7 @@ fn the_policy_bounds_what_is_announced() {
 /// automation's; the same rule asked again lives on, never shorter.
 #[test]
 fn the_operator_outranks_automation() {
-    let mut b = Book::new(spec(""));
+    let mut b = Book::new(spec(""), Vec::new());
     let mut auto = op("198.18.30.0/24", 50);
     auto.by = Trigger::Pressure;
     auto.action = Action::RateLimit { bytes_per_sec: 100 };
@@ -59,10 +60,12 @@ fn the_operator_outranks_automation() {
 /// the pressure ends.
 #[test]
 fn link_pressure_announces_the_top_droppers_and_lets_them_go() {
-    let mut b = Book::new(spec(
-        "link_capacity = 1000000\npressure_percent = 50\npressure_sustained = \"3s\"\nhold_down = \"5s\"\npressure_prefixes = 2\n",
-    ));
-    b.set(b.spec().clone(), vec!["198.18.3.0/24".parse().unwrap()]);
+    let mut b = Book::new(
+        spec(
+            "link_capacity = 1000000\npressure_percent = 50\npressure_sustained = \"3s\"\nhold_down = \"5s\"\npressure_prefixes = 2\n",
+        ),
+        vec!["198.18.3.0/24".parse().unwrap()],
+    );
     let dropping: Vec<(IpNet, u64)> = ["198.18.3.0/24", "198.18.1.0/24", "198.18.2.0/24", "198.18.4.0/24"]
         .iter()
         .map(|n| (n.parse().unwrap(), 1500))

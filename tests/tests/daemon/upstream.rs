@@ -67,6 +67,24 @@ fn policy(dir: &Path, bgp: &Bgp, never: &str, extra: &str) -> PathBuf {
     path
 }
 
+/// A test's router and speaker, its veth for the daemon, and the policy
+/// written (`never` and `extra` as [`policy`] takes them).
+struct Bed {
+    bgp: Bgp,
+    net: VethPair,
+    socket: PathBuf,
+    policy: PathBuf,
+    _dir: TempDir,
+}
+
+fn bed(tag: &str, never: &str, extra: &str) -> Bed {
+    let bgp = Bgp::start(tag);
+    let net = VethPair::new(&format!("{tag}d"));
+    let dir = TempDir::new(&format!("upstream-{tag}"));
+    let policy = policy(&dir.0, &bgp, never, extra);
+    Bed { bgp, net, socket: unique_socket(tag), policy, _dir: dir }
+}
+
 /// How long `cond` took to hold (polling BIRD), within `within`.
 fn until(bgp: &Bgp, within: Duration, cond: impl Fn(&Bgp) -> bool) -> Option<Duration> {
     let start = Instant::now();
@@ -78,11 +96,7 @@ fn until(bgp: &Bgp, within: Duration, cond: impl Fn(&Bgp) -> bool) -> Option<Dur
 fn the_operators_rules_reach_the_router_and_leave_it_and_survive_restarts() {
     let _alone = limiter_tests::alone(module_path!());
     require_root();
-    let mut bgp = Bgp::start("up");
-    let net = VethPair::new("upd");
-    let dir = TempDir::new("upstream");
-    let socket = unique_socket("up");
-    let policy = policy(&dir.0, &bgp, "198.18.40.0/24", "communities = [\"64500:100\"]\n");
+    let Bed { mut bgp, net, socket, policy, _dir } = bed("up", "198.18.40.0/24", "communities = [\"64500:100\"]\n");
     let daemon = run(&net, &policy, &socket);
     assert!(bgp.wait_established(SESSION), "no session\n{}", bgp.exabgp_log());
 
@@ -220,11 +234,7 @@ fn the_operators_rules_reach_the_router_and_leave_it_and_survive_restarts() {
 fn shadow_mode_sends_nothing_and_the_change_budget_holds_the_rest() {
     let _alone = limiter_tests::alone(module_path!());
     require_root();
-    let bgp = Bgp::start("sh");
-    let net = VethPair::new("shd");
-    let dir = TempDir::new("upstream-shadow");
-    let socket = unique_socket("sh");
-    let policy = policy(&dir.0, &bgp, "198.18.40.0/24", "shadow = true\n");
+    let Bed { bgp, net, socket, policy, _dir } = bed("sh", "198.18.40.0/24", "shadow = true\n");
     let text = std::fs::read_to_string(&policy)
         .unwrap()
         .replace("max_changes_per_minute = 600", "max_changes_per_minute = 3\nmax_rules = 4");
@@ -264,15 +274,11 @@ fn shadow_mode_sends_nothing_and_the_change_budget_holds_the_rest() {
 fn link_pressure_announces_the_flooding_prefixes_and_withdraws_them_after() {
     let _alone = limiter_tests::alone(module_path!());
     require_root();
-    let bgp = Bgp::start("lp");
-    let net = VethPair::new("lpd");
-    let dir = TempDir::new("pressure");
-    let socket = unique_socket("lp");
     // 2 Mbit/s of link, pressure over half of it for 2 s; the flood below
     // sends about 30 Mbit/s.
     let extra = "link_capacity = 2000000\npressure_percent = 50\npressure_sustained = \"2s\"\nhold_down = \
                  \"3s\"\npressure_prefixes = 3\n";
-    let policy = policy(&dir.0, &bgp, "198.18.12.0/24", extra);
+    let Bed { bgp, net, socket, policy, _dir } = bed("lp", "198.18.12.0/24", extra);
     let _daemon = run(&net, &policy, &socket);
     assert!(bgp.wait_established(SESSION), "no session\n{}", bgp.exabgp_log());
 
