@@ -13,7 +13,7 @@ pub fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
     init_logging(args.log_json);
     let settings = settings(args, socket)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(async {
+    let done = rt.block_on(async {
         // Handlers first: a signal that arrives during start-up is then
         // handled (cleanly, once the loop runs) instead of killing the process.
         let mut term = signal(SignalKind::terminate())?;
@@ -27,8 +27,16 @@ pub fn run(args: &RunArgs, socket: &Path) -> anyhow::Result<()> {
             }
         }))
         .await
-    })
+    });
+    // Stopping never waits on a reader: a file that is still being read
+    // (a group's database, a feed) is left to the process's end, not
+    // waited for as dropping the runtime would.
+    rt.shutdown_timeout(SHUTDOWN_WAIT);
+    done
 }
+
+/// How long a stop waits for work off the loop that is still running.
+const SHUTDOWN_WAIT: Duration = Duration::from_millis(500);
 
 fn settings(args: &RunArgs, socket: &Path) -> anyhow::Result<Settings> {
     let metrics = match args.metrics.as_str() {

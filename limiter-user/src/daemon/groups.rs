@@ -3,8 +3,10 @@
 //! it changed or its `refresh` is due (a file several groups name is
 //! read once per version), and the group's networks, selected and left
 //! no finer than a bucket prefix, are sent to the policy state as a
-//! change ([`GroupVersion`]). A file that does not read whole is logged
-//! with where it failed, and the version in force stays.
+//! change ([`GroupVersion`]). A file that does not read whole, or whose
+//! version the guards refuse (`crate::groups::guard`), is logged with
+//! why, and the version in force stays; that file is not read again
+//! until it changes or its `refresh` is due.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -29,14 +31,21 @@ use super::{
 use crate::{
     control::{GroupShow, PrefixShow},
     dataplane::maps::Tables,
-    groups::{GroupReport, GroupReports, Table},
+    groups::{GroupReport, GroupReports, Table, guard::Coverage},
     policy::group::{Group, GroupAction},
     series::Series,
 };
 
-/// A group's networks as read: the file's table, the networks, and how
-/// many were left out (finer than a bucket prefix).
-type Selected = (Arc<Table>, HashSet<IpNet>, usize);
+/// A group's networks as read: the file's table, the networks, how
+/// many were left out (finer than a bucket prefix), and what they cover.
+type Selected = (Arc<Table>, HashSet<IpNet>, usize, Coverage);
+
+/// Why a read gave no version: the file or its format, or the guards
+/// refused what it holds (`refused`).
+struct Failed {
+    why: String,
+    refused: bool,
+}
 
 /// What one read of a group's file gave.
 struct GroupRead {
@@ -44,7 +53,7 @@ struct GroupRead {
     spec: Group,
     bucket: (u32, u32),
     stamp: Option<Stamp>,
-    result: Option<Result<Selected, String>>,
+    result: Option<Result<Selected, Failed>>,
     settling: bool,
 }
 
@@ -61,6 +70,10 @@ struct Watched {
     report: GroupReport,
     /// Held while the section stands as it is (see `feeds.rs`).
     section: Arc<()>,
+    /// What the version in force covers (the guards compare the next with
+    /// it), and what the version sent to the tries covers.
+    coverage: Option<Coverage>,
+    sent_coverage: Option<Coverage>,
 }
 
 /// Every group of the policy in force, by index.
@@ -89,7 +102,8 @@ impl Groups {
         }
         match r.result {
             None => {}
-            Some(Ok((table, nets, left_out))) => {
+            Some(Ok((table, nets, left_out, coverage))) => {
+                w.sent_coverage = Some(coverage);
                 if let Some(stamp) = r.stamp {
                     self.tables.insert(w.spec.path.clone(), (stamp, table));
                 }
@@ -110,10 +124,17 @@ impl Groups {
                     w.force = true;
                 }
             }
-            Some(Err(e)) => {
+            Some(Err(Failed { why, refused })) => {
+                // Not read again until it changes or its refresh is due.
+                w.stamp = r.stamp;
                 w.last_read = Some(Instant::now());
-                w.report.read_errors += 1;
-                tracing::warn!(event = "group", ok = false, group = %w.spec.name, "limiter: group {}: {e}; its last version stays", w.spec.name);
+                if refused {
+                    w.report.reads += 1;
+                    w.report.refused += 1;
+                } else {
+                    w.report.read_errors += 1;
+                }
+                tracing::warn!(event = "group", ok = false, group = %w.spec.name, "limiter: group {}: {why}; its last version stays", w.spec.name);
             }
         }
     }
@@ -165,6 +186,7 @@ impl Feature for Groups {
             w.last_check = Some(now);
             let due = std::mem::take(&mut w.force) || w.last_read.is_none_or(|t| now - t >= w.spec.refresh);
             let (spec, bucket, known, tx, busy) = (w.spec.clone(), w.bucket, w.stamp, self.tx.clone(), w.busy.clone());
+            let last = w.coverage;
             let cached = self.tables.get(&spec.path).cloned();
             busy.store(true, Ordering::Release);
             tokio::task::spawn_blocking(move || {
@@ -173,7 +195,7 @@ impl Feature for Groups {
                 let mut settling = (due || changed) && stamp.is_some_and(|s| !settled(&s, SystemTime::now()));
                 let mut result = None;
                 if (due || changed) && !settling {
-                    let read = read(&spec, bucket, cached.filter(|(s, _)| Some(*s) == stamp).map(|(_, t)| t));
+                    let read = read(&spec, bucket, cached.filter(|(s, _)| Some(*s) == stamp).map(|(_, t)| t), last);
                     if stamp_of(&spec.path) == stamp {
                         result = Some(read);
                     } else {
@@ -194,6 +216,7 @@ impl Feature for Groups {
             if ok {
                 w.report.applied_at = crate::clock::unix_now();
                 w.report.networks = w.report.read_networks;
+                w.coverage = w.sent_coverage.take().or(w.coverage);
             } else {
                 w.report.refused += 1;
             }
@@ -265,22 +288,32 @@ fn placeholder(spec: &Group, bucket: (u32, u32)) -> Watched {
         busy: Arc::new(AtomicBool::new(false)),
         report: GroupReport { name: spec.name.clone(), shadow: spec.shadow, ..GroupReport::default() },
         section: Arc::new(()),
+        coverage: None,
+        sent_coverage: None,
     }
 }
 
-/// Read (or take `cached`) the group's file, select its networks and
-/// leave out those finer than a bucket prefix.
-fn read(spec: &Group, bucket: (u32, u32), cached: Option<Arc<Table>>) -> Result<Selected, String> {
+/// Read (or take `cached`) the group's file, select its networks, leave
+/// out those finer than a bucket prefix, and check them against the
+/// guards and the coverage of the version in force (`last`).
+fn read(
+    spec: &Group,
+    bucket: (u32, u32),
+    cached: Option<Arc<Table>>,
+    last: Option<Coverage>,
+) -> Result<Selected, Failed> {
     let table = if let Some(t) = cached {
         t
     } else {
-        let mut t = crate::groups::read(&spec.path).map_err(|e| e.to_string())?;
+        let mut t = crate::groups::read(&spec.path).map_err(|e| Failed { why: e.to_string(), refused: false })?;
         t.sort();
         Arc::new(t)
     };
     let selected = table.select_with(&spec.country_codes(), &spec.asns, spec.allow_bogons);
     let (nets, left_out) = crate::groups::coarsen(selected, bucket.0, bucket.1);
-    Ok((table, nets, left_out))
+    let coverage = crate::groups::guard::check(spec, &nets, last)
+        .map_err(|e| Failed { why: format!("{}: {e}", spec.path.display()), refused: true })?;
+    Ok((table, nets, left_out, coverage))
 }
 
 /// A version of a group's networks: the tries take the diff.

@@ -33,8 +33,88 @@ pub(super) struct UpstreamSide {
     /// Bytes the interface and the program had received at the last
     /// second.
     last_rx: Option<(u64, u64)>,
-    /// Each class's rate in bytes a second, by class index.
-    class_bytes: Vec<u64>,
+    /// What a pressure rule of each class matches (its protocol and
+    /// ports), by class index (0: the default class, which matches
+    /// anything).
+    class_match: Vec<Match>,
+    /// A prefix's whole allowance in bytes a second (every class's rate
+    /// together): a pressure rule is never tighter.
+    allowance: u64,
+}
+
+/// What a class's traffic is, as a FlowSpec rule can say it.
+#[derive(Clone, Debug, Default)]
+struct Match {
+    protocol: Option<u8>,
+    source_ports: Vec<(u16, u16)>,
+    ports: Vec<(u16, u16)>,
+}
+
+impl Match {
+    fn of(c: &crate::policy::Class) -> Self {
+        use crate::policy::Protocol;
+        let protocol = match c.protocol {
+            Protocol::Any => None,
+            Protocol::Icmp => Some(1),
+            Protocol::Tcp => Some(6),
+            Protocol::Udp => Some(17),
+            Protocol::Icmpv6 => Some(58),
+        };
+        Self { protocol, source_ports: c.source_ports.clone(), ports: c.ports.clone() }
+    }
+}
+
+/// The interface's own addresses (global ones, not link-local).
+#[expect(clippy::cast_ptr_alignment, reason = "getifaddrs gives each address aligned as its family's sockaddr")]
+fn own_addresses(iface: &str) -> Vec<std::net::IpAddr> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list freed below.
+    if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
+        return out;
+    }
+    let mut at = head;
+    while !at.is_null() {
+        // SAFETY: a node of the list getifaddrs returned.
+        let ifa = unsafe { &*at };
+        at = ifa.ifa_next;
+        // SAFETY: a NUL-terminated name.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        if ifa.ifa_addr.is_null() || name.to_bytes() != iface.as_bytes() {
+            continue;
+        }
+        // SAFETY: the address's family says which sockaddr it is.
+        let addr = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let a = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                    Some(std::net::IpAddr::from(u32::from_be(a.sin_addr.s_addr).to_be_bytes()))
+                }
+                libc::AF_INET6 => {
+                    let a = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                    Some(std::net::IpAddr::from(a.sin6_addr.s6_addr))
+                }
+                _ => None,
+            }
+        };
+        if let Some(a) = addr.filter(|a| !matches!(a, std::net::IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
+        {
+            out.push(a);
+        }
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
+/// The destination of a pressure rule from `net`: this host's address of
+/// its family, when the interface has exactly one (else none: any).
+fn own_destination(own: &[std::net::IpAddr], net: &IpNet) -> Option<IpNet> {
+    let mut same = own.iter().filter(|a| a.is_ipv4() == net.addr().is_ipv4());
+    match (same.next(), same.next()) {
+        (Some(a), None) => Some(IpNet::from(*a)),
+        _ => None,
+    }
 }
 
 #[derive(Debug)]
@@ -56,7 +136,7 @@ fn stop_aside(speaker: Speaker, withdraw: bool) {
 
 impl UpstreamSide {
     pub(super) fn new(iface: &str) -> Self {
-        Self { iface: iface.to_owned(), on: None, last_rx: None, class_bytes: Vec::new() }
+        Self { iface: iface.to_owned(), on: None, last_rx: None, class_match: Vec::new(), allowance: 0 }
     }
 
     /// Start on `spec`: the rules the state file wants and whose time is
@@ -96,6 +176,13 @@ impl UpstreamSide {
         }
     }
 
+    /// Tell the book what the speaker holds and has pending, which a
+    /// refusal at the cap states.
+    fn sent(on: &mut On) {
+        let status = on.speaker.as_ref().map(Speaker::status).unwrap_or_default();
+        on.book.sent = (status.announced, status.pending);
+    }
+
     /// With link pressure on: how many of the top dropping prefixes the
     /// loop is to hand it each second.
     pub(super) fn pressure_prefixes(&self) -> Option<usize> {
@@ -104,7 +191,12 @@ impl UpstreamSide {
 
     /// Once a second, with link pressure on: the bits received (the
     /// interface's count, or what the program saw if that is more) and
-    /// the prefixes the program drops most (with their class index).
+    /// the prefixes the program drops most (with their class index). A
+    /// rule matches what the host itself drops of the prefix (the class's
+    /// protocol and ports, to this host's address) and is rate-limited to
+    /// the prefix's whole allowance: a spoofer who floods from a victim's
+    /// prefix gets the transit to hold no more of the victim's traffic
+    /// than this host would.
     pub(super) fn second(&mut self, totals: &Totals, dropping: &[(IpNet, u8)]) {
         let Some(on) = &mut self.on else { return };
         let sysfs = std::fs::read_to_string(format!("/sys/class/net/{}/statistics/rx_bytes", self.iface))
@@ -116,14 +208,21 @@ impl UpstreamSide {
             Some((s, x)) => sysfs.saturating_sub(s).max(seen.saturating_sub(x)).saturating_mul(8),
             None => return,
         };
-        let packet_bytes = on.book.spec().packet_bytes;
-        let rated: Vec<(IpNet, u64)> = dropping
+        let own = if dropping.is_empty() { Vec::new() } else { own_addresses(&self.iface) };
+        let rate = self.allowance.max(on.book.spec().packet_bytes);
+        let rated: Vec<(Key, u64)> = dropping
             .iter()
             .map(|(net, class)| {
-                let b = self.class_bytes.get(usize::from(*class)).copied().unwrap_or(0);
-                (*net, if b == 0 { packet_bytes } else { b })
+                let m = self.class_match.get(usize::from(*class)).cloned().unwrap_or_default();
+                let mut key = Key::flow(*net);
+                key.dest = own_destination(&own, net);
+                key.protocol = m.protocol;
+                key.source_ports = m.source_ports;
+                key.ports = m.ports;
+                (key, rate)
             })
             .collect();
+        Self::sent(on);
         if on.book.second(crate::clock::unix_now(), rx, &rated) {
             self.push();
         }
@@ -143,8 +242,9 @@ impl UpstreamSide {
             action: Action::Discard,
             by: Trigger::Escalation,
             since: now,
-            expires: crate::upstream::expiry(now, ttl),
+            expires: crate::upstream::expiry_from_now(ttl),
         };
+        Self::sent(on);
         match on.book.add(rule) {
             Ok(true) => self.push(),
             Ok(false) => {}
@@ -170,8 +270,10 @@ impl UpstreamSide {
         let now = crate::clock::unix_now();
         let ttl = ttl.unwrap_or(on.book.spec().ttl.as_secs());
         let action = rate.map_or(Action::Discard, |bytes_per_sec| Action::RateLimit { bytes_per_sec });
-        let rule = Rule { key, action, by: Trigger::Operator, since: now, expires: crate::upstream::expiry(now, ttl) };
+        let rule =
+            Rule { key, action, by: Trigger::Operator, since: now, expires: crate::upstream::expiry_from_now(ttl) };
         let what = rule.describe();
+        Self::sent(on);
         match on.book.add(rule) {
             Ok(_) => {
                 tracing::info!(event = "upstream", "limiter: the operator asks upstream for {what} for {ttl} s");
@@ -180,7 +282,7 @@ impl UpstreamSide {
             }
             Err(e) => {
                 let code = match e {
-                    Refusal::Cap(_) => ErrorCode::Capped,
+                    Refusal::Cap { .. } | Refusal::PressureCap(_) => ErrorCode::Capped,
                     Refusal::Protected { .. } | Refusal::Outranked { .. } => ErrorCode::Conflict,
                     _ => ErrorCode::Refused,
                 };
@@ -231,10 +333,10 @@ impl Feature for UpstreamSide {
         }
         if let Some(on) = &self.on {
             let packet = on.book.spec().packet_bytes;
-            self.class_bytes = std::iter::once(&p.default)
+            self.allowance = std::iter::once(&p.default)
                 .chain(p.classes.iter().map(|c| &c.limit))
-                .map(|l| bytes(l, packet))
-                .collect();
+                .fold(0u64, |sum, l| sum.saturating_add(bytes(l, packet)));
+            self.class_match = std::iter::once(Match::default()).chain(p.classes.iter().map(Match::of)).collect();
         }
     }
 
@@ -252,6 +354,14 @@ impl Feature for UpstreamSide {
             Request::UpstreamAnnounce { cidr, blackhole, destination, protocol, rate_limit, ttl_secs } => {
                 let mut key = if *blackhole { Key::blackhole(*cidr) } else { Key::flow(*cidr) };
                 key.dest = destination.map(|d| d.trunc());
+                if let Some(d) = key.dest
+                    && d.addr().is_ipv4() != cidr.addr().is_ipv4()
+                {
+                    return Some(Response::error(
+                        ErrorCode::Refused,
+                        format!("not announced upstream: {}", Refusal::Family { net: *cidr, dest: d }),
+                    ));
+                }
                 key.protocol = *protocol;
                 if *blackhole && (key.dest.is_some() || key.protocol.is_some() || rate_limit.is_some()) {
                     return Some(Response::error(ErrorCode::Refused, "a blackhole is a destination only"));

@@ -14,9 +14,19 @@ const MARKER: &[u8] = b"\xab\xcd\xefMaxMind.com";
 /// The metadata section is at most 128 KiB from the end.
 const METADATA_MAX: usize = 128 << 10;
 
+/// The most records a walk visits, a network's or not: a crafted tree
+/// (a chain of nodes whose children are both the next) reaches 2^128 of
+/// them, which no real database holds (GeoLite2 City, the largest, has
+/// about 5 million).
+pub const MAX_RECORDS: u64 = 16_000_000;
+/// The longest a walk may take (GeoLite2 Country takes about a second).
+pub const MAX_WALK: std::time::Duration = std::time::Duration::from_mins(1);
+
 pub(super) enum Error {
     Db(String),
     TooMany,
+    /// The walk visited more records, or took longer, than its bound.
+    Endless(String),
 }
 
 pub(super) fn is_mmdb(bytes: &[u8]) -> bool {
@@ -45,10 +55,26 @@ struct Record<'a> {
 }
 
 pub(super) fn read(bytes: Vec<u8>) -> Result<Table, Error> {
+    read_bounded(bytes, MAX_RECORDS, MAX_WALK)
+}
+
+/// [`read`], visiting at most `max_records` records in at most `max_walk`.
+pub(super) fn read_bounded(bytes: Vec<u8>, max_records: u64, max_walk: std::time::Duration) -> Result<Table, Error> {
     let db = |e: maxminddb::MaxMindDbError| Error::Db(e.to_string());
     let reader = maxminddb::Reader::from_source(bytes).map_err(db)?;
     let (mut networks, mut untagged) = (Vec::new(), 0);
+    let (start, mut visited) = (std::time::Instant::now(), 0u64);
     for found in reader.networks(maxminddb::WithinOptions::default()).map_err(db)? {
+        visited += 1;
+        if visited > max_records {
+            return Err(Error::Endless(format!("its tree holds more than {max_records} records (a crafted file?)")));
+        }
+        if visited.is_multiple_of(4096) && start.elapsed() > max_walk {
+            return Err(Error::Endless(format!(
+                "its tree was not read within {} s (a crafted file?)",
+                max_walk.as_secs()
+            )));
+        }
         let found = found.map_err(db)?;
         let net = found.network().map_err(db)?;
         let net = super::network(net.ip(), net.prefix()).ok_or_else(|| Error::Db(format!("{net} is not a network")))?;

@@ -8,7 +8,10 @@
 //! its loopback, its carrier's CGNAT, the test ranges): those are carved
 //! out.
 
+#[cfg(any(test, feature = "testing"))]
+pub mod craft;
 mod csv;
+pub mod guard;
 mod mmdb;
 mod series;
 #[cfg(test)]
@@ -69,6 +72,12 @@ pub enum GroupsError {
     Line { path: PathBuf, line: usize, why: String },
     #[error("{path}: more than {MAX_NETWORKS} networks")]
     TooMany { path: PathBuf },
+    #[error("{path}: a MaxMind database whose {why}")]
+    Endless { path: PathBuf, why: String },
+    #[error(
+        "{path}: not a list of networks (binary data: a MaxMind database cut short, without its metadata at the end?)"
+    )]
+    Binary { path: PathBuf },
 }
 
 /// Read the table of `path`: a MaxMind database if it ends with one's
@@ -80,7 +89,11 @@ pub fn read(path: &Path) -> Result<Table, GroupsError> {
         mmdb::read(bytes).map_err(|e| match e {
             mmdb::Error::Db(why) => GroupsError::Mmdb { path: path.to_owned(), why },
             mmdb::Error::TooMany => GroupsError::TooMany { path: path.to_owned() },
+            mmdb::Error::Endless(why) => GroupsError::Endless { path: path.to_owned(), why },
         })
+    } else if bytes.iter().take(4096).any(|b| *b == 0) {
+        // A text list holds no NUL; a database's tree is full of them.
+        Err(GroupsError::Binary { path: path.to_owned() })
     } else {
         csv::read(&bytes).map_err(|e| match e {
             csv::Error::Line { line, why } => GroupsError::Line { path: path.to_owned(), line, why },

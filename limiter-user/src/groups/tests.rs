@@ -85,3 +85,120 @@ fn networks_finer_than_a_bucket_prefix_are_left_out_and_counted() {
     assert_eq!(left, 2);
     assert!(kept.contains(&"198.18.0.0/23".parse().unwrap()) && kept.contains(&"2001:2::/48".parse().unwrap()));
 }
+
+/// A crafted tree whose walk never ends (a chain of nodes, each's two
+/// records the next) is refused at the bound of records visited, or of
+/// time, whichever comes first (G2); every record counts, untagged too.
+#[test]
+fn an_endless_tree_is_refused_at_its_bound() {
+    let db = craft::chain(128);
+    assert!(db.len() < 1024, "{} bytes", db.len());
+    let start = std::time::Instant::now();
+    match mmdb::read_bounded(db.clone(), 20_000, std::time::Duration::from_mins(1)) {
+        Err(mmdb::Error::Endless(why)) => assert!(why.contains("more than 20000 records"), "{why}"),
+        _ => panic!("read"),
+    }
+    match mmdb::read_bounded(db, u64::MAX, std::time::Duration::ZERO) {
+        Err(mmdb::Error::Endless(why)) => assert!(why.contains("within 0 s"), "{why}"),
+        _ => panic!("read"),
+    }
+    assert!(start.elapsed() < std::time::Duration::from_secs(30));
+    // A sound one is read: one node, its two records a country each.
+    let db = craft::database(4, &[[craft::data_at(1, 0), craft::data_at(1, 0)]], &craft::country(Some("DE")));
+    let t = mmdb::read(db).unwrap_or_else(|_| panic!("a valid database"));
+    assert_eq!(t.networks.len(), 2);
+}
+
+/// A database cut short (no metadata at its end) is said to be one, not
+/// a CSV list with a bad line (L3).
+#[test]
+fn a_database_cut_short_is_named_as_such() {
+    let dir = std::env::temp_dir().join(format!("limiter-groups-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cut.mmdb");
+    let db = craft::chain(8);
+    std::fs::write(&path, &db[..db.len() - 200]).unwrap();
+    let e = read(&path).unwrap_err().to_string();
+    assert!(e.contains("MaxMind database cut short"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn group(toml_tail: &str) -> crate::policy::group::Group {
+    let text =
+        format!("[[group]]\nname = \"g\"\npath = \"/g.csv\"\ncountries = [\"XX\"]\naction = \"deny\"\n{toml_tail}");
+    crate::policy::file::parse("t.toml", text).unwrap().policy.groups.remove(0)
+}
+
+/// The guards refuse a version that would deny the Internet (a network
+/// wider than the widths, more than `max_coverage` of a family), or that
+/// grows or shrinks past its bounds against the version in force (G1).
+#[test]
+fn the_guards_refuse_a_version_that_denies_the_internet() {
+    let g = group("");
+    let real = nets(&["198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"]);
+    let c = guard::check(&g, &real, None).unwrap();
+    for (bad, says) in [
+        (nets(&["0.0.0.0/0"]), "wider than /6 (min_v4_prefix)"),
+        (nets(&["::/1", "8000::/1"]), "wider than /12 (min_v6_prefix)"),
+        (
+            nets(&[
+                "0.0.0.0/6",
+                "4.0.0.0/6",
+                "8.0.0.0/6",
+                "12.0.0.0/6",
+                "16.0.0.0/6",
+                "20.0.0.0/6",
+                "24.0.0.0/6",
+                "28.0.0.0/6",
+                "32.0.0.0/6",
+                "36.0.0.0/6",
+                "40.0.0.0/6",
+                "44.0.0.0/6",
+                "48.0.0.0/6",
+                "52.0.0.0/6",
+                "56.0.0.0/6",
+                "60.0.0.0/6",
+                "64.0.0.0/6",
+                "68.0.0.0/6",
+                "72.0.0.0/6",
+                "76.0.0.0/6",
+                "80.0.0.0/6",
+                "84.0.0.0/6",
+                "88.0.0.0/6",
+                "92.0.0.0/6",
+                "96.0.0.0/6",
+                "100.0.0.0/6",
+                "104.0.0.0/6",
+                "108.0.0.0/6",
+                "112.0.0.0/6",
+                "116.0.0.0/6",
+                "120.0.0.0/6",
+                "124.0.0.0/6",
+                "128.0.0.0/6",
+            ]),
+            "more than max_coverage (50.0%)",
+        ),
+        (
+            nets(&[
+                "198.51.100.0/24",
+                "203.0.113.0/24",
+                "192.0.2.0/24",
+                "192.0.3.0/24",
+                "192.0.4.0/24",
+                "2001:db8::/32",
+            ]),
+            "grew by more than max_growth",
+        ),
+        (nets(&["198.51.100.0/25", "2001:db8::/32"]), "shrank by more than max_shrink"),
+        (nets(&["198.51.100.0/24", "203.0.113.0/24"]), "IPv6"),
+    ] {
+        let e = guard::check(&g, &bad, Some(c)).unwrap_err();
+        assert!(e.contains(says), "{bad:?}: {e}");
+    }
+    // Within the bounds: taken, and what it covers is the next's base.
+    let grown = nets(&["198.51.100.0/24", "203.0.113.0/24", "192.0.2.0/24", "2001:db8::/32", "2001:db9::/33"]);
+    let next = guard::check(&g, &grown, Some(c)).unwrap();
+    assert!(next.v4 > c.v4 && next.v6 > c.v6);
+    // The widths are the section's: a wider one may be allowed.
+    assert!(guard::check(&group("min_v4_prefix = 0\nmax_coverage = 1.0\n"), &nets(&["0.0.0.0/0"]), None).is_ok());
+}

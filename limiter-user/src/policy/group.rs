@@ -16,8 +16,18 @@
 //! burst = 40000
 //! refresh = "1h"            # read again this often, and when the file changes
 //! allow_bogons = false      # special-purpose ranges are left out unless true
+//! min_v4_prefix = 6         # a version holding a wider network is refused
+//! min_v6_prefix = 12
+//! max_coverage = 0.5        # nor one covering more of a family's addresses
+//! max_growth = 1.0          # nor one covering more than twice the last's
+//! max_shrink = 0.5          # nor one covering less than half the last's
 //! shadow = false            # true: counted, not enforced
 //! ```
+//!
+//! The guards are the feeds' turned to groups: a file replaced by
+//! `0.0.0.0/0,XX` (or a one-node database) must not deny the Internet,
+//! nor silently drop a group's real networks. A version they refuse is
+//! logged with why, and the last one stays in force.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -48,7 +58,7 @@ pub enum GroupAction {
 }
 
 /// One `[[group]]` section.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Group {
     pub name: String,
@@ -68,12 +78,50 @@ pub struct Group {
     pub refresh: Duration,
     #[serde(default)]
     pub allow_bogons: bool,
+    /// A version holding a selected network wider than this is refused.
+    #[serde(default = "guards::min_v4")]
+    pub min_v4_prefix: u8,
+    #[serde(default = "guards::min_v6")]
+    pub min_v6_prefix: u8,
+    /// The most of a family's address space a version may cover.
+    #[serde(default = "guards::max_coverage")]
+    pub max_coverage: f64,
+    /// The most a version may grow over the last one in force, in
+    /// addresses covered of a family (1.0: to twice as many).
+    #[serde(default = "guards::max_growth")]
+    pub max_growth: f64,
+    /// The most it may shrink (0.5: to half as many).
+    #[serde(default = "guards::max_shrink")]
+    pub max_shrink: f64,
     #[serde(default)]
     pub shadow: bool,
 }
 
+impl Eq for Group {}
+
 const fn default_refresh() -> Duration {
     Duration::from_hours(1)
+}
+
+/// The guards' defaults: wide enough for every real file (GeoLite2's
+/// widest networks are a /7 and a /16 of the United States, which holds
+/// about 37% of IPv4), narrow enough that no file denies the Internet.
+mod guards {
+    pub(super) const fn min_v4() -> u8 {
+        6
+    }
+    pub(super) const fn min_v6() -> u8 {
+        12
+    }
+    pub(super) const fn max_coverage() -> f64 {
+        0.5
+    }
+    pub(super) const fn max_growth() -> f64 {
+        1.0
+    }
+    pub(super) const fn max_shrink() -> f64 {
+        0.5
+    }
 }
 
 impl Group {
@@ -113,6 +161,21 @@ pub fn check(groups: &[Group]) -> Result<Vec<GroupLimits>, PolicyError> {
         }
         if g.refresh < Duration::from_secs(1) {
             return Err(bad(at("refresh"), "at least 1s"));
+        }
+        if g.min_v4_prefix > 32 {
+            return Err(bad(at("min_v4_prefix"), "0 to 32"));
+        }
+        if g.min_v6_prefix > 128 {
+            return Err(bad(at("min_v6_prefix"), "0 to 128"));
+        }
+        for (key, v, range) in [
+            ("max_coverage", g.max_coverage, 0.0..=1.0),
+            ("max_growth", g.max_growth, 0.0..=1_000_000.0),
+            ("max_shrink", g.max_shrink, 0.0..=1.0),
+        ] {
+            if !range.contains(&v) {
+                return Err(bad(at(key), format!("{v} is outside {} to {}", range.start(), range.end())));
+            }
         }
         let m = if g.shadow { mode::SHADOW } else { mode::ENFORCE };
         let limits = match (g.action, g.rate, g.burst) {

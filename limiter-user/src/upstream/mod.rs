@@ -26,11 +26,33 @@ use crate::policy::upstream::Upstream;
 /// The longest a rule lives: a year (a TTL sent as a raw request may be
 /// any number).
 pub const MAX_TTL: u64 = 365 * 24 * 3600;
+/// The highest FlowSpec rate ExaBGP sends (it clips a higher one to
+/// this, in bytes a second): a higher one is refused, never listed as
+/// something the transit was not told.
+pub const MAX_RATE: u64 = 1_000_000_000_000;
+
+/// When a rule asked for now for `ttl` seconds ends, in whole Unix
+/// seconds: the second after now's fraction, so that a rule whose end
+/// is checked against whole seconds never ends before its `ttl`.
+#[must_use]
+pub fn expiry_from_now(ttl: u64) -> u64 {
+    let now = crate::clock::since_epoch();
+    let ceil = now.as_secs() + u64::from(now.subsec_nanos() > 0);
+    expiry(ceil, ttl)
+}
 
 /// When a rule asked for at `now` for `ttl` seconds ends.
 #[must_use]
 pub fn expiry(now: u64, ttl: u64) -> u64 {
     now.saturating_add(ttl.min(MAX_TTL))
+}
+
+/// How many of `max_rules` link pressure may hold: three quarters. The
+/// rest is kept for escalations and the operator, whom pressure rules
+/// never crowd out.
+#[must_use]
+pub fn pressure_cap(max_rules: usize) -> usize {
+    max_rules - max_rules.div_ceil(4)
 }
 
 /// Why a rule is not announced.
@@ -42,8 +64,18 @@ pub enum Refusal {
     Protected { net: IpNet, protected: IpNet },
     #[error("{net} is wider than /{min} (upstream.min_v{v}_prefix)")]
     TooWide { net: IpNet, min: u8, v: u8 },
-    #[error("{0} rules are announced already (upstream.max_rules)")]
-    Cap(usize),
+    #[error(
+        "{wanted} rules are wanted already, the most upstream.max_rules allows ({operator} the operator's, {escalation} escalation's, {pressure} link pressure's; {announced} announced, {pending} pending)"
+    )]
+    Cap { wanted: usize, operator: usize, escalation: usize, pressure: usize, announced: usize, pending: usize },
+    #[error(
+        "link pressure holds {0} rules already, its share of upstream.max_rules (the rest is kept for escalations and the operator)"
+    )]
+    PressureCap(usize),
+    #[error("the destination {dest} is not of the source {net}'s address family")]
+    Family { net: IpNet, dest: IpNet },
+    #[error("a rate of {0} bytes/s is over {MAX_RATE}, the most a FlowSpec rule carries")]
+    Rate(u64),
     #[error("{net} is announced by the {by} already, which outranks the {asked}")]
     Outranked { net: IpNet, by: &'static str, asked: &'static str },
 }
@@ -53,10 +85,10 @@ impl Refusal {
     #[must_use]
     pub fn label(&self) -> &'static str {
         match self {
-            Refusal::NotAllowed(..) => "not_allowed",
+            Refusal::NotAllowed(..) | Refusal::Family { .. } | Refusal::Rate(_) => "not_allowed",
             Refusal::Protected { .. } => "protected",
             Refusal::TooWide { .. } => "too_wide",
-            Refusal::Cap(_) => "cap",
+            Refusal::Cap { .. } | Refusal::PressureCap(_) => "cap",
             Refusal::Outranked { .. } => "outranked",
         }
     }
@@ -85,6 +117,9 @@ pub struct Book {
     pub pressure: Pressure,
     /// Refusals by reason label.
     pub refused: BTreeMap<&'static str, u64>,
+    /// What the speaker last said it holds and has pending (a refusal at
+    /// the cap states them).
+    pub sent: (usize, usize),
 }
 
 /// Whether two networks share an address.
@@ -98,7 +133,14 @@ impl Book {
     #[must_use]
     pub fn new(spec: Upstream, allowed: Vec<IpNet>) -> Self {
         let protected = spec.never.iter().copied().chain(allowed).collect();
-        Self { spec, rules: BTreeMap::new(), protected, pressure: Pressure::default(), refused: BTreeMap::new() }
+        Self {
+            spec,
+            rules: BTreeMap::new(),
+            protected,
+            pressure: Pressure::default(),
+            refused: BTreeMap::new(),
+            sent: (0, 0),
+        }
     }
 
     #[must_use]
@@ -116,13 +158,15 @@ impl Book {
     /// each named in the log.
     pub fn set(&mut self, spec: Upstream, allowed: Vec<IpNet>) {
         let rules = std::mem::take(&mut self.rules);
-        let (pressure, refused) = (self.pressure, std::mem::take(&mut self.refused));
-        *self = Self { pressure, refused, ..Self::new(spec, allowed) };
-        for r in rules.into_values() {
-            if let Err(e) = self.check(&r) {
-                tracing::warn!(event = "upstream", "limiter: upstream {} no longer announced: {e}", r.describe());
-            } else {
-                self.rules.insert(r.key, r);
+        let (pressure, refused, sent) = (self.pressure, std::mem::take(&mut self.refused), self.sent);
+        *self = Self { pressure, refused, sent, ..Self::new(spec, allowed) };
+        // The operator's first: a smaller cap keeps theirs.
+        let mut rules: Vec<Rule> = rules.into_values().collect();
+        rules.sort_by_key(|r| std::cmp::Reverse(r.by));
+        for r in rules {
+            let what = r.describe();
+            if let Err(e) = self.admit(r) {
+                tracing::warn!(event = "upstream", "limiter: upstream {what} no longer announced: {e}");
             }
         }
     }
@@ -143,6 +187,16 @@ impl Book {
         };
         if r.key.net.prefix_len() < min {
             return Err(Refusal::TooWide { net: r.key.net, min, v });
+        }
+        if let Some(dest) = r.key.dest
+            && dest.addr().is_ipv4() != r.key.net.addr().is_ipv4()
+        {
+            return Err(Refusal::Family { net: r.key.net, dest });
+        }
+        if let Action::RateLimit { bytes_per_sec } = r.action
+            && bytes_per_sec > MAX_RATE
+        {
+            return Err(Refusal::Rate(bytes_per_sec));
         }
         // A blackhole's network is the host's own destination, which
         // `never` lists: only a FlowSpec rule's source is checked.
@@ -178,11 +232,44 @@ impl Book {
                 }
                 return Ok(changed);
             }
-            None if self.rules.len() >= self.spec.max_rules => return Err(Refusal::Cap(self.spec.max_rules)),
-            Some(_) | None => {}
+            Some(_) => {}
+            None => self.room_for(rule.by)?,
         }
-        self.rules.insert(rule.key, rule);
+        self.rules.insert(rule.key.clone(), rule);
         Ok(true)
+    }
+
+    /// Room for one more rule of `by`: link pressure within its share
+    /// ([`pressure_cap`]); at `max_rules`, a rule of a lower trigger is
+    /// let go for a higher one's (the lowest first, then the one that
+    /// ends first), so the operator always has room unless the operator's
+    /// own rules fill the cap.
+    fn room_for(&mut self, by: Trigger) -> Result<(), Refusal> {
+        let max = self.spec.max_rules;
+        if by == Trigger::Pressure {
+            let held = self.rules.values().filter(|r| r.by == Trigger::Pressure).count();
+            if held >= pressure_cap(max) {
+                return Err(Refusal::PressureCap(held));
+            }
+        }
+        if self.rules.len() < max {
+            return Ok(());
+        }
+        let lowest = self.rules.values().filter(|r| r.by < by).min_by_key(|r| (r.by, r.expires)).map(|r| r.key.clone());
+        let Some(key) = lowest else {
+            let [(_, operator), (_, escalation), (_, pressure)] = self.by_trigger();
+            let (announced, pending) = self.sent;
+            return Err(Refusal::Cap { wanted: self.rules.len(), operator, escalation, pressure, announced, pending });
+        };
+        if let Some(r) = self.rules.remove(&key) {
+            tracing::warn!(
+                event = "upstream",
+                "limiter: upstream {} let go at upstream.max_rules ({max}) for a rule of the {}",
+                r.describe(),
+                by.name()
+            );
+        }
+        Ok(())
     }
 
     /// Withdraw the rules of `net` (all of them: `None`), whoever asked
@@ -207,12 +294,14 @@ impl Book {
     }
 
     /// One second of link pressure: `rx_bits` received in it, and the
-    /// prefixes the program drops most now with the rate (bytes a second)
-    /// their class admits. Under pressure held for `pressure_sustained`,
-    /// the top `pressure_prefixes` are wanted rate-limited to what the
-    /// program admits of them, each until `hold_down` after it was last
-    /// among them: whether what is wanted changed.
-    pub fn second(&mut self, now: u64, rx_bits: u64, dropping: &[(IpNet, u64)]) -> bool {
+    /// rules that match what the program drops most now (each prefix's
+    /// source, with its class's protocol and ports and this host's
+    /// address) with the rate (bytes a second) the prefix is allowed in
+    /// all. Under pressure held for `pressure_sustained`, the top
+    /// `pressure_prefixes` are wanted rate-limited to it, each until
+    /// `hold_down` after it was last among them: whether what is wanted
+    /// changed.
+    pub fn second(&mut self, now: u64, rx_bits: u64, dropping: &[(Key, u64)]) -> bool {
         let s = &self.spec;
         if s.link_capacity == 0 {
             return false;
@@ -252,9 +341,10 @@ impl Book {
         }
         let (top, hold) = (s.pressure_prefixes, s.hold_down.as_secs().max(1));
         let mut changed = false;
-        for (net, bytes) in dropping.iter().take(top) {
+        for (key, bytes) in dropping.iter().take(top) {
+            let net = key.net;
             let rule = Rule {
-                key: Key::flow(*net),
+                key: key.clone(),
                 action: Action::RateLimit { bytes_per_sec: *bytes },
                 by: Trigger::Pressure,
                 since: now,
@@ -262,7 +352,12 @@ impl Book {
             };
             match self.add(rule) {
                 Ok(c) => changed |= c,
-                Err(e @ (Refusal::Protected { .. } | Refusal::TooWide { .. } | Refusal::Cap(_))) => {
+                Err(
+                    e @ (Refusal::Protected { .. }
+                    | Refusal::TooWide { .. }
+                    | Refusal::Cap { .. }
+                    | Refusal::PressureCap(_)),
+                ) => {
                     tracing::debug!("limiter: link pressure: {net} not announced: {e}");
                 }
                 Err(_) => {}

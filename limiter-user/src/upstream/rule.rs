@@ -51,7 +51,7 @@ impl Trigger {
 }
 
 /// What identifies a route: one rule per key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Key {
     pub kind: Kind,
     /// A FlowSpec rule's source, a blackhole's destination.
@@ -62,6 +62,12 @@ pub struct Key {
     /// A FlowSpec rule's IP protocol, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<u8>,
+    /// A FlowSpec rule's source port ranges (inclusive; none: any port).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_ports: Vec<(u16, u16)>,
+    /// A FlowSpec rule's destination port ranges (none: any port).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<(u16, u16)>,
 }
 
 /// A rule the daemon wants announced.
@@ -83,13 +89,27 @@ impl Key {
     /// A FlowSpec rule on a source network.
     #[must_use]
     pub fn flow(net: IpNet) -> Self {
-        Key { kind: Kind::Flowspec, net: net.trunc(), dest: None, protocol: None }
+        Key {
+            kind: Kind::Flowspec,
+            net: net.trunc(),
+            dest: None,
+            protocol: None,
+            source_ports: Vec::new(),
+            ports: Vec::new(),
+        }
     }
 
     /// A blackhole route to a destination.
     #[must_use]
     pub fn blackhole(net: IpNet) -> Self {
-        Key { kind: Kind::Blackhole, net: net.trunc(), dest: None, protocol: None }
+        Key {
+            kind: Kind::Blackhole,
+            net: net.trunc(),
+            dest: None,
+            protocol: None,
+            source_ports: Vec::new(),
+            ports: Vec::new(),
+        }
     }
 
     /// Its match, as ExaBGP reads it (`{ source ...; }`) or its prefix.
@@ -102,13 +122,33 @@ impl Key {
                     let _ = write!(m, " destination {d};");
                 }
                 if let Some(p) = self.protocol {
-                    let _ = write!(m, " protocol ={};", protocol_name(p));
+                    // ExaBGP takes `protocol` for IPv4 and `next-header`
+                    // for IPv6 (RFC 8956).
+                    let word = if self.net.addr().is_ipv4() { "protocol" } else { "next-header" };
+                    let _ = write!(m, " {word} ={};", protocol_name(p));
+                }
+                for (word, ranges) in [("source-port", &self.source_ports), ("destination-port", &self.ports)] {
+                    if !ranges.is_empty() {
+                        let _ = write!(m, " {word} [ {} ];", port_terms(ranges));
+                    }
                 }
                 m.push_str(" }");
                 m
             }
         }
     }
+}
+
+/// Port ranges as FlowSpec's numeric terms (`=53`, `>=1000&<=2000`).
+fn port_terms(ranges: &[(u16, u16)]) -> String {
+    let term = |&(a, b): &(u16, u16)| if a == b { format!("={a}") } else { format!(">={a}&<={b}") };
+    ranges.iter().map(term).collect::<Vec<_>>().join(" ")
+}
+
+/// Port ranges as `limiter upstream list` writes them (`53`, `1000-2000`).
+fn port_list(ranges: &[(u16, u16)]) -> String {
+    let term = |&(a, b): &(u16, u16)| if a == b { a.to_string() } else { format!("{a}-{b}") };
+    ranges.iter().map(term).collect::<Vec<_>>().join(",")
 }
 
 /// The IP protocols ExaBGP names (it takes a number for the others).
@@ -177,6 +217,12 @@ impl Rule {
                 if let Some(p) = self.key.protocol {
                     let _ = write!(s, " protocol {}", protocol_name(p));
                 }
+                if !self.key.source_ports.is_empty() {
+                    let _ = write!(s, " source-port {}", port_list(&self.key.source_ports));
+                }
+                if !self.key.ports.is_empty() {
+                    let _ = write!(s, " port {}", port_list(&self.key.ports));
+                }
                 match a {
                     Action::Discard => s.push_str(" discard"),
                     Action::RateLimit { bytes_per_sec } => {
@@ -211,8 +257,23 @@ mod tests {
         let r = rule(k, Action::RateLimit { bytes_per_sec: 1500 });
         assert_eq!(
             r.withdraw(&["64500:1".into()]),
-            "withdraw flow route { match { source 2001:2:80::/48; destination 2001:2:90::1/128; protocol =udp; } \
+            "withdraw flow route { match { source 2001:2:80::/48; destination 2001:2:90::1/128; next-header =udp; } \
              then { rate-limit 1500; community [64500:1]; } }"
+        );
+        // A class's ports, as FlowSpec's numeric terms.
+        let mut k = Key::flow("198.18.22.0/24".parse().unwrap());
+        k.protocol = protocol("udp");
+        k.source_ports = vec![(53, 53)];
+        k.ports = vec![(1000, 2000), (443, 443)];
+        let r = rule(k, Action::RateLimit { bytes_per_sec: 9 });
+        assert_eq!(
+            r.announce(&[]),
+            "announce flow route { match { source 198.18.22.0/24; protocol =udp; source-port [ =53 ]; \
+             destination-port [ >=1000&<=2000 =443 ]; } then { rate-limit 9; } }"
+        );
+        assert_eq!(
+            r.describe(),
+            "flowspec source 198.18.22.0/24 protocol udp source-port 53 port 1000-2000,443 rate-limit 9 B/s by operator"
         );
         let b = rule(Key::blackhole("198.18.90.1/32".parse().unwrap()), Action::Discard);
         assert_eq!(b.announce(&[]), "announce route 198.18.90.1/32 next-hop self community [65535:666]");

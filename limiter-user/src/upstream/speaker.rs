@@ -2,8 +2,11 @@
 //! is handed the rules wanted, checks the speaker every
 //! [`CHECK_EVERY`] (its sessions, and whether it still holds what was
 //! announced: a restarted ExaBGP holds nothing, and is given everything
-//! again), sends the difference within the change budget, withdrawals
-//! first, and writes what is wanted and what is announced to the state
+//! again, outside the change budget: putting back what the speaker lost
+//! is no change at the transit), sends the difference within the change
+//! budget, withdrawals first and the operator's before automation's
+//! (which may use three quarters of the budget: the operator always
+//! finds some left), and writes what is wanted and what is announced to the state
 //! file before each announcement (so a daemon that dies leaves no route
 //! it does not know of). Nothing here waits on the daemon's loop, and the
 //! loop never waits on the speaker.
@@ -18,7 +21,7 @@ use std::{
 
 use super::{
     exabgp::{Pipe, PipeError, neighbours, routes},
-    rule::{Key, Rule},
+    rule::{Key, Rule, Trigger},
 };
 pub use super::{state::Saved, status::Status};
 
@@ -64,16 +67,17 @@ impl Speaker {
         let mut worker = Worker {
             pipe: Pipe::new(pipe),
             state,
-            wanted: wanted.into_iter().map(|r| (r.key, r)).collect(),
+            wanted: wanted.into_iter().map(|r| (r.key.clone(), r)).collect(),
             // Routes given with other communities than the policy's now
             // are given again.
             stale: if saved.communities == sending.communities {
                 BTreeSet::new()
             } else {
-                saved.announced.iter().map(|r| r.key).collect()
+                saved.announced.iter().map(|r| r.key.clone()).collect()
             },
             announced_with: saved.communities,
-            announced: saved.announced.into_iter().map(|r| (r.key, r)).collect(),
+            announced: saved.announced.into_iter().map(|r| (r.key.clone(), r)).collect(),
+            restoring: BTreeMap::new(),
             shadowed: BTreeMap::new(),
             sending,
             sent: VecDeque::new(),
@@ -120,6 +124,9 @@ struct Worker {
     state: PathBuf,
     wanted: BTreeMap<Key, Rule>,
     announced: BTreeMap<Key, Rule>,
+    /// What a restarted speaker lost: given again without a charge to the
+    /// change budget (the transit held them until the speaker went).
+    restoring: BTreeMap<Key, Rule>,
     /// Announced routes that carry communities other than the policy's.
     stale: BTreeSet<Key>,
     /// The communities the announced routes carry (those not stale).
@@ -137,6 +144,14 @@ struct Worker {
     dirty: bool,
 }
 
+/// The changes a minute automation may send of `max`: three quarters
+/// (at least one), so the operator's change never waits a minute behind
+/// link pressure's.
+#[must_use]
+pub fn automation_budget(max: usize) -> usize {
+    (max * 3 / 4).max(1).min(max)
+}
+
 /// Whether two rules are the same route with the same action.
 fn same(a: &Rule, b: &Rule) -> bool {
     a.key == b.key && a.action == b.action
@@ -150,9 +165,9 @@ impl Worker {
                 match msg {
                     Ok(Msg::Want(rules, sending)) => {
                         if sending.communities != self.sending.communities {
-                            self.stale = self.announced.keys().copied().collect();
+                            self.stale = self.announced.keys().cloned().collect();
                         }
-                        self.wanted = rules.into_iter().map(|r| (r.key, r)).collect();
+                        self.wanted = rules.into_iter().map(|r| (r.key.clone(), r)).collect();
                         self.sending = sending;
                         self.dirty = true;
                         if self.sending.shadow {
@@ -243,7 +258,7 @@ impl Worker {
                     "limiter: the upstream speaker holds {lost} fewer route(s) than it was given (restarted?): announcing all {} again",
                     self.announced.len()
                 );
-                self.announced.clear();
+                self.restoring = std::mem::take(&mut self.announced);
                 self.dirty = true;
                 self.set(|s| s.reannounced += 1);
             }
@@ -252,13 +267,17 @@ impl Worker {
         }
     }
 
-    /// A change may be sent now (`force`: a stop's withdrawals).
-    fn budget(&mut self, force: bool) -> bool {
+    /// A change of `by`'s rule may be sent now (`force`: a stop's
+    /// withdrawals). Automation's may use [`automation_budget`] of the
+    /// budget, the operator's all of it.
+    fn budget(&mut self, force: bool, by: Trigger) -> bool {
         let now = Instant::now();
         while self.sent.front().is_some_and(|t| now.duration_since(*t) >= Duration::from_mins(1)) {
             self.sent.pop_front();
         }
-        if !force && self.sent.len() >= self.sending.max_changes_per_minute as usize {
+        let max = self.sending.max_changes_per_minute as usize;
+        let max = if by == Trigger::Operator { max } else { automation_budget(max) };
+        if !force && self.sent.len() >= max {
             return false;
         }
         self.sent.push_back(now);
@@ -273,16 +292,21 @@ impl Worker {
         // A route still wanted with another action is announced again (it
         // replaces the old one), not withdrawn.
         let gone: Vec<Rule> = self.announced.values().filter(|r| !wanted.contains_key(&r.key)).cloned().collect();
-        let new: Vec<Rule> = wanted
+        // What a restarted speaker lost and is no longer wanted: nothing
+        // to withdraw.
+        self.restoring.retain(|k, _| wanted.contains_key(k));
+        let mut new: Vec<Rule> = wanted
             .values()
             .filter(|w| self.stale.contains(&w.key) || !self.announced.get(&w.key).is_some_and(|r| same(w, r)))
             .cloned()
             .collect();
+        // The operator's first.
+        new.sort_by_key(|r| std::cmp::Reverse(r.by));
         let mut pending = 0;
         if up || force {
             let c = self.sending.communities.clone();
             for r in gone {
-                if !self.budget(force) {
+                if !self.budget(force, r.by) {
                     pending += 1;
                     continue;
                 }
@@ -301,10 +325,17 @@ impl Worker {
             // write: a daemon that dies while it goes withdraws it when it
             // starts again.
             let total = new.len();
-            let sending: Vec<Rule> = new.into_iter().filter(|_| !force && self.budget(false)).collect();
+            let sending: Vec<Rule> = new
+                .into_iter()
+                .filter(|r| {
+                    let restore = self.restoring.get(&r.key).is_some_and(|o| same(o, r));
+                    !force && (restore || self.budget(false, r.by))
+                })
+                .collect();
             pending += total - sending.len();
             for r in &sending {
-                self.announced.insert(r.key, r.clone());
+                self.restoring.remove(&r.key);
+                self.announced.insert(r.key.clone(), r.clone());
             }
             if !sending.is_empty() {
                 self.dirty = true;

@@ -211,9 +211,15 @@ fn group() -> impl Strategy<Value = crate::policy::group::Group> {
     let action = prop_oneof![Just(GroupAction::Rate), Just(GroupAction::Allow), Just(GroupAction::Deny)];
     let members = (vec("[A-Z]{2}", 0..3), vec(any::<u32>(), 0..3));
     let flags = (any::<bool>(), any::<bool>(), option::of(1u64..1 << 32), option::of(1u64..1 << 32));
-    ("[a-z_]{1,12}", "/[a-z/]{1,20}", members, action, duration(), flags).prop_map(
-        |(name, path, (countries, asns), action, refresh, (allow_bogons, shadow, rate, burst))| {
+    let guards = (0u8..=32, 0u8..=128, 0u32..=100, 0u32..=400, 0u32..=100);
+    ("[a-z_]{1,12}", "/[a-z/]{1,20}", members, action, duration(), flags, guards).prop_map(
+        |(name, path, (countries, asns), action, refresh, (allow_bogons, shadow, rate, burst), (v4, v6, c, g, s))| {
             crate::policy::group::Group {
+                min_v4_prefix: v4,
+                min_v6_prefix: v6,
+                max_coverage: f64::from(c) / 100.0,
+                max_growth: f64::from(g) / 100.0,
+                max_shrink: f64::from(s) / 100.0,
                 name,
                 path: path.into(),
                 countries,
