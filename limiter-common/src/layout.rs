@@ -3,7 +3,7 @@
 //! userspace, the `Pod` marks aya reads and writes them with.
 
 use crate::{
-    BucketKey, BucketState, ClassCounters, ClassLimits, ClockCache, Config, Counter, DropEvent, MAX_CLASSES,
+    AnswerKey, BucketKey, BucketState, ClassCounters, ClassLimits, ClockCache, Config, Counter, DropEvent, MAX_CLASSES,
     MAX_MATCHERS, Matcher, Meta, RuntimeKey, RuntimeOverride, cookie, deny, group, lease, maps, resolution,
 };
 
@@ -13,6 +13,7 @@ const _: () = assert!(core::mem::size_of::<Config>() == 72 + 32 * MAX_CLASSES + 
 const _: () = assert!(core::mem::size_of::<cookie::Cookies>() == 88);
 const _: () = assert!(core::mem::size_of::<cookie::SynGuard>() == 24);
 const _: () = assert!(core::mem::size_of::<DropEvent>() == 32);
+const _: () = assert!(core::mem::size_of::<AnswerKey>() == 40);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 12);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
 const _: () = assert!(core::mem::size_of::<ClassCounters>() == 48);
@@ -43,6 +44,7 @@ mod pod {
     unsafe impl aya::Pod for crate::ClassCounters {}
     unsafe impl aya::Pod for crate::ClassLimits {}
     unsafe impl aya::Pod for crate::DropEvent {}
+    unsafe impl aya::Pod for crate::AnswerKey {}
     unsafe impl aya::Pod for crate::lease::CpuSlot {}
     unsafe impl aya::Pod for crate::ClockCache {}
     unsafe impl aya::Pod for crate::window::WindowState {}

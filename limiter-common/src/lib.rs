@@ -369,6 +369,23 @@ pub mod runtime_action {
     pub const DENY: u32 = 3;
 }
 
+/// Key of [`maps::OWN_ANSWERS`]: a connected UDP socket of this host as
+/// an answer to it reaches it: the answer's source (the socket's peer)
+/// and destination (the socket's own address), each port in network
+/// order. An own answer is charged to its socket's budget.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AnswerKey {
+    /// The peer's address, network order (IPv4 in `peer[0]`).
+    pub peer: [u32; 4],
+    /// This host's address the socket is bound to.
+    pub local: [u32; 4],
+    /// The peer's port in the low half, this host's in the high half.
+    pub ports: u32,
+    /// [`family::IPV4`] or [`family::IPV6`].
+    pub family: u32,
+}
+
 /// A sampled drop, for the top-offenders list and escalation: which
 /// bucket, why, and from which address. Also sent, unsampled, for every
 /// `syn_cookie_verified` ACK: that address proved itself (escalation

@@ -9,8 +9,8 @@
 use core::mem::size_of;
 
 use crate::{
-    BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, MAX_CLASSES, Meta, RuntimeKey, RuntimeOverride,
-    STAT_ENTRIES,
+    AnswerKey, BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, MAX_CLASSES, Meta, RuntimeKey,
+    RuntimeOverride, STAT_ENTRIES,
     cookie::{REFRESH_SLOTS, SynGuard},
     deny::{DenyKey, DenyLens, MAX_ORIGINS, OriginName},
     group::{GroupHits, GroupLimits, MAX_GROUPS, MAX_NETWORKS as GROUP_NETWORKS},
@@ -140,6 +140,15 @@ pub const SYN_GUARD: &str = "SYN_GUARD";
 /// only: when a SYN to each port (per family) was last handed to the
 /// kernel's own cookie path.
 pub const KERNEL_SYNS: &str = "KERNEL_SYNS";
+/// `LRU_HASH<crate::AnswerKey, u64>`, [`OWN_ANSWERS_ENTRIES`] entries,
+/// program only: the GCRA state of each connected UDP socket's own
+/// answers (`own_answer`), which pass a reflection class's refusal only
+/// within the class's allowance per socket, so a local user who connects
+/// a socket to a spoofed source opens no uncharged hole.
+pub const OWN_ANSWERS: &str = "OWN_ANSWERS";
+/// Sockets whose own answers are tracked at once (only connected UDP
+/// sockets of this host make entries).
+pub const OWN_ANSWERS_ENTRIES: u32 = 16_384;
 /// Size of [`TOUCHED`] in bytes.
 pub const TOUCHED_BYTES: u32 = 1 << 20;
 /// Default capacity of [`BUCKETS`] (tracked prefixes).
@@ -239,7 +248,7 @@ const CLASSES_U32: u32 = MAX_CLASSES as u32;
 
 /// Every map of the program; the pinned ones first, in the order the
 /// loader pins them.
-pub const TABLE: [Spec; 34] = [
+pub const TABLE: [Spec; 35] = [
     Spec::new(BUCKETS, Kind::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), DEFAULT_BUCKET_CAPACITY)
         .by_capacity()
         .pinned(11),
@@ -282,6 +291,7 @@ pub const TABLE: [Spec; 34] = [
     Spec::new(CLOCK_CACHE, Kind::PerCpuArray, 4, size_of::<ClockCache>(), 1),
     Spec::new(CPU_SLOTS, Kind::PerCpuArray, 4, size_of::<CpuSlot>(), CPU_SLOTS_ENTRIES),
     Spec::new(KERNEL_SYNS, Kind::Array, 4, 8, REFRESH_SLOTS),
+    Spec::new(OWN_ANSWERS, Kind::LruHash, size_of::<AnswerKey>(), 8, OWN_ANSWERS_ENTRIES),
 ];
 
 /// The row of the map `name`; a name not in [`TABLE`] fails the build

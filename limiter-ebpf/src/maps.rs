@@ -12,7 +12,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use limiter_common::{
-    BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, Meta, RuntimeKey, RuntimeOverride,
+    AnswerKey, BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, Meta, RuntimeKey, RuntimeOverride,
     cookie::SynGuard,
     deny::{DenyKey, DenyLens, OriginName},
     group::{GroupHits, GroupLimits},
@@ -267,4 +267,11 @@ map! {
     /// Written by: XDP, per CPU, each packet of a group. Read by:
     /// userspace, summed over CPUs, for the metrics.
     GROUP_HITS: PerCpuArray<GroupHits>
+}
+
+map! {
+    /// Written by: XDP (an own answer charged to its socket's budget).
+    /// Read by: XDP. Program only, never pinned: a restart starts each
+    /// socket's budget full, which is one burst.
+    OWN_ANSWERS: LruHashMap<AnswerKey, u64>
 }

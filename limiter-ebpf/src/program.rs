@@ -149,7 +149,7 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
         Reason::NewSourceLimited if cookies => cookies::on_budget_refusal(&c).unwrap_or(reason),
         r => r,
     };
-    let reason = answer::unless_own(pkt.0, cfg, class, reason);
+    let reason = answer::unless_own(pkt.0, cfg, class, reason, now, pkt.len());
     let seen = count(class, reason, *fam, pkt.len());
     if reason.verdict() == Verdict::Drop {
         sample_drop(pkt.0, cfg, &key, reason, now, seen);

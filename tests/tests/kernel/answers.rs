@@ -1,7 +1,9 @@
 //! Answers to this host's own sockets through the real program (injected
 //! clock): a reflection class's refusal passes as `own_answer` when the
 //! packet answers a UDP socket this host connected to its source, and
-//! only then. The program asks the sockets of the namespace the test
+//! only then, within that socket's own budget (the class's allowance
+//! again, per socket: a local user's socket connected to a spoofed
+//! source opens no uncharged hole). The program asks the sockets of the namespace the test
 //! runs in (BPF_PROG_TEST_RUN's loopback), so the sockets are on it.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
@@ -78,7 +80,7 @@ fn a_refused_answer_to_a_socket_this_host_connected_passes_and_nothing_else_does
         ("the reflection class's burst", udp4(peer, resolver, server), Reason::Admitted),
         ("to a server's unconnected socket: no proof", udp4(peer, resolver, server), Reason::RateLimited),
         ("to the socket connected to it", udp4(peer, resolver, client), Reason::OwnAnswer),
-        ("again: still its", udp4(peer, resolver, client), Reason::OwnAnswer),
+        ("again at once: past its socket's budget (burst 1)", udp4(peer, resolver, client), Reason::RateLimited),
         ("from another port of the class", udp4(peer, other, client), Reason::RateLimited),
         ("from another address of the prefix", udp4(Ipv4Addr::new(127, 0, 0, 3), resolver, client), Reason::RateLimited),
         ("to a port no socket has", udp4(peer, resolver, 9), Reason::RateLimited),
@@ -93,10 +95,54 @@ fn a_refused_answer_to_a_socket_this_host_connected_passes_and_nothing_else_does
     }
     let c = l.maps.class_totals().unwrap();
     // Passed own answers count as passed of their class; they took no
-    // credit (the class's next refusal is still a refusal, not a deficit).
-    assert_eq!((c[1].admitted.packets, c[1].dropped.packets), (5, 5), "the reflection class's counts");
+    // credit of the prefix's bucket (the class's next refusal is still a
+    // refusal, not a deficit).
+    assert_eq!((c[1].admitted.packets, c[1].dropped.packets), (4, 6), "the reflection class's counts");
     // A second later the class's bucket has one packet again: the answers
-    // passed beside it spent none of it.
+    // passed beside it spent none of it; and the socket's own budget has
+    // one again.
     let later = T0 + 1_000_000_000;
     assert_eq!(kernel::reason_at(&mut l, later, &udp4(peer, resolver, server)), Reason::Admitted);
+    assert_eq!(kernel::reason_at(&mut l, later, &udp4(peer, resolver, client)), Reason::OwnAnswer);
+    assert_eq!(kernel::reason_at(&mut l, later, &udp4(peer, resolver, client)), Reason::RateLimited);
+}
+
+/// Each connected socket has a budget of its own: a flood of answers to
+/// one socket (a local user's, connected to the spoofed source) passes
+/// only that socket's allowance, and the host's resolver socket beside
+/// it keeps its own (O1).
+#[test]
+fn own_answers_are_held_to_each_sockets_allowance() {
+    let _alone = limiter_tests::alone(module_path!());
+    let peer = Ipv4Addr::new(127, 0, 0, 2);
+    let (_r, resolver) = bound("127.0.0.2:0");
+    let (_u, user) = connected("127.0.0.1:0", SocketAddr::from((peer, resolver)));
+    let (_h, host) = connected("127.0.0.1:0", SocketAddr::from((peer, resolver)));
+    let (_r6, resolver6) = bound("[::1]:0");
+    let (_u6, user6) = connected("[::1]:0", SocketAddr::from((Ipv6Addr::LOCALHOST, resolver6)));
+    let mut policy = policy(&[resolver, resolver6]);
+    policy.classes[0].limit = lim(10, 20);
+    let mut l = kernel::open(&policy.compile(1).unwrap());
+    let mut got = std::collections::BTreeMap::<&str, (u64, u64)>::new();
+    // 1,000 answers at one instant to the user's socket, then 20 to the
+    // host's: the class's burst (20) goes to the first, then each socket
+    // passes its own burst of 20.
+    let frames = [
+        ("user", udp4(peer, resolver, user), 1000),
+        ("host", udp4(peer, resolver, host), 20),
+        ("user (IPv6)", udp6(resolver6, user6), 1000),
+    ];
+    for (to, frame, n) in frames {
+        for _ in 0..n {
+            let e = got.entry(to).or_default();
+            match kernel::reason_at(&mut l, T0, &frame) {
+                Reason::OwnAnswer | Reason::Admitted => e.0 += 1,
+                _ => e.1 += 1,
+            }
+        }
+    }
+    println!("passed, dropped: {got:?}");
+    assert_eq!(got["user"], (40, 960), "the class's burst and the socket's");
+    assert_eq!(got["host"], (20, 0), "the resolver's socket keeps its own");
+    assert_eq!(got["user (IPv6)"], (40, 960), "the same over IPv6");
 }
