@@ -21,6 +21,7 @@ use limiter_tests::{
 };
 
 mod harness;
+mod upstream;
 
 use self::harness::*;
 

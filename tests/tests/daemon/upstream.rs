@@ -29,9 +29,9 @@ use limiter_tests::{
     scenario::{self, PORT, spawn_lines, unique_socket, wait_for},
 };
 
-const SESSION: Duration = Duration::from_mins(1);
+pub(crate) const SESSION: Duration = Duration::from_mins(1);
 
-fn run(net: &VethPair, policy: &Path, socket: &Path) -> (scenario::Guard, std::sync::mpsc::Receiver<String>) {
+pub(crate) fn run(net: &VethPair, policy: &Path, socket: &Path) -> (scenario::Guard, std::sync::mpsc::Receiver<String>) {
     let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
     c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"]).arg(policy);
     c.arg("--socket").arg(socket);
@@ -40,17 +40,17 @@ fn run(net: &VethPair, policy: &Path, socket: &Path) -> (scenario::Guard, std::s
     (g, log)
 }
 
-fn ok(o: &Output) -> String {
+pub(crate) fn ok(o: &Output) -> String {
     assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn refused(o: &Output) -> String {
+pub(crate) fn refused(o: &Output) -> String {
     assert!(!o.status.success(), "accepted: {}", String::from_utf8_lossy(&o.stdout));
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn list(socket: &Path) -> serde_json::Value {
+pub(crate) fn list(socket: &Path) -> serde_json::Value {
     serde_json::from_str(&ok(&scenario::cli(socket, &["upstream", "list", "-j"]))).unwrap()
 }
 
@@ -69,15 +69,15 @@ fn policy(dir: &Path, bgp: &Bgp, never: &str, extra: &str) -> PathBuf {
 
 /// A test's router and speaker, its veth for the daemon, and the policy
 /// written (`never` and `extra` as [`policy`] takes them).
-struct Bed {
-    bgp: Bgp,
-    net: VethPair,
-    socket: PathBuf,
-    policy: PathBuf,
-    _dir: TempDir,
+pub(crate) struct Bed {
+    pub(crate) bgp: Bgp,
+    pub(crate) net: VethPair,
+    pub(crate) socket: PathBuf,
+    pub(crate) policy: PathBuf,
+    pub(crate) _dir: TempDir,
 }
 
-fn bed(tag: &str, never: &str, extra: &str) -> Bed {
+pub(crate) fn bed(tag: &str, never: &str, extra: &str) -> Bed {
     let bgp = Bgp::start(tag);
     let net = VethPair::new(&format!("{tag}d"));
     let dir = TempDir::new(&format!("upstream-{tag}"));
@@ -86,7 +86,7 @@ fn bed(tag: &str, never: &str, extra: &str) -> Bed {
 }
 
 /// How long `cond` took to hold (polling BIRD), within `within`.
-fn until(bgp: &Bgp, within: Duration, cond: impl Fn(&Bgp) -> bool) -> Option<Duration> {
+pub(crate) fn until(bgp: &Bgp, within: Duration, cond: impl Fn(&Bgp) -> bool) -> Option<Duration> {
     let start = Instant::now();
     bgp.wait(within, cond).then(|| start.elapsed())
 }

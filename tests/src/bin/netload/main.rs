@@ -15,7 +15,10 @@
 //!                                                   /24 of A.B.0.0/16),
 //!                                                   PPS a second for SECS,
 //!                                                   from port SPORT, 12345
-//!                                                   unless given)
+//!                                                   unless given; to an
+//!                                                   IPv6 DST, from each
+//!                                                   host of the /64 of
+//!                                                   A, an IPv6 address)
 //!   netload spoof-tcp IFACE DST_MAC DST_IP:PORT SECS FLAGS
 //!                                                  (the same with the TCP
 //!                                                   flags FLAGS, in hex)

@@ -47,7 +47,10 @@ pub fn spoof_prefix(
     pps: u64,
     secs: f64,
 ) -> anyhow::Result<()> {
-    let std::net::IpAddr::V4(dst_ip) = dst.ip() else { bail!("IPv4 only") };
+    let dst_ip = match dst.ip() {
+        std::net::IpAddr::V4(d) => d,
+        std::net::IpAddr::V6(d) => return spoof_prefix6(iface, mac, (d, dst.port(), sport), net, pps, secs),
+    };
     let octets: Vec<u8> = net.split('.').map(str::parse).collect::<Result<_, _>>().context("A.B.C")?;
     // A /24 (`A.B.C`): each of its hosts in turn; a /16 (`A.B`): host 1
     // to 254 of each of its /24s in turn, every /24 one packet in 256.
@@ -121,6 +124,43 @@ pub fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64, flags: u8) 
                 sent += 1;
             }
         }
+    }
+    // SAFETY: closing our own fd.
+    unsafe { libc::close(fd) };
+    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// [`spoof_prefix`] over IPv6: UDP from host 1, 2, ... of the /64 of
+/// `net` (an IPv6 address, `2001:2:22::`) in turn.
+fn spoof_prefix6(
+    iface: &str,
+    mac: &str,
+    (dst, port, sport): (std::net::Ipv6Addr, u16, u16),
+    net: &str,
+    pps: u64,
+    secs: f64,
+) -> anyhow::Result<()> {
+    use limiter_tests::packet::{ETH_P_IPV6, Frame, IPPROTO_UDP};
+    let base =
+        u128::from(net.parse::<std::net::Ipv6Addr>().context("an IPv6 /64 as 2001:2:22::")?) & !0xffff_ffff_ffff_ffff;
+    let mac = parse_mac(mac)?;
+    let (fd, addr) = packet_socket(iface, &mac)?;
+    let dur = Duration::from_secs_f64(secs.clamp(0.0, 60.0));
+    let (start, mut sent, mut i) = (Instant::now(), 0u64, 0u64);
+    while start.elapsed() < dur && i < MAX_PACKETS {
+        #[expect(clippy::cast_precision_loss, reason = "pacing only")]
+        let due = Duration::from_secs_f64(i as f64 / pps.max(1) as f64);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let src = std::net::Ipv6Addr::from(base | u128::from(1 + i % 65_535));
+        let mut f = Frame::eth(ETH_P_IPV6).ipv6(src, IPPROTO_UDP).udp_ports(sport, port).to_v6(dst).bytes;
+        f[..6].copy_from_slice(&mac);
+        if send_frame(fd, &addr, &f)? {
+            sent += 1;
+        }
+        i += 1;
     }
     // SAFETY: closing our own fd.
     unsafe { libc::close(fd) };
