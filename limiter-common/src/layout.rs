@@ -12,7 +12,7 @@ const _: () = assert!(core::mem::size_of::<Matcher>() == 8);
 const _: () = assert!(core::mem::size_of::<Config>() == 72 + 32 * MAX_CLASSES + 8 * MAX_MATCHERS + 88);
 const _: () = assert!(core::mem::size_of::<cookie::Cookies>() == 88);
 const _: () = assert!(core::mem::size_of::<cookie::SynGuard>() == 24);
-const _: () = assert!(core::mem::size_of::<DropEvent>() == 32);
+const _: () = assert!(core::mem::size_of::<DropEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<AnswerKey>() == 40);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 12);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);

@@ -400,6 +400,12 @@ pub struct DropEvent {
     /// `src[0]`; the family is the key's). Events of builds before it are
     /// 16 bytes long and have none.
     pub src: [u32; 4],
+    /// 1: a rate-limited TCP segment of a connection this host holds
+    /// (evidence a blind spoofer cannot forge). Events of builds before
+    /// it are 32 bytes long and say 0.
+    pub held: u32,
+    /// Always zero (explicit padding).
+    pub pad: u32,
 }
 
 mod layout;

@@ -29,7 +29,7 @@ pub fn proven(ctx: &XdpContext, key: &BucketKey) {
 /// on the stack and copied, its 32 bytes took the SYN-ACK path's call
 /// chain past the verifier's 512-byte combined stack limit.
 #[inline(always)]
-fn event(key: &BucketKey, src: Option<&[u32; 4]>, reason: Reason) {
+fn event(key: &BucketKey, src: Option<&[u32; 4]>, reason: Reason, held: u32) {
     let Some(mut e) = DROP_EVENTS.reserve::<DropEvent>(0) else { return };
     let p = e.as_mut_ptr();
     // SAFETY: `p` is the reserved record, DropEvent-sized; each field is
@@ -38,6 +38,8 @@ fn event(key: &BucketKey, src: Option<&[u32; 4]>, reason: Reason) {
         (&raw mut (*p).key).write(*key);
         (&raw mut (*p).reason).write(reason as u32);
         (&raw mut (*p).src).write(src.copied().unwrap_or_default());
+        (&raw mut (*p).held).write(held);
+        (&raw mut (*p).pad).write(0);
     }
     e.submit(0);
 }
@@ -54,10 +56,16 @@ pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, rea
     let pkt = Packet(&xdp);
     let key = BucketKey::from_words(head, tail);
     let src = source_of(&pkt, key.family == family::IPV6);
-    let reason = Reason::from_index(u32::try_from(reason).unwrap_or(u32::MAX)).unwrap_or(Reason::NoConfig);
-    event(&key, src.as_ref(), reason);
+    // The reason's index, and above it whether the segment was held.
+    let of_held_connection = u32::from(reason & HELD != 0);
+    let reason = Reason::from_index(u32::try_from(reason & !HELD).unwrap_or(u32::MAX)).unwrap_or(Reason::NoConfig);
+    event(&key, src.as_ref(), reason, of_held_connection);
     0
 }
+
+/// [`limiter_drop_event`]'s `reason` bit: the segment's connection is
+/// held by this host ([`crate::held`]).
+const HELD: u64 = 1 << 32;
 
 /// The source address of an IPv4 or IPv6 packet behind up to two VLAN
 /// tags (as the parser found it), network byte order.
@@ -102,7 +110,10 @@ pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reas
         return;
     }
     let (head, tail) = key.words();
-    limiter_drop_event(ctx.ctx, head, tail, reason as u64);
+    // Escalation's evidence, asked of the sockets for a sampled
+    // rate-limited TCP drop only.
+    let evidence = if reason == Reason::RateLimited && crate::held::limiter_held(ctx.ctx) == 1 { HELD } else { 0 };
+    limiter_drop_event(ctx.ctx, head, tail, reason as u64 | evidence);
     let Some(last) = DROP_SAMPLER.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU slot, only this CPU's softirq writes it.
     unsafe {

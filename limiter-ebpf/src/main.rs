@@ -43,6 +43,8 @@ mod deny;
 #[cfg(target_arch = "bpf")]
 mod group;
 #[cfg(target_arch = "bpf")]
+mod held;
+#[cfg(target_arch = "bpf")]
 mod job;
 #[cfg(target_arch = "bpf")]
 mod lease;

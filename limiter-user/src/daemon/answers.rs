@@ -140,6 +140,7 @@ impl Answers<'_> {
                 f.push(Box::new(FeedbackCounts {
                     unproven: self.observer.escalator.unproven,
                     proven_sources: self.observer.escalator.proven.len() as u64,
+                    escalations_capped: self.view.feedback.escalations_capped + self.observer.escalator.capped,
                     ..self.view.feedback
                 }));
                 f.push(Box::new(self.deny_report()?));

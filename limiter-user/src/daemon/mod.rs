@@ -366,10 +366,14 @@ impl Daemon {
                 None
             }
             // Escalation's denial, in force here: announced upstream too
-            // when the policy asks (a refused one never is).
+            // when the policy asks, and only when its drops were of
+            // connections this host holds (proof of source alone is not
+            // enough: a spoofer can send from a proven address); a refused
+            // one never is.
             Change::Penalty { cidr, ttl, by: Decider::Escalation, .. } if result.is_ok() => {
+                let bound = cidr.parse().is_ok_and(|n| self.observer.escalator.bound(&n));
                 if let Some(up) = self.features.get_mut::<upstream::UpstreamSide>() {
-                    up.escalated(&cidr, ttl);
+                    up.escalated(&cidr, ttl, bound);
                 }
                 Some(self.reloads.changed(result, version))
             }

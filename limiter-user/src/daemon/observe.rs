@@ -81,10 +81,11 @@ impl Observer {
         let secs = rule.sustained.as_secs();
         found
             .into_iter()
-            .map(|(net, rate)| {
-                let cidr = net.to_string();
-                tracing::info!(event = "escalation", cidr = %cidr, rate, "limiter: {cidr} dropped at about {rate}/s for {secs} s: asking to deny it");
-                (cidr, rule.deny_for.as_secs(), format!("escalation: about {rate} drops/s for {secs} s"))
+            .map(|f| {
+                let (cidr, rate) = (f.net.to_string(), f.rate);
+                let bound = if f.bound { ", of connections this host holds" } else { "" };
+                tracing::info!(event = "escalation", cidr = %cidr, rate, bound = f.bound, "limiter: {cidr} dropped at about {rate}/s for {secs} s{bound}: asking to deny it");
+                (cidr, rule.deny_for.as_secs(), format!("escalation: about {rate} drops/s for {secs} s{bound}"))
             })
             .collect()
     }
@@ -117,7 +118,7 @@ impl Observer {
             // SAFETY: `n` bytes of a DropEvent written by the program,
             // copied into a zeroed one.
             unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (&raw mut ev).cast::<u8>(), n) };
-            let src = (n == std::mem::size_of::<DropEvent>()).then(|| source(&ev)).flatten();
+            let src = (n >= std::mem::offset_of!(DropEvent, held)).then(|| source(&ev)).flatten();
             if ev.reason == Reason::SynCookieVerified as u32 {
                 if let Some(a) = src {
                     self.escalator.proven.prove(a, now);
@@ -126,7 +127,7 @@ impl Observer {
             }
             self.top.record(now, ev.key);
             if ev.reason == Reason::RateLimited as u32 {
-                self.escalator.record(ev.key, src);
+                self.escalator.record(ev.key, src, ev.held == 1);
             }
         }
     }

@@ -229,11 +229,20 @@ impl UpstreamSide {
     }
 
     /// Escalation denied a proven source for `ttl` seconds: announced too
-    /// when the policy says `escalate = true`.
-    pub(super) fn escalated(&mut self, cidr: &str, ttl: u64) {
+    /// when the policy says `escalate = true` and the escalation is
+    /// `bound` (its drops were segments of connections this host holds).
+    pub(super) fn escalated(&mut self, cidr: &str, ttl: u64, bound: bool) {
         let Some(on) = &mut self.on else { return };
         let Ok(net) = cidr.parse::<IpNet>() else { return };
         if !on.book.spec().escalate {
+            return;
+        }
+        if !bound {
+            tracing::info!(
+                event = "upstream",
+                "limiter: escalation of {net} not announced upstream: its drops were not of a connection this host \
+                 holds (proof of source alone is not enough)"
+            );
             return;
         }
         let now = crate::clock::unix_now();

@@ -50,6 +50,7 @@ impl View {
                     shadowed: g.shadowed,
                     refused: g.refused,
                     escalations: g.escalations,
+                    escalations_capped: g.escalations_capped,
                     ..FeedbackCounts::default()
                 }
             },

@@ -15,6 +15,16 @@
 //! never gets anyone denied. Memory is bounded: the samples of proven
 //! addresses are kept (at most `proof::MAX_PROVEN`), of at most
 //! `MAX_UNPROVEN` others a second, and of at most `MAX_KEYS` prefixes.
+//!
+//! Proof says an address is real, not that the drops are its: a spoofer
+//! can send from a proven host's address. Drops of TCP segments of a
+//! connection this host holds (the program asks the kernel's sockets for
+//! each sampled one) are evidence a blind spoofer cannot forge without
+//! the connection's ports: an escalation whose held drops alone are above
+//! the rate is *bound*. Only a bound escalation is announced upstream,
+//! and escalations that are not bound hold at most half of `max_denied`
+//! (rounded up): the rest is kept for bound ones, so spoofed victims can
+//! never fill the cap against the real abuser.
 
 use std::{collections::HashMap, net::IpAddr, time::Instant};
 
@@ -39,7 +49,25 @@ const MAX_PER_SECOND: usize = 16;
 struct Sampled {
     key: BucketKey,
     n: u64,
+    /// Of them, segments of a connection this host holds.
+    held: u64,
     first: Instant,
+}
+
+/// What escalation asks to deny: the network, its estimated drops a
+/// second, and whether its drops are bound to a connection this host
+/// holds (evidence a blind spoofer cannot forge).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub net: IpNet,
+    pub rate: u64,
+    pub bound: bool,
+}
+
+/// How many of `max_denied` escalations may be unbound: half, rounded up.
+#[must_use]
+pub fn unbound_cap(max_denied: usize) -> usize {
+    max_denied - max_denied / 2
 }
 
 #[derive(Debug, Default)]
@@ -60,9 +88,14 @@ pub struct Escalator {
     unsure: HashMap<IpNet, HashMap<IpAddr, u64>>,
     /// Consecutive seconds above the threshold, per network.
     streaks: HashMap<IpNet, u64>,
-    /// Networks escalated, with the Unix time their deny ends: not asked
-    /// again before then.
-    escalated: HashMap<IpNet, u64>,
+    /// Networks escalated, with the Unix time their deny ends (not asked
+    /// again before then) and whether they were bound.
+    escalated: HashMap<IpNet, (u64, bool)>,
+    /// Seconds above the rate each network's held drops were.
+    bound_streaks: HashMap<IpNet, u64>,
+    /// Escalations held back because unbound ones hold their share of
+    /// `max_denied`.
+    pub capped: u64,
 }
 
 impl Escalator {
@@ -72,8 +105,16 @@ impl Escalator {
         Self { proven: Proven::with_sockets(), ..Self::default() }
     }
 
-    /// One sampled rate-limited drop of `key` (any class) from `src`.
-    pub fn record(&mut self, key: BucketKey, src: Option<IpAddr>) {
+    /// Whether `net`'s escalation in force was bound (its drops were of
+    /// connections this host holds).
+    #[must_use]
+    pub fn bound(&self, net: &IpNet) -> bool {
+        self.escalated.get(net).is_some_and(|(_, b)| *b)
+    }
+
+    /// One sampled rate-limited drop of `key` (any class) from `src`,
+    /// `held` if a segment of a connection this host holds.
+    pub fn record(&mut self, key: BucketKey, src: Option<IpAddr>, held: bool) {
         let key = BucketKey { class: 0, ..key };
         if self.prefixes.len() < MAX_KEYS || self.prefixes.contains_key(&key) {
             *self.prefixes.entry(key).or_default() += 1;
@@ -82,6 +123,7 @@ impl Escalator {
         self.proven.wanted();
         if let Some(s) = self.samples.get_mut(&src) {
             s.n += 1;
+            s.held += u64::from(held);
             return;
         }
         let proven = self.proven.contains(&src);
@@ -89,24 +131,27 @@ impl Escalator {
             return;
         }
         self.unproven_addrs += usize::from(!proven);
-        self.samples.insert(src, Sampled { key, n: 1, first: Instant::now() });
+        self.samples.insert(src, Sampled { key, n: 1, held: u64::from(held), first: Instant::now() });
     }
 
     /// Once a second, at Unix time `now`: the networks to deny now (above
     /// the rate in each of the last `sustained` whole seconds), each with
-    /// its estimated drops a second.
-    pub fn second(&mut self, rule: Option<&Escalate>, now: u64) -> Vec<(IpNet, u64)> {
+    /// its estimated drops a second and whether it is bound (its held
+    /// drops alone above the rate in each of those seconds).
+    pub fn second(&mut self, rule: Option<&Escalate>, now: u64) -> Vec<Found> {
         let samples = std::mem::take(&mut self.samples);
         let prefixes = std::mem::take(&mut self.prefixes);
         self.unproven_addrs = 0;
         self.proven.tick(now);
         let Some(rule) = rule else {
             self.streaks.clear();
+            self.bound_streaks.clear();
             self.escalated.clear();
             self.unsure.clear();
             return Vec::new();
         };
-        self.escalated.retain(|_, until| *until > now);
+        self.escalated.retain(|_, (until, _)| *until > now);
+        let mut held: HashMap<IpNet, u64> = HashMap::new();
         let to_rate = |n: u64| n * u64::from(DROP_SAMPLE);
         let proven_rate = |p: &Proven, by: &HashMap<IpAddr, u64>| {
             to_rate(by.iter().filter(|(a, _)| p.contains(a)).map(|(_, n)| n).sum())
@@ -124,6 +169,9 @@ impl Escalator {
         let mut units: HashMap<IpNet, (HashMap<IpAddr, u64>, Instant)> = HashMap::new();
         let mut proven_of: HashMap<BucketKey, u64> = HashMap::new();
         for (addr, s) in samples {
+            if self.proven.contains(&addr) {
+                *held.entry(rule.unit(addr)).or_default() += s.held;
+            }
             let u = units.entry(rule.unit(addr)).or_insert_with(|| (HashMap::new(), s.first));
             u.0.insert(addr, s.n);
             u.1 = u.1.min(s.first);
@@ -144,6 +192,7 @@ impl Escalator {
         )
         .unwrap_or(u64::MAX);
         let mut streaks = HashMap::new();
+        let mut bound_streaks = HashMap::new();
         let mut out = Vec::new();
         for (unit, (by, first)) in units {
             let mut rate = proven_rate(&self.proven, &by);
@@ -168,17 +217,43 @@ impl Escalator {
                 continue;
             }
             let streak = self.streaks.get(&unit).copied().unwrap_or(0) + 1;
+            // Held drops above the rate, each second of the streak.
+            let held_rate = to_rate(held.get(&unit).copied().unwrap_or(0));
+            let bound_streak = if held_rate >= rule.drops_per_sec {
+                self.bound_streaks.get(&unit).copied().unwrap_or(0) + 1
+            } else {
+                0
+            };
             // The first second of a streak may be partial: a streak of
             // `sustained` + 1 seconds holds `sustained` whole ones.
             if streak > rule.sustained.as_secs() && out.len() < MAX_PER_SECOND && !self.escalated.contains_key(&unit) {
-                self.escalated.insert(unit, now + rule.deny_for.as_secs());
-                out.push((unit, rate));
-                continue;
+                let bound = bound_streak >= rule.sustained.as_secs();
+                let unbound = self.escalated.values().filter(|(_, b)| !*b).count();
+                if !bound && unbound >= unbound_cap(rule.max_denied) {
+                    // Held back: the rest of the cap is kept for bound
+                    // escalations. Asked again next second.
+                    self.capped += 1;
+                    tracing::warn!(
+                        event = "escalation",
+                        cidr = %unit,
+                        "limiter: escalation of {unit} held back: {unbound} escalations without drops of a held connection fill their share of feedback.escalate.max_denied ({} of {})",
+                        unbound_cap(rule.max_denied),
+                        rule.max_denied
+                    );
+                } else {
+                    self.escalated.insert(unit, (now + rule.deny_for.as_secs(), bound));
+                    out.push(Found { net: unit, rate, bound });
+                    continue;
+                }
             }
             streaks.insert(unit, streak);
+            if bound_streak > 0 {
+                bound_streaks.insert(unit, bound_streak);
+            }
         }
         self.streaks = streaks;
-        out.sort_by_key(|(u, _)| *u);
+        self.bound_streaks = bound_streaks;
+        out.sort_by_key(|f| f.net);
         out
     }
 }
@@ -198,6 +273,10 @@ mod tests {
         BucketKey { family: family::IPV4, prefix_len: 24, class, pad: 0, addr: [a, 0] }
     }
 
+    fn plain(found: Vec<Found>) -> Vec<(IpNet, u64)> {
+        found.into_iter().map(|f| (f.net, f.rate)).collect()
+    }
+
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
@@ -208,7 +287,7 @@ mod tests {
 
     fn feed_class(e: &mut Escalator, src: IpAddr, class: u8, drops: u64) {
         for _ in 0..drops / u64::from(DROP_SAMPLE) {
-            e.record(key(src, class), Some(src));
+            e.record(key(src, class), Some(src), false);
         }
     }
 
@@ -250,7 +329,7 @@ mod tests {
                 feed(&mut e, gap, 20_000);
             }
             feed(&mut e, low, 6000);
-            seen.push(e.second(Some(&rule), now));
+            seen.push(plain(e.second(Some(&rule), now)));
         }
         // The first second may be partial: 3 whole seconds take 4 ticks.
         assert_eq!(seen[0..3], [vec![], vec![], vec![]]);
@@ -263,13 +342,13 @@ mod tests {
             if now >= 113 {
                 feed(&mut e, flood, 6400);
             }
-            seen.push(e.second(Some(&rule), now));
+            seen.push(plain(e.second(Some(&rule), now)));
         }
         assert!(seen[7..16].iter().all(Vec::is_empty), "{seen:?}");
         assert_eq!(seen[16], vec![(net("198.18.1.7/32"), 6400)], "denied until 113, then four ticks above");
         // Off: nothing, and nothing kept.
         feed(&mut e, flood, 64_000);
-        assert_eq!(e.second(None, 200), vec![]);
+        assert_eq!(plain(e.second(None, 200)), vec![]);
         assert!(e.streaks.is_empty() && e.escalated.is_empty());
     }
 
@@ -286,7 +365,7 @@ mod tests {
         for now in 100..105 {
             feed(&mut e, abuser, 20_000);
             feed(&mut e, neighbour, 3200);
-            got.extend(e.second(Some(&rule()), now));
+            got.extend(plain(e.second(Some(&rule()), now)));
         }
         assert_eq!(got.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [net("198.18.20.7/32")]);
         // Two proven addresses at half the rate each: neither alone, their
@@ -299,7 +378,7 @@ mod tests {
             for now in 100..105 {
                 feed(&mut e, a, 3200);
                 feed(&mut e, b, 3200);
-                got.extend(e.second(Some(&rule), now).into_iter().map(|(n, _)| n));
+                got.extend(plain(e.second(Some(&rule), now)).into_iter().map(|(n, _)| n));
             }
             assert_eq!(got, want, "/{}", rule.deny_v4_prefix);
         }
@@ -311,7 +390,7 @@ mod tests {
         let mut e = proven(&[real]);
         for i in 0..100_000u32 {
             let src = IpAddr::from((0xc612_0000 + i * 256).to_be_bytes());
-            e.record(key(src, 0), Some(src));
+            e.record(key(src, 0), Some(src), false);
         }
         assert_eq!(e.prefixes.len(), MAX_KEYS);
         assert_eq!(e.samples.len(), MAX_UNPROVEN);
@@ -331,15 +410,44 @@ mod tests {
         for now in 100..110 {
             for i in 0..12_800 / DROP_SAMPLE {
                 let spoofed = IpAddr::from([198, 18, 11, u8::try_from(i % 256).unwrap()]);
-                e.record(key(spoofed, 0), Some(spoofed));
+                e.record(key(spoofed, 0), Some(spoofed), false);
             }
-            assert_eq!(e.second(Some(&rule()), now), vec![], "at {now}");
+            assert_eq!(plain(e.second(Some(&rule()), now)), vec![], "at {now}");
         }
         assert_eq!(e.unproven, 10, "ten prefix-seconds above the rate, unproven");
         for now in 110..114 {
             feed(&mut e, real, 12_800);
-            let got = e.second(Some(&rule()), now);
+            let got = plain(e.second(Some(&rule()), now));
             assert_eq!(got, if now == 113 { vec![(net("198.18.11.7/32"), 12_800)] } else { vec![] }, "at {now}");
         }
+    }
+
+    /// Drops of connections this host holds make an escalation bound;
+    /// unbound ones hold at most half of `max_denied` (rounded up), the
+    /// rest kept for bound ones: spoofed victims never fill the cap
+    /// against the real abuser (E1).
+    #[test]
+    fn spoofed_victims_cannot_fill_the_cap_against_a_bound_abuser() {
+        let victims = ["198.18.31.7", "198.18.32.7", "198.18.33.7"].map(ip);
+        let abuser = ip("198.18.34.9");
+        let mut e = proven(&[victims[0], victims[1], victims[2], abuser]);
+        let rule = Escalate { max_denied: 3, ..rule() };
+        assert_eq!([1, 2, 3, 100].map(unbound_cap), [1, 1, 2, 50]);
+        let mut got = Vec::new();
+        for now in 100..106 {
+            for v in victims {
+                feed(&mut e, v, 12_800);
+            }
+            for _ in 0..12_800 / u64::from(DROP_SAMPLE) {
+                e.record(key(abuser, 0), Some(abuser), true);
+            }
+            got.extend(e.second(Some(&rule), now));
+        }
+        assert!(got.iter().any(|f| f.net == net("198.18.34.9/32") && f.bound), "{got:?}");
+        assert_eq!(got.iter().filter(|f| !f.bound).count(), 2, "{got:?}");
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(e.capped >= 1);
+        assert!(e.bound(&net("198.18.34.9/32")));
+        assert!(victims.iter().all(|v| !e.bound(&IpNet::from(*v))));
     }
 }

@@ -22,6 +22,9 @@ pub struct FeedbackCounts {
     /// Addresses proven now (a verified SYN cookie or a TCP connection
     /// the kernel accepted, within the last 10 minutes).
     pub proven_sources: u64,
+    /// Escalations refused at the cap (`feedback.escalate.max_denied`,
+    /// or the half of it unbound escalations may hold).
+    pub escalations_capped: u64,
 }
 
 impl Series for FeedbackCounts {
@@ -51,6 +54,12 @@ impl Series for FeedbackCounts {
             "limiter_escalations_unproven",
             "Prefix-seconds above the escalation rate whose drops came from addresses that never proved themselves (a verified SYN cookie or a TCP handshake the kernel accepted): dropped, not escalated.",
             f.unproven,
+        )?;
+        counter(
+            enc,
+            "limiter_escalations_capped",
+            "Escalations refused at feedback.escalate.max_denied, or held back because escalations whose drops were not of connections this host holds fill their half of it.",
+            f.escalations_capped,
         )?;
         gauge(
             enc,

@@ -308,9 +308,9 @@ mod tests {
         // packets and bytes: every reason x 3 families each; one class x 3
         // actions; tracked, capacity, version; reloads x 2 results; two
         // reload timestamps; attached; reattaches; 7 feedback results;
-        // escalations, unproven, proven sources; kernel lacks SYN cookies;
-        // build_info.
+        // escalations, unproven, capped, proven sources; kernel lacks SYN
+        // cookies; build_info.
         let reasons = limiter_common::REASON_COUNT;
-        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 7 + 3 + 1 + 1, "series count is fixed");
+        assert_eq!(series, 2 * reasons * 3 + 3 + 3 + 2 + 2 + 1 + 1 + 7 + 4 + 1 + 1, "series count is fixed");
     }
 }

@@ -114,7 +114,8 @@ fn a_tenant_penalty_never_erases_the_operator() {
 /// An abuser that proved its own address (16,000/s) is still escalated within
 /// `sustained` + 1 s: its address, not its bucket. With `[upstream]
 /// escalate = true`, the transit's router (BIRD, through ExaBGP) is asked
-/// to drop the abuser's address, and never anything of the victim's.
+/// to drop the abuser's address (its drops were segments of the
+/// connection it holds), and never anything of the victim's.
 #[test]
 fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
     let _alone = limiter_tests::alone(module_path!());
@@ -154,8 +155,12 @@ fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
     // The abuser: a handshake first, then 16,000/s from its own address
     // (about 15,000 drops/s, three times the rule's rate, so a second in
     // which a busy machine's generator falls behind stays above it: at
-    // 8,000/s one such second restarted the streak in CI).
-    let _abuser_conn = prove(&r, abuser, LISTEN_PORT + 1);
+    // 8,000/s one such second restarted the streak in CI), over the
+    // connection it holds (segments of it: evidence a spoofer cannot
+    // forge, which an announcement upstream needs).
+    let abuser_conn = prove(&r, abuser, LISTEN_PORT + 1);
+    let from = abuser_conn.1.local_addr().unwrap().as_socket().unwrap().to_string();
+    let to = format!("{B_ADDR}:{}", LISTEN_PORT + 1);
     let limited = |r: &Running| -> u64 {
         let j: serde_json::Value = serde_json::from_str(&cli(r, &["stats", "--json"])).unwrap();
         j["reasons"]
@@ -168,7 +173,7 @@ fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
     };
     let before = limited(&r);
     let flood = Guard(
-        r.net.a.command(&netload).args(["send", abuser, &dst, "16000", "8"]).stdout(Stdio::null()).spawn().unwrap(),
+        r.net.a.command(&netload).args(["tcp-flood", "va", &mac, &from, &to, "16000", "8"]).stdout(Stdio::null()).spawn().unwrap(),
     );
     let start = Instant::now();
     // Its first drops (its bucket's burst of 2,000 lasts about 0.3 s).
@@ -203,6 +208,70 @@ fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
     assert!(flows.contains("(generic, 0x80060000, 0x0)"), "{flows}");
     let up = cli(&r, &["upstream", "list"]);
     assert!(up.contains("198.18.12.9/32") && up.contains("by escalation"), "{up}");
+}
+
+/// Spoofing proven hosts' exact addresses (E1): their addresses are
+/// escalated here (unbound: their drops are not of a connection this host
+/// holds) but never announced upstream, and they hold at most half of
+/// `max_denied` (2 of 3): the third is held back, counted, and the real
+/// abuser, whose flood rides its own connection, still gets the place
+/// left and is announced to the transit.
+#[test]
+fn spoofed_proven_hosts_neither_reach_the_transit_nor_fill_the_cap() {
+    let _alone = limiter_tests::alone(module_path!());
+    let bgp = limiter_tests::bgp::Bgp::start("trx");
+    let upstream = format!(
+        "\n[upstream]\nspeaker = {:?}\nstate = {:?}\nescalate = true\n",
+        bgp.pipe.display().to_string(),
+        bgp.dir.0.join("upstream.json").display().to_string()
+    );
+    let escalate = "\n[feedback.escalate]\ndrops_per_sec = 5000\nsustained = \"3s\"\ndeny_for = \"10m\"\nmax_denied = 3\n";
+    let r = start("trv", &format!("{escalate}{upstream}"));
+    assert!(bgp.wait_established(Duration::from_mins(1)), "no BGP session\n{}", bgp.exabgp_log());
+    let victims = ["198.18.21.7", "198.18.22.7", "198.18.23.7"];
+    let abuser = "198.18.24.9";
+    let mut conns = Vec::new();
+    for (i, v) in victims.iter().chain([&abuser]).enumerate() {
+        r.net.add_source(v);
+        conns.push(prove(&r, v, LISTEN_PORT + 10 + u16::try_from(i).unwrap()));
+    }
+    let netload = scenario::locate_bin("netload").unwrap();
+    let dst = format!("{B_ADDR}:{}", scenario::PORT);
+    // The spoofer sends from each victim's exact address.
+    let floods: Vec<Guard> = victims
+        .iter()
+        .map(|v| Guard(r.net.a.command(&netload).args(["send", v, &dst, "10000", "16"]).stdout(Stdio::null()).spawn().unwrap()))
+        .collect();
+    let esc = |r: &Running| cli(r, &["prefix", "list"]).matches("escalation").count();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(12) && (esc(&r) < 2 || metric(&r, "limiter_escalations_capped_total") == 0) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let list = cli(&r, &["prefix", "list"]);
+    let capped = metric(&r, "limiter_escalations_capped_total");
+    println!("after {:?}: {capped} held back\n{list}", start.elapsed());
+    assert_eq!(victims.iter().filter(|v| list.contains(&format!("{v}/32"))).count(), 2, "{list}");
+    assert!(capped >= 1, "the third was not held back: {list}");
+
+    // The abuser floods over its own connection: bound, it takes the place
+    // kept, and only it reaches the transit.
+    let from = conns[3].1.local_addr().unwrap().as_socket().unwrap().to_string();
+    let to = format!("{B_ADDR}:{}", LISTEN_PORT + 13);
+    let mac = r.net.b_mac();
+    let flood = Guard(
+        r.net.a.command(&netload).args(["tcp-flood", "va", &mac, &from, &to, "16000", "8"]).stdout(Stdio::null()).spawn().unwrap(),
+    );
+    let seen = bgp.wait(Duration::from_secs(10), |b| b.flows(false).contains("src 198.18.24.9/32"));
+    drop(flood);
+    drop(floods);
+    let flows = bgp.flows(false);
+    let list = cli(&r, &["prefix", "list"]);
+    println!("BIRD's flow4:\n{flows}\n{list}");
+    assert!(list.contains("198.18.24.9/32"), "the abuser was not escalated: {list}");
+    assert!(seen, "the bound escalation was not announced\n{flows}\n{}", bgp.exabgp_log());
+    assert_eq!(limiter_tests::bgp::routes(&flows), ["flow4 { src 198.18.24.9/32; }"], "{flows}");
+    let log = bgp.exabgp_log();
+    assert!(victims.iter().all(|v| !log.contains(v)), "a victim reached the speaker\n{log}");
 }
 
 /// The operator outranks a penalty across a pinned restart and a SIGHUP: the operator's limit

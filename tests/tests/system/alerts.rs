@@ -29,7 +29,7 @@ fn prometheus_loads_the_alert_rules() {
     let o = Command::new(promtool()).args(["check", "rules"]).arg(rules()).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("SUCCESS: 7 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 8 rules found"), "{out}");
 }
 
 /// Synthetic series, a scrape a minute, through `promtool test rules`:
@@ -69,6 +69,9 @@ tests:
         values: '3801600+86400x60'
       - series: 'limiter_group_file_age_seconds{{instance="edge3", group="fr"}}'
         values: '-1x60'
+      # An escalation refused at its cap at minute 5.
+      - series: 'limiter_escalations_capped{{instance="edge5"}}'
+        values: '0 0 0 0 0 1 1 1'
       # The BGP session up for 3 minutes, then down; the speaker always up.
       - series: 'limiter_upstream_session_up{{instance="edge4", neighbor="192.0.2.1"}}'
         values: '1 1 1 0 0 0 0 0'
@@ -142,6 +145,16 @@ tests:
             exp_annotations:
               summary: "limiter on edge4: upstream rules at upstream.max_rules"
               description: "Further rules are refused (the operator's) or left out (automation's): see limiter_upstream_refused_total and `limiter upstream list`."
+      - eval_time: 3m
+        alertname: LimiterEscalationCapped
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: LimiterEscalationCapped
+        exp_alerts:
+          - exp_labels: {{ severity: warning, instance: edge5 }}
+            exp_annotations:
+              summary: "limiter on edge5: an escalation was refused at its cap"
+              description: "A proven source dropped above the escalation rate was not denied: feedback.escalate.max_denied is full, or escalations without drops of held connections fill their half of it (spoofed victims?). See `limiter prefix list` and the daemon's log."
       - eval_time: 25m
         alertname: LimiterGroupFileStale
         exp_alerts: []

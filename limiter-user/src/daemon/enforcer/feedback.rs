@@ -29,6 +29,8 @@ pub struct Governed {
     pub shadowed: u64,
     /// Refusals of the governor, by why.
     pub refused: crate::policy::feedback::Refusals,
+    /// Escalations refused at `feedback.escalate.max_denied`.
+    pub escalations_capped: u64,
 }
 
 impl Governed {
@@ -92,6 +94,9 @@ pub(super) fn judge(
     };
     let refuse = |governor: &mut Governed, r: Refusal, why: String| {
         governor.refused.bump(r);
+        if r == Refusal::Cap && by == Decider::Escalation {
+            governor.escalations_capped += 1;
+        }
         tracing::warn!(event = "feedback", decision = "refused", origin, cidr, reason = %reason, "limiter: governor refused a penalty: {why}");
         Err(ApplyError::Governor { refusal: r, message: why })
     };

@@ -22,6 +22,10 @@
 //!   netload spoof-tcp IFACE DST_MAC DST_IP:PORT SECS FLAGS
 //!                                                  (the same with the TCP
 //!                                                   flags FLAGS, in hex)
+//!   netload tcp-flood IFACE DST_MAC SRC:PORT DST:PORT PPS SECS
+//!                                                  (TCP ACKs of one
+//!                                                   connection, PPS a
+//!                                                   second for SECS)
 //!   netload get HOST:PORT PATH                     (HTTP GET, prints the body)
 //!   netload hold TARGET COUNT SECS MODE            (a hostile client: holds
 //!                                                   COUNT connections to
@@ -45,7 +49,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use self::spoof::{spoof, spoof_prefix, spoof_syn};
+use self::spoof::{spoof, spoof_prefix, spoof_syn, tcp_flood};
 
 /// Raw Ethernet frames from addresses that are not this host's.
 mod spoof;
@@ -83,6 +87,14 @@ fn main() -> anyhow::Result<()> {
             mac,
             (dst.parse().context("DST_IP:PORT")?, sport.first().map_or(Ok(12345), |p| p.parse()).context("SPORT")?),
             net,
+            pps.parse().context("PPS")?,
+            secs.parse().context("SECS")?,
+        ),
+        ["tcp-flood", iface, mac, src, dst, pps, secs] => tcp_flood(
+            iface,
+            mac,
+            src.parse().context("SRC:PORT")?,
+            dst.parse().context("DST:PORT")?,
             pps.parse().context("PPS")?,
             secs.parse().context("SECS")?,
         ),

@@ -168,6 +168,37 @@ fn spoof_prefix6(
     Ok(())
 }
 
+/// TCP ACK segments of one connection (`src` to `dst`, IPv4), paced at
+/// `pps` for `secs` (at most 60): a host that floods over a connection
+/// it holds, as raw frames (the kernel's own TCP would pace it).
+pub fn tcp_flood(iface: &str, mac: &str, src: SocketAddr, dst: SocketAddr, pps: u64, secs: f64) -> anyhow::Result<()> {
+    use limiter_tests::packet::{ETH_P_IP, Frame, IPPROTO_TCP};
+    let (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) = (src.ip(), dst.ip()) else { bail!("IPv4 only") };
+    let mac = parse_mac(mac)?;
+    let (fd, addr) = packet_socket(iface, &mac)?;
+    let mut f = Frame::eth(ETH_P_IP).ipv4(s, IPPROTO_TCP, 0, 0).tcp_to(dst.port(), 0x10).to_v4(d).on_the_wire();
+    f[..6].copy_from_slice(&mac);
+    f[34..36].copy_from_slice(&src.port().to_be_bytes());
+    tcp_checksum(&mut f);
+    let dur = Duration::from_secs_f64(secs.clamp(0.0, 60.0));
+    let (start, mut sent, mut i) = (Instant::now(), 0u64, 0u64);
+    while start.elapsed() < dur && i < MAX_PACKETS {
+        #[expect(clippy::cast_precision_loss, reason = "pacing only")]
+        let due = Duration::from_secs_f64(i as f64 / pps.max(1) as f64);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        if send_frame(fd, &addr, &f)? {
+            sent += 1;
+        }
+        i += 1;
+    }
+    // SAFETY: closing our own fd.
+    unsafe { libc::close(fd) };
+    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
 /// Fill in the TCP checksum of an Ethernet + IPv4 (no options) or IPv6 +
 /// TCP frame, so that a receiving stack takes the segment.
 fn tcp_checksum(f: &mut [u8]) {
