@@ -20,6 +20,7 @@ use limiter_tests::{
     scenario::{self, Guard, spawn_lines, unique_socket, wait_for},
 };
 
+mod groups;
 mod harness;
 mod upstream;
 

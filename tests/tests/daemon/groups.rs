@@ -42,13 +42,17 @@ fn list(asn_of_flooded: u32) -> String {
     )
 }
 
+/// The policy: a rate group of each of AS64500 and AS64501 (whose
+/// guards let next month's file move the /16 from one to the other: the
+/// defaults would refuse a version that grows or shrinks that much, see
+/// `adversarial::groups`) and AS64502 denied.
 fn policy(dir: &std::path::Path, csv: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("groups.toml");
     let csv = csv.display();
     let text = format!(
         "rate = 1000\nburst = 2000\n\n[[override]]\ncidr = \"198.18.211.0/24\"\naction = \"allow\"\n\n[[group]]\nname \
-         = \"as64500\"\npath = \"{csv}\"\nasns = [64500]\nrate = {RATE}\nburst = {BURST}\nallow_bogons = \
-         true\n\n[[group]]\nname = \"as64501\"\npath = \"{csv}\"\nasns = [64501]\nrate = 5000\nallow_bogons = \
+         = \"as64500\"\npath = \"{csv}\"\nasns = [64500]\nmax_growth = 1000.0\nmax_shrink = 1.0\nrate = {RATE}\nburst = {BURST}\nallow_bogons = \
+         true\n\n[[group]]\nname = \"as64501\"\npath = \"{csv}\"\nasns = [64501]\nmax_growth = 1000.0\nmax_shrink = 1.0\nrate = 5000\nallow_bogons = \
          true\n\n[[group]]\nname = \"as64502\"\npath = \"{csv}\"\nasns = [64502]\naction = \"deny\"\nallow_bogons = \
          true\n"
     );
