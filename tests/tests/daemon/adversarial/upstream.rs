@@ -13,8 +13,16 @@
 //! - U7: a destination of the other family is refused, nothing sent.
 //! - U8: the routes a restarted ExaBGP lost are given back at once, not
 //!   charged to the change budget.
+//! - U9: ExaBGP started as docs/upstream.md says, word for word, with
+//!   Debian's own `/etc/exabgp/exabgp.env` (which drops to the user
+//!   `exabgp`), takes the daemon's rules to the router.
+//! - L2: an operator verb whose reader goes ends quietly (SIGPIPE), never
+//!   a panic.
 
-use std::time::{Duration, Instant};
+use std::{
+    os::unix::process::CommandExt as _,
+    time::{Duration, Instant},
+};
 
 use limiter_tests::{
     bgp::{Bgp, routes},
@@ -159,6 +167,86 @@ fn a_restarted_speaker_gets_its_routes_back_outside_the_change_budget() {
     let back = until(&bgp, Duration::from_secs(20), |b| routes(&v4(b)).len() == 8);
     println!("8 of 8 routes at the router {back:?} after the session was back: {}", list(&socket)["status"]);
     assert!(back.is_some(), "{} of 8 back\n{}", routes(&v4(&bgp)).len(), v4(&bgp));
+    // A reader that is gone before the first line (`| head` that ended).
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["upstream", "list", "--socket"])
+        .arg(&socket)
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&o.status), Some(libc::SIGPIPE), "{:?} {err}", o.status);
     // Nothing refused ever reached the speaker.
     assert!(!bgp.exabgp_log().contains("198.51.100."));
+}
+
+/// The block of docs/upstream.md after the marker that names this test.
+fn documented_start() -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/upstream.md")).unwrap();
+    let at = doc.find("tests/tests/daemon/adversarial/upstream.rs runs this block as written").expect("the marker");
+    let block = &doc[at..];
+    let start = block.find("```sh\n").unwrap() + "```sh\n".len();
+    block[start..start + block[start..].find("```").unwrap()].to_owned()
+}
+
+#[test]
+fn the_documented_exabgp_start_works_as_written() {
+    let _alone = limiter_tests::alone(module_path!());
+    require_root();
+    let Bed { mut bgp, net, socket, policy, _dir } = bed("u9", "198.18.40.0/24", "");
+    // The harness's own ExaBGP (root, no drop) goes; the documented start
+    // takes its place, with Debian's environment file as installed. Only
+    // the pipes' name and the configuration's path are this test's.
+    bgp.kill_exabgp();
+    let gone = bgp.wait(SESSION, |b| !b.birdc("show protocols speaker").contains("Established"));
+    assert!(gone, "the harness's session did not end");
+    let name = format!("limiter-doc-{}", std::process::id());
+    let conf = bgp.dir.0.join("exabgp.conf");
+    let script = documented_start()
+        .replace("limiter.in", &format!("{name}.in"))
+        .replace("limiter.out", &format!("{name}.out"))
+        .replace("pipename=limiter", &format!("pipename={name}"))
+        .replace("/etc/exabgp/exabgp.conf", &conf.display().to_string());
+    assert!(script.contains("--env /etc/exabgp/exabgp.env"), "{script}");
+    println!("{script}");
+    let pipe = std::path::Path::new("/run/exabgp").join(&name);
+    for ext in ["in", "out"] {
+        let _ = std::fs::remove_file(pipe.with_extension(ext));
+    }
+    let log = std::fs::File::create(bgp.dir.0.join("documented.log")).unwrap();
+    let mut speaker = bgp
+        .speaker_ns
+        .net_command("sh")
+        .args(["-ec", &script])
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let text = std::fs::read_to_string(&policy).unwrap().replace(&bgp.pipe.display().to_string(), &pipe.display().to_string());
+    std::fs::write(&policy, text).unwrap();
+    let _daemon = run(&net, &policy, &socket);
+    let up = bgp.wait_established(SESSION);
+    let said = || std::fs::read_to_string(bgp.dir.0.join("documented.log")).unwrap_or_default();
+    assert!(up, "no session with the documented start\n{}", said());
+    ok(&scenario::cli(&socket, &["upstream", "announce", "198.18.99.0/24", "--ttl", "1h"]));
+    let seen = until(&bgp, Duration::from_secs(15), |b| v4(b).contains("src 198.18.99.0/24"));
+    // ExaBGP dropped to its user (Debian's environment says so).
+    let conf_path = conf.display().to_string();
+    let dropped = std::process::Command::new("pgrep").args(["-u", "exabgp", "-f", &conf_path]).output().unwrap();
+    println!("ExaBGP as the user exabgp: pids {:?}", String::from_utf8_lossy(&dropped.stdout).split_whitespace().collect::<Vec<_>>());
+    // SAFETY: kill(2) of the group our own child leads.
+    unsafe { libc::kill(-i32::try_from(speaker.id()).unwrap(), libc::SIGKILL) };
+    let _ = speaker.wait();
+    for ext in ["in", "out"] {
+        let _ = std::fs::remove_file(pipe.with_extension(ext));
+    }
+    assert!(seen.is_some(), "the rule did not reach the router\n{}\n{}", v4(&bgp), said());
+    assert!(dropped.status.success(), "ExaBGP did not drop to its user\n{}", said());
 }
