@@ -57,7 +57,11 @@ fn show(client: Client, cidr: ipnet::IpNet, json: bool) -> anyhow::Result<()> {
         let or_unknown = |v: Option<String>| v.unwrap_or_else(|| "unknown".into());
         println!("country: {}", or_unknown(g.country.clone()));
         println!("asn: {}", or_unknown(g.asn.map(|a| format!("AS{a}"))));
-        println!("group: {}", g.group.clone().unwrap_or_else(|| "none".into()));
+        match (&g.group, g.network) {
+            (Some(name), Some(n)) => println!("group: {name} (its network {n}, the most specific holding it)"),
+            (Some(name), None) => println!("group: {name}"),
+            (None, _) => println!("group: none"),
+        }
         println!("budget: {}", g.budget);
     }
     if s.windows.is_empty() {

@@ -11,6 +11,10 @@ pub struct GroupShow {
     pub asn: Option<u32>,
     /// The group its bucket prefix is in.
     pub group: Option<String>,
+    /// The network of that group that decided: the most specific one
+    /// holding the bucket prefix whole (the kernel's longest match).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<ipnet::IpNet>,
     /// Which budget holds it, in words.
     pub budget: String,
 }

@@ -251,9 +251,10 @@ impl Feature for Groups {
             }
         }
         let net = out.cidr;
-        let index = a.state.groups.holding(&net);
-        if let Some(g) = index.and_then(|i| a.policy.groups.get(i as usize)) {
+        let decided = a.state.groups.decided(&net);
+        if let Some((network, g)) = decided.and_then(|(n, i)| Some((n, a.policy.groups.get(i as usize)?))) {
             show.group = Some(g.name.clone());
+            show.network = Some(network);
             show.budget = match (g.action, g.rate) {
                 (GroupAction::Rate, Some(r)) => {
                     format!(

@@ -80,3 +80,17 @@ pub fn chain(n: u32) -> Vec<u8> {
 pub fn everything(code: &str) -> Vec<u8> {
     database(6, &[[data_at(1, 0); 2]], &country(Some(code)))
 }
+
+/// An IPv4 database holding one network, `net`, of `code`.
+#[must_use]
+pub fn one_v4(net: ipnet::Ipv4Net, code: &str) -> Vec<u8> {
+    let (addr, len) = (u32::from(net.network()), u32::from(net.prefix_len()));
+    let nodes: Vec<[u32; 2]> = (0..len)
+        .map(|d| {
+            let onward = if d + 1 == len { data_at(len, 0) } else { d + 1 };
+            // The other side holds nothing (a record equal to the count).
+            if (addr >> (31 - d)) & 1 == 1 { [len, onward] } else { [onward, len] }
+        })
+        .collect();
+    database(4, &nodes, &country(Some(code)))
+}

@@ -71,13 +71,14 @@ impl GroupLayer {
         self.holders.get(&index).map_or(0, |h| h.1)
     }
 
-    /// The index of the group whose network holds `net` (a bucket
-    /// prefix), as the data plane's longest match finds it.
+    /// The most specific network of the tries that holds `net` (a bucket
+    /// prefix) whole, and its group's index, as the data plane's longest
+    /// match finds them.
     #[must_use]
-    pub fn holding(&self, net: &IpNet) -> Option<u32> {
+    pub fn decided(&self, net: &IpNet) -> Option<(IpNet, u32)> {
         (0..=net.prefix_len()).rev().find_map(|len| {
             let n = IpNet::new(net.addr(), len).ok()?.trunc();
-            self.nets.get(&n).map(|bits| index_of(*bits))
+            self.nets.get(&n).map(|bits| (n, index_of(*bits)))
         })
     }
 

@@ -7,6 +7,9 @@
 //!   force stays (the group's own /24 still denied, every other address
 //!   still served).
 //! - L1: a refused version is not read again until the file changes.
+//! - L4: a network of one group inside a wider one of another: the more
+//!   specific decides (as docs/policy.md says), and `limiter prefix show`
+//!   names the group and its network.
 //! - G2: a 988-byte database whose tree never ends (a chain of 128 nodes)
 //!   neither wedges the group (the good file put back is read once the
 //!   walk hits its bound) nor the stop (SIGTERM ends the daemon at once).
@@ -103,4 +106,43 @@ fn a_group_file_can_neither_deny_the_internet_nor_wedge_the_daemon() {
     println!("the good file read {:?} after the walk began", walked.elapsed());
     assert_eq!(delivered(&net, SERVED, 20), 20);
     assert_eq!(delivered(&net, DENIED, 20), 0);
+}
+
+/// A CSV's 198.18.71.0/24 denied inside a database's allowed
+/// 198.18.0.0/16: the /24 is the deny group's, the rest of the /16 the
+/// allow group's, and `prefix show` names each one's network (L4).
+#[test]
+fn the_most_specific_network_decides_and_prefix_show_names_it() {
+    let _alone = limiter_tests::alone(module_path!());
+    require_root();
+    let net = VethPair::new("adgs");
+    let (inside, beside) = ("198.18.71.9", "198.18.72.9");
+    net.add_source(inside);
+    net.add_source(beside);
+    let dir = TempDir::new("adgs");
+    let (db, csv) = (dir.0.join("wide.mmdb"), dir.0.join("narrow.csv"));
+    std::fs::write(&db, craft::one_v4("198.18.0.0/16".parse().unwrap(), "AA")).unwrap();
+    std::fs::write(&csv, "198.18.71.0/24,BB\n").unwrap();
+    let policy = dir.0.join("policy.toml");
+    let group = |name: &str, path: &std::path::Path, code: &str, action: &str| {
+        format!(
+            "[[group]]\nname = \"{name}\"\npath = {:?}\ncountries = [\"{code}\"]\naction = \"{action}\"\nallow_bogons = true\n\n",
+            path.display().to_string()
+        )
+    };
+    std::fs::write(&policy, group("wide", &db, "AA", "allow") + &group("narrow", &csv, "BB", "deny")).unwrap();
+    let socket = unique_socket("adgs");
+    let (_daemon, log) = start(&net, &policy, &socket);
+    // Both versions in force, in whichever order they were read.
+    let first = logged(&log, "group wide: 1 networks", 15);
+    if !first.contains("group narrow: 1 networks") {
+        logged(&log, "group narrow: 1 networks", 15);
+    }
+    let show = |a: &str| String::from_utf8_lossy(&scenario::cli(&socket, &["prefix", "show", a]).stdout).into_owned();
+    let (s_in, s_beside) = (show(inside), show(beside));
+    println!("{s_in}\n{s_beside}");
+    assert!(s_in.contains("group: narrow (its network 198.18.71.0/24"), "{s_in}");
+    assert!(s_beside.contains("group: wide (its network 198.18.0.0/16"), "{s_beside}");
+    assert_eq!(delivered(&net, inside, 20), 0, "the more specific deny decides");
+    assert_eq!(delivered(&net, beside, 20), 20);
 }
