@@ -70,7 +70,7 @@ tests:
       - series: 'limiter_group_file_age_seconds{{instance="edge3", group="fr"}}'
         values: '-1x60'
       # An escalation refused at its cap at minute 5.
-      - series: 'limiter_escalations_capped{{instance="edge5"}}'
+      - series: 'limiter_escalations_capped_total{{instance="edge5"}}'
         values: '0 0 0 0 0 1 1 1'
       # The BGP session up for 3 minutes, then down; the speaker always up.
       - series: 'limiter_upstream_session_up{{instance="edge4", neighbor="192.0.2.1"}}'
