@@ -62,6 +62,19 @@ pub fn spoof_prefix(
         })
     };
     source(0)?;
+    paced(iface, mac, pps, secs, |mac, i| Ok(udp_frame(mac, source(i)?, dst_ip, (sport, dst.port()))))
+}
+
+/// Frames out of IFACE to DST_MAC, frame `i` made by `frame(mac, i)`,
+/// paced at `pps` for `secs` (at most 60); prints `sent N secs S`.
+/// Bounded by time and by MAX_PACKETS.
+fn paced(
+    iface: &str,
+    mac: &str,
+    pps: u64,
+    secs: f64,
+    mut frame: impl FnMut(&[u8], u64) -> anyhow::Result<Vec<u8>>,
+) -> anyhow::Result<()> {
     let mac = parse_mac(mac)?;
     let (fd, addr) = packet_socket(iface, &mac)?;
     let dur = Duration::from_secs_f64(secs.clamp(0.0, 60.0));
@@ -73,8 +86,7 @@ pub fn spoof_prefix(
         if let Some(wait) = due.checked_sub(start.elapsed()) {
             std::thread::sleep(wait);
         }
-        let frame = udp_frame(&mac, source(i)?, dst_ip, (sport, dst.port()));
-        if send_frame(fd, &addr, &frame)? {
+        if send_frame(fd, &addr, &frame(&mac, i)?)? {
             sent += 1;
         }
         i += 1;
@@ -144,28 +156,12 @@ fn spoof_prefix6(
     use limiter_tests::packet::{ETH_P_IPV6, Frame, IPPROTO_UDP};
     let base =
         u128::from(net.parse::<std::net::Ipv6Addr>().context("an IPv6 /64 as 2001:2:22::")?) & !0xffff_ffff_ffff_ffff;
-    let mac = parse_mac(mac)?;
-    let (fd, addr) = packet_socket(iface, &mac)?;
-    let dur = Duration::from_secs_f64(secs.clamp(0.0, 60.0));
-    let (start, mut sent, mut i) = (Instant::now(), 0u64, 0u64);
-    while start.elapsed() < dur && i < MAX_PACKETS {
-        #[expect(clippy::cast_precision_loss, reason = "pacing only")]
-        let due = Duration::from_secs_f64(i as f64 / pps.max(1) as f64);
-        if let Some(wait) = due.checked_sub(start.elapsed()) {
-            std::thread::sleep(wait);
-        }
+    paced(iface, mac, pps, secs, |mac, i| {
         let src = std::net::Ipv6Addr::from(base | u128::from(1 + i % 65_535));
         let mut f = Frame::eth(ETH_P_IPV6).ipv6(src, IPPROTO_UDP).udp_ports(sport, port).to_v6(dst).bytes;
-        f[..6].copy_from_slice(&mac);
-        if send_frame(fd, &addr, &f)? {
-            sent += 1;
-        }
-        i += 1;
-    }
-    // SAFETY: closing our own fd.
-    unsafe { libc::close(fd) };
-    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
-    Ok(())
+        f[..6].copy_from_slice(mac);
+        Ok(f)
+    })
 }
 
 /// TCP ACK segments of one connection (`src` to `dst`, IPv4), paced at
@@ -174,29 +170,13 @@ fn spoof_prefix6(
 pub fn tcp_flood(iface: &str, mac: &str, src: SocketAddr, dst: SocketAddr, pps: u64, secs: f64) -> anyhow::Result<()> {
     use limiter_tests::packet::{ETH_P_IP, Frame, IPPROTO_TCP};
     let (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) = (src.ip(), dst.ip()) else { bail!("IPv4 only") };
-    let mac = parse_mac(mac)?;
-    let (fd, addr) = packet_socket(iface, &mac)?;
     let mut f = Frame::eth(ETH_P_IP).ipv4(s, IPPROTO_TCP, 0, 0).tcp_to(dst.port(), 0x10).to_v4(d).on_the_wire();
-    f[..6].copy_from_slice(&mac);
     f[34..36].copy_from_slice(&src.port().to_be_bytes());
-    tcp_checksum(&mut f);
-    let dur = Duration::from_secs_f64(secs.clamp(0.0, 60.0));
-    let (start, mut sent, mut i) = (Instant::now(), 0u64, 0u64);
-    while start.elapsed() < dur && i < MAX_PACKETS {
-        #[expect(clippy::cast_precision_loss, reason = "pacing only")]
-        let due = Duration::from_secs_f64(i as f64 / pps.max(1) as f64);
-        if let Some(wait) = due.checked_sub(start.elapsed()) {
-            std::thread::sleep(wait);
-        }
-        if send_frame(fd, &addr, &f)? {
-            sent += 1;
-        }
-        i += 1;
-    }
-    // SAFETY: closing our own fd.
-    unsafe { libc::close(fd) };
-    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
-    Ok(())
+    paced(iface, mac, pps, secs, |mac, _| {
+        f[..6].copy_from_slice(mac);
+        tcp_checksum(&mut f);
+        Ok(f.clone())
+    })
 }
 
 /// Fill in the TCP checksum of an Ethernet + IPv4 (no options) or IPv6 +
