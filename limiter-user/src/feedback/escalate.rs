@@ -169,14 +169,13 @@ impl Escalator {
         let mut units: HashMap<IpNet, (HashMap<IpAddr, u64>, Instant)> = HashMap::new();
         let mut proven_of: HashMap<BucketKey, u64> = HashMap::new();
         for (addr, s) in samples {
-            if self.proven.contains(&addr) {
-                *held.entry(rule.unit(addr)).or_default() += s.held;
-            }
-            let u = units.entry(rule.unit(addr)).or_insert_with(|| (HashMap::new(), s.first));
+            let unit = rule.unit(addr);
+            let u = units.entry(unit).or_insert_with(|| (HashMap::new(), s.first));
             u.0.insert(addr, s.n);
             u.1 = u.1.min(s.first);
             if self.proven.contains(&addr) {
                 *proven_of.entry(s.key).or_default() += s.n;
+                *held.entry(unit).or_default() += s.held;
             }
         }
         // A prefix dropped above the rate whose proven addresses were not:

@@ -44,7 +44,7 @@ use self::{
 };
 pub use self::{
     render::render,
-    untrusted::{ReadError, read_bytes, read_text, read_text_and_metadata},
+    untrusted::{ReadError, read_bytes, read_bytes_with, read_text, read_text_and_metadata},
 };
 
 use super::{

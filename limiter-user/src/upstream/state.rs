@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::rule::Rule;
+use crate::policy::file::ReadError;
 
 /// The state file: what is wanted and what the speaker was given.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -26,9 +27,10 @@ pub struct Saved {
 const MAX_STATE: u64 = 16 << 20;
 
 impl Saved {
-    /// The file at `path` (none yet: empty).
+    /// The file at `path` (none yet: empty), read as the policy file is
+    /// (bounded, a regular file only, never waited on) and without
+    /// following a link.
     pub fn read(path: &Path) -> anyhow::Result<Self> {
-        use std::os::unix::fs::OpenOptionsExt as _;
         let at = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
         if let Some(dir) = path.parent() {
             match shared(dir) {
@@ -36,24 +38,12 @@ impl Saved {
                 r => r.map_err(|e| at(&e))?,
             }
         }
-        let file =
-            match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-                Err(e) => return Err(at(&e)),
-                Ok(f) => f,
-            };
-        let meta = file.metadata().map_err(|e| at(&e))?;
-        if !meta.is_file() {
-            anyhow::bail!("{}: not a regular file", path.display());
-        }
-        if meta.len() > MAX_STATE {
-            anyhow::bail!("{}: over {MAX_STATE} bytes", path.display());
-        }
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_STATE + 1), &mut bytes).map_err(|e| at(&e))?;
-        if bytes.len() as u64 > MAX_STATE {
-            anyhow::bail!("{}: over {MAX_STATE} bytes", path.display());
-        }
+        let what = "the upstream state";
+        let bytes = match crate::policy::file::read_bytes_with(path, MAX_STATE, what, libc::O_NOFOLLOW) {
+            Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(e) => return Err(at(&e)),
+            Ok((bytes, _)) => bytes,
+        };
         serde_json::from_slice(&bytes).map_err(|e| at(&e))
     }
 

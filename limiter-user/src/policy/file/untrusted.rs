@@ -43,8 +43,19 @@ pub fn read_text_and_metadata(
 /// The bytes of `path`, read as [`read_text_and_metadata`] reads text
 /// (a binary database, an `.mmdb`).
 pub fn read_bytes(path: &Path, max: u64, what: &'static str) -> Result<(Vec<u8>, std::fs::Metadata), ReadError> {
+    read_bytes_with(path, max, what, 0)
+}
+
+/// [`read_bytes`], opened with `flags` too (`O_NOFOLLOW`: a file the
+/// daemon writes itself, where a link is never its own).
+pub fn read_bytes_with(
+    path: &Path,
+    max: u64,
+    what: &'static str,
+    flags: i32,
+) -> Result<(Vec<u8>, std::fs::Metadata), ReadError> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | flags).open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(ReadError::NotAFile { what });
