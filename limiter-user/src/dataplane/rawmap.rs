@@ -83,7 +83,9 @@ pub fn for_each_entry(map: &MapData, mut each: impl FnMut(&[u8], &[u8])) -> io::
     let value = if per_cpu { size.next_multiple_of(8) * cpus } else { size };
     let key = usize::try_from(info.key_size()).unwrap_or(usize::MAX);
     let fd = u32::try_from(map.fd().as_fd().as_raw_fd()).unwrap_or(u32::MAX);
-    let mut ask = BATCH;
+    // No batch need be larger than the map: an array of a few hundred
+    // counters asks for them, not for `BATCH`.
+    let mut ask = BATCH.min(info.max_entries().max(1));
     let (mut keys, mut values) = (Vec::new(), Vec::new());
     // The batch token: a hash table's next bucket index (a u32), an
     // array's last key (a u32).
@@ -92,8 +94,11 @@ pub fn for_each_entry(map: &MapData, mut each: impl FnMut(&[u8], &[u8])) -> io::
     let mut first = true;
     loop {
         let n = ask as usize;
-        keys.resize(key * n, 0u8);
-        values.resize(value * n, 0u8);
+        // Zeroed allocations (calloc), not a byte-by-byte fill.
+        if keys.len() != key * n {
+            keys = vec![0u8; key * n];
+            values = vec![0u8; value * n];
+        }
         let mut attr = BatchAttr {
             in_batch: if first { 0 } else { (&raw const token_in) as u64 },
             out_batch: (&raw mut token_out) as u64,
