@@ -15,8 +15,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
+use digest::Digest;
 
 mod data;
+mod digest;
 mod guest;
 mod package;
 mod tier;
@@ -263,9 +265,11 @@ fn test_with_summary() -> anyhow::Result<Tally> {
     let mut child = c.spawn().context("running cargo test")?;
     let (mut passed, mut failed, mut skipped) = (0u64, 0u64, 0u64);
     let mut unrun = Vec::new();
+    let mut digest = Digest::default();
     for line in BufReader::new(child.stdout.take().context("stdout")?).lines() {
         let line = line?;
         println!("{line}");
+        digest.line(&line);
         // A tier built by a user other than root (`limiter_tests::tier!`).
         if let Some((tier, _)) = line.strip_prefix("test ").and_then(|l| l.split_once("::needs_root ... ignored")) {
             unrun.push(tier.to_owned());
@@ -283,6 +287,7 @@ fn test_with_summary() -> anyhow::Result<Tally> {
     }
     let st = child.wait()?;
     println!("host: {passed} passed, {failed} failed, {skipped} skipped");
+    digest.print("host");
     if !unrun.is_empty() {
         bail!("the {} tier(s) did not run: built as a user other than root", unrun.join(", "));
     }
