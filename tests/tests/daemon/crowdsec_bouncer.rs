@@ -161,11 +161,21 @@ fn the_daemon_bounces_what_the_lapi_decides() {
     let csv = tmp.0.join("decisions.csv");
     std::fs::write(&csv, list).unwrap();
     lapi.cscli(&["decisions", "import", "-i", &csv.display().to_string()]);
+    // In force with the IPv6 address and the range: in the next pull (or
+    // two, if one came while the LAPI wrote them, 50 at a time). A chunk
+    // stamped before a pull and written after it is in no delta: the
+    // next startup pull (every 60th, a minute at 1 s) brings it.
     let t = Instant::now();
-    let took = seen(&rx, "10000 networks denied", t, &mut log);
-    let line = log.lines().rev().find(|l| l.contains("10000 networks denied")).unwrap().to_owned();
+    wait_for(&rx, "10002 in force", Duration::from_secs(90), &mut log).unwrap();
+    let took = t.elapsed();
+    let line = log.lines().rev().find(|l| l.contains("10002 in force")).unwrap().to_owned();
     println!("10,000 imported decisions applied {:.2} s after the import returned: {line}", took.as_secs_f64());
-    assert!(took <= Duration::from_secs(3), "{took:?} (update_frequency 1 s + 2 s)");
+    if line.contains("delta pull") {
+        assert!(took <= Duration::from_secs(3), "{took:?} (update_frequency 1 s + 2 s)");
+    } else {
+        println!("the LAPI's deltas lost some; the startup pull brought them");
+        assert!(line.contains("startup pull"), "{line}");
+    }
 
     // The LAPI killed: the decisions stay, the scrape says so.
     lapi.kill();

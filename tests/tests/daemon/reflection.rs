@@ -24,7 +24,9 @@ use limiter_tests::{
 /// The reflection class's budget per prefix.
 const RATE: u64 = 200;
 const BURST: u64 = 100;
-const SECS: f64 = 3.0;
+/// The floods' length: the client's 3 s of queries start once the
+/// floods hold the bucket, and end inside them.
+const SECS: f64 = 6.0;
 /// The resolver this host asks (its answers come from port 53 too).
 const RESOLVER: &str = "198.18.50.1";
 const QUERIES: u32 = 150;
@@ -101,8 +103,6 @@ fn answers_from_reflection_ports_get_their_budget_and_the_hosts_own_dns_client_e
     let mac = net.b_mac();
 
     let resolver = net.a.spawn_in(|| resolve(SECS + 3.0));
-    std::thread::sleep(Duration::from_millis(200));
-    let client = net.b.spawn_in(ask);
     let dst = format!("{B_ADDR}:{PORT}");
     // Reflectors in the resolver's own /24 answer from 53 (the resolver
     // among them), in .61 from 123; the same flood from .62 comes from
@@ -115,6 +115,18 @@ fn answers_from_reflection_ports_get_their_budget_and_the_hosts_own_dns_client_e
             (prefix, f.stdout(std::process::Stdio::piped()).spawn().unwrap())
         })
         .collect();
+    // The client asks once the floods are refused (the port-53 bucket,
+    // the resolver's, spent), so its answers come while it is.
+    let refused = || {
+        let stats: serde_json::Value = serde_json::from_slice(&scenario::cli(&socket, &["stats", "-j"]).stdout).ok()?;
+        stats["reasons"].as_array()?.iter().find(|r| r["reason"] == "rate_limited")?["packets"].as_u64()
+    };
+    let waited = Instant::now();
+    while refused().unwrap_or(0) < 1000 {
+        assert!(waited.elapsed() < Duration::from_secs_f64(SECS / 2.0), "the floods were not refused in {waited:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let client = net.b.spawn_in(ask);
     let floods: Vec<(&str, Output)> = floods.into_iter().map(|(p, f)| (p, f.wait_with_output().unwrap())).collect();
     let answers = client.join().unwrap();
     let answered = resolver.join().unwrap();
