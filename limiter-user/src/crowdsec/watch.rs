@@ -43,6 +43,14 @@ fn split<T>(mut v: Vec<T>, size: usize) -> Vec<Vec<T>> {
 /// at the default `update_frequency`.
 pub const FULL_EVERY: u64 = 60;
 
+/// After a pull that succeeded (a startup pull or not) with `since_full`
+/// pulls since the last startup pull before it: whether the next is a
+/// startup pull, and the pulls since the last one then.
+fn after_pull(startup: bool, since_full: u64) -> (bool, u64) {
+    let since = if startup { 1 } else { since_full + 1 };
+    (since >= FULL_EVERY, since)
+}
+
 /// The longest wait between two failed pulls.
 pub const MAX_BACKOFF: Duration = Duration::from_mins(1);
 /// Bytes a bouncer key file may hold.
@@ -212,8 +220,7 @@ async fn run<T>(spec: Crowdsec, tx: mpsc::Sender<T>, wrap: impl Fn(Pulled) -> T,
                 if tx.send(wrap(pulled)).await.is_err() {
                     return;
                 }
-                since_full = if startup { 1 } else { since_full + 1 };
-                startup = since_full >= FULL_EVERY;
+                (startup, since_full) = after_pull(startup, since_full);
                 backoff = Duration::from_secs(1);
                 spec.update_frequency
             }
@@ -252,4 +259,24 @@ async fn pull(spec: &Crowdsec, startup: bool) -> Result<Pull, LapiError> {
         .map_err(|e| LapiError::Http(e.to_string()))?
         .map_err(|e| LapiError::KeyFile(e.to_string()))?;
     Lapi::new(&spec.lapi_url, key.trim())?.pull(startup).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first pull and then one in every [`FULL_EVERY`] are startup
+    /// pulls.
+    #[test]
+    fn one_pull_in_full_every_is_a_startup_pull() {
+        let (mut startup, mut since) = (true, 0);
+        let mut full = Vec::new();
+        for i in 0..=3 * FULL_EVERY {
+            if startup {
+                full.push(i);
+            }
+            (startup, since) = after_pull(startup, since);
+        }
+        assert_eq!(full, [0, FULL_EVERY, 2 * FULL_EVERY, 3 * FULL_EVERY]);
+    }
 }
