@@ -18,7 +18,7 @@ pub const DIR: &str = "target/tools/ip-location-db";
 /// Fetch and unpack each package not yet there (at this version).
 pub fn fetch() -> anyhow::Result<()> {
     if Command::new("npm").arg("--version").output().is_err() {
-        crate::install_missing(&["npm"])?;
+        crate::setup::install_missing(&["npm"])?;
     }
     let download = Path::new("target/tools/download");
     std::fs::create_dir_all(download)?;
