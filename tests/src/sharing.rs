@@ -40,9 +40,24 @@ impl Drop for LibxdpDir {
 
 /// `xdp-loader status` of the receiver's interface.
 #[must_use]
+///
+/// A run that fails or does not name the interface (seen once in a CI
+/// run: a status without the program the test had just listed, and
+/// nothing said why) is tried again, up to three times; then what it
+/// printed and said is the answer, so that a failure shows it.
 pub fn loader_status(net: &VethPair) -> String {
-    let o = net.b.net_command("xdp-loader").args(["status", B_IF]).output().unwrap();
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    let mut said = String::new();
+    for _ in 0..3 {
+        let o = net.b.net_command("xdp-loader").args(["status", B_IF]).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        if o.status.success() && out.lines().any(|l| l.split_whitespace().next() == Some(B_IF)) {
+            return out;
+        }
+        said =
+            format!("{out}\n(xdp-loader status {B_IF}: {}; {})", o.status, String::from_utf8_lossy(&o.stderr).trim());
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    said
 }
 
 /// The id xdp-loader lists for program `name`.

@@ -24,7 +24,9 @@ impl Digest {
         if let Some(name) = l.strip_prefix("---- ").and_then(|r| r.strip_suffix(" stdout ----")) {
             self.failures.push((name.to_owned(), Vec::new()));
             self.open = true;
-        } else if l == "failures:" || l.starts_with("test result: ") {
+        } else if l == "failures:" || l.starts_with("test result: ") || l.starts_with("stack backtrace:") {
+            // A backtrace (RUST_BACKTRACE set) is after the panic's
+            // message and says less than it: left out.
             self.open = false;
         } else if self.open
             && let Some((_, lines)) = self.failures.last_mut()
@@ -65,6 +67,8 @@ mod tests {
         }
         d.line("thread 'a::fails' panicked at tests/a.rs:3:5:");
         d.line("assertion failed: 1 == 2");
+        d.line("stack backtrace:");
+        d.line("   0: __rustc::rust_begin_unwind");
         d.line("");
         d.line("---- b::also stdout ----");
         d.line("said");

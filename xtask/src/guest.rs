@@ -205,7 +205,7 @@ pub fn run(k: &Kernel, command: &str, timeout: Duration, mut line: impl FnMut(&s
         let cwd = std::env::current_dir()?;
         std::fs::write(io.join("cmd.sh"), script(&cwd, command))?;
         // What the guest keeps (logs of what failed): /run/guest-out there,
-        // a directory a kernel (guests run at once).
+        // a directory a kernel.
         let out_dir = cwd.join("target/guest-out").join(&k.version);
         std::fs::create_dir_all(&out_dir)?;
         let mut child = qemu(k, &initrd, &io, &out_dir).spawn().context("starting qemu-system-x86_64")?;

@@ -18,7 +18,12 @@ fn tolerance(rate: u64, secs: f64) -> f64 {
 fn flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing() {
     let _alone = limiter_tests::alone(module_path!());
     require_root();
-    let f = Flood { rate: 1000, burst: 200, secs: 3.0, flood_pps: 0, conform_pps: 400, mode: "native" };
+    // 500/s: a flood five times the allowance (8,500 packets in 3 s) is
+    // within reach of the guest tier's emulated sender with another guest
+    // beside it (13,594 in 3 s on 6.1, under the 16,000 that 1,000/s
+    // asked); the burst of 200 lets the conforming sender (400/s) catch
+    // up after a stall of half a second.
+    let f = Flood { rate: 500, burst: 200, secs: 3.0, flood_pps: 0, conform_pps: 400, mode: "native" };
     let limiter = scenario::locate_bin("limiter").expect("limiter binary");
     let o = scenario::run(&limiter, env!("CARGO_BIN_EXE_netload").as_ref(), &f).expect("scenario");
     println!("{o:#?}");
@@ -26,7 +31,7 @@ fn flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing() {
     let allowance = f.burst as f64 + f.rate as f64 * o.flood_secs;
     // It really was a flood: at least five times the allowance was sent,
     // which keeps the bucket drained from its first moments (the host
-    // sends far more; QEMU's emulator in the guest tier 9-12x).
+    // sends far more; QEMU's emulator in the guest tier 8x and more).
     assert!(o.flood_sent as f64 >= 5.0 * allowance, "flood too weak: sent {} vs allowance {allowance}", o.flood_sent);
     // The flooding prefix got its allowance and no more.
     let bound = allowance + tolerance(f.rate, o.flood_secs);
