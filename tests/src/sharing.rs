@@ -39,12 +39,12 @@ impl Drop for LibxdpDir {
 }
 
 /// `xdp-loader status` of the receiver's interface.
-#[must_use]
 ///
 /// A run that fails or does not name the interface (seen once in a CI
 /// run: a status without the program the test had just listed, and
 /// nothing said why) is tried again, up to three times; then what it
 /// printed and said is the answer, so that a failure shows it.
+#[must_use]
 pub fn loader_status(net: &VethPair) -> String {
     let mut said = String::new();
     for _ in 0..3 {

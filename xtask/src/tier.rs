@@ -102,6 +102,8 @@ pub struct Tally {
     pub ignored: u64,
     /// Per target: each test's name and result, in order.
     pub tests: BTreeMap<String, Vec<(String, String)>>,
+    /// What each failed test said.
+    pub digest: Digest,
 }
 
 /// The test executables of `limiter-tests`, by target name (built first,
@@ -163,15 +165,13 @@ struct Reader {
     /// The guest kernel's own crash, if it printed one (an oops, a BUG, a
     /// panic).
     crash: Option<String>,
-    /// What each failed test said.
-    digest: Digest,
 }
 
 impl Reader {
     /// Take one line of the guest's output (plain test output:
     /// `--color=never`).
     fn line(&mut self, l: &str) {
-        self.digest.line(l);
+        self.tally.digest.line(l);
         if self.crash.is_none() && is_crash(l) {
             self.crash = Some(l.trim().to_owned());
         }
@@ -241,12 +241,10 @@ pub fn run_all(exes: &BTreeMap<String, PathBuf>) -> anyhow::Result<Vec<(String, 
     let newer = newer_plan();
     let plans = std::iter::once(PLAN).chain(std::iter::repeat(newer.as_slice()));
     let runs = guest::RELEASES.iter().copied().zip(plans).chain([(guest::OLDER, OLDER_PLAN)]);
-    let (mut all, mut digests) = (Vec::new(), Vec::new());
+    let mut all = Vec::new();
     for (r, plan) in runs {
         let k = guest::fetch(r).with_context(|| format!("{}'s kernel", r.label))?;
-        let (name, tally, digest) = run_one(r, plan, &k, &script(exes, plan)?)?;
-        digests.push((name.clone(), digest));
-        all.push((name, tally));
+        all.push(run_one(r, plan, &k, &script(exes, plan)?)?);
     }
     println!("tier: what ran on each kernel");
     for (kernel, t) in &all {
@@ -257,20 +255,20 @@ pub fn run_all(exes: &BTreeMap<String, PathBuf>) -> anyhow::Result<Vec<(String, 
             }
         }
     }
-    for (kernel, digest) in &digests {
-        digest.print(&format!("tier: {kernel}"));
+    for (kernel, t) in &all {
+        t.digest.print(&format!("tier: {kernel}"));
     }
     Ok(all)
 }
 
 /// Boot a guest of `k` (of release `r`) and run `script` (`plan`'s) in
-/// it; its name, tally and failures' digest.
+/// it; its name and tally.
 fn run_one(
     r: guest::Release,
     plan: &[(&str, &[&str])],
     k: &guest::Kernel,
     script: &str,
-) -> anyhow::Result<(String, Tally, Digest)> {
+) -> anyhow::Result<(String, Tally)> {
     let started = Instant::now();
     println!("tier: {} ({}): booting", r.label, k.version);
     // One boot more if the first hangs before the command starts, or
@@ -279,7 +277,7 @@ fn run_one(
     // emulation, seen once in many runs): said, and the crashed run's
     // results are not counted.
     let mut attempts = 0;
-    let (outcome, mut reader) = loop {
+    let (outcome, reader) = loop {
         attempts += 1;
         let mut reader = Reader::default();
         let result = guest::run(k, script, GUEST_TIMEOUT, |l: &str| {
@@ -301,7 +299,6 @@ fn run_one(
             r => break (r?, reader),
         }
     };
-    let digest = std::mem::take(&mut reader.digest);
     let mut t = reader.finish(plan);
     if outcome.timed_out {
         t.failed += 1;
@@ -316,7 +313,7 @@ fn run_one(
         started.elapsed().as_secs_f64(),
         if outcome.timed_out { " (timed out)" } else { "" }
     );
-    Ok((format!("{} ({})", r.label, k.version), t, digest))
+    Ok((format!("{} ({})", r.label, k.version), t))
 }
 
 #[cfg(test)]

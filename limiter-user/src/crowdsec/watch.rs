@@ -1,9 +1,9 @@
 //! Pulling the decision stream for as long as `[crowdsec]` stands: once
 //! with `startup=true` (every decision in force), then the changes every
 //! `update_frequency`, and every decision again every [`FULL_EVERY`]
-//! pulls (what a delta lost comes back). While the LAPI is down or slow the decisions in
-//! force stay, pulls back off (1 s doubling to 60 s), and the status says
-//! so; the bouncer key is read again before each pull, so a rotated key
+//! pulls (what a delta lost comes back). While the LAPI is down or slow
+//! the decisions in force stay, pulls back off (1 s doubling to 60 s), and
+//! the status says so; the bouncer key is read again before each pull, so a rotated key
 //! is taken without a restart.
 
 use std::{

@@ -81,6 +81,12 @@ fn ask() -> u32 {
     got
 }
 
+/// Packets the daemon counted under `reason` (`limiter stats -j`).
+fn counted(socket: &std::path::Path, reason: &str) -> Option<u64> {
+    let stats: serde_json::Value = serde_json::from_slice(&scenario::cli(socket, &["stats", "-j"]).stdout).ok()?;
+    stats["reasons"].as_array()?.iter().find(|r| r["reason"] == reason)?["packets"].as_u64()
+}
+
 #[test]
 fn answers_from_reflection_ports_get_their_budget_and_the_hosts_own_dns_client_every_answer() {
     let _alone = limiter_tests::alone(module_path!());
@@ -117,12 +123,8 @@ fn answers_from_reflection_ports_get_their_budget_and_the_hosts_own_dns_client_e
         .collect();
     // The client asks once the floods are refused (the port-53 bucket,
     // the resolver's, spent), so its answers come while it is.
-    let refused = || {
-        let stats: serde_json::Value = serde_json::from_slice(&scenario::cli(&socket, &["stats", "-j"]).stdout).ok()?;
-        stats["reasons"].as_array()?.iter().find(|r| r["reason"] == "rate_limited")?["packets"].as_u64()
-    };
     let waited = Instant::now();
-    while refused().unwrap_or(0) < 1000 {
+    while counted(&socket, "rate_limited").unwrap_or(0) < 1000 {
         assert!(waited.elapsed() < Duration::from_secs_f64(SECS / 2.0), "the floods were not refused in {waited:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -139,10 +141,7 @@ fn answers_from_reflection_ports_get_their_budget_and_the_hosts_own_dns_client_e
             .filter_map(|l| l.split_whitespace().nth(2)?.parse::<u64>().ok())
             .sum()
     };
-    let stats: serde_json::Value = serde_json::from_slice(&scenario::cli(&socket, &["stats", "-j"]).stdout).unwrap();
-    let own = stats["reasons"].as_array().unwrap().iter().find(|r| r["reason"] == "own_answer").unwrap()["packets"]
-        .as_u64()
-        .unwrap();
+    let own = counted(&socket, "own_answer").unwrap();
     let mut report = format!("client {answers}/{QUERIES} answers ({own} passed as own answers), resolver answered {answered}\n");
     for (prefix, o) in &floods {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
