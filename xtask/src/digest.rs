@@ -39,6 +39,11 @@ impl Digest {
         }
     }
 
+    /// Add `other`'s failures after these.
+    pub fn append(&mut self, other: Digest) {
+        self.failures.extend(other.failures);
+    }
+
     /// Print each failure's name and its last lines, each line after
     /// `tag`; nothing when none failed.
     pub fn print(&self, tag: &str) {

@@ -80,16 +80,21 @@ pub fn run(selection: &Selection, no_lint: bool) -> anyhow::Result<()> {
     }
     // Integration tests run the `limiter` binary itself.
     cargo(&["build", "--bins"])?;
+    // The host's failures, printed again at the very end (after the
+    // guests' half hour, a CI log's tail would not reach them).
+    let mut failures = Digest::default();
     let host = match selection {
-        Selection::Everything => Some(host_tests(&["--workspace"], &[])),
-        Selection::Quick => Some(host_tests(&["--workspace", "--lib", "--bins"], &[]).and_then(|unit| {
-            let kernel = host_tests(&["-p", "limiter-tests", "--test", "kernel"], &[])?;
-            Ok(unit + kernel)
-        })),
-        Selection::Unit => Some(host_tests(&["--workspace", "--lib", "--bins"], &[])),
+        Selection::Everything => Some(host_tests(&["--workspace"], &[], &mut failures)),
+        Selection::Quick => {
+            Some(host_tests(&["--workspace", "--lib", "--bins"], &[], &mut failures).and_then(|unit| {
+                let kernel = host_tests(&["-p", "limiter-tests", "--test", "kernel"], &[], &mut failures)?;
+                Ok(unit + kernel)
+            }))
+        }
+        Selection::Unit => Some(host_tests(&["--workspace", "--lib", "--bins"], &[], &mut failures)),
         Selection::Tier { tier, module } => {
             let filter = module.as_ref().map(|m| format!("{m}::"));
-            Some(host_tests(&["-p", "limiter-tests", "--test", tier], filter.as_slice()))
+            Some(host_tests(&["-p", "limiter-tests", "--test", tier], filter.as_slice(), &mut failures))
         }
         Selection::Guests => None,
     };
@@ -115,6 +120,9 @@ pub fn run(selection: &Selection, no_lint: bool) -> anyhow::Result<()> {
         }
         Some(Err(_)) => total.failed += 1,
         None => {}
+    }
+    if guests.is_some() {
+        failures.print("host");
     }
     println!("summary: {} passed, {} failed, {} skipped", total.passed, total.failed, total.skipped);
     if let Some(host) = host {
@@ -151,8 +159,8 @@ impl std::ops::Add for Tally {
 /// failure does not hide the rest), echoed as it runs, adding up every
 /// test binary's result (the closing `summary:` line comes after the
 /// guest tier, and counts a failed host run's passes too); then what each
-/// failed test said.
-fn host_tests(args: &[&str], filters: &[String]) -> anyhow::Result<Tally> {
+/// failed test said (and kept in `failures`).
+fn host_tests(args: &[&str], filters: &[String], failures: &mut Digest) -> anyhow::Result<Tally> {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.arg("test").args(args).arg("--no-fail-fast");
     if !filters.is_empty() {
@@ -178,6 +186,7 @@ fn host_tests(args: &[&str], filters: &[String]) -> anyhow::Result<Tally> {
     let st = child.wait()?;
     println!("host: {} passed, {} failed, {} skipped", tally.passed, tally.failed, tally.skipped);
     digest.print("host");
+    failures.append(digest);
     if !unrun.is_empty() {
         bail!("the {} tier(s) did not run: built as a user other than root", unrun.join(", "));
     }

@@ -43,10 +43,17 @@ pub fn check<'a>(
     nets: impl IntoIterator<Item = &'a IpNet> + Clone,
     last: Option<Coverage>,
 ) -> Result<Coverage, String> {
-    let wide = nets.clone().into_iter().find(|n| match n {
-        IpNet::V4(n) => n.prefix_len() < spec.min_v4_prefix,
-        IpNet::V6(n) => n.prefix_len() < spec.min_v6_prefix,
-    });
+    // The widest, IPv4's first: the same version is refused with the
+    // same words whatever order its set gives (a CI run saw `::/0` where
+    // `0.0.0.0/0` was named before).
+    let wide = nets
+        .clone()
+        .into_iter()
+        .filter(|n| match n {
+            IpNet::V4(n) => n.prefix_len() < spec.min_v4_prefix,
+            IpNet::V6(n) => n.prefix_len() < spec.min_v6_prefix,
+        })
+        .min_by_key(|n| (n.addr().is_ipv6(), n.prefix_len(), **n));
     if let Some(n) = wide {
         let (key, min) = if n.addr().is_ipv4() {
             ("min_v4_prefix", spec.min_v4_prefix)

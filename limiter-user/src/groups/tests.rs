@@ -199,6 +199,14 @@ fn the_guards_refuse_a_version_that_denies_the_internet() {
     let grown = nets(&["198.51.100.0/24", "203.0.113.0/24", "192.0.2.0/24", "2001:db8::/32", "2001:db9::/33"]);
     let next = guard::check(&g, &grown, Some(c)).unwrap();
     assert!(next.v4 > c.v4 && next.v6 > c.v6);
+    // The same version is refused with the same words, whatever order
+    // its set holds it in: the widest network named, IPv4's first.
+    for _ in 0..32 {
+        let set: std::collections::HashSet<IpNet> =
+            nets(&["::/0", "10.0.0.0/5", "0.0.0.0/0", "::/1"]).into_iter().collect();
+        let e = guard::check(&g, &set, None).unwrap_err();
+        assert!(e.contains("holds 0.0.0.0/0, wider than /6 (min_v4_prefix)"), "{e}");
+    }
     // The widths are the section's: a wider one may be allowed.
     assert!(guard::check(&group("min_v4_prefix = 0\nmax_coverage = 1.0\n"), &nets(&["0.0.0.0/0"]), None).is_ok());
 }
