@@ -67,13 +67,10 @@ pub(super) fn read_bounded(bytes: Vec<u8>, max_records: u64, max_walk: std::time
     for found in reader.networks(maxminddb::WithinOptions::default()).map_err(db)? {
         visited += 1;
         if visited > max_records {
-            return Err(Error::Endless(format!("its tree holds more than {max_records} records (a crafted file?)")));
+            return Err(Error::Endless(format!("tree holds more than {max_records} records (a crafted file?)")));
         }
         if visited.is_multiple_of(4096) && start.elapsed() > max_walk {
-            return Err(Error::Endless(format!(
-                "its tree was not read within {} s (a crafted file?)",
-                max_walk.as_secs()
-            )));
+            return Err(Error::Endless(format!("tree was not read within {} s (a crafted file?)", max_walk.as_secs())));
         }
         let found = found.map_err(db)?;
         let net = found.network().map_err(db)?;
