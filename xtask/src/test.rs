@@ -52,7 +52,12 @@ impl Selection {
             bail!("no test selection {what:?}: quick, unit, guests, or a tier ({}) or TIER::MODULE", TIERS.join(", "));
         }
         if let Some(m) = module {
-            let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests").join(tier).join(format!("{m}.rs"));
+            // A nested module (`adversarial::upstream`) is a file of a
+            // folder (`adversarial/upstream.rs`).
+            let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/tests")
+                .join(tier)
+                .join(format!("{}.rs", m.replace("::", "/")));
             let dir = file.with_extension("");
             if m.is_empty() || !(file.is_file() || dir.join("mod.rs").is_file() || dir.is_dir()) {
                 bail!("no module {m:?} in the {tier} tier (tests/tests/{tier}/)");
@@ -93,8 +98,12 @@ pub fn run(selection: &Selection, no_lint: bool) -> anyhow::Result<()> {
         }
         Selection::Unit => Some(host_tests(&["--workspace", "--lib", "--bins"], &[], &mut failures)),
         Selection::Tier { tier, module } => {
-            let filter = module.as_ref().map(|m| format!("{m}::"));
-            Some(host_tests(&["-p", "limiter-tests", "--test", tier], filter.as_slice(), &mut failures))
+            let args = ["-p", "limiter-tests", "--test", tier.as_str()];
+            let filters = match module {
+                Some(m) => module_tests(&args, m)?,
+                None => Vec::new(),
+            };
+            Some(host_tests(&args, &filters, &mut failures))
         }
         Selection::Guests => None,
     };
@@ -199,6 +208,38 @@ fn host_tests(args: &[&str], filters: &[String], failures: &mut Digest) -> anyho
     Ok(tally)
 }
 
+/// The tests of `module` in the tier binary `args` names, each exactly
+/// (`--exact` and their names): a substring filter (`upstream::`) would
+/// take another module's too (`adversarial::upstream::`).
+fn module_tests(args: &[&str], module: &str) -> anyhow::Result<Vec<String>> {
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .arg("test")
+        .args(args)
+        .args(["--", "--list", "--format", "terse"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("listing the tier's tests")?;
+    if !out.status.success() {
+        bail!("listing the tier's tests failed: {}", out.status);
+    }
+    let names = of_module(&String::from_utf8_lossy(&out.stdout), module);
+    if names.is_empty() {
+        bail!("no test in module {module}");
+    }
+    Ok(std::iter::once("--exact".to_owned()).chain(names).collect())
+}
+
+/// The names in a `--list --format terse` output (`NAME: test`) under
+/// `module::`, from the tier's root.
+fn of_module(list: &str, module: &str) -> Vec<String> {
+    let prefix = format!("{module}::");
+    list.lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .filter(|name| name.starts_with(&prefix))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The counts of a test binary's `test result:` line.
 fn result_line(line: &str) -> Option<Tally> {
     let rest = line.strip_prefix("test result: ")?;
@@ -233,6 +274,15 @@ mod tests {
         let e = Selection::parse(Some("daemon::nothing_here")).unwrap_err().to_string();
         assert_eq!(e, "no module \"nothing_here\" in the daemon tier (tests/tests/daemon/)");
         assert!(Selection::parse(Some("daemon::")).is_err());
+    }
+
+    #[test]
+    fn a_module_is_its_own_tests_and_not_a_namesakes_elsewhere() {
+        let list = "adversarial::upstream::a: test\nupstream::b: test\nupstream::c::d: test\nupstreams::e: test\n\
+                    upstream::bench: benchmark\n";
+        assert_eq!(of_module(list, "upstream"), ["upstream::b", "upstream::c::d"]);
+        assert_eq!(of_module(list, "adversarial::upstream"), ["adversarial::upstream::a"]);
+        assert!(Selection::parse(Some("daemon::adversarial::upstream")).is_ok());
     }
 
     #[test]
