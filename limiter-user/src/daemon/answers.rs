@@ -13,7 +13,7 @@ use crate::{
         StatusInfo, SynCookieRow, TopInfo,
     },
     dataplane::{DataPlane, Health, LoadError},
-    feedback::{Endpoint, FeedbackCounts},
+    feedback::FeedbackCounts,
     metrics::Snapshot,
     policy::file,
     top,
@@ -50,22 +50,12 @@ impl Answers<'_> {
                     return Err(req);
                 };
                 if matches!(req, Request::PolicyShow) {
-                    // What is in force: the feedback endpoint's address and
-                    // token file are the ones it started with (they take a
-                    // restart), said where the file says otherwise.
+                    // What is in force: a feature's settings that take a
+                    // restart are the ones it started with, said where the
+                    // file says otherwise.
                     let mut p = policy.effective(policy.base());
                     let mut note = String::new();
-                    if let (Some(f), Some(e)) =
-                        (p.feedback.as_mut(), self.features.get::<Option<Endpoint>>().and_then(Option::as_ref))
-                        && ((f.listen.port() != 0 && f.listen != e.bound) || f.token_file != e.token_file)
-                    {
-                        note = format!(
-                            "# [feedback] in the file: listen = \"{}\", token_file = {:?}; in force until a restart: the values below\n",
-                            f.listen,
-                            f.token_file.display().to_string()
-                        );
-                        (f.listen, f.token_file) = (e.bound, e.token_file.clone());
-                    }
+                    self.features.in_force(&mut p, &mut note);
                     Response::Policy(PolicyText {
                         version: policy.version(),
                         source: policy.source().to_owned(),

@@ -37,8 +37,9 @@ pub(super) enum Change {
     /// Runtime overrides whose time is up.
     Expire,
     /// A penalty from the tenant layer or the daemon's escalation (under
-    /// the governor).
-    Penalty { cidr: String, ttl: u64, reason: String, by: Decider },
+    /// the governor); `held`: its evidence was drops of connections this
+    /// host holds (an escalation's may be).
+    Penalty { cidr: String, ttl: u64, reason: String, by: Decider, held: bool },
     /// A source of decisions' change (a feed's version, a part of a
     /// CrowdSec pull).
     Source(Box<dyn SourceChange>),
@@ -85,7 +86,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
                 (None, None) => Ok("nothing expired".into()),
             }
         }
-        Change::Penalty { cidr, ttl, reason, by } => e.penalize(t, cidr, *ttl, reason, *by),
+        Change::Penalty { cidr, ttl, reason, by, .. } => e.penalize(t, cidr, *ttl, reason, *by),
         Change::Source(c) => c.run(e, t),
         Change::Prefix { cidr, action, ttl } => {
             let action = action.map(|a| match a {
@@ -124,6 +125,7 @@ impl Change {
                 ttl: *ttl_secs,
                 reason: crate::escape_control(reason),
                 by: Decider::Feedback,
+                held: false,
             }),
             Request::PrefixLoad { cidrs, action, ttl_secs } => {
                 Some(Change::Load { cidrs: std::mem::take(cidrs), action: *action, ttl: *ttl_secs })

@@ -1,9 +1,11 @@
 //! The daemon's features (the forwarders, the fleet sync, the feedback
-//! endpoint, the feed watcher, CrowdSec's pulls) behind one small face:
-//! each starts from the policy in force (a source of decisions with a
-//! [`Sink`](super::source::Sink) for its changes), is told the policy after
-//! every change and the outcome of each change it sent, asked to read its
-//! files again on SIGHUP, ticked once a second, asked at each scrape for
+//! endpoint, the feed watcher, the groups, CrowdSec's pulls, the upstream
+//! speaker) behind one small face: each starts from the policy in force (a
+//! source of decisions with a [`Sink`](super::source::Sink) for its
+//! changes), is told the policy after every change and every change that
+//! finished (who made it, and whether it was applied), asked to read its
+//! files again on SIGHUP, ticked once a second with what the data plane
+//! did in it, asked at each scrape for
 //! its report (which writes its own series) and for its part of `limiter
 //! status`, may answer the control requests that are its own, and is
 //! drained at shutdown. A policy change fans out to every feature from one
@@ -11,17 +13,21 @@
 //! [`Features::apply`](super::features::Features)), so a setting of a
 //! feature goes one way, once: file -> policy -> [`InForce`] -> the
 //! feature. A new feature is its own files and one line in
-//! [`Features::start`](super::features::Features::start).
+//! [`Features::start`](super::features::Features::start); the loop names
+//! none of them (it asks the list, never one feature by its type).
 
-use std::{any::Any, pin::Pin};
+use std::pin::Pin;
 
+use ipnet::IpNet;
 use limiter_common::Config;
 
-use super::Enforcer;
+use super::{Enforcer, changes::Change};
 use crate::{
     control::{PrefixShow, Request, Response, StatusInfo},
+    dataplane::Totals,
     policy::Policy,
     series::Series,
+    top::Tracker,
 };
 
 /// The policy in force, as every feature sees it.
@@ -37,11 +43,50 @@ pub(super) struct InForce<'a> {
     pub(super) state: &'a Enforcer,
 }
 
+/// A second of the data plane, as every feature is told of it.
+pub(super) struct Second<'a> {
+    /// What the program counted since it started.
+    pub(super) totals: &'a Totals,
+    /// The sampled drops (for `limiter top`).
+    pub(super) top: &'a Tracker,
+}
+
+impl Second<'_> {
+    /// The `n` prefixes the program drops most now, each with its class
+    /// index.
+    pub(super) fn dropping_most(&self, n: usize) -> Vec<(IpNet, u8)> {
+        self.top
+            .offenders(crate::clock::unix_now(), n)
+            .into_iter()
+            .map(|(k, _)| (crate::dataplane::net(&k), k.class))
+            .collect()
+    }
+}
+
+/// A change that finished, as every feature is told of it.
+pub(super) struct Applied<'a> {
+    pub(super) change: &'a Change,
+    /// Applied (or refused).
+    pub(super) ok: bool,
+}
+
+impl Applied<'_> {
+    /// The source of decisions that sent it (its
+    /// [`source`](super::source::SourceChange::source), `feed:NAME`), if a
+    /// source's.
+    pub(super) fn source(&self) -> Option<&str> {
+        match self.change {
+            Change::Source(c) => Some(c.source()),
+            _ => None,
+        }
+    }
+}
+
 /// What a feature's drain waits for.
 pub(super) type Drain<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// A subsystem of the daemon.
-pub(super) trait Feature: Any + Send {
+pub(super) trait Feature: Send {
     /// Take the policy in force: start, change or stop what it declares.
     fn apply(&mut self, applied: &InForce<'_>);
 
@@ -49,12 +94,18 @@ pub(super) trait Feature: Any + Send {
     /// feature reads from files of its own.
     fn reload(&mut self, _applied: &InForce<'_>) {}
 
-    /// Once a second, on the daemon's loop (never blocking it).
-    fn tick(&mut self) {}
+    /// Once a second, on the daemon's loop (never blocking it), with
+    /// what the data plane did.
+    fn tick(&mut self, _second: &Second<'_>) {}
 
-    /// A change it sent (its [`source`](super::source::SourceChange::source))
-    /// was applied (`ok`) or refused.
-    fn outcome(&mut self, _source: &str, _ok: bool) {}
+    /// A change finished (whoever made it: the operator, a source, the
+    /// escalation): applied or refused.
+    fn applied(&mut self, _applied: &Applied<'_>) {}
+
+    /// Its settings that take a restart, as in force where the policy
+    /// shown (`policy`, the file's) says otherwise: set in it, and said in
+    /// `note`.
+    fn in_force(&self, _policy: &mut Policy, _note: &mut String) {}
 
     /// Its report for a scrape, which writes its own series (`None`:
     /// nothing to show now).
@@ -93,15 +144,21 @@ impl<T: Feature> Feature for Option<T> {
         }
     }
 
-    fn tick(&mut self) {
+    fn tick(&mut self, second: &Second<'_>) {
         if let Some(f) = self {
-            f.tick();
+            f.tick(second);
         }
     }
 
-    fn outcome(&mut self, source: &str, ok: bool) {
+    fn applied(&mut self, applied: &Applied<'_>) {
         if let Some(f) = self {
-            f.outcome(source, ok);
+            f.applied(applied);
+        }
+    }
+
+    fn in_force(&self, policy: &mut Policy, note: &mut String) {
+        if let Some(f) = self {
+            f.in_force(policy, note);
         }
     }
 

@@ -2,12 +2,10 @@
 //! [`Feature`]): started in [`Features::start`], the one place that
 //! names them.
 
-use std::any::Any;
-
 use super::{
     crowdsec::CrowdsecSide,
     decision::Sink,
-    feature::{Feature, InForce},
+    feature::{Applied, Feature, InForce, Second},
     feeds::Feeds,
     fleet::{FleetSide, classes},
 };
@@ -67,22 +65,6 @@ impl Features {
         Ok(Self(list))
     }
 
-    /// The feature of type `T`, mutable, for what only it is told.
-    pub(super) fn get_mut<T: Feature>(&mut self) -> Option<&mut T> {
-        self.0.iter_mut().find_map(|f| {
-            let any: &mut dyn Any = &mut **f;
-            any.downcast_mut::<T>()
-        })
-    }
-
-    /// The feature of type `T`, for what only it can say.
-    pub(super) fn get<T: Feature>(&self) -> Option<&T> {
-        self.0.iter().find_map(|f| {
-            let any: &dyn Any = &**f;
-            any.downcast_ref::<T>()
-        })
-    }
-
     pub(super) fn apply(&mut self, a: &InForce<'_>) {
         self.0.iter_mut().for_each(|f| f.apply(a));
     }
@@ -91,12 +73,18 @@ impl Features {
         self.0.iter_mut().for_each(|f| f.reload(a));
     }
 
-    pub(super) fn tick(&mut self) {
-        self.0.iter_mut().for_each(|f| f.tick());
+    pub(super) fn tick(&mut self, second: &Second<'_>) {
+        self.0.iter_mut().for_each(|f| f.tick(second));
     }
 
-    pub(super) fn outcome(&mut self, source: &str, ok: bool) {
-        self.0.iter_mut().for_each(|f| f.outcome(source, ok));
+    pub(super) fn applied(&mut self, applied: &Applied<'_>) {
+        self.0.iter_mut().for_each(|f| f.applied(applied));
+    }
+
+    /// The settings in force that the policy file says otherwise (see
+    /// [`Feature::in_force`]).
+    pub(super) fn in_force(&self, policy: &mut crate::policy::Policy, note: &mut String) {
+        self.0.iter().for_each(|f| f.in_force(policy, note));
     }
 
     /// Every feature's report, in order.

@@ -1,9 +1,10 @@
 //! The feedback endpoint as a feature of the daemon: its penalties reach
 //! the policy state as requests (`Change::Penalty`, under the governor);
-//! here, its token read again on SIGHUP.
+//! here, its token read again on SIGHUP, and its address and token file
+//! in force shown where the file says otherwise.
 
 use super::feature::{Feature, InForce};
-use crate::feedback::Endpoint;
+use crate::{feedback::Endpoint, policy::Policy};
 
 impl Feature for Endpoint {
     /// Where it listens and its token file take a restart (the token
@@ -41,6 +42,23 @@ impl Feature for Endpoint {
             Err(e) => {
                 tracing::warn!(event = "feedback_token", "limiter: SIGHUP: {e}; the token in force stays");
             }
+        }
+    }
+
+    /// `policy show`: the address and token file it started with (they
+    /// take a restart), said where the file says otherwise.
+    fn in_force(&self, p: &mut Policy, note: &mut String) {
+        if let Some(f) = p.feedback.as_mut()
+            && ((f.listen.port() != 0 && f.listen != self.bound) || f.token_file != self.token_file)
+        {
+            use std::fmt::Write as _;
+            let _ = writeln!(
+                note,
+                "# [feedback] in the file: listen = \"{}\", token_file = {:?}; in force until a restart: the values below",
+                f.listen,
+                f.token_file.display().to_string()
+            );
+            (f.listen, f.token_file) = (self.bound, self.token_file.clone());
         }
     }
 }

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use super::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
-    feature::{Feature, InForce},
+    feature::{Applied, Feature, InForce, Second},
     source::SourceChange,
 };
 use crate::{
@@ -176,7 +176,7 @@ impl Feature for Feeds {
 
     /// Send what was read, then look at each feed's file whose turn it
     /// is, off the loop.
-    fn tick(&mut self) {
+    fn tick(&mut self, _: &Second<'_>) {
         while let Ok(read) = self.rx.try_recv() {
             self.read_done(read);
         }
@@ -212,8 +212,9 @@ impl Feature for Feeds {
     }
 
     /// The policy state refused or took a version of a feed.
-    fn outcome(&mut self, source: &str, ok: bool) {
-        let Some(name) = source.strip_prefix("feed:") else { return };
+    fn applied(&mut self, a: &Applied<'_>) {
+        let Some(name) = a.source().and_then(|s| s.strip_prefix("feed:")) else { return };
+        let ok = a.ok;
         if let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name) {
             if ok {
                 w.report.applied_at = crate::clock::unix_now();

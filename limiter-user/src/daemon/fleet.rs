@@ -10,7 +10,7 @@ use limiter_common::{
     window::{self, FleetSlot, WindowState, scope},
 };
 
-use super::feature::{Feature, InForce};
+use super::feature::{Feature, InForce, Second};
 use crate::{
     control::{PrefixShow, Request, Response, WindowRow},
     dataplane::maps::WindowMaps,
@@ -92,7 +92,7 @@ impl FleetSide {
             }
             (_, maps) => {
                 let mut side = Self::Off(maps);
-                side.tick();
+                side.upkeep();
                 Ok(side)
             }
         }
@@ -209,10 +209,17 @@ impl Feature for FleetSide {
         matches!(req, Request::FleetStatus).then(|| Response::Fleet { status: self.status() })
     }
 
-    /// Once a second: take the maps back from a sync that has stopped
-    /// (and start the one a later policy asked for); without a sync, keep
-    /// the wall-clock offset current.
-    fn tick(&mut self) {
+    /// Once a second: see [`FleetSide::upkeep`].
+    fn tick(&mut self, _: &Second<'_>) {
+        self.upkeep();
+    }
+}
+
+impl FleetSide {
+    /// Take the maps back from a sync that has stopped (and start the one
+    /// a later policy asked for); without a sync, keep the wall-clock
+    /// offset current.
+    fn upkeep(&mut self) {
         if let Self::Stopping(s) = self
             && let Some(maps) = s.0.stopped()
         {

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use super::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
-    feature::{Feature, InForce},
+    feature::{Applied, Feature, InForce, Second},
     feeds::{CHECK, Stamp, settled, stamp_of},
     source::SourceChange,
 };
@@ -166,7 +166,7 @@ impl Feature for Groups {
         }
     }
 
-    fn tick(&mut self) {
+    fn tick(&mut self, _: &Second<'_>) {
         while let Ok(read) = self.rx.try_recv() {
             self.read_done(read);
         }
@@ -210,8 +210,9 @@ impl Feature for Groups {
         }
     }
 
-    fn outcome(&mut self, source: &str, ok: bool) {
-        let Some(name) = source.strip_prefix("group:") else { return };
+    fn applied(&mut self, a: &Applied<'_>) {
+        let Some(name) = a.source().and_then(|s| s.strip_prefix("group:")) else { return };
+        let ok = a.ok;
         if let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name) {
             if ok {
                 w.report.applied_at = crate::clock::unix_now();

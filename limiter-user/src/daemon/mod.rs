@@ -38,6 +38,7 @@ use self::{
     answers::Answers,
     changes::{Change, Changes, Done, Finished, Queued},
     decision::Decision,
+    feature::{Applied, Second},
     features::{Features, Start},
     link::Link,
     observe::{Observer, status_line},
@@ -56,7 +57,8 @@ use crate::{
         server::{self, Bound, Call},
     },
     dataplane::{
-        DataPlane,
+        DataPlane, LoadError,
+        chain::ChainError,
         upgrade::{Renewal, renewal_loss},
     },
     metrics::ScrapeCall,
@@ -112,7 +114,7 @@ impl Daemon {
                 // component (6.12 with Debian 12's libxdp): the program
                 // without SYN cookies joins, if the policy has none (else
                 // the policy is refused, naming its class).
-                Err(e) if start::packet_data_slot(&e) => {
+                Err(LoadError::Chain(ChainError::PacketDataSlot { .. })) => {
                     drop(first);
                     let why = "this kernel refuses a dispatcher component that changes packet data in the slots of \
                                the libxdp dispatcher this build uses"
@@ -121,7 +123,7 @@ impl Daemon {
                     let a = start::attach(&mut again.dp, &settings, again.adopted.is_some())?;
                     (again, a)
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             };
         let observer = Observer::new(dp.buckets_map_id(), dp.take_drop_events(), dp.take_logger());
         let (calls_tx, calls) = mpsc::channel(16);
@@ -196,11 +198,11 @@ impl Daemon {
                     self.changes.expire(&self.settings);
                     // The daemon's own decider reads the loop's counters:
                     // its decisions join the path here.
-                    for (cidr, ttl, reason) in self.observer.escalations(self.view.escalate) {
-                        self.decide(Decision::Told(Change::Penalty { cidr, ttl, reason, by: Decider::Escalation }));
+                    for (cidr, ttl, reason, held) in self.observer.escalations(self.view.escalate) {
+                        let by = Decider::Escalation;
+                        self.decide(Decision::Told(Change::Penalty { cidr, ttl, reason, by, held }));
                     }
-                    self.link_pressure(&totals);
-                    self.features.tick();
+                    self.features.tick(&Second { totals: &totals, top: &self.observer.top });
                 }
                 // Every decider, one arm (see `decision.rs`): a source's
                 // change waits behind the operator's.
@@ -221,22 +223,6 @@ impl Daemon {
         };
         self.features.drain().await;
         self.stop(why)
-    }
-
-    /// Once a second, when `[upstream]` watches the link: what it
-    /// received (this second's `totals`) and the prefixes the program
-    /// drops most, as many as it announces.
-    fn link_pressure(&mut self, totals: &crate::dataplane::Totals) {
-        let Some(up) = self.features.get_mut::<upstream::UpstreamSide>() else { return };
-        let Some(top) = up.pressure_prefixes() else { return };
-        let dropping: Vec<(ipnet::IpNet, u8)> = self
-            .observer
-            .top
-            .offenders(crate::clock::unix_now(), top)
-            .into_iter()
-            .map(|(k, _)| (crate::dataplane::net(&k), k.class))
-            .collect();
-        up.second(totals, &dropping);
     }
 
     /// The lines printed once the program is attached.
@@ -355,7 +341,8 @@ impl Daemon {
         let Some(p) = self.changes.policy() else { unreachable!("the state is home") };
         self.view.refresh(p, &mut self.features);
         let version = self.view.version;
-        let response = match change {
+        let ok = result.is_ok();
+        let response = match &change {
             Change::Reload => {
                 self.reloads.reloaded(result, version, &self.view.source);
                 self.view.reload(p, &mut self.features);
@@ -365,25 +352,15 @@ impl Daemon {
                 self.reloads.expired(result, version);
                 None
             }
-            // Escalation's denial, in force here: announced upstream too
-            // when the policy asks, and only when its drops were of
-            // connections this host holds (proof of source alone is not
-            // enough: a spoofer can send from a proven address); a refused
-            // one never is.
-            Change::Penalty { cidr, ttl, by: Decider::Escalation, .. } if result.is_ok() => {
-                let bound = cidr.parse().is_ok_and(|n| self.observer.escalator.bound(&n));
-                if let Some(up) = self.features.get_mut::<upstream::UpstreamSide>() {
-                    up.escalated(&cidr, ttl, bound);
-                }
-                Some(self.reloads.changed(result, version))
-            }
             Change::Source(c) => {
                 c.report(&result);
-                self.features.outcome(c.source(), result.is_ok());
                 None
             }
             _ => Some(self.reloads.changed(result, version)),
         };
+        // Every feature hears of every change, whoever made it (the
+        // upstream speaker announces an escalation's denial).
+        self.features.applied(&Applied { change: &change, ok });
         if let (Some(reply), Some(r)) = (reply, response) {
             let _ = reply.send(r);
         }

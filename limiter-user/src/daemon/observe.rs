@@ -74,8 +74,9 @@ impl Observer {
 
     /// Once a second: the addresses escalation found under `rule`, each
     /// to deny through the governor like a penalty from the tenant layer
-    /// (its CIDR, TTL and why).
-    pub fn escalations(&mut self, rule: Option<crate::policy::feedback::Escalate>) -> Vec<(String, u64, String)> {
+    /// (its CIDR, TTL, why, and whether its drops were of connections
+    /// this host holds).
+    pub fn escalations(&mut self, rule: Option<crate::policy::feedback::Escalate>) -> Vec<(String, u64, String, bool)> {
         let found = self.escalator.second(rule.as_ref(), crate::clock::unix_now());
         let Some(rule) = rule else { return Vec::new() };
         let secs = rule.sustained.as_secs();
@@ -85,7 +86,7 @@ impl Observer {
                 let (cidr, rate) = (f.net.to_string(), f.rate);
                 let bound = if f.bound { ", of connections this host holds" } else { "" };
                 tracing::info!(event = "escalation", cidr = %cidr, rate, bound = f.bound, "limiter: {cidr} dropped at about {rate}/s for {secs} s{bound}: asking to deny it");
-                (cidr, rule.deny_for.as_secs(), format!("escalation: about {rate} drops/s for {secs} s{bound}"))
+                (cidr, rule.deny_for.as_secs(), format!("escalation: about {rate} drops/s for {secs} s{bound}"), f.bound)
             })
             .collect()
     }

@@ -13,7 +13,7 @@ use crate::dataplane::maps::Tables;
 /// A change of the policy state made by a source of decisions.
 pub(super) trait SourceChange: Send + std::fmt::Debug {
     /// Who makes it (`feed:NAME`, `crowdsec`): its log lines, and the
-    /// outcome handed back to the feature (`Feature::outcome`).
+    /// outcome handed back to the feature (`Feature::applied`).
     fn source(&self) -> &str;
 
     /// Carry it out, on the thread that holds the policy state.

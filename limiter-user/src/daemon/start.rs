@@ -10,7 +10,7 @@ use std::path::Path;
 use super::{Enforcer, Settings, os::resolve_group};
 use crate::{
     control::server::Access,
-    dataplane::{Attachment, DataPlane, PolicyMaps as _, upgrade::Renewal},
+    dataplane::{Attachment, DataPlane, LoadError, PolicyMaps as _, upgrade::Renewal},
     policy::{Compiled, Loaded as Read, Policy},
 };
 
@@ -83,35 +83,22 @@ pub(super) fn load(settings: &Settings, checked: Checked, without_cookies: Optio
     Ok(Loaded { dp, adopted, enforcer, summary, token })
 }
 
-/// Whether a start failed because the kernel refuses the full program's
-/// dispatcher component (it changes packet data, for SYN cookies, and
-/// the dispatcher's slots do not): the program built without SYN cookies
-/// changes none, and may join instead.
-pub(super) fn packet_data_slot(e: &anyhow::Error) -> bool {
-    matches!(
-        e.downcast_ref::<crate::dataplane::LoadError>(),
-        Some(crate::dataplane::LoadError::Chain(crate::dataplane::chain::ChainError::PacketDataSlot { .. }))
-    )
-}
-
 /// Attach (through the pinned link when pinning): the attachment, and
 /// whether it replaced a program on the pinned link. A pinned start that
 /// adopted nothing and fails to attach takes its pins away again.
-pub(super) fn attach(dp: &mut DataPlane, s: &Settings, adopted: bool) -> anyhow::Result<(Attachment, bool)> {
+pub(super) fn attach(dp: &mut DataPlane, s: &Settings, adopted: bool) -> Result<(Attachment, bool), LoadError> {
     if DataPlane::chained(&s.iface, s.attach)? {
-        return dp.attach_chained(&s.iface, s.mode, s.pin_dir.as_deref(), s.priority).map_err(|e| {
+        return dp.attach_chained(&s.iface, s.mode, s.pin_dir.as_deref(), s.priority).inspect_err(|_| {
             if let (false, Some(dir)) = (adopted, &s.pin_dir) {
                 unpin_failed_start(dir);
             }
-            e.into()
         });
     }
     let Some(dir) = &s.pin_dir else { return Ok((dp.attach(&s.iface, s.mode)?, false)) };
-    dp.attach_pinned(&s.iface, s.mode, dir).map_err(|e| {
+    dp.attach_pinned(&s.iface, s.mode, dir).inspect_err(|_| {
         if !adopted {
             unpin_failed_start(dir);
         }
-        e.into()
     })
 }
 

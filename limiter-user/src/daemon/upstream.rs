@@ -9,7 +9,11 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::feature::{Drain, Feature, InForce};
+use super::{
+    Decider,
+    changes::Change,
+    feature::{Applied, Drain, Feature, InForce, Second},
+};
 use crate::{
     control::{ErrorCode, Request, Response, StatusInfo},
     dataplane::Totals,
@@ -183,9 +187,9 @@ impl UpstreamSide {
         on.book.sent = (status.announced, status.pending);
     }
 
-    /// With link pressure on: how many of the top dropping prefixes the
-    /// loop is to hand it each second.
-    pub(super) fn pressure_prefixes(&self) -> Option<usize> {
+    /// With link pressure on: how many of the top dropping prefixes it
+    /// takes each second.
+    fn pressure_prefixes(&self) -> Option<usize> {
         self.on.as_ref().map(|on| on.book.spec()).filter(|s| s.link_capacity > 0).map(|s| s.pressure_prefixes)
     }
 
@@ -197,7 +201,7 @@ impl UpstreamSide {
     /// the prefix's whole allowance: a spoofer who floods from a victim's
     /// prefix gets the transit to hold no more of the victim's traffic
     /// than this host would.
-    pub(super) fn second(&mut self, totals: &Totals, dropping: &[(IpNet, u8)]) {
+    fn second(&mut self, totals: &Totals, dropping: &[(IpNet, u8)]) {
         let Some(on) = &mut self.on else { return };
         let sysfs = std::fs::read_to_string(format!("/sys/class/net/{}/statistics/rx_bytes", self.iface))
             .ok()
@@ -231,7 +235,7 @@ impl UpstreamSide {
     /// Escalation denied a proven source for `ttl` seconds: announced too
     /// when the policy says `escalate = true` and the escalation is
     /// `bound` (its drops were segments of connections this host holds).
-    pub(super) fn escalated(&mut self, cidr: &str, ttl: u64, bound: bool) {
+    fn escalated(&mut self, cidr: &str, ttl: u64, bound: bool) {
         let Some(on) = &mut self.on else { return };
         let Ok(net) = cidr.parse::<IpNet>() else { return };
         if !on.book.spec().escalate {
@@ -349,11 +353,26 @@ impl Feature for UpstreamSide {
         }
     }
 
-    fn tick(&mut self) {
+    fn tick(&mut self, s: &Second<'_>) {
+        if let Some(n) = self.pressure_prefixes() {
+            self.second(s.totals, &s.dropping_most(n));
+        }
         if let Some(on) = &mut self.on
             && on.book.expire(crate::clock::unix_now())
         {
             self.push();
+        }
+    }
+
+    /// Escalation's denial, in force here: announced upstream too when the
+    /// policy asks, and only when its drops were of connections this host
+    /// holds (proof of source alone is not enough: a spoofer can send from
+    /// a proven address); a refused one never is.
+    fn applied(&mut self, a: &Applied<'_>) {
+        if let Change::Penalty { cidr, ttl, by: Decider::Escalation, held, .. } = a.change
+            && a.ok
+        {
+            self.escalated(cidr, *ttl, *held);
         }
     }
 
