@@ -37,8 +37,10 @@
 //!                                                   request) or scrape (50
 //!                                                   pipelined GET /metrics))
 //!
-//! `send` prints `sent N secs S`; `recv` prints `ready`, then after SECS one
-//! `from ADDR N` line per source and `total N`.
+//! `send` prints `sent N secs S`; `spoof` `sent N secs S retried R` (a
+//! frame the ring refused is sent again, a bounded number of times);
+//! `recv` prints `ready`, then after SECS one `from ADDR N` line per
+//! source and `total N`.
 
 use std::{
     collections::BTreeMap,

@@ -19,22 +19,37 @@ pub fn spoof(iface: &str, mac: &str, dst: SocketAddr, count: u32) -> anyhow::Res
     let mac = parse_mac(mac)?;
     let count = count.min(130_000);
     let (fd, addr) = packet_socket(iface, &mac)?;
-    let mut sent = 0u32;
+    let (mut sent, mut retried) = (0u32, 0u32);
     let start = Instant::now();
     for i in 0..count {
         // 198.18.0.0/15 host i + 1024: from 198.18.4.0 on.
         let host = 1024 + i;
         let src = [198, 18 + u8::try_from(host >> 16)?, u8::try_from((host >> 8) & 0xff)?, u8::try_from(host & 0xff)?];
         let frame = udp_frame(&mac, src, dst_ip, (12345, dst.port()));
-        if send_frame(fd, &addr, &frame)? {
-            sent += 1;
+        // A frame the ring had no room for never reached the receiver's
+        // program: sent again after a pause (on a loaded machine a CI run
+        // lost 174 of 100,000), at most MAX_RETRIES times in all.
+        loop {
+            if send_frame(fd, &addr, &frame)? {
+                sent += 1;
+                break;
+            }
+            if retried == MAX_RETRIES {
+                break;
+            }
+            retried += 1;
+            std::thread::sleep(Duration::from_micros(50));
         }
     }
     // SAFETY: closing our own fd.
     unsafe { libc::close(fd) };
-    println!("sent {sent} secs {:.6}", start.elapsed().as_secs_f64());
+    println!("sent {sent} secs {:.6} retried {retried}", start.elapsed().as_secs_f64());
     Ok(())
 }
+
+/// Sends `spoof` tries again, all frames together (at 50 us each: at
+/// most 5 s of pauses).
+const MAX_RETRIES: u32 = 100_000;
 
 /// UDP to DST out of IFACE from each host of the /24 `net` (`A.B.C`) in
 /// turn, paced at `pps` for `secs` (at most 60): a flood spoofed inside
