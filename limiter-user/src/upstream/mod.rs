@@ -13,7 +13,6 @@ pub mod rule;
 pub mod series;
 pub mod speaker;
 mod state;
-mod status;
 
 use std::collections::BTreeMap;
 
