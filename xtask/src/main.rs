@@ -181,8 +181,13 @@ pub(crate) fn run(mut cmd: Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The cargo that runs xtask (`$CARGO`), or the one on the path.
+pub(crate) fn cargo_command() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
 pub(crate) fn cargo(args: &[&str]) -> anyhow::Result<()> {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut c = cargo_command();
     c.args(args);
     run(c)
 }

@@ -109,7 +109,7 @@ fn bpf_linker() -> anyhow::Result<()> {
     let current = have.is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION));
     if !current {
         eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} (about a minute)");
-        let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        let mut c = crate::cargo_command();
         c.args(["install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION])
             .args(["--no-default-features", "--features", "llvm-22"])
             .env("LLVM_PREFIX", "/usr/lib/llvm-22")

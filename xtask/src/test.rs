@@ -7,7 +7,7 @@
 use std::{
     io::{BufRead as _, BufReader},
     path::Path,
-    process::{Command, Stdio},
+    process::Stdio,
 };
 
 use anyhow::{Context as _, bail};
@@ -170,7 +170,7 @@ impl std::ops::Add for Tally {
 /// guest tier, and counts a failed host run's passes too); then what each
 /// failed test said (and kept in `failures`).
 fn host_tests(args: &[&str], filters: &[String], failures: &mut Digest) -> anyhow::Result<Tally> {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut c = crate::cargo_command();
     c.arg("test").args(args).arg("--no-fail-fast");
     if !filters.is_empty() {
         c.arg("--").args(filters);
@@ -212,7 +212,7 @@ fn host_tests(args: &[&str], filters: &[String], failures: &mut Digest) -> anyho
 /// (`--exact` and their names): a substring filter (`upstream::`) would
 /// take another module's too (`adversarial::upstream::`).
 fn module_tests(args: &[&str], module: &str) -> anyhow::Result<Vec<String>> {
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let out = crate::cargo_command()
         .arg("test")
         .args(args)
         .args(["--", "--list", "--format", "terse"])

@@ -9,7 +9,7 @@ use std::{
     collections::BTreeMap,
     fmt::Write as _,
     path::PathBuf,
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
@@ -112,8 +112,7 @@ pub struct Tally {
 /// limiter-tests` alone resolved other features and rebuilt three crates,
 /// 1 min 44 s of a CI run).
 pub fn test_executables() -> anyhow::Result<BTreeMap<String, PathBuf>> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
+    let out = crate::cargo_command()
         .args(["test", "--workspace", "--tests", "--no-run", "--message-format=json"])
         .stderr(Stdio::inherit())
         .output()

@@ -3,8 +3,8 @@
 //! `update_frequency`, and every decision again every [`FULL_EVERY`]
 //! pulls (what a delta lost comes back). While the LAPI is down or slow
 //! the decisions in force stay, pulls back off (1 s doubling to 60 s), and
-//! the status says so; the bouncer key is read again before each pull, so a rotated key
-//! is taken without a restart.
+//! the status says so; the bouncer key is read again before each pull, so
+//! a rotated key is taken without a restart.
 
 use std::{
     sync::{Arc, Mutex, PoisonError},

@@ -3,6 +3,8 @@
 //! here, its token read again on SIGHUP, and its address and token file
 //! in force shown where the file says otherwise.
 
+use std::fmt::Write as _;
+
 use super::feature::{Feature, InForce};
 use crate::{feedback::Endpoint, policy::Policy};
 
@@ -51,7 +53,6 @@ impl Feature for Endpoint {
         if let Some(f) = p.feedback.as_mut()
             && ((f.listen.port() != 0 && f.listen != self.bound) || f.token_file != self.token_file)
         {
-            use std::fmt::Write as _;
             let _ = writeln!(
                 note,
                 "# [feedback] in the file: listen = \"{}\", token_file = {:?}; in force until a restart: the values below",

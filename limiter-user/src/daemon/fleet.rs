@@ -162,6 +162,29 @@ impl FleetSide {
             Self::Off(None) => None,
         }
     }
+
+    /// Take the maps back from a sync that has stopped (and start the one
+    /// a later policy asked for); without a sync, keep the wall-clock
+    /// offset current.
+    fn upkeep(&mut self) {
+        if let Self::Stopping(s) = self
+            && let Some(maps) = s.0.stopped()
+        {
+            let next = s.2.take();
+            if maps.is_none() {
+                tracing::warn!(
+                    "limiter: the fleet sync's thread died; window quotas run without their maps' upkeep until the daemon restarts"
+                );
+            }
+            *self = Self::Off(maps);
+            if let Some((cfg, classes)) = next {
+                self.set_classes(classes, Some(&cfg));
+            }
+        }
+        if let Self::Off(Some(m)) = self {
+            let _ = m.state.set(FleetSlot::WallOffset.index(), wall_and_offset().1, 0);
+        }
+    }
 }
 
 impl Feature for FleetSide {
@@ -212,31 +235,6 @@ impl Feature for FleetSide {
     /// Once a second: see [`FleetSide::upkeep`].
     fn tick(&mut self, _: &Second<'_>) {
         self.upkeep();
-    }
-}
-
-impl FleetSide {
-    /// Take the maps back from a sync that has stopped (and start the one
-    /// a later policy asked for); without a sync, keep the wall-clock
-    /// offset current.
-    fn upkeep(&mut self) {
-        if let Self::Stopping(s) = self
-            && let Some(maps) = s.0.stopped()
-        {
-            let next = s.2.take();
-            if maps.is_none() {
-                tracing::warn!(
-                    "limiter: the fleet sync's thread died; window quotas run without their maps' upkeep until the daemon restarts"
-                );
-            }
-            *self = Self::Off(maps);
-            if let Some((cfg, classes)) = next {
-                self.set_classes(classes, Some(&cfg));
-            }
-        }
-        if let Self::Off(Some(m)) = self {
-            let _ = m.state.set(FleetSlot::WallOffset.index(), wall_and_offset().1, 0);
-        }
     }
 }
 

@@ -198,9 +198,8 @@ impl Daemon {
                     self.changes.expire(&self.settings);
                     // The daemon's own decider reads the loop's counters:
                     // its decisions join the path here.
-                    for (cidr, ttl, reason, held) in self.observer.escalations(self.view.escalate) {
-                        let by = Decider::Escalation;
-                        self.decide(Decision::Told(Change::Penalty { cidr, ttl, reason, by, held }));
+                    for penalty in self.observer.escalations(self.view.escalate) {
+                        self.decide(Decision::Told(penalty));
                     }
                     self.features.tick(&Second { totals: &totals, top: &self.observer.top });
                 }

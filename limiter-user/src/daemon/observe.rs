@@ -14,8 +14,8 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use limiter_common::{Action, DropEvent, Reason};
 
-use crate::feedback::escalate::Escalator;
-use crate::{dataplane::Totals, top::Tracker};
+use super::changes::Change;
+use crate::{dataplane::Totals, feedback::escalate::Escalator, policy::runtime::Decider, top::Tracker};
 
 /// The observing side of the daemon.
 pub(super) struct Observer {
@@ -72,11 +72,10 @@ impl Observer {
         &self.groups.1
     }
 
-    /// Once a second: the addresses escalation found under `rule`, each
-    /// to deny through the governor like a penalty from the tenant layer
-    /// (its CIDR, TTL, why, and whether its drops were of connections
-    /// this host holds).
-    pub fn escalations(&mut self, rule: Option<crate::policy::feedback::Escalate>) -> Vec<(String, u64, String, bool)> {
+    /// Once a second: the addresses escalation found under `rule`, each a
+    /// penalty to deny it through the governor like one from the tenant
+    /// layer (`held`: its drops were of connections this host holds).
+    pub fn escalations(&mut self, rule: Option<crate::policy::feedback::Escalate>) -> Vec<Change> {
         let found = self.escalator.second(rule.as_ref(), crate::clock::unix_now());
         let Some(rule) = rule else { return Vec::new() };
         let secs = rule.sustained.as_secs();
@@ -86,7 +85,13 @@ impl Observer {
                 let (cidr, rate) = (f.net.to_string(), f.rate);
                 let bound = if f.bound { ", of connections this host holds" } else { "" };
                 tracing::info!(event = "escalation", cidr = %cidr, rate, bound = f.bound, "limiter: {cidr} dropped at about {rate}/s for {secs} s{bound}: asking to deny it");
-                (cidr, rule.deny_for.as_secs(), format!("escalation: about {rate} drops/s for {secs} s{bound}"), f.bound)
+                Change::Penalty {
+                    cidr,
+                    ttl: rule.deny_for.as_secs(),
+                    reason: format!("escalation: about {rate} drops/s for {secs} s{bound}"),
+                    by: Decider::Escalation,
+                    held: f.bound,
+                }
             })
             .collect()
     }

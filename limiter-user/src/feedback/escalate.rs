@@ -106,9 +106,10 @@ impl Escalator {
     }
 
     /// Whether `net`'s escalation in force was bound (its drops were of
-    /// connections this host holds).
-    #[must_use]
-    pub fn bound(&self, net: &IpNet) -> bool {
+    /// connections this host holds; the daemon reads it from the penalty,
+    /// `Found::bound`).
+    #[cfg(test)]
+    fn bound(&self, net: &IpNet) -> bool {
         self.escalated.get(net).is_some_and(|(_, b)| *b)
     }
 

@@ -21,8 +21,8 @@ fn flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing() {
     // 500/s: a flood five times the allowance (8,500 packets in 3 s) is
     // within reach of the guest tier's emulated sender even on a busy
     // machine (13,594 in 3 s on 6.1 with another guest beside it, under
-    // the 16,000 that 1,000/s asked); the burst of 200 lets the conforming sender (400/s) catch
-    // up after a stall of half a second.
+    // the 16,000 that 1,000/s asked); the burst of 200 lets the
+    // conforming sender (400/s) catch up after a stall of half a second.
     let f = Flood { rate: 500, burst: 200, secs: 3.0, flood_pps: 0, conform_pps: 400, mode: "native" };
     let limiter = scenario::locate_bin("limiter").expect("limiter binary");
     let o = scenario::run(&limiter, env!("CARGO_BIN_EXE_netload").as_ref(), &f).expect("scenario");
