@@ -2,6 +2,7 @@
 //! only uses rooms listed above it (see docs/design.md):
 //!
 //! - `clock`: the wall clock, read one way;
+//! - `origin`: who decided, one table for every author of a decision;
 //! - `counts`: counters kept by the variants of an enum;
 //! - `series`: how a room's report writes its own Prometheus series;
 //! - `listen`: what every listener shares (fair slots per peer, bounds);
@@ -52,6 +53,7 @@ pub fn escape_control(text: &str) -> String {
 pub mod clock;
 pub mod counts;
 pub mod listen;
+pub mod origin;
 pub mod policy;
 
 pub mod crowdsec;

@@ -3,7 +3,7 @@
 use crate::{
     cli::PrefixCommand,
     control::{Request, client::Client},
-    policy::ListAction,
+    policy::Action,
 };
 
 pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result<()> {
@@ -15,28 +15,23 @@ pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result
         }
         PrefixCommand::Allow { cidr, ttl } => Request::PrefixAllow { cidr: *cidr, ttl_secs: *ttl },
         PrefixCommand::Deny { cidr, ttl, upstream: true } => return deny_upstream(client, *cidr, *ttl, json),
-        PrefixCommand::Deny { cidr, ttl, upstream: false } => Request::PrefixDeny { cidr: *cidr, ttl_secs: *ttl },
+        PrefixCommand::Deny { cidr, ttl, upstream: false } => {
+            Request::PrefixDeny { cidr: *cidr, ttl_secs: *ttl, upstream: false }
+        }
         PrefixCommand::Unset { cidr } => Request::PrefixUnset { cidr: *cidr },
         PrefixCommand::Load { deny, allow, ttl } => return load(client, deny.as_deref(), allow.as_deref(), *ttl, json),
     };
     super::policy::print_applied(&client.change(&req)?, json)
 }
 
-/// `prefix deny --upstream`: denied here first (what protects the host
-/// whatever the transit does), then announced upstream for the same time.
+/// `prefix deny --upstream`: one change, denied here and announced
+/// upstream for the same time, or refused whole (no `[upstream]`, a
+/// protected network, the cap full of the operator's own rules).
 fn deny_upstream(client: Client, cidr: ipnet::IpNet, ttl: Option<u64>, json: bool) -> anyhow::Result<()> {
-    let applied = client.change(&Request::PrefixDeny { cidr, ttl_secs: ttl })?;
-    let req = Request::UpstreamAnnounce {
-        cidr,
-        blackhole: false,
-        destination: None,
-        protocol: None,
-        rate_limit: None,
-        ttl_secs: ttl,
+    let mut applied = client.change(&Request::PrefixDeny { cidr, ttl_secs: ttl, upstream: true })?;
+    let Some(info) = applied.upstream.take() else {
+        anyhow::bail!("{cidr} is denied here (policy v{}); the daemon said nothing of upstream", applied.version);
     };
-    let info = client
-        .upstream(&req)
-        .map_err(|e| anyhow::anyhow!("{cidr} is denied here (policy v{}); {e}", applied.version))?;
     if json {
         return super::print_json(&serde_json::json!({ "applied": applied, "upstream": info }));
     }
@@ -97,8 +92,8 @@ fn load(
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let (path, action) = match (deny, allow) {
-        (Some(p), _) => (p, ListAction::Deny),
-        (None, Some(p)) => (p, ListAction::Allow),
+        (Some(p), _) => (p, Action::Deny),
+        (None, Some(p)) => (p, Action::Allow),
         (None, None) => anyhow::bail!("give --deny FILE or --allow FILE"),
     };
     let name = path.display().to_string();

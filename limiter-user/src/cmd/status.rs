@@ -38,7 +38,7 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
         let _ = writeln!(out, "syn cookies     FAILING: {why}");
     }
     for f in &s.forwards {
-        let up = f.upstreams.iter().filter(|u| u.1).count();
+        let up = f.backends.iter().filter(|u| u.1).count();
         let shed: u64 = f.shed.iter().map(|x| x.1).sum();
         let _ = writeln!(
             out,
@@ -48,7 +48,7 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
             f.active,
             f.accepted,
             shed,
-            f.upstreams.len()
+            f.backends.len()
         );
         for e in &f.bind_errors {
             let _ = writeln!(out, "                NOT LISTENING: {e}");

@@ -16,15 +16,18 @@ pub struct ForwardInfo {
     /// (criticality, connections let in, connections shed at accept).
     #[serde(default)]
     pub by_criticality: Vec<(String, u64, u64)>,
-    /// Connections closed because every upstream failed.
-    pub upstream_failed: u64,
-    pub upstream_connect_failures: u64,
+    /// Connections closed because every backend failed.
+    #[serde(rename = "upstream_failed")]
+    pub backend_failed: u64,
+    #[serde(rename = "upstream_connect_failures")]
+    pub backend_connect_failures: u64,
     /// Connections that failed for a local reason (EMFILE, ENFILE,
-    /// ENOBUFS, ENOMEM), not held against an upstream.
+    /// ENOBUFS, ENOMEM), not held against a backend.
     #[serde(default)]
     pub local_errors: u64,
     /// (address, in service).
-    pub upstreams: Vec<(String, bool)>,
+    #[serde(rename = "upstreams")]
+    pub backends: Vec<(String, bool)>,
     pub bytes_up: u64,
     pub bytes_down: u64,
     /// Adaptive throttling's window, when on.
@@ -33,7 +36,7 @@ pub struct ForwardInfo {
 }
 
 /// A forwarder's adaptive throttling now: the window's requests (its
-/// own refusals included) and the upstreams' accepts, and the
+/// own refusals included) and the backends' accepts, and the
 /// probability a new connection is refused.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AdaptiveInfo {

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::forward::{AdaptiveInfo, ForwardInfo};
 pub use self::group::{GroupRate, GroupShow};
-pub use self::prefixes::{EntryAction, LayerEntry, MAX_LISTED_DECISIONS, Origin, PrefixEntry, PrefixList};
-use crate::policy::ListAction;
+pub use self::prefixes::{LayerEntry, MAX_LISTED_DECISIONS, PrefixEntry, PrefixList, Shown};
+use crate::policy::Action;
 
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/limiter/limiter.sock";
@@ -62,6 +62,11 @@ pub enum Request {
         cidr: IpNet,
         #[serde(default)]
         ttl_secs: Option<u64>,
+        /// `--upstream`: announced upstream too, for the same time, or
+        /// nothing done (the answer's [`Applied::upstream`] says what the
+        /// speaker holds).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        upstream: bool,
     },
     /// A penalty from the tenant layer's feedback: deny `cidr` for
     /// `ttl_secs`, under the governor. The tenant's text as sent: the
@@ -74,7 +79,7 @@ pub enum Request {
     /// Allow or deny every CIDR of `cidrs` as one version, all or nothing.
     PrefixLoad {
         cidrs: Vec<IpNet>,
-        action: ListAction,
+        action: Action,
         #[serde(default)]
         ttl_secs: Option<u64>,
     },
@@ -221,6 +226,10 @@ pub struct PolicyText {
 pub struct Applied {
     pub version: u64,
     pub summary: String,
+    /// A `prefix deny --upstream`'s announcement: the rules announced
+    /// upstream after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<crate::upstream::UpstreamInfo>,
 }
 
 impl Response {

@@ -3,74 +3,30 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::runtime::Decider;
+use crate::{origin::Origin, policy::Action};
 
-/// A unit enum of the protocol whose wire form (and display, and what it
-/// compares equal to) is its label.
-macro_rules! labels {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $v:ident = $l:literal),+ $(,)? }) => {
-        $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-        pub enum $name {
-            $($(#[$vdoc])* #[serde(rename = $l)] $v),+
-        }
-
-        impl $name {
-            #[must_use]
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$v => $l),+
-                }
-            }
-        }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.pad(self.as_str())
-            }
-        }
-
-        impl PartialEq<&str> for $name {
-            fn eq(&self, other: &&str) -> bool {
-                self.as_str() == *other
-            }
-        }
-    };
-}
-
-labels! {
-    /// What an override does, as `prefix list` shows it.
-    EntryAction {
-        Limit = "limit",
-        Allow = "allow",
-        Deny = "deny",
-        /// The operator removed the file's override.
-        Unset = "unset",
-    }
-}
-
-/// Who decided an entry of `prefix list` (one [`Decider`]), and whether
+/// Who decided an entry of `prefix list` (an [`Origin`]), and whether
 /// it is only listed (feedback's shadow mode: counted, not enforced). On
 /// the wire and on screen, its label: the decider's (`runtime`, `file`,
 /// `feedback`, `escalation`, `crowdsec`), with ` (shadow)` after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Origin {
-    pub by: Decider,
+pub struct Shown {
+    pub by: Origin,
     pub shadow: bool,
 }
 
 const SHADOW: &str = " (shadow)";
 
-impl Origin {
+impl Shown {
     /// `by`'s decision, in force.
     #[must_use]
-    pub const fn of(by: Decider) -> Self {
+    pub const fn of(by: Origin) -> Self {
         Self { by, shadow: false }
     }
 
     /// `by`'s decision in shadow mode.
     #[must_use]
-    pub const fn shadow(by: Decider) -> Self {
+    pub const fn shadow(by: Origin) -> Self {
         Self { by, shadow: true }
     }
 
@@ -91,36 +47,36 @@ impl Origin {
     #[must_use]
     pub fn parse(label: &str) -> Option<Self> {
         let (name, shadow) = label.strip_suffix(SHADOW).map_or((label, false), |n| (n, true));
-        let by = Decider::ALL.into_iter().find(|d| d.label() == name)?;
+        let by = Origin::parse(name)?;
         Some(Self { by, shadow })
     }
 }
 
-impl From<Decider> for Origin {
-    fn from(by: Decider) -> Self {
+impl From<Origin> for Shown {
+    fn from(by: Origin) -> Self {
         Self::of(by)
     }
 }
 
-impl std::fmt::Display for Origin {
+impl std::fmt::Display for Shown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.pad(&self.label())
     }
 }
 
-impl PartialEq<&str> for Origin {
+impl PartialEq<&str> for Shown {
     fn eq(&self, other: &&str) -> bool {
         Self::parse(other) == Some(*self)
     }
 }
 
-impl Serialize for Origin {
+impl Serialize for Shown {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.label())
     }
 }
 
-impl<'de> Deserialize<'de> for Origin {
+impl<'de> Deserialize<'de> for Shown {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let label = String::deserialize(d)?;
         Self::parse(&label).ok_or_else(|| serde::de::Error::custom(format!("unknown origin {label:?}")))
@@ -149,10 +105,10 @@ fn is_zero(n: &usize) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrefixEntry {
     pub cidr: ipnet::IpNet,
-    pub action: EntryAction,
+    pub action: Action,
     pub rate: Option<u64>,
     pub burst: Option<u64>,
-    pub origin: Origin,
+    pub origin: Shown,
     /// Seconds until a runtime override expires (`None`: never).
     #[serde(default)]
     pub expires_in_secs: Option<u64>,
@@ -174,8 +130,8 @@ pub struct PrefixEntry {
 /// policy file's (`file`), or automation's (`feedback`, `escalation`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerEntry {
-    pub layer: Origin,
-    pub action: EntryAction,
+    pub layer: Shown,
+    pub action: Action,
     pub rate: Option<u64>,
     pub burst: Option<u64>,
     /// Seconds until it expires (`None`: never).
@@ -192,20 +148,21 @@ mod tests {
     /// shadow, each read back as itself; an unknown one is refused.
     #[test]
     fn an_origin_is_its_label_on_the_wire() {
-        let all = Decider::ALL;
-        let labels: Vec<String> = all.iter().map(|d| Origin::of(*d).to_string()).collect();
-        assert_eq!(labels, ["runtime", "file", "feedback", "escalation", "crowdsec"]);
-        assert_eq!(Origin::shadow(Decider::Feedback).to_string(), "feedback (shadow)");
+        let all = Origin::ALL;
+        let labels: Vec<String> = all.iter().map(|d| Shown::of(*d).to_string()).collect();
+        // The labels `prefix list` has always had, and the deny set's other origins.
+        assert_eq!(labels, ["runtime", "file", "feedback", "escalation", "crowdsec", "feed", "group", "pressure"]);
+        assert_eq!(Shown::shadow(Origin::Feedback).to_string(), "feedback (shadow)");
         for d in all {
-            for o in [Origin::of(d), Origin::shadow(d)] {
+            for o in [Shown::of(d), Shown::shadow(d)] {
                 let wire = serde_json::to_string(&o).unwrap();
                 assert_eq!(wire, format!("\"{o}\""));
-                assert_eq!(serde_json::from_str::<Origin>(&wire).unwrap(), o);
+                assert_eq!(serde_json::from_str::<Shown>(&wire).unwrap(), o);
             }
             // The decider's own serde name is the same label.
             assert_eq!(serde_json::to_string(&d).unwrap(), format!("\"{}\"", d.label()));
         }
-        assert!(serde_json::from_str::<Origin>("\"tenant\"").is_err());
-        assert!(Origin::shadow(Decider::Escalation).is_automation() && !Origin::of(Decider::Crowdsec).is_automation());
+        assert!(serde_json::from_str::<Shown>("\"tenant\"").is_err());
+        assert!(Shown::shadow(Origin::Escalation).is_automation() && !Shown::of(Origin::Crowdsec).is_automation());
     }
 }

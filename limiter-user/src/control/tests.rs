@@ -14,9 +14,24 @@ fn requests_round_trip_as_one_json_line() {
     }
     assert_eq!(serde_json::to_string(&Request::Stats).unwrap(), r#"{"cmd":"stats"}"#);
     // Struct variants are flattened into the tagged object.
-    let a = Response::Applied(Applied { version: 3, summary: "s".into() });
+    let a = Response::Applied(Applied { version: 3, summary: "s".into(), upstream: None });
     assert_eq!(serde_json::to_string(&a).unwrap(), r#"{"kind":"applied","version":3,"summary":"s"}"#);
     assert_eq!(serde_json::from_str::<Response>(&serde_json::to_string(&a).unwrap()).unwrap(), a);
+    // `prefix deny` without `--upstream` is the line earlier builds sent.
+    let deny = Request::PrefixDeny { cidr: "198.18.0.0/24".parse().unwrap(), ttl_secs: None, upstream: false };
+    assert_eq!(
+        serde_json::to_string(&deny).unwrap(),
+        r#"{"cmd":"prefix_deny","cidr":"198.18.0.0/24","ttl_secs":null}"#
+    );
+    let up: Request = serde_json::from_str(r#"{"cmd":"prefix_deny","cidr":"198.18.0.0/24","upstream":true}"#).unwrap();
+    assert!(matches!(up, Request::PrefixDeny { upstream: true, .. }));
+    // A forwarder's backends keep their wire names.
+    let f = ForwardInfo { backends: vec![("127.0.0.1:1".into(), true)], backend_failed: 2, ..ForwardInfo::default() };
+    let text = serde_json::to_string(&f).unwrap();
+    assert!(
+        text.contains(r#""upstreams":[["127.0.0.1:1",true]]"#) && text.contains(r#""upstream_failed":2"#),
+        "{text}"
+    );
 }
 
 /// An error carries a code a program acts on (the feedback endpoint's
@@ -47,5 +62,5 @@ fn a_request_with_no_cidr_or_an_unknown_action_is_not_read() {
     }
     let ok = r#"{"cmd":"prefix_load","cidrs":["198.18.0.0/24","2001:2::/48"],"action":"deny"}"#;
     let Request::PrefixLoad { cidrs, action, .. } = serde_json::from_str(ok).unwrap() else { panic!() };
-    assert_eq!((cidrs.len(), action), (2, ListAction::Deny));
+    assert_eq!((cidrs.len(), action), (2, Action::Deny));
 }

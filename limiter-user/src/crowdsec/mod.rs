@@ -27,7 +27,7 @@ use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use crate::feeds::unmapped;
+use crate::{feeds::unmapped, origin::Named};
 
 pub use self::{
     duration::parse_go_duration,
@@ -100,8 +100,8 @@ impl Decision {
     #[must_use]
     pub fn source(&self) -> String {
         match self.origin() {
-            "lists" => format!("crowdsec:lists:{}", self.scenario()),
-            o => format!("crowdsec:{o}"),
+            "lists" => Named::crowdsec(&format!("lists:{}", self.scenario())).to_string(),
+            o => Named::crowdsec(o).to_string(),
         }
     }
 }

@@ -13,7 +13,6 @@ use crate::{
         StatusInfo, SynCookieRow, TopInfo,
     },
     dataplane::{DataPlane, Health, LoadError},
-    feedback::FeedbackCounts,
     metrics::Snapshot,
     policy::file,
     top,
@@ -124,15 +123,10 @@ impl Answers<'_> {
             attached: self.link.health == Health::Attached,
             reattaches: self.link.repairs,
             features: {
-                // The governor's decisions (the policy state's) and
-                // escalation's proofs (the observer's) after the features'.
+                // The governor's decisions (the policy state's) after the
+                // features'.
                 let mut f = self.features.series();
-                f.push(Box::new(FeedbackCounts {
-                    unproven: self.observer.escalator.unproven,
-                    proven_sources: self.observer.escalator.proven.len() as u64,
-                    escalations_capped: self.view.feedback.escalations_capped + self.observer.escalator.capped,
-                    ..self.view.feedback
-                }));
+                f.push(Box::new(self.view.feedback));
                 f.push(Box::new(self.deny_report()?));
                 if !self.view.groups.is_empty() {
                     let hits = self.dp.maps.counters.group_hits(self.view.groups.len())?;

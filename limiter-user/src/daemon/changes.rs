@@ -14,7 +14,8 @@ use super::{ApplyError, Enforcer, Settings, source::SourceChange};
 use crate::{
     control::{ErrorCode, Request, Response},
     dataplane::maps::Tables,
-    policy::{Limit, ListAction, OverrideAction, file, runtime::Decider},
+    origin::Origin,
+    policy::{Action, CostUnit, Limit, Mode, OverrideAction, file},
 };
 
 /// Requests waiting for the policy state; more are refused at once.
@@ -29,27 +30,23 @@ pub(super) enum Change {
     /// SIGHUP.
     Reload,
     /// `prefix set|allow|deny|unset`: the CIDR, and what to do with it
-    /// (`None` = unset; a limit takes the default class's cost and mode),
-    /// for `ttl` seconds (`None`: until unset).
-    Prefix { cidr: IpNet, action: Option<PrefixAction>, ttl: Option<u64> },
+    /// (`None` = unset; a limit takes the default class's cost and mode
+    /// when it runs), for `ttl` seconds (`None`: until unset); `upstream`:
+    /// a deny announced upstream too (`prefix deny --upstream`).
+    Prefix { cidr: IpNet, action: Option<OverrideAction>, ttl: Option<u64>, upstream: bool },
     /// `prefix load`: allow or deny every CIDR, all or nothing.
-    Load { cidrs: Vec<IpNet>, action: ListAction, ttl: Option<u64> },
+    Load { cidrs: Vec<IpNet>, action: Action, ttl: Option<u64> },
     /// Runtime overrides whose time is up.
     Expire,
     /// A penalty from the tenant layer or the daemon's escalation (under
-    /// the governor); `held`: its evidence was drops of connections this
-    /// host holds (an escalation's may be).
-    Penalty { cidr: String, ttl: u64, reason: String, by: Decider, held: bool },
+    /// the governor) on `net`, parsed where it came in (`Err`: the
+    /// tenant's text, not a CIDR without host bits, which the governor
+    /// refuses and counts); `held`: its evidence was drops of connections
+    /// this host holds (an escalation's may be).
+    Penalty { net: Result<IpNet, String>, ttl: u64, reason: String, by: Origin, held: bool },
     /// A source of decisions' change (a feed's version, a part of a
     /// CrowdSec pull).
     Source(Box<dyn SourceChange>),
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(super) enum PrefixAction {
-    Limit { rate: u64, burst: u64 },
-    Allow,
-    Deny,
 }
 
 /// What waits for the policy state: a request that reads it, or a change
@@ -77,7 +74,12 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
         }
         Change::Apply { text: None, force, .. } => e.apply_guarded(t, settings.load_policy()?, *force),
         Change::Reload => e.apply_guarded(t, settings.load_policy()?, false),
-        Change::Load { cidrs, action, ttl } => e.load(t, cidrs, (*action).into(), *ttl),
+        Change::Load { cidrs, action, ttl } => {
+            let Some(action) = action.only(&[Action::Allow, Action::Deny]).ok().and_then(OverrideAction::of) else {
+                return Err(ApplyError::Request(format!("prefix load: {action} is not allow or deny")));
+            };
+            e.load(t, cidrs, action, *ttl)
+        }
         Change::Expire => {
             let now = crate::clock::unix_now();
             match (e.expire(t, now), e.deny_mut().expire(t, now)) {
@@ -86,16 +88,15 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
                 (None, None) => Ok("nothing expired".into()),
             }
         }
-        Change::Penalty { cidr, ttl, reason, by, .. } => e.penalize(t, cidr, *ttl, reason, *by),
+        Change::Penalty { net, ttl, reason, by, .. } => e.penalize(t, net.as_ref(), *ttl, reason, *by),
         Change::Source(c) => c.run(e, t),
-        Change::Prefix { cidr, action, ttl } => {
+        Change::Prefix { cidr, action, ttl, .. } => {
+            let d = e.base().default;
             let action = action.map(|a| match a {
-                PrefixAction::Limit { rate, burst } => {
-                    let d = e.base().default;
-                    OverrideAction::Limit(Limit { rate, burst, cost: d.cost, mode: d.mode, window: None })
+                OverrideAction::Limit(l) => {
+                    OverrideAction::Limit(Limit { cost: d.cost, mode: d.mode, window: None, ..l })
                 }
-                PrefixAction::Allow => OverrideAction::Allow,
-                PrefixAction::Deny => OverrideAction::Deny,
+                a => a,
             });
             e.change_prefix(t, *cidr, action, *ttl)
         }
@@ -106,25 +107,35 @@ impl Change {
     /// The change a request asks for, if it is one; a policy's text and a
     /// list's prefixes are taken out of the request, not copied.
     pub(super) fn of(req: &mut Request) -> Option<Change> {
-        let prefix = |cidr: &IpNet, action, ttl: &Option<u64>| Some(Change::Prefix { cidr: *cidr, action, ttl: *ttl });
+        let prefix = |cidr: &IpNet, action, ttl: &Option<u64>| {
+            Some(Change::Prefix { cidr: *cidr, action, ttl: *ttl, upstream: false })
+        };
         match req {
             Request::PolicyApply { name, text, force } => {
                 Some(Change::Apply { name: name.clone(), text: text.take(), force: *force })
             }
             Request::PrefixSet { cidr, rate, burst, ttl_secs } => {
-                prefix(cidr, Some(PrefixAction::Limit { rate: *rate, burst: *burst }), ttl_secs)
+                // The class's cost and mode are the default class's, set when it runs.
+                let limit =
+                    Limit { rate: *rate, burst: *burst, cost: CostUnit::Packets, mode: Mode::Enforce, window: None };
+                prefix(cidr, Some(OverrideAction::Limit(limit)), ttl_secs)
             }
-            Request::PrefixAllow { cidr, ttl_secs } => prefix(cidr, Some(PrefixAction::Allow), ttl_secs),
-            Request::PrefixDeny { cidr, ttl_secs } => prefix(cidr, Some(PrefixAction::Deny), ttl_secs),
+            Request::PrefixAllow { cidr, ttl_secs } => prefix(cidr, Some(OverrideAction::Allow), ttl_secs),
+            Request::PrefixDeny { cidr, ttl_secs, upstream } => Some(Change::Prefix {
+                cidr: *cidr,
+                action: Some(OverrideAction::Deny),
+                ttl: *ttl_secs,
+                upstream: *upstream,
+            }),
             Request::PrefixUnset { cidr } => prefix(cidr, None, &None),
             // The tenant's words reach log lines, `prefix list` and JSON:
             // control characters (a forged log line, terminal escapes) are
             // escaped on the way in.
             Request::Penalty { cidr, ttl_secs, reason } => Some(Change::Penalty {
-                cidr: crate::escape_control(cidr),
+                net: cidr.parse::<IpNet>().ok().filter(|n| n.trunc() == *n).ok_or_else(|| crate::escape_control(cidr)),
                 ttl: *ttl_secs,
                 reason: crate::escape_control(reason),
-                by: Decider::Feedback,
+                by: Origin::Feedback,
                 held: false,
             }),
             Request::PrefixLoad { cidrs, action, ttl_secs } => {

@@ -15,6 +15,7 @@ use crate::{
     control::StatusInfo,
     crowdsec::{PART, Pulled, Status, Watch},
     dataplane::maps::Tables,
+    origin::Named,
     policy::crowdsec::Crowdsec,
     series::Series,
 };
@@ -97,8 +98,8 @@ struct CrowdsecPull {
 }
 
 impl SourceChange for CrowdsecPull {
-    fn source(&self) -> &'static str {
-        "crowdsec"
+    fn origin(&self) -> Named {
+        Named::crowdsec("lapi")
     }
 
     fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {

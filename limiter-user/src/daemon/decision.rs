@@ -3,8 +3,8 @@
 //! policy file, the feeds, CrowdSec, the country and ASN groups) sends a
 //! [`Decision`] down one [`Sink`], and the daemon's loop takes them all in
 //! one arm, in order, to the policy state (see `changes.rs`). The daemon's
-//! own escalation, which reads the loop's drop counters once a second,
-//! hands its decisions to the same place from that tick.
+//! own escalation, a feature that hears the program's sampled drops,
+//! sends its penalties down the same sink once a second.
 //!
 //! The operator's and the tenant's requests arrive on the control channel
 //! with queries mixed in; [`route`] sends each change request down the
@@ -81,7 +81,7 @@ mod tests {
         let task = tokio::spawn(route(calls, sink, queries_tx));
         let (set_reply, mut set_answer) = oneshot::channel();
         let cidr = "198.18.0.0/24".parse().unwrap();
-        calls_tx.send((Request::PrefixDeny { cidr, ttl_secs: Some(5) }, set_reply)).await.unwrap();
+        calls_tx.send((Request::PrefixDeny { cidr, ttl_secs: Some(5), upstream: false }, set_reply)).await.unwrap();
         let (status_reply, _) = oneshot::channel();
         calls_tx.send((Request::Status, status_reply)).await.unwrap();
         drop(calls_tx);

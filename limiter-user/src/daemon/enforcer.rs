@@ -12,7 +12,8 @@ use ipnet::IpNet;
 use crate::{
     control::PrefixEntry,
     dataplane::{LoadError, PolicyMaps},
-    policy::{Compiled, Loaded, OverrideAction, Policy, PolicyError, Provenance, runtime::Decider},
+    origin::Origin,
+    policy::{Compiled, Loaded, OverrideAction, Policy, PolicyError, Provenance},
 };
 
 /// Why a change was refused: the policy (nothing changed), the kernel,
@@ -40,7 +41,7 @@ pub struct RuntimeEntry {
     /// Unix time (seconds) it expires; `None` = never.
     pub expires: Option<u64>,
     /// Who set it.
-    pub by: Decider,
+    pub by: Origin,
 }
 
 /// The policy state of a running daemon.
@@ -246,12 +247,12 @@ impl Enforcer {
     pub fn penalize(
         &mut self,
         maps: &mut impl PolicyMaps,
-        cidr: &str,
+        net: Result<&IpNet, &String>,
         ttl: u64,
         reason: &str,
-        by: Decider,
+        by: Origin,
     ) -> Result<String, ApplyError> {
-        let (net, summary) = match feedback::judge(&mut self.layers, &self.base, cidr, ttl, reason, by)? {
+        let (net, summary) = match feedback::judge(&mut self.layers, &self.base, net, ttl, reason, by)? {
             feedback::Judged::Shadow(summary) => return Ok(summary),
             feedback::Judged::Escalate(net, end) => {
                 (net, self.layers.escalations.deny(&mut self.deny, maps, net, end, reason)?)

@@ -1,11 +1,12 @@
 //! The daemon's features (the forwarders, the fleet sync, the feedback
 //! endpoint, the feed watcher, the groups, CrowdSec's pulls, the upstream
-//! speaker) behind one small face: each starts from the policy in force (a
-//! source of decisions with a [`Sink`](super::source::Sink) for its
+//! speaker, escalation) behind one small face: each starts from the policy
+//! in force (a decider with a [`Sink`](super::source::Sink) for its
 //! changes), is told the policy after every change and every change that
-//! finished (who made it, and whether it was applied), asked to read its
-//! files again on SIGHUP, ticked once a second with what the data plane
-//! did in it, asked at each scrape for
+//! finished (who made it, and whether it was applied), may refuse an
+//! operator's change it cannot do its part of, asked to read its files
+//! again on SIGHUP, ticked once a second with what the data plane did in
+//! it, told of each drop the program sampled, asked at each scrape for
 //! its report (which writes its own series) and for its part of `limiter
 //! status`, may answer the control requests that are its own, and is
 //! drained at shutdown. A policy change fans out to every feature from one
@@ -23,8 +24,9 @@ use limiter_common::Config;
 
 use super::{Enforcer, changes::Change};
 use crate::{
-    control::{PrefixShow, Request, Response, StatusInfo},
+    control::{ErrorCode, PrefixShow, Request, Response, StatusInfo},
     dataplane::Totals,
+    origin::Named,
     policy::Policy,
     series::Series,
     top::Tracker,
@@ -63,20 +65,43 @@ impl Second<'_> {
     }
 }
 
+/// One drop the program sampled (every `drop_sample`-th), or a verified
+/// SYN cookie, as every feature hears of it when the loop drains them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Sample {
+    /// Its bucket.
+    pub(super) key: limiter_common::BucketKey,
+    /// Its source address (`None` from a program of a build before
+    /// addresses were sent).
+    pub(super) src: Option<std::net::IpAddr>,
+    /// A segment of a connection this host holds.
+    pub(super) held: bool,
+    /// Its [`Reason`](limiter_common::Reason), as the program wrote it.
+    pub(super) reason: u32,
+    /// When it was drained (Unix seconds).
+    pub(super) at: u64,
+}
+
 /// A change that finished, as every feature is told of it.
 pub(super) struct Applied<'a> {
     pub(super) change: &'a Change,
     /// Applied (or refused).
     pub(super) ok: bool,
+    /// Why the feedback governor refused it, if it refused a penalty.
+    pub(super) refusal: Option<crate::policy::feedback::Refusal>,
+    /// The answer to the client who asked for it, if one did: a feature
+    /// that carries out its part of the change says so in it (the
+    /// upstream speaker, `prefix deny --upstream`'s announcement).
+    pub(super) reply: Option<&'a mut Response>,
 }
 
 impl Applied<'_> {
     /// The source of decisions that sent it (its
-    /// [`source`](super::source::SourceChange::source), `feed:NAME`), if a
+    /// [`origin`](super::source::SourceChange::origin), `feed:NAME`), if a
     /// source's.
-    pub(super) fn source(&self) -> Option<&str> {
+    pub(super) fn origin(&self) -> Option<Named> {
         match self.change {
-            Change::Source(c) => Some(c.source()),
+            Change::Source(c) => Some(c.origin()),
             _ => None,
         }
     }
@@ -98,9 +123,19 @@ pub(super) trait Feature: Send {
     /// what the data plane did.
     fn tick(&mut self, _second: &Second<'_>) {}
 
+    /// A sampled drop, as the loop drains them (every 200 ms).
+    fn sampled(&mut self, _sample: &Sample) {}
+
+    /// Whether it can carry out its part of a change the operator asks
+    /// for (`Err`: why not, the answer refusing the whole change before
+    /// anything changed).
+    fn admits(&self, _change: &Change) -> Result<(), (ErrorCode, String)> {
+        Ok(())
+    }
+
     /// A change finished (whoever made it: the operator, a source, the
     /// escalation): applied or refused.
-    fn applied(&mut self, _applied: &Applied<'_>) {}
+    fn applied(&mut self, _applied: &mut Applied<'_>) {}
 
     /// Its settings that take a restart, as in force where the policy
     /// shown (`policy`, the file's) says otherwise: set in it, and said in
@@ -150,7 +185,17 @@ impl<T: Feature> Feature for Option<T> {
         }
     }
 
-    fn applied(&mut self, applied: &Applied<'_>) {
+    fn sampled(&mut self, sample: &Sample) {
+        if let Some(f) = self {
+            f.sampled(sample);
+        }
+    }
+
+    fn admits(&self, change: &Change) -> Result<(), (ErrorCode, String)> {
+        self.as_ref().map_or(Ok(()), |f| f.admits(change))
+    }
+
+    fn applied(&mut self, applied: &mut Applied<'_>) {
         if let Some(f) = self {
             f.applied(applied);
         }

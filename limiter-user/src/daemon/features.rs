@@ -3,14 +3,15 @@
 //! names them.
 
 use super::{
+    changes::Change,
     crowdsec::CrowdsecSide,
     decision::Sink,
-    feature::{Applied, Feature, InForce, Second},
+    feature::{Applied, Feature, InForce, Sample, Second},
     feeds::Feeds,
     fleet::{FleetSide, classes},
 };
 use crate::{
-    control::{PrefixShow, Request, Response, StatusInfo, server::Call},
+    control::{ErrorCode, PrefixShow, Request, Response, StatusInfo, server::Call},
     dataplane::maps::WindowMaps,
     feedback::Token,
     forward,
@@ -58,6 +59,7 @@ impl Features {
             Box::new(super::groups::Groups::new(s.sink.clone())),
             Box::new(CrowdsecSide::new(s.sink.clone())),
             Box::new(super::upstream::UpstreamSide::new(s.iface)),
+            Box::new(super::escalation::Escalation::new(s.sink.clone())),
         ];
         for f in &mut list {
             f.apply(a);
@@ -77,7 +79,17 @@ impl Features {
         self.0.iter_mut().for_each(|f| f.tick(second));
     }
 
-    pub(super) fn applied(&mut self, applied: &Applied<'_>) {
+    pub(super) fn sampled(&mut self, sample: &Sample) {
+        self.0.iter_mut().for_each(|f| f.sampled(sample));
+    }
+
+    /// Whether every feature can carry out its part of the operator's
+    /// `change` (see [`Feature::admits`]).
+    pub(super) fn admits(&self, change: &Change) -> Result<(), (ErrorCode, String)> {
+        self.0.iter().try_for_each(|f| f.admits(change))
+    }
+
+    pub(super) fn applied(&mut self, applied: &mut Applied<'_>) {
         self.0.iter_mut().for_each(|f| f.applied(applied));
     }
 

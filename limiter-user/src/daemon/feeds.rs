@@ -25,6 +25,7 @@ use super::{
 use crate::{
     dataplane::maps::Tables,
     feeds::{FeedError, FeedReport, FeedReports, Parsed},
+    origin::{Named, Origin},
     policy::feed::Feed,
     series::Series,
 };
@@ -121,7 +122,7 @@ impl Feeds {
                     );
                 }
                 let version = FeedVersion {
-                    source: super::enforcer::deny::feed_origin(&w.spec.name),
+                    source: Named::feed(&w.spec.name),
                     spec: w.spec.clone(),
                     nets: parsed.nets,
                     section: Arc::downgrade(&w.section),
@@ -212,8 +213,8 @@ impl Feature for Feeds {
     }
 
     /// The policy state refused or took a version of a feed.
-    fn applied(&mut self, a: &Applied<'_>) {
-        let Some(name) = a.source().and_then(|s| s.strip_prefix("feed:")) else { return };
+    fn applied(&mut self, a: &mut Applied<'_>) {
+        let Some(Named { by: Origin::Feed, name }) = a.origin() else { return };
         let ok = a.ok;
         if let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name) {
             if ok {
@@ -233,7 +234,7 @@ impl Feature for Feeds {
 #[derive(Debug)]
 struct FeedVersion {
     /// `feed:NAME`.
-    source: String,
+    source: Named,
     spec: Feed,
     nets: std::collections::BTreeSet<IpNet>,
     /// The section it was read under (see `Watched::section`).
@@ -241,8 +242,8 @@ struct FeedVersion {
 }
 
 impl SourceChange for FeedVersion {
-    fn source(&self) -> &str {
-        &self.source
+    fn origin(&self) -> Named {
+        self.source.clone()
     }
 
     fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {
@@ -260,7 +261,7 @@ impl SourceChange for FeedVersion {
 
     /// A newer version of the same feed.
     fn replaces(&self, waiting: &dyn SourceChange) -> bool {
-        waiting.source() == self.source
+        waiting.origin() == self.source
     }
 
     fn report(&self, result: &Result<String, ApplyError>) {
@@ -288,7 +289,7 @@ mod tests {
         let section = Arc::new(());
         let spec: Feed = toml::from_str("name = \"x\"\npath = \"/x\"\n").unwrap();
         let v = FeedVersion {
-            source: "feed:x".into(),
+            source: Named::feed("x"),
             spec,
             nets: std::collections::BTreeSet::new(),
             section: Arc::downgrade(&section),

@@ -32,7 +32,8 @@ use crate::{
     control::{GroupShow, PrefixShow},
     dataplane::maps::Tables,
     groups::{GroupReport, GroupReports, Table, guard::Coverage},
-    policy::group::{Group, GroupAction},
+    origin::{Named, Origin},
+    policy::{Action, group::Group},
     series::Series,
 };
 
@@ -114,7 +115,7 @@ impl Groups {
                 w.report.left_out = left_out as u64;
                 w.report.read_networks = nets.len() as u64;
                 let version = GroupVersion {
-                    source: format!("group:{}", w.spec.name),
+                    source: Named::group(&w.spec.name),
                     index: r.index,
                     spec: w.spec.clone(),
                     nets,
@@ -210,8 +211,8 @@ impl Feature for Groups {
         }
     }
 
-    fn applied(&mut self, a: &Applied<'_>) {
-        let Some(name) = a.source().and_then(|s| s.strip_prefix("group:")) else { return };
+    fn applied(&mut self, a: &mut Applied<'_>) {
+        let Some(Named { by: Origin::Group, name }) = a.origin() else { return };
         let ok = a.ok;
         if let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name) {
             if ok {
@@ -257,16 +258,16 @@ impl Feature for Groups {
             show.group = Some(g.name.clone());
             show.network = Some(network);
             show.budget = match (g.action, g.rate) {
-                (GroupAction::Rate, Some(r)) => {
+                (Action::Rate, Some(r)) => {
                     format!(
                         "its prefix's bucket, then group {}'s {r}/s{}",
                         g.name,
                         if g.shadow { " (shadow)" } else { "" }
                     )
                 }
-                (GroupAction::Allow, _) => format!("none: group {} is allowed{}", g.name, shadow(g)),
-                (GroupAction::Deny, _) => format!("none: group {} is denied{}", g.name, shadow(g)),
-                (GroupAction::Rate, None) => String::new(),
+                (Action::Allow, _) => format!("none: group {} is allowed{}", g.name, shadow(g)),
+                (Action::Deny, _) => format!("none: group {} is denied{}", g.name, shadow(g)),
+                _ => String::new(),
             };
         } else {
             show.budget = "its prefix's bucket (no group holds the whole prefix)".into();
@@ -322,7 +323,7 @@ fn read(
 #[derive(Debug)]
 struct GroupVersion {
     /// `group:NAME`.
-    source: String,
+    source: Named,
     index: usize,
     spec: Group,
     nets: HashSet<IpNet>,
@@ -330,8 +331,8 @@ struct GroupVersion {
 }
 
 impl SourceChange for GroupVersion {
-    fn source(&self) -> &str {
-        &self.source
+    fn origin(&self) -> Named {
+        self.source.clone()
     }
 
     fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {
@@ -353,7 +354,7 @@ impl SourceChange for GroupVersion {
     }
 
     fn replaces(&self, waiting: &dyn SourceChange) -> bool {
-        waiting.source() == self.source
+        waiting.origin() == self.source
     }
 
     fn report(&self, result: &Result<String, ApplyError>) {

@@ -9,6 +9,7 @@ mod cookie_watch;
 mod crowdsec;
 mod decision;
 mod enforcer;
+mod escalation;
 mod feature;
 mod features;
 mod feedback;
@@ -62,7 +63,7 @@ use crate::{
         upgrade::{Renewal, renewal_loss},
     },
     metrics::ScrapeCall,
-    policy::runtime::Decider,
+    origin::Origin,
 };
 
 /// What wakes the loop besides its timers.
@@ -185,7 +186,7 @@ impl Daemon {
                         Err(_) => anyhow::bail!("a policy change thread died; the data plane keeps its last policy"),
                     }
                 }
-                _ = drain.tick() => self.observer.drain_drop_events(),
+                _ = drain.tick() => self.drain(),
                 _ = second.tick() => {
                     let cookies = !self.view.syn_cookies.is_empty();
                     let totals = self.dp.maps.totals()?;
@@ -196,11 +197,6 @@ impl Daemon {
                     self.observer.cookies.arm(&self.view.syn_cookie_ports);
                     self.link.check(&mut self.dp, &self.settings.iface);
                     self.changes.expire(&self.settings);
-                    // The daemon's own decider reads the loop's counters:
-                    // its decisions join the path here.
-                    for penalty in self.observer.escalations(self.view.escalate) {
-                        self.decide(Decision::Told(penalty));
-                    }
                     self.features.tick(&Second { totals: &totals, top: &self.observer.top });
                 }
                 // Every decider, one arm (see `decision.rs`): a source's
@@ -300,12 +296,19 @@ impl Daemon {
             return;
         }
         if matches!(req, Request::Top { .. }) {
-            self.observer.drain_drop_events();
+            self.drain();
         }
         match self.answers().answer(req) {
             Ok(response) => drop(reply.send(response)),
             Err(req) => self.changes.enqueue(Queued::Call(req, reply)),
         }
+    }
+
+    /// The program's sampled drops since the last drain: counted for
+    /// `limiter top`, and handed to every feature.
+    fn drain(&mut self) {
+        let features = &mut self.features;
+        self.observer.drain_drop_events(|s| features.sampled(s));
     }
 
     /// The loop's parts, borrowed for a read-only answer.
@@ -327,7 +330,10 @@ impl Daemon {
     /// source's waits behind them.
     fn decide(&mut self, decision: Decision) {
         match decision {
-            Decision::Asked(change, reply) => self.changes.start(change, Some(reply), &self.settings),
+            Decision::Asked(change, reply) => match self.features.admits(&change) {
+                Ok(()) => self.changes.start(change, Some(reply), &self.settings),
+                Err((code, why)) => drop(reply.send(Response::error(code, why))),
+            },
             Decision::Told(change) => self.changes.start(change, None, &self.settings),
             Decision::Source(change) => self.changes.decided(change, &self.settings),
         }
@@ -341,6 +347,10 @@ impl Daemon {
         self.view.refresh(p, &mut self.features);
         let version = self.view.version;
         let ok = result.is_ok();
+        let refusal = match &result {
+            Err(ApplyError::Governor { refusal, .. }) => Some(*refusal),
+            _ => None,
+        };
         let response = match &change {
             Change::Reload => {
                 self.reloads.reloaded(result, version, &self.view.source);
@@ -358,8 +368,10 @@ impl Daemon {
             _ => Some(self.reloads.changed(result, version)),
         };
         // Every feature hears of every change, whoever made it (the
-        // upstream speaker announces an escalation's denial).
-        self.features.applied(&Applied { change: &change, ok });
+        // upstream speaker announces an escalation's denial, and the
+        // operator's `prefix deny --upstream` in its answer).
+        let mut response = response;
+        self.features.applied(&mut Applied { change: &change, ok, refusal, reply: response.as_mut() });
         if let (Some(reply), Some(r)) = (reply, response) {
             let _ = reply.send(r);
         }

@@ -14,8 +14,8 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use limiter_common::{Action, DropEvent, Reason};
 
-use super::changes::Change;
-use crate::{dataplane::Totals, feedback::escalate::Escalator, policy::runtime::Decider, top::Tracker};
+use super::feature::Sample;
+use crate::{dataplane::Totals, top::Tracker};
 
 /// The observing side of the daemon.
 pub(super) struct Observer {
@@ -24,8 +24,6 @@ pub(super) struct Observer {
     tracked: Arc<(AtomicUsize, AtomicU64)>,
     /// Sampled drops and per-second totals for `limiter top`.
     pub top: Tracker,
-    /// Sampled rate-limited drops, for automatic escalation.
-    pub escalator: Escalator,
     /// Whether the kernel takes the cookie ACKs XDP verified.
     pub cookies: super::cookie_watch::CookieWatch,
     drop_events: Option<RingBuf<MapData>>,
@@ -47,7 +45,6 @@ impl Observer {
         Self {
             tracked: spawn_counter(buckets_map_id, Duration::from_secs(2)),
             top: Tracker::default(),
-            escalator: Escalator::with_sockets(),
             cookies: super::cookie_watch::CookieWatch::default(),
             drop_events,
             ebpf_log,
@@ -72,30 +69,6 @@ impl Observer {
         &self.groups.1
     }
 
-    /// Once a second: the addresses escalation found under `rule`, each a
-    /// penalty to deny it through the governor like one from the tenant
-    /// layer (`held`: its drops were of connections this host holds).
-    pub fn escalations(&mut self, rule: Option<crate::policy::feedback::Escalate>) -> Vec<Change> {
-        let found = self.escalator.second(rule.as_ref(), crate::clock::unix_now());
-        let Some(rule) = rule else { return Vec::new() };
-        let secs = rule.sustained.as_secs();
-        found
-            .into_iter()
-            .map(|f| {
-                let (cidr, rate) = (f.net.to_string(), f.rate);
-                let bound = if f.bound { ", of connections this host holds" } else { "" };
-                tracing::info!(event = "escalation", cidr = %cidr, rate, bound = f.bound, "limiter: {cidr} dropped at about {rate}/s for {secs} s{bound}: asking to deny it");
-                Change::Penalty {
-                    cidr,
-                    ttl: rule.deny_for.as_secs(),
-                    reason: format!("escalation: about {rate} drops/s for {secs} s{bound}"),
-                    by: Decider::Escalation,
-                    held: f.bound,
-                }
-            })
-            .collect()
-    }
-
     /// Tracked prefixes as last counted in the background.
     pub fn tracked(&self) -> usize {
         self.tracked.0.load(Ordering::Relaxed)
@@ -106,8 +79,9 @@ impl Observer {
         self.tracked.1.load(Ordering::Relaxed)
     }
 
-    /// Move sampled drop events from the ring buffer into the tracker.
-    pub fn drain_drop_events(&mut self) {
+    /// Move sampled drop events from the ring buffer into the tracker,
+    /// handing each to `each` (the features: escalation's evidence).
+    pub fn drain_drop_events(&mut self, mut each: impl FnMut(&Sample)) {
         if let Some(l) = self.ebpf_log.as_mut() {
             l.flush();
         }
@@ -125,16 +99,10 @@ impl Observer {
             // copied into a zeroed one.
             unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (&raw mut ev).cast::<u8>(), n) };
             let src = (n >= std::mem::offset_of!(DropEvent, held)).then(|| source(&ev)).flatten();
-            if ev.reason == Reason::SynCookieVerified as u32 {
-                if let Some(a) = src {
-                    self.escalator.proven.prove(a, now);
-                }
-                continue;
+            if ev.reason != Reason::SynCookieVerified as u32 {
+                self.top.record(now, ev.key);
             }
-            self.top.record(now, ev.key);
-            if ev.reason == Reason::RateLimited as u32 {
-                self.escalator.record(ev.key, src, ev.held == 1);
-            }
+            each(&Sample { key: ev.key, src, held: ev.held == 1, reason: ev.reason, at: now });
         }
     }
 

@@ -41,7 +41,7 @@ impl Reloads {
             Ok(summary) => {
                 tracing::info!(event = "policy_change", version, "limiter: applied {summary}");
                 self.note(true, summary.clone());
-                Response::Applied(Applied { version, summary })
+                Response::Applied(Applied { version, summary, upstream: None })
             }
             Err(e) => {
                 let message = format!("{e}; policy v{version} keeps running");

@@ -8,13 +8,14 @@
 //! daemon only orders, splits, drops stale parts and reports.
 
 use super::{ApplyError, Enforcer};
-use crate::dataplane::maps::Tables;
+use crate::{dataplane::maps::Tables, origin::Named};
 
 /// A change of the policy state made by a source of decisions.
 pub(super) trait SourceChange: Send + std::fmt::Debug {
-    /// Who makes it (`feed:NAME`, `crowdsec`): its log lines, and the
-    /// outcome handed back to the feature (`Feature::applied`).
-    fn source(&self) -> &str;
+    /// Who makes it (`feed:NAME`, `group:NAME`, `crowdsec:lapi`): the
+    /// feature that sent it knows its outcome by it (`Feature::applied`),
+    /// and a newer version of the same replaces it in the queue.
+    fn origin(&self) -> Named;
 
     /// Carry it out, on the thread that holds the policy state.
     fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError>;

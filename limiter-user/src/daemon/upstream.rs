@@ -10,7 +10,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::{
-    Decider,
+    Origin,
     changes::Change,
     feature::{Applied, Drain, Feature, InForce, Second},
 };
@@ -20,7 +20,7 @@ use crate::{
     policy::{CostUnit, OverrideAction, upstream::Upstream},
     series::Series,
     upstream::{
-        Action, Book, Key, Refusal, Rule, Trigger, UpstreamInfo,
+        Action, Book, Key, Refusal, Rule, UpstreamInfo,
         series::UpstreamReport,
         speaker::{Saved, Sending, Speaker},
     },
@@ -235,9 +235,8 @@ impl UpstreamSide {
     /// Escalation denied a proven source for `ttl` seconds: announced too
     /// when the policy says `escalate = true` and the escalation is
     /// `bound` (its drops were segments of connections this host holds).
-    fn escalated(&mut self, cidr: &str, ttl: u64, bound: bool) {
+    fn escalated(&mut self, net: IpNet, ttl: u64, bound: bool) {
         let Some(on) = &mut self.on else { return };
-        let Ok(net) = cidr.parse::<IpNet>() else { return };
         if !on.book.spec().escalate {
             return;
         }
@@ -253,7 +252,7 @@ impl UpstreamSide {
         let rule = Rule {
             key: Key::flow(net),
             action: Action::Discard,
-            by: Trigger::Escalation,
+            by: Origin::Escalation,
             since: now,
             expires: crate::upstream::expiry_from_now(ttl),
         };
@@ -280,11 +279,7 @@ impl UpstreamSide {
     /// The operator's announcement.
     fn announce(&mut self, key: Key, rate: Option<u64>, ttl: Option<u64>) -> Response {
         let Some(on) = &mut self.on else { return no_section() };
-        let now = crate::clock::unix_now();
-        let ttl = ttl.unwrap_or(on.book.spec().ttl.as_secs());
-        let action = rate.map_or(Action::Discard, |bytes_per_sec| Action::RateLimit { bytes_per_sec });
-        let rule =
-            Rule { key, action, by: Trigger::Operator, since: now, expires: crate::upstream::expiry_from_now(ttl) };
+        let (rule, ttl) = Self::operators(on, key, rate, ttl);
         let what = rule.describe();
         Self::sent(on);
         match on.book.add(rule) {
@@ -294,19 +289,34 @@ impl UpstreamSide {
                 self.list()
             }
             Err(e) => {
-                let code = match e {
-                    Refusal::Cap { .. } | Refusal::PressureCap(_) => ErrorCode::Capped,
-                    Refusal::Protected { .. } | Refusal::Outranked { .. } => ErrorCode::Conflict,
-                    _ => ErrorCode::Refused,
-                };
-                Response::error(code, format!("not announced upstream: {e}"))
+                let (code, why) = refusal(&e);
+                Response::error(code, why)
             }
         }
+    }
+
+    /// The operator's rule on `key`: discard, or at most `rate` bytes a
+    /// second, for `ttl` seconds (`None`: the section's), and that time.
+    fn operators(on: &On, key: Key, rate: Option<u64>, ttl: Option<u64>) -> (Rule, u64) {
+        let now = crate::clock::unix_now();
+        let ttl = ttl.unwrap_or(on.book.spec().ttl.as_secs());
+        let action = rate.map_or(Action::Discard, |bytes_per_sec| Action::RateLimit { bytes_per_sec });
+        (Rule { key, action, by: Origin::Operator, since: now, expires: crate::upstream::expiry_from_now(ttl) }, ttl)
     }
 
     fn list(&self) -> Response {
         self.on.as_ref().map_or_else(no_section, |on| Response::Upstream(Self::info(on)))
     }
+}
+
+/// Why an operator's rule is refused, as the answer says it.
+fn refusal(e: &Refusal) -> (ErrorCode, String) {
+    let code = match e {
+        Refusal::Cap { .. } | Refusal::PressureCap(_) => ErrorCode::Capped,
+        Refusal::Protected { .. } | Refusal::Outranked { .. } => ErrorCode::Conflict,
+        _ => ErrorCode::Refused,
+    };
+    (code, format!("not announced upstream: {e}"))
 }
 
 fn no_section() -> Response {
@@ -364,15 +374,45 @@ impl Feature for UpstreamSide {
         }
     }
 
+    /// `prefix deny --upstream`: refused whole, before anything changes,
+    /// when the rule could not be announced (no `[upstream]`, FlowSpec
+    /// off, a protected or too wide network, the cap full of the
+    /// operator's own rules).
+    fn admits(&self, change: &Change) -> Result<(), (ErrorCode, String)> {
+        let Change::Prefix { cidr, upstream: true, .. } = change else { return Ok(()) };
+        let Some(on) = &self.on else {
+            let why = "the policy has no [upstream] section: nothing is announced upstream; nothing changed";
+            return Err((ErrorCode::Refused, why.into()));
+        };
+        let (rule, _) = Self::operators(on, Key::flow(*cidr), None, None);
+        on.book.admits(&rule).map_err(|e| {
+            let (code, why) = refusal(&e);
+            (code, format!("{why}; nothing changed"))
+        })
+    }
+
     /// Escalation's denial, in force here: announced upstream too when the
     /// policy asks, and only when its drops were of connections this host
     /// holds (proof of source alone is not enough: a spoofer can send from
-    /// a proven address); a refused one never is.
-    fn applied(&mut self, a: &Applied<'_>) {
-        if let Change::Penalty { cidr, ttl, by: Decider::Escalation, held, .. } = a.change
-            && a.ok
-        {
-            self.escalated(cidr, *ttl, *held);
+    /// a proven address); a refused one never is. The operator's `prefix
+    /// deny --upstream`, applied here: announced, and said in its answer.
+    fn applied(&mut self, a: &mut Applied<'_>) {
+        match a.change {
+            Change::Penalty { net: Ok(net), ttl, by: Origin::Escalation, held, .. } if a.ok => {
+                self.escalated(*net, *ttl, *held);
+            }
+            Change::Prefix { cidr, ttl, upstream: true, .. } if a.ok => {
+                let answer = self.announce(Key::flow(*cidr), None, *ttl);
+                match (a.reply.as_deref_mut(), answer) {
+                    (Some(Response::Applied(applied)), Response::Upstream(info)) => applied.upstream = Some(info),
+                    (Some(reply), Response::Error { code, message, .. }) => {
+                        let version = if let Response::Applied(ap) = reply { ap.version } else { 0 };
+                        *reply = Response::error(code, format!("{cidr} is denied here (policy v{version}); {message}"));
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
         }
     }
 

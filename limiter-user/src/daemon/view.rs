@@ -13,10 +13,8 @@ pub(super) struct View {
     pub(super) summary: String,
     /// Class names by index (0 = `default`).
     pub(super) class_names: Vec<String>,
-    /// Feedback decisions and escalations.
+    /// The feedback governor's decisions.
     pub(super) feedback: FeedbackCounts,
-    /// The escalation rule in force, if any.
-    pub(super) escalate: Option<crate::policy::feedback::Escalate>,
     /// Classes with SYN cookies: index, name and mode (`limiter_common::cookie::mode`),
     /// and whether the data plane has them on.
     pub(super) syn_cookies: Vec<(u32, String, u8)>,
@@ -45,16 +43,8 @@ impl View {
             class_names: effective.class_names().into_iter().map(str::to_owned).collect(),
             feedback: {
                 let g = p.governed();
-                FeedbackCounts {
-                    applied: g.applied,
-                    shadowed: g.shadowed,
-                    refused: g.refused,
-                    escalations: g.escalations,
-                    escalations_capped: g.escalations_capped,
-                    ..FeedbackCounts::default()
-                }
+                FeedbackCounts { applied: g.applied, shadowed: g.shadowed, refused: g.refused }
             },
-            escalate: p.base().feedback.as_ref().and_then(|f| f.escalate),
             syn_cookies: p.config().map_or_else(Vec::new, |c| {
                 (0u32..)
                     .zip(effective.class_names())

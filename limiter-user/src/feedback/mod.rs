@@ -25,7 +25,7 @@ pub mod escalate;
 pub mod proof;
 mod series;
 
-pub use self::series::FeedbackCounts;
+pub use self::series::{EscalationCounts, FeedbackCounts};
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 

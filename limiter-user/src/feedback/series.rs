@@ -1,4 +1,5 @@
-//! The series of the feedback governor, escalation and proof of source.
+//! The series of the feedback governor, and of escalation and proof of
+//! source.
 
 use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeMetric as _},
@@ -14,6 +15,11 @@ pub struct FeedbackCounts {
     pub shadowed: u64,
     /// Refusals of the governor, by why.
     pub refused: crate::policy::feedback::Refusals,
+}
+
+/// What escalation decided and found since the daemon started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EscalationCounts {
     /// Escalations the daemon decided (then governed like any penalty).
     pub escalations: u64,
     /// Prefix-seconds above the escalation rate whose drops came from
@@ -24,11 +30,11 @@ pub struct FeedbackCounts {
     pub proven_sources: u64,
     /// Escalations refused at the cap (`feedback.escalate.max_denied`,
     /// or the half of it unbound escalations may hold).
-    pub escalations_capped: u64,
+    pub capped: u64,
 }
 
 impl Series for FeedbackCounts {
-    /// The feedback governor's decisions, escalations and proofs.
+    /// The feedback governor's decisions.
     fn encode(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
         let f = self;
         let mut m = enc.encode_descriptor(
@@ -43,6 +49,14 @@ impl Series for FeedbackCounts {
             let result = format!("refused_{}", r.label());
             ConstCounter::new(n).encode(m.encode_family(&[("result", result.as_str())])?)?;
         }
+        Ok(())
+    }
+}
+
+impl Series for EscalationCounts {
+    /// Escalation's decisions and proofs.
+    fn encode(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        let f = self;
         counter(
             enc,
             "limiter_escalations",
@@ -59,7 +73,7 @@ impl Series for FeedbackCounts {
             enc,
             "limiter_escalations_capped",
             "Escalations refused at feedback.escalate.max_denied, or held back because escalations whose drops were not of connections this host holds fill their half of it.",
-            f.escalations_capped,
+            f.capped,
         )?;
         gauge(
             enc,

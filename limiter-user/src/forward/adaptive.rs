@@ -4,7 +4,7 @@
 //! and `accepts` those the tenant layer answered (the first byte came
 //! back; reset, timed out or closed before answering are not). A connect
 //! that fails is the passive health check's, not counted here: the
-//! upstream goes out of service and is probed back, and a remembered
+//! backend goes out of service and is probed back, and a remembered
 //! outage would slow the recovery after it for a whole window. A connection counts once its outcome is known (its
 //! first byte back, or its end without one): one still waiting for its
 //! answer counts as neither, so a burst of new connections, or a slow
@@ -131,7 +131,7 @@ impl Adaptive {
         refused
     }
 
-    /// A connection sent upstream has its outcome: answered, or ended by
+    /// A connection sent backend has its outcome: answered, or ended by
     /// the tenant layer (or idle) without a byte back.
     pub fn resolved(&self, accepted: bool) {
         self.add(Second { requests: 1, accepts: u64::from(accepted), resolved: 1, ..Second::default() });

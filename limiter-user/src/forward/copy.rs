@@ -189,17 +189,17 @@ fn write_now(to: &TcpStream, buf: &[u8], more: bool) -> io::Result<Vec<u8>> {
     Ok(buf[written..].to_vec())
 }
 
-/// The PROXY header to `upstream`, and in the same write the client's
+/// The PROXY header to `backend`, and in the same write the client's
 /// first bytes when they have come already (they usually have, by the
-/// time the upstream's connect completes): one segment and one system
-/// call fewer a connection, and the upstream woken once. Returns how
+/// time the backend's connect completes): one segment and one system
+/// call fewer a connection, and the backend woken once. Returns how
 /// many of the client's bytes went with it.
-pub async fn open(header: &[u8], client: &TcpStream, upstream: &TcpStream, idle: Duration) -> io::Result<usize> {
+pub async fn open(header: &[u8], client: &TcpStream, backend: &TcpStream, idle: Duration) -> io::Result<usize> {
     if header.is_empty() {
         return Ok(0);
     }
     if header.len() > BUF / 2 {
-        write_all(upstream, header, idle).await?;
+        write_all(backend, header, idle).await?;
         return Ok(0);
     }
     let (read, left) = SCRATCH.with(|cell| {
@@ -209,9 +209,9 @@ pub async fn open(header: &[u8], client: &TcpStream, upstream: &TcpStream, idle:
         // Nothing yet (or the end of stream, which the pump then sees
         // again): the header goes alone.
         let read = read_drained(client, &mut scratch[h..]).unwrap_or(0);
-        write_now(upstream, &scratch[..h + read], false).map(|left| (read, left))
+        write_now(backend, &scratch[..h + read], false).map(|left| (read, left))
     })?;
-    write_all(upstream, &left, idle).await?;
+    write_all(backend, &left, idle).await?;
     Ok(read)
 }
 

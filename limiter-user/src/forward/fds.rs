@@ -29,7 +29,7 @@ pub struct Budget {
 /// is thinner, and the start-up log says so): 16 spliced connections.
 const FLOOR: usize = 16 * 6;
 
-/// Descriptors one connection holds: client and upstream, and a pipe
+/// Descriptors one connection holds: client and backend, and a pipe
 /// (two) per direction when spliced.
 #[must_use]
 pub fn cost(copy: Copy) -> u32 {

@@ -1,11 +1,12 @@
 //! The forwarder to the tenant layer: what survives XDP is accepted on a
 //! public address, shed at declared caps at accept time, and spliced to an
-//! upstream behind a PROXY protocol header carrying the client's address
-//! and this limiter's verdict (`proxy`). `upstream` keeps passive health
+//! backend behind a PROXY protocol header carrying the client's address
+//! and this limiter's verdict (`proxy`). `backend` keeps passive health
 //! and balancing, `serve` the accept loop and the copy, and [`Manager`]
 //! starts, replaces and drains forwarders as policies change.
 
 pub mod adaptive;
+pub mod backend;
 pub mod batch;
 pub mod copy;
 pub mod fds;
@@ -15,7 +16,6 @@ pub mod proxy;
 pub mod rank;
 mod series;
 pub mod serve;
-pub mod upstream;
 
 use std::{
     collections::HashMap,
@@ -32,7 +32,7 @@ use limiter_common::{BucketKey, BucketState, Config, gcra, mode, resolution, rul
 use tokio::sync::{Semaphore, watch};
 
 pub use self::series::Reports;
-use self::{proxy::Verdict, serve::Shed, upstream::Upstreams};
+use self::{backend::Backends, proxy::Verdict, serve::Shed};
 use crate::{control::ForwardInfo as Report, policy::forward::Forward};
 
 /// What a forwarder needs of the policy in force.
@@ -55,11 +55,11 @@ pub struct Stats {
     /// (let in, shed at accept) by criticality (sheddable, default,
     /// critical).
     pub by_criticality: [[AtomicU64; 2]; 3],
-    /// Connections closed because every upstream failed.
-    pub upstream_failed: AtomicU64,
-    pub upstream_connect_failures: AtomicU64,
-    /// Connections that could not reach an upstream for a local reason
-    /// (no descriptor, no buffer): never held against the upstream.
+    /// Connections closed because every backend failed.
+    pub backend_failed: AtomicU64,
+    pub backend_connect_failures: AtomicU64,
+    /// Connections that could not reach a backend for a local reason
+    /// (no descriptor, no buffer): never held against the backend.
     pub local_errors: AtomicU64,
     pub accept_errors: AtomicU64,
     pub bytes_up: AtomicU64,
@@ -70,11 +70,11 @@ pub struct Stats {
 pub struct Shared {
     pub cfg: Forward,
     pub stats: Arc<Stats>,
-    pub upstreams: Upstreams,
+    pub backends: Backends,
     pub slots: Arc<rank::Slots>,
     /// The descriptors every forwarder shares ([`fds`]).
     pub fds: Arc<Semaphore>,
-    /// Adaptive throttling toward the upstreams (`None`: off).
+    /// Adaptive throttling toward the backends (`None`: off).
     pub adaptive: Option<adaptive::Adaptive>,
     pub prefixes: serve::PrefixCounts,
     pub ctx: watch::Receiver<Arc<Context>>,
@@ -82,7 +82,7 @@ pub struct Shared {
     pub next_id: AtomicU64,
     /// Turned true when the drain timeout ran out: connections end.
     pub kill: watch::Sender<bool>,
-    /// Warnings of failed upstreams, of local errors and of connections
+    /// Warnings of failed backends, of local errors and of connections
     /// shed for want of descriptors, each said at most every few seconds
     /// with how many there were.
     pub(crate) warned: Mutex<[crate::listen::ErrorLog; 3]>,
@@ -151,7 +151,7 @@ impl Manager {
     fn start(&self, cfg: Forward, handed: &mut HashMap<SocketAddr, Arc<tokio::net::TcpListener>>) -> Running {
         let (stop, _) = watch::channel(false);
         let shared = Arc::new(Shared {
-            upstreams: Upstreams::new(&cfg.upstreams, cfg.balance),
+            backends: Backends::new(&cfg.backends, cfg.balance),
             slots: rank::Slots::new(&cfg),
             fds: Arc::clone(&self.fds.slots),
             adaptive: (cfg.adaptive_k.0 > 0.0).then(|| adaptive::Adaptive::new(cfg.adaptive_k.0, cfg.adaptive_window)),
@@ -181,7 +181,7 @@ impl Manager {
         tracing::info!(
             "limiter: forward {}: listening on {listening:?}, {} upstream(s), PROXY {:?}, at most {} connections (descriptors: limit {}, {} open at start, {} descriptors for all forwarders: {} such connections)",
             shared.cfg.name,
-            shared.cfg.upstreams.len(),
+            shared.cfg.backends.len(),
             shared.cfg.proxy_protocol,
             shared.cfg.max_connections,
             self.fds.limit,
@@ -290,10 +290,10 @@ fn report(r: &Running) -> Report {
                 (c.label().to_owned(), load(a), load(b))
             })
             .collect(),
-        upstream_failed: load(&s.upstream_failed),
-        upstream_connect_failures: load(&s.upstream_connect_failures),
+        backend_failed: load(&s.backend_failed),
+        backend_connect_failures: load(&s.backend_connect_failures),
         local_errors: load(&s.local_errors),
-        upstreams: r.shared.upstreams.list.iter().map(|u| (u.addr.to_string(), u.up())).collect(),
+        backends: r.shared.backends.list.iter().map(|u| (u.addr.to_string(), u.up())).collect(),
         bytes_up: load(&s.bytes_up),
         bytes_down: load(&s.bytes_down),
         adaptive: r.shared.adaptive.as_ref().map(|a| {

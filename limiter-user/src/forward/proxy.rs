@@ -18,7 +18,7 @@
 //! | 8 | allowance left in the prefix's bucket for that class, in units (packets or bytes); `u64::MAX` when unknown |
 //!
 //! 37 bytes in all. A receiver must accept the header only from trusted
-//! peers (the spec's rule): the upstream should listen where only the
+//! peers (the spec's rule): the backend should listen where only the
 //! forwarder can reach it.
 
 use std::net::{IpAddr, SocketAddr};
@@ -32,7 +32,7 @@ pub const PP2_TYPE_LIMITER: u8 = 0xE0;
 /// Length of the application TLV's value.
 pub const LIMITER_TLV_LEN: usize = 37;
 
-/// What the limiter tells the upstream about a connection.
+/// What the limiter tells the backend about a connection.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Verdict {
     pub policy_version: u64,
@@ -148,7 +148,7 @@ fn same_family(src: SocketAddr, dst: SocketAddr) -> (SocketAddr, SocketAddr) {
     (widen(s), widen(d))
 }
 
-/// A parsed version 2 header (for tests and upstreams written in Rust).
+/// A parsed version 2 header (for tests and backends written in Rust).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Parsed {
     pub src: SocketAddr,

@@ -14,7 +14,7 @@ pub struct Reports(pub Vec<Report>);
 
 impl Series for Reports {
     /// Per forwarder (labels bounded by the policy: forwarder names and
-    /// upstream addresses it declares).
+    /// backend addresses it declares).
     fn encode(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
         let forwards = &self.0;
         let i = clamp;
@@ -32,9 +32,9 @@ impl Series for Reports {
         for f in forwards {
             let shed: u64 = f.shed.iter().map(|(_, n)| n).sum();
             for (outcome, n) in [
-                ("forwarded", f.completed.saturating_sub(f.upstream_failed)),
+                ("forwarded", f.completed.saturating_sub(f.backend_failed)),
                 ("shed", shed),
-                ("upstream_failed", f.upstream_failed),
+                ("upstream_failed", f.backend_failed),
             ] {
                 ConstCounter::new(n)
                     .encode(m.encode_family(&[("listener", f.name.as_str()), ("outcome", outcome)])?)?;
@@ -68,7 +68,7 @@ impl Series for Reports {
             MetricType::Gauge,
         )?;
         for f in forwards {
-            for (addr, up) in &f.upstreams {
+            for (addr, up) in &f.backends {
                 ConstGauge::new(i64::from(*up))
                     .encode(m.encode_family(&[("listener", f.name.as_str()), ("upstream", addr.as_str())])?)?;
             }

@@ -1,5 +1,5 @@
 //! One listening address of a forwarder: accept, shed at the caps at once
-//! (never queued), connect an upstream (another if it fails), send the
+//! (never queued), connect a backend (another if it fails), send the
 //! PROXY header, and copy both ways with bounded buffers, half-close and
 //! an idle timeout.
 
@@ -29,23 +29,23 @@ use crate::policy::{Criticality, forward::ProxyProtocol};
 pub enum Shed {
     MaxConnections,
     MaxPerPrefix,
-    NoUpstream,
+    NoBackend,
     /// The descriptors the forwarders may hold are all held ([`super::fds`]).
     Descriptors,
-    /// Adaptive throttling: the upstreams accept too few ([`super::adaptive`]).
+    /// Adaptive throttling: the backends accept too few ([`super::adaptive`]).
     Adaptive,
 }
 
 impl Shed {
     pub const ALL: [Shed; 5] =
-        [Shed::MaxConnections, Shed::MaxPerPrefix, Shed::NoUpstream, Shed::Descriptors, Shed::Adaptive];
+        [Shed::MaxConnections, Shed::MaxPerPrefix, Shed::NoBackend, Shed::Descriptors, Shed::Adaptive];
 
     #[must_use]
     pub fn label(self) -> &'static str {
         match self {
             Shed::MaxConnections => "max_connections",
             Shed::MaxPerPrefix => "max_connections_per_prefix",
-            Shed::NoUpstream => "no_upstream",
+            Shed::NoBackend => "no_upstream",
             Shed::Descriptors => "descriptors",
             Shed::Adaptive => "adaptive",
         }
@@ -134,7 +134,7 @@ pub struct Admitted {
 }
 
 /// The caps, at accept: a slot under the connection's criticality's
-/// limit, an upstream in service, descriptors, the adaptive throttle, and
+/// limit, a backend in service, descriptors, the adaptive throttle, and
 /// a slot of the prefix's.
 fn admit(f: &Shared, peer: SocketAddr, port: u16) -> Result<Admitted, (Shed, Criticality)> {
     let ctx = f.ctx.borrow().clone();
@@ -144,8 +144,8 @@ fn admit(f: &Shared, peer: SocketAddr, port: u16) -> Result<Admitted, (Shed, Cri
     let criticality = ctx.ranks.of_connection(peer, class);
     let shed = |why| (why, criticality);
     let slot = f.slots.take(criticality).ok_or(shed(Shed::MaxConnections))?;
-    if !f.upstreams.list.iter().any(super::upstream::Upstream::up) {
-        return Err(shed(Shed::NoUpstream));
+    if !f.backends.list.iter().any(super::backend::Backend::up) {
+        return Err(shed(Shed::NoBackend));
     }
     let fds =
         Arc::clone(&f.fds).try_acquire_many_owned(super::fds::cost(f.cfg.copy)).map_err(|_| shed(Shed::Descriptors))?;
@@ -227,24 +227,24 @@ fn local_failure(e: &std::io::Error) -> bool {
 async fn serve(client: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, admitted: &Admitted, f: &Shared) {
     let Some(local) = local.or_else(|| client.local_addr().ok()) else { return };
     let mut tried = Vec::new();
-    let (upstream, index) = loop {
-        // Connect failures are the passive health check's (the upstream
+    let (backend, index) = loop {
+        // Connect failures are the passive health check's (the backend
         // goes out of service, then is probed back), not adaptive
         // throttling's: that counts what the tenant layer does with the
         // connections it took, and a remembered outage would slow the
         // recovery after it for a whole window.
-        let Some(i) = f.upstreams.pick(&tried) else {
-            f.stats.upstream_failed.fetch_add(1, Ordering::Relaxed);
+        let Some(i) = f.backends.pick(&tried) else {
+            f.stats.backend_failed.fetch_add(1, Ordering::Relaxed);
             return;
         };
         tried.push(i);
-        let u = &f.upstreams.list[i];
+        let u = &f.backends.list[i];
         match tokio::time::timeout(f.cfg.connect_timeout, TcpStream::connect(u.addr)).await {
             Ok(Ok(s)) => {
                 u.succeeded();
                 break (s, i);
             }
-            // This host is out of descriptors or buffers: the upstream
+            // This host is out of descriptors or buffers: the backend
             // is not to blame (and is not marked down for it).
             Ok(Err(e)) if local_failure(&e) => {
                 u.untried();
@@ -261,7 +261,7 @@ async fn serve(client: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, a
             _ => {}
         }
         u.failed();
-        f.stats.upstream_connect_failures.fetch_add(1, Ordering::Relaxed);
+        f.stats.backend_connect_failures.fetch_add(1, Ordering::Relaxed);
         f.warned.lock().expect("not poisoned")[0].note(|n| {
             tracing::warn!(
                 "limiter: forward {}: upstream {} failed ({n} connect failure(s) since last said); out of service for a while",
@@ -270,7 +270,7 @@ async fn serve(client: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, a
             );
         });
     };
-    let u = &f.upstreams.list[index];
+    let u = &f.backends.list[index];
     u.active.fetch_add(1, Ordering::Relaxed);
     let header = match f.cfg.proxy_protocol {
         ProxyProtocol::Off => Vec::new(),
@@ -280,7 +280,7 @@ async fn serve(client: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, a
             proxy::v2(peer, local, id, &super::verdict(f, admitted))
         }
     };
-    let _ = splice(client, upstream, &header, f).await;
+    let _ = splice(client, backend, &header, f).await;
     u.active.fetch_sub(1, Ordering::Relaxed);
     f.stats.completed.fetch_add(1, Ordering::Relaxed);
 }
@@ -288,12 +288,12 @@ async fn serve(client: TcpStream, peer: SocketAddr, local: Option<SocketAddr>, a
 /// Copy both ways until both sides are done, the connection has been idle
 /// for the idle timeout, or the forwarder is told to stop its
 /// connections (the drain timeout ran out).
-async fn splice(client: TcpStream, upstream: TcpStream, header: &[u8], f: &Shared) -> std::io::Result<()> {
+async fn splice(client: TcpStream, backend: TcpStream, header: &[u8], f: &Shared) -> std::io::Result<()> {
     // The client's socket has TCP_NODELAY from its listener (`bind`).
-    let _ = upstream.set_nodelay(true);
+    let _ = backend.set_nodelay(true);
     // A failure to pass the header or the client's first bytes on is
     // not counted as the tenant's refusal: it cannot be told whose it is.
-    let sent = super::copy::open(header, &client, &upstream, f.cfg.idle_timeout).await?;
+    let sent = super::copy::open(header, &client, &backend, f.cfg.idle_timeout).await?;
     f.stats.bytes_up.fetch_add(sent as u64, Ordering::Relaxed);
     let act = Activity::new(f.cfg.idle_timeout);
     let mut kill = f.kill.subscribe();
@@ -310,16 +310,16 @@ async fn splice(client: TcpStream, upstream: TcpStream, header: &[u8], f: &Share
     // Who ended first without an answer: the client (closed or reset its
     // side) is not the tenant layer refusing, so it is not counted (one
     // client closing at once 40 times a second drove the refusal
-    // probability to 0.9 and shed the users); the upstream closing, or
+    // probability to 0.9 and shed the users); the backend closing, or
     // the idle timeout while the client waits, is.
-    let (upstream_ended, client_first) = (AtomicBool::new(false), AtomicBool::new(false));
+    let (backend_ended, client_first) = (AtomicBool::new(false), AtomicBool::new(false));
     let up = async {
-        pump(f.cfg.copy, &client, &upstream, &f.stats.bytes_up, &act, None, &done).await;
-        client_first.store(!upstream_ended.load(Ordering::Relaxed), Ordering::Relaxed);
+        pump(f.cfg.copy, &client, &backend, &f.stats.bytes_up, &act, None, &done).await;
+        client_first.store(!backend_ended.load(Ordering::Relaxed), Ordering::Relaxed);
     };
     let down = async {
-        pump(f.cfg.copy, &upstream, &client, &f.stats.bytes_down, &act, Some(&first), &done).await;
-        upstream_ended.store(true, Ordering::Relaxed);
+        pump(f.cfg.copy, &backend, &client, &f.stats.bytes_down, &act, Some(&first), &done).await;
+        backend_ended.store(true, Ordering::Relaxed);
     };
     // Polled in order, the copying first: no random draw a wake.
     let killed = tokio::select! {

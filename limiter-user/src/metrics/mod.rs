@@ -219,7 +219,7 @@ mod tests {
             name: "https".into(),
             active: 3,
             shed: vec![("max_connections".into(), 9)],
-            upstreams: vec![("127.0.0.1:8443".into(), true)],
+            backends: vec![("127.0.0.1:8443".into(), true)],
             bytes_up: 5,
             ..Default::default()
         };
@@ -244,11 +244,12 @@ mod tests {
             Box::new(crate::forward::Reports(vec![crate::control::ForwardInfo {
                 name: "f".into(),
                 shed: vec![("max_connections".into(), 1)],
-                upstreams: vec![("127.0.0.1:1".into(), true)],
+                backends: vec![("127.0.0.1:1".into(), true)],
                 ..Default::default()
             }])),
             Box::new(crate::fleet::FleetStatus::default()),
             Box::new(crate::feedback::FeedbackCounts::default()),
+            Box::new(crate::feedback::EscalationCounts::default()),
             Box::new(crate::feeds::DenyReport { origins: vec![("feed:f".into(), 1, 1)] }),
             Box::new(crate::feeds::FeedReports(vec![crate::feeds::FeedReport {
                 name: "f".into(),
@@ -286,10 +287,11 @@ mod tests {
     #[test]
     fn names_follow_prometheus_conventions_and_carry_no_addresses() {
         let feedback: Box<dyn Series> = Box::new(crate::feedback::FeedbackCounts::default());
+        let escalation: Box<dyn Series> = Box::new(crate::feedback::EscalationCounts::default());
         let mut s = Snapshot {
             iface: "eth0".into(),
             attach_mode: "native".into(),
-            features: vec![feedback],
+            features: vec![feedback, escalation],
             ..Snapshot::default()
         };
         s.totals.add(Reason::RateLimited, family::IPV4, limiter_common::Counter { packets: 7, bytes: 0 });

@@ -23,7 +23,7 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use super::{PolicyError, bad, duration, duration_out};
+use super::{Action, PolicyError, bad, duration, duration_out};
 
 /// Most networks one feed holds.
 pub const MAX_ENTRIES: usize = 2_000_000;
@@ -44,15 +44,6 @@ pub enum Format {
     SpamhausJson,
 }
 
-/// What a feed does with its networks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FeedAction {
-    /// Drop their packets (the only action a feed takes).
-    #[default]
-    Deny,
-}
-
 /// One `[[feed]]` section.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -69,8 +60,10 @@ pub struct Feed {
     pub max_shrink: f64,
     #[serde(default)]
     pub allow_bogons: bool,
-    #[serde(default)]
-    pub action: FeedAction,
+    /// What it does with its networks: drop their packets (the only
+    /// action a feed takes).
+    #[serde(default = "defaults::action")]
+    pub action: Action,
     #[serde(default = "defaults::max_networks")]
     pub max_networks: usize,
     #[serde(default = "defaults::min_v4")]
@@ -99,13 +92,16 @@ pub const MAX_FEEDS: usize = 32;
 mod defaults {
     use std::time::Duration;
 
-    use super::Format;
+    use super::{Action, Format};
 
     pub const fn format() -> Format {
         Format::Plain
     }
     pub const fn refresh() -> Duration {
         Duration::from_hours(1)
+    }
+    pub const fn action() -> Action {
+        Action::Deny
     }
     pub const fn max_shrink() -> f64 {
         0.5
@@ -150,6 +146,7 @@ pub fn check(feeds: &[Feed]) -> Result<(), PolicyError> {
         if !(0.0..=1.0).contains(&f.max_shrink) {
             return Err(bad(at("max_shrink"), "a fraction from 0 to 1"));
         }
+        f.action.only(&[Action::Deny]).map_err(|e| bad(at("action"), format!("{e}: a feed only denies")))?;
         if f.max_networks == 0 || f.max_networks > MAX_ENTRIES {
             return Err(bad(at("max_networks"), format!("1 to {MAX_ENTRIES}")));
         }

@@ -6,7 +6,7 @@
 //! [[forward]]
 //! name = "https"
 //! listen = ["198.18.0.2:443", "[2001:2::2]:443"]
-//! upstreams = ["127.0.0.1:8443", "127.0.0.1:8444"]
+//! upstreams = ["127.0.0.1:8443", "127.0.0.1:8444"]   # its backends
 //! balance = "round_robin"          # or "least_connections"
 //! proxy_protocol = "v2"            # or "v1", "off"
 //! max_connections = 10000
@@ -14,7 +14,7 @@
 //! connect_timeout = "2s"
 //! idle_timeout = "60s"
 //! drain_timeout = "10s"
-//! adaptive_k = 2.0                 # adaptive throttling toward the upstreams; 0 = off
+//! adaptive_k = 2.0                 # adaptive throttling toward the backends; 0 = off
 //! adaptive_window = "2m"
 //! critical_reserve = 0.1           # of max_connections, for critical connections only
 //! sheddable_share = 0.8            # of max_connections, at most, for sheddable ones
@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{PolicyError, bad};
 
-/// How a forwarder picks an upstream.
+/// How a forwarder picks a backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Balance {
@@ -35,7 +35,7 @@ pub enum Balance {
     LeastConnections,
 }
 
-/// The header that tells the upstream who the client is.
+/// The header that tells the backend who the client is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyProtocol {
@@ -45,7 +45,7 @@ pub enum ProxyProtocol {
     Off,
 }
 
-/// How a forwarder moves bytes between a client and its upstream.
+/// How a forwarder moves bytes between a client and its backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Copy {
@@ -68,7 +68,9 @@ pub struct Forward {
     #[serde(default)]
     pub name: String,
     pub listen: Vec<SocketAddr>,
-    pub upstreams: Vec<SocketAddr>,
+    /// Its backends (the file's `upstreams`).
+    #[serde(rename = "upstreams")]
+    pub backends: Vec<SocketAddr>,
     #[serde(default)]
     pub balance: Balance,
     #[serde(default)]
@@ -91,7 +93,7 @@ pub struct Forward {
     #[serde(default)]
     pub copy: Copy,
     /// Client-side adaptive throttling: refuse new connections once the
-    /// window's requests pass K times the upstreams' accepts (0 = off).
+    /// window's requests pass K times the backends' accepts (0 = off).
     #[serde(default = "defaults::adaptive_k")]
     pub adaptive_k: Ratio,
     #[serde(
@@ -163,7 +165,7 @@ pub mod defaults {
 /// Most forwarders in one policy, and listen addresses in one forwarder.
 pub const MAX_FORWARDS: usize = 16;
 pub const MAX_LISTEN: usize = 16;
-pub const MAX_UPSTREAMS: usize = 64;
+pub const MAX_BACKENDS: usize = 64;
 
 /// Names default to `forward[N]`.
 pub fn name_defaults(forwards: &mut [Forward]) {
@@ -194,8 +196,8 @@ pub fn check(forwards: &[Forward]) -> Result<(), PolicyError> {
                 return Err(bad(at("listen"), format!("{a} is listened on twice")));
             }
         }
-        if f.upstreams.is_empty() || f.upstreams.len() > MAX_UPSTREAMS {
-            return Err(bad(at("upstreams"), format!("give 1 to {MAX_UPSTREAMS} addresses")));
+        if f.backends.is_empty() || f.backends.len() > MAX_BACKENDS {
+            return Err(bad(at("upstreams"), format!("give 1 to {MAX_BACKENDS} addresses")));
         }
         if f.max_connections == 0 {
             return Err(bad(at("max_connections"), "must be at least 1"));

@@ -37,25 +37,12 @@ use limiter_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{PolicyError, bad, duration, duration_out};
+use super::{Action, PolicyError, bad, duration, duration_out};
 
 /// Groups one policy may name.
 pub const MAX_GROUPS: usize = kernel::MAX_GROUPS as usize;
 /// Countries and ASNs one group may name together.
 pub const MAX_MEMBERS: usize = 4096;
-
-/// What a group does with its addresses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GroupAction {
-    /// One budget for all of them together, charged after each prefix's own.
-    #[default]
-    Rate,
-    /// Pass uncharged.
-    Allow,
-    /// Drop.
-    Deny,
-}
 
 /// One `[[group]]` section.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -68,8 +55,11 @@ pub struct Group {
     pub countries: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub asns: Vec<u32>,
-    #[serde(default)]
-    pub action: GroupAction,
+    /// What it does with its addresses: `rate`, one budget for all of
+    /// them together, charged after each prefix's own; `allow`, pass
+    /// uncharged; `deny`, drop.
+    #[serde(default = "rate")]
+    pub action: Action,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +88,11 @@ pub struct Group {
 }
 
 impl Eq for Group {}
+
+/// A group's action when it says none: one budget for all.
+const fn rate() -> Action {
+    Action::Rate
+}
 
 const fn default_refresh() -> Duration {
     Duration::from_hours(1)
@@ -162,6 +157,7 @@ pub fn check(groups: &[Group]) -> Result<Vec<GroupLimits>, PolicyError> {
         if g.refresh < Duration::from_secs(1) {
             return Err(bad(at("refresh"), "at least 1s"));
         }
+        g.action.only(&[Action::Rate, Action::Allow, Action::Deny]).map_err(|e| bad(at("action"), e))?;
         if g.min_v4_prefix > 32 {
             return Err(bad(at("min_v4_prefix"), "0 to 32"));
         }
@@ -179,7 +175,7 @@ pub fn check(groups: &[Group]) -> Result<Vec<GroupLimits>, PolicyError> {
         }
         let m = if g.shadow { mode::SHADOW } else { mode::ENFORCE };
         let limits = match (g.action, g.rate, g.burst) {
-            (GroupAction::Rate, Some(rate), burst) => {
+            (Action::Rate, Some(rate), burst) => {
                 let burst = burst.unwrap_or(rate.saturating_mul(2));
                 if !(1..=limiter_common::gcra::MAX_RATE).contains(&rate) {
                     return Err(bad(at("rate"), format!("{rate} is outside 1..={}", limiter_common::gcra::MAX_RATE)));
@@ -190,11 +186,10 @@ pub fn check(groups: &[Group]) -> Result<Vec<GroupLimits>, PolicyError> {
                 GroupLimits::rate(rate, burst, m)
                     .ok_or_else(|| bad(at("burst"), format!("{burst} is too large for rate {rate}")))?
             }
-            (GroupAction::Rate, None, _) => return Err(bad(at("rate"), "a rate group needs a rate (packets/s)")),
-            (a, None, None) => GroupLimits::decide(
-                if a == GroupAction::Allow { kernel::action::ALLOW } else { kernel::action::DENY },
-                m,
-            ),
+            (Action::Rate, None, _) => return Err(bad(at("rate"), "a rate group needs a rate (packets/s)")),
+            (a, None, None) => {
+                GroupLimits::decide(if a == Action::Allow { kernel::action::ALLOW } else { kernel::action::DENY }, m)
+            }
             (_, _, _) => return Err(bad(at("rate"), "only a rate group (action = \"rate\") has a rate and a burst")),
         };
         out.push(limits);

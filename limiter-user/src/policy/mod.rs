@@ -248,25 +248,65 @@ pub struct Class {
     pub criticality: Criticality,
 }
 
-/// An allow or a deny, as a list's entries and an override's `action`
-/// say it (`"allow"`, `"deny"`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What a decision does to the networks it covers: the one word every
+/// section, request and listing says it with, each taking the ones it
+/// allows ([`Action::only`]): an override's `action` is `allow` or
+/// `deny` (a limit is its rate and burst), `prefix load`'s the same, a
+/// feed's `deny`, a group's `rate`, `allow` or `deny`; `prefix list`
+/// shows `limit`, `allow`, `deny` or `unset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ListAction {
+pub enum Action {
+    /// Own limits for each bucket it covers.
+    Limit,
+    /// One budget for all it covers together (a group's).
+    Rate,
+    /// Never limited.
     Allow,
+    /// Always dropped.
     Deny,
+    /// The file's override, removed by the operator.
+    Unset,
 }
 
-impl From<ListAction> for OverrideAction {
-    fn from(a: ListAction) -> Self {
-        match a {
-            ListAction::Allow => OverrideAction::Allow,
-            ListAction::Deny => OverrideAction::Deny,
+impl Action {
+    /// Its word.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Action::Limit => "limit",
+            Action::Rate => "rate",
+            Action::Allow => "allow",
+            Action::Deny => "deny",
+            Action::Unset => "unset",
         }
+    }
+
+    /// Itself if it is one of `allowed`, else what to say: `allowed`'s
+    /// words.
+    pub fn only(self, allowed: &[Action]) -> Result<Self, String> {
+        if allowed.contains(&self) {
+            return Ok(self);
+        }
+        let words: Vec<String> = allowed.iter().map(|a| format!("\"{a}\"")).collect();
+        Err(format!("\"{self}\" is not one of {}", words.join(", ")))
     }
 }
 
-/// What an override does to the prefixes it covers.
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Action {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// What an override does to the prefixes it covers: its [`Action`] with
+/// the limits a `limit` takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OverrideAction {
     /// Own limits for the default class of each bucket it covers.
@@ -275,6 +315,28 @@ pub enum OverrideAction {
     Allow,
     /// Always dropped, in any class.
     Deny,
+}
+
+impl OverrideAction {
+    /// Its word.
+    #[must_use]
+    pub const fn action(&self) -> Action {
+        match self {
+            OverrideAction::Limit(_) => Action::Limit,
+            OverrideAction::Allow => Action::Allow,
+            OverrideAction::Deny => Action::Deny,
+        }
+    }
+
+    /// An `allow` or a `deny` (`None` for another word: those take limits).
+    #[must_use]
+    pub const fn of(action: Action) -> Option<Self> {
+        match action {
+            Action::Allow => Some(OverrideAction::Allow),
+            Action::Deny => Some(OverrideAction::Deny),
+            _ => None,
+        }
+    }
 }
 
 /// A per-prefix override. The most specific one containing a bucket's

@@ -5,19 +5,18 @@
 
 use std::net::IpAddr;
 
+use super::{CostUnit, Limit, Mode, OverrideAction};
+use crate::origin::Origin;
 use ipnet::IpNet;
 use limiter_common::{RuntimeKey, RuntimeOverride, family, runtime_action};
-use serde::{Deserialize, Serialize};
-
-use super::{CostUnit, Limit, Mode, OverrideAction};
 
 /// The map key of `net`'s entry of layer `by`: each layer of decisions
 /// about a network is an entry of its own (its code in `pad[0]`; records
 /// of builds before layers have 0 there, whoever set them), so a penalty
 /// never overwrites the operator's entry and a restart restores the stack.
 #[must_use]
-pub fn key(net: &IpNet, by: Decider) -> RuntimeKey {
-    RuntimeKey { pad: [by.code(), 0], ..net_key(net) }
+pub fn key(net: &IpNet, by: Origin) -> RuntimeKey {
+    RuntimeKey { pad: [by.runtime_code(), 0], ..net_key(net) }
 }
 
 fn net_key(net: &IpNet) -> RuntimeKey {
@@ -42,92 +41,33 @@ pub const FROM_FEEDBACK: u32 = 0x100;
 /// daemon's own escalation.
 pub const FROM_ESCALATION: u32 = 0x200;
 
-/// Who decided something about a network: the layers, highest first
-/// (the operator at run time, the policy file, then automation: the
-/// tenant layer's feedback, the daemon's escalation), then CrowdSec's
-/// decisions in the deny set beneath them. Its label is what `prefix
-/// list`, its JSON and the log lines show. The runtime layers (operator,
-/// feedback, escalation) are recorded in the pinned `RUNTIME` map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum Decider {
-    /// An operator (`limiter prefix ...`).
-    #[serde(rename = "runtime")]
-    Operator,
-    /// An `[[override]]` of the policy file.
-    #[serde(rename = "file")]
-    File,
-    /// The tenant layer (`POST /v1/penalties`), under the governor.
-    #[serde(rename = "feedback")]
-    Feedback,
-    /// The daemon's automatic escalation, under the same governor.
-    #[serde(rename = "escalation")]
-    Escalation,
-    /// A CrowdSec decision in the deny set.
-    #[serde(rename = "crowdsec")]
-    Crowdsec,
+/// The flag of `by`'s layer in [`RuntimeOverride::action`] (the
+/// operator's, and the layers never recorded here, have none).
+const fn flag(by: Origin) -> u32 {
+    match by {
+        Origin::Feedback => FROM_FEEDBACK,
+        Origin::Escalation => FROM_ESCALATION,
+        _ => 0,
+    }
 }
 
-impl Decider {
-    /// Every decider, highest layer first.
-    pub const ALL: [Decider; 5] =
-        [Decider::Operator, Decider::File, Decider::Feedback, Decider::Escalation, Decider::Crowdsec];
-
-    /// Its label (`runtime` for the operator, as `prefix list` has
-    /// always said).
-    #[must_use]
-    pub const fn label(self) -> &'static str {
-        match self {
-            Decider::Operator => "runtime",
-            Decider::File => "file",
-            Decider::Feedback => "feedback",
-            Decider::Escalation => "escalation",
-            Decider::Crowdsec => "crowdsec",
-        }
-    }
-
-    /// Automation under the governor (the tenant layer's feedback, the
-    /// daemon's escalation), counted against its cap.
-    #[must_use]
-    pub const fn governed(self) -> bool {
-        matches!(self, Decider::Feedback | Decider::Escalation)
-    }
-
-    /// The layer's code in [`RuntimeKey::pad`]`[0]` (the file's and
-    /// CrowdSec's are never recorded there).
-    #[must_use]
-    pub const fn code(self) -> u8 {
-        match self {
-            Decider::Operator | Decider::File | Decider::Crowdsec => 0,
-            Decider::Feedback => 1,
-            Decider::Escalation => 2,
-        }
-    }
-
-    const fn flag(self) -> u32 {
-        match self {
-            Decider::Operator | Decider::File | Decider::Crowdsec => 0,
-            Decider::Feedback => FROM_FEEDBACK,
-            Decider::Escalation => FROM_ESCALATION,
-        }
-    }
-
-    fn of(action: u32) -> Decider {
-        if action & FROM_ESCALATION != 0 {
-            Decider::Escalation
-        } else if action & FROM_FEEDBACK != 0 {
-            Decider::Feedback
-        } else {
-            Decider::Operator
-        }
+/// The layer whose flag `action` carries.
+fn layer_of(action: u32) -> Origin {
+    if action & FROM_ESCALATION != 0 {
+        Origin::Escalation
+    } else if action & FROM_FEEDBACK != 0 {
+        Origin::Feedback
+    } else {
+        Origin::Operator
     }
 }
 
 /// The map value of a runtime override (`None`: the file's is removed),
 /// expiring at Unix time `expires` (0 = never).
 #[must_use]
-pub fn value(action: Option<&OverrideAction>, expires: u32, origin: Decider) -> RuntimeOverride {
+pub fn value(action: Option<&OverrideAction>, expires: u32, origin: Origin) -> RuntimeOverride {
     let v = value_of(action);
-    RuntimeOverride { expires, action: v.action | origin.flag(), ..v }
+    RuntimeOverride { expires, action: v.action | flag(origin), ..v }
 }
 
 fn value_of(action: Option<&OverrideAction>) -> RuntimeOverride {
@@ -153,7 +93,7 @@ fn value_of(action: Option<&OverrideAction>) -> RuntimeOverride {
 /// read from the value: a record of a build before layers has no layer
 /// in its key (see [`stale_key`]).
 #[must_use]
-pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>, u32, Decider)> {
+pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<OverrideAction>, u32, Origin)> {
     let addr = match k.family {
         family::IPV4 => IpAddr::from([k.addr[0], k.addr[1], k.addr[2], k.addr[3]]),
         family::IPV6 => IpAddr::from(k.addr),
@@ -173,14 +113,14 @@ pub fn decode(k: &RuntimeKey, v: &RuntimeOverride) -> Option<(IpNet, Option<Over
         })),
         _ => return None,
     };
-    Some((net, action, v.expires, Decider::of(v.action)))
+    Some((net, action, v.expires, layer_of(v.action)))
 }
 
 /// Whether `k` is not where this build keeps the record of its layer
 /// (written by a build before layers): it is then moved.
 #[must_use]
-pub fn stale_key(k: &RuntimeKey, by: Decider) -> bool {
-    k.pad != [by.code(), 0]
+pub fn stale_key(k: &RuntimeKey, by: Origin) -> bool {
+    k.pad != [by.runtime_code(), 0]
 }
 
 #[cfg(test)]
@@ -199,7 +139,7 @@ mod tests {
             ("198.19.255.255/32", Some(limit(CostUnit::Bytes, Mode::Enforce))),
         ];
         for ((cidr, action), origin) in
-            cases.into_iter().zip([Decider::Feedback, Decider::Escalation, Decider::Operator].repeat(2))
+            cases.into_iter().zip([Origin::Feedback, Origin::Escalation, Origin::Operator].repeat(2))
         {
             let net: IpNet = cidr.parse().unwrap();
             let back = decode(&key(&net, origin), &value(action.as_ref(), 1_900_000_000, origin));
@@ -211,23 +151,23 @@ mod tests {
     #[test]
     fn entries_of_another_build_are_skipped() {
         let net: IpNet = "198.18.1.0/24".parse().unwrap();
-        let bad_action = RuntimeOverride { action: 99, ..value(None, 0, Decider::Operator) };
-        assert_eq!(decode(&key(&net, Decider::Operator), &bad_action), None);
-        let bad_family = RuntimeKey { family: limiter_common::Family(9), ..key(&net, Decider::Operator) };
-        assert_eq!(decode(&bad_family, &value(None, 0, Decider::Operator)), None);
-        let bad_len = RuntimeKey { prefix_len: 33, ..key(&net, Decider::Operator) };
-        assert_eq!(decode(&bad_len, &value(None, 0, Decider::Operator)), None);
+        let bad_action = RuntimeOverride { action: 99, ..value(None, 0, Origin::Operator) };
+        assert_eq!(decode(&key(&net, Origin::Operator), &bad_action), None);
+        let bad_family = RuntimeKey { family: limiter_common::Family(9), ..key(&net, Origin::Operator) };
+        assert_eq!(decode(&bad_family, &value(None, 0, Origin::Operator)), None);
+        let bad_len = RuntimeKey { prefix_len: 33, ..key(&net, Origin::Operator) };
+        assert_eq!(decode(&bad_len, &value(None, 0, Origin::Operator)), None);
     }
 
     #[test]
     fn layers_of_one_network_are_entries_of_their_own() {
         let net: IpNet = "198.18.7.0/24".parse().unwrap();
-        let keys = [Decider::Operator, Decider::Feedback, Decider::Escalation].map(|by| key(&net, by));
+        let keys = [Origin::Operator, Origin::Feedback, Origin::Escalation].map(|by| key(&net, by));
         assert!(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2]);
         // A record of a build before layers: a penalty under the layer-less key.
-        let old = RuntimeKey { pad: [0; 2], ..key(&net, Decider::Feedback) };
-        let (_, _, _, by) = decode(&old, &value(Some(&OverrideAction::Deny), 5, Decider::Feedback)).unwrap();
-        assert_eq!(by, Decider::Feedback);
-        assert!(stale_key(&old, by) && !stale_key(&old, Decider::Operator));
+        let old = RuntimeKey { pad: [0; 2], ..key(&net, Origin::Feedback) };
+        let (_, _, _, by) = decode(&old, &value(Some(&OverrideAction::Deny), 5, Origin::Feedback)).unwrap();
+        assert_eq!(by, Origin::Feedback);
+        assert!(stale_key(&old, by) && !stale_key(&old, Origin::Operator));
     }
 }

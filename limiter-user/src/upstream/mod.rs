@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-pub use self::rule::{Action, Key, Kind, Rule, Trigger};
-use crate::policy::upstream::Upstream;
+pub use self::rule::{Action, Key, Kind, Rule, by_word};
+use crate::{origin::Origin, policy::upstream::Upstream};
 
 /// The longest a rule lives: a year (a TTL sent as a raw request may be
 /// any number).
@@ -161,7 +161,7 @@ impl Book {
         *self = Self { pressure, refused, sent, ..Self::new(spec, allowed) };
         // The operator's first: a smaller cap keeps theirs.
         let mut rules: Vec<Rule> = rules.into_values().collect();
-        rules.sort_by_key(|r| std::cmp::Reverse(r.by));
+        rules.sort_by_key(|r| r.by);
         for r in rules {
             let what = r.describe();
             if let Err(e) = self.admit(r) {
@@ -175,7 +175,7 @@ impl Book {
         match r.key.kind {
             Kind::Flowspec if !s.flowspec => return Err(Refusal::NotAllowed("FlowSpec", "flowspec = false")),
             Kind::Blackhole if !s.rtbh => return Err(Refusal::NotAllowed("blackholing", "rtbh = false")),
-            Kind::Blackhole if r.by != Trigger::Operator => {
+            Kind::Blackhole if r.by != Origin::Operator => {
                 return Err(Refusal::NotAllowed("automatic blackholing", "the operator's command only"));
             }
             _ => {}
@@ -207,6 +207,29 @@ impl Book {
         Ok(())
     }
 
+    /// Whether [`Book::add`] would take `rule` now, changing nothing.
+    pub fn admits(&self, rule: &Rule) -> Result<(), Refusal> {
+        self.check(rule)?;
+        match self.rules.get(&rule.key) {
+            Some(old) if old.by.outranks(rule.by) => {
+                Err(Refusal::Outranked { net: rule.key.net, by: by_word(old.by), asked: by_word(rule.by) })
+            }
+            None if rule.by == Origin::Pressure
+                && self.rules.values().filter(|r| r.by == Origin::Pressure).count()
+                    >= pressure_cap(self.spec.max_rules) =>
+            {
+                Err(Refusal::PressureCap(pressure_cap(self.spec.max_rules)))
+            }
+            None if self.rules.len() >= self.spec.max_rules && !self.rules.values().any(|r| rule.by.outranks(r.by)) => {
+                let [(_, operator), (_, escalation), (_, pressure)] = self.by_trigger();
+                let (announced, pending) = self.sent;
+                Err(Refusal::Cap { wanted: self.rules.len(), operator, escalation, pressure, announced, pending })
+            }
+            // Its own key again, or room.
+            Some(_) | None => Ok(()),
+        }
+    }
+
     /// Want `rule`: `Ok(true)` if it changes what is wanted.
     pub fn add(&mut self, rule: Rule) -> Result<bool, Refusal> {
         let r = self.admit(rule);
@@ -219,8 +242,8 @@ impl Book {
     fn admit(&mut self, rule: Rule) -> Result<bool, Refusal> {
         self.check(&rule)?;
         match self.rules.get(&rule.key) {
-            Some(old) if old.by > rule.by => {
-                return Err(Refusal::Outranked { net: rule.key.net, by: old.by.name(), asked: rule.by.name() });
+            Some(old) if old.by.outranks(rule.by) => {
+                return Err(Refusal::Outranked { net: rule.key.net, by: by_word(old.by), asked: by_word(rule.by) });
             }
             Some(old) if old.by == rule.by && old.action == rule.action => {
                 // The same rule asked again: it lives on, never shorter.
@@ -243,10 +266,10 @@ impl Book {
     /// let go for a higher one's (the lowest first, then the one that
     /// ends first), so the operator always has room unless the operator's
     /// own rules fill the cap.
-    fn room_for(&mut self, by: Trigger) -> Result<(), Refusal> {
+    fn room_for(&mut self, by: Origin) -> Result<(), Refusal> {
         let max = self.spec.max_rules;
-        if by == Trigger::Pressure {
-            let held = self.rules.values().filter(|r| r.by == Trigger::Pressure).count();
+        if by == Origin::Pressure {
+            let held = self.rules.values().filter(|r| r.by == Origin::Pressure).count();
             if held >= pressure_cap(max) {
                 return Err(Refusal::PressureCap(held));
             }
@@ -254,7 +277,12 @@ impl Book {
         if self.rules.len() < max {
             return Ok(());
         }
-        let lowest = self.rules.values().filter(|r| r.by < by).min_by_key(|r| (r.by, r.expires)).map(|r| r.key.clone());
+        let lowest = self
+            .rules
+            .values()
+            .filter(|r| by.outranks(r.by))
+            .min_by_key(|r| (std::cmp::Reverse(r.by), r.expires))
+            .map(|r| r.key.clone());
         let Some(key) = lowest else {
             let [(_, operator), (_, escalation), (_, pressure)] = self.by_trigger();
             let (announced, pending) = self.sent;
@@ -265,7 +293,7 @@ impl Book {
                 event = "upstream",
                 "limiter: upstream {} let go at upstream.max_rules ({max}) for a rule of the {}",
                 r.describe(),
-                by.name()
+                by_word(by)
             );
         }
         Ok(())
@@ -345,7 +373,7 @@ impl Book {
             let rule = Rule {
                 key: key.clone(),
                 action: Action::RateLimit { bytes_per_sec: *bytes },
-                by: Trigger::Pressure,
+                by: Origin::Pressure,
                 since: now,
                 expires: expiry(now, hold),
             };
@@ -367,9 +395,9 @@ impl Book {
 
     /// The rules wanted, by trigger.
     #[must_use]
-    pub fn by_trigger(&self) -> [(Trigger, usize); 3] {
+    pub fn by_trigger(&self) -> [(Origin, usize); 3] {
         let n = |t| self.rules.values().filter(|r| r.by == t).count();
-        [Trigger::Operator, Trigger::Escalation, Trigger::Pressure].map(|t| (t, n(t)))
+        [Origin::Operator, Origin::Escalation, Origin::Pressure].map(|t| (t, n(t)))
     }
 }
 

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use crate::origin::Origin;
+
 /// What kind of route a rule is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -27,26 +29,32 @@ pub enum Action {
     },
 }
 
-/// Who asked for a rule; a higher one is never replaced by a lower.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Trigger {
-    /// Link pressure: a prefix the program drops while the link is full.
-    Pressure,
-    /// Escalation of a proven source.
-    Escalation,
-    /// `limiter prefix deny --upstream`, `limiter upstream announce|blackhole`.
-    Operator,
+/// The word for a rule's author on the wire, in the speaker's saved
+/// state and in the metrics' `by` label: the operator is `operator` there
+/// (as it has always been), automation its label (`escalation`,
+/// `pressure`). A higher author's rule is never replaced by a lower's.
+#[must_use]
+pub fn by_word(by: Origin) -> &'static str {
+    if by == Origin::Operator { "operator" } else { by.label() }
 }
 
-impl Trigger {
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Trigger::Pressure => "pressure",
-            Trigger::Escalation => "escalation",
-            Trigger::Operator => "operator",
-        }
+/// A rule's `by`, as [`by_word`] writes it.
+mod by_wire {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    use super::{Origin, by_word};
+
+    #[expect(clippy::trivially_copy_pass_by_ref, reason = "serde's serialize_with signature")]
+    pub(super) fn serialize<S: Serializer>(by: &Origin, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(by_word(*by))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Origin, D::Error> {
+        let word = String::deserialize(d)?;
+        [Origin::Operator, Origin::Escalation, Origin::Pressure]
+            .into_iter()
+            .find(|o| by_word(*o) == word)
+            .ok_or_else(|| D::Error::custom(format!("unknown author of a rule {word:?}")))
     }
 }
 
@@ -77,7 +85,8 @@ pub struct Rule {
     pub key: Key,
     #[serde(flatten)]
     pub action: Action,
-    pub by: Trigger,
+    #[serde(with = "by_wire")]
+    pub by: Origin,
     /// Unix time it was asked for.
     pub since: u64,
     /// Unix time it is withdrawn (a pressure rule's is pushed on while
@@ -232,7 +241,7 @@ impl Rule {
                 s
             }
         };
-        format!("{what} by {}", self.by.name())
+        format!("{what} by {}", by_word(self.by))
     }
 }
 
@@ -241,7 +250,7 @@ mod tests {
     use super::*;
 
     fn rule(key: Key, action: Action) -> Rule {
-        Rule { key, action, by: Trigger::Operator, since: 1, expires: 2 }
+        Rule { key, action, by: Origin::Operator, since: 1, expires: 2 }
     }
 
     /// The commands are ExaBGP's own syntax (the daemon tier's BIRD sees
@@ -285,5 +294,15 @@ mod tests {
         let r = rule(Key::flow("198.18.80.0/24".parse().unwrap()), Action::RateLimit { bytes_per_sec: 9 });
         let text = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<Rule>(&text).unwrap(), r);
+        // Its author in the words earlier builds wrote and read.
+        for (by, word) in
+            [(Origin::Operator, "operator"), (Origin::Escalation, "escalation"), (Origin::Pressure, "pressure")]
+        {
+            let text = serde_json::to_string(&Rule { by, ..r.clone() }).unwrap();
+            assert!(text.contains(&format!("\"by\":\"{word}\"")), "{text}");
+            assert_eq!(serde_json::from_str::<Rule>(&text).unwrap().by, by);
+        }
+        let runtime = text.replace("\"by\":\"operator\"", "\"by\":\"runtime\"");
+        assert!(serde_json::from_str::<Rule>(&runtime).is_err(), "{runtime}");
     }
 }

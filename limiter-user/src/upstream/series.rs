@@ -4,14 +4,15 @@ use std::collections::BTreeMap;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::{Pressure, Trigger, speaker::Status};
+use super::{Pressure, by_word, speaker::Status};
+use crate::origin::Origin;
 use crate::series::{Series, clamp, counter, counters, gauge, gauges};
 
 /// What the upstream feature reports at a scrape.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamReport {
     pub status: Status,
-    pub by_trigger: [(Trigger, usize); 3],
+    pub by_trigger: [(Origin, usize); 3],
     pub max_rules: usize,
     pub refused: BTreeMap<&'static str, u64>,
     pub pressure: Pressure,
@@ -39,7 +40,7 @@ impl Series for UpstreamReport {
             "limiter_upstream_rules",
             "Rules wanted announced upstream, by trigger (operator, escalation, pressure).",
             "trigger",
-            self.by_trigger.iter().map(|(t, n)| (t.name(), clamp(*n as u64))),
+            self.by_trigger.iter().map(|(t, n)| (by_word(*t), clamp(*n as u64))),
         )?;
         gauge(
             enc,

@@ -22,8 +22,9 @@ use std::{
 pub use super::state::Saved;
 use super::{
     exabgp::{Pipe, PipeError, neighbours, routes},
-    rule::{Key, Rule, Trigger},
+    rule::{Key, Rule},
 };
+use crate::origin::Origin;
 
 /// What the thread last found and did, as `limiter upstream list`,
 /// `limiter status` and the metrics show it.
@@ -291,13 +292,13 @@ impl Worker {
     /// A change of `by`'s rule may be sent now (`force`: a stop's
     /// withdrawals). Automation's may use [`automation_budget`] of the
     /// budget, the operator's all of it.
-    fn budget(&mut self, force: bool, by: Trigger) -> bool {
+    fn budget(&mut self, force: bool, by: Origin) -> bool {
         let now = Instant::now();
         while self.sent.front().is_some_and(|t| now.duration_since(*t) >= Duration::from_mins(1)) {
             self.sent.pop_front();
         }
         let max = self.sending.max_changes_per_minute as usize;
-        let max = if by == Trigger::Operator { max } else { automation_budget(max) };
+        let max = if by == Origin::Operator { max } else { automation_budget(max) };
         if !force && self.sent.len() >= max {
             return false;
         }
@@ -322,7 +323,7 @@ impl Worker {
             .cloned()
             .collect();
         // The operator's first.
-        new.sort_by_key(|r| std::cmp::Reverse(r.by));
+        new.sort_by_key(|r| r.by);
         let mut pending = 0;
         if up || force {
             let c = self.sending.communities.clone();

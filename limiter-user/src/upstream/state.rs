@@ -93,7 +93,10 @@ fn shared(dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::{Action, Key, Trigger};
+    use crate::{
+        origin::Origin,
+        upstream::{Action, Key},
+    };
 
     /// What is written is read back; no file is no rule; a file that is
     /// not the daemon's is an error, never a guess.
@@ -105,7 +108,7 @@ mod tests {
         let r = Rule {
             key: Key::flow("198.18.80.0/24".parse().unwrap()),
             action: Action::Discard,
-            by: Trigger::Operator,
+            by: Origin::Operator,
             since: 1,
             expires: 9,
         };

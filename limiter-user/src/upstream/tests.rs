@@ -7,7 +7,7 @@ fn spec(toml_text: &str) -> Upstream {
 }
 
 fn op(net: &str, expires: u64) -> Rule {
-    Rule { key: Key::flow(net.parse().unwrap()), action: Action::Discard, by: Trigger::Operator, since: 0, expires }
+    Rule { key: Key::flow(net.parse().unwrap()), action: Action::Discard, by: Origin::Operator, since: 0, expires }
 }
 
 /// Nothing touching a protected network (either way round), nothing
@@ -33,10 +33,48 @@ fn the_policy_bounds_what_is_announced() {
     assert!(matches!(b.add(bh.clone()), Err(Refusal::NotAllowed(..))));
     let mut b = Book::new(spec("rtbh = true\nnever = [\"198.18.90.0/24\"]\n"), Vec::new());
     assert_eq!(b.add(bh.clone()), Ok(true), "the host's own network may be blackholed by the operator");
-    bh.by = Trigger::Escalation;
+    bh.by = Origin::Escalation;
     bh.key.net = "198.18.90.2/32".parse().unwrap();
     assert!(matches!(b.add(bh), Err(Refusal::NotAllowed(..))));
     assert_eq!(b.refused.values().sum::<u64>(), 1);
+}
+
+/// `admits` says what `add` would do, every time, and changes nothing
+/// (`prefix deny --upstream` asks it before the deny is applied).
+#[test]
+fn admits_says_what_add_would_do() {
+    let mut b = Book::new(
+        spec("max_rules = 3\nnever = [\"198.18.10.0/24\"]\nmin_v4_prefix = 24\nlink_capacity = 1000\n"),
+        Vec::new(),
+    );
+    let by = |net: &str, by: Origin| Rule { by, ..op(net, 9) };
+    let asks = [
+        by("198.18.10.0/24", Origin::Operator),
+        by("198.18.0.0/16", Origin::Operator),
+        by("198.18.30.0/24", Origin::Pressure),
+        by("198.18.31.0/24", Origin::Pressure),
+        by("198.18.30.0/24", Origin::Escalation),
+        by("198.18.32.0/24", Origin::Escalation),
+        by("198.18.30.0/24", Origin::Pressure),
+        by("198.18.33.0/24", Origin::Operator),
+        by("198.18.34.0/24", Origin::Operator),
+        by("198.18.35.0/24", Origin::Operator),
+        by("198.18.36.0/24", Origin::Operator),
+        by("198.18.36.0/24", Origin::Operator),
+    ];
+    let (mut taken, mut refused) = (0, 0);
+    for r in asks {
+        let before: Vec<Rule> = b.rules().cloned().collect();
+        let said = b.admits(&r);
+        assert_eq!(b.rules().cloned().collect::<Vec<_>>(), before, "admits changed the book");
+        let done = b.add(r.clone());
+        assert_eq!(said.is_ok(), done.is_ok(), "{r:?}: admits {said:?}, add {done:?}");
+        if let (Err(a), Err(d)) = (&said, &done) {
+            assert_eq!(a.label(), d.label(), "{r:?}");
+        }
+        if done.is_ok() { taken += 1 } else { refused += 1 }
+    }
+    assert!(taken >= 5 && refused >= 4, "taken {taken}, refused {refused}");
 }
 
 /// Automation never replaces the operator's rule; the operator's replaces
@@ -45,12 +83,12 @@ fn the_policy_bounds_what_is_announced() {
 fn the_operator_outranks_automation() {
     let mut b = Book::new(spec(""), Vec::new());
     let mut auto = op("198.18.30.0/24", 50);
-    auto.by = Trigger::Pressure;
+    auto.by = Origin::Pressure;
     auto.action = Action::RateLimit { bytes_per_sec: 100 };
     assert_eq!(b.add(auto.clone()), Ok(true));
     assert_eq!(b.add(op("198.18.30.0/24", 40)), Ok(true));
     assert!(matches!(b.add(auto), Err(Refusal::Outranked { .. })));
-    assert_eq!(b.rules().next().unwrap().by, Trigger::Operator);
+    assert_eq!(b.rules().next().unwrap().by, Origin::Operator);
     assert_eq!(b.add(op("198.18.30.0/24", 30)), Ok(false));
     assert_eq!(b.rules().next().unwrap().expires, 40);
     assert!(!b.expire(39));
@@ -81,7 +119,7 @@ fn link_pressure_announces_the_top_droppers_and_lets_them_go() {
     let nets: Vec<String> = b.rules().map(|r| r.key.net.to_string()).collect();
     // The protected /24 is left out; the next two of the top are taken.
     assert_eq!(nets, ["198.18.1.0/24"], "top 2 of the list are .3 (protected) and .1");
-    assert!(b.rules().all(|r| r.action == Action::RateLimit { bytes_per_sec: 1500 } && r.by == Trigger::Pressure));
+    assert!(b.rules().all(|r| r.action == Action::RateLimit { bytes_per_sec: 1500 } && r.by == Origin::Pressure));
     assert!(!b.second(105, 100, &dropping));
     assert!(!b.expire(108));
     assert!(b.expire(109));
@@ -91,7 +129,7 @@ fn pressure(net: &str, expires: u64) -> Rule {
     Rule {
         key: Key::flow(net.parse().unwrap()),
         action: Action::RateLimit { bytes_per_sec: 1500 },
-        by: Trigger::Pressure,
+        by: Origin::Pressure,
         since: 0,
         expires,
     }
@@ -110,7 +148,7 @@ fn the_operator_always_has_room_under_automation() {
     }
     assert_eq!(b.add(pressure("198.18.6.0/24", 99)), Err(Refusal::PressureCap(6)));
     let mut esc = op("198.18.20.0/24", 50);
-    esc.by = Trigger::Escalation;
+    esc.by = Origin::Escalation;
     assert_eq!(b.add(esc.clone()), Ok(true));
     esc.key = Key::flow("198.18.21.0/24".parse().unwrap());
     assert_eq!(b.add(esc.clone()), Ok(true));
@@ -119,7 +157,7 @@ fn the_operator_always_has_room_under_automation() {
     // rule that ends first.
     assert_eq!(b.add(op("198.18.30.0/24", 9)), Ok(true));
     assert!(b.rules().all(|r| r.key.net.to_string() != "198.18.0.0/24"), "the first to end is let go");
-    assert_eq!(b.by_trigger(), [(Trigger::Operator, 1), (Trigger::Escalation, 2), (Trigger::Pressure, 5)]);
+    assert_eq!(b.by_trigger(), [(Origin::Operator, 1), (Origin::Escalation, 2), (Origin::Pressure, 5)]);
     // A new escalation takes a pressure rule's place; pressure takes none.
     esc.key = Key::flow("198.18.22.0/24".parse().unwrap());
     assert_eq!(b.add(esc), Ok(true));
@@ -127,7 +165,7 @@ fn the_operator_always_has_room_under_automation() {
     for i in 31..38 {
         assert_eq!(b.add(op(&format!("198.18.{i}.0/24"), 9)), Ok(true), "198.18.{i}.0/24");
     }
-    assert_eq!(b.by_trigger(), [(Trigger::Operator, 8), (Trigger::Escalation, 0), (Trigger::Pressure, 0)]);
+    assert_eq!(b.by_trigger(), [(Origin::Operator, 8), (Origin::Escalation, 0), (Origin::Pressure, 0)]);
     b.sent = (5, 3);
     let e = b.add(op("198.18.40.0/24", 9)).unwrap_err();
     assert!(e.to_string().contains("8 the operator's") && e.to_string().contains("5 announced, 3 pending"), "{e}");
@@ -138,7 +176,7 @@ fn the_operator_always_has_room_under_automation() {
     }
     assert_eq!(b.add(op("198.18.30.0/24", 9)), Ok(true));
     b.set(spec("max_rules = 2\n"), Vec::new());
-    assert_eq!(b.by_trigger(), [(Trigger::Operator, 1), (Trigger::Escalation, 0), (Trigger::Pressure, 1)]);
+    assert_eq!(b.by_trigger(), [(Origin::Operator, 1), (Origin::Escalation, 0), (Origin::Pressure, 1)]);
 }
 
 /// A destination of the other family (U7) and a rate past what ExaBGP

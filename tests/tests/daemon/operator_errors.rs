@@ -132,7 +132,8 @@ fn a_private_mount_namespace_is_refused_for_pins() {
 
 /// A runtime override that the restarted daemon's policy cannot
 /// hold (finer than its buckets) is set aside with a warning, instead of
-/// keeping the daemon from starting (a restart loop under systemd).
+/// keeping the daemon from starting (a restart loop under systemd); a
+/// `prefix deny --upstream` the policy cannot announce changes nothing.
 #[test]
 fn an_unfit_runtime_override_does_not_block_a_restart() {
     let _alone = limiter_tests::alone(module_path!());
@@ -153,6 +154,16 @@ fn an_unfit_runtime_override_does_not_block_a_restart() {
     wait_for(&rx, "control socket", Duration::from_secs(20), &mut String::new()).unwrap();
     let o = Command::new(bin()).args(["prefix", "deny", "198.18.5.0/24", "--socket"]).arg(&socket).output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
+    // `--upstream` with no `[upstream]` to announce it: one change,
+    // refused whole (not denied here either), in one line.
+    let o = Command::new(bin())
+        .args(["prefix", "deny", "198.18.6.0/24", "--upstream", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert!(!o.status.success() && e.contains("no [upstream] section") && e.contains("nothing changed"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
     drop::<Guard>(first);
     let (second, rx) = run(&["--v4-prefix", "16"]);
     let mut log = String::new();
@@ -169,6 +180,7 @@ fn an_unfit_runtime_override_does_not_block_a_restart() {
     let o = Command::new(bin()).args(["prefix", "list", "--json", "--socket"]).arg(&socket).output().unwrap();
     let list = String::from_utf8_lossy(&o.stdout);
     assert!(list.contains("198.18.5.0/24") && list.contains("deny"), "{list}");
+    assert!(!list.contains("198.18.6.0/24"), "refused, yet denied: {list}");
     drop::<Guard>(third);
 }
 

@@ -8,7 +8,8 @@
 //!   as a FlowSpec discard of the source and leaves it when its TTL ends;
 //!   an IPv6 rate-limit reaches flow6; a protected network (upstream.never,
 //!   or an allow) and one wider than the policy's widths are refused and
-//!   never reach BIRD; a blackhole only once the policy allows it.
+//!   never reach BIRD (a `prefix deny --upstream` of one is refused whole:
+//!   not denied here either); a blackhole only once the policy allows it.
 //! - ExaBGP killed and started again: the daemon finds it without its
 //!   routes and gives them again, each once; the daemon restarted: its
 //!   rules are taken up from the state file, nothing duplicated or lost.
@@ -129,8 +130,10 @@ fn the_operators_rules_reach_the_router_and_leave_it_and_survive_restarts() {
     // Protected and too wide: refused, with why.
     let e = refused(&scenario::cli(&socket, &["upstream", "announce", "198.18.41.128/25"]));
     assert!(e.contains("198.18.41.0/24") && e.contains("never announced"), "{e}");
+    // `prefix deny --upstream` is one change: refused whole, not denied here either.
     let e = refused(&scenario::cli(&socket, &["prefix", "deny", "198.18.40.0/24", "--upstream"]));
-    assert!(e.contains("never announced") && e.contains("denied here"), "{e}");
+    assert!(e.contains("never announced") && e.contains("nothing changed"), "{e}");
+    assert!(!ok(&scenario::cli(&socket, &["prefix", "list"])).contains("198.18.40.0/24"), "denied though refused");
     let e = refused(&scenario::cli(&socket, &["upstream", "announce", "198.18.0.0/16"]));
     assert!(e.contains("wider than /24"), "{e}");
     // A blackhole is the operator's, and only where the policy allows it.

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use ipnet::IpNet;
 
-use super::{ApplyError, Decider, RuntimeEntry, layers::EntryWrite};
+use super::{ApplyError, Origin, RuntimeEntry, layers::EntryWrite};
 use crate::clock::unix_now;
 use crate::policy::{OverrideAction, Policy};
 
@@ -32,8 +32,8 @@ pub(super) fn changes(
             return Err(refuse(format!("{net} is listed twice")));
         }
         changes.push((
-            (net, Decider::Operator),
-            Some(RuntimeEntry { action: Some(action), expires, by: Decider::Operator }),
+            (net, Origin::Operator),
+            Some(RuntimeEntry { action: Some(action), expires, by: Origin::Operator }),
         ));
     }
     Ok(changes)

@@ -22,7 +22,7 @@ use crate::{
 };
 
 use self::crowdsec::Decisions;
-pub use self::feeds::{FeedState, Feeds, feed_origin};
+pub use self::feeds::{FeedState, Feeds};
 
 /// Kernel entries the deny set takes, all origins together: networks
 /// and the markers of those finer than the bucket prefix (the map's size).

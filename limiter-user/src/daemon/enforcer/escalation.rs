@@ -14,16 +14,14 @@ use ipnet::IpNet;
 use super::{ApplyError, deny::DenyLayer};
 use crate::clock::unix_now;
 use crate::{
-    control::{EntryAction, Origin, PrefixEntry},
+    control::{PrefixEntry, Shown},
     dataplane::{LoadError, PolicyMaps},
-    policy::{
-        OverrideAction,
-        runtime::{self, Decider},
-    },
+    origin::Origin,
+    policy::{Action, OverrideAction, runtime},
 };
 
 /// The deny set's origin of escalations.
-pub const ORIGIN: &str = "escalation";
+pub const ORIGIN: &str = Origin::Escalation.label();
 
 /// What escalation denies now: each network with its Unix end and why.
 #[derive(Debug, Default)]
@@ -47,10 +45,10 @@ impl Escalations {
         let now = unix_now();
         self.nets.iter().map(move |(net, (end, why))| PrefixEntry {
             cidr: *net,
-            action: EntryAction::Deny,
+            action: Action::Deny,
             rate: None,
             burst: None,
-            origin: Origin::of(Decider::Escalation),
+            origin: Shown::of(Origin::Escalation),
             expires_in_secs: Some(end.saturating_sub(now)),
             reason: Some(why.clone()),
             layers: Vec::new(),
@@ -62,10 +60,9 @@ impl Escalations {
 /// Write (`Some(end)`) or remove (`None`) the `RUNTIME` record of the
 /// escalation of `net`.
 pub(super) fn set_record(maps: &mut impl PolicyMaps, net: &IpNet, end: Option<u64>) -> Result<(), LoadError> {
-    let value = end.map(|t| {
-        runtime::value(Some(&OverrideAction::Deny), u32::try_from(t).unwrap_or(u32::MAX), Decider::Escalation)
-    });
-    maps.set_runtime_override(&runtime::key(net, Decider::Escalation), value.as_ref())
+    let value = end
+        .map(|t| runtime::value(Some(&OverrideAction::Deny), u32::try_from(t).unwrap_or(u32::MAX), Origin::Escalation));
+    maps.set_runtime_override(&runtime::key(net, Origin::Escalation), value.as_ref())
 }
 
 impl Escalations {

@@ -10,8 +10,9 @@ use ipnet::IpNet;
 use super::{ApplyError, Layers, RuntimeEntry};
 use crate::clock::unix_now;
 use crate::{
-    control::{EntryAction, Origin, PrefixEntry},
-    policy::{OverrideAction, Policy, feedback::Refusal, runtime::Decider},
+    control::{PrefixEntry, Shown},
+    origin::Origin,
+    policy::{Action, OverrideAction, Policy, feedback::Refusal},
 };
 
 /// What the governor decided, since the daemon started.
@@ -21,16 +22,11 @@ pub struct Governed {
     pub reasons: HashMap<IpNet, String>,
     /// Shadow decisions: listed and logged, not enforced (expiry, reason,
     /// who decided).
-    pub shadow: BTreeMap<IpNet, (u64, String, Decider)>,
+    pub shadow: BTreeMap<IpNet, (u64, String, Origin)>,
     pub applied: u64,
-    /// Escalations the daemon decided (then applied, shadowed or refused
-    /// like any penalty).
-    pub escalations: u64,
     pub shadowed: u64,
     /// Refusals of the governor, by why.
     pub refused: crate::policy::feedback::Refusals,
-    /// Escalations refused at `feedback.escalate.max_denied`.
-    pub escalations_capped: u64,
 }
 
 impl Governed {
@@ -50,10 +46,10 @@ impl Governed {
             .iter()
             .map(|(net, (t, why, by))| PrefixEntry {
                 cidr: *net,
-                action: EntryAction::Deny,
+                action: Action::Deny,
                 rate: None,
                 burst: None,
-                origin: Origin::shadow(*by),
+                origin: Shown::shadow(*by),
                 expires_in_secs: Some(t.saturating_sub(now)),
                 reason: Some(why.clone()),
                 layers: Vec::new(),
@@ -80,36 +76,31 @@ pub(super) enum Judged {
 pub(super) fn judge(
     layers: &mut Layers,
     base: &Policy,
-    cidr: &str,
+    net: Result<&IpNet, &String>,
     ttl: u64,
     reason: &str,
-    by: Decider,
+    by: Origin,
 ) -> Result<Judged, ApplyError> {
     let origin = by.label();
-    if by == Decider::Escalation {
-        layers.governor.escalations += 1;
-    }
+    let cidr = net.map_or_else(Clone::clone, ToString::to_string);
     let Some(g) = base.feedback.clone() else {
         return Err(ApplyError::Request("feedback is not configured ([feedback] in the policy)".into()));
     };
     let refuse = |governor: &mut Governed, r: Refusal, why: String| {
         governor.refused.bump(r);
-        if r == Refusal::Cap && by == Decider::Escalation {
-            governor.escalations_capped += 1;
-        }
         tracing::warn!(event = "feedback", decision = "refused", origin, cidr, reason = %reason, "limiter: governor refused a penalty: {why}");
         Err(ApplyError::Governor { refusal: r, message: why })
     };
-    let net = match cidr.parse::<IpNet>() {
-        Ok(n) if n.trunc() == n => n,
-        _ => {
-            let why = format!("{cidr:?} is not a CIDR without host bits");
+    let net = match net {
+        Ok(n) => *n,
+        Err(text) => {
+            let why = format!("{text:?} is not a CIDR without host bits");
             return refuse(&mut layers.governor, Refusal::BadRequest, why);
         }
     };
     // A tenant's penalty is an override of whole buckets; an escalation
     // is an address in the deny set (see `escalation.rs`).
-    let escalation = by == Decider::Escalation;
+    let escalation = by == Origin::Escalation;
     let bucket = if net.addr().is_ipv4() { base.v4_prefix } else { base.v6_prefix };
     if !escalation && u32::from(net.prefix_len()) > bucket {
         let why = format!("{net} is finer than the bucket prefix /{bucket}");
@@ -131,7 +122,7 @@ pub(super) fn judge(
         let why = match r {
             Refusal::TooWide => format!("{net} is wider than the governor allows"),
             Refusal::TtlTooLong => format!("a TTL of {ttl} s is past the governor's {} s", g.max_ttl.as_secs()),
-            Refusal::Cap if by == Decider::Escalation => {
+            Refusal::Cap if by == Origin::Escalation => {
                 format!("{cap} prefixes are denied by escalation already (feedback.escalate.max_denied)")
             }
             Refusal::Cap => format!("{cap} prefixes are denied by feedback already (max_denied)"),
@@ -140,7 +131,7 @@ pub(super) fn judge(
                 "{net} is inside {}, which the {} allows; automation does not override an allow (unless the \
                  policy sets feedback.may_override_allow = true)",
                 allowed_above.map_or_else(String::new, |(n, _)| n.to_string()),
-                allowed_above.map_or("", |(_, l)| if l == Decider::File { "policy file" } else { "operator" }),
+                allowed_above.map_or("", |(_, l)| if l == Origin::File { "policy file" } else { "operator" }),
             ),
         };
         return refuse(&mut layers.governor, r, why);
@@ -161,9 +152,9 @@ pub(super) fn judge(
 
 impl Governed {
     /// A penalty the governor allowed is in force.
-    pub(super) fn applied(&mut self, net: IpNet, ttl: u64, reason: &str, by: Decider) {
+    pub(super) fn applied(&mut self, net: IpNet, ttl: u64, reason: &str, by: Origin) {
         // An escalation keeps its reason with it (see `escalation.rs`).
-        if by != Decider::Escalation {
+        if by != Origin::Escalation {
             self.reasons.insert(net, reason.to_owned());
         }
         self.applied += 1;

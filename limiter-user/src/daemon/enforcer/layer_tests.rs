@@ -47,8 +47,9 @@ fn last(maps: &FakeMaps) -> Compiled {
     c
 }
 
-fn penalize(e: &mut Enforcer, maps: &mut FakeMaps, cidr: &str, ttl: u64, by: Decider) -> Result<String, ApplyError> {
-    e.penalize(maps, cidr, ttl, "test", by)
+fn penalize(e: &mut Enforcer, maps: &mut FakeMaps, cidr: &str, ttl: u64, by: Origin) -> Result<String, ApplyError> {
+    let net = cidr.parse::<IpNet>().ok().filter(|n| n.trunc() == *n).ok_or_else(|| cidr.to_owned());
+    e.penalize(maps, net.as_ref(), ttl, "test", by)
 }
 
 fn limit(rate: u64, burst: u64) -> OverrideAction {
@@ -70,7 +71,7 @@ fn a_penalty_over_an_operator_deny_leaves_it_in_force_when_it_ends() {
     let mut e = started(&mut maps, &policy(""));
     e.change_prefix(&mut maps, "198.18.7.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
     let before = last(&maps);
-    penalize(&mut e, &mut maps, "198.18.7.0/24", 1, Decider::Feedback).unwrap();
+    penalize(&mut e, &mut maps, "198.18.7.0/24", 1, Origin::Feedback).unwrap();
     assert_eq!(enforced(&e, "198.18.7.0/24"), Some(OverrideAction::Deny));
     let listed = e.prefixes().into_iter().find(|p| p.cidr.to_string() == "198.18.7.0/24").unwrap();
     assert_eq!(listed.origin, "runtime", "the operator's deny is the one in force");
@@ -90,7 +91,7 @@ fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
     let mut e = started(&mut maps, &policy(""));
     e.change_prefix(&mut maps, "198.18.8.0/24".parse().unwrap(), Some(OverrideAction::Allow), None).unwrap();
     for (cidr, who) in [("198.18.8.0/24", "operator"), ("198.18.2.0/24", "policy file")] {
-        for by in [Decider::Feedback, Decider::Escalation] {
+        for by in [Origin::Feedback, Origin::Escalation] {
             let err = penalize(&mut e, &mut maps, cidr, 60, by).unwrap_err();
             assert!(
                 matches!(err, ApplyError::Governor { refusal: crate::policy::feedback::Refusal::Allowed, .. }),
@@ -103,7 +104,7 @@ fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
     assert_eq!(e.governed().refused.get(Refusal::Allowed), 4);
     // Wider than the allow: taken, and the allow keeps its own addresses
     // (the longest prefix wins in XDP).
-    penalize(&mut e, &mut maps, "198.18.0.0/16", 60, Decider::Feedback).unwrap();
+    penalize(&mut e, &mut maps, "198.18.0.0/16", 60, Origin::Feedback).unwrap();
     assert_eq!(enforced(&e, "198.18.8.0/24"), Some(OverrideAction::Allow));
     // With `may_override_allow`, a penalty overlays an allow and the allow
     // is back, as it was, when it ends.
@@ -112,8 +113,8 @@ fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
     let before = last(&maps);
     // The operator lifts the /16 penalty (the tenant's cap is 2).
     e.change_prefix(&mut maps, "198.18.0.0/16".parse().unwrap(), None, None).unwrap();
-    penalize(&mut e, &mut maps, "198.18.8.0/24", 5, Decider::Feedback).unwrap();
-    penalize(&mut e, &mut maps, "198.18.2.0/24", 5, Decider::Feedback).unwrap();
+    penalize(&mut e, &mut maps, "198.18.8.0/24", 5, Origin::Feedback).unwrap();
+    penalize(&mut e, &mut maps, "198.18.2.0/24", 5, Origin::Feedback).unwrap();
     assert_eq!(enforced(&e, "198.18.8.0/24"), Some(OverrideAction::Deny));
     assert_eq!(enforced(&e, "198.18.2.0/24"), Some(OverrideAction::Deny));
     let mut e = restarted(&mut maps, &e, &text);
@@ -133,8 +134,8 @@ fn a_penalty_overlays_a_limit_and_the_limit_comes_back_exactly() {
     e.change_prefix(&mut maps, "198.18.9.0/24".parse().unwrap(), Some(limit(100, 200)), None).unwrap();
     let file_limit = enforced(&e, "198.18.3.0/24").unwrap();
     let before = last(&maps);
-    penalize(&mut e, &mut maps, "198.18.9.0/24", 1, Decider::Feedback).unwrap();
-    penalize(&mut e, &mut maps, "198.18.3.0/24", 1, Decider::Feedback).unwrap();
+    penalize(&mut e, &mut maps, "198.18.9.0/24", 1, Origin::Feedback).unwrap();
+    penalize(&mut e, &mut maps, "198.18.3.0/24", 1, Origin::Feedback).unwrap();
     for cidr in ["198.18.9.0/24", "198.18.3.0/24"] {
         assert_eq!(enforced(&e, cidr), Some(OverrideAction::Deny), "{cidr}");
     }
@@ -161,14 +162,14 @@ fn the_operator_outranks_the_file_and_lifts_penalties() {
     // A penalty under the operator's deny of another prefix: the
     // operator's own unset removes its deny only, the next the penalty.
     e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
-    penalize(&mut e, &mut maps, "198.18.6.0/24", 600, Decider::Feedback).unwrap();
+    penalize(&mut e, &mut maps, "198.18.6.0/24", 600, Origin::Feedback).unwrap();
     e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.6.0/24"), Some(OverrideAction::Deny), "the penalty is still there");
     assert_eq!(e.prefixes().iter().find(|p| p.cidr.to_string() == "198.18.6.0/24").unwrap().origin, "feedback");
     e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.6.0/24"), None);
     // A reload that drops the file's deny keeps the layers above and below.
-    penalize(&mut e, &mut maps, "198.18.5.0/24", 600, Decider::Feedback).unwrap();
+    penalize(&mut e, &mut maps, "198.18.5.0/24", 600, Origin::Feedback).unwrap();
     let trimmed = policy("")
         .replace("cidr = \"198.18.1.0/24\"\naction = \"deny\"", "cidr = \"198.18.4.0/24\"\naction = \"deny\"");
     let e = restarted(&mut maps, &e, &trimmed);
@@ -186,17 +187,17 @@ fn an_escalation_is_an_address_in_the_deny_set_with_a_cap_and_an_end_of_its_own(
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps, &policy(""));
     let (bucket, addr) = ("198.18.10.0/24", "198.18.10.7/32");
-    penalize(&mut e, &mut maps, bucket, 1, Decider::Feedback).unwrap();
-    penalize(&mut e, &mut maps, addr, 600, Decider::Escalation).unwrap();
+    penalize(&mut e, &mut maps, bucket, 1, Origin::Feedback).unwrap();
+    penalize(&mut e, &mut maps, addr, 600, Origin::Escalation).unwrap();
     assert_eq!(maps.runtime.len(), 2, "one record each");
     assert_eq!(enforced(&e, addr), None, "an escalation is no override");
     assert_eq!(maps.deny.len(), 2, "the /32 and its bucket's marker");
     assert_eq!(maps.deny_origins, ["escalation"]);
     // The escalation cap (1) is full; the tenant's (2) is not.
-    let err = penalize(&mut e, &mut maps, "198.18.11.7/32", 60, Decider::Escalation).unwrap_err();
+    let err = penalize(&mut e, &mut maps, "198.18.11.7/32", 60, Origin::Escalation).unwrap_err();
     assert!(err.to_string().contains("feedback.escalate.max_denied"), "{err}");
-    penalize(&mut e, &mut maps, "198.18.11.0/24", 60, Decider::Feedback).unwrap();
-    let err = penalize(&mut e, &mut maps, "198.18.12.0/24", 60, Decider::Feedback).unwrap_err();
+    penalize(&mut e, &mut maps, "198.18.11.0/24", 60, Origin::Feedback).unwrap();
+    let err = penalize(&mut e, &mut maps, "198.18.12.0/24", 60, Origin::Feedback).unwrap_err();
     assert!(err.to_string().contains("(max_denied)"), "{err}");
     // A restart keeps it, with its end; the feedback's ends first.
     let mut e = restarted(&mut maps, &e, &policy(""));
@@ -211,13 +212,13 @@ fn an_escalation_is_an_address_in_the_deny_set_with_a_cap_and_an_end_of_its_own(
     assert!(maps.deny.is_empty() && e.escalations().is_empty());
     assert!(maps.runtime.is_empty(), "records left: {:?}", maps.runtime);
     // The operator outranks it: an unset lifts it at once.
-    penalize(&mut e, &mut maps, addr, 600, Decider::Escalation).unwrap();
+    penalize(&mut e, &mut maps, addr, 600, Origin::Escalation).unwrap();
     let line = e.change_prefix(&mut maps, addr.parse().unwrap(), None, None).unwrap();
     assert!(line.contains("lifted by the operator"), "{line}");
     assert!(maps.deny.is_empty() && e.escalations().is_empty());
     // The deny set lies beneath every allow: refused there, whatever the policy.
     let mut e = started(&mut maps, &policy("may_override_allow = true\n"));
-    let err = penalize(&mut e, &mut maps, "198.18.2.7/32", 60, Decider::Escalation).unwrap_err();
+    let err = penalize(&mut e, &mut maps, "198.18.2.7/32", 60, Origin::Escalation).unwrap_err();
     assert!(err.to_string().contains("governor: allowed"), "{err}");
 }
 
@@ -230,8 +231,8 @@ fn an_escalation_of_an_older_build_moves_into_the_deny_set() {
     let e = started(&mut maps, &policy(""));
     let net: IpNet = "198.18.13.0/24".parse().unwrap();
     let end = u32::try_from(crate::clock::unix_now() + 30).unwrap();
-    let value = runtime::value(Some(&OverrideAction::Deny), end, Decider::Escalation);
-    maps.set_runtime_override(&runtime::key(&net, Decider::Escalation), Some(&value)).unwrap();
+    let value = runtime::value(Some(&OverrideAction::Deny), end, Origin::Escalation);
+    maps.set_runtime_override(&runtime::key(&net, Origin::Escalation), Some(&value)).unwrap();
     let mut e = restarted(&mut maps, &e, &policy(""));
     assert_eq!(enforced(&e, "198.18.13.0/24"), None);
     assert_eq!(maps.deny.len(), 1);
@@ -244,12 +245,12 @@ fn a_record_of_a_build_before_layers_is_moved_under_its_layer() {
     let mut maps = FakeMaps::default();
     let e = started(&mut maps, &policy(""));
     let net: IpNet = "198.18.12.0/24".parse().unwrap();
-    let old_key = RuntimeKey { pad: [0; 2], ..runtime::key(&net, Decider::Feedback) };
-    let value = runtime::value(Some(&OverrideAction::Deny), 1, Decider::Feedback);
+    let old_key = RuntimeKey { pad: [0; 2], ..runtime::key(&net, Origin::Feedback) };
+    let value = runtime::value(Some(&OverrideAction::Deny), 1, Origin::Feedback);
     maps.set_runtime_override(&old_key, Some(&value)).unwrap();
     let mut e = restarted(&mut maps, &e, &policy(""));
     let keys: Vec<RuntimeKey> = maps.runtime.values().map(|(k, _)| *k).collect();
-    assert_eq!(keys, [runtime::key(&net, Decider::Feedback)]);
+    assert_eq!(keys, [runtime::key(&net, Origin::Feedback)]);
     e.expire(&mut maps, crate::clock::unix_now() + 2).unwrap().unwrap();
     assert!(maps.runtime.is_empty(), "its removal found it");
 }

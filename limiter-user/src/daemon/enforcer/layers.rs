@@ -11,16 +11,14 @@ use limiter_common::maps::RUNTIME;
 use super::{RuntimeEntry, escalation::Escalations, feedback::Governed};
 use crate::clock::unix_now;
 use crate::{
-    control::{EntryAction, LayerEntry, PrefixEntry},
+    control::{LayerEntry, PrefixEntry},
     dataplane::{LoadError, PolicyMaps},
-    policy::{
-        Override, OverrideAction, Policy,
-        runtime::{self, Decider},
-    },
+    origin::Origin,
+    policy::{Action, Override, OverrideAction, Policy, runtime},
 };
 
 /// A change of one network's layer: `None` forgets its entry.
-pub(super) type EntryWrite = ((IpNet, Decider), Option<RuntimeEntry>);
+pub(super) type EntryWrite = ((IpNet, Origin), Option<RuntimeEntry>);
 
 /// What a [`Layers::record`] changed, to put back if the apply fails.
 #[must_use]
@@ -37,7 +35,7 @@ pub(super) struct Undo(Vec<EntryWrite>);
 /// change [undone](Layers::undo) if the apply fails.
 #[derive(Debug, Default)]
 pub struct Layers {
-    pub(super) entries: BTreeMap<(IpNet, Decider), RuntimeEntry>,
+    pub(super) entries: BTreeMap<(IpNet, Origin), RuntimeEntry>,
     /// What the feedback governor decided (see `feedback.rs`).
     pub(super) governor: Governed,
     /// The escalations in force (see `escalation.rs`).
@@ -75,7 +73,7 @@ impl Layers {
     fn record_one(
         &mut self,
         maps: &mut impl PolicyMaps,
-        at: (IpNet, Decider),
+        at: (IpNet, Origin),
         entry: Option<RuntimeEntry>,
     ) -> Result<(), LoadError> {
         let value = entry.map(|e| {
@@ -112,7 +110,7 @@ impl Layers {
             // Escalations are the deny set's (a build before it kept them
             // as overrides of whole buckets: those move too). One without
             // an end never came from escalation: it ends now.
-            if origin == Decider::Escalation {
+            if origin == Origin::Escalation {
                 let end = expires.unwrap_or(0);
                 if stale {
                     super::escalation::set_record(maps, &net, Some(end))?;
@@ -140,15 +138,15 @@ impl Layers {
         expires: Option<u64>,
         in_file: bool,
     ) -> Vec<EntryWrite> {
-        let operator = self.entries.get(&(net, Decider::Operator)).copied();
-        let entry = |action| Some(RuntimeEntry { action, expires, by: Decider::Operator });
+        let operator = self.entries.get(&(net, Origin::Operator)).copied();
+        let entry = |action| Some(RuntimeEntry { action, expires, by: Origin::Operator });
         if action.is_some() {
-            return vec![((net, Decider::Operator), entry(action))];
+            return vec![((net, Origin::Operator), entry(action))];
         }
         let changes = match (operator, in_file) {
             (Some(e), true) if e.action.is_none() => self.automation_of(net),
-            (_, true) => vec![((net, Decider::Operator), entry(None))],
-            (Some(_), false) => vec![((net, Decider::Operator), None)],
+            (_, true) => vec![((net, Origin::Operator), entry(None))],
+            (Some(_), false) => vec![((net, Origin::Operator), None)],
             (None, false) => self.automation_of(net),
         };
         self.forget_reasons(&changes);
@@ -203,7 +201,7 @@ impl Layers {
 
     /// Removals of automation's entries on `net`.
     fn automation_of(&self, net: IpNet) -> Vec<EntryWrite> {
-        self.entries.range((net, Decider::Feedback)..=(net, Decider::Escalation)).map(|(k, _)| (*k, None)).collect()
+        self.entries.range((net, Origin::Feedback)..=(net, Origin::Escalation)).map(|(k, _)| (*k, None)).collect()
     }
 
     /// The overrides in force, with where each came from, then the
@@ -235,7 +233,7 @@ impl Layers {
     /// the same change is refused, and a restart must not lose more).
     /// Returns each one with why.
     pub fn drop_unfit(&mut self, base: &Policy) -> Vec<String> {
-        let unfit: Vec<((IpNet, Decider), String)> = self
+        let unfit: Vec<((IpNet, Origin), String)> = self
             .entries
             .iter()
             .filter_map(|(&(net, by), action)| {
@@ -262,21 +260,21 @@ impl Layers {
     /// wider), if any: a penalty there would take away what they allowed.
     /// (An allow inside a wider penalty keeps winning its own addresses:
     /// the longest prefix decides in XDP.)
-    pub(super) fn allowed_above(&self, base: &Policy, net: &IpNet) -> Option<(IpNet, Decider)> {
+    pub(super) fn allowed_above(&self, base: &Policy, net: &IpNet) -> Option<(IpNet, Origin)> {
         let operator = self
             .entries
             .iter()
             .filter(|((n, by), e)| {
-                *by == Decider::Operator && e.action == Some(OverrideAction::Allow) && n.contains(net)
+                *by == Origin::Operator && e.action == Some(OverrideAction::Allow) && n.contains(net)
             })
-            .map(|((n, _), _)| (*n, Decider::Operator));
+            .map(|((n, _), _)| (*n, Origin::Operator));
         let file = base
             .overrides
             .iter()
             .filter(|o| o.action == OverrideAction::Allow && o.net.contains(net))
             // The operator may have unset or replaced the file's allow.
-            .filter(|o| !self.entries.contains_key(&(o.net, Decider::Operator)))
-            .map(|o| (o.net, Decider::File));
+            .filter(|o| !self.entries.contains_key(&(o.net, Origin::Operator)))
+            .map(|o| (o.net, Origin::File));
         operator.chain(file).max_by_key(|(n, _)| n.prefix_len())
     }
 
@@ -292,14 +290,14 @@ impl Layers {
         base: &Policy,
         net: IpNet,
         file: Option<OverrideAction>,
-    ) -> Option<(IpNet, OverrideAction, Decider)> {
-        let upper = match self.entries.get(&(net, Decider::Operator)) {
-            Some(e) => e.action.map(|a| (a, Decider::Operator)),
-            None => file.map(|a| (a, Decider::File)),
+    ) -> Option<(IpNet, OverrideAction, Origin)> {
+        let upper = match self.entries.get(&(net, Origin::Operator)) {
+            Some(e) => e.action.map(|a| (a, Origin::Operator)),
+            None => file.map(|a| (a, Origin::File)),
         };
         let auto = self
             .entries
-            .range((net, Decider::Feedback)..=(net, Decider::Escalation))
+            .range((net, Origin::Feedback)..=(net, Origin::Escalation))
             .find_map(|((_, by), e)| e.action.map(|a| (a, *by)));
         let may_override_allow = base.feedback.as_ref().is_some_and(|f| f.may_override_allow);
         let chosen = match (upper, auto) {
@@ -320,18 +318,18 @@ impl Layers {
             .iter()
             .map(|o| {
                 let (_, _, force) =
-                    self.in_force(base, o.net, file.get(&o.net).copied()).unwrap_or((o.net, o.action, Decider::File));
+                    self.in_force(base, o.net, file.get(&o.net).copied()).unwrap_or((o.net, o.action, Origin::File));
                 let mut layers: Vec<LayerEntry> = Vec::new();
-                let mut add = |layer: Decider, action: Option<OverrideAction>, expires: Option<u64>| {
+                let mut add = |layer: Origin, action: Option<OverrideAction>, expires: Option<u64>| {
                     layers.push(LayerEntry::new(layer, action, expires.map(|t| t.saturating_sub(now)), layer == force));
                 };
-                if let Some(e) = self.entries.get(&(o.net, Decider::Operator)) {
-                    add(Decider::Operator, e.action, e.expires);
+                if let Some(e) = self.entries.get(&(o.net, Origin::Operator)) {
+                    add(Origin::Operator, e.action, e.expires);
                 }
                 if let Some(a) = file.get(&o.net) {
-                    add(Decider::File, Some(*a), None);
+                    add(Origin::File, Some(*a), None);
                 }
-                for ((_, by), e) in self.entries.range((o.net, Decider::Feedback)..=(o.net, Decider::Escalation)) {
+                for ((_, by), e) in self.entries.range((o.net, Origin::Feedback)..=(o.net, Origin::Escalation)) {
                     add(*by, e.action, e.expires);
                 }
                 let top = layers
@@ -356,12 +354,11 @@ impl Layers {
 }
 
 impl LayerEntry {
-    fn new(layer: Decider, action: Option<OverrideAction>, expires_in_secs: Option<u64>, in_force: bool) -> Self {
+    fn new(layer: Origin, action: Option<OverrideAction>, expires_in_secs: Option<u64>, in_force: bool) -> Self {
         let (action, rate, burst) = match action {
-            Some(OverrideAction::Limit(l)) => (EntryAction::Limit, Some(l.rate), Some(l.burst)),
-            Some(OverrideAction::Allow) => (EntryAction::Allow, None, None),
-            Some(OverrideAction::Deny) => (EntryAction::Deny, None, None),
-            None => (EntryAction::Unset, None, None),
+            Some(OverrideAction::Limit(l)) => (Action::Limit, Some(l.rate), Some(l.burst)),
+            Some(a) => (a.action(), None, None),
+            None => (Action::Unset, None, None),
         };
         LayerEntry { layer: layer.into(), action, rate, burst, expires_in_secs, in_force }
     }

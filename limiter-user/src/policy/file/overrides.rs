@@ -5,13 +5,13 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::{Located, window::WindowSpec};
-use crate::policy::{Criticality, Limit, ListAction, Mode, Override, OverrideAction, Scope, StoreFailure, bad};
+use crate::policy::{Action, Criticality, Limit, Mode, Override, OverrideAction, Scope, StoreFailure, bad};
 
 #[derive(Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub(super) struct OverrideSpec {
     pub(super) cidr: Spanned<String>,
-    pub(super) action: Option<ListAction>,
+    pub(super) action: Option<Action>,
     pub(super) rate: Option<u64>,
     pub(super) burst: Option<u64>,
     pub(super) mode: Option<Mode>,
@@ -42,7 +42,15 @@ pub(super) fn build_override(i: usize, o: Spanned<OverrideSpec>, default: Limit)
         .map_err(|e| (e, start))?;
     let mode = mode.unwrap_or(default.mode);
     let action = match (action, rate, burst, window) {
-        (Some(list), None, None, None) => list.into(),
+        (Some(word), None, None, None) => {
+            let Some(a) = word.only(&[Action::Allow, Action::Deny]).ok().and_then(OverrideAction::of) else {
+                let problem = format!(
+                    "\"{word}\": an override's action is \"allow\" or \"deny\" (a limit is its rate and burst)"
+                );
+                return Err((bad(format!("override[{i}].action"), problem), start));
+            };
+            a
+        }
         (None, Some(rate), Some(burst), None) => {
             OverrideAction::Limit(Limit { rate, burst, cost: default.cost, mode, window: None })
         }

@@ -5,7 +5,7 @@
 use toml::Spanned;
 
 use super::{ClassSpec, OverrideSpec, Root, ports::PortSpec};
-use crate::policy::{Limit, ListAction, OverrideAction, Policy, SynCookies, Window};
+use crate::policy::{Action, Limit, OverrideAction, Policy, SynCookies, Window};
 
 /// The policy as a policy file that [`parse`](super::parse) reads back to
 /// the same policy. A password in a store address is hidden (`policy
@@ -97,8 +97,8 @@ impl From<&crate::policy::Class> for ClassSpec {
 impl From<&crate::policy::Override> for OverrideSpec {
     fn from(o: &crate::policy::Override) -> Self {
         let (action, limits) = match o.action {
-            OverrideAction::Allow => (Some(ListAction::Allow), None),
-            OverrideAction::Deny => (Some(ListAction::Deny), None),
+            OverrideAction::Allow => (Some(Action::Allow), None),
+            OverrideAction::Deny => (Some(Action::Deny), None),
             OverrideAction::Limit(l) => (None, Some(l)),
         };
         let (rate, burst) = limits.map_or((None, None), |l| bucket(&l));

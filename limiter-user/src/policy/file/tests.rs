@@ -143,6 +143,45 @@ fn errors_name_file_line_and_field() {
     }
 }
 
+/// Every section says what it does with one word ([`Action`]) and takes
+/// only its own: each other word is refused at the section's `action`,
+/// naming the ones it takes.
+#[test]
+fn each_section_takes_only_its_own_actions() {
+    use crate::policy::Action;
+    let over = "[[override]]\ncidr = \"198.18.5.0/24\"\n";
+    let all = [Action::Limit, Action::Rate, Action::Allow, Action::Deny, Action::Unset];
+    let sections: [(&str, &str, &[Action]); 3] = [
+        (over, "override[0].action", &[Action::Allow, Action::Deny]),
+        ("[[feed]]\nname = \"f\"\npath = \"/f\"\n", "feed[0].action", &[Action::Deny]),
+        (
+            "[[group]]\nname = \"g\"\npath = \"/g\"\ncountries = [\"DE\"]\n",
+            "group[0].action",
+            &[Action::Rate, Action::Allow, Action::Deny],
+        ),
+    ];
+    for (section, field, takes) in sections {
+        for a in all {
+            let text = format!("{section}action = \"{a}\"\n");
+            let r = load(&text).and_then(|l| l.check().map(drop));
+            if takes.contains(&a) {
+                // Refused only for what the file lacks (a rate group's rate).
+                assert!(
+                    r.as_ref().is_ok_and(|()| true) || r.as_ref().is_err_and(|e| e.field != field),
+                    "{text:?}: {r:?}"
+                );
+            } else {
+                let Err(e) = r else { panic!("{text:?} taken") };
+                assert_eq!(e.field, field, "{text:?}: {e}");
+                assert!(e.problem.contains(&format!("\"{a}\"")), "{text:?}: {e}");
+                assert!(takes.iter().all(|t| e.problem.contains(&format!("\"{t}\""))), "{text:?}: {e}");
+            }
+        }
+    }
+    let Ok(l) = load(&format!("{over}action = \"deny\"\n")) else { panic!("an override's deny") };
+    assert_eq!(l.policy.overrides[0].action, OverrideAction::Deny);
+}
+
 #[test]
 fn an_error_in_a_policy_with_runtime_overrides_points_at_the_file_or_says_run_time() {
     let text = "[[override]]\ncidr = \"198.18.1.0/24\"\naction = \"deny\"\n\n[[override]]\ncidr = \"198.18.9.0/24\"\nrate = 0\nburst = 5\n";

@@ -15,6 +15,7 @@ use crate::{
     control::PrefixEntry,
     crowdsec::{Decision, Pulled},
     dataplane::deny::{DenyError, DenySet, OriginId},
+    origin::{Named, Origin},
     policy::{Policy, crowdsec::Crowdsec},
 };
 
@@ -280,7 +281,7 @@ impl DenySource for Decisions {
         if policy.crowdsec.is_some() {
             return;
         }
-        let names: Vec<String> = set.names().iter().filter(|n| n.starts_with("crowdsec:")).cloned().collect();
+        let names: Vec<String> = set.names().iter().filter(|n| is_crowdsec(n)).cloned().collect();
         for name in names {
             if let Ok(o) = set.origin(&name) {
                 let _ = set.replace(o, &HashSet::new());
@@ -312,7 +313,7 @@ impl DenySource for Decisions {
     /// The first `limit` networks the decisions deny, by network, with
     /// their origin and time left.
     fn entries(&self, set: &DenySet, limit: usize) -> (Vec<PrefixEntry>, usize) {
-        use crate::control::{EntryAction, Origin as Shown};
+        use crate::{control::Shown, policy::Action};
         let now = unix_now();
         let mut keys: Vec<&(IpNet, OriginId)> = self.by_net.keys().collect();
         keys.sort_unstable_by_key(|(net, o)| (*net, o.0));
@@ -324,10 +325,10 @@ impl DenySource for Decisions {
                 let end = self.by_net[&(net, origin)].iter().map(|(_, e)| *e).max().unwrap_or(now);
                 PrefixEntry {
                     cidr: net,
-                    action: EntryAction::Deny,
+                    action: Action::Deny,
                     rate: None,
                     burst: None,
-                    origin: Shown::of(crate::policy::runtime::Decider::Crowdsec),
+                    origin: Shown::of(crate::origin::Origin::Crowdsec),
                     expires_in_secs: Some(end.saturating_sub(now)),
                     reason: None,
                     layers: Vec::new(),
@@ -343,11 +344,16 @@ impl DenySource for Decisions {
     /// daemon ran).
     fn restored(&mut self, set: &DenySet) {
         let origins: Vec<OriginId> =
-            (0u16..).zip(set.names()).filter(|(_, n)| n.starts_with("crowdsec:")).map(|(i, _)| OriginId(i)).collect();
+            (0u16..).zip(set.names()).filter(|(_, n)| is_crowdsec(n)).map(|(i, _)| OriginId(i)).collect();
         for origin in origins {
             self.stale.extend(set.of(origin).map(|n| ((n, origin), Vec::new())));
         }
     }
+}
+
+/// Whether the set's origin `name` is one of CrowdSec's.
+fn is_crowdsec(name: &str) -> bool {
+    Named::name_in(name, Origin::Crowdsec).is_some()
 }
 
 /// The origin of CrowdSec's `source`: its own while CrowdSec names fewer
@@ -358,7 +364,7 @@ fn origin_of(set: &mut DenySet, source: &str) -> Result<OriginId, DenyError> {
     if let Some(o) = set.named(source) {
         return Ok(o);
     }
-    let named = set.names().iter().filter(|n| n.starts_with("crowdsec:") && *n != SHARED).count();
+    let named = set.names().iter().filter(|n| is_crowdsec(n) && *n != SHARED).count();
     set.origin(if named + 1 < CROWDSEC_ORIGINS { source } else { SHARED })
 }
 

@@ -11,6 +11,7 @@ use crate::{
     daemon::enforcer::ApplyError,
     dataplane::deny::{DenySet, DenyWrites},
     feeds::check_shrink,
+    origin::{Named, Origin},
     policy::{Policy, feed::Feed},
 };
 
@@ -34,10 +35,9 @@ pub struct FeedState {
 #[derive(Debug, Default)]
 pub struct Feeds(pub BTreeMap<String, FeedState>);
 
-/// A feed's origin name in the set.
-#[must_use]
-pub fn feed_origin(name: &str) -> String {
-    format!("feed:{name}")
+/// A feed's origin name in the set (`feed:NAME`).
+fn feed_origin(name: &str) -> String {
+    Named::feed(name).to_string()
 }
 
 impl Feeds {
@@ -141,7 +141,7 @@ impl DenySource for Feeds {
         let pinned_only: Vec<String> = set
             .names()
             .iter()
-            .filter_map(|n| n.strip_prefix("feed:"))
+            .filter_map(|n| Named::name_in(n, Origin::Feed))
             .filter(|n| !named(n) && !gone.iter().any(|g| g == n))
             .map(str::to_owned)
             .collect();

@@ -130,14 +130,14 @@ fn forward() -> impl Strategy<Value = Forward> {
         |(
             name,
             listen,
-            upstreams,
+            backends,
             (balance, proxy_protocol, copy),
             (max, per_prefix, connect, idle, drain),
             (k, window),
         )| Forward {
             name,
             listen,
-            upstreams,
+            backends,
             balance,
             proxy_protocol,
             max_connections: max,
@@ -182,7 +182,7 @@ fn feedback() -> impl Strategy<Value = Feedback> {
 }
 
 fn feed() -> impl Strategy<Value = crate::policy::feed::Feed> {
-    use crate::policy::feed::{FeedAction, Format};
+    use crate::policy::{Action, feed::Format};
     let format = prop_oneof![Just(Format::Plain), Just(Format::Ipsum), Just(Format::SpamhausJson)];
     let shrink = prop_oneof![Just(0.0), Just(0.25), Just(0.5), Just(1.0)];
     let limits = (1usize..2_000_000, 0u8..=32, 0u8..=128, any::<bool>(), any::<bool>());
@@ -196,7 +196,7 @@ fn feed() -> impl Strategy<Value = crate::policy::feed::Feed> {
                 refresh,
                 max_shrink,
                 allow_bogons: bogons,
-                action: FeedAction::Deny,
+                action: Action::Deny,
                 max_networks,
                 min_v4_prefix: v4,
                 min_v6_prefix: v6,
@@ -207,8 +207,8 @@ fn feed() -> impl Strategy<Value = crate::policy::feed::Feed> {
 }
 
 fn group() -> impl Strategy<Value = crate::policy::group::Group> {
-    use crate::policy::group::GroupAction;
-    let action = prop_oneof![Just(GroupAction::Rate), Just(GroupAction::Allow), Just(GroupAction::Deny)];
+    use crate::policy::Action;
+    let action = prop_oneof![Just(Action::Rate), Just(Action::Allow), Just(Action::Deny)];
     let members = (vec("[A-Z]{2}", 0..3), vec(any::<u32>(), 0..3));
     let flags = (any::<bool>(), any::<bool>(), option::of(1u64..1 << 32), option::of(1u64..1 << 32));
     let guards = (0u8..=32, 0u8..=128, 0u32..=100, 0u32..=400, 0u32..=100);

@@ -1,5 +1,5 @@
-//! Upstreams of one forwarder: passive health (a failed connect takes an
-//! upstream out, with a back-off doubling from 1 s to 30 s once per
+//! Backends of one forwarder: passive health (a failed connect takes an
+//! backend out, with a back-off doubling from 1 s to 30 s once per
 //! failure episode, not once per connection that failed at the same
 //! time; when the back-off runs out, one probe connection at a time goes
 //! through until one succeeds) and the choice of the next one (round
@@ -18,9 +18,9 @@ use crate::policy::forward::Balance;
 
 const BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
 
-/// One upstream and what is known of it.
+/// One backend and what is known of it.
 #[derive(Debug)]
-pub struct Upstream {
+pub struct Backend {
     pub addr: SocketAddr,
     /// Connections open to it now.
     pub active: AtomicUsize,
@@ -28,7 +28,7 @@ pub struct Upstream {
     down: Mutex<Health>,
 }
 
-/// What is known of an upstream's health.
+/// What is known of a backend's health.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Health {
     /// Out of service until then, after a failure.
@@ -39,7 +39,7 @@ struct Health {
     probing: bool,
 }
 
-impl Upstream {
+impl Backend {
     fn new(addr: SocketAddr) -> Self {
         let h = Health { until: None, backoff: BACKOFF.0, probing: false };
         Self { addr, active: AtomicUsize::new(0), down: Mutex::new(h) }
@@ -53,7 +53,7 @@ impl Upstream {
     }
 
     /// Take it for one connection: `true` when in service, or when this
-    /// connection becomes the one probe of an upstream whose back-off ran
+    /// connection becomes the one probe of a backend whose back-off ran
     /// out.
     fn take(&self) -> bool {
         let mut h = self.down.lock().expect("not poisoned");
@@ -95,22 +95,22 @@ impl Upstream {
     }
 }
 
-/// The upstreams of one forwarder.
+/// The backends of one forwarder.
 #[derive(Debug)]
-pub struct Upstreams {
-    pub list: Vec<Upstream>,
+pub struct Backends {
+    pub list: Vec<Backend>,
     balance: Balance,
     next: AtomicUsize,
 }
 
-impl Upstreams {
+impl Backends {
     #[must_use]
     pub fn new(addrs: &[SocketAddr], balance: Balance) -> Self {
-        Self { list: addrs.iter().map(|a| Upstream::new(*a)).collect(), balance, next: AtomicUsize::new(0) }
+        Self { list: addrs.iter().map(|a| Backend::new(*a)).collect(), balance, next: AtomicUsize::new(0) }
     }
 
     #[must_use]
-    /// The upstream to try next, skipping `tried` (indexes) and those out
+    /// The backend to try next, skipping `tried` (indexes) and those out
     /// of service; `None` when none is left.
     pub fn pick(&self, tried: &[usize]) -> Option<usize> {
         let n = self.list.len();
@@ -138,9 +138,9 @@ impl Upstreams {
 mod tests {
     use super::*;
 
-    fn three(b: Balance) -> Upstreams {
+    fn three(b: Balance) -> Backends {
         let a: Vec<SocketAddr> = (1..=3).map(|p| SocketAddr::from(([127, 0, 0, 1], p))).collect();
-        Upstreams::new(&a, b)
+        Backends::new(&a, b)
     }
 
     #[test]
@@ -168,7 +168,7 @@ mod tests {
 
     #[test]
     fn the_backoff_doubles_once_per_episode_up_to_its_cap() {
-        let u = Upstream::new(SocketAddr::from(([127, 0, 0, 1], 1)));
+        let u = Backend::new(SocketAddr::from(([127, 0, 0, 1], 1)));
         // Forty connections failing at once: one episode, 1 s.
         for _ in 0..40 {
             u.failed();
