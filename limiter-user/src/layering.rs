@@ -8,10 +8,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// The rooms in the order `lib.rs` lists them.
 fn rooms() -> Vec<String> {
-    include_str!("lib.rs")
-        .lines()
+    rooms_of(include_str!("lib.rs"), false)
+}
+
+/// The rooms of `lib`'s list (only those marked `(feature)`, if
+/// `features`).
+fn rooms_of(lib: &str, features: bool) -> Vec<String> {
+    lib.lines()
         .filter_map(|l| l.strip_prefix("//! - "))
-        .flat_map(|l| l.split(':').next().unwrap_or_default().split('`').skip(1).step_by(2))
+        .map(|l| l.split(':').next().unwrap_or_default())
+        .filter(|l| !features || l.contains("(feature)"))
+        .flat_map(|l| l.split('`').skip(1).step_by(2))
         .map(str::to_owned)
         .collect()
 }
@@ -166,6 +173,16 @@ fn rooms_named(text: &str) -> Vec<String> {
     paths(text).iter().filter_map(|p| p.strip_prefix("crate::")).map(|p| first_segment(p).to_owned()).collect()
 }
 
+/// A room's sources (its folder, or its one file), with their text.
+fn room_sources(room: &str) -> Vec<(String, String)> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src.join(room), &mut files);
+    sources(&src.join(format!("{room}.rs")), &mut files);
+    assert!(!files.is_empty(), "room {room} has no source");
+    files
+}
+
 /// No room imports a room listed below it: the layering `lib.rs`'s list
 /// states holds, so no import circle can form between rooms.
 #[test]
@@ -176,18 +193,35 @@ fn no_room_imports_one_listed_below_it() {
         rooms_named("use crate::{\n    control::{A, B},\n    policy::feedback::X,\n};\nlet y = crate::daemon::Z;"),
         ["control", "policy", "daemon"]
     );
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     for (i, room) in rooms.iter().enumerate() {
-        let mut files = Vec::new();
-        sources(&src.join(room), &mut files);
-        sources(&src.join(format!("{room}.rs")), &mut files);
-        assert!(!files.is_empty(), "room {room} has no source");
-        for (path, text) in &files {
+        for (path, text) in &room_sources(room) {
             for named in rooms_named(text) {
                 assert!(!rooms[i + 1..].contains(&named), "{path} ({room}) imports {named}, a room listed below it");
             }
         }
     }
+}
+
+/// No feature's room imports another feature's: what two features share
+/// is a room above both (`watch`, `nets`), and what ties them together
+/// is the daemon's, below them all.
+#[test]
+fn no_feature_imports_another() {
+    let made_up = "//! - `a`: x;\n//! - `b` (feature): y;\n//! - `c`, `d` (feature): z;\n";
+    assert_eq!(rooms_of(made_up, true), ["b", "c", "d"]);
+    let features = rooms_of(include_str!("lib.rs"), true);
+    assert!(features.len() >= 7, "{features:?}");
+    let mut found = Vec::new();
+    for room in &features {
+        for (path, text) in &room_sources(room) {
+            for named in rooms_named(text) {
+                if named != *room && features.contains(&named) {
+                    found.push(format!("{path} ({room}) imports {named}"));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "a feature imports another: {found:#?}");
 }
 
 /// Inside every room, and in the common and eBPF crates, no module of a

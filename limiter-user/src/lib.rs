@@ -1,23 +1,27 @@
 //! Userspace of the XDP flood guard, one room per responsibility; a room
-//! only uses rooms listed above it (see docs/design.md):
+//! only uses rooms listed above it, and a feature's room (marked so) uses
+//! no other feature's (see docs/design.md):
 //!
 //! - `clock`: the wall clock, read one way;
 //! - `origin`: who decided, one table for every author of a decision;
 //! - `counts`: counters kept by the variants of an enum;
 //! - `series`: how a room's report writes its own Prometheus series;
 //! - `listen`: what every listener shares (fair slots per peer, bounds);
+//! - `watch`: a file source that stamps, settles and re-reads;
+//! - `nets`: what the sources of networks share (special-purpose
+//!   networks, coarsening to bucket prefixes);
 //! - `policy`: the model, the file, the overlay, the one compile;
-//! - `feeds`: blocklist files read into sets of networks, checked, diffed;
-//! - `groups`: the country and ASN of networks, read from MaxMind
+//! - `feeds` (feature): blocklist files read into sets of networks, checked, diffed;
+//! - `groups` (feature): the country and ASN of networks, read from MaxMind
 //!   databases and CSV lists;
-//! - `crowdsec`: decisions read from CrowdSec's Local API, typed;
+//! - `crowdsec` (feature): decisions read from CrowdSec's Local API, typed;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
-//! - `fleet`: window quotas kept across hosts through Redis;
-//! - `upstream`: rules announced to the transit through a BGP speaker;
+//! - `fleet` (feature): window quotas kept across hosts through Redis;
+//! - `upstream` (feature): rules announced to the transit through a BGP speaker;
 //! - `control`: the control-socket protocol, server and client;
-//! - `forward`: the forwarder to the tenant layer (PROXY protocol);
+//! - `forward` (feature): the forwarder to the tenant layer (PROXY protocol);
 //! - `sockets`: the kernel's TCP socket tables (`/proc/net/tcp{,6}`);
-//! - `feedback`: the tenant layer's penalties over HTTP, escalation, and
+//! - `feedback` (feature): the tenant layer's penalties over HTTP, escalation, and
 //!   proof of source;
 //! - `metrics`, `top`, `replay`: Prometheus, top offenders, offline replay;
 //! - `daemon`: the running daemon;
@@ -53,8 +57,10 @@ pub fn escape_control(text: &str) -> String {
 pub mod clock;
 pub mod counts;
 pub mod listen;
+pub mod nets;
 pub mod origin;
 pub mod policy;
+pub mod watch;
 
 pub mod crowdsec;
 pub mod feeds;

@@ -27,7 +27,7 @@ use hyper_util::rt::TokioIo;
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use crate::{feeds::unmapped, origin::Named};
+use crate::{nets::unmapped, origin::Named};
 
 pub use self::{
     duration::parse_go_duration,

@@ -1,7 +1,7 @@
-//! The groups' watcher: each `[[group]]`'s file is looked at every
-//! [`CHECK`](super::feeds::CHECK) off the daemon's loop, read again when
-//! it changed or its `refresh` is due (a file several groups name is
-//! read once per version), and the group's networks, selected and left
+//! The groups' watcher: each `[[group]]`'s file is watched
+//! (`crate::watch`: looked at off the daemon's loop, read again when it
+//! changed or its `refresh` is due; a file several groups name is read
+//! once per version), and the group's networks, selected and left
 //! no finer than a bucket prefix, are sent to the policy state as a
 //! change ([`GroupVersion`]). A file that does not read whole, or whose
 //! version the guards refuse (`crate::groups::guard`), is logged with
@@ -11,11 +11,8 @@
 use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::{Instant, SystemTime},
+    sync::Arc,
+    time::Instant,
 };
 
 use ipnet::IpNet;
@@ -25,7 +22,6 @@ use super::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
     feature::{Applied, Feature, InForce, Second},
-    feeds::{CHECK, Stamp, settled, stamp_of},
     source::SourceChange,
 };
 use crate::{
@@ -35,6 +31,7 @@ use crate::{
     origin::{Named, Origin},
     policy::{Action, group::Group},
     series::Series,
+    watch::{Looked, Stamp, Watch},
 };
 
 /// A group's networks as read: the file's table, the networks, how
@@ -53,9 +50,7 @@ struct GroupRead {
     index: usize,
     spec: Group,
     bucket: (u32, u32),
-    stamp: Option<Stamp>,
-    result: Option<Result<Selected, Failed>>,
-    settling: bool,
+    looked: Looked<Result<Selected, Failed>>,
 }
 
 #[derive(Debug)]
@@ -63,14 +58,8 @@ struct Watched {
     spec: Group,
     /// Bucket prefixes it was selected under.
     bucket: (u32, u32),
-    stamp: Option<Stamp>,
-    last_read: Option<Instant>,
-    last_check: Option<Instant>,
-    force: bool,
-    busy: Arc<AtomicBool>,
+    watch: Watch,
     report: GroupReport,
-    /// Held while the section stands as it is (see `feeds.rs`).
-    section: Arc<()>,
     /// What the version in force covers (the guards compare the next with
     /// it), and what the version sent to the tries covers.
     coverage: Option<Coverage>,
@@ -96,22 +85,21 @@ impl Groups {
 
     fn read_done(&mut self, r: GroupRead) {
         let Some(w) = self.watched.get_mut(r.index) else { return };
-        w.busy.store(false, Ordering::Release);
-        if w.spec != r.spec || w.bucket != r.bucket || r.settling {
-            w.force = true;
+        if !w.watch.back(&r.looked) || w.spec != r.spec || w.bucket != r.bucket {
+            w.watch.force();
             return;
         }
-        match r.result {
+        let stamp = r.looked.stamp;
+        match r.looked.result {
             None => {}
             Some(Ok((table, nets, left_out, coverage))) => {
                 w.sent_coverage = Some(coverage);
-                if let Some(stamp) = r.stamp {
+                if let Some(stamp) = stamp {
                     self.tables.insert(w.spec.path.clone(), (stamp, table));
                 }
-                w.stamp = r.stamp;
-                w.last_read = Some(Instant::now());
+                w.watch.read(stamp);
                 w.report.reads += 1;
-                w.report.modified = r.stamp.map(|s| s.0);
+                w.report.modified = stamp.map(|s| s.0);
                 w.report.left_out = left_out as u64;
                 w.report.read_networks = nets.len() as u64;
                 let version = GroupVersion {
@@ -119,16 +107,15 @@ impl Groups {
                     index: r.index,
                     spec: w.spec.clone(),
                     nets,
-                    section: Arc::downgrade(&w.section),
+                    section: w.watch.section(),
                 };
                 if self.sink.try_send(Decision::Source(Box::new(version))).is_err() {
-                    w.force = true;
+                    w.watch.force();
                 }
             }
             Some(Err(Failed { why, refused })) => {
                 // Not read again until it changes or its refresh is due.
-                w.stamp = r.stamp;
-                w.last_read = Some(Instant::now());
+                w.watch.read(stamp);
                 if refused {
                     w.report.reads += 1;
                     w.report.refused += 1;
@@ -163,7 +150,7 @@ impl Feature for Groups {
 
     fn reload(&mut self, _: &InForce<'_>) {
         for w in &mut self.watched {
-            w.force = true;
+            w.watch.force();
         }
     }
 
@@ -175,39 +162,21 @@ impl Feature for Groups {
         // A file another group is reading now is left to it: this group
         // selects from the table it leaves (one read per version).
         let mut reading: HashSet<PathBuf> =
-            self.watched.iter().filter(|w| w.busy.load(Ordering::Acquire)).map(|w| w.spec.path.clone()).collect();
+            self.watched.iter().filter(|w| w.watch.busy()).map(|w| w.spec.path.clone()).collect();
         for (index, w) in self.watched.iter_mut().enumerate() {
-            if w.busy.load(Ordering::Acquire)
-                || w.last_check.is_some_and(|t| now - t < CHECK)
-                || reading.contains(&w.spec.path)
-            {
+            if reading.contains(&w.spec.path) {
                 continue;
             }
+            let Some(turn) = w.watch.turn(now, w.spec.refresh) else { continue };
             reading.insert(w.spec.path.clone());
-            w.last_check = Some(now);
-            let due = std::mem::take(&mut w.force) || w.last_read.is_none_or(|t| now - t >= w.spec.refresh);
-            let (spec, bucket, known, tx, busy) = (w.spec.clone(), w.bucket, w.stamp, self.tx.clone(), w.busy.clone());
-            let last = w.coverage;
+            let (spec, bucket, tx, last) = (w.spec.clone(), w.bucket, self.tx.clone(), w.coverage);
             let cached = self.tables.get(&spec.path).cloned();
-            busy.store(true, Ordering::Release);
-            tokio::task::spawn_blocking(move || {
-                let stamp = stamp_of(&spec.path);
-                let changed = stamp.is_some() && stamp != known;
-                let mut settling = (due || changed) && stamp.is_some_and(|s| !settled(&s, SystemTime::now()));
-                let mut result = None;
-                if (due || changed) && !settling {
-                    let read = read(&spec, bucket, cached.filter(|(s, _)| Some(*s) == stamp).map(|(_, t)| t), last);
-                    if stamp_of(&spec.path) == stamp {
-                        result = Some(read);
-                    } else {
-                        settling = true;
-                    }
-                }
-                let r = GroupRead { index, spec, bucket, stamp, result, settling };
-                if tx.blocking_send(r).is_err() {
-                    busy.store(false, Ordering::Release);
-                }
-            });
+            let for_read = spec.clone();
+            let read = move |stamp: Option<Stamp>| {
+                read(&for_read, bucket, cached.filter(|(s, _)| Some(*s) == stamp).map(|(_, t)| t), last)
+            };
+            let send = move |looked| tx.blocking_send(GroupRead { index, spec, bucket, looked }).is_ok();
+            turn.spawn(w.spec.path.clone(), read, send);
         }
     }
 
@@ -284,13 +253,8 @@ fn placeholder(spec: &Group, bucket: (u32, u32)) -> Watched {
     Watched {
         spec: spec.clone(),
         bucket,
-        stamp: None,
-        last_read: None,
-        last_check: None,
-        force: true,
-        busy: Arc::new(AtomicBool::new(false)),
+        watch: Watch::new(),
         report: GroupReport { name: spec.name.clone(), shadow: spec.shadow, ..GroupReport::default() },
-        section: Arc::new(()),
         coverage: None,
         sent_coverage: None,
     }
@@ -313,7 +277,7 @@ fn read(
         Arc::new(t)
     };
     let selected = table.select_with(&spec.country_codes(), &spec.asns, spec.allow_bogons);
-    let (nets, left_out) = crate::groups::coarsen(selected, bucket.0, bucket.1);
+    let (nets, left_out) = crate::nets::coarsen(selected, bucket.0, bucket.1);
     let coverage = crate::groups::guard::check(spec, &nets, last)
         .map_err(|e| Failed { why: format!("{}: {e}", spec.path.display()), refused: true })?;
     Ok((table, nets, left_out, coverage))

@@ -1,14 +1,11 @@
 //! The formats a feed is read from, each into one set of networks.
 
-use std::{
-    collections::BTreeSet,
-    net::{IpAddr, Ipv6Addr},
-};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use super::bogons::bogon_overlap;
+use crate::nets::{bogons::bogon_overlap, unmapped};
 
 /// Longest line read; a longer one is not a list's (an HTML page, a
 /// binary), and the version is refused.
@@ -133,18 +130,6 @@ fn net(text: &str, line: usize) -> Result<IpNet, ReadError> {
         return Err(ReadError::HostBits { line, net });
     }
     Ok(net)
-}
-
-/// `::ffff:a.b.c.d/n` (n >= 96) as `a.b.c.d/(n - 96)`.
-#[must_use]
-pub fn unmapped(net: IpNet) -> IpNet {
-    if let IpNet::V6(v6) = net
-        && v6.prefix_len() >= 96
-        && let Some(v4) = Ipv6Addr::to_ipv4_mapped(&v6.addr())
-    {
-        return IpNet::new(IpAddr::V4(v4), v6.prefix_len() - 96).unwrap_or(net);
-    }
-    net
 }
 
 /// A line's text as an error shows it: control characters escaped, cut

@@ -10,7 +10,6 @@
 //! names off its loop, and the policy state enforces each version
 //! through the data plane's deny set.
 
-pub mod bogons;
 mod formats;
 mod series;
 
@@ -19,8 +18,7 @@ use std::collections::BTreeSet;
 use ipnet::IpNet;
 
 pub use self::{
-    bogons::{BOGONS, bogon_overlap},
-    formats::{Format, MAX_ENTRIES, MAX_LINE, Parsed, ReadError, Refused, parse, unmapped},
+    formats::{Format, MAX_ENTRIES, MAX_LINE, Parsed, ReadError, Refused, parse},
     series::{DenyReport, FeedReport, FeedReports},
 };
 

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use ipnet::{IpNet, Ipv4Net, Ipv4Subnets, Ipv6Net, Ipv6Subnets};
 
 pub use self::series::{GroupHitsReport, GroupReport, GroupReports};
-use crate::feeds::bogons;
+use crate::nets::bogons::carve;
 
 /// The largest file read (GeoLite2 Country is 9 MiB, the ASN CSVs 24 MiB).
 pub const MAX_FILE: u64 = 256 << 20;
@@ -148,114 +148,6 @@ impl Table {
         }
         let at = self.networks.partition_point(|(n, _)| n.network() <= addr);
         self.networks[..at].iter().rev().take(64).find(|(n, _)| n.contains(&addr)).map(|(_, t)| *t)
-    }
-}
-
-/// `nets` without those finer than a bucket prefix (`v4`, and `v6` at
-/// most /64): a bucket prefix is in a group only when the group holds
-/// all of it. Returns the networks kept and how many were left out.
-#[must_use]
-pub fn coarsen(nets: Vec<IpNet>, v4: u32, v6: u32) -> (std::collections::HashSet<IpNet>, usize) {
-    let v6 = v6.min(limiter_common::MAX_V6_BUCKET_PREFIX);
-    let total = nets.len();
-    let kept: std::collections::HashSet<IpNet> = nets
-        .into_iter()
-        .filter(|n| {
-            u32::from(n.prefix_len())
-                <= match n {
-                    IpNet::V4(_) => v4,
-                    IpNet::V6(_) => v6,
-                }
-        })
-        .collect();
-    let left = total - kept.len();
-    (kept, left)
-}
-
-/// `net` without the special-purpose networks: none if one holds it, the
-/// rest cut into networks if it holds some.
-fn carve(net: IpNet) -> Vec<IpNet> {
-    // Most networks touch none (one lookup of the parsed list).
-    if bogons::bogon_overlap(&net).is_none() {
-        return vec![net];
-    }
-    let inside: Vec<IpNet> = bogons::BOGONS
-        .iter()
-        .map(|b| b.parse::<IpNet>().expect("a valid network"))
-        .filter(|b| b.contains(&net) || net.contains(b))
-        .collect();
-    if inside.is_empty() {
-        return vec![net];
-    }
-    if inside.iter().any(|b| b.contains(&net)) {
-        return Vec::new();
-    }
-    match net {
-        IpNet::V4(n) => gaps(
-            u32::from(n.network()),
-            u32::from(n.broadcast()),
-            inside.iter().filter_map(|b| match b {
-                IpNet::V4(b) => Some((u32::from(b.network()), u32::from(b.broadcast()))),
-                IpNet::V6(_) => None,
-            }),
-        )
-        .into_iter()
-        .flat_map(|(a, b)| Ipv4Subnets::new(a.into(), b.into(), 0).map(IpNet::V4))
-        .collect(),
-        IpNet::V6(n) => gaps(
-            u128::from(n.network()),
-            u128::from(n.broadcast()),
-            inside.iter().filter_map(|b| match b {
-                IpNet::V6(b) => Some((u128::from(b.network()), u128::from(b.broadcast()))),
-                IpNet::V4(_) => None,
-            }),
-        )
-        .into_iter()
-        .flat_map(|(a, b)| Ipv6Subnets::new(a.into(), b.into(), 0).map(IpNet::V6))
-        .collect(),
-    }
-}
-
-/// The ranges of `start..=end` outside `holes` (each inside it).
-fn gaps<T: Copy + Ord + num_step::Step>(start: T, end: T, holes: impl Iterator<Item = (T, T)>) -> Vec<(T, T)> {
-    let mut holes: Vec<(T, T)> = holes.collect();
-    holes.sort_unstable();
-    let (mut out, mut from) = (Vec::new(), Some(start));
-    for (a, b) in holes {
-        if let Some(f) = from
-            && a > f
-        {
-            out.push((f, a.before()));
-        }
-        from = if b >= end { None } else { Some(b.after()) };
-    }
-    if let Some(f) = from {
-        out.push((f, end));
-    }
-    out
-}
-
-/// One address before or after, for the two address widths.
-mod num_step {
-    pub trait Step {
-        fn before(self) -> Self;
-        fn after(self) -> Self;
-    }
-    impl Step for u32 {
-        fn before(self) -> Self {
-            self - 1
-        }
-        fn after(self) -> Self {
-            self + 1
-        }
-    }
-    impl Step for u128 {
-        fn before(self) -> Self {
-            self - 1
-        }
-        fn after(self) -> Self {
-            self + 1
-        }
     }
 }
 

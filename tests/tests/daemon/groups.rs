@@ -235,7 +235,7 @@ fn a_real_country_database_and_asn_list_load_whole_and_name_real_addresses() {
     // system tier), selected and left no finer than /24.
     let table = |p: &std::path::Path| limiter::groups::read(p).unwrap();
     let (countries, asns) = (table(&geolite), table(&asn));
-    let want = |t: &limiter::groups::Table, c: &[[u8; 2]], a: &[u32]| limiter::groups::coarsen(t.select(c, a), 24, 56);
+    let want = |t: &limiter::groups::Table, c: &[[u8; 2]], a: &[u32]| limiter::nets::coarsen(t.select(c, a), 24, 56);
     let (de, left_de) = want(&countries, &[*b"DE"], &[]);
     let (cf, _) = want(&asns, &[], &[13335]);
 

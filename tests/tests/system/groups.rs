@@ -85,7 +85,7 @@ fn every_range_of_the_asn_list_is_covered_exactly_by_its_networks() {
     let lines_13335 = lines.iter().filter(|l| l.split(',').nth(2) == Some("13335")).count();
     assert!(cloudflare.iter().any(|n| n.contains(&"1.1.1.1".parse::<IpAddr>().unwrap())));
     assert!(!cloudflare.is_empty() && cloudflare.len() <= lines_13335 * 4, "{} networks", cloudflare.len());
-    for b in limiter::feeds::bogons::BOGONS {
+    for b in limiter::nets::bogons::BOGONS {
         let b: IpNet = b.parse().unwrap();
         assert!(cloudflare.iter().all(|n| !n.contains(&b) && !b.contains(n)), "{b}");
     }
@@ -119,7 +119,7 @@ fn two_country_databases_agree_on_most_addresses() {
     // A country group never holds a special-purpose network.
     let de = geolite.select(&[*b"DE"], &[]);
     assert!(de.len() > 1_000, "{} networks", de.len());
-    for b in limiter::feeds::bogons::BOGONS {
+    for b in limiter::nets::bogons::BOGONS {
         let b: IpNet = b.parse().unwrap();
         assert!(de.iter().all(|n| !n.contains(&b) && !b.contains(n)), "{b}");
     }

@@ -158,7 +158,7 @@ fn real_data() {
         // Every network as the file has it (one group of all of them, not
         // aggregated: the count of a file, not of its union).
         let nets: Vec<IpNet> = t.networks.iter().map(|(n, _)| *n).filter(|n| n.addr().is_ipv4()).collect();
-        limiter::groups::coarsen(nets, 24, 56).0
+        limiter::nets::coarsen(nets, 24, 56).0
     };
     let rss0 = rss();
     let first = read("asn", "asn-ipv4.csv");

@@ -136,7 +136,7 @@ impl Decisions {
             !crate::policy::feed::wider_than(&d.net, spec.min_v4_prefix, spec.min_v6_prefix)
                 && spec.takes(d.kind(), d.origin(), d.scenario())
                 && lapi.is_none_or(|a| !d.net.contains(&a))
-                && (spec.allow_bogons || crate::feeds::bogons::bogon_overlap(&d.net).is_none())
+                && (spec.allow_bogons || crate::nets::bogons::bogon_overlap(&d.net).is_none())
         };
         if part.first {
             self.begin_pull(set, spec, startup, part.of);
