@@ -84,7 +84,7 @@ fn first_segment(item: &str) -> &str {
     item.trim().split("::").next().unwrap_or_default().split_whitespace().next().unwrap_or_default()
 }
 
-/// A file's module path (`daemon/enforcer/deny.rs`: daemon, enforcer,
+/// A file's module path (`engine/enforcer/deny.rs`: engine, enforcer,
 /// deny; `mod.rs`, `lib.rs` and `main.rs` are their folder's).
 fn module_of(rel: &str) -> Vec<String> {
     let mut m: Vec<String> = rel.trim_end_matches(".rs").split('/').map(str::to_owned).collect();

@@ -24,6 +24,9 @@
 //! - `feedback` (feature): the tenant layer's penalties over HTTP, escalation, and
 //!   proof of source;
 //! - `metrics`, `top`, `replay`: Prometheus, top offenders, offline replay;
+//! - `engine`: what the loop and its features share (the policy state,
+//!   changes, the sink of decisions, a feature's hooks), naming no
+//!   feature;
 //! - `daemon`: the running daemon;
 //! - `cli` and `cmd`: the command line and its verbs.
 //!
@@ -81,6 +84,8 @@ pub mod forward;
 pub mod metrics;
 pub mod replay;
 pub mod top;
+
+pub mod engine;
 
 pub mod daemon;
 

@@ -2,10 +2,8 @@
 
 use limiter_common::{Action, Reason};
 
-use super::{
-    ApplyError, Enforcer, Settings, features::Features, link::Link, observe::Observer, reloads::Reloads, show,
-    view::View,
-};
+use super::{features::Features, link::Link, observe::Observer, reloads::Reloads, show, view::View};
+use crate::engine::{ApplyError, Enforcer, Settings};
 use crate::{
     clock::unix_now,
     control::{

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Weak};
 
-use super::{
+use crate::engine::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
     feature::{Feature, InForce},

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use limiter_common::Reason;
 
-use super::{
+use crate::engine::{
     changes::Change,
     decision::{Decision, Sink},
     feature::{Applied, Feature, InForce, Sample, Second},

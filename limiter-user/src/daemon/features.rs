@@ -3,12 +3,14 @@
 //! names them.
 
 use super::{
-    changes::Change,
     crowdsec::CrowdsecSide,
-    decision::Sink,
-    feature::{Applied, Feature, InForce, Sample, Second},
     feeds::Feeds,
     fleet::{FleetSide, classes},
+};
+use crate::engine::{
+    changes::Change,
+    decision::Sink,
+    feature::{Applied, Feature, InForce, Sample, Second},
 };
 use crate::{
     control::{ErrorCode, PrefixShow, Request, Response, StatusInfo, server::Call},

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::feature::{Feature, InForce};
+use crate::engine::feature::{Feature, InForce};
 use crate::{feedback::Endpoint, policy::Policy};
 
 impl Feature for Endpoint {

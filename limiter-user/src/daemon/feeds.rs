@@ -9,7 +9,7 @@ use std::time::Instant;
 use ipnet::IpNet;
 use tokio::sync::mpsc;
 
-use super::{
+use crate::engine::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
     feature::{Applied, Feature, InForce, Second},

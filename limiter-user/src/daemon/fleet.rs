@@ -10,7 +10,7 @@ use limiter_common::{
     window::{self, FleetSlot, WindowState, scope},
 };
 
-use super::feature::{Feature, InForce, Second};
+use crate::engine::feature::{Feature, InForce, Second};
 use crate::{
     control::{PrefixShow, Request, Response, WindowRow},
     dataplane::maps::WindowMaps,

@@ -1,6 +1,6 @@
 //! The forwarders as a feature of the daemon.
 
-use super::feature::{Drain, Feature, InForce};
+use crate::engine::feature::{Drain, Feature, InForce};
 use crate::{
     control::{ErrorCode, Request, Response, StatusInfo},
     forward,

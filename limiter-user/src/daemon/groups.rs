@@ -18,7 +18,7 @@ use std::{
 use ipnet::IpNet;
 use tokio::sync::mpsc;
 
-use super::{
+use crate::engine::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
     feature::{Applied, Feature, InForce, Second},

@@ -4,13 +4,9 @@
 //! shutdown future resolves.
 
 mod answers;
-mod changes;
 mod cookie_watch;
 mod crowdsec;
-mod decision;
-mod enforcer;
 mod escalation;
-mod feature;
 mod features;
 mod feedback;
 mod feeds;
@@ -21,9 +17,7 @@ mod link;
 mod observe;
 mod os;
 mod reloads;
-mod settings;
 mod show;
-mod source;
 mod start;
 mod upstream;
 mod view;
@@ -35,11 +29,9 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
+pub use self::os::init_logging;
 use self::{
     answers::Answers,
-    changes::{Change, Changes, Done, Finished, Queued},
-    decision::Decision,
-    feature::{Applied, Second},
     features::{Features, Start},
     link::Link,
     observe::{Observer, status_line},
@@ -47,11 +39,7 @@ use self::{
     reloads::Reloads,
     view::View,
 };
-pub use self::{
-    enforcer::{ApplyError, Enforcer},
-    os::init_logging,
-    settings::Settings,
-};
+pub use crate::engine::{ApplyError, Enforcer, Settings};
 use crate::{
     control::{
         Request, Response,
@@ -61,6 +49,11 @@ use crate::{
         DataPlane, LoadError,
         chain::ChainError,
         upgrade::{Renewal, renewal_loss},
+    },
+    engine::{
+        changes::{Change, Changes, Done, Finished, Queued},
+        decision::Decision,
+        feature::{Applied, Second},
     },
     metrics::ScrapeCall,
     origin::Origin,
@@ -134,9 +127,9 @@ impl Daemon {
         let (view, effective) = View::of(&enforcer);
         let applied = view.applied(&enforcer, &effective);
         let windows = dp.maps.windows.take();
-        let (sink, decided) = mpsc::channel(decision::SINK_ROOM);
-        tokio::spawn(decision::route(calls, sink.clone(), queries_tx));
-        tokio::spawn(decision::hangups(hup, sink.clone()));
+        let (sink, decided) = mpsc::channel(crate::engine::decision::SINK_ROOM);
+        tokio::spawn(crate::engine::decision::route(calls, sink.clone(), queries_tx));
+        tokio::spawn(crate::engine::decision::hangups(hup, sink.clone()));
         let start = Start {
             windows,
             buckets: dp.buckets_map_id(),

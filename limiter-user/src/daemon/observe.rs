@@ -14,7 +14,7 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use limiter_common::{Action, DropEvent, Reason};
 
-use super::feature::Sample;
+use crate::engine::feature::Sample;
 use crate::{dataplane::Totals, top::Tracker};
 
 /// The observing side of the daemon.

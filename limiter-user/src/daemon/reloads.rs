@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
-use super::ApplyError;
 use crate::control::{Applied, ReloadInfo, Response};
+use crate::engine::ApplyError;
 
 /// Policy applies since start, for `status` and the metrics.
 #[derive(Debug)]

@@ -7,8 +7,9 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use limiter_common::{family, packet, rules};
 
-use super::{Enforcer, features::Features, view::View};
+use super::{features::Features, view::View};
 use crate::control::PrefixShow;
+use crate::engine::Enforcer;
 
 /// Why `limiter prefix show` has no answer.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,8 @@
 
 use std::path::Path;
 
-use super::{Enforcer, Settings, os::resolve_group};
+use super::os::resolve_group;
+use crate::engine::{Enforcer, Settings};
 use crate::{
     control::server::Access,
     dataplane::{Attachment, DataPlane, LoadError, PolicyMaps as _, upgrade::Renewal},
@@ -65,7 +66,7 @@ pub(super) fn load(settings: &Settings, checked: Checked, without_cookies: Optio
         plan.lacks = Some(why);
     }
     if let Some(lacks) = &plan.lacks {
-        super::enforcer::kernel::cookies_without_kernel(&loaded.policy, lacks)
+        crate::engine::enforcer::kernel::cookies_without_kernel(&loaded.policy, lacks)
             .map_err(|e| loaded.provenance.locate(e, &loaded.policy))?;
         tracing::warn!(event = "kernel_lacks", "limiter: {lacks}: loading the program without SYN cookies");
     }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::{
-    Origin,
+use super::Origin;
+use crate::engine::{
     changes::Change,
     feature::{Applied, Drain, Feature, InForce, Second},
 };

@@ -1,7 +1,8 @@
 //! What the daemon's loop shows of the policy in force (`status`, the
 //! metrics, the fleet's classes), refreshed after start and each change.
 
-use super::{Enforcer, feature::InForce, features::Features};
+use super::features::Features;
+use crate::engine::{Enforcer, feature::InForce};
 use crate::{feedback::FeedbackCounts, policy::Policy};
 
 /// What the loop shows of the policy, kept while a change has it away.

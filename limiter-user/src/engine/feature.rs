@@ -1,7 +1,7 @@
 //! The daemon's features (the forwarders, the fleet sync, the feedback
 //! endpoint, the feed watcher, the groups, CrowdSec's pulls, the upstream
 //! speaker, escalation) behind one small face: each starts from the policy
-//! in force (a decider with a [`Sink`](super::source::Sink) for its
+//! in force (a decider with a [`Sink`](super::decision::Sink) for its
 //! changes), is told the policy after every change and every change that
 //! finished (who made it, and whether it was applied), may refuse an
 //! operator's change it cannot do its part of, asked to read its files
@@ -10,11 +10,10 @@
 //! its report (which writes its own series) and for its part of `limiter
 //! status`, may answer the control requests that are its own, and is
 //! drained at shutdown. A policy change fans out to every feature from one
-//! place ([`View::refresh`](super::view::View::refresh) through
-//! [`Features::apply`](super::features::Features)), so a setting of a
+//! place (the daemon's `View::refresh` through `Features::apply`), so a setting of a
 //! feature goes one way, once: file -> policy -> [`InForce`] -> the
 //! feature. A new feature is its own files and one line in
-//! [`Features::start`](super::features::Features::start); the loop names
+//! the daemon's `Features::start`; the loop names
 //! none of them (it asks the list, never one feature by its type).
 
 use std::pin::Pin;
@@ -33,30 +32,30 @@ use crate::{
 };
 
 /// The policy in force, as every feature sees it.
-pub(super) struct InForce<'a> {
-    pub(super) version: u64,
+pub(crate) struct InForce<'a> {
+    pub(crate) version: u64,
     /// The effective policy: the file's, with the runtime overrides.
-    pub(super) policy: &'a Policy,
+    pub(crate) policy: &'a Policy,
     /// What the data plane enforces of it.
-    pub(super) config: Config,
+    pub(crate) config: Config,
     /// Class names by index (0 = `default`).
-    pub(super) class_names: &'a [String],
+    pub(crate) class_names: &'a [String],
     /// The policy state it came from (what each source's changes did).
-    pub(super) state: &'a Enforcer,
+    pub(crate) state: &'a Enforcer,
 }
 
 /// A second of the data plane, as every feature is told of it.
-pub(super) struct Second<'a> {
+pub(crate) struct Second<'a> {
     /// What the program counted since it started.
-    pub(super) totals: &'a Totals,
+    pub(crate) totals: &'a Totals,
     /// The sampled drops (for `limiter top`).
-    pub(super) top: &'a Tracker,
+    pub(crate) top: &'a Tracker,
 }
 
 impl Second<'_> {
     /// The `n` prefixes the program drops most now, each with its class
     /// index.
-    pub(super) fn dropping_most(&self, n: usize) -> Vec<(IpNet, u8)> {
+    pub(crate) fn dropping_most(&self, n: usize) -> Vec<(IpNet, u8)> {
         self.top
             .offenders(crate::clock::unix_now(), n)
             .into_iter()
@@ -68,38 +67,38 @@ impl Second<'_> {
 /// One drop the program sampled (every `drop_sample`-th), or a verified
 /// SYN cookie, as every feature hears of it when the loop drains them.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Sample {
+pub(crate) struct Sample {
     /// Its bucket.
-    pub(super) key: limiter_common::BucketKey,
+    pub(crate) key: limiter_common::BucketKey,
     /// Its source address (`None` from a program of a build before
     /// addresses were sent).
-    pub(super) src: Option<std::net::IpAddr>,
+    pub(crate) src: Option<std::net::IpAddr>,
     /// A segment of a connection this host holds.
-    pub(super) held: bool,
+    pub(crate) held: bool,
     /// Its [`Reason`](limiter_common::Reason), as the program wrote it.
-    pub(super) reason: u32,
+    pub(crate) reason: u32,
     /// When it was drained (Unix seconds).
-    pub(super) at: u64,
+    pub(crate) at: u64,
 }
 
 /// A change that finished, as every feature is told of it.
-pub(super) struct Applied<'a> {
-    pub(super) change: &'a Change,
+pub(crate) struct Applied<'a> {
+    pub(crate) change: &'a Change,
     /// Applied (or refused).
-    pub(super) ok: bool,
+    pub(crate) ok: bool,
     /// Why the feedback governor refused it, if it refused a penalty.
-    pub(super) refusal: Option<crate::policy::feedback::Refusal>,
+    pub(crate) refusal: Option<crate::policy::feedback::Refusal>,
     /// The answer to the client who asked for it, if one did: a feature
     /// that carries out its part of the change says so in it (the
     /// upstream speaker, `prefix deny --upstream`'s announcement).
-    pub(super) reply: Option<&'a mut Response>,
+    pub(crate) reply: Option<&'a mut Response>,
 }
 
 impl Applied<'_> {
     /// The source of decisions that sent it (its
     /// [`origin`](super::source::SourceChange::origin), `feed:NAME`), if a
     /// source's.
-    pub(super) fn origin(&self) -> Option<Named> {
+    pub(crate) fn origin(&self) -> Option<Named> {
         match self.change {
             Change::Source(c) => Some(c.origin()),
             _ => None,
@@ -108,10 +107,10 @@ impl Applied<'_> {
 }
 
 /// What a feature's drain waits for.
-pub(super) type Drain<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+pub(crate) type Drain<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// A subsystem of the daemon.
-pub(super) trait Feature: Send {
+pub(crate) trait Feature: Send {
     /// Take the policy in force: start, change or stop what it declares.
     fn apply(&mut self, applied: &InForce<'_>);
 

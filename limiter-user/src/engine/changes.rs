@@ -23,7 +23,7 @@ const MAX_QUEUED: usize = 64;
 
 /// A change of policy.
 #[derive(Debug)]
-pub(super) enum Change {
+pub(crate) enum Change {
     /// `policy apply`: text sent by the client, or re-read the daemon's
     /// own; `force`: past the guard against truncated files.
     Apply { name: String, text: Option<String>, force: bool },
@@ -51,13 +51,13 @@ pub(super) enum Change {
 
 /// What waits for the policy state: a request that reads it, or a change
 /// (with its client, if any).
-pub(super) enum Queued {
+pub(crate) enum Queued {
     Call(Request, oneshot::Sender<Response>),
     Change(Change, Option<oneshot::Sender<Response>>),
 }
 
 /// A finished change, with the state it had away.
-pub(super) struct Done {
+pub(crate) struct Done {
     enforcer: Enforcer,
     tables: Tables,
     change: Change,
@@ -106,7 +106,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
 impl Change {
     /// The change a request asks for, if it is one; a policy's text and a
     /// list's prefixes are taken out of the request, not copied.
-    pub(super) fn of(req: &mut Request) -> Option<Change> {
+    pub(crate) fn of(req: &mut Request) -> Option<Change> {
         let prefix = |cidr: &IpNet, action, ttl: &Option<u64>| {
             Some(Change::Prefix { cidr: *cidr, action, ttl: *ttl, upstream: false })
         };
@@ -160,7 +160,7 @@ fn give_back_memory() {
 
 /// The policy state and the changes of it: the state is home, or away
 /// with the one change that runs; what needs it meanwhile waits here.
-pub(super) struct Changes {
+pub(crate) struct Changes {
     /// The policy state and the tables it writes; `None` while a change
     /// runs off the loop.
     policy: Option<(Enforcer, Tables)>,
@@ -179,7 +179,7 @@ pub(super) struct Changes {
 }
 
 impl Changes {
-    pub(super) fn new(enforcer: Enforcer, tables: Tables) -> Self {
+    pub(crate) fn new(enforcer: Enforcer, tables: Tables) -> Self {
         Self {
             policy: Some((enforcer, tables)),
             running: None,
@@ -191,18 +191,18 @@ impl Changes {
     }
 
     /// The policy state, when no change has it away.
-    pub(super) fn policy(&self) -> Option<&Enforcer> {
+    pub(crate) fn policy(&self) -> Option<&Enforcer> {
         self.policy.as_ref().map(|(p, _)| p)
     }
 
     /// Whether a change runs off the loop.
-    pub(super) fn running(&self) -> bool {
+    pub(crate) fn running(&self) -> bool {
         self.running.is_some()
     }
 
     /// The change running off the loop, once it is done (cancel-safe: the
     /// loop's other arms may win meanwhile).
-    pub(super) async fn done(&mut self) -> Result<Done, oneshot::error::RecvError> {
+    pub(crate) async fn done(&mut self) -> Result<Done, oneshot::error::RecvError> {
         let done = self.running.as_mut().expect("awaited only while a change runs").await;
         self.running = None;
         done
@@ -210,7 +210,7 @@ impl Changes {
 
     /// Start `change` on a blocking thread, or queue it behind the one
     /// running.
-    pub(super) fn start(&mut self, change: Change, reply: Option<oneshot::Sender<Response>>, settings: &Settings) {
+    pub(crate) fn start(&mut self, change: Change, reply: Option<oneshot::Sender<Response>>, settings: &Settings) {
         let Some((mut enforcer, mut tables)) = self.policy.take() else {
             // An expiry is retried by the next tick.
             if !matches!(change, Change::Expire) {
@@ -229,7 +229,7 @@ impl Changes {
     }
 
     /// Queue a request until the policy state is back; refuse past the cap.
-    pub(super) fn enqueue(&mut self, q: Queued) {
+    pub(crate) fn enqueue(&mut self, q: Queued) {
         let reload = |q: &Queued| matches!(q, Queued::Change(Change::Reload, _));
         if reload(&q) && self.queue.iter().any(reload) {
             return;
@@ -246,7 +246,7 @@ impl Changes {
 
     /// A change finished: the state is home again (and the heap a big
     /// change freed given back); what it was, who asked and its outcome.
-    pub(super) fn take_back(&mut self, done: Done) -> Finished {
+    pub(crate) fn take_back(&mut self, done: Done) -> Finished {
         let Done { enforcer, tables, change, reply, result } = done;
         self.policy = Some((enforcer, tables));
         let frees = match &change {
@@ -260,13 +260,13 @@ impl Changes {
     }
 
     /// What waited for the state, while no change has it away.
-    pub(super) fn next_queued(&mut self) -> Option<Queued> {
+    pub(crate) fn next_queued(&mut self) -> Option<Queued> {
         if self.running.is_some() { None } else { self.queue.pop_front() }
     }
 
     /// A source's change: in line behind what waits, whole or in its
     /// parts (a newer version of what still waits replaces it).
-    pub(super) fn decided(&mut self, change: Box<dyn SourceChange>, settings: &Settings) {
+    pub(crate) fn decided(&mut self, change: Box<dyn SourceChange>, settings: &Settings) {
         if let Some(slot) = self.whole.iter_mut().find(|w| change.replaces(&***w)) {
             *slot = change;
         } else {
@@ -282,7 +282,7 @@ impl Changes {
 
     /// Start the next part of a source's change, when nothing else runs
     /// or waits (parts of a section no longer in force are dropped).
-    pub(super) fn next_part(&mut self, settings: &Settings) {
+    pub(crate) fn next_part(&mut self, settings: &Settings) {
         while self.running.is_none() && self.queue.is_empty() {
             // Overrides whose time is up go first (a long pull would
             // otherwise hold them past their end).
@@ -304,7 +304,7 @@ impl Changes {
 
     /// Once a second: start forgetting what reached its end (when no
     /// other change runs; it is one change for all of them).
-    pub(super) fn expire(&mut self, settings: &Settings) {
+    pub(crate) fn expire(&mut self, settings: &Settings) {
         if self.expiry_due() && self.running.is_none() {
             self.start(Change::Expire, None, settings);
         }
@@ -317,8 +317,8 @@ impl Changes {
 }
 
 /// A change done, with its state home again.
-pub(super) struct Finished {
-    pub(super) change: Change,
-    pub(super) reply: Option<oneshot::Sender<Response>>,
-    pub(super) result: Result<String, ApplyError>,
+pub(crate) struct Finished {
+    pub(crate) change: Change,
+    pub(crate) reply: Option<oneshot::Sender<Response>>,
+    pub(crate) result: Result<String, ApplyError>,
 }

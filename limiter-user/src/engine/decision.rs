@@ -20,16 +20,16 @@ use super::{changes::Change, source::SourceChange};
 use crate::control::{Response, server::Call};
 
 /// Where every decider sends its decisions.
-pub(super) type Sink = mpsc::Sender<Decision>;
+pub(crate) type Sink = mpsc::Sender<Decision>;
 
 /// Decisions sent and not yet taken by the loop, all deciders together
 /// (each source bounds its own: a feed one version, CrowdSec two pulls;
 /// the control socket its clients, each waiting for its answer).
-pub(super) const SINK_ROOM: usize = 64;
+pub(crate) const SINK_ROOM: usize = 64;
 
 /// A decision on its way to the policy state.
 #[derive(Debug)]
-pub(super) enum Decision {
+pub(crate) enum Decision {
     /// A change somebody waits on (the operator's `prefix set`, `policy
     /// apply`, a tenant's penalty): answered when it is done.
     Asked(Change, oneshot::Sender<Response>),
@@ -43,7 +43,7 @@ pub(super) enum Decision {
 /// Send each change request of `calls` (the control socket's, the
 /// feedback endpoint's) down `sink` with its reply, and the rest to
 /// `queries`. Ends when every sender of `calls` is gone or the loop is.
-pub(super) async fn route(mut calls: mpsc::Receiver<Call>, sink: Sink, queries: mpsc::Sender<Call>) {
+pub(crate) async fn route(mut calls: mpsc::Receiver<Call>, sink: Sink, queries: mpsc::Sender<Call>) {
     while let Some((mut req, reply)) = calls.recv().await {
         let sent = match Change::of(&mut req) {
             Some(change) => sink.send(Decision::Asked(change, reply)).await.is_ok(),
@@ -58,7 +58,7 @@ pub(super) async fn route(mut calls: mpsc::Receiver<Call>, sink: Sink, queries: 
 /// The policy file's decider: every SIGHUP asks to read it again. The
 /// signal is caught from the daemon's start, so one during start-up waits
 /// here instead of killing the process.
-pub(super) async fn hangups(mut hup: Signal, sink: Sink) {
+pub(crate) async fn hangups(mut hup: Signal, sink: Sink) {
     while hup.recv().await.is_some() {
         if sink.send(Decision::Told(Change::Reload)).await.is_err() {
             return;

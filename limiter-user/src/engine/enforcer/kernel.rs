@@ -23,13 +23,13 @@ pub(super) fn cookies(
     }
     let off = match lacks {
         Some(lacks) => cookies_without_kernel(p, lacks)?,
-        None => crate::daemon::os::syn_cookies_ready().err().map(|e| e.to_string()),
+        None => syn_cookies_ready().err().map(|e| e.to_string()),
     };
     if off.is_some() {
         compiled.config.flags &= !flags::SYN_COOKIES;
         return Ok((off, None));
     }
-    let (opts, wscale, why) = crate::daemon::os::cookie_options();
+    let (opts, wscale, why) = cookie_options();
     (compiled.config.cookies.opts, compiled.config.cookies.wscale) = (opts, wscale);
     Ok((None, why))
 }
@@ -63,6 +63,68 @@ pub fn cookies_without_kernel(policy: &Policy, lacks: &str) -> Result<Option<Str
             ),
         )),
     }
+}
+
+/// Whether the kernel in this network namespace takes the ACKs of SYN
+/// cookies sent from XDP: it checks them itself only with
+/// `net.ipv4.tcp_syncookies = 2` (cookies always, so the SYNs the program
+/// hands it keep the listener in its cookie state). `Err` says why not.
+pub fn syn_cookies_ready() -> Result<(), CookiesUnready> {
+    match std::fs::read_to_string(SYNCOOKIES_SYSCTL) {
+        Ok(v) if v.trim() == "2" => Ok(()),
+        Ok(v) => Err(CookiesUnready::Sysctl(v.trim().to_owned())),
+        Err(e) => Err(CookiesUnready::Unreadable(e)),
+    }
+}
+
+const SYNCOOKIES_SYSCTL: &str = "/proc/sys/net/ipv4/tcp_syncookies";
+
+/// Why the kernel would not take the ACKs of cookies sent from XDP.
+#[derive(Debug, thiserror::Error)]
+pub enum CookiesUnready {
+    #[error(
+        "net.ipv4.tcp_syncookies is {0} in this network namespace; the kernel accepts the ACKs of cookies sent \
+         from XDP only with 2 (sysctl -w net.ipv4.tcp_syncookies=2)"
+    )]
+    Sysctl(String),
+    #[error("cannot read {SYNCOOKIES_SYSCTL} (a kernel without CONFIG_SYN_COOKIES?): {0}")]
+    Unreadable(std::io::Error),
+}
+
+/// What a cookie's SYN-ACK may offer beside the MSS on this host, from
+/// the sysctls of this network namespace: `(opts, wscale, why MSS only)`
+/// ([`limiter_common::cookie::opt`]). The kernel reads window scaling and
+/// SACK back from the timestamp echo, and first subtracts a secret
+/// per-connection offset unless `net.ipv4.tcp_timestamps = 2`: with 1 (the
+/// default) the SYN-ACK offers the MSS only. The window scale offered is
+/// the one the kernel will take for the connection (`tcp_select_initial_window`:
+/// the largest of `tcp_rmem`'s maximum and `net.core.rmem_max`).
+#[must_use]
+pub fn cookie_options() -> (u8, u8, Option<String>) {
+    use limiter_common::cookie::{MAX_WSCALE, opt};
+    let read = |name: &str| std::fs::read_to_string(format!("/proc/sys/net/{name}")).ok();
+    let number = |name: &str, field: usize| {
+        read(name).and_then(|v| v.split_whitespace().nth(field).and_then(|f| f.parse::<u64>().ok()))
+    };
+    let timestamps = number("ipv4/tcp_timestamps", 0).unwrap_or(0);
+    if timestamps != 2 {
+        let why = format!(
+            "net.ipv4.tcp_timestamps is {timestamps}: SYN-ACKs of cookies offer the MSS only (2, timestamps without \
+             per-connection offsets, lets them carry window scaling, SACK and timestamps)"
+        );
+        return (0, 0, Some(why));
+    }
+    let mut opts = opt::TIMESTAMPS;
+    if number("ipv4/tcp_sack", 0).is_some_and(|v| v != 0) {
+        opts |= opt::SACK;
+    }
+    if number("ipv4/tcp_window_scaling", 0).is_some_and(|v| v != 0) {
+        opts |= opt::WSCALE;
+    }
+    let space =
+        number("ipv4/tcp_rmem", 2).unwrap_or(0).max(number("core/rmem_max", 0).unwrap_or(0)).min(u64::from(u32::MAX));
+    let wscale = u8::try_from(space.max(1).ilog2().saturating_sub(15)).unwrap_or(MAX_WSCALE).min(MAX_WSCALE);
+    (opts, wscale, None)
 }
 
 #[cfg(test)]

@@ -226,7 +226,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::{daemon::Enforcer, dataplane::FakeMaps};
+    use crate::{dataplane::FakeMaps, engine::Enforcer};
 
     fn spec() -> Feed {
         let text = "[[feed]]\nname = \"x\"\npath = \"/x\"\nmax_networks = 4\n";

@@ -53,7 +53,7 @@ pub struct Enforcer {
     source: String,
     /// The runtime layers over `base`: the operator's overrides and
     /// automation's (see [`Layers`]).
-    pub(super) layers: Layers,
+    pub(crate) layers: Layers,
     /// Version the data plane enforces.
     version: u64,
     /// Capacity of the bucket map in use (fixed until a restart).
@@ -67,9 +67,9 @@ pub struct Enforcer {
     /// without them (see [`kernel`]).
     pub kernel_lacks_cookies: Option<String>,
     /// The deny set and its sources (feeds, CrowdSec; see `deny.rs`).
-    pub(super) deny: deny::DenyLayer,
+    pub(crate) deny: deny::DenyLayer,
     /// The country and ASN groups' networks (see `groups.rs`).
-    pub(super) groups: groups::GroupLayer,
+    pub(crate) groups: groups::GroupLayer,
 }
 
 impl Enforcer {
@@ -386,7 +386,7 @@ pub mod deny;
 pub mod escalation;
 mod feedback;
 pub mod groups;
-pub(super) mod kernel;
+pub(crate) mod kernel;
 mod layers;
 mod shrink;
 

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::{crowdsec::Pull, daemon::Enforcer, dataplane::FakeMaps};
+use crate::{crowdsec::Pull, dataplane::FakeMaps, engine::Enforcer};
 
 fn spec(extra: &str) -> Crowdsec {
     let cap = if extra.contains("allow_bogons") { 1000 } else { 3 };

@@ -11,7 +11,7 @@ use super::{ApplyError, Enforcer};
 use crate::{dataplane::maps::Tables, origin::Named};
 
 /// A change of the policy state made by a source of decisions.
-pub(super) trait SourceChange: Send + std::fmt::Debug {
+pub(crate) trait SourceChange: Send + std::fmt::Debug {
     /// Who makes it (`feed:NAME`, `group:NAME`, `crowdsec:lapi`): the
     /// feature that sent it knows its outcome by it (`Feature::applied`),
     /// and a newer version of the same replaces it in the queue.

@@ -8,8 +8,8 @@ use ipnet::IpNet;
 
 use super::DenySource;
 use crate::{
-    daemon::enforcer::ApplyError,
     dataplane::deny::{DenySet, DenyWrites},
+    engine::enforcer::ApplyError,
     feeds::check_shrink,
     origin::{Named, Origin},
     policy::{Policy, feed::Feed},
