@@ -9,25 +9,30 @@
 //! - `listen`: what every listener shares (fair slots per peer, bounds);
 //! - `watch`: a file source that stamps, settles and re-reads;
 //! - `nets`: what the sources of networks share (special-purpose
-//!   networks, coarsening to bucket prefixes);
+//!   networks, coarsening to bucket prefixes, the shrink guard);
 //! - `policy`: the model, the file, the overlay, the one compile;
-//! - `feeds` (feature): blocklist files read into sets of networks, checked, diffed;
-//! - `groups` (feature): the country and ASN of networks, read from MaxMind
-//!   databases and CSV lists;
 //! - `crowdsec` (feature): decisions read from CrowdSec's Local API, typed;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `fleet` (feature): window quotas kept across hosts through Redis;
-//! - `upstream` (feature): rules announced to the transit through a BGP speaker;
+//! - `upstream` (feature): rules announced to the transit through a BGP
+//!   speaker;
 //! - `control`: the control-socket protocol, server and client;
-//! - `forward` (feature): the forwarder to the tenant layer (PROXY protocol);
 //! - `sockets`: the kernel's TCP socket tables (`/proc/net/tcp{,6}`);
-//! - `feedback` (feature): the tenant layer's penalties over HTTP, escalation, and
-//!   proof of source;
-//! - `metrics`, `top`, `replay`: Prometheus, top offenders, offline replay;
+//! - `top`, `replay`: top offenders, offline replay;
 //! - `engine`: what the loop and its features share (the policy state,
 //!   changes, the sink of decisions, a feature's hooks), naming no
 //!   feature;
-//! - `daemon`: the running daemon;
+//! - `feeds` (feature): blocklist files read into sets of networks,
+//!   checked, diffed, and watched;
+//! - `groups` (feature): the country and ASN of networks, read from
+//!   MaxMind databases and CSV lists, and watched;
+//! - `forward` (feature): the forwarder to the tenant layer (PROXY
+//!   protocol);
+//! - `feedback` (feature): the tenant layer's penalties over HTTP,
+//!   escalation, and proof of source;
+//! - `metrics`: Prometheus, the data plane's series then each feature's;
+//! - `daemon`: the running daemon, the one place that names every
+//!   feature;
 //! - `cli` and `cmd`: the command line and its verbs.
 //!
 //! The binary in `main.rs` is a thin shell over `cmd`.
@@ -63,29 +68,27 @@ pub mod listen;
 pub mod nets;
 pub mod origin;
 pub mod policy;
+pub mod series;
 pub mod watch;
 
 pub mod crowdsec;
-pub mod feeds;
-pub mod groups;
-pub mod series;
-
 pub mod dataplane;
-
 pub mod fleet;
 pub mod upstream;
 
 pub mod control;
-
-pub mod sockets;
-
-pub mod feedback;
-pub mod forward;
-pub mod metrics;
 pub mod replay;
+pub mod sockets;
 pub mod top;
 
 pub mod engine;
+
+pub mod feedback;
+pub mod feeds;
+pub mod forward;
+pub mod groups;
+
+pub mod metrics;
 
 pub mod daemon;
 

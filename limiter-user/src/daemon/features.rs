@@ -4,7 +4,6 @@
 
 use super::{
     crowdsec::CrowdsecSide,
-    feeds::Feeds,
     fleet::{FleetSide, classes},
 };
 use crate::engine::{
@@ -57,11 +56,11 @@ impl Features {
                 classes(&a.config, a.class_names, a.policy),
             )?),
             Box::new(super::start::serve_feedback(a.policy, s.token, s.calls).await?),
-            Box::new(Feeds::new(s.sink.clone())),
-            Box::new(super::groups::Groups::new(s.sink.clone())),
+            Box::new(crate::feeds::feature::Feeds::new(s.sink.clone())),
+            Box::new(crate::groups::feature::Groups::new(s.sink.clone())),
             Box::new(CrowdsecSide::new(s.sink.clone())),
             Box::new(super::upstream::UpstreamSide::new(s.iface)),
-            Box::new(super::escalation::Escalation::new(s.sink.clone())),
+            Box::new(crate::feedback::escalation::Escalation::new(s.sink.clone())),
         ];
         for f in &mut list {
             f.apply(a);

@@ -6,13 +6,8 @@
 mod answers;
 mod cookie_watch;
 mod crowdsec;
-mod escalation;
 mod features;
-mod feedback;
-mod feeds;
 mod fleet;
-mod forward;
-mod groups;
 mod link;
 mod observe;
 mod os;

@@ -17,11 +17,16 @@
 //! change machinery; the listener has the bounds of every listener.
 //!
 //! Also here: the daemon's own escalation of a prefix its bucket keeps
-//! dropping (`escalate`), and the proof of source it asks first (`proof`).
+//! dropping (`escalate`: the judgement; `escalation`: the daemon's
+//! feature that hears the sampled drops and sends its penalties), and the
+//! proof of source it asks first (`proof`); the endpoint's face as a
+//! feature of the daemon (`feature`).
 //! The policy's `[feedback]` section is `policy::feedback`; the governor,
 //! which decides each penalty as a layer of overrides, is the enforcer's.
 
 pub mod escalate;
+pub mod escalation;
+pub mod feature;
 pub mod proof;
 mod series;
 

@@ -5,11 +5,12 @@
 //! checked against the one it would replace (a truncated download must
 //! not lift most of a list) and changes as a diff.
 //!
-//! This room reads and checks, and says what the deny set holds
-//! (`series`); the daemon's feed watcher reads the files `[[feed]]`
-//! names off its loop, and the policy state enforces each version
-//! through the data plane's deny set.
+//! This room reads and checks, says what the deny set holds (`series`),
+//! and is the daemon's feature that watches the files `[[feed]]` names
+//! off its loop (`feature`); the policy state enforces each version
+//! through the data plane's deny set (`engine::enforcer::deny`).
 
+pub mod feature;
 mod formats;
 mod series;
 
@@ -70,26 +71,6 @@ impl Diff {
     pub fn is_empty(&self) -> bool {
         self.add.is_empty() && self.remove.is_empty()
     }
-}
-
-/// A new version of a feed that would drop more of its set than allowed.
-#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
-#[error(
-    "the new version holds {new} networks where the last held {old}: it shrank by more than {}% (a truncated download?)",
-    (max_shrink * 100.0).round()
-)]
-pub struct Shrunk {
-    pub old: usize,
-    pub new: usize,
-    pub max_shrink: f64,
-}
-
-/// Refuse a new set of `new` networks replacing one of `old` when it lost
-/// more than the fraction `max_shrink` of it (`1.0`: any shrink is taken).
-pub fn check_shrink(old: usize, new: usize, max_shrink: f64) -> Result<(), Shrunk> {
-    #[expect(clippy::cast_precision_loss, reason = "set sizes far inside f64's exact range")]
-    let lost = old.saturating_sub(new) as f64 / old.max(1) as f64;
-    if lost > max_shrink { Err(Shrunk { old, new, max_shrink }) } else { Ok(()) }
 }
 
 #[cfg(test)]

@@ -3,13 +3,15 @@
 //! backend behind a PROXY protocol header carrying the client's address
 //! and this limiter's verdict (`proxy`). `backend` keeps passive health
 //! and balancing, `serve` the accept loop and the copy, and [`Manager`]
-//! starts, replaces and drains forwarders as policies change.
+//! starts, replaces and drains forwarders as policies change; `feature`
+//! is the daemon's face of it.
 
 pub mod adaptive;
 pub mod backend;
 pub mod batch;
 pub mod copy;
 pub mod fds;
+pub mod feature;
 #[cfg(test)]
 mod loopback;
 pub mod proxy;

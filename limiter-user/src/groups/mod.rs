@@ -6,11 +6,14 @@
 //! A group's networks are [`Table::select`]ed from a table read whole;
 //! none of them ever covers a special-purpose network (this host's LAN,
 //! its loopback, its carrier's CGNAT, the test ranges): those are carved
-//! out.
+//! out. The daemon's feature that watches each `[[group]]`'s file and
+//! sends its versions to the groups' layer of the policy state
+//! (`engine::enforcer::groups`) is `feature`.
 
 #[cfg(any(test, feature = "testing"))]
 pub mod craft;
 mod csv;
+pub mod feature;
 pub mod guard;
 mod mmdb;
 mod series;

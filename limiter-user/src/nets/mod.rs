@@ -40,6 +40,27 @@ pub fn unmapped(net: IpNet) -> IpNet {
     net
 }
 
+/// A new version of a set of networks (a feed's) that would drop more of
+/// the set than allowed.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error(
+    "the new version holds {new} networks where the last held {old}: it shrank by more than {}% (a truncated download?)",
+    (max_shrink * 100.0).round()
+)]
+pub struct Shrunk {
+    pub old: usize,
+    pub new: usize,
+    pub max_shrink: f64,
+}
+
+/// Refuse a new set of `new` networks replacing one of `old` when it lost
+/// more than the fraction `max_shrink` of it (`1.0`: any shrink is taken).
+pub fn check_shrink(old: usize, new: usize, max_shrink: f64) -> Result<(), Shrunk> {
+    #[expect(clippy::cast_precision_loss, reason = "set sizes far inside f64's exact range")]
+    let lost = old.saturating_sub(new) as f64 / old.max(1) as f64;
+    if lost > max_shrink { Err(Shrunk { old, new, max_shrink }) } else { Ok(()) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,5 +74,17 @@ mod tests {
         let (kept, left) = coarsen(nets(&["198.18.0.0/23", "198.18.2.0/25", "2001:2::/48", "2001:2:0:1::/72"]), 24, 56);
         assert_eq!(left, 2);
         assert!(kept.contains(&"198.18.0.0/23".parse().unwrap()) && kept.contains(&"2001:2::/48".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_version_that_lost_too_much_is_refused() {
+        assert!(check_shrink(1000, 600, 0.5).is_ok());
+        assert!(check_shrink(1000, 500, 0.5).is_ok());
+        let e = check_shrink(1000, 499, 0.5).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the new version holds 499 networks where the last held 1000: it shrank by more than 50% (a truncated download?)"
+        );
+        assert!(check_shrink(0, 0, 0.5).is_ok() && check_shrink(10, 0, 1.0).is_ok());
     }
 }

@@ -10,7 +10,7 @@ use super::DenySource;
 use crate::{
     dataplane::deny::{DenySet, DenyWrites},
     engine::enforcer::ApplyError,
-    feeds::check_shrink,
+    nets::check_shrink,
     origin::{Named, Origin},
     policy::{Policy, feed::Feed},
 };

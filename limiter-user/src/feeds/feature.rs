@@ -9,15 +9,15 @@ use std::time::Instant;
 use ipnet::IpNet;
 use tokio::sync::mpsc;
 
+use super::{FeedError, FeedReport, FeedReports, Parsed};
 use crate::engine::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
     feature::{Applied, Feature, InForce, Second},
-    source::SourceChange,
+    source::{Version, VersionOf},
 };
 use crate::{
     dataplane::maps::Tables,
-    feeds::{FeedError, FeedReport, FeedReports, Parsed},
     origin::{Named, Origin},
     policy::feed::Feed,
     series::Series,
@@ -40,7 +40,7 @@ struct Watched {
 
 /// Every feed of the policy in force.
 #[derive(Debug)]
-pub(super) struct Feeds {
+pub(crate) struct Feeds {
     watched: Vec<Watched>,
     /// Where the reads off the loop come back (taken at each tick).
     tx: mpsc::Sender<FeedRead>,
@@ -50,7 +50,7 @@ pub(super) struct Feeds {
 
 impl Feeds {
     /// The watcher, which sends the versions it reads to `sink`.
-    pub(super) fn new(sink: Sink) -> Self {
+    pub(crate) fn new(sink: Sink) -> Self {
         let (tx, rx) = mpsc::channel(crate::policy::feed::MAX_FEEDS);
         Self { watched: Vec::new(), tx, rx, sink }
     }
@@ -81,11 +81,10 @@ impl Feeds {
                         first.unwrap_or_default()
                     );
                 }
-                let version = FeedVersion {
-                    source: Named::feed(&w.spec.name),
-                    spec: w.spec.clone(),
-                    nets: parsed.nets,
+                let version = Version {
+                    origin: Named::feed(&w.spec.name),
                     section: w.watch.section(),
+                    body: FeedVersion { spec: w.spec.clone(), nets: parsed.nets },
                 };
                 if self.sink.try_send(Decision::Source(Box::new(version))).is_err() {
                     w.watch.force();
@@ -142,7 +141,7 @@ impl Feature for Feeds {
             let (spec, tx) = (w.spec.clone(), self.tx.clone());
             let path = spec.path.clone();
             let (format, min, bogons) = (spec.format, spec.min_count.unwrap_or(0), spec.allow_bogons);
-            let read = move |_| crate::feeds::read(&path, format, min, bogons);
+            let read = move |_| super::read(&path, format, min, bogons);
             turn.spawn(w.spec.path.clone(), read, move |looked| tx.blocking_send(FeedRead { spec, looked }).is_ok());
         }
     }
@@ -168,35 +167,13 @@ impl Feature for Feeds {
 /// A version of a feed, read whole: the deny set takes the diff.
 #[derive(Debug)]
 struct FeedVersion {
-    /// `feed:NAME`.
-    source: Named,
     spec: Feed,
     nets: std::collections::BTreeSet<IpNet>,
-    /// The section it was read under (see `Watched::section`).
-    section: std::sync::Weak<()>,
 }
 
-impl SourceChange for FeedVersion {
-    fn origin(&self) -> Named {
-        self.source.clone()
-    }
-
+impl VersionOf for FeedVersion {
     fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {
         state.deny_mut().feed(tables, &self.spec, &self.nets)
-    }
-
-    fn parts(self: Box<Self>) -> Vec<Box<dyn SourceChange>> {
-        vec![self]
-    }
-
-    /// Its section still stands as it was read under.
-    fn current(&self) -> bool {
-        self.section.strong_count() > 0
-    }
-
-    /// A newer version of the same feed.
-    fn replaces(&self, waiting: &dyn SourceChange) -> bool {
-        waiting.origin() == self.source
     }
 
     fn report(&self, result: &Result<String, ApplyError>) {
@@ -205,25 +182,5 @@ impl SourceChange for FeedVersion {
             Ok(line) => tracing::info!(event = "feed", ok = true, feed = %feed, "limiter: {line}"),
             Err(e) => tracing::warn!(event = "feed", ok = false, feed = %feed, "limiter: {e}"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_version_waiting_when_its_section_goes_is_dropped() {
-        let section = std::sync::Arc::new(());
-        let spec: Feed = toml::from_str("name = \"x\"\npath = \"/x\"\n").unwrap();
-        let v = FeedVersion {
-            source: Named::feed("x"),
-            spec,
-            nets: std::collections::BTreeSet::new(),
-            section: std::sync::Arc::downgrade(&section),
-        };
-        assert!(v.current());
-        drop(section);
-        assert!(!v.current(), "a version of a removed or changed section would be applied");
     }
 }

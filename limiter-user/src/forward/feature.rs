@@ -3,21 +3,20 @@
 use crate::engine::feature::{Drain, Feature, InForce};
 use crate::{
     control::{ErrorCode, Request, Response, StatusInfo},
-    forward,
     series::Series,
 };
 
-impl Feature for forward::Manager {
+impl Feature for super::Manager {
     /// Runs exactly the `[[forward]]` sections: unchanged ones keep
     /// running, changed and removed ones drain, new ones start.
     fn apply(&mut self, a: &InForce<'_>) {
-        let ranks = std::sync::Arc::new(forward::rank::Ranks::of(a.policy));
-        self.update(&a.policy.forwards, forward::Context { version: a.version, config: a.config, ranks });
+        let ranks = std::sync::Arc::new(super::rank::Ranks::of(a.policy));
+        self.update(&a.policy.forwards, super::Context { version: a.version, config: a.config, ranks });
     }
 
     /// Every forwarder's, in the policy's order.
     fn series(&self) -> Option<Box<dyn Series>> {
-        Some(Box::new(forward::Reports(self.reports())))
+        Some(Box::new(super::Reports(self.reports())))
     }
 
     fn status(&self, status: &mut StatusInfo) {

@@ -5,8 +5,9 @@
 
 use std::fmt::Write as _;
 
+use super::Endpoint;
 use crate::engine::feature::{Feature, InForce};
-use crate::{feedback::Endpoint, policy::Policy};
+use crate::policy::Policy;
 
 impl Feature for Endpoint {
     /// Where it listens and its token file take a restart (the token
@@ -29,7 +30,7 @@ impl Feature for Endpoint {
                 file.display()
             );
         }
-        match crate::feedback::read_token(file) {
+        match super::read_token(file) {
             Ok((t, warnings)) => {
                 for w in warnings {
                     tracing::warn!(event = "feedback_token", "limiter: {w}");

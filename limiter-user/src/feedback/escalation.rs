@@ -11,13 +11,13 @@ use std::collections::VecDeque;
 
 use limiter_common::Reason;
 
+use super::{EscalationCounts, escalate::Escalator};
 use crate::engine::{
     changes::Change,
     decision::{Decision, Sink},
     feature::{Applied, Feature, InForce, Sample, Second},
 };
 use crate::{
-    feedback::{EscalationCounts, escalate::Escalator},
     origin::Origin,
     policy::feedback::{Escalate, Refusal},
     series::Series,
@@ -30,7 +30,7 @@ use crate::{
 const MAX_WAITING: usize = 64;
 
 /// The feature.
-pub(super) struct Escalation {
+pub(crate) struct Escalation {
     escalator: Escalator,
     /// The rule in force (`feedback.escalate`), if any.
     rule: Option<Escalate>,
@@ -44,7 +44,7 @@ pub(super) struct Escalation {
 }
 
 impl Escalation {
-    pub(super) fn new(sink: Sink) -> Self {
+    pub(crate) fn new(sink: Sink) -> Self {
         Self {
             escalator: Escalator::with_sockets(),
             rule: None,

@@ -18,16 +18,16 @@ use std::{
 use ipnet::IpNet;
 use tokio::sync::mpsc;
 
+use super::{GroupReport, GroupReports, Table, guard::Coverage};
 use crate::engine::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
     feature::{Applied, Feature, InForce, Second},
-    source::SourceChange,
+    source::{Version, VersionOf},
 };
 use crate::{
     control::{GroupShow, PrefixShow},
     dataplane::maps::Tables,
-    groups::{GroupReport, GroupReports, Table, guard::Coverage},
     origin::{Named, Origin},
     policy::{Action, group::Group},
     series::Series,
@@ -67,7 +67,7 @@ struct Watched {
 }
 
 /// Every group of the policy in force, by index.
-pub(super) struct Groups {
+pub(crate) struct Groups {
     watched: Vec<Watched>,
     /// The last table read of each file, with its stamp: other groups of
     /// the same file select from it, and `prefix show` asks it.
@@ -78,7 +78,7 @@ pub(super) struct Groups {
 }
 
 impl Groups {
-    pub(super) fn new(sink: Sink) -> Self {
+    pub(crate) fn new(sink: Sink) -> Self {
         let (tx, rx) = mpsc::channel(crate::policy::group::MAX_GROUPS);
         Self { watched: Vec::new(), tables: HashMap::new(), tx, rx, sink }
     }
@@ -102,12 +102,10 @@ impl Groups {
                 w.report.modified = stamp.map(|s| s.0);
                 w.report.left_out = left_out as u64;
                 w.report.read_networks = nets.len() as u64;
-                let version = GroupVersion {
-                    source: Named::group(&w.spec.name),
-                    index: r.index,
-                    spec: w.spec.clone(),
-                    nets,
+                let version = Version {
+                    origin: Named::group(&w.spec.name),
                     section: w.watch.section(),
+                    body: GroupVersion { index: r.index, spec: w.spec.clone(), nets },
                 };
                 if self.sink.try_send(Decision::Source(Box::new(version))).is_err() {
                     w.watch.force();
@@ -272,13 +270,13 @@ fn read(
     let table = if let Some(t) = cached {
         t
     } else {
-        let mut t = crate::groups::read(&spec.path).map_err(|e| Failed { why: e.to_string(), refused: false })?;
+        let mut t = super::read(&spec.path).map_err(|e| Failed { why: e.to_string(), refused: false })?;
         t.sort();
         Arc::new(t)
     };
     let selected = table.select_with(&spec.country_codes(), &spec.asns, spec.allow_bogons);
     let (nets, left_out) = crate::nets::coarsen(selected, bucket.0, bucket.1);
-    let coverage = crate::groups::guard::check(spec, &nets, last)
+    let coverage = super::guard::check(spec, &nets, last)
         .map_err(|e| Failed { why: format!("{}: {e}", spec.path.display()), refused: true })?;
     Ok((table, nets, left_out, coverage))
 }
@@ -286,19 +284,12 @@ fn read(
 /// A version of a group's networks: the tries take the diff.
 #[derive(Debug)]
 struct GroupVersion {
-    /// `group:NAME`.
-    source: Named,
     index: usize,
     spec: Group,
     nets: HashSet<IpNet>,
-    section: std::sync::Weak<()>,
 }
 
-impl SourceChange for GroupVersion {
-    fn origin(&self) -> Named {
-        self.source.clone()
-    }
-
+impl VersionOf for GroupVersion {
     fn run(&mut self, state: &mut Enforcer, tables: &mut Tables) -> Result<String, ApplyError> {
         let policy = state.base();
         if policy.groups.get(self.index) != Some(&self.spec) {
@@ -307,18 +298,6 @@ impl SourceChange for GroupVersion {
         let bucket = (policy.v4_prefix, policy.v6_prefix);
         let index = u32::try_from(self.index).unwrap_or(u32::MAX);
         state.groups.take(tables, index, &self.spec, bucket, &self.nets)
-    }
-
-    fn parts(self: Box<Self>) -> Vec<Box<dyn SourceChange>> {
-        vec![self]
-    }
-
-    fn current(&self) -> bool {
-        self.section.strong_count() > 0
-    }
-
-    fn replaces(&self, waiting: &dyn SourceChange) -> bool {
-        waiting.origin() == self.source
     }
 
     fn report(&self, result: &Result<String, ApplyError>) {
