@@ -30,6 +30,9 @@
 //!   protocol);
 //! - `feedback` (feature): the tenant layer's penalties over HTTP,
 //!   escalation, and proof of source;
+//! - `crowdsec::feature`, `fleet::feature`, `upstream::feature` (feature):
+//!   the faces of features whose rooms sit above the engine (the engine
+//!   and `control` read them), listed apart below it;
 //! - `metrics`: Prometheus, the data plane's series then each feature's;
 //! - `daemon`: the running daemon, the one place that names every
 //!   feature;

@@ -12,6 +12,7 @@
 //! the policy state enforces them through the data plane's deny set.
 
 mod duration;
+pub mod feature;
 mod series;
 mod stream;
 mod watch;

@@ -2,10 +2,6 @@
 //! [`Feature`]): started in [`Features::start`], the one place that
 //! names them.
 
-use super::{
-    crowdsec::CrowdsecSide,
-    fleet::{FleetSide, classes},
-};
 use crate::engine::{
     changes::Change,
     decision::Sink,
@@ -13,10 +9,13 @@ use crate::engine::{
 };
 use crate::{
     control::{ErrorCode, PrefixShow, Request, Response, StatusInfo, server::Call},
+    crowdsec::feature::CrowdsecSide,
     dataplane::maps::WindowMaps,
     feedback::Token,
+    fleet::feature::{FleetSide, classes},
     forward,
     series::Series,
+    upstream::feature::UpstreamSide,
 };
 
 /// Descriptors the forwarders leave to the rest of the daemon: each
@@ -59,7 +58,7 @@ impl Features {
             Box::new(crate::feeds::feature::Feeds::new(s.sink.clone())),
             Box::new(crate::groups::feature::Groups::new(s.sink.clone())),
             Box::new(CrowdsecSide::new(s.sink.clone())),
-            Box::new(super::upstream::UpstreamSide::new(s.iface)),
+            Box::new(UpstreamSide::new(s.iface)),
             Box::new(crate::feedback::escalation::Escalation::new(s.sink.clone())),
         ];
         for f in &mut list {

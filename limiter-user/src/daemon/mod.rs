@@ -5,16 +5,13 @@
 
 mod answers;
 mod cookie_watch;
-mod crowdsec;
 mod features;
-mod fleet;
 mod link;
 mod observe;
 mod os;
 mod reloads;
 mod show;
 mod start;
-mod upstream;
 mod view;
 
 use std::time::{Duration, Instant};
@@ -51,7 +48,6 @@ use crate::{
         feature::{Applied, Second},
     },
     metrics::ScrapeCall,
-    origin::Origin,
 };
 
 /// What wakes the loop besides its timers.

@@ -238,7 +238,7 @@ impl DataPlane {
     /// wall clock's offset from the monotonic one).
     pub fn set_wall_offset(&mut self, offset: u64) -> Result<(), LoadError> {
         let Some(w) = &mut self.maps.windows else { return Ok(()) };
-        maps::Named::on(
+        error::Named::on(
             w.state.set(limiter_common::window::FleetSlot::WallOffset.index(), offset, 0),
             limiter_common::maps::FLEET_STATE,
         )

@@ -8,7 +8,7 @@ use std::time::Duration;
 use aya::programs::{TestRun as _, TestRunAttrs, TestRunOptions, xdp::XdpLinkId};
 use limiter_common::{BucketKey, BucketState, Config, maps as names, window::WindowState};
 
-use super::{AttachMode, DataPlane, LoadError, ifindex, maps::Named as _};
+use super::{AttachMode, DataPlane, LoadError, error::Named as _, ifindex};
 use crate::policy::{Compiled, CompiledOverrides};
 
 /// The bench object: limiter-ebpf built with its `bench` feature.

@@ -12,6 +12,7 @@
 //! pushes what accumulated once the store is back.
 
 mod classes;
+pub mod feature;
 pub mod ledger;
 mod peers;
 mod plan;

@@ -9,6 +9,7 @@
 //! only by the operator and only where the policy allows it.
 
 pub mod exabgp;
+pub mod feature;
 pub mod rule;
 pub mod series;
 pub mod speaker;

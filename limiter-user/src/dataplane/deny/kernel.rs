@@ -9,7 +9,7 @@ use limiter_common::{
 };
 
 use super::{
-    super::{LoadError, maps::Named as _, rawmap},
+    super::{LoadError, error::Named as _, rawmap},
     DenyWrites,
 };
 

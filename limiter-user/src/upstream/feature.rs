@@ -9,7 +9,11 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::Origin;
+use super::{
+    Action, Book, Key, Refusal, Rule, UpstreamInfo,
+    series::UpstreamReport,
+    speaker::{Saved, Sending, Speaker},
+};
 use crate::engine::{
     changes::Change,
     feature::{Applied, Drain, Feature, InForce, Second},
@@ -17,13 +21,9 @@ use crate::engine::{
 use crate::{
     control::{ErrorCode, Request, Response, StatusInfo},
     dataplane::Totals,
+    origin::Origin,
     policy::{CostUnit, OverrideAction, upstream::Upstream},
     series::Series,
-    upstream::{
-        Action, Book, Key, Refusal, Rule, UpstreamInfo,
-        series::UpstreamReport,
-        speaker::{Saved, Sending, Speaker},
-    },
 };
 
 /// How long a stop waits for the speaker's withdrawals.
@@ -31,7 +31,7 @@ const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// The feature (nothing while the policy has no `[upstream]`).
 #[derive(Debug)]
-pub(super) struct UpstreamSide {
+pub(crate) struct UpstreamSide {
     iface: String,
     on: Option<On>,
     /// Bytes the interface and the program had received at the last
@@ -139,7 +139,7 @@ fn stop_aside(speaker: Speaker, withdraw: bool) {
 }
 
 impl UpstreamSide {
-    pub(super) fn new(iface: &str) -> Self {
+    pub(crate) fn new(iface: &str) -> Self {
         Self { iface: iface.to_owned(), on: None, last_rx: None, class_match: Vec::new(), allowance: 0 }
     }
 
@@ -254,7 +254,7 @@ impl UpstreamSide {
             action: Action::Discard,
             by: Origin::Escalation,
             since: now,
-            expires: crate::upstream::expiry_from_now(ttl),
+            expires: super::expiry_from_now(ttl),
         };
         Self::sent(on);
         match on.book.add(rule) {
@@ -301,7 +301,7 @@ impl UpstreamSide {
         let now = crate::clock::unix_now();
         let ttl = ttl.unwrap_or(on.book.spec().ttl.as_secs());
         let action = rate.map_or(Action::Discard, |bytes_per_sec| Action::RateLimit { bytes_per_sec });
-        (Rule { key, action, by: Origin::Operator, since: now, expires: crate::upstream::expiry_from_now(ttl) }, ttl)
+        (Rule { key, action, by: Origin::Operator, since: now, expires: super::expiry_from_now(ttl) }, ttl)
     }
 
     fn list(&self) -> Response {

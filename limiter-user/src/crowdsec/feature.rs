@@ -5,24 +5,18 @@
 
 use std::sync::{Arc, Weak};
 
+use super::{PART, Pulled, Status, Watch};
 use crate::engine::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
     feature::{Feature, InForce},
     source::SourceChange,
 };
-use crate::{
-    control::StatusInfo,
-    crowdsec::{PART, Pulled, Status, Watch},
-    dataplane::maps::Tables,
-    origin::Named,
-    policy::crowdsec::Crowdsec,
-    series::Series,
-};
+use crate::{control::StatusInfo, dataplane::maps::Tables, origin::Named, policy::crowdsec::Crowdsec, series::Series};
 
 /// The pulling task, if the policy asks for one.
 #[derive(Debug)]
-pub(super) struct CrowdsecSide {
+pub(crate) struct CrowdsecSide {
     /// The section in force (the pulls' changes hold it weakly: a part of
     /// a section no longer in force is dropped) and its task.
     watch: Option<(Arc<Crowdsec>, Watch)>,
@@ -33,7 +27,7 @@ pub(super) struct CrowdsecSide {
 
 impl CrowdsecSide {
     /// The feature, which sends its pulls to `sink`.
-    pub(super) fn new(sink: Sink) -> Self {
+    pub(crate) fn new(sink: Sink) -> Self {
         Self { watch: None, sink, left_out: 0 }
     }
 
@@ -80,8 +74,7 @@ impl Feature for CrowdsecSide {
     }
 
     fn series(&self) -> Option<Box<dyn Series>> {
-        self.pulls()
-            .map(|status| Box::new(crate::crowdsec::Report { status, left_out: self.left_out }) as Box<dyn Series>)
+        self.pulls().map(|status| Box::new(super::Report { status, left_out: self.left_out }) as Box<dyn Series>)
     }
 
     fn status(&self, status: &mut StatusInfo) {

@@ -10,18 +10,18 @@ use limiter_common::{
     window::{self, FleetSlot, WindowState, scope},
 };
 
+use super::{ClassWindow, Classes, FleetStatus, FleetSync, Readers, wall_and_offset};
 use crate::engine::feature::{Feature, InForce, Second};
 use crate::{
     control::{PrefixShow, Request, Response, WindowRow},
     dataplane::maps::WindowMaps,
-    fleet::{ClassWindow, Classes, FleetStatus, FleetSync, Readers, wall_and_offset},
     policy::fleet::Fleet,
     policy::{OverrideAction, Policy, Scope},
     series::Series,
 };
 
 /// The fleet sync, or the maps it would have taken.
-pub(super) enum FleetSide {
+pub(crate) enum FleetSide {
     Off(Option<Box<WindowMaps>>),
     /// The sync, its read handles, and the `[fleet]` it started with.
     On(Box<(FleetSync, Readers, Fleet)>),
@@ -35,7 +35,7 @@ type Next = Option<(Fleet, Classes)>;
 
 /// The window quotas of `config` (classes, named) and `policy` (its
 /// window overrides).
-pub(super) fn classes(config: &Config, names: &[String], policy: &Policy) -> Classes {
+pub(crate) fn classes(config: &Config, names: &[String], policy: &Policy) -> Classes {
     let by_index = (0..MAX_CLASSES)
         .map(|i| {
             let l = config.classes[i];
@@ -73,7 +73,7 @@ pub(super) fn classes(config: &Config, names: &[String], policy: &Policy) -> Cla
 
 impl FleetSide {
     /// Start the sync for `fleet` (or keep the maps when there is none).
-    pub(super) fn start(
+    pub(crate) fn start(
         fleet: Option<&Fleet>,
         maps: Option<Box<WindowMaps>>,
         classes: Classes,
@@ -102,7 +102,7 @@ impl FleetSide {
     /// changed, new or removed `[fleet]` section (the sync takes the new
     /// store, node name and interval from its next round, starts, or
     /// stops and forgets the other nodes' counts).
-    pub(super) fn set_classes(&mut self, classes: Classes, fleet: Option<&Fleet>) {
+    pub(crate) fn set_classes(&mut self, classes: Classes, fleet: Option<&Fleet>) {
         if fleet.is_none() && matches!(self, Self::On(_)) {
             let Self::On(on) = std::mem::replace(self, Self::Off(None)) else { unreachable!("matched above") };
             let (sync, readers, cfg) = *on;
@@ -144,7 +144,7 @@ impl FleetSide {
     }
 
     #[must_use]
-    pub(super) fn status(&self) -> Option<FleetStatus> {
+    pub(crate) fn status(&self) -> Option<FleetStatus> {
         match self {
             Self::On(on) => Some(on.0.status()),
             Self::Off(_) | Self::Stopping(_) => None,
