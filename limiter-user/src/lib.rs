@@ -99,6 +99,8 @@ pub mod cli;
 pub mod cmd;
 
 #[cfg(test)]
+mod compat;
+#[cfg(test)]
 mod layering;
 
 #[cfg(test)]
