@@ -216,9 +216,16 @@ fn room_of(rooms: &[String], module: &[String]) -> Option<usize> {
 }
 
 /// The rooms a source of module `from` names (`crate::`, `super::` and
-/// `self::` paths alike), by index in `rooms`.
+/// `self::` paths alike), by index in `rooms`. A bare parent of `from`
+/// (`use super::*` in a file's inline tests, whose `super` the file is)
+/// names no room.
 fn rooms_named(rooms: &[String], from: &[String], text: &str) -> Vec<usize> {
-    paths(text).iter().filter_map(|p| room_of(rooms, &resolve(from, p))).collect()
+    paths(text)
+        .iter()
+        .map(|p| resolve(from, p))
+        .filter(|to| !(to.len() < from.len() && from.starts_with(to)))
+        .filter_map(|to| room_of(rooms, &to))
+        .collect()
 }
 
 /// Every source of this crate in a room: (room, path, module, text).

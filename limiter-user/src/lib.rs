@@ -10,6 +10,9 @@
 //! - `watch`: a file source that stamps, settles and re-reads;
 //! - `nets`: what the sources of networks share (special-purpose
 //!   networks, coarsening to bucket prefixes, the shrink guard);
+//! - `policy::error`, `policy::duration`, `policy::words`: what every
+//!   section says a refusal, a duration and a decision with;
+//! - `groups::section` (feature): the `[[group]]` section, groups' own;
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `crowdsec` (feature): decisions read from CrowdSec's Local API, typed;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
@@ -19,13 +22,16 @@
 //! - `control`: the control-socket protocol, server and client;
 //! - `sockets`: the kernel's TCP socket tables (`/proc/net/tcp{,6}`);
 //! - `top`, `replay`: top offenders, offline replay;
+//! - `engine::error`: why a change of the policy state was refused;
+//! - `groups::layer` (feature): the groups' layer of the policy state;
 //! - `engine`: what the loop and its features share (the policy state,
 //!   changes, the sink of decisions, a feature's hooks), naming no
 //!   feature;
 //! - `feeds` (feature): blocklist files read into sets of networks,
 //!   checked, diffed, and watched;
 //! - `groups` (feature): the country and ASN of networks, read from
-//!   MaxMind databases and CSV lists, and watched;
+//!   MaxMind databases and CSV lists, and watched (its section and its
+//!   layer, listed above, are in its folder too);
 //! - `forward` (feature): the forwarder to the tenant layer (PROXY
 //!   protocol);
 //! - `feedback` (feature): the tenant layer's penalties over HTTP,

@@ -9,30 +9,13 @@ use std::fmt::Write as _;
 
 use ipnet::IpNet;
 
+pub use super::error::ApplyError;
 use crate::{
     control::PrefixEntry,
     dataplane::{LoadError, PolicyMaps},
     origin::Origin,
-    policy::{Compiled, Loaded, OverrideAction, Policy, PolicyError, Provenance},
+    policy::{Compiled, Loaded, OverrideAction, Policy, Provenance},
 };
-
-/// Why a change was refused: the policy (nothing changed), the kernel,
-/// or the request itself.
-#[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
-    #[error(transparent)]
-    Policy(#[from] PolicyError),
-    #[error(transparent)]
-    Load(#[from] LoadError),
-    #[error("{0}")]
-    Request(String),
-    /// Entry `index` of a bulk load (0-based) is refused; nothing changed.
-    #[error("entry {index}: {message}")]
-    Entry { index: usize, message: String },
-    /// The feedback governor refused a penalty.
-    #[error("governor: {}: {message}", refusal.label())]
-    Governor { refusal: crate::policy::feedback::Refusal, message: String },
-}
 
 /// An override set at run time: `None` removes a file override.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +52,7 @@ pub struct Enforcer {
     /// The deny set and its sources (feeds, CrowdSec; see `deny.rs`).
     pub(crate) deny: deny::DenyLayer,
     /// The country and ASN groups' networks (see `groups.rs`).
-    pub(crate) groups: groups::GroupLayer,
+    pub(crate) groups: crate::groups::layer::GroupLayer,
 }
 
 impl Enforcer {
@@ -87,7 +70,7 @@ impl Enforcer {
             syn_cookies_off: None,
             kernel_lacks_cookies: None,
             deny: deny::DenyLayer::default(),
-            groups: groups::GroupLayer::default(),
+            groups: crate::groups::layer::GroupLayer::default(),
         }
     }
 
@@ -385,7 +368,6 @@ mod bulk;
 pub mod deny;
 pub mod escalation;
 mod feedback;
-pub mod groups;
 pub(crate) mod kernel;
 mod layers;
 mod shrink;

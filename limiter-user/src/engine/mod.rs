@@ -11,6 +11,7 @@
 pub mod changes;
 pub mod decision;
 pub mod enforcer;
+pub mod error;
 pub mod feature;
 pub mod settings;
 pub mod source;

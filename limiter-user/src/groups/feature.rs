@@ -18,7 +18,7 @@ use std::{
 use ipnet::IpNet;
 use tokio::sync::mpsc;
 
-use super::{GroupReport, GroupReports, Table, guard::Coverage};
+use super::{GroupReport, GroupReports, Table, guard::Coverage, section::Group};
 use crate::engine::{
     ApplyError, Enforcer,
     decision::{Decision, Sink},
@@ -29,7 +29,7 @@ use crate::{
     control::{GroupShow, PrefixShow},
     dataplane::maps::Tables,
     origin::{Named, Origin},
-    policy::{Action, group::Group},
+    policy::Action,
     series::Series,
     watch::{Looked, Stamp, Watch},
 };
@@ -79,7 +79,7 @@ pub(crate) struct Groups {
 
 impl Groups {
     pub(crate) fn new(sink: Sink) -> Self {
-        let (tx, rx) = mpsc::channel(crate::policy::group::MAX_GROUPS);
+        let (tx, rx) = mpsc::channel(super::section::MAX_GROUPS);
         Self { watched: Vec::new(), tables: HashMap::new(), tx, rx, sink }
     }
 

@@ -7,7 +7,7 @@
 
 use ipnet::IpNet;
 
-use crate::policy::group::Group;
+use super::section::Group;
 
 /// The share of each family's address space a version covers.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -15,7 +15,9 @@ pub mod craft;
 mod csv;
 pub mod feature;
 pub mod guard;
+pub mod layer;
 mod mmdb;
+pub mod section;
 mod series;
 #[cfg(test)]
 mod tests;

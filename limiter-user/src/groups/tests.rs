@@ -116,7 +116,7 @@ fn a_database_cut_short_is_named_as_such() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-fn group(toml_tail: &str) -> crate::policy::group::Group {
+fn group(toml_tail: &str) -> crate::groups::section::Group {
     let text =
         format!("[[group]]\nname = \"g\"\npath = \"/g.csv\"\ncountries = [\"XX\"]\naction = \"deny\"\n{toml_tail}");
     crate::policy::file::parse("t.toml", text).unwrap().policy.groups.remove(0)

@@ -135,7 +135,7 @@ impl Policy {
             super::feedback::check(f)?;
         }
         super::feed::check(feeds)?;
-        let groups = super::group::check(groups)?;
+        let groups = crate::groups::section::check(groups)?;
         if let Some(c) = crowdsec {
             super::crowdsec::check(c)?;
         }

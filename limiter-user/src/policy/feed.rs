@@ -23,7 +23,7 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Action, PolicyError, bad, duration, duration_out};
+use super::{Action, PolicyError, bad, duration, duration_out, words::valid_name};
 
 /// Most networks one feed holds.
 pub const MAX_ENTRIES: usize = 2_000_000;
@@ -115,13 +115,6 @@ mod defaults {
     pub const fn min_v6() -> u8 {
         16
     }
-}
-
-/// Whether `name` may name a feed or a group (its metrics label, its
-/// origin): 1 to 40 letters, digits, `_`, `-` or `.`.
-pub(super) fn valid_name(name: &str) -> bool {
-    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-    !name.is_empty() && name.len() <= 40 && name.chars().all(ok)
 }
 
 /// Check the sections (the files are read by the daemon, off its loop).

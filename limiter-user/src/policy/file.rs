@@ -124,7 +124,7 @@ struct Root {
     #[serde(default, rename = "feed", skip_serializing_if = "Vec::is_empty")]
     feeds: Vec<super::feed::Feed>,
     #[serde(default, rename = "group", skip_serializing_if = "Vec::is_empty")]
-    groups: Vec<super::group::Group>,
+    groups: Vec<crate::groups::section::Group>,
     crowdsec: Option<super::crowdsec::Crowdsec>,
     fleet: Option<super::fleet::Fleet>,
     upstream: Option<Box<super::upstream::Upstream>>,

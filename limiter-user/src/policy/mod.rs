@@ -8,20 +8,20 @@ pub mod compile;
 mod cookies;
 mod criticality;
 pub mod crowdsec;
-mod duration;
-mod error;
+pub(crate) mod duration;
+pub(crate) mod error;
 pub mod feed;
 pub mod feedback;
 pub mod file;
 pub mod fleet;
 pub mod forward;
-pub mod group;
 pub mod kernel;
 pub mod knobs;
 pub mod overlay;
 pub mod runtime;
 mod summary;
 pub mod upstream;
+pub mod words;
 
 use std::{
     fmt,
@@ -36,6 +36,7 @@ pub use self::criticality::Criticality;
 pub(crate) use self::duration::{duration, duration_opt, duration_opt_out, duration_out};
 pub use self::error::PolicyError;
 pub(crate) use self::error::bad;
+pub use self::words::Action;
 pub use self::{
     compile::{Compiled, CompiledOverrides},
     duration::{DurationError, parse_duration, spell_duration},
@@ -248,57 +249,6 @@ pub struct Class {
     pub criticality: Criticality,
 }
 
-/// What a decision does to the networks it covers: the one word every
-/// section, request and listing says it with, each taking the ones it
-/// allows ([`Action::only`]): an override's `action` is `allow` or
-/// `deny` (a limit is its rate and burst), `prefix load`'s the same, a
-/// feed's `deny`, a group's `rate`, `allow` or `deny`; `prefix list`
-/// shows `limit`, `allow`, `deny` or `unset`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Action {
-    /// Own limits for each bucket it covers.
-    Limit,
-    /// One budget for all it covers together (a group's).
-    Rate,
-    /// Never limited.
-    Allow,
-    /// Always dropped.
-    Deny,
-    /// The file's override, removed by the operator.
-    Unset,
-}
-
-impl Action {
-    /// Its word.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Action::Limit => "limit",
-            Action::Rate => "rate",
-            Action::Allow => "allow",
-            Action::Deny => "deny",
-            Action::Unset => "unset",
-        }
-    }
-
-    /// Itself if it is one of `allowed`, else what to say: `allowed`'s
-    /// words.
-    pub fn only(self, allowed: &[Action]) -> Result<Self, String> {
-        if allowed.contains(&self) {
-            return Ok(self);
-        }
-        let words: Vec<String> = allowed.iter().map(|a| format!("\"{a}\"")).collect();
-        Err(format!("\"{self}\" is not one of {}", words.join(", ")))
-    }
-}
-
-impl std::fmt::Display for Action {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
 impl PartialEq<&str> for Action {
     fn eq(&self, other: &&str) -> bool {
         self.as_str() == *other
@@ -389,7 +339,7 @@ pub struct Policy {
     /// Blocklist feeds, denied through the deny set; country and ASN
     /// groups (none by default).
     pub feeds: Vec<feed::Feed>,
-    pub groups: Vec<group::Group>,
+    pub groups: Vec<crate::groups::section::Group>,
     /// CrowdSec's decisions, denied through the deny set (off by default).
     pub crowdsec: Option<crowdsec::Crowdsec>,
     /// The fleet's shared store (off by default: fleet-scope quotas then

@@ -206,7 +206,7 @@ fn feed() -> impl Strategy<Value = crate::policy::feed::Feed> {
     )
 }
 
-fn group() -> impl Strategy<Value = crate::policy::group::Group> {
+fn group() -> impl Strategy<Value = crate::groups::section::Group> {
     use crate::policy::Action;
     let action = prop_oneof![Just(Action::Rate), Just(Action::Allow), Just(Action::Deny)];
     let members = (vec("[A-Z]{2}", 0..3), vec(any::<u32>(), 0..3));
@@ -214,7 +214,7 @@ fn group() -> impl Strategy<Value = crate::policy::group::Group> {
     let guards = (0u8..=32, 0u8..=128, 0u32..=100, 0u32..=400, 0u32..=100);
     ("[a-z_]{1,12}", "/[a-z/]{1,20}", members, action, duration(), flags, guards).prop_map(
         |(name, path, (countries, asns), action, refresh, (allow_bogons, shadow, rate, burst), (v4, v6, c, g, s))| {
-            crate::policy::group::Group {
+            crate::groups::section::Group {
                 min_v4_prefix: v4,
                 min_v6_prefix: v6,
                 max_coverage: f64::from(c) / 100.0,

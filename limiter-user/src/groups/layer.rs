@@ -8,10 +8,11 @@ use std::collections::{HashMap, HashSet};
 
 use ipnet::IpNet;
 
-use super::ApplyError;
+use super::section::Group;
 use crate::{
     dataplane::{LoadError, PolicyMaps, groups::GroupWrites},
-    policy::{Policy, group::Group},
+    engine::error::ApplyError,
+    policy::Policy,
 };
 
 /// What identifies the networks a group's section selects: a change of

@@ -37,7 +37,11 @@ use limiter_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{Action, PolicyError, bad, duration, duration_out};
+use crate::policy::{
+    duration::{duration, duration_out},
+    error::{PolicyError, bad},
+    words::{Action, valid_name},
+};
 
 /// Groups one policy may name.
 pub const MAX_GROUPS: usize = kernel::MAX_GROUPS as usize;
@@ -136,7 +140,7 @@ pub fn check(groups: &[Group]) -> Result<Vec<GroupLimits>, PolicyError> {
     let mut out = Vec::with_capacity(groups.len());
     for (i, g) in groups.iter().enumerate() {
         let at = |field: &str| format!("group[{i}].{field}");
-        if !super::feed::valid_name(&g.name) {
+        if !valid_name(&g.name) {
             return Err(bad(at("name"), "1 to 40 letters, digits, '_', '-' or '.'"));
         }
         if groups[..i].iter().any(|o| o.name == g.name) {
