@@ -39,6 +39,8 @@
 //! - `crowdsec::feature`, `fleet::feature`, `upstream::feature` (feature):
 //!   the faces of features whose rooms sit above the engine (the engine
 //!   and `control` read them), listed apart below it;
+//! - `cookies` (feature): SYN cookies' daemon part, keeping the kernel
+//!   taking the ACKs of the cookies XDP verified;
 //! - `metrics`: Prometheus, the data plane's series then each feature's;
 //! - `daemon`: the running daemon, the one place that names every
 //!   feature;
@@ -92,6 +94,7 @@ pub mod top;
 
 pub mod engine;
 
+pub mod cookies;
 pub mod feedback;
 pub mod feeds;
 pub mod forward;

@@ -135,7 +135,6 @@ impl Answers<'_> {
                 f
             },
             syn_cookies: self.syn_cookie_states()?,
-            syn_cookies_refused: self.observer.cookies.refusing.is_some(),
             without_syn_cookies: self.dp.kernel.lacks.is_some(),
             reloads_ok: self.reloads.applied,
             reloads_failed: self.reloads.rejected,
@@ -181,7 +180,7 @@ impl Answers<'_> {
             dropped_packets: t.dropped().packets,
             uptime_secs: self.reloads.started.elapsed().as_secs(),
             last_reload: self.reloads.last.clone(),
-            syn_cookies_failing: self.observer.cookies.refusing.clone(),
+            syn_cookies_failing: None,
             kernel_lacks: self.dp.kernel.lacks.clone(),
             dispatcher: self.link.attachment.chained().map(|c| {
                 let others = match crate::dataplane::libxdp::on_interface(c.ifindex) {

@@ -60,6 +60,7 @@ impl Features {
             Box::new(CrowdsecSide::new(s.sink.clone())),
             Box::new(UpstreamSide::new(s.iface)),
             Box::new(crate::feedback::escalation::Escalation::new(s.sink.clone())),
+            Box::new(crate::cookies::feature::Cookies::default()),
         ];
         for f in &mut list {
             f.apply(a);

@@ -4,7 +4,6 @@
 //! shutdown future resolves.
 
 mod answers;
-mod cookie_watch;
 mod features;
 mod link;
 mod observe;
@@ -172,13 +171,11 @@ impl Daemon {
                 }
                 _ = drain.tick() => self.drain(),
                 _ = second.tick() => {
-                    let cookies = !self.view.syn_cookies.is_empty();
                     let totals = self.dp.maps.totals()?;
-                    self.observer.tick_second(&totals, cookies);
+                    self.observer.tick_second(&totals);
                     if !self.view.groups.is_empty() {
                         self.observer.tick_groups(self.dp.maps.counters.group_hits(self.view.groups.len())?);
                     }
-                    self.observer.cookies.arm(&self.view.syn_cookie_ports);
                     self.link.check(&mut self.dp, &self.settings.iface);
                     self.changes.expire(&self.settings);
                     self.features.tick(&Second { totals: &totals, top: &self.observer.top });

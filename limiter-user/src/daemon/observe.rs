@@ -24,8 +24,6 @@ pub(super) struct Observer {
     tracked: Arc<(AtomicUsize, AtomicU64)>,
     /// Sampled drops and per-second totals for `limiter top`.
     pub top: Tracker,
-    /// Whether the kernel takes the cookie ACKs XDP verified.
-    pub cookies: super::cookie_watch::CookieWatch,
     drop_events: Option<RingBuf<MapData>>,
     /// Forwards the program's aya-log lines (debug level only).
     ebpf_log: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -45,7 +43,6 @@ impl Observer {
         Self {
             tracked: spawn_counter(buckets_map_id, Duration::from_secs(2)),
             top: Tracker::default(),
-            cookies: super::cookie_watch::CookieWatch::default(),
             drop_events,
             ebpf_log,
             last_tick: None,
@@ -106,15 +103,8 @@ impl Observer {
         }
     }
 
-    /// Once a second: note packets passed and dropped for the sparkline,
-    /// and whether the kernel takes the cookie ACKs XDP verified (when a
-    /// class has SYN cookies).
-    pub fn tick_second(&mut self, t: &Totals, cookies: bool) {
-        if cookies {
-            let verified = t.get(Reason::SynCookieVerified).packets;
-            let handed = t.get(Reason::SynCookieToKernel).packets;
-            self.cookies.second(verified, handed, super::cookie_watch::syncookies());
-        }
+    /// Once a second: note packets passed and dropped for the sparkline.
+    pub fn tick_second(&mut self, t: &Totals) {
         if let Some(last) = self.last_tick {
             let d = t.since(&last);
             self.top.tick(crate::clock::unix_now(), d.passed().packets, d.dropped().packets);

@@ -19,8 +19,6 @@ pub(super) struct View {
     /// Classes with SYN cookies: index, name and mode (`limiter_common::cookie::mode`),
     /// and whether the data plane has them on.
     pub(super) syn_cookies: Vec<(u32, String, u8)>,
-    /// The port ranges of the classes with SYN cookies in force.
-    pub(super) syn_cookie_ports: Vec<(u16, u16)>,
     pub(super) syn_cookies_on: bool,
     /// The deny set's origins: index, name, networks.
     pub(super) deny: Vec<(u16, String, usize)>,
@@ -54,16 +52,6 @@ impl View {
                     .map(|((i, n), m)| (i, n.to_owned(), m))
                     .collect()
             }),
-            syn_cookie_ports: if cookies_on {
-                effective
-                    .classes
-                    .iter()
-                    .filter(|c| c.syn_cookies != crate::policy::SynCookies::Off)
-                    .flat_map(|c| c.ports.iter().copied())
-                    .collect()
-            } else {
-                Vec::new()
-            },
             syn_cookies_on: cookies_on,
             deny: {
                 let layer = p.deny_layer();

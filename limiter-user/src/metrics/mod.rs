@@ -44,9 +44,6 @@ pub struct Snapshot {
     /// Classes with SYN cookies: name, mode (`auto`, `always`) and whether
     /// the data plane answers SYNs with cookies now.
     pub syn_cookies: Vec<crate::control::SynCookieRow>,
-    /// The kernel answers the cookie ACKs XDP verified with RST (see the
-    /// daemon's `cookie_watch`).
-    pub syn_cookies_refused: bool,
     /// The program runs without SYN cookies (the kernel lacks their
     /// helpers).
     pub without_syn_cookies: bool,
@@ -72,20 +69,10 @@ impl SnapshotCollector {
         Ok(())
     }
 
-    fn syn_cookies(
-        enc: &mut DescriptorEncoder,
-        classes: &[crate::control::SynCookieRow],
-        refused: bool,
-    ) -> std::fmt::Result {
+    fn syn_cookies(enc: &mut DescriptorEncoder, classes: &[crate::control::SynCookieRow]) -> std::fmt::Result {
         if classes.is_empty() {
             return Ok(());
         }
-        gauge(
-            enc,
-            "limiter_syn_cookies_refused",
-            "1 while the kernel answers the cookie ACKs XDP verified with RST (it took none of them in the last 5 s: no route back to the SYNs' sources, most likely).",
-            i64::from(refused),
-        )?;
         let mut m = enc.encode_descriptor(
             "limiter_syn_cookies_engaged",
             "1 while a class answers SYNs from sources without a bucket with SYN cookies.",
@@ -165,7 +152,7 @@ impl Collector for SnapshotCollector {
             "Times the daemon found its XDP link or pin gone and put it back.",
             s.reattaches,
         )?;
-        Self::syn_cookies(&mut enc, &s.syn_cookies, s.syn_cookies_refused)?;
+        Self::syn_cookies(&mut enc, &s.syn_cookies)?;
         gauge(
             &mut enc,
             "limiter_kernel_lacks_syn_cookies",
@@ -256,6 +243,7 @@ mod tests {
                 ..Default::default()
             }])),
             Box::new(crate::crowdsec::Report::default()),
+            Box::new(crate::cookies::feature::Refused(true)),
         ];
         let syn_cookies = vec![SynCookieRow { class: "c".into(), mode: SynCookies::Auto, engaged: true }];
         let mut s = Snapshot { features, syn_cookies, ..Snapshot::default() };

@@ -32,7 +32,7 @@ const WINDOW: usize = 5;
 const MIN_VERIFIED: u64 = 3;
 
 #[derive(Debug, Default)]
-pub(super) struct CookieWatch {
+pub(crate) struct CookieWatch {
     /// (XDP's `syn_cookie_verified` total, the kernel's `SyncookiesRecv`),
     /// one a second, oldest first.
     history: VecDeque<(u64, u64)>,
