@@ -145,9 +145,9 @@ impl Answers<'_> {
 
     /// The deny set's series: networks and drops by origin, and each
     /// feed's versions.
-    fn deny_report(&self) -> Result<crate::feeds::DenyReport, LoadError> {
+    fn deny_report(&self) -> Result<crate::engine::enforcer::deny::series::DenyReport, LoadError> {
         let hits = if self.view.deny.is_empty() { Vec::new() } else { self.dp.maps.counters.deny_hits()? };
-        Ok(crate::feeds::DenyReport {
+        Ok(crate::engine::enforcer::deny::series::DenyReport {
             origins: self
                 .view
                 .deny

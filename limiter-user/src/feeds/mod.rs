@@ -20,7 +20,7 @@ use ipnet::IpNet;
 
 pub use self::{
     formats::{Format, MAX_ENTRIES, MAX_LINE, Parsed, ReadError, Refused, parse},
-    series::{DenyReport, FeedReport, FeedReports},
+    series::{FeedReport, FeedReports},
 };
 
 /// Largest feed file read (a million networks as CIDR text with comments

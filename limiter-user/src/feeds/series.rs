@@ -1,4 +1,4 @@
-//! The deny set's series, by origin, and each feed's reads.
+//! Each feed's reads, as series.
 
 use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeMetric as _},
@@ -6,14 +6,6 @@ use prometheus_client::{
 };
 
 use crate::series::{Series, clamp};
-
-/// What the deny set holds and drops, by origin.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DenyReport {
-    /// Origin (`feed:NAME`, ...), networks it denies, packets the data
-    /// plane dropped for it.
-    pub origins: Vec<(String, usize, u64)>,
-}
 
 /// How each feed reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -32,30 +24,6 @@ pub struct FeedReport {
     /// Unix time its last version was applied (0: none yet).
     pub applied_at: u64,
     pub shadow: bool,
-}
-
-impl Series for DenyReport {
-    fn encode(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
-        let mut m = enc.encode_descriptor(
-            "limiter_deny_networks",
-            "Networks the deny set holds, by origin (feed:NAME, ...); a network several origins deny counts under each.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (origin, n, _) in &self.origins {
-            ConstGauge::new(clamp(*n as u64)).encode(m.encode_family(&[("origin", origin.as_str())])?)?;
-        }
-        let mut m = enc.encode_descriptor(
-            "limiter_deny_dropped_packets",
-            "Packets the deny set dropped, by origin (the lowest-numbered of the origins that deny the network).",
-            None,
-            MetricType::Counter,
-        )?;
-        for (origin, _, drops) in &self.origins {
-            ConstCounter::new(*drops).encode(m.encode_family(&[("origin", origin.as_str())])?)?;
-        }
-        Ok(())
-    }
 }
 
 impl Series for FeedReports {

@@ -237,7 +237,7 @@ mod tests {
             Box::new(crate::fleet::FleetStatus::default()),
             Box::new(crate::feedback::FeedbackCounts::default()),
             Box::new(crate::feedback::EscalationCounts::default()),
-            Box::new(crate::feeds::DenyReport { origins: vec![("feed:f".into(), 1, 1)] }),
+            Box::new(crate::engine::enforcer::deny::series::DenyReport { origins: vec![("feed:f".into(), 1, 1)] }),
             Box::new(crate::feeds::FeedReports(vec![crate::feeds::FeedReport {
                 name: "f".into(),
                 ..Default::default()

@@ -220,6 +220,7 @@ fn prefix_u8(len: u32) -> u8 {
 
 mod crowdsec;
 mod feeds;
+pub mod series;
 
 #[cfg(test)]
 mod tests {
