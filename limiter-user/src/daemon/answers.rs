@@ -138,6 +138,7 @@ impl Answers<'_> {
             without_syn_cookies: self.dp.kernel.lacks.is_some(),
             reloads_ok: self.reloads.applied,
             reloads_failed: self.reloads.rejected,
+            control_refused: super::reloads::VERBS.iter().copied().zip(self.reloads.refused).collect(),
             last_reload_ok: self.reloads.last_applied,
             last_reload_failed: self.reloads.last_rejected,
         })

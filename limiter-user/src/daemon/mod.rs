@@ -339,14 +339,14 @@ impl Daemon {
                 None
             }
             Change::Expire => {
-                self.reloads.expired(result, version);
+                Reloads::expired(result, version);
                 None
             }
             Change::Source(c) => {
                 c.report(&result);
                 None
             }
-            _ => Some(self.reloads.changed(result, version)),
+            _ => Some(self.reloads.changed(&change, result, version)),
         };
         // Every feature hears of every change, whoever made it (the
         // upstream speaker announces an escalation's denial, and the

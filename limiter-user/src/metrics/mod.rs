@@ -47,8 +47,12 @@ pub struct Snapshot {
     /// The program runs without SYN cookies (the kernel lacks their
     /// helpers).
     pub without_syn_cookies: bool,
+    /// Policy file reloads (SIGHUP, `policy apply`) by result.
     pub reloads_ok: u64,
     pub reloads_failed: u64,
+    /// The operator's requests the daemon refused, by verb (every verb,
+    /// zero too).
+    pub control_refused: Vec<(&'static str, u64)>,
     pub last_reload_ok: Option<u64>,
     pub last_reload_failed: Option<u64>,
 }
@@ -119,20 +123,31 @@ impl Collector for SnapshotCollector {
             "Version of the policy the data plane enforces.",
             i(s.policy_version),
         )?;
-        let mut m =
-            enc.encode_descriptor("limiter_policy_reloads", "Policy applies by result.", None, MetricType::Counter)?;
+        let mut m = enc.encode_descriptor(
+            "limiter_policy_reloads",
+            "Policy file reloads (SIGHUP, policy apply) by result.",
+            None,
+            MetricType::Counter,
+        )?;
         for (result, n) in [("success", s.reloads_ok), ("failure", s.reloads_failed)] {
             ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
         }
+        crate::series::counters(
+            &mut enc,
+            "limiter_control_refused",
+            "The operator's requests the daemon refused (nothing changed), by verb; no reload.",
+            "verb",
+            s.control_refused.iter().copied(),
+        )?;
         for (name, help, t) in [
             (
                 "limiter_policy_last_success_timestamp_seconds",
-                "Unix time of the last applied policy.",
+                "Unix time of the last policy file applied.",
                 s.last_reload_ok,
             ),
             (
                 "limiter_policy_last_failure_timestamp_seconds",
-                "Unix time of the last rejected policy.",
+                "Unix time of the last policy file rejected.",
                 s.last_reload_failed,
             ),
         ] {

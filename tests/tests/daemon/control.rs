@@ -123,6 +123,19 @@ fn every_verb_in_human_and_json_form() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.code() == Some(2) && err.lines().count() == 1 && err.contains("not-a-cidr"), "{err}");
     one_error_line(&cli(s, &["prefix", "unset", "203.0.113.0/24"]));
+    // Refused requests are not reloads: the file's health stays, and each
+    // counts under its verb.
+    let j = json(&cli(s, &["status", "-j"]));
+    assert!(j["last_reload"].is_null() || j["last_reload"]["ok"].as_bool() == Some(true), "{j}");
+    let text = scenario::scrape(&r.net);
+    for (series, n) in [
+        ("limiter_policy_reloads_total{result=\"failure\"}", 0),
+        ("limiter_control_refused_total{verb=\"prefix_set\"}", 1),
+        ("limiter_control_refused_total{verb=\"prefix_unset\"}", 1),
+        ("limiter_control_refused_total{verb=\"prefix_deny\"}", 0),
+    ] {
+        assert_eq!(scenario::metric(&text, series), n, "{series} in\n{text}");
+    }
     let bad = r.dir.join("bad.toml");
     std::fs::write(&bad, "rate = 100\nburst = 0\n").unwrap();
     let err = one_error_line(&cli(s, &["policy", "apply", bad.to_str().unwrap()]));
@@ -130,6 +143,7 @@ fn every_verb_in_human_and_json_form() {
     let j = json(&cli(s, &["status", "-j"]));
     assert_eq!(j["policy_version"].as_u64(), Some(5), "{j}");
     assert_eq!(j["last_reload"]["ok"].as_bool(), Some(false), "{j}");
+    assert_eq!(scenario::metric(&scenario::scrape(&r.net), "limiter_policy_reloads_total{result=\"failure\"}"), 1);
 
     // A good file applies as the next version, runtime overrides kept.
     let good = r.dir.join("good.toml");

@@ -113,7 +113,7 @@ tests:
         exp_alerts:
           - exp_labels: {{ severity: warning, instance: edge2, result: failure }}
             exp_annotations:
-              summary: "limiter on edge2 rejected a policy"
+              summary: "limiter on edge2 rejected its policy file (SIGHUP or policy apply)"
               description: "The previous policy keeps running. `limiter status` shows the error."
       - eval_time: 5m
         alertname: LimiterBucketMapNearlyFull
