@@ -24,6 +24,7 @@
 //! ```
 
 mod locate;
+mod near;
 mod overrides;
 mod ports;
 mod render;
@@ -181,7 +182,7 @@ pub fn parse(name: &str, text: String) -> Result<Loaded, PolicyError> {
         |e: PolicyError, offset: usize| PolicyError { location: Some((name.to_owned(), line_of(&rest, offset))), ..e };
     let syntax = |e: toml::de::Error, offset: usize| {
         let field = field_at(&text, line_of(&rest, offset));
-        locate(bad(field, e.message().trim().to_owned()), offset)
+        locate(bad(field, near::near(e.message().trim())), offset)
     };
     let mut root: Root = toml::from_str(&rest).map_err(|e| match e.span() {
         Some(s) if !s.is_empty() => syntax(e, s.start),
@@ -254,7 +255,7 @@ fn placeless(text: &str, e: &toml::de::Error) -> Option<(usize, String)> {
         let keys: Vec<String> = top_level_keys().iter().map(|k| format!("`{k}`")).collect();
         return Some((
             locate::offset_of(text, key),
-            format!("unknown field `{key}`, expected one of {}", keys.join(", ")),
+            near::near(&format!("unknown field `{key}`, expected one of {}", keys.join(", "))),
         ));
     }
     let table: toml::Table = text.parse().ok()?;

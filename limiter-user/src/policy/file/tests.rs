@@ -98,7 +98,10 @@ fn errors_name_file_line_and_field() {
         // `limiter run`'s flags too): their errors are still placed.
         ("mode = \"enforce\"\n\nrate = \"fast\"\n", 3, "rate", "invalid type"),
         ("mode = \"enforce\"\n\ncapacity = -1\n", 3, "capacity", ""),
-        ("mode = \"enforce\"\nrate = 5\nbursty = 3\n", 3, "bursty", "expected one of `allow_empty`"),
+        ("mode = \"enforce\"\nrate = 5\nbursty = 3\n", 3, "bursty", "did you mean `burst`?"),
+        // Nothing near: every key it takes.
+        ("mode = \"enforce\"\nrate = 5\nzzzzzz = 3\n", 3, "zzzzzz", "expected one of `allow_empty`"),
+        ("[[class]]\nname = \"q\"\nrat = 5\n", 3, "class[0].rat", "did you mean `rate`?"),
         ("rate = 5\nnew_source_rate = 5\n", 2, "new_source_burst", "new_source_rate needs new_source_burst"),
         ("rate = 5\n\naggregate_burst = 5\n", 3, "aggregate_rate", "aggregate_burst needs aggregate_rate"),
         ("rate = 5\naggregate_v6_prefix = 40\n", 2, "aggregate_rate", "need"),
