@@ -32,8 +32,14 @@ pub enum Command {
     Unload(UnloadArgs),
     /// The running daemon: interface, policy version, counters, last reload.
     Status,
-    /// Packets and bytes per verdict reason, and per rule class.
-    Stats,
+    /// Packets and bytes per reason with its action (pass, drop,
+    /// shadow_drop: the metrics' words), and per rule class; reasons that
+    /// counted nothing are left out unless --all.
+    Stats {
+        /// Every reason, those at zero too.
+        #[arg(long)]
+        all: bool,
+    },
     /// Check, apply or show policies.
     #[command(subcommand)]
     Policy(PolicyCommand),

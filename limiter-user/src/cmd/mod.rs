@@ -34,7 +34,7 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
         Command::Run(_) => unreachable!("handled above"),
         Command::Unload(args) => unload::unload(args, json),
         Command::Status => status::status(client, json),
-        Command::Stats => stats::stats(client, json),
+        Command::Stats { all } => stats::stats(client, json, *all),
         Command::Policy(cmd) => policy::policy(cmd, client, json),
         Command::Prefix(cmd) => prefix::prefix(cmd, client, json),
         Command::Fleet(crate::cli::FleetCommand::Status) => fleet::status(client, json),

@@ -357,7 +357,12 @@ pub struct SynCookieRow {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReasonRow {
     pub reason: String,
+    /// The XDP verdict (`pass` for a shadow drop).
     pub verdict: String,
+    /// `pass`, `drop` or `shadow_drop`: the metrics' `action` label
+    /// (empty from a daemon of a build before it).
+    #[serde(default)]
+    pub action: String,
     pub packets: u64,
     pub bytes: u64,
 }

@@ -209,6 +209,7 @@ impl Answers<'_> {
                 ReasonRow {
                     reason: r.label().into(),
                     verdict: r.verdict().label().into(),
+                    action: r.action().label().into(),
                     packets: c.packets,
                     bytes: c.bytes,
                 }

@@ -87,10 +87,25 @@ fn every_verb_in_human_and_json_form() {
     let j = json(&cli(s, &["status", "--json"]));
     assert_eq!((j["iface"].as_str(), j["policy_version"].as_u64()), (Some("vb"), Some(1)), "{j}");
 
+    // Nothing counted yet: no reason row but the note; --all shows every
+    // reason with the metrics' action words.
     let out = ok(&cli(s, &["stats"]));
-    assert!(out.contains("rate_limited") && out.contains("default"), "{out}");
+    assert!(!out.contains("rate_limited") && out.contains("default"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with('(') && l.ends_with("reasons at zero not shown; --all shows them)")), "{out}");
+    let out = ok(&cli(s, &["stats", "--all"]));
+    let row = |reason: &str| {
+        out.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).find(|w| w.first() == Some(&reason))
+    };
+    assert_eq!(row("rate_limited").unwrap()[1], "drop", "{out}");
+    assert_eq!(row("shadow_dropped").unwrap()[1], "shadow_drop", "{out}");
     let j = json(&cli(s, &["stats", "-j"]));
-    assert_eq!(j["reasons"].as_array().unwrap().len(), limiter_common::REASON_COUNT, "{j}");
+    let reasons = j["reasons"].as_array().unwrap();
+    assert_eq!(reasons.len(), limiter_common::REASON_COUNT, "{j}");
+    for r in reasons {
+        let reason: limiter_common::Reason =
+            limiter_common::Reason::ALL.into_iter().find(|x| x.label() == r["reason"]).unwrap();
+        assert_eq!(r["action"], reason.action().label(), "{r}");
+    }
 
     let out = ok(&cli(s, &["policy", "show"]));
     assert!(out.starts_with("# policy v1") && out.contains("cidr = \"198.18.9.0/24\""), "{out}");
