@@ -347,15 +347,28 @@ fn one_line(text: &str) -> String {
     if para.is_empty() { "invalid arguments".into() } else { para.join(" ").trim_start_matches("error: ").to_owned() }
 }
 
-/// Parse arguments; on a usage error print one line and exit with status 2.
+/// Parse arguments; on a usage error print one line (a JSON object under
+/// `-j`, see [`say_error`]) and exit with status 2.
 #[must_use]
 pub fn parse() -> Cli {
     match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
         Err(e) => {
-            eprintln!("limiter: {} (see --help)", one_line(&e.to_string()));
+            let json = std::env::args().skip(1).take_while(|a| a != "--").any(|a| a == "-j" || a == "--json");
+            say_error(&format!("{} (see --help)", one_line(&e.to_string())), json);
             std::process::exit(2);
         }
+    }
+}
+
+/// Say a verb's error: `limiter: MESSAGE` on standard error, or with
+/// `json` `{"error": "MESSAGE"}` on standard output, where a script reads
+/// the answer (the exit status says it failed either way).
+pub fn say_error(message: &str, json: bool) {
+    if json {
+        println!("{}", serde_json::json!({ "error": message }));
+    } else {
+        eprintln!("limiter: {message}");
     }
 }

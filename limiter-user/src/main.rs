@@ -14,8 +14,10 @@ fn main() -> std::process::ExitCode {
     match limiter::cmd::dispatch(&cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // One line: the error and its causes, outermost first.
-            eprintln!("limiter: {e:#}");
+            // One line: the error and its causes, outermost first; under
+            // -j, as a JSON object on standard output, where the answer
+            // would have been.
+            limiter::cli::say_error(&format!("{e:#}"), cli.json);
             std::process::ExitCode::FAILURE
         }
     }

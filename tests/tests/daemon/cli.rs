@@ -196,6 +196,20 @@ fn policy_check_validates_offline() {
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains(&format!("{}:9: class[0].colour: unknown field", bad.display())), "{lines:?}");
 
+    // Under -j the error is a JSON object where the answer would be, with
+    // the same exit status; a usage error too (status 2).
+    for (args, code) in [
+        (vec!["policy", "check", bad.to_str().unwrap(), "-j"], 1),
+        (vec!["prefix", "deny", "not-a-cidr", "--json"], 2),
+    ] {
+        let o = limiter(&args);
+        assert_eq!(o.status.code(), Some(code), "{args:?}");
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let error = j["error"].as_str().unwrap_or_else(|| panic!("{j}"));
+        assert!(error.contains(if code == 1 { "class[0].colour" } else { "not-a-cidr" }), "{j}");
+        assert!(o.stderr.is_empty(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+
     let o = limiter(&["policy", "check", dir.join("missing.toml").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(stderr_lines(&o).len(), 1);
