@@ -9,6 +9,7 @@ mod replay;
 mod run;
 mod stats;
 mod status;
+mod table;
 mod top;
 mod unload;
 mod upstream;

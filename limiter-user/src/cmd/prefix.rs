@@ -1,5 +1,6 @@
 //! `limiter prefix list|set|allow|deny|unset|load`.
 
+use super::table::{Align::Left, Align::Right, Table};
 use crate::{
     cli::PrefixCommand,
     control::{Request, client::Client},
@@ -61,23 +62,29 @@ fn show(client: Client, cidr: ipnet::IpNet, json: bool) -> anyhow::Result<()> {
     }
     if s.windows.is_empty() {
         println!("no window-quota class in the policy (token buckets only)");
+        return Ok(());
     }
-    println!(
-        "{:<16} {:<6} {:>10} {:>10} {:>10} {:>10} {:>12}",
-        "class", "scope", "limit", "local", "fleet", "left", "window"
-    );
+    let mut t = Table::new(&[
+        ("class", Left),
+        ("scope", Left),
+        ("limit", Right),
+        ("local", Right),
+        ("fleet", Right),
+        ("left", Right),
+        ("window", Right),
+    ]);
     for w in &s.windows {
-        println!(
-            "{:<16} {:<6} {:>10} {:>10} {:>10} {:>10} {:>12}",
-            w.class,
+        t.row(vec![
+            w.class.clone(),
             crate::policy::spelling(&w.scope),
-            w.limit,
-            w.local,
-            w.fleet,
-            w.remaining,
-            format!("{} s / {}", w.window_secs, w.slices)
-        );
+            w.limit.to_string(),
+            w.local.to_string(),
+            w.fleet.to_string(),
+            w.remaining.to_string(),
+            format!("{} s / {}", w.window_secs, w.slices),
+        ]);
     }
+    print!("{}", t.render());
     Ok(())
 }
 
@@ -137,28 +144,41 @@ fn list(client: Client, json: bool) -> anyhow::Result<()> {
     if json {
         return super::print_json(&serde_json::json!({ "version": l.version, "overrides": l.entries, "more": l.more }));
     }
-    println!("{:<44} {:<7} {:>12} {:>12} {:<8} {:>10}", "prefix", "action", "rate", "burst", "origin", "expires in");
+    let mut t = Table::new(&[
+        ("prefix", Left),
+        ("action", Left),
+        ("rate", Right),
+        ("burst", Right),
+        ("origin", Left),
+        ("expires in", Right),
+    ]);
+    let num = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    let ttl = |s: Option<u64>| s.map_or_else(|| "never".to_owned(), |s| format!("{s} s"));
     for e in &l.entries {
-        let num = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |n| n.to_string());
-        let ttl = e.expires_in_secs.map_or_else(|| "never".to_owned(), |s| format!("{s} s"));
         let origin = e.source.clone().unwrap_or_else(|| e.origin.to_string());
-        println!("{:<44} {:<7} {:>12} {:>12} {:<8} {:>10}", e.cidr, e.action, num(e.rate), num(e.burst), origin, ttl);
+        t.row(vec![
+            e.cidr.to_string(),
+            e.action.to_string(),
+            num(e.rate),
+            num(e.burst),
+            origin,
+            ttl(e.expires_in_secs),
+        ]);
         // Every layer that spoke, highest first: the one in force, and
         // those beneath it (in force again when what is above them ends).
         for l in &e.layers {
-            let ttl = l.expires_in_secs.map_or_else(|| "never".to_owned(), |s| format!("{s} s"));
             let mark = if l.in_force { "  in force:" } else { "  beneath:" };
-            println!(
-                "{:<44} {:<7} {:>12} {:>12} {:<8} {:>10}",
-                mark,
-                l.action,
+            t.row(vec![
+                mark.to_owned(),
+                l.action.to_string(),
                 num(l.rate),
                 num(l.burst),
-                l.layer,
-                ttl
-            );
+                l.layer.to_string(),
+                ttl(l.expires_in_secs),
+            ]);
         }
     }
+    print!("{}", t.render());
     if l.more > 0 {
         println!("... and {} more CrowdSec decisions (limiter_deny_networks counts them by origin)", l.more);
     }

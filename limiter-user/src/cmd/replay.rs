@@ -4,6 +4,8 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
+use super::table::Align::{Left, Right};
+
 use crate::{
     policy::{self, Loaded},
     replay::{Pcap, replay as run_replay},
@@ -19,10 +21,18 @@ pub fn replay(pcap: &Path, policy_file: Option<&Path>, json: bool) -> anyhow::Re
     if json {
         return super::print_json(&report);
     }
-    println!("{:<44} {:>10} {:>10} {:>10} {:>14}", "prefix", "packets", "passed", "dropped", "shadow_dropped");
+    let mut t = super::table::Table::new(&[
+        ("prefix", Left),
+        ("packets", Right),
+        ("passed", Right),
+        ("dropped", Right),
+        ("shadow_dropped", Right),
+    ]);
     for r in &report.prefixes {
-        println!("{:<44} {:>10} {:>10} {:>10} {:>14}", r.prefix, r.packets, r.passed, r.dropped, r.shadow_dropped);
+        let n = |v: u64| v.to_string();
+        t.row(vec![r.prefix.clone(), n(r.packets), n(r.passed), n(r.dropped), n(r.shadow_dropped)]);
     }
+    print!("{}", t.render());
     if report.reordered > 0 {
         println!(
             "{} of {} frames were stamped earlier than a frame before them: put back in order within {} frames; {} \

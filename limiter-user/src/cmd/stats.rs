@@ -1,5 +1,6 @@
 //! `limiter stats`.
 
+use super::table::{Align::Left, Align::Right, Table};
 use crate::control::client::Client;
 
 pub fn stats(client: Client, json: bool, all: bool) -> anyhow::Result<()> {
@@ -7,30 +8,29 @@ pub fn stats(client: Client, json: bool, all: bool) -> anyhow::Result<()> {
     if json {
         return super::print_json(&s);
     }
-    println!("{:<22} {:<11} {:>14} {:>16}", "reason", "action", "packets", "bytes");
+    let mut t = Table::new(&[("reason", Left), ("action", Left), ("packets", Right), ("bytes", Right)]);
     let (shown, zero): (Vec<_>, Vec<_>) = s.reasons.iter().partition(|r| all || r.packets > 0);
     for r in &shown {
         // A daemon of a build before `action` says the verdict only.
         let action = if r.action.is_empty() { &r.verdict } else { &r.action };
-        println!("{:<22} {:<11} {:>14} {:>16}", r.reason, action, r.packets, r.bytes);
+        t.row(vec![r.reason.clone(), action.clone(), r.packets.to_string(), r.bytes.to_string()]);
     }
+    print!("{}", t.render());
     if !zero.is_empty() {
         println!("({} reasons at zero not shown; --all shows them)", zero.len());
     }
-    println!("\n{:<22} {:>14} {:>14} {:>14}", "class", "admitted", "dropped", "shadow_dropped");
+    let mut t = Table::new(&[("class", Left), ("admitted", Right), ("dropped", Right), ("shadow_dropped", Right)]);
     for c in &s.classes {
-        println!("{:<22} {:>14} {:>14} {:>14}", c.class, c.admitted, c.dropped, c.shadow_dropped);
+        t.row(vec![c.class.clone(), c.admitted.to_string(), c.dropped.to_string(), c.shadow_dropped.to_string()]);
     }
+    print!("\n{}", t.render());
     if !s.syn_cookies.is_empty() {
-        println!("\n{:<22} {:<8} {:>8}", "syn cookies", "mode", "engaged");
+        let mut t = Table::new(&[("syn cookies", Left), ("mode", Left), ("engaged", Right)]);
         for c in &s.syn_cookies {
-            println!(
-                "{:<22} {:<8} {:>8}",
-                c.class,
-                crate::policy::spelling(&c.mode),
-                if c.engaged { "yes" } else { "no" }
-            );
+            let engaged = if c.engaged { "yes" } else { "no" };
+            t.row(vec![c.class.clone(), crate::policy::spelling(&c.mode), engaged.to_owned()]);
         }
+        print!("\n{}", t.render());
     }
     Ok(())
 }

@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use super::table::{Align::Left, Align::Right, Table};
+
 use crate::{
     control::{TopInfo, client::Client},
     top::sparkline,
@@ -33,17 +35,19 @@ fn screen(t: &TopInfo, clear: bool) -> String {
     let _ = writeln!(out, "limiter top: drops sampled 1 in {}, rates over {} s", t.sample_every, t.window_secs);
     let _ = writeln!(out, "pass {:>10}/s  {}", last(&t.passed_per_sec), sparkline(&tail(&t.passed_per_sec)));
     let _ = writeln!(out, "drop {:>10}/s  {}", last(&t.dropped_per_sec), sparkline(&tail(&t.dropped_per_sec)));
-    let _ = writeln!(out, "\n{:<44} {:<14} {:>14}", "prefix", "class", "drops/s");
+    let mut table = Table::new(&[("prefix", Left), ("class", Left), ("drops/s", Right)]);
     for o in &t.offenders {
-        let _ = writeln!(out, "{:<44} {:<14} {:>14}", o.prefix, o.class, o.drops_per_sec);
+        table.row(vec![o.prefix.to_string(), o.class.clone(), o.drops_per_sec.to_string()]);
     }
+    let _ = write!(out, "\n{}", table.render());
     if !t.groups.is_empty() {
-        let _ = writeln!(out, "\n{:<44} {:>14} {:>14}", "group", "passed/s", "dropped/s");
+        let mut table = Table::new(&[("group", Left), ("passed/s", Right), ("dropped/s", Right)]);
         let mut groups = t.groups.clone();
         groups.sort_by(|a, b| b.dropped_per_sec.cmp(&a.dropped_per_sec).then_with(|| a.group.cmp(&b.group)));
         for g in &groups {
-            let _ = writeln!(out, "{:<44} {:>14} {:>14}", g.group, g.passed_per_sec, g.dropped_per_sec);
+            table.row(vec![g.group.clone(), g.passed_per_sec.to_string(), g.dropped_per_sec.to_string()]);
         }
+        let _ = write!(out, "\n{}", table.render());
     }
     out
 }

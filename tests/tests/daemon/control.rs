@@ -62,6 +62,20 @@ fn json(o: &Output) -> serde_json::Value {
     serde_json::from_str(&ok(o)).expect("one JSON document")
 }
 
+/// Every row of the table starting at `text`'s first line has a cell
+/// starting exactly under each of `columns` (left-aligned headers).
+fn aligned(text: &str, columns: &[&str]) {
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    for col in columns {
+        let at = header.find(col).unwrap_or_else(|| panic!("{col} not in {header:?}"));
+        for row in lines.clone().take_while(|l| !l.is_empty() && !l.starts_with('(')) {
+            let starts = row.get(at..).is_some_and(|r| !r.starts_with(' ')) && row[..at].ends_with(' ');
+            assert!(starts, "{col:?} (at {at}) is not where a cell of {row:?} starts:\n{text}");
+        }
+    }
+}
+
 fn one_error_line(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(1), "{err}");
@@ -93,6 +107,7 @@ fn every_verb_in_human_and_json_form() {
     assert!(!out.contains("rate_limited") && out.contains("default"), "{out}");
     assert!(out.lines().any(|l| l.starts_with('(') && l.ends_with("reasons at zero not shown; --all shows them)")), "{out}");
     let out = ok(&cli(s, &["stats", "--all"]));
+    aligned(&out, &["action"]);
     let row = |reason: &str| {
         out.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).find(|w| w.first() == Some(&reason))
     };
@@ -117,6 +132,7 @@ fn every_verb_in_human_and_json_form() {
     assert!(out.contains("policy v2"), "{out}");
     let out = ok(&cli(s, &["prefix", "list"]));
     assert!(out.contains("198.18.0.0/16") && out.contains("runtime") && out.contains("198.18.9.0/24"), "{out}");
+    aligned(&out, &["action", "origin"]);
     let j = json(&cli(s, &["prefix", "deny", "198.18.1.0/24", "-j"]));
     assert_eq!(j["version"].as_u64(), Some(3), "{j}");
     let j = json(&cli(s, &["prefix", "list", "-j"]));
@@ -187,7 +203,11 @@ fn peers_that_are_not_root_or_in_the_group_are_refused() {
             .output()
             .unwrap()
     };
-    let err = one_error_line(&as_user("65534"));
+    // Refused: under --json, the error is the JSON answer (exit 1).
+    let o = as_user("65534");
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    let err: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let err = err["error"].as_str().unwrap_or_default();
     assert!(err.contains("permission denied: uid 65534 is not root and not in group 4242"), "{err}");
     let j = json(&as_user("4242"));
     assert_eq!(j["policy_version"].as_u64(), Some(1), "{j}");
