@@ -3,6 +3,7 @@
 
 mod fleet;
 mod generate;
+mod human;
 mod policy;
 mod prefix;
 mod replay;

@@ -153,7 +153,7 @@ fn list(client: Client, json: bool) -> anyhow::Result<()> {
         ("expires in", Right),
     ]);
     let num = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |n| n.to_string());
-    let ttl = |s: Option<u64>| s.map_or_else(|| "never".to_owned(), |s| format!("{s} s"));
+    let ttl = |s: Option<u64>| s.map_or_else(|| "never".to_owned(), super::human::duration);
     for e in &l.entries {
         let origin = e.source.clone().unwrap_or_else(|| e.origin.to_string());
         t.row(vec![

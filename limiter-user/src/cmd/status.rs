@@ -25,7 +25,7 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
         writeln!(out, "                {}", s.policy.trim_start_matches(&format!("policy v{}: ", s.policy_version)));
     let _ = writeln!(out, "tracked         {}/{}", s.tracked, s.capacity);
     let _ = writeln!(out, "packets         {} passed, {} dropped", s.passed_packets, s.dropped_packets);
-    let _ = writeln!(out, "uptime          {} s", s.uptime_secs);
+    let _ = writeln!(out, "uptime          {}", super::human::duration(s.uptime_secs));
     if let Some((priority, others)) = &s.dispatcher {
         let others: Vec<String> = others.iter().map(|(n, id, p)| format!("{n} (id {id}, priority {p})")).collect();
         let others = if others.is_empty() { "none".to_owned() } else { others.join(", ") };
@@ -87,7 +87,8 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     match &s.last_reload {
         Some(r) => {
             let ok = if r.ok { "ok" } else { "FAILED" };
-            let _ = writeln!(out, "last reload     {ok} at {}: {}", r.unix_time, r.message);
+            let at = super::human::when(r.unix_time, crate::clock::unix_now());
+            let _ = writeln!(out, "last reload     {ok} at {at}: {}", r.message);
         }
         None => out.push_str("last reload     none\n"),
     }

@@ -69,6 +69,6 @@ fn print(i: &UpstreamInfo) {
     }
     let now = crate::clock::unix_now();
     for r in &i.rules {
-        println!("{}, {} s left", r.describe(), r.expires.saturating_sub(now));
+        println!("{}, {} left", r.describe(), super::human::duration(r.expires.saturating_sub(now)));
     }
 }
