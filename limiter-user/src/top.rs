@@ -86,9 +86,18 @@ pub use crate::dataplane::cidr;
 /// Eight-level bar chart of `values` scaled to their maximum.
 #[must_use]
 pub fn sparkline(values: &[u64]) -> String {
-    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    bars(values, ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'])
+}
+
+/// [`sparkline`] in ASCII, for a terminal whose locale is not UTF-8.
+#[must_use]
+pub fn ascii_sparkline(values: &[u64]) -> String {
+    bars(values, ['_', '.', '-', ':', '=', '+', '*', '#'])
+}
+
+fn bars(values: &[u64], bars: [char; 8]) -> String {
     let max = values.iter().copied().max().unwrap_or(0).max(1);
-    values.iter().map(|v| BARS[usize::try_from(v * 7 / max).unwrap_or(7).min(7)]).collect()
+    values.iter().map(|v| bars[usize::try_from(v * 7 / max).unwrap_or(7).min(7)]).collect()
 }
 
 #[cfg(test)]
@@ -138,6 +147,7 @@ mod tests {
     #[test]
     fn sparkline_scales_to_the_maximum() {
         assert_eq!(sparkline(&[0, 7, 14]), "▁▄█");
+        assert_eq!(ascii_sparkline(&[0, 7, 14]), "_:#");
         assert_eq!(sparkline(&[]), "");
     }
 }

@@ -6,16 +6,22 @@ use super::table::{Align::Left, Align::Right, Table};
 
 use crate::{
     control::{TopInfo, client::Client},
-    top::sparkline,
+    top::{ascii_sparkline, sparkline},
 };
 
 pub fn top(client: Client, json: bool, once: bool, n: u16, interval: f64) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    // A screen redrawn in place on a terminal; into a pipe or a file, one
+    // view after another with no control codes.
+    let clear = !once && std::io::stdout().is_terminal();
+    let var = |name: &str| std::env::var(name).ok();
+    let utf8 = utf8_locale(var("LC_ALL"), var("LC_CTYPE"), var("LANG"));
     loop {
         let t = client.top(usize::from(n))?;
         if json {
             super::print_json(&t)?;
         } else {
-            print!("{}", screen(&t, !once));
+            print!("{}", screen(&t, clear, utf8));
             let _ = std::io::Write::flush(&mut std::io::stdout());
         }
         if once {
@@ -25,7 +31,17 @@ pub fn top(client: Client, json: bool, once: bool, n: u16, interval: f64) -> any
     }
 }
 
-fn screen(t: &TopInfo, clear: bool) -> String {
+/// Whether the locale the variables name (the first set of `LC_ALL`,
+/// `LC_CTYPE`, `LANG`, as the C library reads them) writes UTF-8; unset,
+/// it is `C`, which does not.
+fn utf8_locale(all: Option<String>, ctype: Option<String>, lang: Option<String>) -> bool {
+    let locale = [all, ctype, lang].into_iter().flatten().find(|v| !v.is_empty()).unwrap_or_default();
+    let l = locale.to_ascii_lowercase();
+    l.contains("utf-8") || l.contains("utf8")
+}
+
+fn screen(t: &TopInfo, clear: bool, utf8: bool) -> String {
+    let spark = |v: &[u64]| if utf8 { sparkline(v) } else { ascii_sparkline(v) };
     let mut out = String::new();
     if clear {
         out.push_str("\x1b[H\x1b[2J"); // home, clear screen
@@ -33,8 +49,8 @@ fn screen(t: &TopInfo, clear: bool) -> String {
     let last = |v: &[u64]| v.last().copied().unwrap_or(0);
     let tail = |v: &[u64]| v[v.len().saturating_sub(60)..].to_vec();
     let _ = writeln!(out, "limiter top: drops sampled 1 in {}, rates over {} s", t.sample_every, t.window_secs);
-    let _ = writeln!(out, "pass {:>10}/s  {}", last(&t.passed_per_sec), sparkline(&tail(&t.passed_per_sec)));
-    let _ = writeln!(out, "drop {:>10}/s  {}", last(&t.dropped_per_sec), sparkline(&tail(&t.dropped_per_sec)));
+    let _ = writeln!(out, "pass {:>10}/s  {}", last(&t.passed_per_sec), spark(&tail(&t.passed_per_sec)));
+    let _ = writeln!(out, "drop {:>10}/s  {}", last(&t.dropped_per_sec), spark(&tail(&t.dropped_per_sec)));
     let mut table = Table::new(&[("prefix", Left), ("class", Left), ("drops/s", Right)]);
     for o in &t.offenders {
         table.row(vec![o.prefix.to_string(), o.class.clone(), o.drops_per_sec.to_string()]);
@@ -50,4 +66,31 @@ fn screen(t: &TopInfo, clear: bool) -> String {
         let _ = write!(out, "\n{}", table.render());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_into_a_pipe_or_a_c_locale_has_no_codes_and_no_wide_bars() {
+        let t = TopInfo {
+            window_secs: 10,
+            sample_every: 64,
+            passed_per_sec: vec![0, 5, 10],
+            dropped_per_sec: vec![3, 0, 1],
+            offenders: Vec::new(),
+            groups: Vec::new(),
+        };
+        let piped = screen(&t, false, false);
+        assert!(piped.is_ascii(), "{piped}");
+        assert!(piped.contains("_:#"), "{piped}");
+        assert!(screen(&t, true, true).starts_with("\x1b[H\x1b[2J"));
+        assert!(screen(&t, false, true).contains("▁▄█"));
+        let some = |v: &str| Some(v.to_owned());
+        assert!(!utf8_locale(None, None, None), "unset is C");
+        assert!(!utf8_locale(some("C"), some("en_US.UTF-8"), None), "LC_ALL wins");
+        assert!(utf8_locale(some(""), None, some("en_US.utf8")), "an empty one is skipped");
+        assert!(!utf8_locale(None, None, some("POSIX")));
+    }
 }
