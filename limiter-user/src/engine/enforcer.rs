@@ -199,6 +199,9 @@ impl Enforcer {
         action: Option<OverrideAction>,
         ttl: Option<u64>,
     ) -> Result<String, ApplyError> {
+        if action.is_some() {
+            self.operator_net(net)?;
+        }
         let in_file = self.base.overrides.iter().any(|o| o.net == net);
         let expires = ttl.map(|t| crate::clock::unix_now() + t);
         let changes = self.layers.operator(net, action, expires, in_file);
@@ -210,6 +213,22 @@ impl Enforcer {
                 .unwrap_or_else(|| Err(ApplyError::Request(format!("{net} has no override"))));
         }
         self.change_entries(maps, &changes)
+    }
+
+    /// The operator's `net` as an override may take it, refused in the
+    /// words the operator typed (the compile would name the override's
+    /// index in the effective policy, which the operator never wrote).
+    fn operator_net(&self, net: IpNet) -> Result<(), ApplyError> {
+        if net.trunc() != net {
+            return Err(ApplyError::Request(format!("{net} has host bits set (did you mean {}?)", net.trunc())));
+        }
+        let bucket = if net.addr().is_ipv4() { self.base.v4_prefix } else { self.base.v6_prefix };
+        if u32::from(net.prefix_len()) > bucket {
+            return Err(ApplyError::Request(format!(
+                "{net} is longer than the bucket prefix /{bucket}: an override covers whole buckets"
+            )));
+        }
+        Ok(())
     }
 
     /// Set `action` on every CIDR of `cidrs` as one new version, all or

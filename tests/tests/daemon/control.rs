@@ -147,7 +147,11 @@ fn every_verb_in_human_and_json_form() {
     ok(&cli(s, &["prefix", "allow", "198.18.2.0/24", "--json"]));
 
     // Bad input: one line, non-zero, nothing changes.
-    one_error_line(&cli(s, &["prefix", "set", "198.18.1.7/24", "--rate", "1", "--burst", "1"]));
+    let err = one_error_line(&cli(s, &["prefix", "set", "198.18.1.7/24", "--rate", "1", "--burst", "1"]));
+    // Named as typed, not as the override's index in the policy it would
+    // have made.
+    assert!(err.contains("198.18.1.7/24 has host bits set (did you mean 198.18.1.0/24?)"), "{err}");
+    assert!(!err.contains("override["), "{err}");
     // Not a CIDR is a bad argument: refused before the daemon is asked
     // (exit status 2, as every usage error).
     let o = cli(s, &["prefix", "deny", "not-a-cidr"]);
