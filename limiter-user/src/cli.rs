@@ -31,7 +31,11 @@ pub enum Command {
     /// --keep-maps).
     Unload(UnloadArgs),
     /// The running daemon: interface, policy version, counters, last reload.
-    Status,
+    Status {
+        /// Ask again every SECS seconds (2 if not given) until interrupted.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2", value_parser = watch_secs)]
+        watch: Option<f64>,
+    },
     /// Packets and bytes per reason with its action (pass, drop,
     /// shadow_drop: the metrics' words), and per rule class; reasons that
     /// counted nothing are left out unless --all.
@@ -39,6 +43,9 @@ pub enum Command {
         /// Every reason, those at zero too.
         #[arg(long)]
         all: bool,
+        /// Ask again every SECS seconds (2 if not given) until interrupted.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2", value_parser = watch_secs)]
+        watch: Option<f64>,
     },
     /// Check, apply or show policies.
     #[command(subcommand)]
@@ -328,6 +335,14 @@ fn address_or_net(s: &str) -> Result<ipnet::IpNet, NotANet> {
     s.parse::<ipnet::IpNet>()
         .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
         .map_err(|_| NotANet(s.to_owned()))
+}
+
+/// A `--watch` period: 0.1 to 3600 seconds.
+fn watch_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds from 0.1 to 3600")),
+    }
 }
 
 /// A `--ttl` in whole seconds, at least one.

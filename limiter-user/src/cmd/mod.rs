@@ -35,8 +35,8 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Run(_) => unreachable!("handled above"),
         Command::Unload(args) => unload::unload(args, json),
-        Command::Status => status::status(client, json),
-        Command::Stats { all } => stats::stats(client, json, *all),
+        Command::Status { watch: every } => watch(*every, json, || status::status(client, json)),
+        Command::Stats { all, watch: every } => watch(*every, json, || stats::stats(client, json, *all)),
         Command::Policy(cmd) => policy::policy(cmd, client, json),
         Command::Prefix(cmd) => prefix::prefix(cmd, client, json),
         Command::Fleet(crate::cli::FleetCommand::Status) => fleet::status(client, json),
@@ -94,6 +94,23 @@ fn only_one(mut found: Vec<PathBuf>, default: &Path, several: &str, flag: &str) 
             let names: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
             anyhow::bail!("{several} ({}): pick one with {flag}", names.join(", "))
         }
+    }
+}
+
+/// Run `show` once, or with `every` seconds again and again until
+/// interrupted (or an error): on a terminal each view replaces the last,
+/// into a pipe they follow one another (with -j, one JSON document each).
+fn watch(every: Option<f64>, json: bool, mut show: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let Some(every) = every else { return show() };
+    let clear = !json && std::io::stdout().is_terminal();
+    loop {
+        if clear {
+            print!("\x1b[H\x1b[2J"); // home, clear screen
+        }
+        show()?;
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        std::thread::sleep(std::time::Duration::from_secs_f64(every));
     }
 }
 

@@ -100,6 +100,23 @@ fn every_verb_in_human_and_json_form() {
     assert!(out.contains("interface       vb (native)") && out.contains("policy          v1 from"), "{out}");
     let j = json(&cli(s, &["status", "--json"]));
     assert_eq!((j["iface"].as_str(), j["policy_version"].as_u64()), (Some("vb"), Some(1)), "{j}");
+    // --watch asks again until interrupted: into a pipe, one view after
+    // another, no screen codes.
+    let mut watch = Command::new(scenario::locate_bin("limiter").unwrap())
+        .args(["status", "--watch", "0.2", "--socket"])
+        .arg(s)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_secs(2));
+    watch.kill().unwrap();
+    let out = watch.wait_with_output().unwrap();
+    let views = String::from_utf8_lossy(&out.stdout);
+    // Again and again, but not faster than asked (2 s at 0.2 s: 11 at most).
+    let seen = views.lines().filter(|l| l.starts_with("interface ")).count();
+    assert!((2..=11).contains(&seen), "{seen} views in 2 s at 0.2 s: {views}");
+    assert!(!views.contains('\x1b'), "{views}");
+    assert_eq!(cli(s, &["stats", "--watch", "0"]).status.code(), Some(2), "a watch of 0 s is refused");
 
     // Nothing counted yet: no reason row but the note; --all shows every
     // reason with the metrics' action words.
