@@ -11,12 +11,12 @@ use crate::dataplane::{AttachMode, pin::DEFAULT_PIN_DIR};
 #[command(name = "limiter", version = crate::LONG_VERSION, about)]
 pub struct Cli {
     /// Print JSON instead of tables (for scripts).
-    #[arg(long, short = 'j', global = true)]
+    #[arg(long, short = 'j', global = true, help_heading = "Global options")]
     pub json: bool,
     /// The daemon's control socket [default: /run/limiter/limiter.sock;
     /// for the other verbs, if it does not exist, the one socket of a
     /// `limiter@IFACE` service in /run/limiter].
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH", help_heading = "Global options")]
     pub socket: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
@@ -26,11 +26,20 @@ pub struct Cli {
 pub enum Command {
     /// Load the XDP program, attach it to an interface and enforce the policy
     /// until SIGINT or SIGTERM; SIGHUP re-reads the policy.
+    #[command(
+        after_help = "Examples:\n  limiter run --iface eth0\n  limiter run --iface eth0 --pin --policy /etc/limiter/limiter.toml\n  limiter run --iface eth0 --shadow          # count would-be drops, drop nothing"
+    )]
     Run(Box<RunArgs>),
     /// Detach a pinned limiter and remove its pins (maps too, unless
     /// --keep-maps).
+    #[command(
+        after_help = "Examples:\n  limiter unload --pin-dir /sys/fs/bpf/limiter-eth0\n  limiter unload --keep-maps"
+    )]
     Unload(UnloadArgs),
     /// The running daemon: interface, policy version, counters, last reload.
+    #[command(
+        after_help = "Examples:\n  limiter status\n  limiter status --watch 5\n  limiter status -j | jq .last_reload"
+    )]
     Status {
         /// Ask again every SECS seconds (2 if not given) until interrupted.
         #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2", value_parser = watch_secs)]
@@ -39,6 +48,7 @@ pub enum Command {
     /// Packets and bytes per reason with its action (pass, drop,
     /// shadow_drop: the metrics' words), and per rule class; reasons that
     /// counted nothing are left out unless --all.
+    #[command(after_help = "Examples:\n  limiter stats\n  limiter stats --all\n  limiter stats --watch")]
     Stats {
         /// Every reason, those at zero too.
         #[arg(long)]
@@ -64,6 +74,7 @@ pub enum Command {
     Upstream(UpstreamCommand),
     /// Live view: pass and drop rates with sparklines, and the prefixes
     /// with the most drops over the last 10 s (sampled; bounded memory).
+    #[command(after_help = "Examples:\n  limiter top\n  limiter top --once -n 20\n  limiter top --once -j")]
     Top {
         /// Print once and exit (with --json: one JSON document).
         #[arg(long)]
@@ -78,6 +89,9 @@ pub enum Command {
     /// Run the real program offline over a capture (with the capture's own
     /// timestamps) and print verdict totals per source prefix: try a policy
     /// on recorded traffic before deploying it.
+    #[command(
+        after_help = "Examples:\n  limiter replay --pcap capture.pcap --policy my.toml\n  limiter replay --pcap capture.pcap -j"
+    )]
     Replay {
         /// A classic pcap file (Ethernet).
         #[arg(long, value_name = "FILE")]
@@ -88,12 +102,16 @@ pub enum Command {
         policy: Option<PathBuf>,
     },
     /// Print a shell completion script.
+    #[command(after_help = "Examples:\n  limiter completions bash > /etc/bash_completion.d/limiter")]
     Completions {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
     /// Print the man page limiter(8) (roff), or with --dir write it and
     /// one page per verb (limiter-run(8), limiter-policy-check(8), ...).
+    #[command(
+        after_help = "Examples:\n  limiter man | man -l -\n  limiter man --policy | man -l -\n  limiter man --dir /usr/local/share/man/man8"
+    )]
     Man {
         /// Write every page into this directory instead.
         #[arg(long, value_name = "DIR", conflicts_with = "policy")]
@@ -108,12 +126,18 @@ pub enum Command {
 pub enum PolicyCommand {
     /// Validate a policy file offline; exit non-zero with file, line and
     /// field on the first error.
+    #[command(
+        after_help = "Examples:\n  limiter policy check /etc/limiter/limiter.toml\n  limiter policy check my.toml -j"
+    )]
     Check {
         /// The policy file.
         file: PathBuf,
     },
     /// Apply FILE to the running daemon as the next policy version, all or
     /// nothing; without FILE the daemon re-reads its own policy source.
+    #[command(
+        after_help = "Examples:\n  limiter policy apply my.toml\n  limiter policy apply                 # re-read the daemon's own file"
+    )]
     Apply {
         /// The policy file.
         file: Option<PathBuf>,
@@ -124,21 +148,27 @@ pub enum PolicyCommand {
         force: bool,
     },
     /// Print the policy the daemon enforces, as a policy file.
+    #[command(after_help = "Examples:\n  limiter policy show\n  limiter policy show > running.toml")]
     Show,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum FleetCommand {
     /// The store, the nodes seen, the last sync and its lag, errors.
+    #[command(after_help = "Examples:\n  limiter fleet status\n  limiter fleet status -j")]
     Status,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum UpstreamCommand {
     /// The speaker, its sessions, and each rule wanted.
+    #[command(after_help = "Examples:\n  limiter upstream list\n  limiter upstream list -j")]
     List,
     /// Ask the transit to drop (or rate-limit) traffic from a source
     /// network: a FlowSpec rule.
+    #[command(
+        after_help = "Examples:\n  limiter upstream announce 198.18.7.0/24 --ttl 10m\n  limiter upstream announce 198.18.7.0/24 --rate-limit 125000 --protocol udp --destination 198.19.0.10/32"
+    )]
     Announce {
         /// The source network, e.g. 198.18.80.0/24.
         cidr: ipnet::IpNet,
@@ -158,6 +188,7 @@ pub enum UpstreamCommand {
     /// Ask the transit to drop everything sent to one of this host's
     /// destinations (RFC 7999 BLACKHOLE; needs `upstream.rtbh = true`):
     /// the attack's aim, reached for it, so never automatic.
+    #[command(after_help = "Examples:\n  limiter upstream blackhole 198.19.0.10/32 --ttl 5m")]
     Blackhole {
         /// The destination, e.g. 198.18.90.1/32.
         cidr: ipnet::IpNet,
@@ -166,6 +197,7 @@ pub enum UpstreamCommand {
         ttl: Option<u64>,
     },
     /// Withdraw the rules of a network, or every rule.
+    #[command(after_help = "Examples:\n  limiter upstream withdraw 198.18.7.0/24\n  limiter upstream withdraw --all")]
     Withdraw {
         /// The network.
         #[arg(required_unless_present = "all", conflicts_with = "all")]
@@ -184,15 +216,20 @@ fn protocol(s: &str) -> Result<u8, String> {
 #[derive(Debug, Subcommand)]
 pub enum PrefixCommand {
     /// List the overrides in force.
+    #[command(after_help = "Examples:\n  limiter prefix list\n  limiter prefix list -j")]
     List,
     /// A prefix's window quotas now: counted here, by the rest of the
     /// fleet, and what is left in the current window.
+    #[command(after_help = "Examples:\n  limiter prefix show 198.18.5.7\n  limiter prefix show 2001:2:0:100::/56")]
     Show {
         /// An address or its bucket prefix, e.g. 198.18.5.7 or 198.18.5.0/24.
         #[arg(value_parser = address_or_net)]
         cidr: ipnet::IpNet,
     },
     /// Give a prefix its own rate and burst.
+    #[command(
+        after_help = "Examples:\n  limiter prefix set 198.18.0.0/16 --rate 50 --burst 100\n  limiter prefix set 198.18.7.0/24 --rate 10 --burst 20 --ttl 1h"
+    )]
     Set {
         /// The prefix, e.g. 198.18.0.0/16 (no host bits).
         cidr: ipnet::IpNet,
@@ -208,6 +245,9 @@ pub enum PrefixCommand {
         ttl: Option<u64>,
     },
     /// Never limit a prefix.
+    #[command(
+        after_help = "Examples:\n  limiter prefix allow 198.18.5.0/24\n  limiter prefix allow 2001:2:0:100::/56 --ttl 1d"
+    )]
     Allow {
         /// The prefix.
         cidr: ipnet::IpNet,
@@ -216,6 +256,9 @@ pub enum PrefixCommand {
         ttl: Option<u64>,
     },
     /// Always drop a prefix.
+    #[command(
+        after_help = "Examples:\n  limiter prefix deny 198.18.7.0/24 --ttl 10m\n  limiter prefix deny 198.18.7.0/24 --upstream"
+    )]
     Deny {
         /// The prefix.
         cidr: ipnet::IpNet,
@@ -231,6 +274,9 @@ pub enum PrefixCommand {
     /// Deny (or allow) every prefix of a file as one version, all or
     /// nothing: one CIDR per line, `#` comments and blank lines allowed
     /// (as FireHOL netsets are written); `-` reads standard input.
+    #[command(
+        after_help = "Examples:\n  limiter prefix load --deny blocklist.netset --ttl 1h\n  curl -s https://example.net/list.netset | limiter prefix load --deny -"
+    )]
     Load {
         /// The file of prefixes to deny.
         #[arg(long, value_name = "FILE", conflicts_with = "allow", required_unless_present = "allow")]
@@ -243,6 +289,7 @@ pub enum PrefixCommand {
         ttl: Option<u64>,
     },
     /// Remove a prefix's override.
+    #[command(after_help = "Examples:\n  limiter prefix unset 198.18.7.0/24")]
     Unset {
         /// The prefix.
         cidr: ipnet::IpNet,

@@ -73,7 +73,7 @@ fn invalid_policy_values_are_refused_with_the_field_named() {
 #[test]
 fn help_works_on_every_verb() {
     let _alone = limiter_tests::alone(module_path!());
-    let verbs: [&[&str]; 19] = [
+    let verbs: [&[&str]; 26] = [
         &[],
         &["run"],
         &["unload"],
@@ -93,13 +93,33 @@ fn help_works_on_every_verb() {
         &["replay"],
         &["completions"],
         &["man"],
+        &["top"],
+        &["prefix", "show"],
+        &["fleet", "status"],
+        &["upstream", "list"],
+        &["upstream", "announce"],
+        &["upstream", "blackhole"],
+        &["upstream", "withdraw"],
     ];
     for v in verbs {
         let mut args = v.to_vec();
         args.push("--help");
         let o = limiter(&args);
         assert!(o.status.success(), "{args:?}");
-        assert!(String::from_utf8_lossy(&o.stdout).contains("Usage"), "{args:?}");
+        let help = String::from_utf8_lossy(&o.stdout);
+        assert!(help.contains("Usage"), "{args:?}");
+        // A leaf verb shows how it is used, each example its own verb;
+        // the options every verb takes stand apart from its own.
+        let leaf = !help.contains("Commands:");
+        if leaf && !v.is_empty() {
+            let examples: Vec<&str> =
+                help.split("Examples:").nth(1).unwrap_or_default().lines().filter(|l| !l.trim().is_empty()).collect();
+            assert!(!examples.is_empty(), "{args:?} has no example:\n{help}");
+            let verb = format!("limiter {}", v.join(" "));
+            assert!(examples.iter().all(|e| e.trim().contains(&verb)), "{args:?}: {examples:?}");
+        }
+        let global = help.split("Global options:").nth(1).unwrap_or_default();
+        assert!(global.contains("--json") && global.contains("--socket"), "{args:?}:\n{help}");
     }
 }
 
