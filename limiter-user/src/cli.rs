@@ -231,7 +231,9 @@ pub enum PrefixCommand {
         after_help = "Examples:\n  limiter prefix set 198.18.0.0/16 --rate 50 --burst 100\n  limiter prefix set 198.18.7.0/24 --rate 10 --burst 20 --ttl 1h"
     )]
     Set {
-        /// The prefix, e.g. 198.18.0.0/16 (no host bits).
+        /// The prefix, e.g. 198.18.0.0/16 (no host bits; an address is its
+        /// /32 or /128).
+        #[arg(value_parser = address_or_net)]
         cidr: ipnet::IpNet,
         /// Units per second.
         #[arg(long)]
@@ -249,7 +251,8 @@ pub enum PrefixCommand {
         after_help = "Examples:\n  limiter prefix allow 198.18.5.0/24\n  limiter prefix allow 2001:2:0:100::/56 --ttl 1d"
     )]
     Allow {
-        /// The prefix.
+        /// The prefix (an address is its /32 or /128).
+        #[arg(value_parser = address_or_net)]
         cidr: ipnet::IpNet,
         /// Expire after this long [default: never].
         #[arg(long, value_name = "DURATION", value_parser = ttl)]
@@ -260,7 +263,8 @@ pub enum PrefixCommand {
         after_help = "Examples:\n  limiter prefix deny 198.18.7.0/24 --ttl 10m\n  limiter prefix deny 198.18.7.0/24 --upstream"
     )]
     Deny {
-        /// The prefix.
+        /// The prefix (an address is its /32 or /128).
+        #[arg(value_parser = address_or_net)]
         cidr: ipnet::IpNet,
         /// Expire after this long [default: never; with --upstream, the
         /// upstream rule lasts the policy's `upstream.ttl`].
@@ -291,7 +295,8 @@ pub enum PrefixCommand {
     /// Remove a prefix's override.
     #[command(after_help = "Examples:\n  limiter prefix unset 198.18.7.0/24")]
     Unset {
-        /// The prefix.
+        /// The prefix (an address is its /32 or /128).
+        #[arg(value_parser = address_or_net)]
         cidr: ipnet::IpNet,
     },
 }

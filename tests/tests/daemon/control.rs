@@ -169,6 +169,10 @@ fn every_verb_in_human_and_json_form() {
     // have made.
     assert!(err.contains("198.18.1.7/24 has host bits set (did you mean 198.18.1.0/24?)"), "{err}");
     assert!(!err.contains("override["), "{err}");
+    // A bare address is its /32, as in prefix show: refused for what it
+    // is, finer than a bucket.
+    let err = one_error_line(&cli(s, &["prefix", "deny", "198.18.1.7"]));
+    assert!(err.contains("198.18.1.7/32 is longer than the bucket prefix /24"), "{err}");
     // Not a CIDR is a bad argument: refused before the daemon is asked
     // (exit status 2, as every usage error).
     let o = cli(s, &["prefix", "deny", "not-a-cidr"]);
@@ -184,7 +188,8 @@ fn every_verb_in_human_and_json_form() {
         ("limiter_policy_reloads_total{result=\"failure\"}", 0),
         ("limiter_control_refused_total{verb=\"prefix_set\"}", 1),
         ("limiter_control_refused_total{verb=\"prefix_unset\"}", 1),
-        ("limiter_control_refused_total{verb=\"prefix_deny\"}", 0),
+        ("limiter_control_refused_total{verb=\"prefix_deny\"}", 1),
+        ("limiter_control_refused_total{verb=\"prefix_allow\"}", 0),
     ] {
         assert_eq!(scenario::metric(&text, series), n, "{series} in\n{text}");
     }
