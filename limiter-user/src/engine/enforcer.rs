@@ -219,16 +219,7 @@ impl Enforcer {
     /// words the operator typed (the compile would name the override's
     /// index in the effective policy, which the operator never wrote).
     fn operator_net(&self, net: IpNet) -> Result<(), ApplyError> {
-        if net.trunc() != net {
-            return Err(ApplyError::Request(format!("{net} has host bits set (did you mean {}?)", net.trunc())));
-        }
-        let bucket = if net.addr().is_ipv4() { self.base.v4_prefix } else { self.base.v6_prefix };
-        if u32::from(net.prefix_len()) > bucket {
-            return Err(ApplyError::Request(format!(
-                "{net} is longer than the bucket prefix /{bucket}: an override covers whole buckets"
-            )));
-        }
-        Ok(())
+        crate::policy::compile::override_net(net, self.base.v4_prefix, self.base.v6_prefix).map_err(ApplyError::Request)
     }
 
     /// Set `action` on every CIDR of `cidrs` as one new version, all or

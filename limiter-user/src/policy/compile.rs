@@ -265,6 +265,20 @@ fn compile_classes(classes: &[super::Class], config: &mut Config) -> Result<(), 
     Ok(())
 }
 
+/// Why `net` cannot be an override under bucket prefixes `v4` and `v6`
+/// (host bits, or finer than a bucket), in words naming `net` itself:
+/// the file's overrides, the operator's and a bulk load's say it alike.
+pub fn override_net(net: IpNet, v4: u32, v6: u32) -> Result<(), String> {
+    if net.trunc() != net {
+        return Err(format!("{net} has host bits set (did you mean {}?)", net.trunc()));
+    }
+    let bucket = if net.addr().is_ipv4() { v4 } else { v6 };
+    if u32::from(net.prefix_len()) > bucket {
+        return Err(format!("{net} is longer than the bucket prefix /{bucket}: an override covers whole buckets"));
+    }
+    Ok(())
+}
+
 /// Linear in the number of overrides: one pass, one hash set for duplicates.
 fn compile_overrides(list: &[Override], v4: u32, v6: u32) -> Result<CompiledOverrides, PolicyError> {
     if list.len() > MAX_OVERRIDES as usize {
@@ -275,16 +289,7 @@ fn compile_overrides(list: &[Override], v4: u32, v6: u32) -> Result<CompiledOver
     for (i, o) in list.iter().enumerate() {
         let at = format!("override[{i}].");
         let net = o.net;
-        if net.trunc() != net {
-            return Err(bad(format!("{at}cidr"), format!("{net} has host bits set (did you mean {}?)", net.trunc())));
-        }
-        let bucket = if net.addr().is_ipv4() { v4 } else { v6 };
-        if u32::from(net.prefix_len()) > bucket {
-            return Err(bad(
-                format!("{at}cidr"),
-                format!("{net} is longer than the bucket prefix /{bucket}: an override covers whole buckets"),
-            ));
-        }
+        override_net(net, v4, v6).map_err(|why| bad(format!("{at}cidr"), why))?;
         if !seen.insert(net) {
             return Err(bad(format!("{at}cidr"), format!("{net} is listed twice")));
         }

@@ -21,13 +21,7 @@ pub(super) fn changes(
     let mut seen = HashSet::with_capacity(cidrs.len());
     for (index, &net) in cidrs.iter().enumerate() {
         let refuse = |message: String| ApplyError::Entry { index, message };
-        if net.trunc() != net {
-            return Err(refuse(format!("{net} has host bits set (did you mean {}?)", net.trunc())));
-        }
-        let bucket = if net.addr().is_ipv4() { base.v4_prefix } else { base.v6_prefix };
-        if u32::from(net.prefix_len()) > bucket {
-            return Err(refuse(format!("{net} is longer than the bucket prefix /{bucket}")));
-        }
+        crate::policy::compile::override_net(net, base.v4_prefix, base.v6_prefix).map_err(refuse)?;
         if !seen.insert(net) {
             return Err(refuse(format!("{net} is listed twice")));
         }
