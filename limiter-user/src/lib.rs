@@ -13,6 +13,8 @@
 //! - `policy::error`, `policy::duration`, `policy::words`: what every
 //!   section says a refusal, a duration and a decision with;
 //! - `groups::section` (feature): the `[[group]]` section, groups' own;
+//! - `sources`, `sources::section` (feature): the kinds of `[[source]]`
+//!   file (each a reader in its own folder) and the section;
 //! - `policy`: the model, the file, the overlay, the one compile;
 //! - `crowdsec` (feature): decisions read from CrowdSec's Local API, typed;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
@@ -23,6 +25,7 @@
 //! - `sockets`: the kernel's TCP socket tables (`/proc/net/tcp{,6}`);
 //! - `top`, `replay`: top offenders, offline replay;
 //! - `engine::error`: why a change of the policy state was refused;
+//! - `sources::layer` (feature): the sources' layer of the policy state;
 //! - `groups::layer` (feature): the groups' layer of the policy state;
 //! - `engine`: what the loop and its features share (the policy state,
 //!   changes, the sink of decisions, a feature's hooks), naming no
@@ -32,6 +35,8 @@
 //! - `groups` (feature): the country and ASN of networks, read from
 //!   MaxMind databases and CSV lists, and watched (its section and its
 //!   layer, listed above, are in its folder too);
+//! - `sources::feature` (feature): the sources' watcher (its kinds, its
+//!   section and its layer, listed above, are in its folder too);
 //! - `forward` (feature): the forwarder to the tenant layer (PROXY
 //!   protocol);
 //! - `feedback` (feature): the tenant layer's penalties over HTTP,
@@ -80,6 +85,7 @@ pub mod nets;
 pub mod origin;
 pub mod policy;
 pub mod series;
+pub mod sources;
 pub mod watch;
 
 pub mod crowdsec;

@@ -20,6 +20,10 @@ pub enum Origin {
     /// An `[[override]]` of the policy file.
     #[serde(rename = "file")]
     File,
+    /// A `[[source]]` file of networks the operator keeps (an allow list),
+    /// read by its kind.
+    #[serde(rename = "source")]
+    Source,
     /// The tenant layer (`POST /v1/penalties`), under the governor.
     #[serde(rename = "feedback")]
     Feedback,
@@ -43,9 +47,10 @@ pub enum Origin {
 
 impl Origin {
     /// Every origin, highest rank first.
-    pub const ALL: [Origin; 8] = [
+    pub const ALL: [Origin; 9] = [
         Origin::Operator,
         Origin::File,
+        Origin::Source,
         Origin::Feedback,
         Origin::Escalation,
         Origin::Crowdsec,
@@ -61,6 +66,7 @@ impl Origin {
         match self {
             Origin::Operator => "runtime",
             Origin::File => "file",
+            Origin::Source => "source",
             Origin::Feedback => "feedback",
             Origin::Escalation => "escalation",
             Origin::Crowdsec => "crowdsec",
@@ -123,6 +129,12 @@ impl Named {
         Self { by: Origin::Feed, name: name.to_owned() }
     }
 
+    /// The `[[source]]` called `name`.
+    #[must_use]
+    pub fn source(name: &str) -> Self {
+        Self { by: Origin::Source, name: name.to_owned() }
+    }
+
     /// The `[[group]]` called `name`.
     #[must_use]
     pub fn group(name: &str) -> Self {
@@ -170,7 +182,7 @@ mod tests {
             assert!(Origin::ALL[i + 1..].iter().all(|lower| o.outranks(*lower) && !lower.outranks(o)));
         }
         assert_eq!(Origin::parse("operator"), None);
-        for n in [Named::feed("ops"), Named::group("eu"), Named::crowdsec("lists:x:y")] {
+        for n in [Named::feed("ops"), Named::source("office"), Named::group("eu"), Named::crowdsec("lists:x:y")] {
             assert_eq!(Named::parse(&n.to_string()), Some(n.clone()));
             assert_eq!(Named::name_in(&n.to_string(), n.by), Some(n.name.as_str()));
         }

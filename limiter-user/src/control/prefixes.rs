@@ -151,7 +151,10 @@ mod tests {
         let all = Origin::ALL;
         let labels: Vec<String> = all.iter().map(|d| Shown::of(*d).to_string()).collect();
         // The labels `prefix list` has always had, and the deny set's other origins.
-        assert_eq!(labels, ["runtime", "file", "feedback", "escalation", "crowdsec", "feed", "group", "pressure"]);
+        assert_eq!(
+            labels,
+            ["runtime", "file", "source", "feedback", "escalation", "crowdsec", "feed", "group", "pressure"]
+        );
         assert_eq!(Shown::shadow(Origin::Feedback).to_string(), "feedback (shadow)");
         for d in all {
             for o in [Shown::of(d), Shown::shadow(d)] {

@@ -57,6 +57,7 @@ impl Features {
             Box::new(super::start::serve_feedback(a.policy, s.token, s.calls).await?),
             Box::new(crate::feeds::feature::Feeds::new(s.sink.clone())),
             Box::new(crate::groups::feature::Groups::new(s.sink.clone())),
+            Box::new(crate::sources::feature::Sources::new(s.sink.clone())),
             Box::new(CrowdsecSide::new(s.sink.clone())),
             Box::new(UpstreamSide::new(s.iface)),
             Box::new(crate::feedback::escalation::Escalation::new(s.sink.clone())),

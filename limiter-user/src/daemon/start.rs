@@ -182,6 +182,7 @@ fn first_apply(
             dir.join(limiter_common::maps::RUNTIME).display()
         );
     }
+    crate::sources::feature::read_first(policy, &loaded.policy);
     match policy.apply_checked(dp, loaded, checked) {
         Ok(s) => Ok(s),
         Err(e) if restored > 0 => anyhow::bail!(

@@ -127,7 +127,7 @@ impl Enforcer {
         checked: Compiled,
     ) -> Result<String, ApplyError> {
         let source = loaded.provenance.name();
-        let reuse = self.layers.entries.is_empty().then_some(checked);
+        let reuse = (self.layers.entries.is_empty() && self.layers.sources.sets().next().is_none()).then_some(checked);
         self.install_with(maps, loaded.policy, source, &loaded.provenance, reuse)
     }
 
@@ -182,6 +182,7 @@ impl Enforcer {
         if p.capacity != self.capacity {
             let _ = write!(summary, "; capacity stays {} until a restart", self.capacity);
         }
+        self.layers.sources.follow(&base);
         (self.version, self.base, self.source) = (next, base, source);
         Ok(summary)
     }
@@ -292,6 +293,43 @@ impl Enforcer {
             self.layers.undo(maps, undo);
         }
         result
+    }
+
+    /// Put `nets` in force as the `[[source]]` `spec`'s new version (see
+    /// [`SourceLayer::set`](crate::sources::layer::SourceLayer::set)) and
+    /// apply the policy with it as a new version, all or nothing.
+    pub fn source_version(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        spec: &crate::sources::section::Source,
+        nets: std::collections::BTreeSet<IpNet>,
+    ) -> Result<String, ApplyError> {
+        let count = nets.len();
+        let old = self.layers.sources.set(spec, nets, crate::clock::unix_now()).map_err(ApplyError::Request)?;
+        let (base, source) = (self.base.clone(), self.source.clone());
+        match self.install(maps, base, source, &Provenance::BuiltIn) {
+            Ok(summary) => Ok(format!("source {}: {count} networks ({}); {summary}", spec.name, spec.action())),
+            Err(e) => {
+                self.layers.sources.put_back(&spec.name, old);
+                Err(e)
+            }
+        }
+    }
+
+    /// Put `nets` in the sources' layer as `spec`'s version before the
+    /// first policy is applied (which applies them); returns how many.
+    pub fn source_first(
+        &mut self,
+        spec: &crate::sources::section::Source,
+        nets: std::collections::BTreeSet<IpNet>,
+    ) -> Result<usize, String> {
+        let n = nets.len();
+        self.layers.sources.set(spec, nets, crate::clock::unix_now()).map(|_| n)
+    }
+
+    /// Each `[[source]]`'s version in force.
+    pub fn source_sets(&self) -> impl Iterator<Item = (&String, &crate::sources::layer::Set)> {
+        self.layers.sources.sets()
     }
 
     /// [`Enforcer::apply`] of a new version of the file (SIGHUP, `policy

@@ -119,6 +119,7 @@ impl Policy {
             feedback,
             feeds,
             groups,
+            sources,
             crowdsec,
             fleet,
             upstream,
@@ -136,6 +137,7 @@ impl Policy {
         }
         super::feed::check(feeds)?;
         let groups = crate::groups::section::check(groups)?;
+        crate::sources::section::check(sources)?;
         if let Some(c) = crowdsec {
             super::crowdsec::check(c)?;
         }

@@ -126,6 +126,8 @@ struct Root {
     feeds: Vec<super::feed::Feed>,
     #[serde(default, rename = "group", skip_serializing_if = "Vec::is_empty")]
     groups: Vec<crate::groups::section::Group>,
+    #[serde(default, rename = "source", skip_serializing_if = "Vec::is_empty")]
+    sources: Vec<crate::sources::section::Source>,
     crowdsec: Option<super::crowdsec::Crowdsec>,
     fleet: Option<super::fleet::Fleet>,
     upstream: Option<Box<super::upstream::Upstream>>,
@@ -219,7 +221,7 @@ type Located<T> = Result<T, (PolicyError, usize)>;
 /// The file's own top-level keys, in order, but the knobs (which go
 /// after `mode`): an unknown key's message lists them, as flattening the
 /// knobs drops serde's list (the docs' tests hold it to the reference).
-const OWN_KEYS: [&str; 13] = [
+const OWN_KEYS: [&str; 14] = [
     "allow_empty",
     "allow_shrink",
     "missing_kernel_feature",
@@ -230,6 +232,7 @@ const OWN_KEYS: [&str; 13] = [
     "feedback",
     "feed",
     "group",
+    "source",
     "crowdsec",
     "fleet",
     "upstream",
@@ -278,6 +281,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         feedback,
         feeds,
         groups,
+        sources,
         crowdsec,
         fleet,
         upstream,
@@ -299,6 +303,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         feedback,
         feeds,
         groups,
+        sources,
         crowdsec,
         fleet,
         upstream,

@@ -340,6 +340,9 @@ pub struct Policy {
     /// groups (none by default).
     pub feeds: Vec<feed::Feed>,
     pub groups: Vec<crate::groups::section::Group>,
+    /// Files of networks the operator keeps, read by their kind (none by
+    /// default).
+    pub sources: Vec<crate::sources::section::Source>,
     /// CrowdSec's decisions, denied through the deny set (off by default).
     pub crowdsec: Option<crowdsec::Crowdsec>,
     /// The fleet's shared store (off by default: fleet-scope quotas then
@@ -374,6 +377,7 @@ impl Default for Policy {
             feedback: None,
             feeds: Vec::new(),
             groups: Vec::new(),
+            sources: Vec::new(),
             crowdsec: None,
             fleet: None,
             upstream: None,

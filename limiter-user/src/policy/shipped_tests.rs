@@ -48,7 +48,7 @@ fn every_default_it_shows_is_the_real_one() {
 }
 
 /// The sections of a policy file, each as the text that opens one.
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "",
     "[[class]]\nname = \"x\"\n",
     "[[override]]\n",
@@ -57,6 +57,7 @@ const SECTIONS: [&str; 11] = [
     "[feedback.escalate]\n",
     "[[feed]]\n",
     "[[group]]\n",
+    "[[source]]\n",
     "[crowdsec]\n",
     "[fleet]\n",
     "[upstream]\nspeaker = \"/run/exabgp/x\"\n",
@@ -104,6 +105,7 @@ fn the_reference_tables_list_exactly_the_parsers_keys() {
         "`[feedback.escalate]`",
         "`[[feed]]`",
         "`[[group]]`",
+        "`[[source]]`",
         "`[crowdsec]`",
         "`[fleet]`",
         "`[upstream]`",

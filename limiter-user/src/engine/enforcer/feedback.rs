@@ -131,7 +131,11 @@ pub(super) fn judge(
                 "{net} is inside {}, which the {} allows; automation does not override an allow (unless the \
                  policy sets feedback.may_override_allow = true)",
                 allowed_above.map_or_else(String::new, |(n, _)| n.to_string()),
-                allowed_above.map_or("", |(_, l)| if l == Origin::File { "policy file" } else { "operator" }),
+                allowed_above.map_or("", |(_, l)| match l {
+                    Origin::File => "policy file",
+                    Origin::Source => "[[source]] file",
+                    _ => "operator",
+                }),
             ),
         };
         return refuse(&mut layers.governor, r, why);

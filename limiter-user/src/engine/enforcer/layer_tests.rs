@@ -276,3 +276,47 @@ fn a_reload_that_lifts_most_overrides_or_cuts_a_rate_tenfold_is_refused_unless_a
     e.apply_guarded(&mut maps, loaded("rate = 10\n"), true).unwrap();
     assert_eq!(e.base().default.rate, 10);
 }
+
+/// A `[[source]]`'s networks sit below the operator and the file and
+/// above automation: the file's override and the operator's win on their
+/// network, a penalty inside a source's allow is refused, an unset by the
+/// operator gives the source's decision back, and a version the policy
+/// cannot hold (a section gone) decides nothing.
+#[test]
+fn a_source_sits_below_the_operator_and_the_file_and_above_automation() {
+    let mut maps = FakeMaps::default();
+    let source = "\n[[source]]\nname = \"office\"\nkind = \"plain\"\npath = \"/office\"\n";
+    let text = format!("{}{source}", policy(""));
+    let mut e = started(&mut maps, &text);
+    let spec = e.base().sources[0].clone();
+    let nets = ["198.18.2.0/24", "198.18.5.7/32", "198.18.6.0/24"].iter().map(|n| n.parse().unwrap()).collect();
+    let line = e.source_version(&mut maps, &spec, nets).unwrap();
+    assert!(line.starts_with("source office: 3 networks (allow)"), "{line}");
+    assert_eq!(enforced(&e, "198.18.5.0/24"), Some(OverrideAction::Allow), "an address counts for its bucket");
+    let listed = e.prefixes().into_iter().find(|p| p.cidr.to_string() == "198.18.5.0/24").unwrap();
+    assert_eq!((listed.origin.label(), listed.source.as_deref()), ("source".to_owned(), Some("source:office")));
+    // The file's own allow of 198.18.2.0/24 is the one in force there.
+    let listed = e.prefixes().into_iter().find(|p| p.cidr.to_string() == "198.18.2.0/24").unwrap();
+    assert_eq!(listed.origin.label(), "file");
+    let layers: Vec<_> = listed.layers.iter().map(|l| (l.layer.label(), l.in_force)).collect();
+    assert_eq!(layers, [("file".to_owned(), true), ("source".to_owned(), false)]);
+    // Automation does not override it.
+    let e2 = penalize(&mut e, &mut maps, "198.18.6.0/24", 60, Origin::Feedback).unwrap_err();
+    assert!(e2.to_string().contains("[[source]] file"), "{e2}");
+    // The operator does, and an unset of theirs gives it back.
+    let net: IpNet = "198.18.6.0/24".parse().unwrap();
+    e.change_prefix(&mut maps, net, Some(OverrideAction::Deny), None).unwrap();
+    assert_eq!(enforced(&e, "198.18.6.0/24"), Some(OverrideAction::Deny));
+    e.change_prefix(&mut maps, net, None, None).unwrap();
+    assert_eq!(enforced(&e, "198.18.6.0/24"), Some(OverrideAction::Allow));
+    // A reload without the section: its networks go with it.
+    e.apply(&mut maps, loaded(&policy(""))).unwrap();
+    assert_eq!(enforced(&e, "198.18.6.0/24"), None);
+    assert_eq!(e.source_sets().count(), 0);
+    // A version the policy cannot hold is refused and the last stays.
+    let mut e = started(&mut maps, &text);
+    e.source_version(&mut maps, &spec, ["198.18.6.0/24".parse().unwrap()].into()).unwrap();
+    let wide = e.source_version(&mut maps, &spec, ["0.0.0.0/0".parse().unwrap()].into()).unwrap_err();
+    assert!(wide.to_string().contains("wider"), "{wide}");
+    assert_eq!(enforced(&e, "198.18.6.0/24"), Some(OverrideAction::Allow));
+}

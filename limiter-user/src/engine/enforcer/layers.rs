@@ -2,7 +2,7 @@
 //! file's, automation's): which one is in force, how `prefix list` shows
 //! them, and the guard against a reload that takes too much away at once.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use ipnet::IpNet;
 
@@ -10,6 +10,7 @@ use limiter_common::maps::RUNTIME;
 
 use super::{RuntimeEntry, escalation::Escalations, feedback::Governed};
 use crate::clock::unix_now;
+use crate::sources::layer::{Decided, SourceLayer};
 use crate::{
     control::{LayerEntry, PrefixEntry},
     dataplane::{LoadError, PolicyMaps},
@@ -40,6 +41,8 @@ pub struct Layers {
     pub(super) governor: Governed,
     /// The escalations in force (see `escalation.rs`).
     pub(super) escalations: Escalations,
+    /// The `[[source]]` files' networks, below the file's overrides.
+    pub(super) sources: SourceLayer,
 }
 
 impl Layers {
@@ -179,21 +182,26 @@ impl Layers {
     /// ones follow in address order.
     #[must_use]
     pub fn effective(&self, base: &Policy) -> Policy {
+        let sources = self.sources.decided(base);
         let mut p = base.clone();
         let in_file: HashSet<IpNet> = base.overrides.iter().map(|o| o.net).collect();
         p.overrides = base
             .overrides
             .iter()
-            .filter_map(|o| self.in_force(base, o.net, Some(o.action)).map(|f| (f, o.criticality)))
+            .filter_map(|o| self.in_force(base, &sources, o.net, Some(o.action)).map(|f| (f, o.criticality)))
             .map(|((net, action, _), criticality)| Override { net, action, criticality })
             .collect();
-        let mut runtime_only: Vec<IpNet> =
-            self.entries.keys().map(|(net, _)| *net).filter(|net| !in_file.contains(net)).collect();
-        runtime_only.dedup();
+        let runtime_only: BTreeSet<IpNet> = self
+            .entries
+            .keys()
+            .map(|(net, _)| *net)
+            .chain(sources.keys().copied())
+            .filter(|net| !in_file.contains(net))
+            .collect();
         p.overrides.extend(
             runtime_only
                 .into_iter()
-                .filter_map(|net| self.in_force(base, net, None))
+                .filter_map(|net| self.in_force(base, &sources, net, None))
                 .map(|(net, action, _)| Override { net, action, criticality: None }),
         );
         p
@@ -256,7 +264,7 @@ impl Layers {
             .collect()
     }
 
-    /// The operator's or the file's `allow` that holds `net` (equal or
+    /// The operator's, the file's or a source's `allow` that holds `net` (equal or
     /// wider), if any: a penalty there would take away what they allowed.
     /// (An allow inside a wider penalty keeps winning its own addresses:
     /// the longest prefix decides in XDP.)
@@ -275,25 +283,35 @@ impl Layers {
             // The operator may have unset or replaced the file's allow.
             .filter(|o| !self.entries.contains_key(&(o.net, Origin::Operator)))
             .map(|o| (o.net, Origin::File));
-        operator.chain(file).max_by_key(|(n, _)| n.prefix_len())
+        let sources = self.sources.decided(base);
+        let source = sources
+            .iter()
+            .filter(|(n, d)| d.action == OverrideAction::Allow && n.contains(net))
+            // The operator or the file may have said otherwise there.
+            .filter(|(n, _)| {
+                !self.entries.contains_key(&(**n, Origin::Operator)) && !base.overrides.iter().any(|o| o.net == **n)
+            })
+            .map(|(n, _)| (*n, Origin::Source));
+        operator.chain(file).chain(source).max_by_key(|(n, _)| n.prefix_len())
     }
 
-    /// What is in force for `net` (whose file override is `file`) and which
-    /// layer said it: the operator's entry, else the file's; automation (a
-    /// penalty) overlays either unless it is a `deny` already, or an
+    /// What is in force for `net` (whose file override is `file`, and
+    /// what the sources decide, `sources`) and which layer said it: the
+    /// operator's entry, else the file's, else a source's; automation (a
+    /// penalty) overlays any of them unless it is a `deny` already, or an
     /// `allow` and the policy does not set `feedback.may_override_allow`.
     /// A penalty never removes what is beneath it: when it ends, that is
     /// in force again as it was.
-    #[must_use]
-    pub fn in_force(
+    fn in_force(
         &self,
         base: &Policy,
+        sources: &BTreeMap<IpNet, Decided<'_>>,
         net: IpNet,
         file: Option<OverrideAction>,
     ) -> Option<(IpNet, OverrideAction, Origin)> {
         let upper = match self.entries.get(&(net, Origin::Operator)) {
             Some(e) => e.action.map(|a| (a, Origin::Operator)),
-            None => file.map(|a| (a, Origin::File)),
+            None => file.map(|a| (a, Origin::File)).or_else(|| sources.get(&net).map(|d| (d.action, Origin::Source))),
         };
         let auto = self
             .entries
@@ -312,13 +330,18 @@ impl Layers {
     /// fields are the layer in force), listing every layer that spoke.
     fn enforced(&self, base: &Policy) -> Vec<PrefixEntry> {
         let now = unix_now();
+        let sources = self.sources.decided(base);
         let file: BTreeMap<IpNet, OverrideAction> = base.overrides.iter().map(|o| (o.net, o.action)).collect();
         self.effective(base)
             .overrides
             .iter()
             .map(|o| {
-                let (_, _, force) =
-                    self.in_force(base, o.net, file.get(&o.net).copied()).unwrap_or((o.net, o.action, Origin::File));
+                let (_, _, force) = self.in_force(base, &sources, o.net, file.get(&o.net).copied()).unwrap_or((
+                    o.net,
+                    o.action,
+                    Origin::File,
+                ));
+                let source = sources.get(&o.net);
                 let mut layers: Vec<LayerEntry> = Vec::new();
                 let mut add = |layer: Origin, action: Option<OverrideAction>, expires: Option<u64>| {
                     layers.push(LayerEntry::new(layer, action, expires.map(|t| t.saturating_sub(now)), layer == force));
@@ -328,6 +351,9 @@ impl Layers {
                 }
                 if let Some(a) = file.get(&o.net) {
                     add(Origin::File, Some(*a), None);
+                }
+                if let Some(d) = source {
+                    add(Origin::Source, Some(d.action), None);
                 }
                 for ((_, by), e) in self.entries.range((o.net, Origin::Feedback)..=(o.net, Origin::Escalation)) {
                     add(*by, e.action, e.expires);
@@ -346,7 +372,9 @@ impl Layers {
                     expires_in_secs: top.expires_in_secs,
                     reason: force.governed().then(|| self.governor.reasons.get(&o.net).cloned()).flatten(),
                     layers: if layers.len() > 1 { layers } else { Vec::new() },
-                    source: None,
+                    source: source
+                        .filter(|_| force == Origin::Source)
+                        .map(|d| crate::origin::Named::source(d.by).to_string()),
                 }
             })
             .collect()

@@ -56,6 +56,7 @@ impl From<&Policy> for Root {
             feedback: p.feedback.clone(),
             feeds: p.feeds.clone(),
             groups: p.groups.clone(),
+            sources: p.sources.clone(),
             crowdsec: p.crowdsec.clone(),
             fleet: p.fleet.clone().map(|mut f| {
                 f.store = f.store.iter().map(|a| crate::policy::fleet::redacted(a)).collect();

@@ -297,6 +297,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     feedback,
                     feeds: feed.into_iter().collect(),
                     groups,
+                    sources: Vec::new(),
                     crowdsec: None,
                     fleet,
                     upstream: None,
