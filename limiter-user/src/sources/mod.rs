@@ -50,14 +50,15 @@ pub const MAX_NETWORKS: usize = 100_000;
 /// Longest line a kind reads.
 pub const MAX_LINE: usize = 1024;
 
-/// The networks of a file of one network per line: `#` starts a comment,
-/// blank lines are skipped, and `line` reads what is left of each (its
-/// network, or why it is not one). Lines are bounded ([`MAX_LINE`]) and
-/// so are the networks (`max`).
+/// The networks of a file of at most one network per line: `#` starts a
+/// comment, blank lines are skipped, and `line` reads what is left of
+/// each (its network, `None` for a line that holds none, or why it is
+/// not one). Lines are bounded ([`MAX_LINE`]) and so are the networks
+/// (`max`).
 pub fn per_line(
     text: &str,
     max: usize,
-    line: impl Fn(&str) -> Result<IpNet, String>,
+    mut line: impl FnMut(&str) -> Result<Option<IpNet>, String>,
 ) -> Result<BTreeSet<IpNet>, Refused> {
     let mut nets = BTreeSet::new();
     for (i, l) in text.lines().enumerate() {
@@ -69,7 +70,9 @@ pub fn per_line(
         if l.is_empty() {
             continue;
         }
-        nets.insert(line(l).map_err(|why| refused(crate::escape_control(&why)))?);
+        if let Some(net) = line(l).map_err(|why| refused(crate::escape_control(&why)))? {
+            nets.insert(net);
+        }
         if nets.len() > max {
             return Err(refused(format!("more than {max} networks")));
         }
@@ -99,7 +102,7 @@ mod tests {
     use super::*;
 
     fn read(text: &str) -> Result<BTreeSet<IpNet>, Refused> {
-        per_line(text, 3, |l| l.parse::<IpNet>().map_err(|e| format!("{l:?}: {e}")))
+        per_line(text, 3, |l| l.parse::<IpNet>().map(Some).map_err(|e| format!("{l:?}: {e}")))
     }
 
     /// The layer gives a source's networks `allow` or `deny` only, and a

@@ -13,7 +13,7 @@ use crate::policy::words::Action;
 pub const KIND: Kind = Kind { name: "plain", actions: &[Action::Allow, Action::Deny], read };
 
 fn read(text: &str) -> Result<BTreeSet<IpNet>, Refused> {
-    per_line(text, MAX_NETWORKS, network)
+    per_line(text, MAX_NETWORKS, |line| network(line).map(Some))
 }
 
 /// One line's network.
