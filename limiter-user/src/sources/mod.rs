@@ -89,7 +89,7 @@ macro_rules! kinds {
     };
 }
 
-kinds! { plain }
+kinds! { plain, ipset }
 
 /// The kind called `name`.
 #[must_use]
