@@ -4,7 +4,7 @@
 
 use crate::{
     AnswerKey, BucketKey, BucketState, ClassCounters, ClassLimits, ClockCache, Config, Counter, DropEvent, MAX_CLASSES,
-    MAX_MATCHERS, Matcher, Meta, RuntimeKey, RuntimeOverride, cookie, deny, group, lease, maps, resolution,
+    MAX_MATCHERS, Matcher, Meta, RuntimeKey, RuntimeOverride, cookie, deny, groups, lease, maps, resolution,
 };
 
 const _: () = assert!(core::mem::size_of::<ClassLimits>() == 32);
@@ -27,10 +27,10 @@ const _: () = assert!(maps::CPU_SLOTS_ENTRIES.is_power_of_two());
 const _: () = assert!(core::mem::size_of::<deny::DenyKey>() == 20);
 const _: () = assert!(core::mem::size_of::<deny::DenyLens>() == 2 * deny::MAX_LENS);
 const _: () = assert!(core::mem::size_of::<deny::OriginName>() == deny::ORIGIN_NAME);
-const _: () = assert!(core::mem::size_of::<group::GroupLimits>() == 24);
-const _: () = assert!(core::mem::size_of::<group::GroupHits>() == 48);
+const _: () = assert!(core::mem::size_of::<groups::GroupLimits>() == 24);
+const _: () = assert!(core::mem::size_of::<groups::GroupHits>() == 48);
 const _: () = assert!(maps::MAX_OVERRIDES < resolution::GROUP);
-const _: () = assert!(group::MAX_GROUPS <= resolution::GROUP_INDEX >> resolution::GROUP_SHIFT);
+const _: () = assert!(groups::MAX_GROUPS <= resolution::GROUP_INDEX >> resolution::GROUP_SHIFT);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -55,6 +55,6 @@ mod pod {
     unsafe impl aya::Pod for crate::deny::DenyKey {}
     unsafe impl aya::Pod for crate::deny::DenyLens {}
     unsafe impl aya::Pod for crate::deny::OriginName {}
-    unsafe impl aya::Pod for crate::group::GroupLimits {}
-    unsafe impl aya::Pod for crate::group::GroupHits {}
+    unsafe impl aya::Pod for crate::groups::GroupLimits {}
+    unsafe impl aya::Pod for crate::groups::GroupHits {}
 }

@@ -46,7 +46,7 @@
 //! # Groups
 //!
 //! A rate group's budget is leased the same way to each CPU (its
-//! [`crate::group::GroupHits`] entry), and a grouped prefix's lease admits
+//! [`crate::groups::GroupHits`] entry), and a grouped prefix's lease admits
 //! only while this CPU's lease of the group holds the packet too: the
 //! group admits at most `burst + rate x T + cpus x lease`. No CPU takes
 //! back another's lease of a group.

@@ -13,7 +13,7 @@
 pub mod cookie;
 pub mod deny;
 pub mod gcra;
-pub mod group;
+pub mod groups;
 pub mod lease;
 mod limits;
 pub mod maps;

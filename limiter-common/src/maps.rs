@@ -13,7 +13,7 @@ use crate::{
     RuntimeOverride, STAT_ENTRIES,
     cookie::{REFRESH_SLOTS, SynGuard},
     deny::{DenyKey, DenyLens, MAX_ORIGINS, OriginName},
-    group::{GroupHits, GroupLimits, MAX_GROUPS, MAX_NETWORKS as GROUP_NETWORKS},
+    groups::{GroupHits, GroupLimits, MAX_GROUPS, MAX_NETWORKS as GROUP_NETWORKS},
     lease::CpuSlot,
     window::{FleetSlot, WindowState},
 };
@@ -82,19 +82,19 @@ pub const DENY_ORIGINS: &str = "DENY_ORIGINS";
 /// its own state).
 pub const DENY_SOURCES: &str = "DENY_SOURCES";
 /// `LPM_TRIE<Key<u32>, u32>`: the IPv4 networks of the rate and allow
-/// groups (`crate::group`), valued with the group's index, none finer
+/// groups (`crate::groups`), valued with the group's index, none finer
 /// than the bucket prefix. Written by userspace, entry by entry (then
 /// `ACTIVE`'s change count moves); read by XDP when a bucket resolves.
 pub const GROUPS4: &str = "GROUPS4";
 /// `LPM_TRIE<Key<[u32; 2]>, u32>`: the IPv6 ones (their top 64 bits).
 pub const GROUPS6: &str = "GROUPS6";
-/// `ARRAY<crate::group::GroupLimits>`, `2 * MAX_GROUPS` entries: group
+/// `ARRAY<crate::groups::GroupLimits>`, `2 * MAX_GROUPS` entries: group
 /// `n` of `CONFIG` slot `s` at `s * MAX_GROUPS + n`.
 pub const GROUP_LIMITS: &str = "GROUP_LIMITS";
 /// `ARRAY<u64>`, `MAX_GROUPS` entries: each group's GCRA state, shared
 /// by every CPU (compare-and-swap).
 pub const GROUP_BUCKETS: &str = "GROUP_BUCKETS";
-/// `PERCPU_ARRAY<crate::group::GroupHits>`, `MAX_GROUPS` entries.
+/// `PERCPU_ARRAY<crate::groups::GroupHits>`, `MAX_GROUPS` entries.
 pub const GROUP_HITS: &str = "GROUP_HITS";
 /// Entries of [`CPU_SLOTS`] per CPU (the lease's slot table).
 pub use crate::lease::CPU_SLOTS_ENTRIES;

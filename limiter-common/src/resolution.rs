@@ -17,7 +17,7 @@ pub const LISTED: u32 = 1 << 29;
 pub const FINER: u32 = 1 << 30;
 /// Bit, beside [`CLASS`] only (an override outranks a group): the
 /// prefix is in the group whose index is in the bits of
-/// [`GROUP_INDEX`] (`crate::group`), which an override's index may
+/// [`GROUP_INDEX`] (`crate::groups`), which an override's index may
 /// use only without it. With [`FINER`], never with [`LISTED`].
 pub const GROUP: u32 = 1 << 28;
 /// Bit, with [`GROUP`]: an enforced `allow` group (passed uncharged,

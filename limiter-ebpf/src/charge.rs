@@ -12,7 +12,7 @@ use limiter_common::{
 
 use crate::{
     atomic::{Cas, cas, charge_existing, refund},
-    deny, group,
+    deny, groups,
     job::{Job, job, limits_for},
     lease::{Slot, charge_leasing},
     maps::{BPF_NOEXIST, BUCKETS, DENY_SOURCES, NEW_SOURCES},
@@ -75,8 +75,8 @@ pub fn charge(c: &Charge, slot: &Slot, checked: bool) -> Reason {
     let (head, tail) = c.key.words();
     if code & WINDOW != 0 {
         code = limiter_charge_window(head, tail, c.now, packed, code & u64::from(u32::MAX));
-    } else if code & group::GROUP_STEP != 0 {
-        code = group::limiter_charge_group(head, tail, c.now, packed, code & u64::from(u32::MAX));
+    } else if code & groups::GROUP_STEP != 0 {
+        code = groups::limiter_charge_group(head, tail, c.now, packed, code & u64::from(u32::MAX));
     }
     reason_of(code)
 }
@@ -124,7 +124,7 @@ pub extern "C" fn limiter_charge_new(head: u64, tail: u64, now: u64, packed: u64
     let res = res as u32;
     let resolved = (u64::from(j.version) << 32) | u64::from(res);
     if let Some(g) = resolution::allowing_group(res) {
-        group::count(g, true);
+        groups::count(g, true);
         return admit_listed(&j, resolved) as u64;
     }
     let r = match res {
@@ -154,7 +154,7 @@ pub extern "C" fn limiter_charge_new(head: u64, tail: u64, now: u64, packed: u64
                 }
                 let inc = units * limits.unit;
                 let r = charge_new(&j.key, j.now, inc, limits.tau, resolved);
-                return group::to_group(finish_fine(&j, limits, r, None, Fine { units, inc, resolved }), res);
+                return groups::to_group(finish_fine(&j, limits, r, None, Fine { units, inc, resolved }), res);
             }
         },
     };
@@ -177,7 +177,7 @@ pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: 
         Slot::probe(&j.key, packed & USABLE_BIT != 0).remember(&j.key, j.version, finer, origin);
     };
     if let Some(g) = resolution::allowing_group(res) {
-        group::count(g, true);
+        groups::count(g, true);
         return Reason::Allowed as u64;
     }
     let r = match res {
@@ -212,7 +212,7 @@ pub extern "C" fn limiter_charge_bucket(head: u64, tail: u64, now: u64, packed: 
                 let cpu_slot = Slot::probe(&j.key, usable);
                 let r = charge_leasing(p, &cpu_slot, &j.key, j.version, j.now, j.cfg.cpus, limits, inc);
                 let resolved = (u64::from(j.version) << 32) | u64::from(res);
-                return group::to_group(finish_fine(&j, limits, r, Some(p), Fine { units, inc, resolved }), res);
+                return groups::to_group(finish_fine(&j, limits, r, Some(p), Fine { units, inc, resolved }), res);
             }
         },
     };

@@ -79,11 +79,11 @@ pub fn finer(src: &Source, bucket_len: u8, version: u32, usable: bool) -> bool {
 const COUNT: u32 = 1 << 8;
 
 /// Count a packet the deny set dropped under its origin (or an enforced
-/// `deny` group under the group, `limiter_common::group::DENIED_ORIGIN`).
+/// `deny` group under the group, `limiter_common::groups::DENIED_ORIGIN`).
 #[inline(always)]
 pub fn hit(value: u32) {
-    if value & limiter_common::group::DENIED_ORIGIN != 0 {
-        crate::group::count(value & (limiter_common::group::MAX_GROUPS - 1), false);
+    if value & limiter_common::groups::DENIED_ORIGIN != 0 {
+        crate::groups::count(value & (limiter_common::groups::MAX_GROUPS - 1), false);
     } else if let Some(c) = DENY_HITS.get_ptr_mut(value & ORIGIN) {
         // SAFETY: per-CPU slot, only this CPU's softirq writes it.
         unsafe { *c += 1 };

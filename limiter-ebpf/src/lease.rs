@@ -12,7 +12,7 @@ use core::{
 use aya_ebpf::helpers::bpf_map_lookup_percpu_elem;
 use limiter_common::{
     BucketKey, BucketState, ClassLimits, Reason, cost,
-    group::MAX_GROUPS,
+    groups::MAX_GROUPS,
     lease::{self, CREDIT_MASK, CpuSlot, MAX_CPUS, slot_flags},
     mode,
 };

@@ -41,7 +41,7 @@ mod count;
 #[cfg(target_arch = "bpf")]
 mod deny;
 #[cfg(target_arch = "bpf")]
-mod group;
+mod groups;
 #[cfg(target_arch = "bpf")]
 mod held;
 #[cfg(target_arch = "bpf")]

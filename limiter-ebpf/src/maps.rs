@@ -15,7 +15,7 @@ use limiter_common::{
     AnswerKey, BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, Meta, RuntimeKey, RuntimeOverride,
     cookie::SynGuard,
     deny::{DenyKey, DenyLens, OriginName},
-    group::{GroupHits, GroupLimits},
+    groups::{GroupHits, GroupLimits},
     lease::CpuSlot,
     maps,
     window::WindowState,

@@ -10,7 +10,7 @@ use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::{BucketKey, family, resolution};
 
 use crate::{
-    deny, group,
+    deny, groups,
     maps::{BUCKETS, OVR4_0, OVR4_1, OVR6_0, OVR6_1},
     packed::{SLOT_BIT, STORE},
 };
@@ -48,7 +48,7 @@ pub fn resolved(key: &BucketKey, slot: u32) -> u32 {
 
 /// Most specific override containing the bucket's prefix (the bucket's
 /// address is already masked, so overrides no longer than it match);
-/// without one, the prefix's group ([`group::limiter_group_of`]); below an `allow` or
+/// without one, the prefix's group ([`groups::limiter_group_of`]); below an `allow` or
 /// a `deny` (an override or a group: the policy file outranks the
 /// automation that fills the deny set), the deny set's answer
 /// ([`deny::listed`]).
@@ -58,7 +58,7 @@ pub fn resolve(key: &BucketKey, slot: u32) -> u32 {
         r @ (resolution::ALLOW | resolution::DENY) => r,
         resolution::CLASS => {
             let (head, tail) = key.words();
-            let found = group::limiter_group_of(head, tail, u64::from(slot));
+            let found = groups::limiter_group_of(head, tail, u64::from(slot));
             #[expect(clippy::cast_possible_truncation, reason = "the low half is the resolution")]
             let res = found as u32;
             if found >> 32 != 0 { res } else { deny::listed(key, res) }

@@ -5,7 +5,7 @@
 
 pub mod client;
 mod forward;
-mod group;
+mod groups;
 mod prefixes;
 pub mod server;
 
@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 pub use self::forward::{AdaptiveInfo, ForwardInfo};
-pub use self::group::{GroupRate, GroupShow};
+pub use self::groups::{GroupRate, GroupShow};
 pub use self::prefixes::{LayerEntry, MAX_LISTED_DECISIONS, PrefixEntry, PrefixList, Shown};
 use crate::policy::Action;
 

@@ -31,7 +31,7 @@ pub(super) struct Observer {
     last_tick: Option<Totals>,
     /// Each group's counts at the last tick, and what the second before
     /// it passed and dropped (for `limiter top`).
-    groups: (Vec<limiter_common::group::GroupHits>, Vec<(u64, u64)>),
+    groups: (Vec<limiter_common::groups::GroupHits>, Vec<(u64, u64)>),
 }
 
 impl Observer {
@@ -51,11 +51,11 @@ impl Observer {
     }
 
     /// Once a second: each group's counts (by index), for its rates.
-    pub fn tick_groups(&mut self, hits: Vec<limiter_common::group::GroupHits>) {
+    pub fn tick_groups(&mut self, hits: Vec<limiter_common::groups::GroupHits>) {
         let (last, rates) = &mut self.groups;
         *rates = hits
             .iter()
-            .zip(last.iter().chain(std::iter::repeat(&limiter_common::group::GroupHits::default())))
+            .zip(last.iter().chain(std::iter::repeat(&limiter_common::groups::GroupHits::default())))
             .map(|(h, l)| (h.passed.saturating_sub(l.passed), h.dropped.saturating_sub(l.dropped)))
             .collect();
         *last = hits;

@@ -1,4 +1,4 @@
-//! The country and ASN groups' maps (`limiter_common::group`): the two
+//! The country and ASN groups' maps (`limiter_common::groups`): the two
 //! tries of their networks and each policy slot's limits. The tries are
 //! written network by network (the kernel's LPM trie has no batch
 //! update), then `ACTIVE`'s change count moves so that every bucket
@@ -14,7 +14,7 @@ use aya::{
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use limiter_common::{
     deny::active,
-    group::{GroupLimits, MAX_GROUPS},
+    groups::{GroupLimits, MAX_GROUPS},
     maps,
 };
 

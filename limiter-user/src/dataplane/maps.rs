@@ -85,7 +85,7 @@ pub struct Counters {
     pub(crate) buckets_id: u32,
     syn_guard: Array<MapData, SynGuard>,
     deny_hits: PerCpuArray<MapData, u64>,
-    group_hits: PerCpuArray<MapData, limiter_common::group::GroupHits>,
+    group_hits: PerCpuArray<MapData, limiter_common::groups::GroupHits>,
 }
 
 impl Maps {
@@ -362,8 +362,8 @@ impl Counters {
 
     /// The packets the first `n` groups passed and dropped, by index,
     /// summed over CPUs.
-    pub fn group_hits(&self, n: usize) -> Result<Vec<limiter_common::group::GroupHits>, LoadError> {
-        let n = u32::try_from(n).unwrap_or(u32::MAX).min(limiter_common::group::MAX_GROUPS);
+    pub fn group_hits(&self, n: usize) -> Result<Vec<limiter_common::groups::GroupHits>, LoadError> {
+        let n = u32::try_from(n).unwrap_or(u32::MAX).min(limiter_common::groups::MAX_GROUPS);
         (0..n).map(|i| Ok(sum_cpus(&self.group_hits.get(&i, 0).on(maps::GROUP_HITS)?))).collect()
     }
 

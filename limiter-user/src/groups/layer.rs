@@ -120,7 +120,7 @@ impl GroupLayer {
                 added += 1;
             }
         }
-        if let Some(why) = self.overfills(&w, limiter_common::group::MAX_NETWORKS as usize) {
+        if let Some(why) = self.overfills(&w, limiter_common::groups::MAX_NETWORKS as usize) {
             return Err(ApplyError::Request(format!("group {}: {why}; its last version stays", g.name)));
         }
         let t = std::time::Instant::now();

@@ -32,7 +32,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use limiter_common::{
-    group::{self as kernel, GroupLimits},
+    groups::{self as kernel, GroupLimits},
     mode,
 };
 use serde::{Deserialize, Serialize};

@@ -23,7 +23,7 @@ pub struct Compiled {
     pub config: Config,
     pub overrides: CompiledOverrides,
     /// Each `[[group]]`'s limits, by index (`GROUP_LIMITS`).
-    pub groups: Vec<limiter_common::group::GroupLimits>,
+    pub groups: Vec<limiter_common::groups::GroupLimits>,
 }
 
 /// Overrides in the form the kernel's tries and `OVR_LIMITS` take.

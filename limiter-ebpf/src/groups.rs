@@ -1,11 +1,11 @@
-//! Country and ASN groups (`limiter_common::group`): the group of a
+//! Country and ASN groups (`limiter_common::groups`): the group of a
 //! bucket's prefix (asked when the bucket resolves), and the group's
 //! shared budget (charged per packet, after the prefix's own bucket).
 
 use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::{
     BucketKey, Reason, cost, family,
-    group::{DENIED_ORIGIN, GroupHits, GroupLimits, MAX_GROUPS, action},
+    groups::{DENIED_ORIGIN, GroupHits, GroupLimits, MAX_GROUPS, action},
     lease, mode, resolution,
     rules::coarser,
 };
