@@ -86,6 +86,27 @@ pub enum Command {
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
     },
+    /// Why a packet from an address would pass or drop now: the verdict,
+    /// the layer that gives it, and every layer the data plane asks on
+    /// the way, in its order (class, SYN cookies, override, group, deny
+    /// set, bucket or window, upstream), each with what holds the address.
+    #[command(after_help = "Examples:
+  limiter explain 198.18.7.9
+  limiter explain 198.18.7.9 --protocol tcp --port 443 --syn
+  limiter explain 2001:db8::1 -j | jq .decided_by")]
+    Explain {
+        /// The packet's source address.
+        addr: std::net::IpAddr,
+        /// Its IP protocol.
+        #[arg(long, value_enum, default_value_t = crate::policy::Protocol::Any)]
+        protocol: crate::policy::Protocol,
+        /// Its destination port (TCP or UDP).
+        #[arg(long, value_name = "PORT")]
+        port: Option<u16>,
+        /// A TCP SYN without ACK (a new connection).
+        #[arg(long)]
+        syn: bool,
+    },
     /// Run the real program offline over a capture (with the capture's own
     /// timestamps) and print verdict totals per source prefix: try a policy
     /// on recorded traffic before deploying it.

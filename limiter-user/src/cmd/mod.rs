@@ -1,9 +1,9 @@
 //! One module per verb of the `limiter` command, each with one entry
 //! function. Human tables by default, one JSON document with `--json`.
 
+mod explain;
 mod fleet;
 mod generate;
-mod human;
 mod policy;
 mod prefix;
 mod replay;
@@ -16,6 +16,8 @@ mod unload;
 mod upstream;
 
 use std::path::{Path, PathBuf};
+
+use crate::clock::human;
 
 use crate::{
     cli::{Cli, Command},
@@ -42,6 +44,7 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
         Command::Fleet(crate::cli::FleetCommand::Status) => fleet::status(client, json),
         Command::Upstream(cmd) => upstream::upstream(cmd, client, json),
         Command::Top { once, count, interval } => top::top(client, json, *once, *count, *interval),
+        Command::Explain { addr, protocol, port, syn } => explain::explain(client, *addr, *protocol, *port, *syn, json),
         Command::Replay { pcap, policy } => replay::replay(pcap, policy.as_deref(), json),
         Command::Completions { shell } => {
             generate::completions(*shell);

@@ -85,6 +85,18 @@ impl<'a> Client<'a> {
         })
     }
 
+    /// `limiter explain`.
+    pub fn explain(
+        &self,
+        addr: std::net::IpAddr,
+        protocol: crate::policy::Protocol,
+        port: Option<u16>,
+        syn: bool,
+    ) -> Result<super::Explain, ClientError> {
+        let req = Request::Explain { addr, protocol, port, syn };
+        self.ask("explain", &req, |r| if let Response::Explain(e) = r { Some(*e) } else { None })
+    }
+
     pub fn prefix_show(&self, cidr: ipnet::IpNet) -> Result<super::PrefixShow, ClientError> {
         let req = Request::PrefixShow { cidr };
         self.ask("prefix show", &req, |r| if let Response::PrefixShow(p) = r { Some(p) } else { None })

@@ -4,6 +4,7 @@
 //! configured group.
 
 pub mod client;
+mod explain;
 mod forward;
 mod groups;
 mod prefixes;
@@ -12,6 +13,7 @@ pub mod server;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+pub use self::explain::{Explain, Layer};
 pub use self::forward::{AdaptiveInfo, ForwardInfo};
 pub use self::groups::{GroupRate, GroupShow};
 pub use self::prefixes::{LayerEntry, MAX_LISTED_DECISIONS, PrefixEntry, PrefixList, Shown};
@@ -31,6 +33,17 @@ pub enum Request {
     /// address is asked as its host network).
     PrefixShow {
         cidr: IpNet,
+    },
+    /// The verdict a packet from `addr` would get now, layer by layer.
+    Explain {
+        addr: std::net::IpAddr,
+        #[serde(default)]
+        protocol: crate::policy::Protocol,
+        #[serde(default)]
+        port: Option<u16>,
+        /// A TCP SYN without ACK.
+        #[serde(default)]
+        syn: bool,
     },
     Stats,
     PolicyShow,
@@ -140,6 +153,7 @@ pub enum Response {
         status: Option<crate::fleet::FleetStatus>,
     },
     PrefixShow(PrefixShow),
+    Explain(Box<Explain>),
     /// A forwarder's adaptive throttling after a `Load`.
     Adaptive(AdaptiveInfo),
     /// The rules announced upstream.
@@ -196,6 +210,9 @@ pub struct PrefixShow {
     /// Its country, ASN and group (none: the policy names no group).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupShow>,
+    /// The rules announced upstream whose source network holds it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<crate::upstream::rule::Rule>,
 }
 
 /// One window-quota class of a prefix.
@@ -245,6 +262,7 @@ impl Response {
             Response::Top(_) => "top",
             Response::Fleet { .. } => "fleet",
             Response::PrefixShow(_) => "prefix show",
+            Response::Explain(_) => "explain",
             Response::Adaptive(_) => "adaptive",
             Response::Upstream(_) => "upstream",
             Response::Error { .. } => "error",

@@ -42,6 +42,11 @@ impl Answers<'_> {
             Request::Top { n } => self.top_info(n),
             Request::PrefixShow { cidr } => show::prefix_show(self.policy, self.view, self.features, cidr)
                 .map_or_else(|e| fail(&e), Response::PrefixShow),
+            Request::Explain { addr, protocol, port, syn } => {
+                let asked = super::explain::Asked { addr, protocol, port, syn };
+                super::explain::explain(self.policy, self.view, self.features, self.dp, asked)
+                    .map_or_else(|e| fail(&e), |e| Response::Explain(Box::new(e)))
+            }
             Request::PolicyShow | Request::PrefixList => {
                 let Some(policy) = self.policy else {
                     return Err(req);

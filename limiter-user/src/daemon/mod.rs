@@ -4,6 +4,7 @@
 //! shutdown future resolves.
 
 mod answers;
+mod explain;
 mod features;
 mod link;
 mod observe;

@@ -41,14 +41,14 @@ pub(super) fn prefix_show(
     let src = source_of(net.addr());
     // Every class's bucket of `src` covers the same network.
     let cidr = crate::dataplane::net(&rules::bucket_key(&src, config.v4_prefix, config.v6_prefix, 0));
-    let mut out = PrefixShow { cidr, windows: Vec::new(), group: None };
+    let mut out = PrefixShow { cidr, windows: Vec::new(), group: None, upstream: Vec::new() };
     let effective = p.effective(p.base());
     features.show(&src, &view.applied(p, &effective), &mut out);
     Ok(out)
 }
 
 /// A packet source of `addr`, as the data plane parses one.
-fn source_of(addr: IpAddr) -> packet::Source {
+pub(super) fn source_of(addr: IpAddr) -> packet::Source {
     let mut src = packet::Source::default();
     match addr {
         IpAddr::V4(a) => {

@@ -212,6 +212,26 @@ impl DenySet {
         (0..64).filter(|i| bits & (1 << i) != 0).map(OriginId).collect()
     }
 
+    /// Every network of the set that holds `addr`, with the names of the
+    /// origins that deny it, widest first: one lookup per length the set
+    /// has networks of.
+    #[must_use]
+    pub fn covering(&self, addr: std::net::IpAddr) -> Vec<(IpNet, Vec<&str>)> {
+        let (fam, max) = if addr.is_ipv4() { (0, 32) } else { (1, 128) };
+        (0..=max)
+            .filter(|len| self.counts[fam][usize::from(*len)] > 0)
+            .filter_map(|len| IpNet::new(addr, len).ok().map(|n| n.trunc()))
+            .filter_map(|net| {
+                let names: Vec<&str> = self
+                    .origins_of(&net)
+                    .into_iter()
+                    .filter_map(|o| self.names.get(usize::from(o.0)).map(String::as_str))
+                    .collect();
+                (!names.is_empty()).then_some((net, names))
+            })
+            .collect()
+    }
+
     /// The kernel's value of `k` as the set is now (0: no entry).
     fn value(&self, k: &DenyKey) -> u32 {
         let net = self.nets.get(k).map_or(0, |o| DENIED | o.trailing_zeros());

@@ -77,7 +77,6 @@ pub struct Tables {
 /// What the program counts: per reason, per class, and its buckets.
 pub struct Counters {
     stats: PerCpuArray<MapData, Counter>,
-    #[cfg_attr(not(feature = "testing"), expect(dead_code, reason = "read by the testing helpers"))]
     pub(crate) buckets: HashMap<MapData, BucketKey, BucketState>,
     /// Capacity and kernel id of `BUCKETS` (a re-adopted map keeps the
     /// capacity it was created with).
@@ -341,6 +340,12 @@ impl Counters {
             }
         }
         Ok((t, classes))
+    }
+
+    /// The bucket of `key`, if the program has one.
+    #[must_use]
+    pub fn bucket(&self, key: &BucketKey) -> Option<BucketState> {
+        self.buckets.get(key, 0).ok()
     }
 
     /// Whether `class`'s `auto` SYN cookies are engaged at `now` (ns on

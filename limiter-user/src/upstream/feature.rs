@@ -19,7 +19,7 @@ use crate::engine::{
     feature::{Applied, Drain, Feature, InForce, Second},
 };
 use crate::{
-    control::{ErrorCode, Request, Response, StatusInfo},
+    control::{ErrorCode, PrefixShow, Request, Response, StatusInfo},
     dataplane::Totals,
     origin::Origin,
     policy::{CostUnit, OverrideAction, upstream::Upstream},
@@ -451,6 +451,18 @@ impl Feature for UpstreamSide {
             }
             _ => return None,
         })
+    }
+
+    /// The rules on the bucket prefix, or on a network holding it.
+    fn show(&self, _src: &limiter_common::packet::Source, _in_force: &InForce<'_>, out: &mut PrefixShow) {
+        let Some(on) = &self.on else { return };
+        let cidr = out.cidr;
+        out.upstream = on
+            .book
+            .rules()
+            .filter(|r| r.key.net.contains(&cidr.addr()) || cidr.contains(&r.key.net))
+            .cloned()
+            .collect();
     }
 
     fn status(&self, status: &mut StatusInfo) {

@@ -74,6 +74,12 @@ impl DenyLayer {
         (&mut self.set, [&mut self.feeds, &mut self.crowdsec])
     }
 
+    /// The deny set's networks that hold `addr`, with their origins.
+    #[must_use]
+    pub fn covering(&self, addr: std::net::IpAddr) -> Vec<(IpNet, Vec<&str>)> {
+        self.set.covering(addr)
+    }
+
     /// The set's networks by origin name.
     #[must_use]
     pub fn counts(&self) -> std::collections::HashMap<&String, usize> {

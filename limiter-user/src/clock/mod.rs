@@ -1,6 +1,8 @@
 //! The wall clock, read one way everywhere: a clock set before 1970
 //! reads as 0 rather than failing.
 
+pub mod human;
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Seconds since the Unix epoch.
