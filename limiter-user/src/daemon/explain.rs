@@ -297,9 +297,10 @@ impl Walk<'_> {
             ));
             return;
         };
+        let above = if self.decided.is_some() { " (not asked: a layer above decides)" } else { "" };
         let l = Layer::holds(
             "bucket",
-            format!("{t} of {} {unit} left, refilling at {}/s", limit.burst, limit.rate),
+            format!("{t} of {} {unit} left, refilling at {}/s{above}", limit.burst, limit.rate),
             json!({ "tokens": t, "rate": limit.rate, "burst": limit.burst, "cost": unit, "own_limits": own_limit.is_some() }),
         );
         if t == 0 {
