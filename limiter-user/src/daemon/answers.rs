@@ -40,6 +40,8 @@ impl Answers<'_> {
             Request::Status => self.status().unwrap_or_else(|e| fail(&e)),
             Request::Stats => self.stats().unwrap_or_else(|e| fail(&e)),
             Request::Top { n } => self.top_info(n),
+            // Asked of the policy state: they wait while a change has it.
+            Request::PrefixShow { .. } | Request::Explain { .. } if self.policy.is_none() => return Err(req),
             Request::PrefixShow { cidr } => show::prefix_show(self.policy, self.view, self.features, cidr)
                 .map_or_else(|e| fail(&e), Response::PrefixShow),
             Request::Explain { addr, protocol, port, syn } => {

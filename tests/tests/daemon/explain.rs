@@ -39,7 +39,7 @@ fn explain(socket: &Path, args: &[&str]) -> serde_json::Value {
     all.extend_from_slice(args);
     all.push("-j");
     let o = scenario::cli(socket, &all);
-    assert!(o.status.success(), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{all:?}: {} {}", String::from_utf8_lossy(&o.stderr), String::from_utf8_lossy(&o.stdout));
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
