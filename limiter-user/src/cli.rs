@@ -107,6 +107,19 @@ pub enum Command {
         #[arg(long)]
         syn: bool,
     },
+    /// The audit trail: every change of the policy state (the operator's,
+    /// a reload, a feed's or a source's version, CrowdSec, a penalty,
+    /// escalation, expiry), who made it (a control client by uid and pid)
+    /// and how it went, oldest first.
+    #[command(after_help = "Examples:\n  limiter history\n  limiter history --since 1h\n  limiter history -n 500 -j")]
+    History {
+        /// Only the changes of the last DURATION (`90s`, `10m`, `1h`).
+        #[arg(long, value_name = "DURATION", value_parser = since)]
+        since: Option<std::time::Duration>,
+        /// At most this many, the newest.
+        #[arg(short = 'n', long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=2000))]
+        count: u16,
+    },
     /// Run the real program offline over a capture (with the capture's own
     /// timestamps) and print verdict totals per source prefix: try a policy
     /// on recorded traffic before deploying it.
@@ -374,6 +387,11 @@ pub struct RunArgs {
     /// Directory on bpffs for the pins.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR, requires = "pin")]
     pub pin_dir: std::path::PathBuf,
+    /// The audit trail's history file: every change, who made it and how
+    /// it went, one JSON line each (rotated past 4 MiB to FILE.1), read by
+    /// `limiter history`; without it the trail is the log and memory.
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<std::path::PathBuf>,
     /// Log lines as JSON objects instead of text.
     #[arg(long)]
     pub log_json: bool,
@@ -411,6 +429,11 @@ fn address_or_net(s: &str) -> Result<ipnet::IpNet, NotANet> {
 }
 
 /// A `--watch` period: 0.1 to 3600 seconds.
+/// A `--since` duration.
+fn since(s: &str) -> Result<std::time::Duration, String> {
+    crate::policy::parse_duration(s).map_err(|e| e.to_string())
+}
+
 fn watch_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),

@@ -44,6 +44,8 @@
 //! - `crowdsec::feature`, `fleet::feature`, `upstream::feature` (feature):
 //!   the faces of features whose rooms sit above the engine (the engine
 //!   and `control` read them), listed apart below it;
+//! - `trail` (feature): the audit trail, every change with who made it,
+//!   logged, written to a bounded history file, and `limiter history`;
 //! - `cookies` (feature): SYN cookies' daemon part, keeping the kernel
 //!   taking the ACKs of the cookies XDP verified;
 //! - `metrics`: Prometheus, the data plane's series then each feature's;
@@ -105,6 +107,7 @@ pub mod feedback;
 pub mod feeds;
 pub mod forward;
 pub mod groups;
+pub mod trail;
 
 pub mod metrics;
 

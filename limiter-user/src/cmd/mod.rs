@@ -4,6 +4,7 @@
 mod explain;
 mod fleet;
 mod generate;
+mod history;
 mod policy;
 mod prefix;
 mod replay;
@@ -45,6 +46,7 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
         Command::Upstream(cmd) => upstream::upstream(cmd, client, json),
         Command::Top { once, count, interval } => top::top(client, json, *once, *count, *interval),
         Command::Explain { addr, protocol, port, syn } => explain::explain(client, *addr, *protocol, *port, *syn, json),
+        Command::History { since, count } => history::history(client, *since, *count, json),
         Command::Replay { pcap, policy } => replay::replay(pcap, policy.as_deref(), json),
         Command::Completions { shell } => {
             generate::completions(*shell);

@@ -55,5 +55,6 @@ fn settings(args: &RunArgs, socket: &Path) -> anyhow::Result<Settings> {
         status_interval: (args.status_interval > 0.0).then(|| Duration::from_secs_f64(args.status_interval)),
         policy: args.policy.clone(),
         overlay: args.overlay.clone(),
+        history: args.history.clone(),
     })
 }

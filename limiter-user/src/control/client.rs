@@ -85,6 +85,13 @@ impl<'a> Client<'a> {
         })
     }
 
+    /// `limiter history`: the changes since `since` (Unix time), at most
+    /// `limit`.
+    pub fn history(&self, since: Option<u64>, limit: usize) -> Result<super::History, ClientError> {
+        let req = Request::History { since, limit };
+        self.ask("history", &req, |r| if let Response::History(h) = r { Some(h) } else { None })
+    }
+
     /// `limiter explain`.
     pub fn explain(
         &self,

@@ -7,6 +7,7 @@ pub mod client;
 mod explain;
 mod forward;
 mod groups;
+mod history;
 mod prefixes;
 pub mod server;
 
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 pub use self::explain::{Explain, Layer};
 pub use self::forward::{AdaptiveInfo, ForwardInfo};
 pub use self::groups::{GroupRate, GroupShow};
+pub use self::history::{History, Record};
 pub use self::prefixes::{LayerEntry, MAX_LISTED_DECISIONS, PrefixEntry, PrefixList, Shown};
 use crate::policy::Action;
 
@@ -46,6 +48,13 @@ pub enum Request {
         syn: bool,
     },
     Stats,
+    /// The audit trail: the changes since `since` (Unix time), at most
+    /// `limit`, newest last.
+    History {
+        #[serde(default)]
+        since: Option<u64>,
+        limit: usize,
+    },
     PolicyShow,
     /// Apply policy text (named for error messages), or re-read the
     /// daemon's own policy source when `text` is absent.
@@ -154,6 +163,7 @@ pub enum Response {
     },
     PrefixShow(PrefixShow),
     Explain(Box<Explain>),
+    History(History),
     /// A forwarder's adaptive throttling after a `Load`.
     Adaptive(AdaptiveInfo),
     /// The rules announced upstream.
@@ -263,6 +273,7 @@ impl Response {
             Response::Fleet { .. } => "fleet",
             Response::PrefixShow(_) => "prefix show",
             Response::Explain(_) => "explain",
+            Response::History(_) => "history",
             Response::Adaptive(_) => "adaptive",
             Response::Upstream(_) => "upstream",
             Response::Error { .. } => "error",

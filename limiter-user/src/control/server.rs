@@ -21,8 +21,51 @@ use tokio::{
 use super::{ErrorCode, Request, Response};
 use crate::listen::Conn;
 
-/// A request from a client, with the channel for its answer.
-pub type Call = (Request, oneshot::Sender<Response>);
+/// A request from a client, with where its answer goes.
+pub type Call = (Request, Reply);
+
+/// Who sent a request (the audit trail names them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Requester {
+    /// A control client: its uid and pid, as the kernel gives them for the
+    /// socket (SO_PEERCRED), never as the client says.
+    Client { uid: u32, pid: Option<i32> },
+    /// The tenant layer, through the feedback endpoint: its connection's
+    /// peer.
+    Tenant { peer: String },
+}
+
+impl std::fmt::Display for Requester {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Requester::Client { uid, pid: Some(pid) } => write!(f, "uid {uid} pid {pid}"),
+            Requester::Client { uid, pid: None } => write!(f, "uid {uid}"),
+            Requester::Tenant { peer } => write!(f, "tenant {peer}"),
+        }
+    }
+}
+
+/// Where a request's answer goes, and who asked.
+#[derive(Debug)]
+pub struct Reply {
+    tx: oneshot::Sender<Response>,
+    pub by: Requester,
+}
+
+impl Reply {
+    /// A reply for `by`'s request, and where its answer arrives.
+    #[must_use]
+    pub fn new(by: Requester) -> (Self, oneshot::Receiver<Response>) {
+        let (tx, rx) = oneshot::channel();
+        (Self { tx, by }, rx)
+    }
+
+    /// Answer; whether the client was still there to take it.
+    #[must_use = "a client may be gone; say so where it matters"]
+    pub fn send(self, r: Response) -> bool {
+        self.tx.send(r).is_ok()
+    }
+}
 
 /// Clients served at once; more are closed at accept.
 pub const MAX_CONNS: usize = 64;
@@ -157,15 +200,16 @@ impl Drop for Bound {
 
 /// Whether the peer is root or in the allowed group (primary or
 /// supplementary, the latter read from /proc for the peer's pid).
-fn authorised(stream: &UnixStream, access: Access) -> Result<(), Refused> {
+fn authorised(stream: &UnixStream, access: Access) -> Result<Requester, Refused> {
     let cred = stream.peer_cred().map_err(Refused::Credentials)?;
+    let by = Requester::Client { uid: cred.uid(), pid: cred.pid() };
     if cred.uid() == 0 {
-        return Ok(());
+        return Ok(by);
     }
     if let Some(gid) = access.gid {
         let in_group = cred.gid() == gid || cred.pid().is_some_and(|pid| supplementary_groups(pid).contains(&gid));
         if in_group {
-            return Ok(());
+            return Ok(by);
         }
     }
     Err(Refused::Peer { uid: cred.uid(), gid: access.gid })
@@ -197,10 +241,13 @@ fn supplementary_groups(pid: i32) -> Vec<u32> {
 async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Sender<Call>, big: Arc<Semaphore>) {
     let verdict = authorised(&stream, access);
     let (read, mut write) = stream.into_split();
-    if let Err(e) = verdict {
-        let _ = write_line(&mut write, &Response::error(ErrorCode::Denied, e.to_string())).await;
-        return;
-    }
+    let by = match verdict {
+        Ok(by) => by,
+        Err(e) => {
+            let _ = write_line(&mut write, &Response::error(ErrorCode::Denied, e.to_string())).await;
+            return;
+        }
+    };
     let mut reader = BufReader::new(read);
     loop {
         let line = match tokio::time::timeout(READ_DEADLINE, read_line(&mut reader, &big)).await {
@@ -221,7 +268,7 @@ async fn serve(stream: UnixStream, conn: Conn, access: Access, calls: mpsc::Send
             Err(e) => Response::error(ErrorCode::BadRequest, format!("bad request: {e}")),
             Ok(req) => {
                 drop(line);
-                let (tx, rx) = oneshot::channel();
+                let (tx, rx) = Reply::new(by.clone());
                 if calls.send((req, tx)).await.is_err() {
                     return;
                 }

@@ -80,6 +80,7 @@ impl Answers<'_> {
             | Request::PrefixLoad { .. }
             | Request::Penalty { .. } => unreachable!("changes are taken before"),
             Request::Load { .. }
+            | Request::History { .. }
             | Request::FleetStatus
             | Request::UpstreamList
             | Request::UpstreamAnnounce { .. }

@@ -39,6 +39,8 @@ pub(super) struct Start<'a> {
     pub(super) sink: &'a Sink,
     /// The interface (the upstream feature reads its received bytes).
     pub(super) iface: &'a str,
+    /// The audit trail's history file.
+    pub(super) history: Option<std::path::PathBuf>,
 }
 
 /// The daemon's features, in the order they are told a policy.
@@ -62,6 +64,7 @@ impl Features {
             Box::new(UpstreamSide::new(s.iface)),
             Box::new(crate::feedback::escalation::Escalation::new(s.sink.clone())),
             Box::new(crate::cookies::feature::Cookies::default()),
+            Box::new(crate::trail::feature::Trail::start(s.history)),
         ];
         for f in &mut list {
             f.apply(a);

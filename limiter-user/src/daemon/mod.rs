@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::{
     signal::unix::{SignalKind, signal},
-    sync::{mpsc, oneshot},
+    sync::mpsc,
 };
 
 pub use self::os::init_logging;
@@ -35,7 +35,7 @@ pub use crate::engine::{ApplyError, Enforcer, Settings};
 use crate::{
     control::{
         Request, Response,
-        server::{self, Bound, Call},
+        server::{self, Bound, Call, Reply},
     },
     dataplane::{
         DataPlane, LoadError,
@@ -128,6 +128,7 @@ impl Daemon {
             calls: &calls_tx,
             sink: &sink,
             iface: &settings.iface,
+            history: settings.history.clone(),
         };
         let features = Features::start(&applied, start).await?;
         socket.serve(calls_tx);
@@ -272,7 +273,7 @@ impl Daemon {
 
     /// A query: answered now, by a feature or from the loop's parts, or
     /// queued while it needs the policy state a change has away.
-    fn handle(&mut self, req: Request, reply: oneshot::Sender<Response>) {
+    fn handle(&mut self, req: Request, reply: Reply) {
         if let Some(answer) = self.features.answer(&req) {
             let _ = reply.send(answer);
             return;
@@ -329,6 +330,10 @@ impl Daemon {
         self.view.refresh(p, &mut self.features);
         let version = self.view.version;
         let ok = result.is_ok();
+        let line = match &result {
+            Ok(summary) => summary.clone(),
+            Err(e) => e.to_string(),
+        };
         let refusal = match &result {
             Err(ApplyError::Governor { refusal, .. }) => Some(*refusal),
             _ => None,
@@ -353,7 +358,8 @@ impl Daemon {
         // upstream speaker announces an escalation's denial, and the
         // operator's `prefix deny --upstream` in its answer).
         let mut response = response;
-        self.features.applied(&mut Applied { change: &change, ok, refusal, reply: response.as_mut() });
+        let by = reply.as_ref().map(|r| &r.by);
+        self.features.applied(&mut Applied { change: &change, by, ok, line: &line, refusal, reply: response.as_mut() });
         if let (Some(reply), Some(r)) = (reply, response) {
             let _ = reply.send(r);
         }

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::{ApplyError, Enforcer, Settings, source::SourceChange};
 use crate::{
-    control::{ErrorCode, Request, Response},
+    control::{ErrorCode, Request, Response, server::Reply},
     dataplane::maps::Tables,
     origin::Origin,
     policy::{Action, CostUnit, Limit, Mode, OverrideAction, file},
@@ -52,8 +52,8 @@ pub(crate) enum Change {
 /// What waits for the policy state: a request that reads it, or a change
 /// (with its client, if any).
 pub(crate) enum Queued {
-    Call(Request, oneshot::Sender<Response>),
-    Change(Change, Option<oneshot::Sender<Response>>),
+    Call(Request, Reply),
+    Change(Change, Option<Reply>),
 }
 
 /// A finished change, with the state it had away.
@@ -61,7 +61,7 @@ pub(crate) struct Done {
     enforcer: Enforcer,
     tables: Tables,
     change: Change,
-    reply: Option<oneshot::Sender<Response>>,
+    reply: Option<Reply>,
     result: Result<String, ApplyError>,
 }
 
@@ -210,7 +210,7 @@ impl Changes {
 
     /// Start `change` on a blocking thread, or queue it behind the one
     /// running.
-    pub(crate) fn start(&mut self, change: Change, reply: Option<oneshot::Sender<Response>>, settings: &Settings) {
+    pub(crate) fn start(&mut self, change: Change, reply: Option<Reply>, settings: &Settings) {
         let Some((mut enforcer, mut tables)) = self.policy.take() else {
             // An expiry is retried by the next tick.
             if !matches!(change, Change::Expire) {
@@ -319,6 +319,6 @@ impl Changes {
 /// A change done, with its state home again.
 pub(crate) struct Finished {
     pub(crate) change: Change,
-    pub(crate) reply: Option<oneshot::Sender<Response>>,
+    pub(crate) reply: Option<Reply>,
     pub(crate) result: Result<String, ApplyError>,
 }

@@ -11,13 +11,10 @@
 //! path with its client's reply, and only the queries to the loop's
 //! answers.
 
-use tokio::{
-    signal::unix::Signal,
-    sync::{mpsc, oneshot},
-};
+use tokio::{signal::unix::Signal, sync::mpsc};
 
 use super::{changes::Change, source::SourceChange};
-use crate::control::{Response, server::Call};
+use crate::control::server::{Call, Reply};
 
 /// Where every decider sends its decisions.
 pub(crate) type Sink = mpsc::Sender<Decision>;
@@ -32,7 +29,7 @@ pub(crate) const SINK_ROOM: usize = 64;
 pub(crate) enum Decision {
     /// A change somebody waits on (the operator's `prefix set`, `policy
     /// apply`, a tenant's penalty): answered when it is done.
-    Asked(Change, oneshot::Sender<Response>),
+    Asked(Change, Reply),
     /// A change nobody waits on (SIGHUP's re-read, an escalation).
     Told(Change),
     /// A source's change (a feed's version, a CrowdSec pull): applied
@@ -79,10 +76,11 @@ mod tests {
         let (sink, mut decided) = mpsc::channel(4);
         let (queries_tx, mut queries) = mpsc::channel(4);
         let task = tokio::spawn(route(calls, sink, queries_tx));
-        let (set_reply, mut set_answer) = oneshot::channel();
+        let operator = crate::control::server::Requester::Client { uid: 0, pid: Some(1) };
+        let (set_reply, mut set_answer) = Reply::new(operator.clone());
         let cidr = "198.18.0.0/24".parse().unwrap();
         calls_tx.send((Request::PrefixDeny { cidr, ttl_secs: Some(5), upstream: false }, set_reply)).await.unwrap();
-        let (status_reply, _) = oneshot::channel();
+        let (status_reply, _) = Reply::new(operator);
         calls_tx.send((Request::Status, status_reply)).await.unwrap();
         drop(calls_tx);
         task.await.unwrap();
@@ -90,9 +88,10 @@ mod tests {
             panic!("the deny request did not take the path of decisions");
         };
         assert_eq!(got, cidr);
-        reply.send(Response::error(crate::control::ErrorCode::Busy, "marker")).unwrap();
+        assert_eq!(reply.by.to_string(), "uid 0 pid 1", "who asked went along");
+        assert!(reply.send(crate::control::Response::error(crate::control::ErrorCode::Busy, "marker")));
         assert!(
-            matches!(set_answer.try_recv(), Ok(Response::Error { message, .. }) if message == "marker"),
+            matches!(set_answer.try_recv(), Ok(crate::control::Response::Error { message, .. }) if message == "marker"),
             "the client's reply went along"
         );
         assert!(decided.recv().await.is_none(), "one decision for one change request");

@@ -34,6 +34,8 @@ pub struct Enforcer {
     base: Policy,
     /// Where `base` came from.
     source: String,
+    /// The SHA-256 of that file's text (none: the built-in policy).
+    file_sha256: Option<String>,
     /// The runtime layers over `base`: the operator's overrides and
     /// automation's (see [`Layers`]).
     pub(crate) layers: Layers,
@@ -63,6 +65,7 @@ impl Enforcer {
         Self {
             base: Policy::default(),
             source: String::new(),
+            file_sha256: None,
             layers: Layers::default(),
             version,
             capacity,
@@ -102,6 +105,12 @@ impl Enforcer {
         &self.source
     }
 
+    /// The SHA-256 of the policy file's text in force (none: built in).
+    #[must_use]
+    pub fn file_sha256(&self) -> Option<&str> {
+        self.file_sha256.as_deref()
+    }
+
     /// `base` with the runtime overrides merged in (see
     /// [`Layers::effective`]).
     #[must_use]
@@ -113,7 +122,10 @@ impl Enforcer {
     /// Returns the summary line; on any error nothing changes.
     pub fn apply(&mut self, maps: &mut impl PolicyMaps, loaded: Loaded) -> Result<String, ApplyError> {
         let source = loaded.provenance.name();
-        self.install(maps, loaded.policy, source, &loaded.provenance)
+        let sha = loaded.provenance.sha256();
+        let summary = self.install(maps, loaded.policy, source, &loaded.provenance)?;
+        self.file_sha256 = sha;
+        Ok(summary)
     }
 
     /// [`Enforcer::apply`] of a policy already compiled by
@@ -127,6 +139,7 @@ impl Enforcer {
         checked: Compiled,
     ) -> Result<String, ApplyError> {
         let source = loaded.provenance.name();
+        self.file_sha256 = loaded.provenance.sha256();
         let reuse = (self.layers.entries.is_empty() && self.layers.sources.sets().next().is_none()).then_some(checked);
         self.install_with(maps, loaded.policy, source, &loaded.provenance, reuse)
     }

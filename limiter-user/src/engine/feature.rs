@@ -84,8 +84,13 @@ pub(crate) struct Sample {
 /// A change that finished, as every feature is told of it.
 pub(crate) struct Applied<'a> {
     pub(crate) change: &'a Change,
+    /// Who asked for it, if somebody did on a channel (a control client,
+    /// the tenant layer); else the change says who made it.
+    pub(crate) by: Option<&'a crate::control::server::Requester>,
     /// Applied (or refused).
     pub(crate) ok: bool,
+    /// The summary of the version it made, or why it was refused.
+    pub(crate) line: &'a str,
     /// Why the feedback governor refused it, if it refused a penalty.
     pub(crate) refusal: Option<crate::policy::feedback::Refusal>,
     /// The answer to the client who asked for it, if one did: a feature

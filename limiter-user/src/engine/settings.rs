@@ -28,6 +28,8 @@ pub struct Settings {
     /// `--policy`; else the default path if a file is there.
     pub policy: Option<PathBuf>,
     pub overlay: Overlay,
+    /// The audit trail's history file (`--history`; none: the log only).
+    pub history: Option<PathBuf>,
 }
 
 impl Settings {

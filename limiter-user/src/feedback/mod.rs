@@ -38,7 +38,7 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::{Method, Request, Response, StatusCode, body::Bytes, service::service_fn};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::control::{ErrorCode, Request as Call, Response as Answer, server::Call as Sent};
 
@@ -96,7 +96,7 @@ pub async fn serve(addr: SocketAddr, token: Token, calls: mpsc::Sender<Sent>) ->
                 let (calls, token, conn) = (calls.clone(), Arc::clone(&token), conn.clone());
                 async move {
                     let _busy = conn.busy();
-                    Ok::<_, Infallible>(answer(req, &token, &calls).await)
+                    Ok::<_, Infallible>(answer(req, &token, &calls, &conn.peer).await)
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -190,8 +190,9 @@ fn authorised(req: &Request<hyper::body::Incoming>, token: &str) -> bool {
         .is_some_and(|p| p.len() == token.len() && p.bytes().zip(token.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0)
 }
 
-async fn ask(calls: &mpsc::Sender<Sent>, call: Call) -> Option<Answer> {
-    let (tx, rx) = oneshot::channel();
+async fn ask(calls: &mpsc::Sender<Sent>, call: Call, peer: &crate::listen::Peer) -> Option<Answer> {
+    let (tx, rx) =
+        crate::control::server::Reply::new(crate::control::server::Requester::Tenant { peer: peer.to_string() });
     calls.send((call, tx)).await.ok()?;
     rx.await.ok()
 }
@@ -208,7 +209,11 @@ async fn body(req: Request<hyper::body::Incoming>) -> Result<Bytes, Response<Ful
 
 /// `POST /v1/load`: rejections the tenant layer reports, counted by the
 /// forwarder's adaptive throttling.
-async fn load(req: Request<hyper::body::Incoming>, calls: &mpsc::Sender<Sent>) -> Response<Full<Bytes>> {
+async fn load(
+    req: Request<hyper::body::Incoming>,
+    calls: &mpsc::Sender<Sent>,
+    peer: &crate::listen::Peer,
+) -> Response<Full<Bytes>> {
     let fail = |code, message: &str| reply(code, &serde_json::json!({ "error": message }));
     if req.method() != Method::POST {
         return fail(StatusCode::METHOD_NOT_ALLOWED, "POST");
@@ -227,14 +232,19 @@ async fn load(req: Request<hyper::body::Incoming>, calls: &mpsc::Sender<Sent>) -
             &format!("bad_request: rejected must be 1 to {MAX_LOAD_REJECTED}"),
         );
     }
-    match ask(calls, Call::Load { forward: l.forward, rejected: l.rejected }).await {
+    match ask(calls, Call::Load { forward: l.forward, rejected: l.rejected }, peer).await {
         Some(Answer::Adaptive(a)) => reply(StatusCode::OK, &serde_json::json!(a)),
         Some(Answer::Error { message, .. }) => fail(StatusCode::NOT_FOUND, &message),
         _ => fail(StatusCode::SERVICE_UNAVAILABLE, "the daemon did not answer"),
     }
 }
 
-async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::Sender<Sent>) -> Response<Full<Bytes>> {
+async fn answer(
+    req: Request<hyper::body::Incoming>,
+    token: &str,
+    calls: &mpsc::Sender<Sent>,
+    peer: &crate::listen::Peer,
+) -> Response<Full<Bytes>> {
     let fail = |code, message: &str| reply(code, &serde_json::json!({ "error": message }));
     let path = req.uri().path();
     if path != "/v1/penalties" && path != "/v1/load" {
@@ -244,10 +254,10 @@ async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::
         return fail(StatusCode::FORBIDDEN, "a valid bearer token is needed");
     }
     if path == "/v1/load" {
-        return load(req, calls).await;
+        return load(req, calls, peer).await;
     }
     match *req.method() {
-        Method::GET => match ask(calls, Call::PrefixList).await {
+        Method::GET => match ask(calls, Call::PrefixList, peer).await {
             Some(Answer::Prefixes(l)) => {
                 let mine: Vec<_> = l.entries.into_iter().filter(|e| e.origin.is_automation()).collect();
                 reply(StatusCode::OK, &serde_json::json!({ "version": l.version, "penalties": mine }))
@@ -270,7 +280,7 @@ async fn answer(req: Request<hyper::body::Incoming>, token: &str, calls: &mpsc::
                 Ok(d) => d.as_secs(),
                 Err(e) => return fail(StatusCode::UNPROCESSABLE_ENTITY, &format!("bad_request: {e}")),
             };
-            match ask(calls, Call::Penalty { cidr: p.prefix, ttl_secs: ttl, reason: p.reason }).await {
+            match ask(calls, Call::Penalty { cidr: p.prefix, ttl_secs: ttl, reason: p.reason }, peer).await {
                 Some(Answer::Applied(a)) => {
                     reply(StatusCode::OK, &serde_json::json!({ "version": a.version, "summary": a.summary }))
                 }

@@ -76,6 +76,20 @@ pub enum Provenance {
 }
 
 impl Provenance {
+    /// The SHA-256 of the file's text, in hex (none for the built-in
+    /// policy): what the audit trail names a version of the file by.
+    #[must_use]
+    pub fn sha256(&self) -> Option<String> {
+        use sha2::Digest as _;
+        use std::fmt::Write as _;
+        let Provenance::File { text, .. } = self else { return None };
+        let digest = sha2::Sha256::digest(text.as_bytes());
+        Some(digest.iter().fold(String::with_capacity(64), |mut hex, b| {
+            let _ = write!(hex, "{b:02x}");
+            hex
+        }))
+    }
+
     /// The file's name, or `built-in policy`.
     #[must_use]
     pub fn name(&self) -> String {
