@@ -279,6 +279,10 @@ pub enum PrefixCommand {
         /// --pin) [default: never].
         #[arg(long, value_name = "DURATION", value_parser = ttl)]
         ttl: Option<u64>,
+        /// Why, in a few words (at most 200 characters): shown by `prefix
+        /// list`, `explain` and `limiter history`.
+        #[arg(long, value_name = "TEXT", value_parser = reason)]
+        reason: Option<String>,
     },
     /// Never limit a prefix.
     #[command(
@@ -291,10 +295,14 @@ pub enum PrefixCommand {
         /// Expire after this long [default: never].
         #[arg(long, value_name = "DURATION", value_parser = ttl)]
         ttl: Option<u64>,
+        /// Why, in a few words (at most 200 characters): shown by `prefix
+        /// list`, `explain` and `limiter history`.
+        #[arg(long, value_name = "TEXT", value_parser = reason)]
+        reason: Option<String>,
     },
     /// Always drop a prefix.
     #[command(
-        after_help = "Examples:\n  limiter prefix deny 198.18.7.0/24 --ttl 10m\n  limiter prefix deny 198.18.7.0/24 --upstream"
+        after_help = "Examples:\n  limiter prefix deny 198.18.7.0/24 --ttl 10m --reason \"INC-4711: credential stuffing\"\n  limiter prefix deny 198.18.7.0/24 --upstream"
     )]
     Deny {
         /// The prefix (an address is its /32 or /128).
@@ -308,6 +316,10 @@ pub enum PrefixCommand {
         /// announced by the policy's `[upstream]` speaker.
         #[arg(long)]
         upstream: bool,
+        /// Why, in a few words (at most 200 characters): shown by `prefix
+        /// list`, `explain` and `limiter history`.
+        #[arg(long, value_name = "TEXT", value_parser = reason)]
+        reason: Option<String>,
     },
     /// Deny (or allow) every prefix of a file as one version, all or
     /// nothing: one CIDR per line, `#` comments and blank lines allowed
@@ -429,6 +441,21 @@ fn address_or_net(s: &str) -> Result<ipnet::IpNet, NotANet> {
 }
 
 /// A `--watch` period: 0.1 to 3600 seconds.
+/// Most characters of a `--reason`.
+pub const MAX_REASON: usize = 200;
+
+/// A `--reason`: at most [`MAX_REASON`] characters, no control
+/// characters (it reaches log lines and terminals).
+fn reason(s: &str) -> Result<String, String> {
+    if s.chars().count() > MAX_REASON {
+        return Err(format!("at most {MAX_REASON} characters"));
+    }
+    if s.chars().any(char::is_control) {
+        return Err("no control characters (newlines, escapes)".into());
+    }
+    Ok(s.to_owned())
+}
+
 /// A `--since` duration.
 fn since(s: &str) -> Result<std::time::Duration, String> {
     crate::policy::parse_duration(s).map_err(|e| e.to_string())

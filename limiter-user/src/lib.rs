@@ -80,6 +80,18 @@ pub fn escape_control(text: &str) -> String {
     out
 }
 
+/// `text` as one line of at most `max` bytes: control characters escaped
+/// (see [`escape_control`]), cut at a character boundary with `...`.
+#[must_use]
+pub fn one_line(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = if end < text.len() { "..." } else { "" };
+    format!("{}{cut}", escape_control(&text[..end]))
+}
+
 pub mod clock;
 pub mod counts;
 pub mod listen;

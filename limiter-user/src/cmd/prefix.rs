@@ -11,13 +11,17 @@ pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result
     let req = match cmd {
         PrefixCommand::List => return list(client, json),
         PrefixCommand::Show { cidr } => return show(client, *cidr, json),
-        PrefixCommand::Set { cidr, rate, burst, ttl } => {
-            Request::PrefixSet { cidr: *cidr, rate: *rate, burst: *burst, ttl_secs: *ttl }
+        PrefixCommand::Set { cidr, rate, burst, ttl, reason } => {
+            Request::PrefixSet { cidr: *cidr, rate: *rate, burst: *burst, ttl_secs: *ttl, reason: reason.clone() }
         }
-        PrefixCommand::Allow { cidr, ttl } => Request::PrefixAllow { cidr: *cidr, ttl_secs: *ttl },
-        PrefixCommand::Deny { cidr, ttl, upstream: true } => return deny_upstream(client, *cidr, *ttl, json),
-        PrefixCommand::Deny { cidr, ttl, upstream: false } => {
-            Request::PrefixDeny { cidr: *cidr, ttl_secs: *ttl, upstream: false }
+        PrefixCommand::Allow { cidr, ttl, reason } => {
+            Request::PrefixAllow { cidr: *cidr, ttl_secs: *ttl, reason: reason.clone() }
+        }
+        PrefixCommand::Deny { cidr, ttl, upstream: true, reason } => {
+            return deny_upstream(client, *cidr, *ttl, reason.clone(), json);
+        }
+        PrefixCommand::Deny { cidr, ttl, upstream: false, reason } => {
+            Request::PrefixDeny { cidr: *cidr, ttl_secs: *ttl, upstream: false, reason: reason.clone() }
         }
         PrefixCommand::Unset { cidr } => Request::PrefixUnset { cidr: *cidr },
         PrefixCommand::Load { deny, allow, ttl } => return load(client, deny.as_deref(), allow.as_deref(), *ttl, json),
@@ -28,8 +32,14 @@ pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result
 /// `prefix deny --upstream`: one change, denied here and announced
 /// upstream for the same time, or refused whole (no `[upstream]`, a
 /// protected network, the cap full of the operator's own rules).
-fn deny_upstream(client: Client, cidr: ipnet::IpNet, ttl: Option<u64>, json: bool) -> anyhow::Result<()> {
-    let mut applied = client.change(&Request::PrefixDeny { cidr, ttl_secs: ttl, upstream: true })?;
+fn deny_upstream(
+    client: Client,
+    cidr: ipnet::IpNet,
+    ttl: Option<u64>,
+    reason: Option<String>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut applied = client.change(&Request::PrefixDeny { cidr, ttl_secs: ttl, upstream: true, reason })?;
     let Some(info) = applied.upstream.take() else {
         anyhow::bail!("{cidr} is denied here (policy v{}); the daemon said nothing of upstream", applied.version);
     };
@@ -151,6 +161,7 @@ fn list(client: Client, json: bool) -> anyhow::Result<()> {
         ("burst", Right),
         ("origin", Left),
         ("expires in", Right),
+        ("reason", Left),
     ]);
     let num = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |n| n.to_string());
     let ttl = |s: Option<u64>| s.map_or_else(|| "never".to_owned(), super::human::duration);
@@ -163,6 +174,7 @@ fn list(client: Client, json: bool) -> anyhow::Result<()> {
             num(e.burst),
             origin,
             ttl(e.expires_in_secs),
+            e.reason.clone().unwrap_or_default(),
         ]);
         // Every layer that spoke, highest first: the one in force, and
         // those beneath it (in force again when what is above them ends).
@@ -175,6 +187,7 @@ fn list(client: Client, json: bool) -> anyhow::Result<()> {
                 num(l.burst),
                 l.layer.to_string(),
                 ttl(l.expires_in_secs),
+                String::new(),
             ]);
         }
     }

@@ -74,11 +74,19 @@ pub enum Request {
         /// Expire after this many seconds (`None`: never).
         #[serde(default)]
         ttl_secs: Option<u64>,
+        /// Why (`--reason`), shown by `prefix list`, `explain` and the
+        /// audit trail.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     PrefixAllow {
         cidr: IpNet,
         #[serde(default)]
         ttl_secs: Option<u64>,
+        /// Why (`--reason`), shown by `prefix list`, `explain` and the
+        /// audit trail.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     PrefixDeny {
         cidr: IpNet,
@@ -89,6 +97,10 @@ pub enum Request {
         /// speaker holds).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         upstream: bool,
+        /// Why (`--reason`), shown by `prefix list`, `explain` and the
+        /// audit trail.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// A penalty from the tenant layer's feedback: deny `cidr` for
     /// `ttl_secs`, under the governor. The tenant's text as sent: the

@@ -5,7 +5,13 @@ fn requests_round_trip_as_one_json_line() {
     let reqs = [
         Request::Status,
         Request::PolicyApply { name: "x.toml".into(), text: Some("rate = 1\n".into()), force: false },
-        Request::PrefixSet { cidr: "198.18.0.0/16".parse().unwrap(), rate: 5, burst: 10, ttl_secs: Some(600) },
+        Request::PrefixSet {
+            cidr: "198.18.0.0/16".parse().unwrap(),
+            rate: 5,
+            burst: 10,
+            ttl_secs: Some(600),
+            reason: None,
+        },
     ];
     for r in reqs {
         let line = serde_json::to_string(&r).unwrap();
@@ -18,7 +24,8 @@ fn requests_round_trip_as_one_json_line() {
     assert_eq!(serde_json::to_string(&a).unwrap(), r#"{"kind":"applied","version":3,"summary":"s"}"#);
     assert_eq!(serde_json::from_str::<Response>(&serde_json::to_string(&a).unwrap()).unwrap(), a);
     // `prefix deny` without `--upstream` is the line earlier builds sent.
-    let deny = Request::PrefixDeny { cidr: "198.18.0.0/24".parse().unwrap(), ttl_secs: None, upstream: false };
+    let deny =
+        Request::PrefixDeny { cidr: "198.18.0.0/24".parse().unwrap(), ttl_secs: None, upstream: false, reason: None };
     assert_eq!(
         serde_json::to_string(&deny).unwrap(),
         r#"{"cmd":"prefix_deny","cidr":"198.18.0.0/24","ttl_secs":null}"#

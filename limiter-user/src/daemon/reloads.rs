@@ -133,8 +133,9 @@ mod tests {
     fn a_refused_request_is_counted_under_its_verb_and_is_no_reload() {
         let mut r = Reloads::new();
         let net = "198.18.7.0/24".parse().unwrap();
-        let deny = Change::Prefix { cidr: net, action: Some(OverrideAction::Deny), ttl: None, upstream: false };
-        let unset = Change::Prefix { cidr: net, action: None, ttl: None, upstream: false };
+        let deny =
+            Change::Prefix { cidr: net, action: Some(OverrideAction::Deny), ttl: None, upstream: false, reason: None };
+        let unset = Change::Prefix { cidr: net, action: None, ttl: None, upstream: false, reason: None };
         let refused = || Err(ApplyError::Request("no such override".into()));
         let _ = r.changed(&deny, Ok("v2".into()), 2);
         let _ = r.changed(&unset, refused(), 2);

@@ -33,7 +33,7 @@ pub(crate) enum Change {
     /// (`None` = unset; a limit takes the default class's cost and mode
     /// when it runs), for `ttl` seconds (`None`: until unset); `upstream`:
     /// a deny announced upstream too (`prefix deny --upstream`).
-    Prefix { cidr: IpNet, action: Option<OverrideAction>, ttl: Option<u64>, upstream: bool },
+    Prefix { cidr: IpNet, action: Option<OverrideAction>, ttl: Option<u64>, upstream: bool, reason: Option<String> },
     /// `prefix load`: allow or deny every CIDR, all or nothing.
     Load { cidrs: Vec<IpNet>, action: Action, ttl: Option<u64> },
     /// Runtime overrides whose time is up.
@@ -90,7 +90,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
         }
         Change::Penalty { net, ttl, reason, by, .. } => e.penalize(t, net.as_ref(), *ttl, reason, *by),
         Change::Source(c) => c.run(e, t),
-        Change::Prefix { cidr, action, ttl, .. } => {
+        Change::Prefix { cidr, action, ttl, reason, .. } => {
             let d = e.base().default;
             let action = action.map(|a| match a {
                 OverrideAction::Limit(l) => {
@@ -98,7 +98,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
                 }
                 a => a,
             });
-            e.change_prefix(t, *cidr, action, *ttl)
+            e.change_prefix(t, *cidr, action, *ttl, reason.as_deref())
         }
     }
 }
@@ -107,27 +107,33 @@ impl Change {
     /// The change a request asks for, if it is one; a policy's text and a
     /// list's prefixes are taken out of the request, not copied.
     pub(crate) fn of(req: &mut Request) -> Option<Change> {
-        let prefix = |cidr: &IpNet, action, ttl: &Option<u64>| {
-            Some(Change::Prefix { cidr: *cidr, action, ttl: *ttl, upstream: false })
+        // The operator's words reach log lines, `prefix list` and JSON: cut
+        // and escaped on the way in, as the tenant's are.
+        let why = |r: &Option<String>| r.as_deref().map(|r| crate::one_line(r, 800));
+        let prefix = |cidr: &IpNet, action, ttl: &Option<u64>, reason: &Option<String>| {
+            Some(Change::Prefix { cidr: *cidr, action, ttl: *ttl, upstream: false, reason: why(reason) })
         };
         match req {
             Request::PolicyApply { name, text, force } => {
                 Some(Change::Apply { name: name.clone(), text: text.take(), force: *force })
             }
-            Request::PrefixSet { cidr, rate, burst, ttl_secs } => {
+            Request::PrefixSet { cidr, rate, burst, ttl_secs, reason } => {
                 // The class's cost and mode are the default class's, set when it runs.
                 let limit =
                     Limit { rate: *rate, burst: *burst, cost: CostUnit::Packets, mode: Mode::Enforce, window: None };
-                prefix(cidr, Some(OverrideAction::Limit(limit)), ttl_secs)
+                prefix(cidr, Some(OverrideAction::Limit(limit)), ttl_secs, reason)
             }
-            Request::PrefixAllow { cidr, ttl_secs } => prefix(cidr, Some(OverrideAction::Allow), ttl_secs),
-            Request::PrefixDeny { cidr, ttl_secs, upstream } => Some(Change::Prefix {
+            Request::PrefixAllow { cidr, ttl_secs, reason } => {
+                prefix(cidr, Some(OverrideAction::Allow), ttl_secs, reason)
+            }
+            Request::PrefixDeny { cidr, ttl_secs, upstream, reason } => Some(Change::Prefix {
                 cidr: *cidr,
                 action: Some(OverrideAction::Deny),
                 ttl: *ttl_secs,
                 upstream: *upstream,
+                reason: why(reason),
             }),
-            Request::PrefixUnset { cidr } => prefix(cidr, None, &None),
+            Request::PrefixUnset { cidr } => prefix(cidr, None, &None, &None),
             // The tenant's words reach log lines, `prefix list` and JSON:
             // control characters (a forged log line, terminal escapes) are
             // escaped on the way in.

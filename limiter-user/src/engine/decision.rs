@@ -79,7 +79,10 @@ mod tests {
         let operator = crate::control::server::Requester::Client { uid: 0, pid: Some(1) };
         let (set_reply, mut set_answer) = Reply::new(operator.clone());
         let cidr = "198.18.0.0/24".parse().unwrap();
-        calls_tx.send((Request::PrefixDeny { cidr, ttl_secs: Some(5), upstream: false }, set_reply)).await.unwrap();
+        calls_tx
+            .send((Request::PrefixDeny { cidr, ttl_secs: Some(5), upstream: false, reason: None }, set_reply))
+            .await
+            .unwrap();
         let (status_reply, _) = Reply::new(operator);
         calls_tx.send((Request::Status, status_reply)).await.unwrap();
         drop(calls_tx);

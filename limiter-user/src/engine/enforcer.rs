@@ -212,10 +212,27 @@ impl Enforcer {
         net: IpNet,
         action: Option<OverrideAction>,
         ttl: Option<u64>,
+        reason: Option<&str>,
     ) -> Result<String, ApplyError> {
         if action.is_some() {
             self.operator_net(net)?;
         }
+        let summary = self.change_operator(maps, net, action, ttl)?;
+        match reason.filter(|_| action.is_some()) {
+            Some(r) => self.layers.reasons.insert(net, r.to_owned()),
+            None => self.layers.reasons.remove(&net),
+        };
+        Ok(summary)
+    }
+
+    /// [`Enforcer::change_prefix`] without the reason.
+    fn change_operator(
+        &mut self,
+        maps: &mut impl PolicyMaps,
+        net: IpNet,
+        action: Option<OverrideAction>,
+        ttl: Option<u64>,
+    ) -> Result<String, ApplyError> {
         let in_file = self.base.overrides.iter().any(|o| o.net == net);
         let expires = ttl.map(|t| crate::clock::unix_now() + t);
         let changes = self.layers.operator(net, action, expires, in_file);

@@ -77,7 +77,7 @@ fn describe(change: &Change, policy: Option<&str>) -> (String, String) {
             ("operator".into(), format!("{what} {name}{}{policy}", if *force { " --force" } else { "" }))
         }
         Change::Reload => ("sighup".into(), format!("policy reload{policy}")),
-        Change::Prefix { cidr, action, ttl: t, upstream } => {
+        Change::Prefix { cidr, action, ttl: t, upstream, reason } => {
             let action = action.map_or_else(
                 || "unset".to_owned(),
                 |a| match a {
@@ -86,7 +86,8 @@ fn describe(change: &Change, policy: Option<&str>) -> (String, String) {
                 },
             );
             let up = if *upstream { " --upstream" } else { "" };
-            ("operator".into(), format!("prefix {action} {cidr}{}{up}", ttl(t)))
+            let why = reason.as_ref().map_or_else(String::new, |r| format!(" reason {r:?}"));
+            ("operator".into(), format!("prefix {action} {cidr}{}{up}{why}", ttl(t)))
         }
         Change::Load { cidrs, action, ttl: t } => {
             ("operator".into(), format!("prefix load {action} {} network(s){}", cidrs.len(), ttl(t)))

@@ -64,12 +64,7 @@ pub fn read_back(path: &Path, n: usize) -> VecDeque<Record> {
 /// control characters escaped: a record is one line.
 #[must_use]
 pub fn field(text: &str) -> String {
-    let mut end = text.len().min(MAX_FIELD);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let cut = if end < text.len() { "..." } else { "" };
-    format!("{}{cut}", crate::escape_control(&text[..end]))
+    crate::one_line(text, MAX_FIELD)
 }
 
 /// The writer thread: records in, lines out to the file.

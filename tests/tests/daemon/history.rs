@@ -60,8 +60,18 @@ fn every_change_is_recorded_with_who_made_it_and_read_back_after_a_restart() {
 
     // The operator's change, and a refused one: each by the client's uid
     // and pid, as the kernel gives them.
-    let o = scenario::cli(&socket, &["prefix", "deny", "198.18.7.0/24", "--ttl", "60s"]);
+    let o = scenario::cli(&socket, &["prefix", "deny", "198.18.7.0/24", "--ttl", "60s", "--reason", "INC-4711: stuffing"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The reason is shown where the entry is.
+    let o = scenario::cli(&socket, &["prefix", "list", "-j"]);
+    let list: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let entry = list["overrides"].as_array().unwrap().iter().find(|e| e["cidr"] == "198.18.7.0/24").cloned();
+    assert_eq!(entry.map(|e| e["reason"].clone()), Some(serde_json::json!("INC-4711: stuffing")), "{list}");
+    let o = scenario::cli(&socket, &["explain", "198.18.7.9"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("reason \"INC-4711: stuffing\""), "{o:?}");
+    // A reason that would forge a line is refused at the command line.
+    let o = scenario::cli(&socket, &["prefix", "deny", "198.18.8.0/24", "--reason", "a\nlimiter: audit: forged"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no control characters"), "{o:?}");
     let o = scenario::cli(&socket, &["prefix", "deny", "198.18.7.5/24"]);
     assert!(!o.status.success());
     // SIGHUP with a changed file: named with its SHA-256.
@@ -77,7 +87,7 @@ fn every_change_is_recorded_with_who_made_it_and_read_back_after_a_restart() {
     let feed_version = find(&all, "a new version");
     assert_eq!((feed_version["by"].as_str(), feed_version["ok"].as_bool()), (Some("feed:t"), Some(true)));
     assert!(feed_version["result"].as_str().unwrap().contains("feed t: 1 networks"), "{feed_version}");
-    let deny = find(&all, "prefix deny 198.18.7.0/24 ttl 60");
+    let deny = find(&all, "prefix deny 198.18.7.0/24 ttl 60 reason \"INC-4711: stuffing\"");
     assert!(deny["by"].as_str().unwrap().starts_with("uid 0 pid "), "{deny}");
     assert_eq!(deny["ok"], true);
     let refused = find(&all, "prefix deny 198.18.7.5/24");

@@ -69,7 +69,7 @@ fn restarted(maps: &mut FakeMaps, e: &Enforcer, text: &str) -> Enforcer {
 fn a_penalty_over_an_operator_deny_leaves_it_in_force_when_it_ends() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps, &policy(""));
-    e.change_prefix(&mut maps, "198.18.7.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.7.0/24".parse().unwrap(), Some(OverrideAction::Deny), None, None).unwrap();
     let before = last(&maps);
     penalize(&mut e, &mut maps, "198.18.7.0/24", 1, Origin::Feedback).unwrap();
     assert_eq!(enforced(&e, "198.18.7.0/24"), Some(OverrideAction::Deny));
@@ -89,7 +89,7 @@ fn a_penalty_over_an_operator_deny_leaves_it_in_force_when_it_ends() {
 fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps, &policy(""));
-    e.change_prefix(&mut maps, "198.18.8.0/24".parse().unwrap(), Some(OverrideAction::Allow), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.8.0/24".parse().unwrap(), Some(OverrideAction::Allow), None, None).unwrap();
     for (cidr, who) in [("198.18.8.0/24", "operator"), ("198.18.2.0/24", "policy file")] {
         for by in [Origin::Feedback, Origin::Escalation] {
             let err = penalize(&mut e, &mut maps, cidr, 60, by).unwrap_err();
@@ -112,7 +112,7 @@ fn a_penalty_inside_an_allow_is_refused_unless_the_policy_lets_it_overlay() {
     let mut e = restarted(&mut maps, &e, &text);
     let before = last(&maps);
     // The operator lifts the /16 penalty (the tenant's cap is 2).
-    e.change_prefix(&mut maps, "198.18.0.0/16".parse().unwrap(), None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.0.0/16".parse().unwrap(), None, None, None).unwrap();
     penalize(&mut e, &mut maps, "198.18.8.0/24", 5, Origin::Feedback).unwrap();
     penalize(&mut e, &mut maps, "198.18.2.0/24", 5, Origin::Feedback).unwrap();
     assert_eq!(enforced(&e, "198.18.8.0/24"), Some(OverrideAction::Deny));
@@ -131,7 +131,7 @@ fn a_penalty_overlays_a_limit_and_the_limit_comes_back_exactly() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps, &policy(""));
     // The operator's limit and the file's (shadow).
-    e.change_prefix(&mut maps, "198.18.9.0/24".parse().unwrap(), Some(limit(100, 200)), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.9.0/24".parse().unwrap(), Some(limit(100, 200)), None, None).unwrap();
     let file_limit = enforced(&e, "198.18.3.0/24").unwrap();
     let before = last(&maps);
     penalize(&mut e, &mut maps, "198.18.9.0/24", 1, Origin::Feedback).unwrap();
@@ -154,19 +154,19 @@ fn the_operator_outranks_the_file_and_lifts_penalties() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps, &policy(""));
     // Operator over the file: allow where the file denies, then unset.
-    e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), Some(OverrideAction::Allow), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), Some(OverrideAction::Allow), None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.1.0/24"), Some(OverrideAction::Allow));
     let mut e = restarted(&mut maps, &e, &policy(""));
-    e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), None, None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.1.0/24"), None, "unset removes the file's override too");
     // A penalty under the operator's deny of another prefix: the
     // operator's own unset removes its deny only, the next the penalty.
-    e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), Some(OverrideAction::Deny), None, None).unwrap();
     penalize(&mut e, &mut maps, "198.18.6.0/24", 600, Origin::Feedback).unwrap();
-    e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), None, None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.6.0/24"), Some(OverrideAction::Deny), "the penalty is still there");
     assert_eq!(e.prefixes().iter().find(|p| p.cidr.to_string() == "198.18.6.0/24").unwrap().origin, "feedback");
-    e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.6.0/24".parse().unwrap(), None, None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.6.0/24"), None);
     // A reload that drops the file's deny keeps the layers above and below.
     penalize(&mut e, &mut maps, "198.18.5.0/24", 600, Origin::Feedback).unwrap();
@@ -213,7 +213,7 @@ fn an_escalation_is_an_address_in_the_deny_set_with_a_cap_and_an_end_of_its_own(
     assert!(maps.runtime.is_empty(), "records left: {:?}", maps.runtime);
     // The operator outranks it: an unset lifts it at once.
     penalize(&mut e, &mut maps, addr, 600, Origin::Escalation).unwrap();
-    let line = e.change_prefix(&mut maps, addr.parse().unwrap(), None, None).unwrap();
+    let line = e.change_prefix(&mut maps, addr.parse().unwrap(), None, None, None).unwrap();
     assert!(line.contains("lifted by the operator"), "{line}");
     assert!(maps.deny.is_empty() && e.escalations().is_empty());
     // The deny set lies beneath every allow: refused there, whatever the policy.
@@ -305,9 +305,9 @@ fn a_source_sits_below_the_operator_and_the_file_and_above_automation() {
     assert!(e2.to_string().contains("[[source]] file"), "{e2}");
     // The operator does, and an unset of theirs gives it back.
     let net: IpNet = "198.18.6.0/24".parse().unwrap();
-    e.change_prefix(&mut maps, net, Some(OverrideAction::Deny), None).unwrap();
+    e.change_prefix(&mut maps, net, Some(OverrideAction::Deny), None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.6.0/24"), Some(OverrideAction::Deny));
-    e.change_prefix(&mut maps, net, None, None).unwrap();
+    e.change_prefix(&mut maps, net, None, None, None).unwrap();
     assert_eq!(enforced(&e, "198.18.6.0/24"), Some(OverrideAction::Allow));
     // A reload without the section: its networks go with it.
     e.apply(&mut maps, loaded(&policy(""))).unwrap();
@@ -319,4 +319,23 @@ fn a_source_sits_below_the_operator_and_the_file_and_above_automation() {
     let wide = e.source_version(&mut maps, &spec, ["0.0.0.0/0".parse().unwrap()].into()).unwrap_err();
     assert!(wide.to_string().contains("wider"), "{wide}");
     assert_eq!(enforced(&e, "198.18.6.0/24"), Some(OverrideAction::Allow));
+}
+
+/// The operator's `--reason` is listed with their entry while it is in
+/// force, and goes with it (unset, replaced without one, expired).
+#[test]
+fn an_operator_reason_is_listed_with_the_entry_and_goes_with_it() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps, &policy(""));
+    let net: IpNet = "198.18.7.0/24".parse().unwrap();
+    let reason_of = |e: &Enforcer| e.prefixes().into_iter().find(|p| p.cidr == net).and_then(|p| p.reason);
+    e.change_prefix(&mut maps, net, Some(OverrideAction::Deny), None, Some("INC-4711")).unwrap();
+    assert_eq!(reason_of(&e).as_deref(), Some("INC-4711"));
+    e.change_prefix(&mut maps, net, Some(OverrideAction::Allow), None, None).unwrap();
+    assert_eq!(reason_of(&e), None, "a change without a reason kept the old one");
+    e.change_prefix(&mut maps, net, Some(OverrideAction::Deny), Some(1), Some("for a second")).unwrap();
+    assert_eq!(reason_of(&e).as_deref(), Some("for a second"));
+    e.expire(&mut maps, crate::clock::unix_now() + 2).unwrap().unwrap();
+    e.change_prefix(&mut maps, net, Some(OverrideAction::Deny), None, None).unwrap();
+    assert_eq!(reason_of(&e), None, "an expired entry's reason came back");
 }

@@ -43,6 +43,10 @@ pub struct Layers {
     pub(super) escalations: Escalations,
     /// The `[[source]]` files' networks, below the file's overrides.
     pub(super) sources: SourceLayer,
+    /// Why the operator set each of their entries (`--reason`), kept in
+    /// memory: the pinned record has no room for text, so a restart keeps
+    /// the entry and loses its reason (the audit trail has it).
+    pub(super) reasons: BTreeMap<IpNet, String>,
 }
 
 impl Layers {
@@ -166,12 +170,13 @@ impl Layers {
         due
     }
 
-    /// Automation's entries among `changes` lose the reason they were
-    /// asked for.
+    /// The entries among `changes` lose the reason they were asked for.
     fn forget_reasons(&mut self, changes: &[EntryWrite]) {
         for ((n, by), _) in changes {
             if by.governed() {
                 self.governor.reasons.remove(n);
+            } else if *by == Origin::Operator {
+                self.reasons.remove(n);
             }
         }
     }
@@ -370,7 +375,11 @@ impl Layers {
                     burst: top.burst,
                     origin: top.layer,
                     expires_in_secs: top.expires_in_secs,
-                    reason: force.governed().then(|| self.governor.reasons.get(&o.net).cloned()).flatten(),
+                    reason: match force {
+                        f if f.governed() => self.governor.reasons.get(&o.net).cloned(),
+                        Origin::Operator => self.reasons.get(&o.net).cloned(),
+                        _ => None,
+                    },
                     layers: if layers.len() > 1 { layers } else { Vec::new() },
                     source: source
                         .filter(|_| force == Origin::Source)

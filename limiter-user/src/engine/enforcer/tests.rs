@@ -33,7 +33,7 @@ fn an_apply_compiles_once_and_writes_one_version() {
     COMPILES.with(|c| c.set(0));
     let mut e = started(&mut maps);
     assert_eq!(COMPILES.with(std::cell::Cell::get), 1, "start-up apply");
-    e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None, None).unwrap();
     assert_eq!(COMPILES.with(std::cell::Cell::get), 2, "one more for a prefix change");
     e.apply(&mut maps, loaded(FILE)).unwrap();
     assert_eq!(COMPILES.with(std::cell::Cell::get), 3, "one more for a reload");
@@ -59,7 +59,7 @@ fn a_start_with_nothing_to_put_back_reuses_the_check() {
     // With runtime overrides to put back, the effective policy is compiled.
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps);
-    e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None, None).unwrap();
     let mut restarted = Enforcer::new(e.version(), 1024);
     restarted.restore(&mut maps).unwrap();
     let l = loaded(FILE);
@@ -82,15 +82,18 @@ fn a_kernel_failure_leaves_version_and_runtime_record_as_they_were() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps);
     maps.fail_apply = true;
-    let err =
-        e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap_err();
+    let err = e
+        .change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None, None)
+        .unwrap_err();
     assert!(matches!(err, ApplyError::Load(_)), "{err}");
     assert_eq!(e.version(), 1);
     assert!(maps.runtime.is_empty(), "the record is taken back when the apply fails");
     assert_eq!(e.prefixes().len(), 2);
     // A failed record applies nothing at all.
     maps.fail_runtime = true;
-    assert!(e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).is_err());
+    assert!(
+        e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None, None).is_err()
+    );
     assert_eq!((maps.applied.len(), e.version()), (1, 1));
 }
 
@@ -98,14 +101,14 @@ fn a_kernel_failure_leaves_version_and_runtime_record_as_they_were() {
 fn runtime_overrides_replace_file_ones_in_place_and_unset_removes_them() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps);
-    e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), Some(OverrideAction::Allow), None).unwrap();
-    e.change_prefix(&mut maps, "198.18.0.0/16".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), Some(OverrideAction::Allow), None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.0.0/16".parse().unwrap(), Some(OverrideAction::Deny), None, None).unwrap();
     assert_eq!(v4_codes(&maps), [(1, resolution::ALLOW), (2, resolution::ALLOW), (0, resolution::DENY)]);
-    e.change_prefix(&mut maps, "198.18.2.0/24".parse().unwrap(), None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.2.0/24".parse().unwrap(), None, None, None).unwrap();
     assert_eq!(v4_codes(&maps), [(1, resolution::ALLOW), (0, resolution::DENY)]);
     let origins: Vec<_> = e.prefixes().into_iter().map(|p| (p.cidr.to_string(), p.origin.to_string())).collect();
     assert_eq!(origins, [("198.18.1.0/24".into(), "runtime".into()), ("198.18.0.0/16".into(), "runtime".into())]);
-    let err = e.change_prefix(&mut maps, "198.18.9.0/24".parse().unwrap(), None, None).unwrap_err();
+    let err = e.change_prefix(&mut maps, "198.18.9.0/24".parse().unwrap(), None, None, None).unwrap_err();
     assert_eq!(err.to_string(), "198.18.9.0/24 has no override");
 }
 
@@ -113,11 +116,12 @@ fn runtime_overrides_replace_file_ones_in_place_and_unset_removes_them() {
 fn a_restarted_daemon_puts_runtime_overrides_back_over_the_file() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps);
-    e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
-    e.change_prefix(&mut maps, "198.18.2.0/24".parse().unwrap(), None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.2.0/24".parse().unwrap(), None, None, None).unwrap();
     let limit = Limit { rate: 5, burst: 9, ..Policy::default().default };
-    e.change_prefix(&mut maps, "198.18.4.0/24".parse().unwrap(), Some(OverrideAction::Limit(limit)), None).unwrap();
-    e.change_prefix(&mut maps, "198.18.4.0/24".parse().unwrap(), None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.4.0/24".parse().unwrap(), Some(OverrideAction::Limit(limit)), None, None)
+        .unwrap();
+    e.change_prefix(&mut maps, "198.18.4.0/24".parse().unwrap(), None, None, None).unwrap();
     let before = e.prefixes();
     // A new daemon over the same (pinned) maps, version continued.
     let mut again = Enforcer::new(maps.active_config().unwrap().unwrap().version, 1024);
@@ -132,8 +136,9 @@ fn an_error_of_a_runtime_override_says_so() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps);
     // /25 is finer than the /24 buckets.
-    let err =
-        e.change_prefix(&mut maps, "198.18.3.0/25".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap_err();
+    let err = e
+        .change_prefix(&mut maps, "198.18.3.0/25".parse().unwrap(), Some(OverrideAction::Deny), None, None)
+        .unwrap_err();
     assert!(err.to_string().contains("198.18.3.0/25 is longer than the bucket prefix /24"), "{err}");
     assert_eq!(e.prefixes().len(), 2);
     assert!(maps.runtime.is_empty());
@@ -143,8 +148,8 @@ fn an_error_of_a_runtime_override_says_so() {
 fn runtime_overrides_that_no_longer_fit_are_dropped_at_restart() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps);
-    e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None).unwrap();
-    e.change_prefix(&mut maps, "198.18.0.0/16".parse().unwrap(), Some(OverrideAction::Allow), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.3.0/24".parse().unwrap(), Some(OverrideAction::Deny), None, None).unwrap();
+    e.change_prefix(&mut maps, "198.18.0.0/16".parse().unwrap(), Some(OverrideAction::Allow), None, None).unwrap();
     // Restarted with /16 buckets: the /24 deny cannot be held any more.
     let coarse = loaded("v4_prefix = 16\n");
     let mut again = Enforcer::new(e.version(), 1024);
@@ -168,8 +173,8 @@ fn an_override_with_a_ttl_expires_and_a_file_override_comes_back() {
     let mut maps = FakeMaps::default();
     let mut e = started(&mut maps);
     // The file denies 198.18.1.0/24; for 60 s it is allowed instead.
-    e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), Some(OverrideAction::Allow), Some(60)).unwrap();
-    e.change_prefix(&mut maps, "198.18.7.0/24".parse().unwrap(), Some(OverrideAction::Deny), Some(600)).unwrap();
+    e.change_prefix(&mut maps, "198.18.1.0/24".parse().unwrap(), Some(OverrideAction::Allow), Some(60), None).unwrap();
+    e.change_prefix(&mut maps, "198.18.7.0/24".parse().unwrap(), Some(OverrideAction::Deny), Some(600), None).unwrap();
     assert_eq!(v4_codes(&maps)[0], (1, resolution::ALLOW));
     let now = crate::clock::unix_now();
     assert!(e.next_expiry().is_some_and(|t| (now + 59..=now + 60).contains(&t)), "{:?}", e.next_expiry());
