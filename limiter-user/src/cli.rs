@@ -338,12 +338,25 @@ pub enum PrefixCommand {
         #[arg(long, value_name = "DURATION", value_parser = ttl)]
         ttl: Option<u64>,
     },
-    /// Remove a prefix's override.
-    #[command(after_help = "Examples:\n  limiter prefix unset 198.18.7.0/24")]
+    /// Remove a prefix's override, or every entry of a layer as one
+    /// change (`--origin`), or of every run-time layer (`--all --yes`).
+    #[command(
+        after_help = "Examples:\n  limiter prefix unset 198.18.7.0/24\n  limiter prefix unset --origin feedback\n  limiter prefix unset --all --yes"
+    )]
     Unset {
         /// The prefix (an address is its /32 or /128).
-        #[arg(value_parser = address_or_net)]
-        cidr: ipnet::IpNet,
+        #[arg(value_parser = address_or_net, required_unless_present_any = ["origin", "all"], conflicts_with_all = ["origin", "all"])]
+        cidr: Option<ipnet::IpNet>,
+        /// Every entry of this layer: `runtime` (the operator's), `feedback`
+        /// (the tenant layer's penalties) or `escalation`.
+        #[arg(long, value_name = "NAME", value_parser = origin, conflicts_with = "all")]
+        origin: Option<crate::origin::Origin>,
+        /// Every entry of the operator, feedback and escalation (with --yes).
+        #[arg(long, requires = "yes")]
+        all: bool,
+        /// Confirm --all.
+        #[arg(long)]
+        yes: bool,
     },
 }
 
@@ -441,6 +454,14 @@ fn address_or_net(s: &str) -> Result<ipnet::IpNet, NotANet> {
 }
 
 /// A `--watch` period: 0.1 to 3600 seconds.
+/// An `--origin` of `prefix unset`.
+fn origin(s: &str) -> Result<crate::origin::Origin, String> {
+    use crate::origin::Origin;
+    Origin::parse(s)
+        .filter(|o| matches!(o, Origin::Operator | Origin::Feedback | Origin::Escalation))
+        .ok_or_else(|| format!("{s:?} is not runtime, feedback or escalation"))
+}
+
 /// Most characters of a `--reason`.
 pub const MAX_REASON: usize = 200;
 

@@ -23,7 +23,13 @@ pub fn prefix(cmd: &PrefixCommand, client: Client, json: bool) -> anyhow::Result
         PrefixCommand::Deny { cidr, ttl, upstream: false, reason } => {
             Request::PrefixDeny { cidr: *cidr, ttl_secs: *ttl, upstream: false, reason: reason.clone() }
         }
-        PrefixCommand::Unset { cidr } => Request::PrefixUnset { cidr: *cidr },
+        PrefixCommand::Unset { cidr: Some(cidr), .. } => Request::PrefixUnset { cidr: *cidr },
+        PrefixCommand::Unset { cidr: None, origin, .. } => {
+            use crate::origin::Origin;
+            let origins =
+                origin.map_or_else(|| vec![Origin::Operator, Origin::Feedback, Origin::Escalation], |o| vec![o]);
+            Request::PrefixUnsetAll { origins }
+        }
         PrefixCommand::Load { deny, allow, ttl } => return load(client, deny.as_deref(), allow.as_deref(), *ttl, json),
     };
     super::policy::print_applied(&client.change(&req)?, json)

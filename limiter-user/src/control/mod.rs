@@ -120,6 +120,11 @@ pub enum Request {
     PrefixUnset {
         cidr: IpNet,
     },
+    /// Unset every entry of these layers (`runtime`: the operator's,
+    /// `feedback`, `escalation`) as one change.
+    PrefixUnsetAll {
+        origins: Vec<crate::origin::Origin>,
+    },
     /// The `n` prefixes with the most drops recently.
     Top {
         n: usize,

@@ -77,6 +77,7 @@ impl Answers<'_> {
             | Request::PrefixAllow { .. }
             | Request::PrefixDeny { .. }
             | Request::PrefixUnset { .. }
+            | Request::PrefixUnsetAll { .. }
             | Request::PrefixLoad { .. }
             | Request::Penalty { .. } => unreachable!("changes are taken before"),
             Request::Load { .. }

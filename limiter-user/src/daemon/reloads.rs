@@ -22,7 +22,7 @@ fn verb(change: &Change) -> Option<usize> {
         Change::Prefix { action: Some(OverrideAction::Limit(_)), .. } => "prefix_set",
         Change::Prefix { action: Some(OverrideAction::Allow), .. } => "prefix_allow",
         Change::Prefix { action: Some(OverrideAction::Deny), .. } => "prefix_deny",
-        Change::Prefix { action: None, .. } => "prefix_unset",
+        Change::Prefix { action: None, .. } | Change::UnsetAll { .. } => "prefix_unset",
         Change::Load { .. } => "prefix_load",
         _ => return None,
     };

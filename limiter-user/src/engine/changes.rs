@@ -34,6 +34,8 @@ pub(crate) enum Change {
     /// when it runs), for `ttl` seconds (`None`: until unset); `upstream`:
     /// a deny announced upstream too (`prefix deny --upstream`).
     Prefix { cidr: IpNet, action: Option<OverrideAction>, ttl: Option<u64>, upstream: bool, reason: Option<String> },
+    /// `prefix unset --origin NAME | --all`: every entry of these layers.
+    UnsetAll { origins: Vec<Origin> },
     /// `prefix load`: allow or deny every CIDR, all or nothing.
     Load { cidrs: Vec<IpNet>, action: Action, ttl: Option<u64> },
     /// Runtime overrides whose time is up.
@@ -80,6 +82,7 @@ fn run(change: &mut Change, e: &mut Enforcer, t: &mut Tables, settings: &Setting
             };
             e.load(t, cidrs, action, *ttl)
         }
+        Change::UnsetAll { origins } => e.unset_all(t, origins),
         Change::Expire => {
             let now = crate::clock::unix_now();
             match (e.expire(t, now), e.deny_mut().expire(t, now)) {
@@ -134,6 +137,7 @@ impl Change {
                 reason: why(reason),
             }),
             Request::PrefixUnset { cidr } => prefix(cidr, None, &None, &None),
+            Request::PrefixUnsetAll { origins } => Some(Change::UnsetAll { origins: std::mem::take(origins) }),
             // The tenant's words reach log lines, `prefix list` and JSON:
             // control characters (a forged log line, terminal escapes) are
             // escaped on the way in.

@@ -253,6 +253,38 @@ impl Enforcer {
         crate::policy::compile::override_net(net, self.base.v4_prefix, self.base.v6_prefix).map_err(ApplyError::Request)
     }
 
+    /// Unset every entry of the layers `origins` (the operator's,
+    /// feedback's; escalation's are lifted from the deny set) as one new
+    /// version; refused when none has any.
+    pub fn unset_all(&mut self, maps: &mut impl PolicyMaps, origins: &[Origin]) -> Result<String, ApplyError> {
+        if let Some(o) = origins.iter().find(|o| !matches!(o, Origin::Operator | Origin::Feedback | Origin::Escalation))
+        {
+            return Err(ApplyError::Request(format!(
+                "{o}: only the operator's (runtime), feedback's and escalation's entries are unset at run time"
+            )));
+        }
+        let changes: Vec<EntryWrite> =
+            self.layers.entries.keys().filter(|(_, by)| origins.contains(by)).map(|k| (*k, None)).collect();
+        let escalated: Vec<IpNet> = if origins.contains(&Origin::Escalation) {
+            self.layers.escalations.nets.keys().copied().collect()
+        } else {
+            Vec::new()
+        };
+        if changes.is_empty() && escalated.is_empty() {
+            let names: Vec<&str> = origins.iter().map(|o| o.label()).collect();
+            return Err(ApplyError::Request(format!("no entry of {} to unset", names.join(", "))));
+        }
+        for net in &escalated {
+            if let Some(Err(e)) = self.layers.escalations.unset(&mut self.deny, maps, *net) {
+                return Err(e);
+            }
+        }
+        let (n, lifted) = (changes.len(), escalated.len());
+        self.layers.forget_reasons(&changes);
+        let summary = self.change_entries(maps, &changes)?;
+        Ok(format!("{n} entries unset, {lifted} escalations lifted; {summary}"))
+    }
+
     /// Set `action` on every CIDR of `cidrs` as one new version, all or
     /// nothing: a bad entry is refused with its index and nothing changes.
     pub fn load(

@@ -93,6 +93,10 @@ fn describe(change: &Change, policy: Option<&str>) -> (String, String) {
             ("operator".into(), format!("prefix load {action} {} network(s){}", cidrs.len(), ttl(t)))
         }
         Change::Expire => ("expiry".into(), "what reached its end".into()),
+        Change::UnsetAll { origins } => {
+            let names: Vec<&str> = origins.iter().map(|o| o.label()).collect();
+            ("operator".into(), format!("prefix unset every entry of {}", names.join(", ")))
+        }
         Change::Penalty { net, ttl: t, reason, by, held } => {
             let net = net.as_ref().map_or_else(|text| format!("{text:?}"), ToString::to_string);
             let evidence = if *held { ", drops of connections this host holds" } else { "" };

@@ -116,6 +116,17 @@ fn every_change_is_recorded_with_who_made_it_and_read_back_after_a_restart() {
     assert!(table.lines().next().unwrap().starts_with("when"), "{table}");
     assert!(table.contains("REFUSED: ") && table.contains("prefix deny 198.18.7.0/24 ttl 60"), "{table}");
 
+    // A bulk undo is one change, and --all asks for --yes.
+    let o = scenario::cli(&socket, &["prefix", "unset", "--all"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--yes"), "{o:?}");
+    let o = scenario::cli(&socket, &["prefix", "unset", "--origin", "runtime"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let undo = records(&socket);
+    let undo = find(&undo, "prefix unset every entry of runtime");
+    assert!(undo["result"].as_str().unwrap().starts_with("1 entries unset"), "{undo}");
+    let o = scenario::cli(&socket, &["prefix", "list", "-j"]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("198.18.7.0/24"), "the operator's entry stayed");
+
     // A restart reads the trail back.
     drop(daemon);
     drop(rx);

@@ -339,3 +339,29 @@ fn an_operator_reason_is_listed_with_the_entry_and_goes_with_it() {
     e.change_prefix(&mut maps, net, Some(OverrideAction::Deny), None, None).unwrap();
     assert_eq!(reason_of(&e), None, "an expired entry's reason came back");
 }
+
+/// `prefix unset --origin` and `--all`: every entry of a layer goes in
+/// one version, the others stay, the file's overrides stay, and a layer
+/// with nothing to unset is refused.
+#[test]
+fn a_layer_is_unset_whole_in_one_version_and_the_others_stay() {
+    let mut maps = FakeMaps::default();
+    let mut e = started(&mut maps, &policy(""));
+    for (net, action) in [("198.18.7.0/24", OverrideAction::Deny), ("198.18.8.0/24", OverrideAction::Allow)] {
+        e.change_prefix(&mut maps, net.parse().unwrap(), Some(action), None, Some("ops")).unwrap();
+    }
+    penalize(&mut e, &mut maps, "198.18.9.0/24", 600, Origin::Feedback).unwrap();
+    let version = e.version();
+    let line = e.unset_all(&mut maps, &[Origin::Feedback]).unwrap();
+    assert!(line.starts_with("1 entries unset"), "{line}");
+    assert_eq!(e.version(), version + 1, "one version");
+    assert_eq!(enforced(&e, "198.18.9.0/24"), None);
+    assert_eq!(enforced(&e, "198.18.7.0/24"), Some(OverrideAction::Deny), "the operator's went with feedback's");
+    let again = e.unset_all(&mut maps, &[Origin::Feedback]).unwrap_err();
+    assert!(again.to_string().contains("no entry of feedback"), "{again}");
+    e.unset_all(&mut maps, &[Origin::Operator, Origin::Feedback, Origin::Escalation]).unwrap();
+    assert_eq!((enforced(&e, "198.18.7.0/24"), enforced(&e, "198.18.8.0/24")), (None, None));
+    assert_eq!(enforced(&e, "198.18.1.0/24"), Some(OverrideAction::Deny), "the file's override went");
+    assert!(e.prefixes().iter().all(|p| p.reason.is_none()), "a reason outlived its entry");
+    assert!(e.unset_all(&mut maps, &[Origin::File]).is_err(), "the file's overrides are the file's");
+}

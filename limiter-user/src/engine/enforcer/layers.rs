@@ -171,7 +171,7 @@ impl Layers {
     }
 
     /// The entries among `changes` lose the reason they were asked for.
-    fn forget_reasons(&mut self, changes: &[EntryWrite]) {
+    pub(super) fn forget_reasons(&mut self, changes: &[EntryWrite]) {
         for ((n, by), _) in changes {
             if by.governed() {
                 self.governor.reasons.remove(n);
