@@ -151,7 +151,9 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     };
     let reason = answer::unless_own(pkt.0, cfg, class, reason, now, pkt.len());
     let seen = count(class, reason, *fam, pkt.len());
-    if reason.verdict() == Verdict::Drop {
+    // Shadow mode's would-be drops are sampled too: `limiter top` shows
+    // what enforcing would drop before it does.
+    if reason.verdict() == Verdict::Drop || reason == Reason::ShadowDropped {
         sample_drop(pkt.0, cfg, &key, reason, now, seen);
     }
     Ok(reason)

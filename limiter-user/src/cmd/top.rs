@@ -56,6 +56,14 @@ fn screen(t: &TopInfo, clear: bool, utf8: bool) -> String {
         table.row(vec![o.prefix.to_string(), o.class.clone(), o.drops_per_sec.to_string()]);
     }
     let _ = write!(out, "\n{}", table.render());
+    if !t.shadow.is_empty() {
+        // Shadow mode: what enforcing would drop (it passes now).
+        let mut table = Table::new(&[("would drop (shadow)", Left), ("class", Left), ("drops/s", Right)]);
+        for o in &t.shadow {
+            table.row(vec![o.prefix.to_string(), o.class.clone(), o.drops_per_sec.to_string()]);
+        }
+        let _ = write!(out, "\n{}", table.render());
+    }
     if !t.groups.is_empty() {
         let mut table = Table::new(&[("group", Left), ("passed/s", Right), ("dropped/s", Right)]);
         let mut groups = t.groups.clone();
@@ -80,6 +88,7 @@ mod tests {
             passed_per_sec: vec![0, 5, 10],
             dropped_per_sec: vec![3, 0, 1],
             offenders: Vec::new(),
+            shadow: Vec::new(),
             groups: Vec::new(),
         };
         let piped = screen(&t, false, false);

@@ -308,6 +308,10 @@ pub struct TopInfo {
     pub passed_per_sec: Vec<u64>,
     pub dropped_per_sec: Vec<u64>,
     pub offenders: Vec<Offender>,
+    /// The prefixes shadow mode would drop most (passed, counted as
+    /// `shadow_dropped`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shadow: Vec<Offender>,
     /// Each country or ASN group's packets in the last second.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupRate>,

@@ -240,17 +240,17 @@ impl Answers<'_> {
     /// The top offenders (the loop drains the drop events first).
     fn top_info(&self, n: usize) -> Response {
         let names = &self.view.class_names;
-        let offenders = self
-            .observer
-            .top
-            .offenders(unix_now(), n.min(100))
-            .into_iter()
-            .map(|(k, rate)| Offender {
-                prefix: crate::dataplane::net(&k),
-                class: names.get(usize::from(k.class)).cloned().unwrap_or_else(|| k.class.to_string()),
-                drops_per_sec: rate,
-            })
-            .collect();
+        let listed = |t: &top::Tracker| -> Vec<Offender> {
+            t.offenders(unix_now(), n.min(100))
+                .into_iter()
+                .map(|(k, rate)| Offender {
+                    prefix: crate::dataplane::net(&k),
+                    class: names.get(usize::from(k.class)).cloned().unwrap_or_else(|| k.class.to_string()),
+                    drops_per_sec: rate,
+                })
+                .collect()
+        };
+        let (offenders, shadow) = (listed(&self.observer.top), listed(&self.observer.shadow));
         let history = self.observer.top.history();
         Response::Top(TopInfo {
             window_secs: top::WINDOW_SECS,
@@ -258,6 +258,7 @@ impl Answers<'_> {
             passed_per_sec: history.iter().map(|h| h.0).collect(),
             dropped_per_sec: history.iter().map(|h| h.1).collect(),
             offenders,
+            shadow,
             groups: self
                 .view
                 .groups

@@ -24,6 +24,9 @@ pub(super) struct Observer {
     tracked: Arc<(AtomicUsize, AtomicU64)>,
     /// Sampled drops and per-second totals for `limiter top`.
     pub top: Tracker,
+    /// Shadow mode's would-be drops, apart: nothing acts on them (link
+    /// pressure reads `top`), `limiter top` shows them.
+    pub shadow: Tracker,
     drop_events: Option<RingBuf<MapData>>,
     /// Forwards the program's aya-log lines (debug level only).
     ebpf_log: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -43,6 +46,7 @@ impl Observer {
         Self {
             tracked: spawn_counter(buckets_map_id, Duration::from_secs(2)),
             top: Tracker::default(),
+            shadow: Tracker::default(),
             drop_events,
             ebpf_log,
             last_tick: None,
@@ -96,7 +100,9 @@ impl Observer {
             // copied into a zeroed one.
             unsafe { std::ptr::copy_nonoverlapping(item.as_ptr(), (&raw mut ev).cast::<u8>(), n) };
             let src = (n >= std::mem::offset_of!(DropEvent, held)).then(|| source(&ev)).flatten();
-            if ev.reason != Reason::SynCookieVerified as u32 {
+            if ev.reason == Reason::ShadowDropped as u32 {
+                self.shadow.record(now, ev.key);
+            } else if ev.reason != Reason::SynCookieVerified as u32 {
                 self.top.record(now, ev.key);
             }
             each(&Sample { key: ev.key, src, held: ev.held == 1, reason: ev.reason, at: now });

@@ -69,3 +69,50 @@ fn the_flooding_prefix_is_at_the_top() {
     assert!(offenders[0]["drops_per_sec"].as_u64().unwrap() > offenders[1]["drops_per_sec"].as_u64().unwrap());
     assert!(j["dropped_per_sec"].as_array().unwrap().iter().any(|v| v.as_u64().unwrap() > 10_000), "{j}");
 }
+
+/// Shadow mode: what enforcing would drop is sampled and shown apart
+/// (`top`'s shadow list, `explain`'s `shadow_drop`), while the packets
+/// pass and nothing lists them as drops (link pressure reads those).
+#[test]
+fn shadow_mode_shows_what_it_would_drop_apart() {
+    let _alone = limiter_tests::alone(module_path!());
+    require_root();
+    let net = VethPair::new("ts");
+    net.add_source(FLOOD_SRC);
+    let socket = unique_socket("top-shadow");
+    let bin = scenario::locate_bin("limiter").unwrap();
+    let mut c = net.b.command(&bin);
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--shadow", "--rate", "1000", "--burst", "200"]);
+    c.arg("--socket").arg(&socket);
+    let (_daemon, rx) = spawn_lines(c).unwrap();
+    wait_for(&rx, "control socket", Duration::from_secs(20), &mut String::new()).unwrap();
+    let netload = env!("CARGO_BIN_EXE_netload");
+    let dst = format!("{B_ADDR}:{PORT}");
+    let flood =
+        net.a.command(netload).args(["send", FLOOD_SRC, &dst, "0", "5"]).stdout(Stdio::null()).spawn().unwrap();
+    let _flood = Guard(flood);
+    thread::sleep(Duration::from_secs(2));
+
+    let o = Command::new(&bin).args(["top", "--once", "-j", "--socket"]).arg(&socket).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["shadow"][0]["prefix"], "198.18.1.0/24", "{j}");
+    assert!(j["shadow"][0]["drops_per_sec"].as_u64().unwrap() > 1_000, "{j}");
+    assert_eq!(j["offenders"].as_array().map(Vec::len), Some(0), "shadow drops listed as drops: {j}");
+    let o = Command::new(&bin).args(["top", "--once", "--socket"]).arg(&socket).output().unwrap();
+    let screen = String::from_utf8_lossy(&o.stdout);
+    let rows: Vec<&str> = screen.lines().skip_while(|l| !l.starts_with("would drop (shadow)")).skip(1).collect();
+    assert!(rows.first().is_some_and(|r| r.starts_with("198.18.1.0/24")), "{screen}");
+
+    let o = Command::new(&bin).args(["explain", FLOOD_SRC, "-j", "--socket"]).arg(&socket).output().unwrap();
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // Under the flood its bucket is all but empty (it refills at 1/ms
+    // between packets): the verdict follows what is left, in shadow's
+    // words.
+    let bucket = e["layers"].as_array().unwrap().iter().find(|l| l["layer"] == "bucket").unwrap().clone();
+    let tokens = bucket["detail"]["tokens"].as_u64().unwrap();
+    assert!(tokens < 50, "{e}");
+    let want = if tokens == 0 { ("shadow_drop", "shadow_dropped") } else { ("pass", "admitted") };
+    assert_eq!((e["verdict"].as_str().unwrap(), e["reason"].as_str().unwrap()), want, "{e}");
+    assert!(e["layers"][0]["says"].as_str().unwrap().ends_with(", shadow"), "{e}");
+}
