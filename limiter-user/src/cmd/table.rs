@@ -59,9 +59,33 @@ impl Table {
     }
 }
 
+/// A byte count as people read one: `512 B`, `1.5 KiB`, `12.0 MiB`,
+/// `3.2 GiB`, `1.0 TiB` (`-j` keeps the raw number).
+#[must_use]
+pub fn size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let (mut unit, mut whole) = (0, bytes);
+    while whole >= 1024 && unit + 1 < UNITS.len() {
+        whole /= 1024;
+        unit += 1;
+    }
+    if unit == 0 {
+        return format!("{bytes} B");
+    }
+    #[expect(clippy::cast_precision_loss, reason = "one decimal shown")]
+    let v = bytes as f64 / 1024f64.powi(i32::try_from(unit).unwrap_or(4));
+    format!("{v:.1} {}", UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_read_in_their_largest_unit() {
+        let got: Vec<String> = [0, 1023, 1024, 1536, 12 << 20, (3 << 30) + (1 << 29), 5 << 40].map(size).to_vec();
+        assert_eq!(got, ["0 B", "1023 B", "1.0 KiB", "1.5 KiB", "12.0 MiB", "3.5 GiB", "5.0 TiB"]);
+    }
 
     #[test]
     fn every_cell_sits_under_its_header() {
