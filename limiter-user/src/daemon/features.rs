@@ -118,9 +118,12 @@ impl Features {
         self.0.iter().for_each(|f| f.show(src, a, out));
     }
 
-    /// The answer of the feature whose request `req` is, if any.
-    pub(super) fn answer(&mut self, req: &Request) -> Option<Response> {
-        self.0.iter_mut().find_map(|f| f.answer(req))
+    /// The answer of the feature whose request `req` (of `by`) is, if
+    /// any; every feature hears of it.
+    pub(super) fn answer(&mut self, req: &Request, by: &crate::control::server::Requester) -> Option<Response> {
+        let answer = self.0.iter_mut().find_map(|f| f.answer(req))?;
+        self.0.iter_mut().for_each(|f| f.answered(req, by, &answer));
+        Some(answer)
     }
 
     pub(super) async fn drain(&mut self) {

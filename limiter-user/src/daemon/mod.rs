@@ -274,7 +274,7 @@ impl Daemon {
     /// A query: answered now, by a feature or from the loop's parts, or
     /// queued while it needs the policy state a change has away.
     fn handle(&mut self, req: Request, reply: Reply) {
-        if let Some(answer) = self.features.answer(&req) {
+        if let Some(answer) = self.features.answer(&req, &reply.by) {
             let _ = reply.send(answer);
             return;
         }

@@ -163,6 +163,10 @@ pub(crate) trait Feature: Send {
         None
     }
 
+    /// A feature answered `req` of `by` with `answer` (the audit trail
+    /// records those that change something: an upstream announcement).
+    fn answered(&mut self, _req: &Request, _by: &crate::control::server::Requester, _answer: &Response) {}
+
     /// Let what is in flight finish, each within its own bound.
     fn drain(&mut self) -> Drain<'_> {
         Box::pin(async {})

@@ -129,6 +129,35 @@ impl Feature for Trail {
         });
     }
 
+    /// The operator's announcements and withdrawals upstream (answered by
+    /// the upstream feature, not changes of the policy state).
+    fn answered(&mut self, req: &Request, by: &crate::control::server::Requester, answer: &Response) {
+        let change = match req {
+            Request::UpstreamAnnounce { cidr, blackhole, ttl_secs, .. } => {
+                let what = if *blackhole { "blackhole" } else { "announce" };
+                let ttl = ttl_secs.map_or_else(String::new, |t| format!(" ttl {t}"));
+                format!("upstream {what} {cidr}{ttl}")
+            }
+            Request::UpstreamWithdraw { cidr } => {
+                format!("upstream withdraw {}", cidr.map_or_else(|| "--all".to_owned(), |c| c.to_string()))
+            }
+            _ => return,
+        };
+        let (ok, result) = match answer {
+            Response::Error { message, .. } => (false, message.clone()),
+            Response::Upstream(u) => (true, format!("{} rule(s) wanted upstream", u.rules.len())),
+            _ => (true, String::new()),
+        };
+        self.record(Record {
+            at: crate::clock::unix_now(),
+            version: self.version,
+            by: field(&by.to_string()),
+            change: field(&change),
+            ok,
+            result: field(&result),
+        });
+    }
+
     fn answer(&mut self, req: &Request) -> Option<Response> {
         let Request::History { since, limit } = req else { return None };
         let since = since.unwrap_or(0);

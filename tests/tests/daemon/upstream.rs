@@ -139,6 +139,15 @@ fn the_operators_rules_reach_the_router_and_leave_it_and_survive_restarts() {
     // A blackhole is the operator's, and only where the policy allows it.
     let e = refused(&scenario::cli(&socket, &["upstream", "blackhole", "198.18.90.1/32"]));
     assert!(e.contains("rtbh = false"), "{e}");
+    // The audit trail has the operator's announcements, and the refusals
+    // with why.
+    let trail: serde_json::Value = serde_json::from_str(&ok(&scenario::cli(&socket, &["history", "-j"]))).unwrap();
+    let records = trail["records"].as_array().unwrap();
+    let of = |change: &str| records.iter().find(|r| r["change"] == change).cloned();
+    let announced = of("upstream announce 2001:2:80::/48 ttl 3600").unwrap_or_else(|| panic!("{trail}"));
+    assert!(announced["by"].as_str().unwrap().starts_with("uid 0 pid ") && announced["ok"] == true, "{announced}");
+    let wide = of("upstream announce 198.18.0.0/16").unwrap_or_else(|| panic!("{trail}"));
+    assert!(wide["ok"] == false && wide["result"].as_str().unwrap().contains("wider than /24"), "{wide}");
 
     // The TTL ends: withdrawn from the router.
     let gone = until(&bgp, Duration::from_secs(15), |b| !v4(b).contains("198.18.80.0/24"))
