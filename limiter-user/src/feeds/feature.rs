@@ -4,10 +4,7 @@
 //! policy state as a change ([`FeedVersion`]); one that does not is
 //! logged with where it failed, and the version in force stays.
 
-use std::time::Instant;
-
 use ipnet::IpNet;
-use tokio::sync::mpsc;
 
 use super::{FeedError, FeedReport, FeedReports, Parsed};
 use crate::engine::{
@@ -21,86 +18,72 @@ use crate::{
     origin::{Named, Origin},
     policy::feed::Feed,
     series::Series,
-    watch::{Looked, Watch},
+    watch::Files,
 };
 
-/// A feed's file looked at.
-#[derive(Debug)]
-struct FeedRead {
-    spec: Feed,
-    looked: Looked<Result<Parsed, FeedError>>,
+impl crate::watch::Section for Feed {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+    fn refresh(&self) -> std::time::Duration {
+        self.refresh
+    }
 }
 
-#[derive(Debug)]
-struct Watched {
-    spec: Feed,
-    watch: Watch,
-    report: FeedReport,
+/// Read `spec`'s file in its format.
+fn read(spec: &Feed) -> Result<Parsed, FeedError> {
+    super::read(&spec.path, spec.format, spec.min_count.unwrap_or(0), spec.allow_bogons)
 }
 
 /// Every feed of the policy in force.
 #[derive(Debug)]
 pub(crate) struct Feeds {
-    watched: Vec<Watched>,
-    /// Where the reads off the loop come back (taken at each tick).
-    tx: mpsc::Sender<FeedRead>,
-    rx: mpsc::Receiver<FeedRead>,
+    files: Files<Feed, Parsed, FeedError, FeedReport>,
     sink: Sink,
 }
 
 impl Feeds {
     /// The watcher, which sends the versions it reads to `sink`.
     pub(crate) fn new(sink: Sink) -> Self {
-        let (tx, rx) = mpsc::channel(crate::policy::feed::MAX_FEEDS);
-        Self { watched: Vec::new(), tx, rx, sink }
+        Self { files: Files::new(crate::policy::feed::MAX_FEEDS), sink }
     }
 
-    /// A read came back: note it, and send the version it read whole to
-    /// the policy state (with the sink full, it is read again later).
-    fn read_done(&mut self, r: FeedRead) {
-        let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == r.spec.name) else { return };
-        if !w.watch.back(&r.looked) || w.spec != r.spec {
-            // The file is being written, or the section changed while it
-            // was read: read again.
-            w.watch.force();
-            return;
-        }
-        match r.looked.result {
-            None => {}
-            Some(Ok(parsed)) => {
-                w.watch.read(r.looked.stamp);
-                w.report.reads += 1;
-                if parsed.refused_count > 0 {
-                    let first = parsed.refused.first().map(|f| format!("; line {}: {} {}", f.line, f.net, f.why));
-                    tracing::warn!(
-                        event = "feed",
-                        feed = %w.spec.name,
-                        "limiter: feed {}: {} special-purpose network(s) left out (allow_bogons = false){}",
-                        w.spec.name,
-                        parsed.refused_count,
-                        first.unwrap_or_default()
-                    );
+    /// Send each version read whole to the policy state (with the sink
+    /// full, it is read again later); log one that did not read.
+    fn reads_done(&mut self) {
+        while let Some((w, read)) = self.files.read_back() {
+            let name = &w.spec.name;
+            match read {
+                Ok(parsed) => {
+                    w.state.reads += 1;
+                    if parsed.refused_count > 0 {
+                        let first = parsed.refused.first().map(|f| format!("; line {}: {} {}", f.line, f.net, f.why));
+                        tracing::warn!(
+                            event = "feed",
+                            feed = %name,
+                            "limiter: feed {name}: {} special-purpose network(s) left out (allow_bogons = false){}",
+                            parsed.refused_count,
+                            first.unwrap_or_default()
+                        );
+                    }
+                    let version = Version {
+                        origin: Named::feed(name),
+                        section: w.watch.section(),
+                        body: FeedVersion { spec: w.spec.clone(), nets: parsed.nets },
+                    };
+                    if self.sink.try_send(Decision::Source(Box::new(version))).is_err() {
+                        w.watch.force();
+                    }
                 }
-                let version = Version {
-                    origin: Named::feed(&w.spec.name),
-                    section: w.watch.section(),
-                    body: FeedVersion { spec: w.spec.clone(), nets: parsed.nets },
-                };
-                if self.sink.try_send(Decision::Source(Box::new(version))).is_err() {
-                    w.watch.force();
+                Err(e) => {
+                    w.state.read_errors += 1;
+                    tracing::warn!(event = "feed", ok = false, feed = %name, "limiter: feed {name}: {e}; its last version stays");
                 }
             }
-            Some(Err(e)) => {
-                w.watch.failed();
-                w.report.read_errors += 1;
-                tracing::warn!(event = "feed", ok = false, feed = %w.spec.name, "limiter: feed {}: {e}; its last version stays", w.spec.name);
-            }
         }
-    }
-
-    /// Each feed's report.
-    fn reports(&self) -> Vec<FeedReport> {
-        self.watched.iter().map(|w| FeedReport { shadow: w.spec.shadow, ..w.report.clone() }).collect()
     }
 }
 
@@ -108,59 +91,37 @@ impl Feature for Feeds {
     /// Exactly the policy's `[[feed]]` sections: an unchanged one keeps
     /// its state, a new or changed one is read at the next tick.
     fn apply(&mut self, a: &InForce<'_>) {
-        let mut next = Vec::with_capacity(a.policy.feeds.len());
-        for spec in &a.policy.feeds {
-            match self.watched.iter().position(|w| w.spec == *spec) {
-                Some(i) => next.push(self.watched.swap_remove(i)),
-                None => next.push(Watched {
-                    spec: spec.clone(),
-                    watch: Watch::new(),
-                    report: FeedReport { name: spec.name.clone(), ..FeedReport::default() },
-                }),
-            }
-        }
-        self.watched = next;
+        self.files.follow(&a.policy.feeds, |spec| FeedReport { name: spec.name.clone(), ..FeedReport::default() });
     }
 
     /// SIGHUP: every feed is read again.
     fn reload(&mut self, _: &InForce<'_>) {
-        for w in &mut self.watched {
-            w.watch.force();
-        }
+        self.files.force_all();
     }
 
     /// Send what was read, then look at each feed's file whose turn it
     /// is, off the loop.
     fn tick(&mut self, _: &Second<'_>) {
-        while let Ok(read) = self.rx.try_recv() {
-            self.read_done(read);
-        }
-        let now = Instant::now();
-        for w in &mut self.watched {
-            let Some(turn) = w.watch.turn(now, w.spec.refresh) else { continue };
-            let (spec, tx) = (w.spec.clone(), self.tx.clone());
-            let path = spec.path.clone();
-            let (format, min, bogons) = (spec.format, spec.min_count.unwrap_or(0), spec.allow_bogons);
-            let read = move |_| super::read(&path, format, min, bogons);
-            turn.spawn(w.spec.path.clone(), read, move |looked| tx.blocking_send(FeedRead { spec, looked }).is_ok());
-        }
+        self.reads_done();
+        self.files.look(read);
     }
 
     /// The policy state refused or took a version of a feed.
     fn applied(&mut self, a: &mut Applied<'_>) {
         let Some(Named { by: Origin::Feed, name }) = a.origin() else { return };
         let ok = a.ok;
-        if let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name) {
+        if let Some(w) = self.files.get_mut(&name) {
             if ok {
-                w.report.applied_at = crate::clock::unix_now();
+                w.state.applied_at = crate::clock::unix_now();
             } else {
-                w.report.refused += 1;
+                w.state.refused += 1;
             }
         }
     }
 
     fn series(&self) -> Option<Box<dyn Series>> {
-        Some(Box::new(FeedReports(self.reports())))
+        let reports = self.files.iter().map(|w| FeedReport { shadow: w.spec.shadow, ..w.state.clone() });
+        Some(Box::new(FeedReports(reports.collect())))
     }
 }
 

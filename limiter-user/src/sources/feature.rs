@@ -5,14 +5,13 @@
 //! which checks it and puts it in the sources' layer; one that does not
 //! is logged with where it failed, and the version in force stays.
 
-use std::{collections::BTreeSet, time::Instant};
+use std::collections::BTreeSet;
 
 use ipnet::IpNet;
 use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeMetric as _},
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
 };
-use tokio::sync::mpsc;
 
 use super::{Refused, section::Source};
 use crate::engine::{
@@ -25,7 +24,7 @@ use crate::{
     dataplane::maps::Tables,
     origin::{Named, Origin},
     series::{Series, clamp},
-    watch::{Looked, Watch},
+    watch::Files,
 };
 
 /// Largest source file read (100,000 networks as text with comments).
@@ -65,20 +64,6 @@ pub(crate) fn read_first(state: &mut Enforcer, policy: &crate::policy::Policy) {
     }
 }
 
-/// A source's file looked at.
-#[derive(Debug)]
-struct SourceRead {
-    spec: Source,
-    looked: Looked<Result<BTreeSet<IpNet>, ReadError>>,
-}
-
-#[derive(Debug)]
-struct Watched {
-    spec: Source,
-    watch: Watch,
-    report: Report,
-}
-
 /// How one source reads.
 #[derive(Clone, Debug, Default)]
 struct Report {
@@ -92,49 +77,52 @@ struct Report {
     networks: usize,
 }
 
+impl crate::watch::Section for Source {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+    fn refresh(&self) -> std::time::Duration {
+        self.refresh
+    }
+}
+
 /// Every source of the policy in force.
 #[derive(Debug)]
 pub(crate) struct Sources {
-    watched: Vec<Watched>,
-    tx: mpsc::Sender<SourceRead>,
-    rx: mpsc::Receiver<SourceRead>,
+    files: Files<Source, BTreeSet<IpNet>, ReadError, Report>,
     sink: Sink,
 }
 
 impl Sources {
     /// The watcher, which sends the versions it reads to `sink`.
     pub(crate) fn new(sink: Sink) -> Self {
-        let (tx, rx) = mpsc::channel(super::section::MAX_SOURCES);
-        Self { watched: Vec::new(), tx, rx, sink }
+        Self { files: Files::new(super::section::MAX_SOURCES), sink }
     }
 
-    /// A read came back: send the version it read whole to the policy
-    /// state (with the sink full, it is read again later).
-    fn read_done(&mut self, r: SourceRead) {
-        let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == r.spec.name) else { return };
-        if !w.watch.back(&r.looked) || w.spec != r.spec {
-            w.watch.force();
-            return;
-        }
-        match r.looked.result {
-            None => {}
-            Some(Ok(nets)) => {
-                w.watch.read(r.looked.stamp);
-                w.report.reads += 1;
-                let version = Version {
-                    origin: Named::source(&w.spec.name),
-                    section: w.watch.section(),
-                    body: SourceVersion { spec: w.spec.clone(), nets },
-                };
-                if self.sink.try_send(Decision::Source(Box::new(version))).is_err() {
-                    w.watch.force();
+    /// Send each version read whole to the policy state (with the sink
+    /// full, it is read again later); log one that did not read.
+    fn reads_done(&mut self) {
+        while let Some((w, read)) = self.files.read_back() {
+            match read {
+                Ok(nets) => {
+                    w.state.reads += 1;
+                    let version = Version {
+                        origin: Named::source(&w.spec.name),
+                        section: w.watch.section(),
+                        body: SourceVersion { spec: w.spec.clone(), nets },
+                    };
+                    if self.sink.try_send(Decision::Source(Box::new(version))).is_err() {
+                        w.watch.force();
+                    }
                 }
-            }
-            Some(Err(e)) => {
-                w.watch.failed();
-                w.report.read_errors += 1;
-                let (name, path) = (&w.spec.name, w.spec.path.display());
-                tracing::warn!(event = "source", ok = false, source = %name, "limiter: source {name}: {path}: {e}; its last version stays");
+                Err(e) => {
+                    w.state.read_errors += 1;
+                    let (name, path) = (&w.spec.name, w.spec.path.display());
+                    tracing::warn!(event = "source", ok = false, source = %name, "limiter: source {name}: {path}: {e}; its last version stays");
+                }
             }
         }
     }
@@ -144,60 +132,43 @@ impl Feature for Sources {
     /// Exactly the policy's `[[source]]` sections: an unchanged one keeps
     /// its state, a new or changed one is read at the next tick.
     fn apply(&mut self, a: &InForce<'_>) {
-        let mut next = Vec::with_capacity(a.policy.sources.len());
+        self.files.follow(&a.policy.sources, |spec| Report {
+            name: spec.name.clone(),
+            kind: spec.kind.clone(),
+            ..Report::default()
+        });
         for spec in &a.policy.sources {
-            let mut w = match self.watched.iter().position(|w| w.spec == *spec) {
-                Some(i) => self.watched.swap_remove(i),
-                None => Watched {
-                    spec: spec.clone(),
-                    watch: Watch::new(),
-                    report: Report { name: spec.name.clone(), kind: spec.kind.clone(), ..Report::default() },
-                },
-            };
-            w.report.networks = a.state.source_sets().find(|(n, _)| **n == spec.name).map_or(0, |(_, s)| s.nets.len());
-            next.push(w);
+            let networks = a.state.source_sets().find(|(n, _)| **n == spec.name).map_or(0, |(_, s)| s.nets.len());
+            if let Some(w) = self.files.get_mut(&spec.name) {
+                w.state.networks = networks;
+            }
         }
-        self.watched = next;
     }
 
     /// SIGHUP: every source is read again.
     fn reload(&mut self, _: &InForce<'_>) {
-        for w in &mut self.watched {
-            w.watch.force();
-        }
+        self.files.force_all();
     }
 
     /// Send what was read, then look at each source's file whose turn it
     /// is, off the loop.
     fn tick(&mut self, _: &Second<'_>) {
-        while let Ok(r) = self.rx.try_recv() {
-            self.read_done(r);
-        }
-        let now = Instant::now();
-        for w in &mut self.watched {
-            let Some(turn) = w.watch.turn(now, w.spec.refresh) else { continue };
-            let (spec, tx) = (w.spec.clone(), self.tx.clone());
-            let for_read = spec.clone();
-            turn.spawn(
-                w.spec.path.clone(),
-                move |_| read(&for_read),
-                move |looked| tx.blocking_send(SourceRead { spec, looked }).is_ok(),
-            );
-        }
+        self.reads_done();
+        self.files.look(read);
     }
 
     /// The policy state refused a version of a source.
     fn applied(&mut self, a: &mut Applied<'_>) {
         let Some(Named { by: Origin::Source, name }) = a.origin() else { return };
         if !a.ok
-            && let Some(w) = self.watched.iter_mut().find(|w| w.spec.name == name)
+            && let Some(w) = self.files.get_mut(&name)
         {
-            w.report.refused += 1;
+            w.state.refused += 1;
         }
     }
 
     fn series(&self) -> Option<Box<dyn Series>> {
-        Some(Box::new(Reports(self.watched.iter().map(|w| w.report.clone()).collect())))
+        Some(Box::new(Reports(self.files.iter().map(|w| w.state.clone()).collect())))
     }
 }
 

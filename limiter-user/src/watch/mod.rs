@@ -1,10 +1,14 @@
 //! A file source that stamps, settles and re-reads: what every
-//! file-backed source of decisions (feeds, groups) shares. Each watched
+//! file-backed source of decisions (feeds, groups, sources) shares. Each watched
 //! file is looked at every [`CHECK`] off the daemon's loop (a blocking
 //! task), and read when it changed (size, time, inode: a new download),
 //! when its refresh is due, or when the daemon asks ([`Watch::force`]);
 //! a file written to less than [`QUIET`] ago, or changed while it was
 //! read, is not a version: it is read at the next check.
+
+pub mod files;
+
+pub use self::files::{Entry, Files, Section};
 
 use std::{
     path::PathBuf,
