@@ -202,9 +202,9 @@ pub struct Config {
     pub n_matchers: u32,
     /// [`flags`] bits.
     pub flags: u32,
-    /// Emit one [`DropEvent`] per this many drops of one class, reason
-    /// and family on a CPU (a power of two; 0 = none). Feeds the
-    /// top-offenders list.
+    /// Emit a [`DropEvent`] for one drop in this many, drawn at random
+    /// for each drop (a power of two; 0 = none). Feeds the top-offenders
+    /// list, escalation and link pressure.
     pub drop_sample: u32,
     /// Possible CPUs of the host (set by the loader when it writes the
     /// entry): how many leases of one bucket may be out at once
@@ -228,8 +228,8 @@ pub struct Config {
     pub cookies: cookie::Cookies,
 }
 
-/// Default of [`Config::drop_sample`]: one drop in 64 of each class,
-/// reason and family per CPU is sampled for the top-offenders list.
+/// Default of [`Config::drop_sample`]: one drop in 64, at random, is
+/// sampled for the top-offenders list.
 pub const DROP_SAMPLE: u32 = 64;
 
 /// "LIMT": marks a [`Meta`] written by this project.

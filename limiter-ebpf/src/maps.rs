@@ -160,7 +160,7 @@ map! {
 }
 
 map! {
-    /// Written by: XDP, one in `Config::drop_sample` drops, never blocking
+    /// Written by: XDP, one in `Config::drop_sample` drops at random, never blocking
     /// (a full buffer loses the event). Read by: userspace, for `limiter top`.
     DROP_EVENTS: RingBuf
 }
@@ -168,7 +168,7 @@ map! {
 map! {
     /// Written and read by: XDP, per CPU: the time of the last debug log
     /// line of a sampled drop, to rate-limit it. (Which drops are sampled
-    /// follows their counters in `STATS`.)
+    /// is drawn at random for each.)
     DROP_SAMPLER: PerCpuArray<u64>
 }
 

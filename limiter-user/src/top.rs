@@ -1,6 +1,6 @@
 //! Top offenders: prefixes with the most drops over the last seconds,
-//! from sampled drop events (one in `drop_sample` drops per CPU reaches
-//! the `DROP_EVENTS` ring buffer). Memory is bounded: at most `MAX_KEYS`
+//! from sampled drop events (one in `drop_sample` drops, drawn at random,
+//! reaches the `DROP_EVENTS` ring buffer). Memory is bounded: at most `MAX_KEYS`
 //! prefixes per one-second slot and `WINDOW_SECS` slots; the LRU map is
 //! never walked.
 
@@ -14,7 +14,7 @@ pub const WINDOW_SECS: u64 = 10;
 pub const MAX_KEYS: usize = 1_000;
 /// Seconds of pass/drop history kept for sparklines.
 pub const HISTORY_SECS: usize = 60;
-/// One drop in this many (per CPU) is sampled.
+/// One drop in this many, at random, is sampled.
 pub const DROP_SAMPLE: u32 = limiter_common::DROP_SAMPLE;
 
 /// Aggregated drop samples and per-second totals.

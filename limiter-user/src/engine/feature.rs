@@ -64,7 +64,7 @@ impl Second<'_> {
     }
 }
 
-/// One drop the program sampled (every `drop_sample`-th), or a verified
+/// One drop the program sampled (one in `drop_sample`, at random), or a verified
 /// SYN cookie, as every feature hears of it when the loop drains them.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Sample {

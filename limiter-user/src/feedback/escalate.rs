@@ -8,7 +8,7 @@
 //! allowance.
 //!
 //! The rate is estimated from the sampled drop events (one drop in
-//! `DROP_SAMPLE` per CPU reaches the ring buffer), only those of reason
+//! `DROP_SAMPLE`, drawn at random, reaches the ring buffer), only those of reason
 //! `rate_limited`: an address already denied does not count again. Only
 //! the drops of addresses that proved themselves count (see `proof.rs`):
 //! a flood spoofed inside a victim's prefix is dropped as before but

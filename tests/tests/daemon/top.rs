@@ -116,3 +116,50 @@ fn shadow_mode_shows_what_it_would_drop_apart() {
     assert_eq!((e["verdict"].as_str().unwrap(), e["reason"].as_str().unwrap()), want, "{e}");
     assert!(e["layers"][0]["says"].as_str().unwrap().ends_with(", shadow"), "{e}");
 }
+
+/// Two sources interleaved packet by packet at equal rates: each is seen
+/// in proportion (the drop sample is drawn at random, not every Nth drop
+/// of a counter, which sees one source only when the two alternate).
+#[test]
+fn interleaved_sources_are_both_seen_in_proportion() {
+    let _alone = limiter_tests::alone(module_path!());
+    require_root();
+    let net = VethPair::new("ti");
+    let socket = unique_socket("top-interleaved");
+    let bin = scenario::locate_bin("limiter").unwrap();
+    let mut c = net.b.command(&bin);
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--rate", "1000", "--burst", "200", "--socket"])
+        .arg(&socket);
+    let (_daemon, rx) = spawn_lines(c).unwrap();
+    wait_for(&rx, "control socket", Duration::from_secs(20), &mut String::new()).unwrap();
+    let netload = env!("CARGO_BIN_EXE_netload");
+    let dst = format!("{B_ADDR}:{PORT}");
+    let (first, second) = ("198.18.31", "198.18.32");
+    let nets = format!("{first},{second}");
+    // On one CPU, as a single sender's packets are: a counter per CPU
+    // would see them in their order.
+    let mut flood = net.a.command("taskset");
+    flood.args(["-c", "0", netload, "spoof-prefix", "va", &net.b_mac(), &dst, &nets, "8000", "6"]);
+    flood.stdout(Stdio::null());
+    let flood = flood.spawn().unwrap();
+    let _flood = Guard(flood);
+    thread::sleep(Duration::from_secs(5));
+
+    let o = Command::new(&bin).args(["top", "--once", "-j", "--socket"]).arg(&socket).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rate = |p: &str| {
+        let prefix = format!("{p}.0/24");
+        j["offenders"].as_array().unwrap().iter().find(|o| o["prefix"] == prefix.as_str()).map_or(0, |o| {
+            o["drops_per_sec"].as_u64().unwrap()
+        })
+    };
+    let (ra, rb) = (rate(first), rate(second));
+    // Each drops about 3,000/s (4,000/s sent, 1,000/s admitted): its
+    // true share of the two is one half.
+    eprintln!("interleaved: {first}.0/24 at {ra}/s, {second}.0/24 at {rb}/s");
+    assert!(ra + rb > 2_000, "{j}");
+    #[expect(clippy::cast_precision_loss, reason = "a share")]
+    let share = ra as f64 / (ra + rb) as f64;
+    assert!((0.375..=0.625).contains(&share), "{first}.0/24 at {ra}/s, {second}.0/24 at {rb}/s: {j}");
+}

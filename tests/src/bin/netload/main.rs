@@ -12,7 +12,10 @@
 //!                                                  (UDP from every host of
 //!                                                   the /24 A.B.C.0 in turn
 //!                                                   (or, given A.B, of every
-//!                                                   /24 of A.B.0.0/16),
+//!                                                   /24 of A.B.0.0/16,
+//!                                                   or, given A.B.C,D.E.F,
+//!                                                   packet by packet from
+//!                                                   each /24 in turn),
 //!                                                   PPS a second for SECS,
 //!                                                   from port SPORT, 12345
 //!                                                   unless given; to an

@@ -66,6 +66,9 @@ pub fn spoof_prefix(
         std::net::IpAddr::V4(d) => d,
         std::net::IpAddr::V6(d) => return spoof_prefix6(iface, mac, (d, dst.port(), sport), net, pps, secs),
     };
+    if net.contains(',') {
+        return spoof_alternate(iface, mac, (dst_ip, dst.port(), sport), net, pps, secs);
+    }
     let octets: Vec<u8> = net.split('.').map(str::parse).collect::<Result<_, _>>().context("A.B.C")?;
     // A /24 (`A.B.C`): each of its hosts in turn; a /16 (`A.B`): host 1
     // to 254 of each of its /24s in turn, every /24 one packet in 256.
@@ -78,6 +81,35 @@ pub fn spoof_prefix(
     };
     source(0)?;
     paced(iface, mac, pps, secs, |mac, i| Ok(udp_frame(mac, source(i)?, dst_ip, (sport, dst.port()))))
+}
+
+/// UDP from several /24s (`A.B.C,D.E.F,...`) packet by packet in turn,
+/// host 1 to 254 of each: sources interleaved at equal rates, the case
+/// a sampler that takes every Nth drop aliases on.
+fn spoof_alternate(
+    iface: &str,
+    mac: &str,
+    (dst, port, sport): (std::net::Ipv4Addr, u16, u16),
+    nets: &str,
+    pps: u64,
+    secs: f64,
+) -> anyhow::Result<()> {
+    let nets = nets
+        .split(',')
+        .map(|n| {
+            let o: Vec<u8> = n.split('.').map(str::parse).collect::<Result<_, _>>().context("A.B.C")?;
+            match o[..] {
+                [o1, o2, o3] => Ok([o1, o2, o3]),
+                _ => bail!("give each /24 as A.B.C"),
+            }
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let n = nets.len() as u64;
+    paced(iface, mac, pps, secs, |mac, i| {
+        let [o1, o2, o3] = nets[usize::try_from(i % n)?];
+        let src = [o1, o2, o3, u8::try_from(1 + (i / n) % 254)?];
+        Ok(udp_frame(mac, src, dst, (sport, port)))
+    })
 }
 
 /// Frames out of IFACE to DST_MAC, frame `i` made by `frame(mac, i)`,
