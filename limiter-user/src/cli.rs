@@ -120,6 +120,17 @@ pub enum Command {
         #[arg(short = 'n', long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=2000))]
         count: u16,
     },
+    /// The attacks the guard saw (refused above `[attacks]`'s thresholds
+    /// for its sustain time): when, how big, from where, why, and what it
+    /// did meanwhile; the one going on included.
+    #[command(after_help = "Examples:\n  limiter attacks\n  limiter attacks show 3\n  limiter attacks show 3 -j")]
+    Attacks {
+        #[command(subcommand)]
+        show: Option<AttacksCommand>,
+        /// At most this many, the newest.
+        #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=500))]
+        count: u16,
+    },
     /// Run the real program offline over a capture (with the capture's own
     /// timestamps) and print verdict totals per source prefix: try a policy
     /// on recorded traffic before deploying it.
@@ -191,6 +202,12 @@ pub enum FleetCommand {
     /// The store, the nodes seen, the last sync and its lag, errors.
     #[command(after_help = "Examples:\n  limiter fleet status\n  limiter fleet status -j")]
     Status,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AttacksCommand {
+    /// One attack's whole record.
+    Show { id: u64 },
 }
 
 #[derive(Debug, Subcommand)]
@@ -417,6 +434,11 @@ pub struct RunArgs {
     /// `limiter history`; without it the trail is the log and memory.
     #[arg(long, value_name = "FILE")]
     pub history: Option<std::path::PathBuf>,
+    /// The attacks file: each attack's record, one JSON line at its start
+    /// and one at its end (rotated past 8 MiB to FILE.1), read by `limiter
+    /// attacks`; without it the records are the log and memory.
+    #[arg(long, value_name = "FILE")]
+    pub attacks: Option<std::path::PathBuf>,
     /// Log lines as JSON objects instead of text.
     #[arg(long)]
     pub log_json: bool,

@@ -16,6 +16,8 @@
 //! - `sources`, `sources::section` (feature): the kinds of `[[source]]`
 //!   file (each a reader in its own folder) and the section;
 //! - `policy`: the model, the file, the overlay, the one compile;
+//! - `records`: files of JSON-line records the daemon keeps, bounded,
+//!   rotated, read back, written off the loop;
 //! - `crowdsec` (feature): decisions read from CrowdSec's Local API, typed;
 //! - `dataplane`: loading, attaching, pinning, typed maps, counters;
 //! - `fleet` (feature): window quotas kept across hosts through Redis;
@@ -46,6 +48,9 @@
 //!   and `control` read them), listed apart below it;
 //! - `trail` (feature): the audit trail, every change with who made it,
 //!   logged, written to a bounded history file, and `limiter history`;
+//! - `attacks` (feature): attacks detected from what the guard refuses,
+//!   kept as records with what it did meanwhile, told to webhooks, and
+//!   `limiter attacks`;
 //! - `cookies` (feature): SYN cookies' daemon part, keeping the kernel
 //!   taking the ACKs of the cookies XDP verified;
 //! - `metrics`: Prometheus, the data plane's series then each feature's;
@@ -98,6 +103,7 @@ pub mod listen;
 pub mod nets;
 pub mod origin;
 pub mod policy;
+pub mod records;
 pub mod series;
 pub mod sources;
 pub mod watch;
@@ -114,6 +120,7 @@ pub mod top;
 
 pub mod engine;
 
+pub mod attacks;
 pub mod cookies;
 pub mod feedback;
 pub mod feeds;

@@ -1,6 +1,7 @@
 //! One module per verb of the `limiter` command, each with one entry
 //! function. Human tables by default, one JSON document with `--json`.
 
+mod attacks;
 mod explain;
 mod fleet;
 mod generate;
@@ -47,6 +48,7 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
         Command::Top { once, count, interval } => top::top(client, json, *once, *count, *interval),
         Command::Explain { addr, protocol, port, syn } => explain::explain(client, *addr, *protocol, *port, *syn, json),
         Command::History { since, count } => history::history(client, *since, *count, json),
+        Command::Attacks { show, count } => attacks::attacks(client, show.as_ref(), *count, json),
         Command::Replay { pcap, policy } => replay::replay(pcap, policy.as_deref(), json),
         Command::Completions { shell } => {
             generate::completions(*shell);

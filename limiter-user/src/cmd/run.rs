@@ -56,5 +56,6 @@ fn settings(args: &RunArgs, socket: &Path) -> anyhow::Result<Settings> {
         policy: args.policy.clone(),
         overlay: args.overlay.clone(),
         history: args.history.clone(),
+        attacks: args.attacks.clone(),
     })
 }

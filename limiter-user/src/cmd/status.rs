@@ -81,6 +81,12 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     if let Some(c) = &s.crowdsec {
         let _ = writeln!(out, "crowdsec        {c}");
     }
+    if let Some(a) = &s.attacks {
+        // The attack going on, then each webhook on a line of its own.
+        for (i, part) in crate::escape_control(a).split("; ").enumerate() {
+            let _ = writeln!(out, "{}{part}", if i == 0 { "attacks         " } else { "                " });
+        }
+    }
     if let Some(u) = &s.upstream {
         let _ = writeln!(out, "upstream        {}", crate::escape_control(u));
     }

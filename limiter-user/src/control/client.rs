@@ -92,6 +92,12 @@ impl<'a> Client<'a> {
         self.ask("history", &req, |r| if let Response::History(h) = r { Some(h) } else { None })
     }
 
+    /// `limiter attacks`: the last `limit` attacks, or the one `id`.
+    pub fn attacks(&self, id: Option<u64>, limit: usize) -> Result<super::Attacks, ClientError> {
+        let req = Request::Attacks { id, limit };
+        self.ask("attacks", &req, |r| if let Response::Attacks(a) = r { Some(a) } else { None })
+    }
+
     /// `limiter explain`.
     pub fn explain(
         &self,

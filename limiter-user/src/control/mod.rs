@@ -3,6 +3,7 @@
 //! each peer's credentials (SO_PEERCRED): root, or a member of the
 //! configured group.
 
+mod attacks;
 pub mod client;
 mod explain;
 mod forward;
@@ -14,6 +15,7 @@ pub mod server;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+pub use self::attacks::{Action as AttackAction, Amount, Attack, Attacks, Share};
 pub use self::explain::{Explain, Layer};
 pub use self::forward::{AdaptiveInfo, ForwardInfo};
 pub use self::groups::{GroupRate, GroupShow};
@@ -53,6 +55,12 @@ pub enum Request {
     History {
         #[serde(default)]
         since: Option<u64>,
+        limit: usize,
+    },
+    /// The attacks kept (the last `limit`), or the one `id`.
+    Attacks {
+        #[serde(default)]
+        id: Option<u64>,
         limit: usize,
     },
     PolicyShow,
@@ -181,6 +189,7 @@ pub enum Response {
     PrefixShow(PrefixShow),
     Explain(Box<Explain>),
     History(History),
+    Attacks(Attacks),
     /// A forwarder's adaptive throttling after a `Load`.
     Adaptive(AdaptiveInfo),
     /// The rules announced upstream.
@@ -291,6 +300,7 @@ impl Response {
             Response::PrefixShow(_) => "prefix show",
             Response::Explain(_) => "explain",
             Response::History(_) => "history",
+            Response::Attacks(_) => "attacks",
             Response::Adaptive(_) => "adaptive",
             Response::Upstream(_) => "upstream",
             Response::Error { .. } => "error",
@@ -374,6 +384,9 @@ pub struct StatusInfo {
     /// `[upstream]`.
     #[serde(default)]
     pub upstream: Option<String>,
+    /// The attack going on, if one does, and each webhook's deliveries.
+    #[serde(default)]
+    pub attacks: Option<String>,
 }
 
 /// Another program under the same libxdp dispatcher: its name, program

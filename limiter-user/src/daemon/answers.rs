@@ -82,6 +82,7 @@ impl Answers<'_> {
             | Request::Penalty { .. } => unreachable!("changes are taken before"),
             Request::Load { .. }
             | Request::History { .. }
+            | Request::Attacks { .. }
             | Request::FleetStatus
             | Request::UpstreamList
             | Request::UpstreamAnnounce { .. }
@@ -204,6 +205,7 @@ impl Answers<'_> {
             deny_set: self.view.deny.iter().map(|(_, name, n)| (name.clone(), *n)).collect(),
             crowdsec: None,
             upstream: None,
+            attacks: None,
         };
         self.features.status(&mut status);
         Ok(Response::Status(status))

@@ -41,6 +41,8 @@ pub(super) struct Start<'a> {
     pub(super) iface: &'a str,
     /// The audit trail's history file.
     pub(super) history: Option<std::path::PathBuf>,
+    /// The attacks file.
+    pub(super) attacks: Option<std::path::PathBuf>,
 }
 
 /// The daemon's features, in the order they are told a policy.
@@ -65,6 +67,7 @@ impl Features {
             Box::new(crate::feedback::escalation::Escalation::new(s.sink.clone())),
             Box::new(crate::cookies::feature::Cookies::default()),
             Box::new(crate::trail::feature::Trail::start(s.history)),
+            Box::new(crate::attacks::feature::AttacksFeature::start(s.attacks)),
         ];
         for f in &mut list {
             f.apply(a);

@@ -129,6 +129,7 @@ impl Daemon {
             sink: &sink,
             iface: &settings.iface,
             history: settings.history.clone(),
+            attacks: settings.attacks.clone(),
         };
         let features = Features::start(&applied, start).await?;
         socket.serve(calls_tx);

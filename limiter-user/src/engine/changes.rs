@@ -51,6 +51,51 @@ pub(crate) enum Change {
     Source(Box<dyn SourceChange>),
 }
 
+impl Change {
+    /// Who made it when no channel says (SIGHUP, expiry, a source, the
+    /// daemon's escalation), and what it was, as the audit trail and the
+    /// attack records say it (`policy`: the file and its hash, said of an
+    /// applied reload or apply).
+    pub(crate) fn describe(&self, policy: Option<&str>) -> (String, String) {
+        let policy = policy.map_or_else(String::new, |p| format!(": {p}"));
+        let ttl = |t: &Option<u64>| t.map_or_else(String::new, |t| format!(" ttl {t}"));
+        match self {
+            Change::Apply { name, text, force } => {
+                let what = if text.is_some() { "policy apply (text sent)" } else { "policy apply (its file)" };
+                ("operator".into(), format!("{what} {name}{}{policy}", if *force { " --force" } else { "" }))
+            }
+            Change::Reload => ("sighup".into(), format!("policy reload{policy}")),
+            Change::Prefix { cidr, action, ttl: t, upstream, reason } => {
+                let action = action.map_or_else(
+                    || "unset".to_owned(),
+                    |a| match a {
+                        crate::policy::OverrideAction::Limit(l) => format!("set rate {} burst {}", l.rate, l.burst),
+                        a => a.action().to_string(),
+                    },
+                );
+                let up = if *upstream { " --upstream" } else { "" };
+                let why = reason.as_ref().map_or_else(String::new, |r| format!(" reason {r:?}"));
+                ("operator".into(), format!("prefix {action} {cidr}{}{up}{why}", ttl(t)))
+            }
+            Change::Load { cidrs, action, ttl: t } => {
+                ("operator".into(), format!("prefix load {action} {} network(s){}", cidrs.len(), ttl(t)))
+            }
+            Change::Expire => ("expiry".into(), "what reached its end".into()),
+            Change::UnsetAll { origins } => {
+                let names: Vec<&str> = origins.iter().map(|o| o.label()).collect();
+                ("operator".into(), format!("prefix unset every entry of {}", names.join(", ")))
+            }
+            Change::Penalty { net, ttl: t, reason, by, held } => {
+                let net = net.as_ref().map_or_else(|text| format!("{text:?}"), ToString::to_string);
+                let evidence = if *held { ", drops of connections this host holds" } else { "" };
+                let who = if *by == Origin::Escalation { "escalation" } else { "tenant" };
+                (who.into(), format!("penalty deny {net} ttl {t} reason {reason:?}{evidence}"))
+            }
+            Change::Source(c) => (c.origin().to_string(), "a new version".into()),
+        }
+    }
+}
+
 /// What waits for the policy state: a request that reads it, or a change
 /// (with its client, if any).
 pub(crate) enum Queued {

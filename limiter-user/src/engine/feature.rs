@@ -111,6 +111,30 @@ impl Applied<'_> {
     }
 }
 
+/// A request a feature answered that changed something the policy state
+/// does not hold (an operator's announcement or withdrawal upstream):
+/// what it was, whether it was done, and the answer's summary (`None`:
+/// not such a request).
+pub(crate) fn answered_change(req: &Request, answer: &Response) -> Option<(String, bool, String)> {
+    let change = match req {
+        Request::UpstreamAnnounce { cidr, blackhole, ttl_secs, .. } => {
+            let what = if *blackhole { "blackhole" } else { "announce" };
+            let ttl = ttl_secs.map_or_else(String::new, |t| format!(" ttl {t}"));
+            format!("upstream {what} {cidr}{ttl}")
+        }
+        Request::UpstreamWithdraw { cidr } => {
+            format!("upstream withdraw {}", cidr.map_or_else(|| "--all".to_owned(), |c| c.to_string()))
+        }
+        _ => return None,
+    };
+    let (ok, result) = match answer {
+        Response::Error { message, .. } => (false, message.clone()),
+        Response::Upstream(u) => (true, format!("{} rule(s) wanted upstream", u.rules.len())),
+        _ => (true, String::new()),
+    };
+    Some((change, ok, result))
+}
+
 /// What a feature's drain waits for.
 pub(crate) type Drain<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 

@@ -30,6 +30,8 @@ pub struct Settings {
     pub overlay: Overlay,
     /// The audit trail's history file (`--history`; none: the log only).
     pub history: Option<PathBuf>,
+    /// The attacks file (`--attacks`; none: the log and memory only).
+    pub attacks: Option<PathBuf>,
 }
 
 impl Settings {

@@ -123,6 +123,7 @@ impl Policy {
             crowdsec,
             fleet,
             upstream,
+            attacks,
             // Only a reload reads it (the daemon's guard).
             allow_shrink: _,
             // The daemon reads it against the kernel it runs on.
@@ -144,6 +145,7 @@ impl Policy {
         if let Some(u) = upstream {
             super::upstream::check(u)?;
         }
+        super::attacks::check(attacks)?;
         if *v4_prefix > 32 {
             return Err(bad("v4_prefix", format!("{v4_prefix} is longer than 32")));
         }

@@ -145,6 +145,8 @@ struct Root {
     crowdsec: Option<super::crowdsec::Crowdsec>,
     fleet: Option<super::fleet::Fleet>,
     upstream: Option<Box<super::upstream::Upstream>>,
+    #[serde(default, skip_serializing_if = "super::attacks::Attacks::is_default")]
+    attacks: super::attacks::Attacks,
 }
 
 #[derive(Deserialize, Serialize, PartialEq)]
@@ -235,7 +237,7 @@ type Located<T> = Result<T, (PolicyError, usize)>;
 /// The file's own top-level keys, in order, but the knobs (which go
 /// after `mode`): an unknown key's message lists them, as flattening the
 /// knobs drops serde's list (the docs' tests hold it to the reference).
-const OWN_KEYS: [&str; 14] = [
+const OWN_KEYS: [&str; 15] = [
     "allow_empty",
     "allow_shrink",
     "missing_kernel_feature",
@@ -250,6 +252,7 @@ const OWN_KEYS: [&str; 14] = [
     "crowdsec",
     "fleet",
     "upstream",
+    "attacks",
 ];
 
 /// Every top-level key, in the model's order.
@@ -299,6 +302,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         crowdsec,
         fleet,
         upstream,
+        attacks,
         missing_kernel_feature,
     } = root;
     super::forward::name_defaults(&mut forwards);
@@ -321,6 +325,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         crowdsec,
         fleet,
         upstream,
+        attacks,
         allow_shrink: allow_shrink.unwrap_or(false),
         missing_kernel_feature,
         ..base

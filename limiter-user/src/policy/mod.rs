@@ -4,6 +4,7 @@
 //! compilation into the kernel's form (`compile`), and the encoding of
 //! runtime overrides in the pinned `RUNTIME` map (`runtime`).
 
+pub mod attacks;
 pub mod compile;
 mod cookies;
 mod criticality;
@@ -350,6 +351,9 @@ pub struct Policy {
     pub fleet: Option<fleet::Fleet>,
     /// Rules announced upstream over BGP (off by default).
     pub upstream: Option<Box<upstream::Upstream>>,
+    /// When an attack begins and ends, and whom it is told (detected with
+    /// the defaults unless set).
+    pub attacks: attacks::Attacks,
     /// A reload of this policy may lift most of the running one's
     /// overrides or cut a rate more than 10x (refused otherwise).
     pub allow_shrink: bool,
@@ -381,6 +385,7 @@ impl Default for Policy {
             crowdsec: None,
             fleet: None,
             upstream: None,
+            attacks: attacks::Attacks::default(),
             allow_shrink: false,
             missing_kernel_feature: kernel::MissingFeature::Refuse,
         }

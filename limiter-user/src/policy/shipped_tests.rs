@@ -48,7 +48,7 @@ fn every_default_it_shows_is_the_real_one() {
 }
 
 /// The sections of a policy file, each as the text that opens one.
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "",
     "[[class]]\nname = \"x\"\n",
     "[[override]]\n",
@@ -61,6 +61,7 @@ const SECTIONS: [&str; 12] = [
     "[crowdsec]\n",
     "[fleet]\n",
     "[upstream]\nspeaker = \"/run/exabgp/x\"\n",
+    "[attacks]\n",
 ];
 
 /// A section's fields, as the parser lists them when it meets an unknown one.
@@ -109,6 +110,7 @@ fn the_reference_tables_list_exactly_the_parsers_keys() {
         "`[crowdsec]`",
         "`[fleet]`",
         "`[upstream]`",
+        "`[attacks]`",
     ];
     for (heading, section) in headings.into_iter().zip(SECTIONS) {
         let table = REFERENCE

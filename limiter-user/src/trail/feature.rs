@@ -5,19 +5,15 @@
 
 use std::collections::VecDeque;
 
-use super::{KEPT, Writer, field};
+use super::{KEPT, MAX_FILE, field};
 use crate::control::{History, Record, Request, Response};
-use crate::engine::{
-    changes::Change,
-    feature::{Applied, Feature, InForce},
-};
-use crate::origin::Origin;
+use crate::engine::feature::{Applied, Feature, InForce};
 
 /// The trail.
 #[derive(Debug)]
 pub(crate) struct Trail {
     file: Option<std::path::PathBuf>,
-    writer: Option<Writer>,
+    writer: Option<crate::records::Writer>,
     kept: VecDeque<Record>,
     /// Records the writer's queue had no room for.
     lost: u64,
@@ -31,7 +27,7 @@ impl Trail {
     /// first).
     pub(crate) fn start(file: Option<std::path::PathBuf>) -> Self {
         let kept = file.as_deref().map(|f| super::read_back(f, KEPT)).unwrap_or_default();
-        let writer = file.clone().map(Writer::start);
+        let writer = file.clone().map(|f| crate::records::Writer::start("history", f, MAX_FILE));
         Self { file, writer, kept, lost: 0, version: 0, policy: String::new() }
     }
 
@@ -48,8 +44,7 @@ impl Trail {
             r.result
         );
         if let Some(w) = &self.writer
-            && let Ok(line) = serde_json::to_string(&r)
-            && w.tx.try_send(line).is_err()
+            && !w.write(&r)
         {
             self.lost += 1;
             if self.lost.is_power_of_two() {
@@ -66,47 +61,6 @@ impl Trail {
     }
 }
 
-/// Who made `change` when no channel says (SIGHUP, expiry, a source, the
-/// daemon's escalation), and what it was.
-fn describe(change: &Change, policy: Option<&str>) -> (String, String) {
-    let policy = policy.map_or_else(String::new, |p| format!(": {p}"));
-    let ttl = |t: &Option<u64>| t.map_or_else(String::new, |t| format!(" ttl {t}"));
-    match change {
-        Change::Apply { name, text, force } => {
-            let what = if text.is_some() { "policy apply (text sent)" } else { "policy apply (its file)" };
-            ("operator".into(), format!("{what} {name}{}{policy}", if *force { " --force" } else { "" }))
-        }
-        Change::Reload => ("sighup".into(), format!("policy reload{policy}")),
-        Change::Prefix { cidr, action, ttl: t, upstream, reason } => {
-            let action = action.map_or_else(
-                || "unset".to_owned(),
-                |a| match a {
-                    crate::policy::OverrideAction::Limit(l) => format!("set rate {} burst {}", l.rate, l.burst),
-                    a => a.action().to_string(),
-                },
-            );
-            let up = if *upstream { " --upstream" } else { "" };
-            let why = reason.as_ref().map_or_else(String::new, |r| format!(" reason {r:?}"));
-            ("operator".into(), format!("prefix {action} {cidr}{}{up}{why}", ttl(t)))
-        }
-        Change::Load { cidrs, action, ttl: t } => {
-            ("operator".into(), format!("prefix load {action} {} network(s){}", cidrs.len(), ttl(t)))
-        }
-        Change::Expire => ("expiry".into(), "what reached its end".into()),
-        Change::UnsetAll { origins } => {
-            let names: Vec<&str> = origins.iter().map(|o| o.label()).collect();
-            ("operator".into(), format!("prefix unset every entry of {}", names.join(", ")))
-        }
-        Change::Penalty { net, ttl: t, reason, by, held } => {
-            let net = net.as_ref().map_or_else(|text| format!("{text:?}"), ToString::to_string);
-            let evidence = if *held { ", drops of connections this host holds" } else { "" };
-            let who = if *by == Origin::Escalation { "escalation" } else { "tenant" };
-            (who.into(), format!("penalty deny {net} ttl {t} reason {reason:?}{evidence}"))
-        }
-        Change::Source(c) => (c.origin().to_string(), "a new version".into()),
-    }
-}
-
 impl Feature for Trail {
     fn apply(&mut self, a: &InForce<'_>) {
         self.version = a.version;
@@ -117,7 +71,7 @@ impl Feature for Trail {
     }
 
     fn applied(&mut self, a: &mut Applied<'_>) {
-        let (who, what) = describe(a.change, a.ok.then_some(self.policy.as_str()));
+        let (who, what) = a.change.describe(a.ok.then_some(self.policy.as_str()));
         let by = a.by.map_or(who, ToString::to_string);
         self.record(Record {
             at: crate::clock::unix_now(),
@@ -132,22 +86,7 @@ impl Feature for Trail {
     /// The operator's announcements and withdrawals upstream (answered by
     /// the upstream feature, not changes of the policy state).
     fn answered(&mut self, req: &Request, by: &crate::control::server::Requester, answer: &Response) {
-        let change = match req {
-            Request::UpstreamAnnounce { cidr, blackhole, ttl_secs, .. } => {
-                let what = if *blackhole { "blackhole" } else { "announce" };
-                let ttl = ttl_secs.map_or_else(String::new, |t| format!(" ttl {t}"));
-                format!("upstream {what} {cidr}{ttl}")
-            }
-            Request::UpstreamWithdraw { cidr } => {
-                format!("upstream withdraw {}", cidr.map_or_else(|| "--all".to_owned(), |c| c.to_string()))
-            }
-            _ => return,
-        };
-        let (ok, result) = match answer {
-            Response::Error { message, .. } => (false, message.clone()),
-            Response::Upstream(u) => (true, format!("{} rule(s) wanted upstream", u.rules.len())),
-            _ => (true, String::new()),
-        };
+        let Some((change, ok, result)) = crate::engine::feature::answered_change(req, answer) else { return };
         self.record(Record {
             at: crate::clock::unix_now(),
             version: self.version,

@@ -29,7 +29,7 @@ fn prometheus_loads_the_alert_rules() {
     let o = Command::new(promtool()).args(["check", "rules"]).arg(rules()).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("SUCCESS: 8 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
 }
 
 /// Synthetic series, a scrape a minute, through `promtool test rules`:
@@ -72,6 +72,9 @@ tests:
       # An escalation refused at its cap at minute 5.
       - series: 'limiter_escalations_capped_total{{instance="edge5"}}'
         values: '0 0 0 0 0 1 1 1'
+      # An attack going on from minute 2 to minute 4.
+      - series: 'limiter_attack_active{{instance="edge6"}}'
+        values: '0 0 1 1 1 0 0 0'
       # The BGP session up for 3 minutes, then down; the speaker always up.
       - series: 'limiter_upstream_session_up{{instance="edge4", neighbor="192.0.2.1"}}'
         values: '1 1 1 0 0 0 0 0'
@@ -155,6 +158,19 @@ tests:
             exp_annotations:
               summary: "limiter on edge5: an escalation was refused at its cap"
               description: "A proven source dropped above the escalation rate was not denied: feedback.escalate.max_denied is full, or escalations without drops of held connections fill their half of it (spoofed victims?). See `limiter prefix list` and the daemon's log."
+      - eval_time: 1m
+        alertname: LimiterUnderAttack
+        exp_alerts: []
+      - eval_time: 3m
+        alertname: LimiterUnderAttack
+        exp_alerts:
+          - exp_labels: {{ severity: warning, instance: edge6 }}
+            exp_annotations:
+              summary: "limiter on edge6: an attack is going on"
+              description: "It refuses more than [attacks]' thresholds, sustained. `limiter attacks` shows its record so far: sources, reasons, what the guard did."
+      - eval_time: 6m
+        alertname: LimiterUnderAttack
+        exp_alerts: []
       - eval_time: 25m
         alertname: LimiterGroupFileStale
         exp_alerts: []

@@ -70,7 +70,8 @@ fn exec_start_runs_as_written_and_notifies_ready() {
         .replace("%i", B_IF)
         .replace("/sys/fs/bpf/limiter-vb", &format!("/sys/fs/bpf/limiter-test-{tag}"))
         .replace("/run/limiter/vb.sock", scenario::unique_socket("sd").to_str().unwrap())
-        .replace("/var/lib/limiter/vb.history", std::env::temp_dir().join(format!("limiter-history-{tag}")).to_str().unwrap());
+        .replace("/var/lib/limiter/vb.history", std::env::temp_dir().join(format!("limiter-history-{tag}")).to_str().unwrap())
+        .replace("/var/lib/limiter/vb.attacks", std::env::temp_dir().join(format!("limiter-attacks-{tag}")).to_str().unwrap());
     let mut words = exec.split_whitespace();
     assert_eq!(words.next(), Some("/usr/sbin/limiter"));
     let args: Vec<&str> = words.collect();
@@ -102,6 +103,7 @@ fn exec_start_runs_as_written_and_notifies_ready() {
     let _ = limiter::dataplane::pin::unload(&pin_dir, false);
     let _ = std::fs::remove_file(&notify_path);
     let _ = std::fs::remove_file(std::env::temp_dir().join(format!("limiter-history-{tag}")));
+    let _ = std::fs::remove_file(std::env::temp_dir().join(format!("limiter-attacks-{tag}")));
     assert_eq!(&buf[..n], b"READY=1\n");
     assert!(log.contains("pinned in"), "{log}");
 }

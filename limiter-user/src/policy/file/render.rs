@@ -63,6 +63,7 @@ impl From<&Policy> for Root {
                 f
             }),
             upstream: p.upstream.clone(),
+            attacks: p.attacks.clone(),
             missing_kernel_feature: p.missing_kernel_feature,
         }
     }

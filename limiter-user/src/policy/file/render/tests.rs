@@ -301,6 +301,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     crowdsec: None,
                     fleet,
                     upstream: None,
+                    attacks: crate::policy::attacks::Attacks::default(),
                     allow_shrink,
                     missing_kernel_feature: if run_without {
                         crate::policy::kernel::MissingFeature::RunWithout

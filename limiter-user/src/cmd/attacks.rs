@@ -1,0 +1,128 @@
+//! `limiter attacks [show ID]`: the attacks as a table (when, how long,
+//! how big, from where), or one attack's whole record; `-j` gives the
+//! records as the daemon keeps them.
+
+use std::fmt::Write as _;
+
+use super::table::{Align::Left, Align::Right, Table, size};
+use crate::{
+    cli::AttacksCommand,
+    clock::human,
+    control::{Attack, client::Client},
+};
+
+pub fn attacks(client: Client, show: Option<&AttacksCommand>, count: u16, json: bool) -> anyhow::Result<()> {
+    let id = show.map(|AttacksCommand::Show { id }| *id);
+    let answer = client.attacks(id, usize::from(count))?;
+    if let Some(id) = id {
+        let Some(a) = answer.attacks.first() else { anyhow::bail!("no attack {id} is kept") };
+        if json {
+            return super::print_json(a);
+        }
+        print!("{}", whole(a, crate::clock::unix_now()));
+        return Ok(());
+    }
+    if json {
+        return super::print_json(&answer);
+    }
+    if answer.attacks.is_empty() {
+        println!("no attack recorded");
+    } else {
+        let now = crate::clock::unix_now();
+        let mut t = Table::new(&[
+            ("id", Right),
+            ("started", Left),
+            ("lasted", Right),
+            ("state", Left),
+            ("peak/s", Right),
+            ("peak bits/s", Right),
+            ("refused", Right),
+            ("top source", Left),
+        ]);
+        for a in &answer.attacks {
+            let top = a.sources.first().map_or_else(|| "-".into(), |s| format!("{} {:.0}%", s.name, s.share * 100.0));
+            t.row(vec![
+                a.id.to_string(),
+                human::when(a.started, now),
+                human::duration(a.duration_secs),
+                state(a).into(),
+                a.peak_pps.to_string(),
+                bits(a.peak_bps),
+                a.refused.packets.to_string(),
+                top,
+            ]);
+        }
+        print!("{}", t.render());
+    }
+    if answer.file.is_none() {
+        println!("(kept in memory since the daemon started: run it with --attacks FILE to keep them)");
+    }
+    Ok(())
+}
+
+fn state(a: &Attack) -> &'static str {
+    match (a.ended, a.interrupted) {
+        (None, _) => "GOING ON",
+        (Some(_), true) => "cut short (the daemon stopped)",
+        (Some(_), false) => "ended",
+    }
+}
+
+/// Bits a second as people read them: `950 bit/s`, `12.5 Mbit/s`.
+fn bits(b: u64) -> String {
+    const UNITS: [&str; 5] = ["bit/s", "kbit/s", "Mbit/s", "Gbit/s", "Tbit/s"];
+    let mut unit = 0;
+    #[expect(clippy::cast_precision_loss, reason = "one decimal shown")]
+    let mut v = b as f64;
+    while v >= 1000.0 && unit + 1 < UNITS.len() {
+        v /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{b} bit/s") } else { format!("{v:.1} {}", UNITS[unit]) }
+}
+
+/// One attack's whole record, as text.
+fn whole(a: &Attack, now: u64) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "attack {}: {}", a.id, state(a));
+    let _ = writeln!(o, "started   {}", human::when(a.started, now));
+    if let Some(end) = a.ended {
+        let _ = writeln!(o, "ended     {}", human::when(end, now));
+    }
+    let _ = writeln!(o, "lasted    {} (above {} first)", human::duration(a.duration_secs), a.trigger);
+    let _ = writeln!(o, "peak      {} packets/s, {} refused", a.peak_pps, bits(a.peak_bps));
+    let amount = |x: &crate::control::Amount| format!("{} packets, {}", x.packets, size(x.bytes));
+    let _ = writeln!(o, "refused   {}", amount(&a.refused));
+    if a.shadow.packets > 0 {
+        let _ = writeln!(o, "  of them {} only in shadow (passed)", amount(&a.shadow));
+    }
+    if a.syn_cookies > 0 {
+        let _ = writeln!(o, "  of them {} SYNs answered with a cookie", a.syn_cookies);
+    }
+    let _ = writeln!(o, "passed    {}", amount(&a.passed));
+    let shares = |o: &mut String, title: &str, v: &[crate::control::Share]| {
+        if v.is_empty() {
+            return;
+        }
+        let _ = writeln!(o, "{title}");
+        for s in v {
+            let _ = writeln!(o, "  {:<40} {:>5.1}%  {}", s.name, s.share * 100.0, s.packets);
+        }
+    };
+    shares(&mut o, "reasons", &a.reasons);
+    shares(&mut o, &format!("classes (from {} sampled drops)", a.samples), &a.classes);
+    shares(&mut o, "sources (from the sampled drops)", &a.sources);
+    if a.actions.is_empty() {
+        let _ = writeln!(o, "actions   none: no change of the policy state while it went on");
+    } else {
+        let _ = writeln!(o, "actions");
+        for x in &a.actions {
+            let done = if x.ok { "" } else { " REFUSED" };
+            let _ = writeln!(o, "  {}  {}: {}{done}", human::when(x.at, now), x.by, x.what);
+        }
+        if a.actions_left_out > 0 {
+            let _ = writeln!(o, "  ... and {} more", a.actions_left_out);
+        }
+    }
+    o
+}
