@@ -18,6 +18,17 @@ pub struct Cli {
     /// `limiter@IFACE` service in /run/limiter].
     #[arg(long, global = true, value_name = "PATH", help_heading = "Global options")]
     pub socket: Option<PathBuf>,
+    /// Colour the output: `auto` where standard output is a terminal and
+    /// `NO_COLOR` is unset; never with `-j`.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "WHEN",
+        default_value = "auto",
+        help_heading = "Global options"
+    )]
+    pub color: crate::cmd::paint::Choice,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -45,7 +45,7 @@ pub fn attacks(client: Client, show: Option<&AttacksCommand>, count: u16, json: 
                 a.id.to_string(),
                 human::when(a.started, now),
                 human::duration(a.duration_secs),
-                state(a).into(),
+                if a.ended.is_none() { super::paint::red(state(a)) } else { state(a).into() },
                 a.peak_pps.to_string(),
                 bits(a.peak_bps),
                 a.refused.packets.to_string(),
@@ -117,7 +117,7 @@ fn whole(a: &Attack, now: u64) -> String {
     } else {
         let _ = writeln!(o, "actions");
         for x in &a.actions {
-            let done = if x.ok { "" } else { " REFUSED" };
+            let done = if x.ok { String::new() } else { format!(" {}", super::paint::red("REFUSED")) };
             let _ = writeln!(o, "  {}  {}: {}{done}", human::when(x.at, now), x.by, x.what);
         }
         if a.actions_left_out > 0 {

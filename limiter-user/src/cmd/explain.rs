@@ -23,7 +23,12 @@ pub fn explain(
     };
     println!(
         "{}{packet}: {} ({}), decided by {}; bucket prefix {}, policy v{}",
-        e.address, e.verdict, e.reason, e.decided_by, e.cidr, e.version
+        e.address,
+        super::paint::verdict(&e.verdict),
+        e.reason,
+        e.decided_by,
+        e.cidr,
+        e.version
     );
     let mut t = Table::new(&[("", Left), ("layer", Left), ("state", Left)]);
     for l in &e.layers {

@@ -17,7 +17,11 @@ pub fn history(client: Client, since: Option<std::time::Duration>, count: u16, j
     }
     let mut t = Table::new(&[("when", Left), ("by", Left), ("change", Left), ("result", Left)]);
     for r in &h.records {
-        let result = if r.ok { format!("v{}: {}", r.version, r.result) } else { format!("REFUSED: {}", r.result) };
+        let result = if r.ok {
+            format!("v{}: {}", r.version, r.result)
+        } else {
+            format!("{}: {}", super::paint::red("REFUSED"), r.result)
+        };
         t.row(vec![human::when(r.at, now), r.by.clone(), r.change.clone(), result]);
     }
     print!("{}", t.render());

@@ -6,6 +6,7 @@ mod explain;
 mod fleet;
 mod generate;
 mod history;
+pub mod paint;
 mod policy;
 mod prefix;
 mod replay;
@@ -28,6 +29,7 @@ use crate::{
 
 /// Carry out the command line.
 pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
+    paint::init(cli.color, cli.json);
     if let Command::Run(args) = &cli.command {
         return run::run(args, cli.socket.as_deref().unwrap_or(Path::new(DEFAULT_SOCKET)));
     }

@@ -13,7 +13,12 @@ pub fn stats(client: Client, json: bool, all: bool) -> anyhow::Result<()> {
     for r in &shown {
         // A daemon of a build before `action` says the verdict only.
         let action = if r.action.is_empty() { &r.verdict } else { &r.action };
-        t.row(vec![r.reason.clone(), action.clone(), r.packets.to_string(), super::table::size(r.bytes)]);
+        t.row(vec![
+            r.reason.clone(),
+            super::paint::verdict(action),
+            r.packets.to_string(),
+            super::table::size(r.bytes),
+        ]);
     }
     print!("{}", t.render());
     if !zero.is_empty() {

@@ -16,7 +16,7 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
             let _ = writeln!(out, "attached        yes ({} re-attachments since start)", s.reattaches);
         }
         Some(why) => {
-            let _ = writeln!(out, "attached        NO, NOT ENFORCING: {why}");
+            let _ = writeln!(out, "attached        {}: {why}", super::paint::red("NO, NOT ENFORCING"));
         }
     }
     let _ = writeln!(out, "pinned          {}", s.pin_dir.as_deref().unwrap_or("no"));
@@ -35,7 +35,7 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
         let _ = writeln!(out, "syn cookies     NONE: {lacks}; the program runs without them");
     }
     if let Some(why) = &s.syn_cookies_failing {
-        let _ = writeln!(out, "syn cookies     FAILING: {why}");
+        let _ = writeln!(out, "syn cookies     {}: {why}", super::paint::red("FAILING"));
     }
     for f in &s.forwards {
         let up = f.backends.iter().filter(|u| u.1).count();
@@ -84,6 +84,8 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     if let Some(a) = &s.attacks {
         // The attack going on, then each webhook on a line of its own.
         for (i, part) in crate::escape_control(a).split("; ").enumerate() {
+            let part = part.replacen("FAILING", &super::paint::red("FAILING"), 1);
+            let part = if part.starts_with("ATTACK") { super::paint::red(&part) } else { part };
             let _ = writeln!(out, "{}{part}", if i == 0 { "attacks         " } else { "                " });
         }
     }

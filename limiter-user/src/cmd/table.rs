@@ -34,7 +34,7 @@ impl Table {
         let cell = |row: &[String], i: usize| row.get(i).map_or("", String::as_str).to_owned();
         let widths: Vec<usize> = (0..self.columns.len())
             .map(|i| {
-                let cells = self.rows.iter().map(|r| cell(r, i).chars().count());
+                let cells = self.rows.iter().map(|r| super::paint::width(&cell(r, i)));
                 cells.chain([self.columns[i].0.len()]).max().unwrap_or(0)
             })
             .collect();
@@ -42,9 +42,13 @@ impl Table {
             let padded: Vec<String> = cells
                 .iter()
                 .enumerate()
-                .map(|(i, c)| match self.columns[i].1 {
-                    Align::Left => format!("{c:<w$}", w = widths[i]),
-                    Align::Right => format!("{c:>w$}", w = widths[i]),
+                .map(|(i, c)| {
+                    // Padded by the columns it shows (a colour code takes none).
+                    let pad = " ".repeat(widths[i].saturating_sub(super::paint::width(c)));
+                    match self.columns[i].1 {
+                        Align::Left => format!("{c}{pad}"),
+                        Align::Right => format!("{pad}{c}"),
+                    }
                 })
                 .collect();
             padded.join("  ").trim_end().to_owned()

@@ -76,6 +76,19 @@ fn aligned(text: &str, columns: &[&str]) {
     }
 }
 
+/// Colour only when asked (or on a terminal without `NO_COLOR`: unit
+/// tests), never in JSON; a coloured table lines up as the plain one
+/// (`plain`: `stats --all` into a pipe).
+fn colour_only_when_asked(s: &Path, plain: &str) {
+    assert!(!plain.contains('\x1b'), "colour into a pipe: {plain}");
+    let coloured = ok(&cli(s, &["stats", "--all", "--color", "always"]));
+    assert!(coloured.contains("\x1b[31mdrop\x1b[0m") && coloured.contains("\x1b[32mpass\x1b[0m"), "{coloured:?}");
+    let stripped = ["\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[0m"].iter().fold(coloured, |t, c| t.replace(c, ""));
+    assert_eq!(stripped, plain);
+    assert!(!ok(&cli(s, &["stats", "-j", "--color", "always"])).contains('\x1b'));
+    assert!(!ok(&cli(s, &["stats", "--all", "--color", "never"])).contains('\x1b'));
+}
+
 fn one_error_line(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(1), "{err}");
@@ -130,6 +143,7 @@ fn every_verb_in_human_and_json_form() {
     };
     assert_eq!(row("rate_limited").unwrap()[1], "drop", "{out}");
     assert_eq!(row("shadow_dropped").unwrap()[1], "shadow_drop", "{out}");
+    colour_only_when_asked(s, &out);
     let j = json(&cli(s, &["stats", "-j"]));
     let reasons = j["reasons"].as_array().unwrap();
     assert_eq!(reasons.len(), limiter_common::REASON_COUNT, "{j}");
