@@ -28,9 +28,20 @@ pub struct Cli {
         default_value = "auto",
         help_heading = "Global options"
     )]
-    pub color: crate::cmd::paint::Choice,
+    pub color: ColorChoice,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// `--color`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    /// When standard output is a terminal, `NO_COLOR` is unset or empty
+    /// and `TERM` is not `dumb`.
+    #[default]
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Debug, Subcommand)]

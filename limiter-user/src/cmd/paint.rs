@@ -9,16 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Whether this process colours its output (decided once, at start).
 static ON: AtomicBool = AtomicBool::new(false);
 
-/// `--color`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Choice {
-    /// When standard output is a terminal, `NO_COLOR` is unset or empty
-    /// and `TERM` is not `dumb`.
-    #[default]
-    Auto,
-    Always,
-    Never,
-}
+pub use crate::cli::ColorChoice as Choice;
 
 /// Whether to colour, from the choice, `-j`, whether standard output is
 /// a terminal, and the values of `NO_COLOR` and `TERM`.
