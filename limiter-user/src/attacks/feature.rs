@@ -14,7 +14,7 @@ use prometheus_client::{
 use super::{Detector, Event, webhook::Hooks};
 use crate::control::{Attack, AttackAction, Attacks as Answer, Request, Response, StatusInfo};
 use crate::dataplane::Totals;
-use crate::engine::feature::{Applied, Feature, InForce, Sample, Second, answered_change};
+use crate::engine::feature::{Applied, Feature, InForce, Note, Sample, Second, answered_change};
 use crate::series::Series;
 
 /// An attacks file is rotated past this size (the one before is kept as
@@ -179,6 +179,10 @@ impl Feature for AttacksFeature {
         if let Some((what, ok, _)) = answered_change(req, answer) {
             self.action(&by.to_string(), &what, ok);
         }
+    }
+
+    fn noted(&mut self, n: &Note) {
+        self.action(&n.by, &n.what, true);
     }
 
     fn answer(&mut self, req: &Request) -> Option<Response> {

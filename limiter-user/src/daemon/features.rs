@@ -83,8 +83,13 @@ impl Features {
         self.0.iter_mut().for_each(|f| f.reload(a));
     }
 
+    /// Tick every feature, then tell every feature what each noted.
     pub(super) fn tick(&mut self, second: &Second<'_>) {
         self.0.iter_mut().for_each(|f| f.tick(second));
+        let notes: Vec<_> = self.0.iter_mut().flat_map(|f| f.notes()).collect();
+        for n in &notes {
+            self.0.iter_mut().for_each(|f| f.noted(n));
+        }
     }
 
     pub(super) fn sampled(&mut self, sample: &Sample) {

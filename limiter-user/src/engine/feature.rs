@@ -138,6 +138,17 @@ pub(crate) fn answered_change(req: &Request, answer: &Response) -> Option<(Strin
     Some((change, ok, result))
 }
 
+/// Something a feature did on its own that is no change of the policy
+/// state (automation's rules announced upstream, and withdrawn): the
+/// audit trail and the attack records hear of it as of a change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Note {
+    /// Who decided it, as the trail names authors (`pressure`,
+    /// `escalation`, `expiry`).
+    pub(crate) by: String,
+    pub(crate) what: String,
+}
+
 /// What a feature's drain waits for.
 pub(crate) type Drain<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
@@ -153,6 +164,15 @@ pub(crate) trait Feature: Send {
     /// Once a second, on the daemon's loop (never blocking it), with
     /// what the data plane did.
     fn tick(&mut self, _second: &Second<'_>) {}
+
+    /// What it did on its own since it was last asked (asked after every
+    /// feature's tick; each note is then told to every feature).
+    fn notes(&mut self) -> Vec<Note> {
+        Vec::new()
+    }
+
+    /// A feature's note (see [`Feature::notes`]).
+    fn noted(&mut self, _note: &Note) {}
 
     /// A sampled drop, as the loop drains them (every 200 ms).
     fn sampled(&mut self, _sample: &Sample) {}
@@ -223,6 +243,16 @@ impl<T: Feature> Feature for Option<T> {
     fn sampled(&mut self, sample: &Sample) {
         if let Some(f) = self {
             f.sampled(sample);
+        }
+    }
+
+    fn notes(&mut self) -> Vec<Note> {
+        self.as_mut().map(Feature::notes).unwrap_or_default()
+    }
+
+    fn noted(&mut self, note: &Note) {
+        if let Some(f) = self {
+            f.noted(note);
         }
     }
 

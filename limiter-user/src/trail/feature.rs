@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use super::{KEPT, MAX_FILE, field};
 use crate::control::{History, Record, Request, Response};
-use crate::engine::feature::{Applied, Feature, InForce};
+use crate::engine::feature::{Applied, Feature, InForce, Note};
 
 /// The trail.
 #[derive(Debug)]
@@ -94,6 +94,18 @@ impl Feature for Trail {
             change: field(&change),
             ok,
             result: field(&result),
+        });
+    }
+
+    /// Automation's announcements upstream and their withdrawals.
+    fn noted(&mut self, n: &Note) {
+        self.record(Record {
+            at: crate::clock::unix_now(),
+            version: self.version,
+            by: field(&n.by),
+            change: field(&n.what),
+            ok: true,
+            result: String::new(),
         });
     }
 

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::engine::{
     changes::Change,
-    feature::{Applied, Drain, Feature, InForce, Second},
+    feature::{Applied, Drain, Feature, InForce, Note, Second},
 };
 use crate::{
     control::{ErrorCode, PrefixShow, Request, Response, StatusInfo},
@@ -44,6 +44,13 @@ pub(crate) struct UpstreamSide {
     /// A prefix's whole allowance in bytes a second (every class's rate
     /// together): a pressure rule is never tighter.
     allowance: u64,
+    /// The rules wanted at the last push, and what automation (and
+    /// expiry) changed of them since the loop last asked.
+    told: std::collections::BTreeMap<super::rule::Key, Rule>,
+    notes: Vec<Note>,
+    /// The push to come follows expiry (rules it removes were not
+    /// withdrawn by anyone's request).
+    expiring: bool,
 }
 
 /// What a class's traffic is, as a FlowSpec rule can say it.
@@ -140,7 +147,16 @@ fn stop_aside(speaker: Speaker, withdraw: bool) {
 
 impl UpstreamSide {
     pub(crate) fn new(iface: &str) -> Self {
-        Self { iface: iface.to_owned(), on: None, last_rx: None, class_match: Vec::new(), allowance: 0 }
+        Self {
+            iface: iface.to_owned(),
+            on: None,
+            last_rx: None,
+            class_match: Vec::new(),
+            allowance: 0,
+            told: std::collections::BTreeMap::new(),
+            notes: Vec::new(),
+            expiring: false,
+        }
     }
 
     /// Start on `spec`: the rules the state file wants and whose time is
@@ -172,10 +188,29 @@ impl UpstreamSide {
         On { book, speaker: Some(speaker) }
     }
 
-    fn push(&self) {
-        if let Some(on) = &self.on
-            && let Some(s) = &on.speaker
-        {
+    fn push(&mut self) {
+        let Some(on) = &self.on else { return };
+        let now: std::collections::BTreeMap<_, _> = on.book.rules().map(|r| (r.key.clone(), r.clone())).collect();
+        // Automation's rules announced and withdrawn, and what expiry
+        // took (the operator's own requests are heard as answers).
+        for (k, r) in &now {
+            if r.by != Origin::Operator && self.told.get(k).is_none_or(|o| o.by != r.by || o.action != r.action) {
+                self.notes.push(Note { by: r.by.label().into(), what: format!("upstream announce {}", r.describe()) });
+            }
+        }
+        for (k, r) in &self.told {
+            if !now.contains_key(k) && (r.by != Origin::Operator || self.expiring) {
+                // The operator's rule ends by expiry; automation's are its
+                // own to end (a pressure rule's time is its hold-down).
+                let by = if r.by == Origin::Operator { "expiry" } else { r.by.label() };
+                let why = if self.expiring { "its time is up" } else { "no longer wanted" };
+                self.notes.push(Note { by: by.into(), what: format!("upstream withdraw {} ({why})", r.describe()) });
+            }
+        }
+        self.notes.truncate(1_000);
+        self.told = now;
+        self.expiring = false;
+        if let Some(s) = &on.speaker {
             s.want(on.book.rules().cloned().collect(), sending(on.book.spec()));
         }
     }
@@ -340,14 +375,20 @@ impl Feature for UpstreamSide {
                     stop_aside(s, true);
                 }
             }
-            (None, Some(spec)) => self.on = Some(Self::start(spec, allowed)),
+            (None, Some(spec)) => {
+                let on = Self::start(spec, allowed);
+                self.told = on.book.rules().map(|r| (r.key.clone(), r.clone())).collect();
+                self.on = Some(on);
+            }
             (Some(on), Some(spec)) => {
                 let old = on.book.spec();
                 if old.speaker != spec.speaker || old.state != spec.state {
                     if let Some(s) = on.speaker.take() {
                         stop_aside(s, true);
                     }
-                    self.on = Some(Self::start(spec, allowed));
+                    let on = Self::start(spec, allowed);
+                    self.told = on.book.rules().map(|r| (r.key.clone(), r.clone())).collect();
+                    self.on = Some(on);
                 } else {
                     on.book.set((**spec).clone(), allowed);
                     self.push();
@@ -370,8 +411,13 @@ impl Feature for UpstreamSide {
         if let Some(on) = &mut self.on
             && on.book.expire(crate::clock::unix_now())
         {
+            self.expiring = true;
             self.push();
         }
+    }
+
+    fn notes(&mut self) -> Vec<Note> {
+        std::mem::take(&mut self.notes)
     }
 
     /// `prefix deny --upstream`: refused whole, before anything changes,

@@ -335,4 +335,20 @@ fn link_pressure_announces_the_flooding_prefixes_and_withdraws_them_after() {
     assert!(gone.is_some(), "{}", v4(&bgp));
     assert!(flood_end.elapsed() >= Duration::from_secs(2), "withdrawn before the hold-down");
     assert!(!bgp.exabgp_log().contains("198.18.12."));
+
+    // The audit trail has each announcement and withdrawal, by pressure.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let trail: serde_json::Value = serde_json::from_str(&ok(&scenario::cli(&socket, &["history", "-j"]))).unwrap();
+    let changes: Vec<(String, String)> = trail["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["by"].as_str().unwrap().to_owned(), r["change"].as_str().unwrap().to_owned()))
+        .collect();
+    for prefix in ["198.18.10.0/24", "198.18.11.0/24"] {
+        for verb in ["announce", "withdraw"] {
+            let found = changes.iter().any(|(by, c)| by == "pressure" && c.starts_with(&format!("upstream {verb} ")) && c.contains(prefix));
+            assert!(found, "no {verb} of {prefix} by pressure in the trail: {changes:#?}");
+        }
+    }
 }
