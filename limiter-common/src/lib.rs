@@ -404,13 +404,8 @@ pub struct DropEvent {
     /// (evidence a blind spoofer cannot forge). Events of builds before
     /// it are 32 bytes long and say 0.
     pub held: u32,
-    /// The packet's destination port, when `port_known` is 1 (TCP or UDP,
-    /// unfragmented or a first fragment). Events of builds before it say
-    /// 0 for both (what was the padding).
-    pub dport: u16,
-    pub port_known: u8,
     /// Always zero (explicit padding).
-    pub pad: u8,
+    pub pad: u32,
 }
 
 mod layout;

@@ -29,7 +29,7 @@ pub fn proven(ctx: &XdpContext, key: &BucketKey) {
 /// on the stack and copied, its 32 bytes took the SYN-ACK path's call
 /// chain past the verifier's 512-byte combined stack limit.
 #[inline(always)]
-fn event(key: &BucketKey, src: Option<&[u32; 4]>, reason: Reason, held: u32, port: Option<u16>) {
+fn event(key: &BucketKey, src: Option<&[u32; 4]>, reason: Reason, held: u32) {
     let Some(mut e) = DROP_EVENTS.reserve::<DropEvent>(0) else { return };
     let p = e.as_mut_ptr();
     // SAFETY: `p` is the reserved record, DropEvent-sized; each field is
@@ -39,8 +39,6 @@ fn event(key: &BucketKey, src: Option<&[u32; 4]>, reason: Reason, held: u32, por
         (&raw mut (*p).reason).write(reason as u32);
         (&raw mut (*p).src).write(src.copied().unwrap_or_default());
         (&raw mut (*p).held).write(held);
-        (&raw mut (*p).dport).write(port.unwrap_or(0));
-        (&raw mut (*p).port_known).write(u8::from(port.is_some()));
         (&raw mut (*p).pad).write(0);
     }
     e.submit(0);
@@ -69,30 +67,16 @@ pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, rea
     let pkt = Packet(&xdp);
     let key = BucketKey::from_words(head, tail);
     let src = source_of(&pkt, key.family == family::IPV6);
-    // The reason's index, above it whether the segment was held and the
-    // destination port.
+    // The reason's index, and above it whether the segment was held.
     let of_held_connection = u32::from(reason & HELD != 0);
-    let port = (reason & PORT_KNOWN != 0).then(|| u16::try_from((reason >> PORT_SHIFT) & 0xffff).unwrap_or(0));
-    let index = reason & 0xffff_ffff;
-    let reason = Reason::from_index(u32::try_from(index).unwrap_or(u32::MAX)).unwrap_or(Reason::NoConfig);
-    event(&key, src.as_ref(), reason, of_held_connection, port);
+    let reason = Reason::from_index(u32::try_from(reason & !HELD).unwrap_or(u32::MAX)).unwrap_or(Reason::NoConfig);
+    event(&key, src.as_ref(), reason, of_held_connection);
     0
 }
 
 /// [`limiter_drop_event`]'s `reason` bit: the segment's connection is
 /// held by this host ([`crate::held`]).
 const HELD: u64 = 1 << 32;
-/// [`limiter_drop_event`]'s `reason` bits: the destination port (16 bits
-/// from `PORT_SHIFT`), and whether it is known.
-const PORT_SHIFT: u32 = 40;
-const PORT_KNOWN: u64 = 1 << 56;
-
-/// A packet's destination port as [`sample_drop`] takes it: its bits of
-/// [`limiter_drop_event`]'s `reason` (0: not known).
-#[inline(always)]
-pub fn port_bits(src: &limiter_common::packet::Source) -> u64 {
-    if src.port_known == 1 { PORT_KNOWN | (u64::from(src.dport) << PORT_SHIFT) } else { 0 }
-}
 
 /// The source address of an IPv4 or IPv6 packet behind up to two VLAN
 /// tags (as the parser found it), network byte order.
@@ -136,7 +120,7 @@ pub fn count(class: usize, reason: Reason, fam: Family, len: u64) -> u64 {
 /// debug level only (off unless the daemon runs with debug logging) and
 /// at most once a second per CPU.
 #[inline(always)]
-pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reason, now: u64, seen: u64, port: u64) {
+pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reason, now: u64, seen: u64) {
     let every = u64::from(cfg.drop_sample);
     if every == 0 || mix(seen.wrapping_add(now)) & (every - 1) != 0 {
         return;
@@ -145,7 +129,7 @@ pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reas
     // Escalation's evidence, asked of the sockets for a sampled
     // rate-limited TCP drop only.
     let evidence = if reason == Reason::RateLimited && crate::held::limiter_held(ctx.ctx) == 1 { HELD } else { 0 };
-    limiter_drop_event(ctx.ctx, head, tail, reason as u64 | evidence | port);
+    limiter_drop_event(ctx.ctx, head, tail, reason as u64 | evidence);
     let Some(last) = DROP_SAMPLER.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU slot, only this CPU's softirq writes it.
     unsafe {

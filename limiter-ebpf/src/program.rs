@@ -154,7 +154,7 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     // Shadow mode's would-be drops are sampled too: `limiter top` shows
     // what enforcing would drop before it does.
     if reason.verdict() == Verdict::Drop || reason == Reason::ShadowDropped {
-        sample_drop(pkt.0, cfg, &key, reason, now, seen, crate::count::port_bits(&src));
+        sample_drop(pkt.0, cfg, &key, reason, now, seen);
     }
     Ok(reason)
 }

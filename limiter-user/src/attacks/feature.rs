@@ -165,7 +165,7 @@ impl Feature for AttacksFeature {
     }
 
     fn sampled(&mut self, s: &Sample) {
-        self.detector.sampled(&s.key, s.reason, s.port);
+        self.detector.sampled(&s.key, s.reason);
     }
 
     fn applied(&mut self, a: &mut Applied<'_>) {

@@ -24,7 +24,7 @@ use crate::policy::attacks::Attacks as Settings;
 /// Source prefixes counted per attack (the sampled drops of others are
 /// counted in the whole only).
 pub const MAX_TRACKED: usize = 4_096;
-/// Source prefixes (and destination ports) a record names.
+/// Source prefixes a record names.
 pub const TOP_SOURCES: usize = 10;
 /// Actions a record keeps (the rest are counted).
 pub const MAX_ACTIONS: usize = 100;
@@ -55,7 +55,6 @@ struct Building {
     reasons: [u64; REASON_COUNT],
     classes: HashMap<u8, u64>,
     sources: HashMap<BucketKey, u64>,
-    ports: HashMap<u16, u64>,
 }
 
 /// The detector: one attack at a time.
@@ -126,7 +125,6 @@ impl Detector {
                     reasons: Vec::new(),
                     classes: Vec::new(),
                     sources: Vec::new(),
-                    ports: Vec::new(),
                     samples: 0,
                     actions: Vec::new(),
                     actions_left_out: 0,
@@ -138,7 +136,6 @@ impl Detector {
                 reasons: [0; REASON_COUNT],
                 classes: HashMap::new(),
                 sources: HashMap::new(),
-                ports: HashMap::new(),
             });
         }
         let building = self.building.as_mut()?;
@@ -188,9 +185,8 @@ impl Detector {
         None
     }
 
-    /// A drop the program sampled (or would drop, in shadow), to port
-    /// `port` if the program says.
-    pub fn sampled(&mut self, key: &BucketKey, reason: u32, port: Option<u16>) {
+    /// A drop the program sampled (or would drop, in shadow).
+    pub fn sampled(&mut self, key: &BucketKey, reason: u32) {
         let Some(b) = &mut self.building else { return };
         if reason == Reason::SynCookieVerified as u32 {
             return;
@@ -201,11 +197,6 @@ impl Detector {
         let prefix = BucketKey { class: 0, ..*key };
         if b.sources.len() < MAX_TRACKED || b.sources.contains_key(&prefix) {
             *b.sources.entry(prefix).or_default() += 1;
-        }
-        if let Some(p) = port
-            && (b.ports.len() < MAX_TRACKED || b.ports.contains_key(&p))
-        {
-            *b.ports.entry(p).or_default() += 1;
         }
     }
 
@@ -244,13 +235,6 @@ fn snapshot(b: &Building, class_names: &[String]) -> Attack {
         .collect();
     classes.sort_by(|x, y| y.packets.cmp(&x.packets).then_with(|| x.name.cmp(&y.name)));
     a.classes = classes;
-    let mut ports: Vec<(&u16, &u64)> = b.ports.iter().collect();
-    ports.sort_by(|x, y| y.1.cmp(x.1).then_with(|| x.0.cmp(y.0)));
-    a.ports = ports
-        .into_iter()
-        .take(TOP_SOURCES)
-        .map(|(p, n)| Share { name: p.to_string(), packets: n * SAMPLE, share: share(*n, a.samples) })
-        .collect();
     let mut sources: Vec<(&BucketKey, &u64)> = b.sources.iter().collect();
     sources.sort_by(|x, y| y.1.cmp(x.1));
     a.sources = sources

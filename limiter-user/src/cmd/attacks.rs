@@ -112,7 +112,6 @@ fn whole(a: &Attack, now: u64) -> String {
     shares(&mut o, "reasons", &a.reasons);
     shares(&mut o, &format!("classes (from {} sampled drops)", a.samples), &a.classes);
     shares(&mut o, "sources (from the sampled drops)", &a.sources);
-    shares(&mut o, "destination ports (from the sampled drops)", &a.ports);
     if a.actions.is_empty() {
         let _ = writeln!(o, "actions   none: no change of the policy state while it went on");
     } else {

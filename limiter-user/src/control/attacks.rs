@@ -70,12 +70,7 @@ pub struct Attack {
     /// The source prefixes refused most (up to 10), from the sampled
     /// drops, with their share of all the sampled drops.
     pub sources: Vec<Share>,
-    /// The destination ports refused most (up to 10), from the sampled
-    /// drops of TCP and UDP, with their share of all the sampled drops.
-    #[serde(default)]
-    pub ports: Vec<Share>,
-    /// Sampled drops it was told of (the sources', classes' and ports'
-    /// base).
+    /// Sampled drops it was told of (the sources' and classes' base).
     pub samples: u64,
     /// What the guard did meanwhile (up to 100; `actions_left_out` more).
     pub actions: Vec<Action>,

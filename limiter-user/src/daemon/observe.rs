@@ -105,8 +105,7 @@ impl Observer {
             } else if ev.reason != Reason::SynCookieVerified as u32 {
                 self.top.record(now, ev.key);
             }
-            let port = (ev.port_known == 1).then_some(ev.dport);
-            each(&Sample { key: ev.key, src, held: ev.held == 1, reason: ev.reason, port, at: now });
+            each(&Sample { key: ev.key, src, held: ev.held == 1, reason: ev.reason, at: now });
         }
     }
 

@@ -77,9 +77,6 @@ pub(crate) struct Sample {
     pub(crate) held: bool,
     /// Its [`Reason`](limiter_common::Reason), as the program wrote it.
     pub(crate) reason: u32,
-    /// Its destination port, when the packet had one (TCP, UDP) and the
-    /// program says it.
-    pub(crate) port: Option<u16>,
     /// When it was drained (Unix seconds).
     pub(crate) at: u64,
 }

@@ -212,9 +212,6 @@ fn a_flood_is_an_attack_with_a_record_told_to_webhooks() {
     let a = &ended["attack"];
     assert_eq!(a["id"].as_u64(), Some(id));
     assert!(a["ended"].as_u64().is_some() && a["duration_secs"].as_u64().unwrap() >= 5, "{ended}");
-    // The ports, as the program read them from the dropped packets.
-    assert_eq!(a["ports"][0]["name"], "7001", "{ended}");
-    assert!(share_of(&a["ports"], "7002") > 0.1, "{ended}");
     let web = share_of(&a["classes"], "web");
     assert!((0.6..=1.0).contains(&web) && share_of(&a["classes"], "dns") > 0.1, "web {web}: {ended}");
     let reasons: Vec<&str> = a["reasons"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
