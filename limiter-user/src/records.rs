@@ -3,7 +3,7 @@
 //! rotated (`FILE`, then `FILE.1`: at most twice the bound on disk), read
 //! back when the daemon starts, and written off the daemon's loop by a
 //! thread of their own behind a bounded queue: a slow disk loses records
-//! (the caller counts them), never the loop's time.
+//! (counted and said in the log), never the loop's time.
 
 use std::{
     collections::VecDeque,
@@ -54,7 +54,10 @@ pub fn read_back<T: DeserializeOwned>(path: &Path, n: usize, max: u64) -> VecDeq
 /// The writer thread of one file: lines in, appended (rotated at `max`).
 #[derive(Debug)]
 pub struct Writer {
+    name: String,
     tx: std::sync::mpsc::SyncSender<String>,
+    /// Records the queue had no room for.
+    lost: u64,
 }
 
 impl Writer {
@@ -62,7 +65,7 @@ impl Writer {
     #[must_use]
     pub fn start(name: &str, path: PathBuf, max: u64) -> Self {
         let (tx, rx) = std::sync::mpsc::sync_channel::<String>(QUEUE);
-        std::thread::Builder::new()
+        let tx = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
                 let mut failing = false;
@@ -77,13 +80,24 @@ impl Writer {
                     }
                 }
             })
-            .map_or_else(|_| Self { tx: std::sync::mpsc::sync_channel(0).0 }, |_| Self { tx })
+            .map_or_else(|_| std::sync::mpsc::sync_channel(0).0, |_| tx);
+        Self { name: name.to_owned(), tx, lost: 0 }
     }
 
-    /// Queue `record` as one line; `false` if the queue had no room (the
-    /// disk is slow) or it does not serialise.
-    pub fn write(&self, record: &impl serde::Serialize) -> bool {
-        serde_json::to_string(record).is_ok_and(|line| self.tx.try_send(line).is_ok())
+    /// Queue `record` as one line; one the queue has no room for (the
+    /// disk is slow) is counted, and said in the log at each power of two.
+    pub fn write(&mut self, record: &impl serde::Serialize) {
+        if serde_json::to_string(record).is_ok_and(|line| self.tx.try_send(line).is_ok()) {
+            return;
+        }
+        self.lost += 1;
+        if self.lost.is_power_of_two() {
+            tracing::warn!(
+                "limiter: {}: {} record(s) not written (the disk is slow); the log has them",
+                self.name,
+                self.lost
+            );
+        }
     }
 }
 

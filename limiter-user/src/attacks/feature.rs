@@ -34,8 +34,6 @@ pub(crate) struct AttacksFeature {
     file: Option<std::path::PathBuf>,
     writer: Option<crate::records::Writer>,
     kept: VecDeque<Attack>,
-    /// Records the writer's queue had no room for.
-    lost: u64,
     hooks: Hooks,
     /// Attacks begun since the daemon started.
     begun: u64,
@@ -78,7 +76,6 @@ impl AttacksFeature {
             file,
             writer,
             kept,
-            lost: 0,
             hooks: Hooks::default(),
             begun: 0,
         }
@@ -86,16 +83,8 @@ impl AttacksFeature {
 
     /// Keep `a` (replacing its earlier record) and write it.
     fn keep(&mut self, a: &Attack) {
-        if let Some(w) = &self.writer
-            && !w.write(a)
-        {
-            self.lost += 1;
-            if self.lost.is_power_of_two() {
-                tracing::warn!(
-                    "limiter: attacks: {} record(s) not written (the disk is slow); the log has them",
-                    self.lost
-                );
-            }
+        if let Some(w) = &mut self.writer {
+            w.write(a);
         }
         if let Some(k) = self.kept.iter_mut().find(|k| k.id == a.id) {
             *k = a.clone();
@@ -235,7 +224,7 @@ impl Feature for AttacksFeature {
             .iter()
             .map(|h| (h.url.clone(), [&h.fares.delivered, &h.fares.failed, &h.fares.dropped].map(|c| c.load(Relaxed))))
             .collect();
-        Some(Box::new(Report { active: self.detector.active(&self.class_names).is_some(), begun: self.begun, hooks }))
+        Some(Box::new(Report { active: self.detector.is_active(), begun: self.begun, hooks }))
     }
 }
 

@@ -96,6 +96,12 @@ impl Detector {
         self.settings = settings;
     }
 
+    /// Whether an attack goes on (not one still pending).
+    #[must_use]
+    pub fn is_active(&self) -> bool {
+        self.building.as_ref().is_some_and(|b| !b.pending)
+    }
+
     /// The attack going on (not one still pending), as its record so far.
     #[must_use]
     pub fn active(&self, class_names: &[String]) -> Option<Attack> {

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::table::{Align::Left, Align::Right, Table, size};
+use super::table::{Align::Left, Align::Right, Table, bits_per_sec, size};
 use crate::{
     cli::AttacksCommand,
     clock::human,
@@ -47,7 +47,7 @@ pub fn attacks(client: Client, show: Option<&AttacksCommand>, count: u16, json: 
                 human::duration(a.duration_secs),
                 if a.ended.is_none() { super::paint::red(state(a)) } else { state(a).into() },
                 a.peak_pps.to_string(),
-                bits(a.peak_bps),
+                bits_per_sec(a.peak_bps),
                 a.refused.packets.to_string(),
                 top,
             ]);
@@ -68,19 +68,6 @@ fn state(a: &Attack) -> &'static str {
     }
 }
 
-/// Bits a second as people read them: `950 bit/s`, `12.5 Mbit/s`.
-fn bits(b: u64) -> String {
-    const UNITS: [&str; 5] = ["bit/s", "kbit/s", "Mbit/s", "Gbit/s", "Tbit/s"];
-    let mut unit = 0;
-    #[expect(clippy::cast_precision_loss, reason = "one decimal shown")]
-    let mut v = b as f64;
-    while v >= 1000.0 && unit + 1 < UNITS.len() {
-        v /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{b} bit/s") } else { format!("{v:.1} {}", UNITS[unit]) }
-}
-
 /// One attack's whole record, as text.
 fn whole(a: &Attack, now: u64) -> String {
     let mut o = String::new();
@@ -90,7 +77,7 @@ fn whole(a: &Attack, now: u64) -> String {
         let _ = writeln!(o, "ended     {}", human::when(end, now));
     }
     let _ = writeln!(o, "lasted    {} (above {} first)", human::duration(a.duration_secs), a.trigger);
-    let _ = writeln!(o, "peak      {} packets/s, {} refused", a.peak_pps, bits(a.peak_bps));
+    let _ = writeln!(o, "peak      {} packets/s, {} refused", a.peak_pps, bits_per_sec(a.peak_bps));
     let amount = |x: &crate::control::Amount| format!("{} packets, {}", x.packets, size(x.bytes));
     let _ = writeln!(o, "refused   {}", amount(&a.refused));
     if a.shadow.packets > 0 {

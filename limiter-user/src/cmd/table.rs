@@ -81,6 +81,21 @@ pub fn size(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
+/// Bits a second as people read them: `950 bit/s`, `12.5 Mbit/s`
+/// (`-j` keeps the raw number).
+#[must_use]
+pub fn bits_per_sec(b: u64) -> String {
+    const UNITS: [&str; 5] = ["bit/s", "kbit/s", "Mbit/s", "Gbit/s", "Tbit/s"];
+    let mut unit = 0;
+    #[expect(clippy::cast_precision_loss, reason = "one decimal shown")]
+    let mut v = b as f64;
+    while v >= 1000.0 && unit + 1 < UNITS.len() {
+        v /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{b} bit/s") } else { format!("{v:.1} {}", UNITS[unit]) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -122,43 +122,41 @@ pub struct Webhook {
     pub path: String,
 }
 
-/// `http://HOST[:PORT][/PATH]`, taken apart. (`https://` is refused:
-/// this build has no TLS client; a relay on the host can forward.)
+/// `http://HOST[:PORT][/PATH]`, taken apart by the `http` crate's URI
+/// parser (hyper's). (`https://` is refused: this build has no TLS
+/// client; a relay on the host can forward.)
 pub fn webhook(url: &str) -> Result<Webhook, String> {
     if url.len() > MAX_URL {
         return Err(format!("longer than {MAX_URL} bytes"));
     }
-    if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err("holds a space or a control character".into());
-    }
-    let rest = match url.split_once("://") {
-        Some(("http", r)) => r,
-        Some(("https", _)) => {
+    let uri: hyper::Uri = url.parse().map_err(|e| format!("not an address: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
             return Err("https is not supported by this build: give an http:// address (a relay on the host, \
                         nginx or haproxy, can forward it over TLS)"
                 .into());
         }
         _ => return Err("give an http:// address".into()),
-    };
-    let (authority, path) = rest.find('/').map_or((rest, "/"), |i| (&rest[..i], &rest[i..]));
-    if authority.contains('@') {
+    }
+    let authority = uri.authority().ok_or("no host")?;
+    if authority.as_str().contains('@') {
         return Err("carries a user or password (put a secret in the path, not the address's user part)".into());
     }
-    let default = 80;
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (h, after) = v6.split_once(']').ok_or("an unclosed [")?;
-        let port = after.strip_prefix(':').map(str::parse).transpose().map_err(|_| "a bad port")?;
-        (h.to_owned(), port.unwrap_or(default))
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h.to_owned(), p.parse().map_err(|_| "a bad port")?),
-            None => (authority.to_owned(), default),
-        }
+    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    // A port given (after the host, past an IPv6 host's brackets) must
+    // read as one.
+    let given = authority.as_str().rsplit(']').next().is_some_and(|r| r.contains(':'));
+    let port = match authority.port_u16() {
+        Some(p) => p,
+        None if given => return Err("a bad port".into()),
+        None => 80,
     };
     if host.is_empty() || port == 0 {
         return Err("no host or port".into());
     }
-    Ok(Webhook { host, port, path: path.to_owned() })
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    Ok(Webhook { host: host.to_owned(), port, path: if path.is_empty() { "/" } else { path }.to_owned() })
 }
 
 #[cfg(test)]

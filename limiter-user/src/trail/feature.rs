@@ -15,8 +15,6 @@ pub(crate) struct Trail {
     file: Option<std::path::PathBuf>,
     writer: Option<crate::records::Writer>,
     kept: VecDeque<Record>,
-    /// Records the writer's queue had no room for.
-    lost: u64,
     /// The policy in force as last told (version, file and its hash).
     version: u64,
     policy: String,
@@ -28,7 +26,7 @@ impl Trail {
     pub(crate) fn start(file: Option<std::path::PathBuf>) -> Self {
         let kept = file.as_deref().map(|f| super::read_back(f, KEPT)).unwrap_or_default();
         let writer = file.clone().map(|f| crate::records::Writer::start("history", f, MAX_FILE));
-        Self { file, writer, kept, lost: 0, version: 0, policy: String::new() }
+        Self { file, writer, kept, version: 0, policy: String::new() }
     }
 
     fn record(&mut self, r: Record) {
@@ -43,16 +41,8 @@ impl Trail {
             r.change,
             r.result
         );
-        if let Some(w) = &self.writer
-            && !w.write(&r)
-        {
-            self.lost += 1;
-            if self.lost.is_power_of_two() {
-                tracing::warn!(
-                    "limiter: history: {} record(s) not written (the disk is slow); the log has them",
-                    self.lost
-                );
-            }
+        if let Some(w) = &mut self.writer {
+            w.write(&r);
         }
         if self.kept.len() == KEPT {
             self.kept.pop_front();
