@@ -4,7 +4,7 @@
 
 use crate::{
     AnswerKey, BucketKey, BucketState, ClassCounters, ClassLimits, ClockCache, Config, Counter, DropEvent, MAX_CLASSES,
-    MAX_MATCHERS, Matcher, Meta, RuntimeKey, RuntimeOverride, cookie, deny, groups, lease, maps, resolution,
+    MAX_MATCHERS, Matcher, Meta, RuntimeKey, RuntimeOverride, capture, cookie, deny, groups, lease, maps, resolution,
 };
 
 const _: () = assert!(core::mem::size_of::<ClassLimits>() == 32);
@@ -13,6 +13,9 @@ const _: () = assert!(core::mem::size_of::<Config>() == 72 + 32 * MAX_CLASSES + 
 const _: () = assert!(core::mem::size_of::<cookie::Cookies>() == 88);
 const _: () = assert!(core::mem::size_of::<cookie::SynGuard>() == 24);
 const _: () = assert!(core::mem::size_of::<DropEvent>() == 40);
+const _: () = assert!(core::mem::size_of::<capture::CaptureCtl>() == 16);
+const _: () = assert!(core::mem::size_of::<capture::CaptureHead>() == 24);
+const _: () = assert!(core::mem::size_of::<capture::CaptureRecord>() == 24 + capture::SNAP);
 const _: () = assert!(core::mem::size_of::<AnswerKey>() == 40);
 const _: () = assert!(core::mem::size_of::<BucketKey>() == 12);
 const _: () = assert!(core::mem::size_of::<BucketState>() == 16);
@@ -44,6 +47,8 @@ mod pod {
     unsafe impl aya::Pod for crate::ClassCounters {}
     unsafe impl aya::Pod for crate::ClassLimits {}
     unsafe impl aya::Pod for crate::DropEvent {}
+    unsafe impl aya::Pod for crate::capture::CaptureCtl {}
+    unsafe impl aya::Pod for crate::capture::CaptureHead {}
     unsafe impl aya::Pod for crate::AnswerKey {}
     unsafe impl aya::Pod for crate::lease::CpuSlot {}
     unsafe impl aya::Pod for crate::ClockCache {}

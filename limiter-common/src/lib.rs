@@ -10,6 +10,7 @@
 // lose the verifier's knowledge of packet bounds and cost a call each.
 #![expect(clippy::inline_always, reason = "hot-path helpers shared with the XDP program")]
 
+pub mod capture;
 pub mod cookie;
 pub mod deny;
 pub mod gcra;
@@ -404,8 +405,25 @@ pub struct DropEvent {
     /// (evidence a blind spoofer cannot forge). Events of builds before
     /// it are 32 bytes long and say 0.
     pub held: u32,
-    /// Always zero (explicit padding).
-    pub pad: u32,
+    /// Where the packet went: its destination port (bits 0-15) and IP
+    /// protocol (bits 16-23), with [`DropEvent::PORT_READ`] set when a
+    /// TCP or UDP port was read. Events of builds before it say 0.
+    pub dst: u32,
+}
+
+impl DropEvent {
+    /// [`DropEvent::dst`]'s bit: the port was read.
+    pub const PORT_READ: u32 = 1 << 24;
+
+    /// The destination port and IP protocol, if the port was read.
+    #[must_use]
+    pub const fn port(&self) -> Option<(u8, u16)> {
+        if self.dst & Self::PORT_READ == 0 {
+            return None;
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "the fields' bits")]
+        Some(((self.dst >> 16) as u8, self.dst as u16))
+    }
 }
 
 mod layout;

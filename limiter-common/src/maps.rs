@@ -11,6 +11,7 @@ use core::mem::size_of;
 use crate::{
     AnswerKey, BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, MAX_CLASSES, Meta, RuntimeKey,
     RuntimeOverride, STAT_ENTRIES,
+    capture::CaptureCtl,
     cookie::{REFRESH_SLOTS, SynGuard},
     deny::{DenyKey, DenyLens, MAX_ORIGINS, OriginName},
     groups::{GroupHits, GroupLimits, MAX_GROUPS, MAX_NETWORKS as GROUP_NETWORKS},
@@ -42,6 +43,14 @@ pub const OVR_LIMITS: &str = "OVR_LIMITS";
 pub const DROP_EVENTS: &str = "DROP_EVENTS";
 /// Size of [`DROP_EVENTS`] in bytes.
 pub const DROP_EVENTS_BYTES: u32 = 1 << 18;
+/// `RINGBUF` of [`crate::capture::CaptureRecord`]: the frames copied
+/// while `CAPTURE` is on.
+pub const CAPTURES: &str = "CAPTURES";
+/// Size of [`CAPTURES`] in bytes (about 14,000 frames).
+pub const CAPTURES_BYTES: u32 = 1 << 22;
+/// `ARRAY<crate::capture::CaptureCtl>`, one entry: whether and how often
+/// frames are copied into [`CAPTURES`].
+pub const CAPTURE: &str = "CAPTURE";
 /// `PERCPU_ARRAY<u64>`, one entry: when a sampled drop was last
 /// logged (debug level), to rate-limit those lines.
 pub const DROP_SAMPLER: &str = "DROP_SAMPLER";
@@ -248,7 +257,7 @@ const CLASSES_U32: u32 = MAX_CLASSES as u32;
 
 /// Every map of the program; the pinned ones first, in the order the
 /// loader pins them.
-pub const TABLE: [Spec; 35] = [
+pub const TABLE: [Spec; 37] = [
     Spec::new(BUCKETS, Kind::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), DEFAULT_BUCKET_CAPACITY)
         .by_capacity()
         .pinned(11),
@@ -288,6 +297,8 @@ pub const TABLE: [Spec; 35] = [
     Spec::new(TEST_CLOCK, Kind::Array, 4, 8, 1),
     Spec::new(DROP_EVENTS, Kind::RingBuf, 0, 0, DROP_EVENTS_BYTES),
     Spec::new(DROP_SAMPLER, Kind::PerCpuArray, 4, 8, 1),
+    Spec::new(CAPTURES, Kind::RingBuf, 0, 0, CAPTURES_BYTES),
+    Spec::new(CAPTURE, Kind::Array, 4, size_of::<CaptureCtl>(), 1),
     Spec::new(CLOCK_CACHE, Kind::PerCpuArray, 4, size_of::<ClockCache>(), 1),
     Spec::new(CPU_SLOTS, Kind::PerCpuArray, 4, size_of::<CpuSlot>(), CPU_SLOTS_ENTRIES),
     Spec::new(KERNEL_SYNS, Kind::Array, 4, 8, REFRESH_SLOTS),

@@ -4,17 +4,20 @@
 //! verified SYN cookie's address as proof of source).
 
 use aya_ebpf::bindings::xdp_md;
+use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_xdp_load_bytes};
 use aya_ebpf::programs::XdpContext;
 use aya_log_ebpf::debug;
 use limiter_common::{
-    BucketKey, Config, DropEvent, Family, Reason, family, gcra,
+    BucketKey, Config, DropEvent, Family, Reason,
+    capture::{CaptureHead, CaptureRecord, SNAP},
+    family, gcra,
     packet::{Frame as _, word as w},
     stat_index,
 };
 
 use crate::packet::Packet;
 
-use crate::maps::{DROP_EVENTS, DROP_SAMPLER, STATS};
+use crate::maps::{ACTIVE, CAPTURE, CAPTURES, CONFIG, DROP_EVENTS, DROP_SAMPLER, STATS};
 
 /// An address proved itself (a verified SYN cookie): told to userspace
 /// unsampled, in the drop events' ring, for escalation's proof of source.
@@ -22,14 +25,14 @@ use crate::maps::{DROP_EVENTS, DROP_SAMPLER, STATS};
 #[inline(always)]
 pub fn proven(ctx: &XdpContext, key: &BucketKey) {
     let (head, tail) = key.words();
-    limiter_drop_event(ctx.ctx, head, tail, Reason::SynCookieVerified as u64);
+    limiter_drop_event(ctx.ctx, head, tail, Reason::SynCookieVerified as u64 | PROOF, 0);
 }
 
 /// One event, written in place in the ring (reserve, fill, submit): built
 /// on the stack and copied, its 32 bytes took the SYN-ACK path's call
 /// chain past the verifier's 512-byte combined stack limit.
 #[inline(always)]
-fn event(key: &BucketKey, src: Option<&[u32; 4]>, reason: Reason, held: u32) {
+fn event(key: &BucketKey, src: Option<&[u32; 4]>, reason: Reason, held: u32, dst: u32) {
     let Some(mut e) = DROP_EVENTS.reserve::<DropEvent>(0) else { return };
     let p = e.as_mut_ptr();
     // SAFETY: `p` is the reserved record, DropEvent-sized; each field is
@@ -39,7 +42,7 @@ fn event(key: &BucketKey, src: Option<&[u32; 4]>, reason: Reason, held: u32) {
         (&raw mut (*p).reason).write(reason as u32);
         (&raw mut (*p).src).write(src.copied().unwrap_or_default());
         (&raw mut (*p).held).write(held);
-        (&raw mut (*p).pad).write(0);
+        (&raw mut (*p).dst).write(dst);
     }
     e.submit(0);
 }
@@ -55,28 +58,151 @@ const fn mix(mut k: u64) -> u64 {
     k ^ (k >> 33)
 }
 
-/// A sampled drop's event, with the packet's source address read again
-/// from the packet here, as a global function: the address is not kept
-/// on the main program's stack to the end of a packet's path, which kept
-/// the combined stack of the call chain through the SYN-ACK builder over
-/// the verifier's 512 bytes.
+/// What a drawn drop leaves: its event, when the sample drew it, with
+/// the packet's source address read again from the packet (and, for a
+/// rate-limited segment, whether this host holds its connection:
+/// escalation's evidence), its debug line, and its copy, when a capture
+/// is on and drew it. A global function, verified once whatever the
+/// paths to it, so the main program pays one draw and one test for all
+/// of it; the address is also not kept on the main program's stack to
+/// the end of a packet's path (which took the combined stack of the call
+/// chain through the SYN-ACK builder over the verifier's 512 bytes).
+/// `draw` is the drop's random draw; `reason` the reason's index, or
+/// [`PROOF`] with it.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, reason: u64) -> u64 {
+pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, reason: u64, draw: u64) -> u64 {
     let xdp = XdpContext::new(ctx);
     let pkt = Packet(&xdp);
     let key = BucketKey::from_words(head, tail);
-    let src = source_of(&pkt, key.family == family::IPV6);
-    // The reason's index, and above it whether the segment was held.
-    let of_held_connection = u32::from(reason & HELD != 0);
-    let reason = Reason::from_index(u32::try_from(reason & !HELD).unwrap_or(u32::MAX)).unwrap_or(Reason::NoConfig);
-    event(&key, src.as_ref(), reason, of_held_connection);
+    let why = Reason::from_index(u32::try_from(reason & REASON).unwrap_or(u32::MAX)).unwrap_or(Reason::NoConfig);
+    let proof = reason & PROOF != 0;
+    if proof || drawn(draw, drop_sample()) {
+        let src = source_of(&pkt, key.family == family::IPV6);
+        let of_held_connection = u32::from(why == Reason::RateLimited && crate::held::limiter_held(ctx) == 1);
+        let dst = limiter_drop_dst(ctx, u64::from(key.family == family::IPV6));
+        #[expect(clippy::cast_possible_truncation, reason = "a DropEvent::dst, 32 bits")]
+        event(&key, src.as_ref(), why, of_held_connection, dst as u32);
+        if !proof {
+            log_sampled(&xdp, &key, why);
+        }
+    }
+    if !proof && drawn(draw, CAPTURE.get(0).map_or(0, |c| c.one_in)) {
+        copy(ctx, &pkt, &key, why);
+    }
     0
 }
 
-/// [`limiter_drop_event`]'s `reason` bit: the segment's connection is
-/// held by this host ([`crate::held`]).
-const HELD: u64 = 1 << 32;
+/// [`limiter_drop_event`]'s `reason`: the reason's index, and above it
+/// [`PROOF`].
+const REASON: u64 = 0xffff_ffff;
+/// An address proved itself: its event is sent unsampled, and the
+/// (passed) packet is not a drop to copy.
+const PROOF: u64 = 1 << 32;
+
+/// Whether `draw` falls in the one in `one_in` (a power of two; 0: none).
+#[inline(always)]
+fn drawn(draw: u64, one_in: u32) -> bool {
+    one_in != 0 && draw & (u64::from(one_in) - 1) == 0
+}
+
+/// The policy's `drop_sample` (0 without a policy).
+#[inline(always)]
+fn drop_sample() -> u32 {
+    let slot = ACTIVE.get(0).copied().unwrap_or(0) & limiter_common::deny::active::CONFIG_SLOT;
+    CONFIG.get(slot).map_or(0, |c| c.drop_sample)
+}
+
+/// A sampled drop's debug line, at most once a second per CPU (off
+/// unless the daemon runs with debug logging).
+#[inline(always)]
+fn log_sampled(ctx: &XdpContext, key: &BucketKey, reason: Reason) {
+    let Some(last) = DROP_SAMPLER.get_ptr_mut(0) else { return };
+    // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+    let now = unsafe { bpf_ktime_get_ns() };
+    unsafe {
+        if now.wrapping_sub(*last) >= gcra::NS_PER_S {
+            *last = now;
+            debug!(
+                ctx,
+                "sampled drop: family {} /{} class {} reason {}",
+                key.family.0,
+                key.prefix_len,
+                key.class,
+                reason as u32
+            );
+        }
+    }
+}
+
+/// The frame, up to [`SNAP`] bytes, into `CAPTURES` (reserve, copy with
+/// the kernel's helper, which reads fragments too, submit).
+#[inline(always)]
+fn copy(ctx: *mut xdp_md, pkt: &Packet, key: &BucketKey, reason: Reason) {
+    let len = pkt.len();
+    if len == 0 {
+        return;
+    }
+    // 1..=SNAP in a form the verifier of 6.1 follows: LLVM merges a
+    // `caplen == 0 || caplen > SNAP` test into one compare of `caplen - 1`,
+    // whose bounds the verifier does not carry back to `caplen`; hidden
+    // from LLVM, the mask stays and bounds the length itself.
+    let least = if len > SNAP as u64 { SNAP as u64 } else { len };
+    let caplen = ((core::hint::black_box(least) - 1) & (SNAP as u64 - 1)) + 1;
+    let Some(mut e) = CAPTURES.reserve::<CaptureRecord>(0) else { return };
+    let p = e.as_mut_ptr();
+    // SAFETY: `p` is the reserved record; `caplen` is 1..=SNAP, the size
+    // of its `data`; the head's fields are written in place.
+    unsafe {
+        #[expect(clippy::cast_possible_truncation, reason = "caplen <= SNAP")]
+        if bpf_xdp_load_bytes(ctx, 0, (&raw mut (*p).data).cast(), caplen as u32) != 0 {
+            e.discard(0);
+            return;
+        }
+        (&raw mut (*p).head).write(CaptureHead {
+            t_ns: bpf_ktime_get_ns(),
+            #[expect(clippy::cast_possible_truncation, reason = "a frame is far shorter than 4 GiB")]
+            len: len as u32,
+            #[expect(clippy::cast_possible_truncation, reason = "caplen <= SNAP")]
+            caplen: caplen as u32,
+            reason: reason as u32,
+            class: u32::from(key.class),
+        });
+    }
+    e.submit(0);
+}
+
+/// [`DropEvent::dst`] of the packet: its IP protocol, and the destination
+/// port of TCP or UDP right behind the IP header (an IPv4 first fragment
+/// or whole packet; IPv6 without extension headers). Read here, not by
+/// the program's whole parser (that took the verifier 58,000 more
+/// states), and as a global function of its own, verified once alone
+/// rather than on each path of its caller.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_drop_dst(ctx: *mut xdp_md, v6: u64) -> u64 {
+    let xdp = XdpContext::new(ctx);
+    let pkt = Packet(&xdp);
+    let v6 = v6 != 0;
+    let Some(l3) = pkt.l3() else { return 0 };
+    let (proto, l4) = if v6 {
+        let Some(h) = pkt.bytes_at::<8>(l3) else { return 0 };
+        (h[6], Some(l3 + 40))
+    } else {
+        let Some(h) = pkt.bytes_at::<20>(l3) else { return 0 };
+        // The fragment offset's 13 bits (a count of trailing zeros is no
+        // BPF instruction).
+        #[expect(clippy::verbose_bit_mask, reason = "as said")]
+        let first = u16::from_be_bytes([h[6], h[7]]) & 0x1fff == 0;
+        (h[9], first.then_some(l3 + usize::from(h[0] & 0x0f) * 4))
+    };
+    let port = match (proto, l4) {
+        (6 | 17, Some(off)) => pkt.bytes_at::<4>(off).map(|p| u16::from_be_bytes([p[2], p[3]])),
+        _ => None,
+    };
+    let proto = u32::from(proto) << 16;
+    u64::from(port.map_or(proto, |p| DropEvent::PORT_READ | proto | u32::from(p)))
+}
 
 /// The source address of an IPv4 or IPv6 packet behind up to two VLAN
 /// tags (as the parser found it), network byte order.
@@ -108,41 +234,27 @@ pub fn count(class: usize, reason: Reason, fam: Family, len: u64) -> u64 {
 
 /// One drop in `drop_sample` (a power of two), drawn at random for each
 /// drop, goes to the ring buffer for the top-offenders list, escalation,
-/// link pressure. At random, not every Nth drop of a counter: two
-/// sources interleaved packet by packet at the same rate aliased with a
-/// counter, one always sampled and the other never; a random draw sees
-/// every source in proportion to its drops, whatever their order. The
-/// draw is `seen` (the drop's counter's packets on this CPU) plus the
-/// clock, through [`mix`]: the kernel's random helper cost 1.10x the
-/// drop path, this draw 1.00x (`cargo xtask bench hit`). Drop path only;
-/// the admit path pays nothing, and a drop that is not sampled pays the
-/// draw and a test. A sampled drop is also logged through aya-log, at
-/// debug level only (off unless the daemon runs with debug logging) and
-/// at most once a second per CPU.
+/// link pressure; while a capture is on, one in its own power of two is
+/// copied. At random, not every Nth drop of a counter: two sources
+/// interleaved packet by packet at the same rate aliased with a counter,
+/// one always sampled and the other never; a random draw sees every
+/// source in proportion to its drops, whatever their order. The draw is
+/// `seen` (the drop's counter's packets on this CPU) plus the clock,
+/// through [`mix`]: the kernel's random helper cost 1.10x the drop path,
+/// this draw 1.00x (`cargo xtask bench hit`). Drop path only; the admit
+/// path pays nothing, and a drop drawn by neither pays the draw, one read
+/// of `CAPTURE` and one test: both masks are a power of two less one, so
+/// their AND is the smaller, and a draw that passes it may be either's
+/// (the global function tells which). The top bit of the draw is set so
+/// that a mask of all ones (a sample of 0, a capture off) never passes.
 #[inline(always)]
 pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reason, now: u64, seen: u64) {
-    let every = u64::from(cfg.drop_sample);
-    if every == 0 || mix(seen.wrapping_add(now)) & (every - 1) != 0 {
+    let draw = mix(seen.wrapping_add(now)) | 1 << 63;
+    let events = u64::from(cfg.drop_sample).wrapping_sub(1);
+    let copies = CAPTURE.get(0).map_or(u64::MAX, |c| u64::from(c.one_in).wrapping_sub(1));
+    if draw & events & copies != 0 {
         return;
     }
     let (head, tail) = key.words();
-    // Escalation's evidence, asked of the sockets for a sampled
-    // rate-limited TCP drop only.
-    let evidence = if reason == Reason::RateLimited && crate::held::limiter_held(ctx.ctx) == 1 { HELD } else { 0 };
-    limiter_drop_event(ctx.ctx, head, tail, reason as u64 | evidence);
-    let Some(last) = DROP_SAMPLER.get_ptr_mut(0) else { return };
-    // SAFETY: per-CPU slot, only this CPU's softirq writes it.
-    unsafe {
-        if now.wrapping_sub(*last) >= gcra::to_fixed(gcra::NS_PER_S) {
-            *last = now;
-            debug!(
-                ctx,
-                "sampled drop: family {} /{} class {} reason {}",
-                key.family.0,
-                key.prefix_len,
-                key.class,
-                reason as u32
-            );
-        }
-    }
+    limiter_drop_event(ctx.ctx, head, tail, reason as u64, draw);
 }

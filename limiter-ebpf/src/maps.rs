@@ -13,6 +13,7 @@ use aya_ebpf::{
 };
 use limiter_common::{
     AnswerKey, BucketKey, BucketState, ClassLimits, ClockCache, Config, Counter, Meta, RuntimeKey, RuntimeOverride,
+    capture::CaptureCtl,
     cookie::SynGuard,
     deny::{DenyKey, DenyLens, OriginName},
     groups::{GroupHits, GroupLimits},
@@ -163,6 +164,19 @@ map! {
     /// Written by: XDP, one in `Config::drop_sample` drops at random, never blocking
     /// (a full buffer loses the event). Read by: userspace, for `limiter top`.
     DROP_EVENTS: RingBuf
+}
+
+map! {
+    /// Written by: XDP, a copy of each frame drawn while `CAPTURE` is on,
+    /// never blocking (a full buffer loses the frame). Read by: userspace,
+    /// for `limiter capture` and the attacks' pcaps.
+    CAPTURES: RingBuf
+}
+
+map! {
+    /// Written by: userspace, while a capture or an attack's pcap wants
+    /// frames. Read by: XDP, per drop.
+    CAPTURE: Array<CaptureCtl>
 }
 
 map! {

@@ -153,6 +153,30 @@ pub enum Command {
         #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=500))]
         count: u16,
     },
+    /// Copy the frames the data plane drops, live, as it drops them: to a
+    /// pcapng file (each frame's verdict, reason and class in its
+    /// comment; `-w -` for standard output), or one line each. Ends after
+    /// `-c` frames or at Ctrl-C.
+    #[command(
+        after_help = "Examples:\n  limiter capture -c 10\n  limiter capture -w drops.pcapng --reason rate_limited\n  limiter capture -w - --prefix 198.18.7.0/24 | tcpdump -n -r -"
+    )]
+    Capture {
+        /// Write pcapng to FILE (`-`: standard output) instead of lines.
+        #[arg(short = 'w', long = "write", value_name = "FILE")]
+        write: Option<PathBuf>,
+        /// Only frames dropped for this reason (`rate_limited`, `denied`, ...).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Only frames from sources inside this network.
+        #[arg(long, value_name = "CIDR")]
+        prefix: Option<ipnet::IpNet>,
+        /// Only frames of this class (its name in the policy).
+        #[arg(long)]
+        class: Option<String>,
+        /// Stop after this many frames.
+        #[arg(short = 'c', long = "count", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+    },
     /// Run the real program offline over a capture (with the capture's own
     /// timestamps) and print verdict totals per source prefix: try a policy
     /// on recorded traffic before deploying it.
@@ -160,7 +184,8 @@ pub enum Command {
         after_help = "Examples:\n  limiter replay --pcap capture.pcap --policy my.toml\n  limiter replay --pcap capture.pcap -j"
     )]
     Replay {
-        /// A classic pcap file (Ethernet).
+        /// A pcap or pcapng file (Ethernet), `limiter capture`'s and the
+        /// attacks' included.
         #[arg(long, value_name = "FILE")]
         pcap: PathBuf,
         /// Policy to try [default: /etc/limiter/limiter.toml if it exists,

@@ -2,6 +2,8 @@
 //! only uses rooms listed above it, and a feature's room (marked so) uses
 //! no other feature's (see docs/design.md):
 //!
+//! - `capture`: the frames the program copied at the driver, filtered,
+//!   handed to taps, written as pcapng;
 //! - `clock`: the wall clock, read one way;
 //! - `origin`: who decided, one table for every author of a decision;
 //! - `counts`: counters kept by the variants of an enum;
@@ -49,8 +51,8 @@
 //! - `trail` (feature): the audit trail, every change with who made it,
 //!   logged, written to a bounded history file, and `limiter history`;
 //! - `attacks` (feature): attacks detected from what the guard refuses,
-//!   kept as records with what it did meanwhile, told to webhooks, and
-//!   `limiter attacks`;
+//!   kept as records with what it did meanwhile and a pcap of what was
+//!   dropped, told to webhooks, and `limiter attacks`;
 //! - `cookies` (feature): SYN cookies' daemon part, keeping the kernel
 //!   taking the ACKs of the cookies XDP verified;
 //! - `metrics`: Prometheus, the data plane's series then each feature's;
@@ -97,6 +99,7 @@ pub fn one_line(text: &str, max: usize) -> String {
     format!("{}{cut}", escape_control(&text[..end]))
 }
 
+pub mod capture;
 pub mod clock;
 pub mod counts;
 pub mod listen;

@@ -23,6 +23,7 @@ use limiter_common::{
     rules::{bucket_key, classify},
     stat_index,
 };
+use pcap_file::pcapng::{Block, PcapNgReader, blocks::interface_description::InterfaceDescriptionOption};
 use serde::Serialize;
 
 use crate::{
@@ -53,7 +54,7 @@ pub enum PcapError {
         #[source]
         source: io::Error,
     },
-    #[error("{path}: not a pcap file (magic {magic:#010x}; pcapng is not supported, convert with `editcap -F pcap`)")]
+    #[error("{path}: neither pcap nor pcapng (magic {magic:#010x})")]
     Magic { path: String, magic: u32 },
     #[error("{path}: link type {linktype} is not Ethernet (1)")]
     LinkType { path: String, linktype: u32 },
@@ -65,17 +66,31 @@ pub enum PcapError {
     ShortHeader { path: String, got: usize },
     #[error("{path}: record at byte {offset} claims {len} bytes (at most {MAX_FRAME})")]
     BadLength { path: String, offset: u64, len: u32 },
+    #[error("{path}: pcapng: {why}")]
+    Ng { path: String, why: String },
 }
 
-/// A classic pcap file (either byte order, micro- or nanosecond
-/// timestamps, Ethernet link type), read one frame at a time.
-pub struct Pcap<R> {
-    r: R,
+/// A capture read one frame at a time: classic pcap (either byte order,
+/// micro- or nanosecond timestamps) or pcapng (read by the `pcap-file`
+/// crate: `limiter capture`'s and the attacks' own, tshark's, dumpcap's),
+/// Ethernet link type.
+pub struct Pcap<R: Read> {
+    src: Source<R>,
     path: String,
     big_endian: bool,
     nanos: bool,
     offset: u64,
 }
+
+/// What a capture is read from.
+enum Source<R: Read> {
+    Classic(R),
+    /// pcapng: its first bytes, read to tell it, put back before the rest.
+    Ng(Box<PcapNgReader<io::Chain<io::Cursor<Vec<u8>>, R>>>),
+}
+
+/// pcapng's Section Header Block type, as its first 4 bytes.
+const PCAPNG_MAGIC: u32 = 0x0a0d_0d0a;
 
 impl Pcap<BufReader<File>> {
     /// Open `path` and check its header (nothing else is read yet).
@@ -97,6 +112,7 @@ impl<R: Read> Pcap<R> {
             0xa1b2_3c4d => (false, true),
             0xd4c3_b2a1 => (true, false),
             0x4d3c_b2a1 => (true, true),
+            PCAPNG_MAGIC => return Self::new_ng(r, path, head[..got].to_vec()),
             _ if got == 0 => return Err(PcapError::Empty { path }),
             _ if got < 4 => return Err(PcapError::ShortHeader { path, got }),
             magic => return Err(PcapError::Magic { path, magic }),
@@ -104,7 +120,7 @@ impl<R: Read> Pcap<R> {
         if got < head.len() {
             return Err(PcapError::ShortHeader { path, got });
         }
-        let p = Self { r, path, big_endian, nanos, offset: 24 };
+        let p = Self { src: Source::Classic(r), path, big_endian, nanos, offset: 24 };
         let linktype = p.word(&head, 20);
         if linktype != 1 {
             return Err(PcapError::LinkType { path: p.path, linktype });
@@ -112,28 +128,79 @@ impl<R: Read> Pcap<R> {
         Ok(p)
     }
 
+    /// A pcapng stream whose first bytes, `head`, were read already.
+    fn new_ng(r: R, path: String, head: Vec<u8>) -> Result<Self, PcapError> {
+        let ng = PcapNgReader::new(io::Cursor::new(head).chain(r))
+            .map_err(|e| PcapError::Ng { path: path.clone(), why: e.to_string() })?;
+        Ok(Self { src: Source::Ng(Box::new(ng)), path, big_endian: false, nanos: true, offset: 0 })
+    }
+
+    /// The next frame of a pcapng stream: its Enhanced and Simple Packet
+    /// Blocks, on an Ethernet interface, stamped in the interface's
+    /// resolution; other blocks are read past.
+    fn next_ng(&mut self) -> Result<Option<Frame>, PcapError> {
+        let Source::Ng(ng) = &mut self.src else { return Ok(None) };
+        let bad = |why: String| PcapError::Ng { path: self.path.clone(), why };
+        loop {
+            let block = match ng.next_block() {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(bad(e.to_string())),
+                Some(Ok(b)) => b,
+            };
+            let (interface, raw_t, orig, data) = match block {
+                Block::EnhancedPacket(p) => {
+                    (p.interface_id, p.timestamp.as_nanos(), p.original_len, p.data.into_owned())
+                }
+                Block::SimplePacket(p) => (0, 0, p.original_len, p.data.into_owned()),
+                _ => continue,
+            };
+            let Some(idb) = ng.interfaces().get(interface as usize) else {
+                return Err(bad(format!("a packet of interface {interface}, which no block described")));
+            };
+            if idb.linktype != pcap_file::DataLink::ETHERNET {
+                return Err(PcapError::LinkType { path: self.path.clone(), linktype: u32::from(idb.linktype) });
+            }
+            // The crate reads a stamp as nanoseconds; it is in units of the
+            // interface's resolution (microseconds unless it says).
+            let resol = idb.options.iter().find_map(|o| match o {
+                InterfaceDescriptionOption::IfTsResol(r) => Some(*r),
+                _ => None,
+            });
+            let t_ns = stamp_ns(raw_t, resol.unwrap_or(6));
+            let incl = u32::try_from(data.len()).unwrap_or(u32::MAX);
+            if incl > MAX_FRAME || orig > MAX_FRAME {
+                return Err(PcapError::BadLength { path: self.path.clone(), offset: 0, len: incl.max(orig) });
+            }
+            let mut data = data;
+            data.resize(orig.max(incl) as usize, 0);
+            return Ok(Some(Frame { t_ns, data }));
+        }
+    }
+
     fn word(&self, b: &[u8], i: usize) -> u32 {
-        let w = [b[i], b[i + 1], b[i + 2], b[i + 3]];
-        if self.big_endian { u32::from_be_bytes(w) } else { u32::from_le_bytes(w) }
+        word_of(self.big_endian, b, i)
     }
 
     /// The next frame, `None` at the end of the file.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, PcapError> {
+        let (big_endian, offset) = (self.big_endian, self.offset);
+        let Source::Classic(r) = &mut self.src else { return self.next_ng() };
+        let word = |b: &[u8], i: usize| word_of(big_endian, b, i);
         let read_err = |path: &str, source| PcapError::Read { path: path.to_owned(), source };
         let mut rec = [0u8; 16];
-        match read_full(&mut self.r, &mut rec).map_err(|e| read_err(&self.path, e))? {
+        match read_full(r, &mut rec).map_err(|e| read_err(&self.path, e))? {
             0 => return Ok(None),
             16 => {}
-            _ => return Err(PcapError::Truncated { path: self.path.clone(), offset: self.offset }),
+            _ => return Err(PcapError::Truncated { path: self.path.clone(), offset }),
         }
-        let (sec, frac) = (u64::from(self.word(&rec, 0)), u64::from(self.word(&rec, 4)));
-        let (incl, orig) = (self.word(&rec, 8), self.word(&rec, 12));
+        let (sec, frac) = (u64::from(word(&rec, 0)), u64::from(word(&rec, 4)));
+        let (incl, orig) = (word(&rec, 8), word(&rec, 12));
         if incl > MAX_FRAME || orig > MAX_FRAME {
-            return Err(PcapError::BadLength { path: self.path.clone(), offset: self.offset, len: incl.max(orig) });
+            return Err(PcapError::BadLength { path: self.path.clone(), offset, len: incl.max(orig) });
         }
         let mut data = vec![0u8; incl as usize];
-        if read_full(&mut self.r, &mut data).map_err(|e| read_err(&self.path, e))? < data.len() {
-            return Err(PcapError::Truncated { path: self.path.clone(), offset: self.offset });
+        if read_full(r, &mut data).map_err(|e| read_err(&self.path, e))? < data.len() {
+            return Err(PcapError::Truncated { path: self.path.clone(), offset });
         }
         // Charged as sent: the bytes the capture left out are zeros.
         data.resize(orig.max(incl) as usize, 0);
@@ -141,6 +208,25 @@ impl<R: Read> Pcap<R> {
         let t_ns = sec * 1_000_000_000 + if self.nanos { frac } else { frac * 1_000 };
         Ok(Some(Frame { t_ns, data }))
     }
+}
+
+/// The 4 bytes of `b` at `i` in the capture's byte order.
+fn word_of(big_endian: bool, b: &[u8], i: usize) -> u32 {
+    let w = [b[i], b[i + 1], b[i + 2], b[i + 3]];
+    if big_endian { u32::from_be_bytes(w) } else { u32::from_le_bytes(w) }
+}
+
+/// A pcapng stamp of `raw` units of resolution `resol` (its
+/// `if_tsresol`: 10^-n, or 2^-n with the top bit set), in nanoseconds.
+fn stamp_ns(raw: u128, resol: u8) -> u64 {
+    let ns = if resol & 0x80 != 0 {
+        let shift = u32::from(resol & 0x7f);
+        if shift >= 64 { 0 } else { raw.saturating_mul(1_000_000_000) >> shift }
+    } else {
+        let n = u32::from(resol);
+        if n <= 9 { raw.saturating_mul(10u128.pow(9 - n)) } else { raw / 10u128.pow((n - 9).min(38)) }
+    };
+    u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
 /// Read until `buf` is full or the stream ends; how much was read.

@@ -48,6 +48,10 @@ const TESTS: &[&str] = &[
     // service when installed; the tests start their own).
     "exabgp",
     "bird2",
+    // The capture tests read the pcaps of `limiter capture` and of each
+    // attack with Debian's own readers.
+    "tshark",
+    "tcpdump",
 ];
 /// Only `bench` needs these: the netfilter peers of the system flood,
 /// nginx's stream module for the forwarder's peers, perf for the system

@@ -27,6 +27,7 @@ use crate::{digest::Digest, guest};
 pub const PLAN: &[(&str, &[&str])] = &[
     ("kernel::verifier", &[]),
     ("kernel::fixtures", &[]),
+    ("kernel::capture", &[]),
     ("kernel::admission", &[]),
     ("daemon::netns_flood", &["flood_is_held_to_its_allowance_and_conforming_prefix_loses_nothing"]),
     ("daemon::syn_flood", &["--ignored", "twenty_new_clients_connect_on_their_first_syn_during_a_spoofed_syn_flood"]),
@@ -46,7 +47,8 @@ pub const PLAN: &[(&str, &[&str])] = &[
 /// What runs in the guests of the newer releases (Debian 13's 6.12):
 /// what depends on what the kernel offers beyond the oldest, and on the
 /// host's 6.18 too: the verifier's verdict on every entry point, the
-/// socket lookups of own answers, the SYN cookie helpers, XDP on a veth,
+/// socket lookups of own answers, the SYN cookie helpers, the frame
+/// copy of a capture (`bpf_xdp_load_bytes`), XDP on a veth,
 /// and libxdp's dispatcher (which 6.12 refuses a component of). The rest
 /// of [`PLAN`] (the program's arithmetic through BPF_PROG_TEST_RUN, the
 /// daemon's own logic) runs the same bytecode on the same map types,
@@ -55,6 +57,7 @@ pub const PLAN: &[(&str, &[&str])] = &[
 /// floods: 4.25x an allowance where 5x is asked).
 pub const NEWER: &[&str] = &[
     "kernel::verifier",
+    "kernel::capture",
     "kernel::answers",
     "daemon::netns_flood",
     "daemon::syn_flood",

@@ -37,6 +37,8 @@ pub(crate) struct AttacksFeature {
     hooks: Hooks,
     /// Attacks begun since the daemon started.
     begun: u64,
+    /// The pcap of the attack being built.
+    pcap: super::pcap::Recorder,
 }
 
 impl AttacksFeature {
@@ -68,6 +70,7 @@ impl AttacksFeature {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map_or_else(|_| "localhost".into(), |h| h.trim().to_owned());
         let writer = file.clone().map(|f| crate::records::Writer::start("attacks", f, MAX_FILE));
+        let pcap = super::pcap::Recorder::new(file.as_deref());
         Self {
             detector: Detector::new(crate::policy::attacks::Attacks::default(), next),
             last: None,
@@ -78,6 +81,7 @@ impl AttacksFeature {
             kept,
             hooks: Hooks::default(),
             begun: 0,
+            pcap,
         }
     }
 
@@ -96,7 +100,12 @@ impl AttacksFeature {
         }
     }
 
-    fn event(&mut self, e: Event) {
+    fn event(&mut self, mut e: Event) {
+        match &mut e {
+            Event::Started(a) => a.pcap = self.pcap.started(a.id, &self.class_names),
+            Event::Grew(a) => a.pcap = self.pcap.pcap(),
+            Event::Ended(a) => a.pcap = self.pcap.end(),
+        }
         let (word, a) = match &e {
             Event::Started(a) => ("started", a),
             Event::Grew(a) => ("updated", a),
@@ -148,13 +157,29 @@ impl Feature for AttacksFeature {
         let last = self.last.replace(*s.totals);
         let Some(last) = last else { return };
         let delta = s.totals.since(&last);
-        if let Some(e) = self.detector.second(crate::clock::unix_now(), &delta, &self.class_names) {
+        let e = self.detector.second(crate::clock::unix_now(), &delta, &self.class_names);
+        if e.is_none() || self.detector.building().is_some() {
+            match self.detector.building() {
+                Some(_) => self.pcap.begin(),
+                None => self.pcap.abandon(),
+            }
+        }
+        if let Some(e) = e {
             self.event(e);
         }
+        self.pcap.second(super::refused(&delta).packets);
+    }
+
+    fn frames(&mut self, frames: &[crate::capture::Frame], class_names: &[String]) {
+        self.pcap.frames(frames, class_names);
+    }
+
+    fn wants_frames(&self) -> Option<crate::capture::Want> {
+        self.pcap.want()
     }
 
     fn sampled(&mut self, s: &Sample) {
-        self.detector.sampled(&s.key, s.reason);
+        self.detector.sampled(&s.key, s.reason, s.port);
     }
 
     fn applied(&mut self, a: &mut Applied<'_>) {
@@ -176,7 +201,10 @@ impl Feature for AttacksFeature {
 
     fn answer(&mut self, req: &Request) -> Option<Response> {
         let Request::Attacks { id, limit } = req else { return None };
-        let active = self.detector.active(&self.class_names);
+        let active = self.detector.active(&self.class_names).map(|mut a| {
+            a.pcap = self.pcap.pcap();
+            a
+        });
         let all = self.kept.iter().filter(|k| active.as_ref().is_none_or(|a| a.id != k.id)).chain(active.as_ref());
         let mut attacks: Vec<Attack> = match id {
             Some(id) => all.filter(|a| a.id == *id).cloned().collect(),

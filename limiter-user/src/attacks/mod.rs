@@ -11,6 +11,7 @@
 //! (`webhook.rs`) and answers `limiter attacks`.
 
 pub mod feature;
+pub mod pcap;
 pub mod webhook;
 
 use std::collections::HashMap;
@@ -55,6 +56,8 @@ struct Building {
     reasons: [u64; REASON_COUNT],
     classes: HashMap<u8, u64>,
     sources: HashMap<BucketKey, u64>,
+    /// Sampled drops by IP protocol and destination port.
+    ports: HashMap<(u8, u16), u64>,
 }
 
 /// The detector: one attack at a time.
@@ -68,7 +71,7 @@ pub struct Detector {
 
 /// Packets and bytes refused in `t`: dropped (SYN cookies answered
 /// included) and would-be dropped in shadow.
-fn refused(t: &Totals) -> Amount {
+pub(crate) fn refused(t: &Totals) -> Amount {
     let (d, s) = (t.dropped(), t.of(limiter_common::Action::ShadowDrop));
     Amount { packets: d.packets + s.packets, bytes: d.bytes + s.bytes }
 }
@@ -102,6 +105,13 @@ impl Detector {
         self.building.as_ref().is_some_and(|b| !b.pending)
     }
 
+    /// Whether an attack is being built: `Some(true)` while it is still
+    /// pending (above a threshold for less than `sustain`).
+    #[must_use]
+    pub fn building(&self) -> Option<bool> {
+        self.building.as_ref().map(|b| b.pending)
+    }
+
     /// The attack going on (not one still pending), as its record so far.
     #[must_use]
     pub fn active(&self, class_names: &[String]) -> Option<Attack> {
@@ -131,10 +141,12 @@ impl Detector {
                     reasons: Vec::new(),
                     classes: Vec::new(),
                     sources: Vec::new(),
+                    ports: Vec::new(),
                     samples: 0,
                     actions: Vec::new(),
                     actions_left_out: 0,
                     interrupted: false,
+                    pcap: None,
                 },
                 pending: true,
                 last_above: at,
@@ -142,6 +154,7 @@ impl Detector {
                 reasons: [0; REASON_COUNT],
                 classes: HashMap::new(),
                 sources: HashMap::new(),
+                ports: HashMap::new(),
             });
         }
         let building = self.building.as_mut()?;
@@ -192,7 +205,7 @@ impl Detector {
     }
 
     /// A drop the program sampled (or would drop, in shadow).
-    pub fn sampled(&mut self, key: &BucketKey, reason: u32) {
+    pub fn sampled(&mut self, key: &BucketKey, reason: u32, port: Option<(u8, u16)>) {
         let Some(b) = &mut self.building else { return };
         if reason == Reason::SynCookieVerified as u32 {
             return;
@@ -203,6 +216,11 @@ impl Detector {
         let prefix = BucketKey { class: 0, ..*key };
         if b.sources.len() < MAX_TRACKED || b.sources.contains_key(&prefix) {
             *b.sources.entry(prefix).or_default() += 1;
+        }
+        if let Some(port) = port
+            && (b.ports.len() < MAX_TRACKED || b.ports.contains_key(&port))
+        {
+            *b.ports.entry(port).or_default() += 1;
         }
     }
 
@@ -252,7 +270,27 @@ fn snapshot(b: &Building, class_names: &[String]) -> Attack {
             share: share(*n, a.samples),
         })
         .collect();
+    let mut ports: Vec<(&(u8, u16), &u64)> = b.ports.iter().collect();
+    ports.sort_by(|x, y| y.1.cmp(x.1).then_with(|| x.0.cmp(y.0)));
+    a.ports = ports
+        .into_iter()
+        .take(TOP_SOURCES)
+        .map(|((proto, port), n)| Share {
+            name: port_name(*proto, *port),
+            packets: n * SAMPLE,
+            share: share(*n, a.samples),
+        })
+        .collect();
     a
+}
+
+/// `tcp/443`, `udp/53`, or `proto 132/36412`.
+fn port_name(proto: u8, port: u16) -> String {
+    match proto {
+        6 => format!("tcp/{port}"),
+        17 => format!("udp/{port}"),
+        p => format!("proto {p}/{port}"),
+    }
 }
 
 #[cfg(test)]

@@ -92,17 +92,17 @@ fn bits_alone_can_start_one() {
 }
 
 #[test]
-fn sources_and_classes_are_ranked_by_their_samples_and_actions_are_bounded() {
+fn sources_classes_and_ports_are_ranked_by_their_samples_and_actions_are_bounded() {
     let mut d = Detector::new(settings(), 1);
     d.second(0, &second(2_000), &names());
     for _ in 0..30 {
-        d.sampled(&key(1, 0), Reason::RateLimited as u32);
+        d.sampled(&key(1, 0), Reason::RateLimited as u32, Some((17, 7001)));
     }
     for _ in 0..5 {
-        d.sampled(&key(2, 1), Reason::RateLimited as u32);
-        d.sampled(&key(2, 0), Reason::Denied as u32);
+        d.sampled(&key(2, 1), Reason::RateLimited as u32, Some((6, 443)));
+        d.sampled(&key(2, 0), Reason::Denied as u32, None);
     }
-    d.sampled(&key(3, 1), Reason::SynCookieVerified as u32);
+    d.sampled(&key(3, 1), Reason::SynCookieVerified as u32, Some((6, 443)));
     for i in 0..(MAX_ACTIONS + 5) {
         d.action(AttackAction { at: 1, by: "escalation".into(), what: format!("deny {i}"), ok: true });
     }
@@ -116,4 +116,38 @@ fn sources_and_classes_are_ranked_by_their_samples_and_actions_are_bounded() {
     assert_eq!((a.classes[0].name.as_str(), a.classes[1].name.as_str()), ("default", "web"));
     assert_eq!(a.classes[1].packets, 5 * SAMPLE);
     assert_eq!((a.actions.len(), a.actions_left_out), (MAX_ACTIONS, 5));
+    let ports: Vec<(&str, u64)> = a.ports.iter().map(|p| (p.name.as_str(), p.packets)).collect();
+    assert_eq!(ports, [("udp/7001", 30 * SAMPLE), ("tcp/443", 5 * SAMPLE)], "a drop without a port counts in none");
+    assert!((a.ports[0].share - 0.75).abs() < 1e-9);
+}
+
+#[test]
+fn an_attacks_pcap_keeps_its_first_frames_then_a_sample_and_forgets_a_rise_that_did_not_last() {
+    use super::pcap::{FIRST, PER_SECOND, Recorder};
+    use crate::capture::{Frame, Want};
+    let dir = std::env::temp_dir().join(format!("limiter-pcap-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("attacks.jsonl");
+    let names = vec!["default".to_owned()];
+    let f = Frame { t_ns: 1, len: 60, data: vec![0; 60], reason: Reason::RateLimited, class: 0 };
+    let mut r = Recorder::new(Some(&file));
+    r.begin();
+    assert_eq!(r.want(), Some(Want::Every));
+    r.frames(&vec![f.clone(); 10], &names);
+    r.abandon();
+    assert!(!r.recording() && r.want().is_none(), "a rise that did not last is forgotten");
+    r.begin();
+    r.frames(&vec![f.clone(); usize::try_from(FIRST).unwrap() + 50], &names);
+    assert_eq!(r.want(), None, "held frames stop at FIRST until it is an attack");
+    let pcap = r.started(7, &names).unwrap();
+    assert_eq!(pcap.frames, FIRST);
+    assert!(pcap.path.ends_with("attacks.jsonl.pcap/7.pcapng"), "{}", pcap.path);
+    r.second(PER_SECOND * 1_000);
+    assert_eq!(r.want(), Some(Want::OneIn(1_024)));
+    r.frames(&[f.clone(), Frame { reason: Reason::Admitted, ..f.clone() }], &names);
+    let end = r.end().unwrap();
+    assert_eq!(end.frames, FIRST + 1, "a passed frame is not an attack's");
+    assert_eq!(std::fs::metadata(&end.path).unwrap().len(), end.bytes);
+    assert!(r.want().is_none());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -99,6 +99,11 @@ fn whole(a: &Attack, now: u64) -> String {
     shares(&mut o, "reasons", &a.reasons);
     shares(&mut o, &format!("classes (from {} sampled drops)", a.samples), &a.classes);
     shares(&mut o, "sources (from the sampled drops)", &a.sources);
+    shares(&mut o, "ports (from the sampled drops)", &a.ports);
+    if let Some(p) = &a.pcap {
+        let full = if p.full { " (full: later frames not kept)" } else { "" };
+        let _ = writeln!(o, "pcap      {} ({} frames, {}){full}", p.path, p.frames, size(p.bytes));
+    }
     if a.actions.is_empty() {
         let _ = writeln!(o, "actions   none: no change of the policy state while it went on");
     } else {

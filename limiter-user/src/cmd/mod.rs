@@ -2,6 +2,7 @@
 //! function. Human tables by default, one JSON document with `--json`.
 
 mod attacks;
+mod capture;
 mod explain;
 mod fleet;
 mod generate;
@@ -51,6 +52,10 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
         Command::Explain { addr, protocol, port, syn } => explain::explain(client, *addr, *protocol, *port, *syn, json),
         Command::History { since, count } => history::history(client, *since, *count, json),
         Command::Attacks { show, count } => attacks::attacks(client, show.as_ref(), *count, json),
+        Command::Capture { write, reason, prefix, class, count } => {
+            let filter = crate::capture::Filter { reason: reason.clone(), prefix: *prefix, class: class.clone() };
+            capture::capture(&client, filter, write.as_deref(), *count)
+        }
         Command::Replay { pcap, policy } => replay::replay(pcap, policy.as_deref(), json),
         Command::Completions { shell } => {
             generate::completions(*shell);

@@ -89,6 +89,9 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
             let _ = writeln!(out, "{}{part}", if i == 0 { "attacks         " } else { "                " });
         }
     }
+    if let Some(c) = &s.capture {
+        let _ = writeln!(out, "capture         {}", crate::escape_control(c));
+    }
     if let Some(u) = &s.upstream {
         let _ = writeln!(out, "upstream        {}", crate::escape_control(u));
     }

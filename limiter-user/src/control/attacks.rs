@@ -70,6 +70,11 @@ pub struct Attack {
     /// The source prefixes refused most (up to 10), from the sampled
     /// drops, with their share of all the sampled drops.
     pub sources: Vec<Share>,
+    /// The destination ports refused most (up to 10: `udp/7001`), from
+    /// the sampled drops of TCP and UDP, with their share of all the
+    /// sampled drops.
+    #[serde(default)]
+    pub ports: Vec<Share>,
     /// Sampled drops it was told of (the sources' and classes' base).
     pub samples: u64,
     /// What the guard did meanwhile (up to 100; `actions_left_out` more).
@@ -80,6 +85,19 @@ pub struct Attack {
     /// recorded.
     #[serde(default)]
     pub interrupted: bool,
+    /// Its frames, as pcapng (none: no attacks file to keep them beside).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcap: Option<Pcap>,
+}
+
+/// An attack's pcapng: the first frames it dropped, then a random sample.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pcap {
+    pub path: String,
+    pub frames: u64,
+    pub bytes: u64,
+    /// It reached its bound in bytes: later frames were not kept.
+    pub full: bool,
 }
 
 /// The attacks `limiter attacks` asks for, newest last.

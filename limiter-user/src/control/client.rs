@@ -92,6 +92,11 @@ impl<'a> Client<'a> {
         self.ask("history", &req, |r| if let Response::History(h) = r { Some(h) } else { None })
     }
 
+    /// `limiter capture`: open, read or close a tap.
+    pub fn capture(&self, req: &Request) -> Result<super::Captured, ClientError> {
+        self.ask("capture", req, |r| if let Response::Captured(c) = r { Some(c) } else { None })
+    }
+
     /// `limiter attacks`: the last `limit` attacks, or the one `id`.
     pub fn attacks(&self, id: Option<u64>, limit: usize) -> Result<super::Attacks, ClientError> {
         let req = Request::Attacks { id, limit };

@@ -4,6 +4,7 @@
 //! configured group.
 
 mod attacks;
+mod capture;
 pub mod client;
 mod explain;
 mod forward;
@@ -15,7 +16,8 @@ pub mod server;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-pub use self::attacks::{Action as AttackAction, Amount, Attack, Attacks, Share};
+pub use self::attacks::{Action as AttackAction, Amount, Attack, Attacks, Pcap, Share};
+pub use self::capture::{Captured, WireFrame};
 pub use self::explain::{Explain, Layer};
 pub use self::forward::{AdaptiveInfo, ForwardInfo};
 pub use self::groups::{GroupRate, GroupShow};
@@ -56,6 +58,19 @@ pub enum Request {
         #[serde(default)]
         since: Option<u64>,
         limit: usize,
+    },
+    /// Open a capture tap (`limiter capture`): answered with its first
+    /// (empty) batch, which names it.
+    CaptureOpen {
+        filter: crate::capture::Filter,
+    },
+    /// The frames tap `id` took since the last read.
+    CaptureRead {
+        id: u64,
+    },
+    /// Close tap `id`.
+    CaptureClose {
+        id: u64,
     },
     /// The attacks kept (the last `limit`), or the one `id`.
     Attacks {
@@ -190,6 +205,8 @@ pub enum Response {
     Explain(Box<Explain>),
     History(History),
     Attacks(Attacks),
+    /// A capture tap's frames.
+    Captured(Captured),
     /// A forwarder's adaptive throttling after a `Load`.
     Adaptive(AdaptiveInfo),
     /// The rules announced upstream.
@@ -301,6 +318,7 @@ impl Response {
             Response::Explain(_) => "explain",
             Response::History(_) => "history",
             Response::Attacks(_) => "attacks",
+            Response::Captured(_) => "captured",
             Response::Adaptive(_) => "adaptive",
             Response::Upstream(_) => "upstream",
             Response::Error { .. } => "error",
@@ -387,6 +405,9 @@ pub struct StatusInfo {
     /// The attack going on, if one does, and each webhook's deliveries.
     #[serde(default)]
     pub attacks: Option<String>,
+    /// Whether the program copies dropped frames, and for whom.
+    #[serde(default)]
+    pub capture: Option<String>,
 }
 
 /// Another program under the same libxdp dispatcher: its name, program

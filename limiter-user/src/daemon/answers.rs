@@ -28,6 +28,8 @@ pub(super) struct Answers<'a> {
     pub(super) features: &'a Features,
     pub(super) reloads: &'a Reloads,
     pub(super) observer: &'a Observer,
+    /// What capture copies now, said (`Capturing::describe`).
+    pub(super) capture: &'a str,
 }
 
 impl Answers<'_> {
@@ -80,6 +82,9 @@ impl Answers<'_> {
             | Request::PrefixUnsetAll { .. }
             | Request::PrefixLoad { .. }
             | Request::Penalty { .. } => unreachable!("changes are taken before"),
+            Request::CaptureOpen { .. } | Request::CaptureRead { .. } | Request::CaptureClose { .. } => {
+                unreachable!("captures are answered before")
+            }
             Request::Load { .. }
             | Request::History { .. }
             | Request::Attacks { .. }
@@ -206,6 +211,7 @@ impl Answers<'_> {
             crowdsec: None,
             upstream: None,
             attacks: None,
+            capture: Some(self.capture.to_owned()),
         };
         self.features.status(&mut status);
         Ok(Response::Status(status))

@@ -96,6 +96,15 @@ impl Features {
         self.0.iter_mut().for_each(|f| f.sampled(sample));
     }
 
+    pub(super) fn frames(&mut self, frames: &[crate::capture::Frame], class_names: &[String]) {
+        self.0.iter_mut().for_each(|f| f.frames(frames, class_names));
+    }
+
+    /// What every feature wants copied.
+    pub(super) fn wants_frames(&self) -> Vec<crate::capture::Want> {
+        self.0.iter().filter_map(|f| f.wants_frames()).collect()
+    }
+
     /// Whether every feature can carry out its part of the operator's
     /// `change` (see [`Feature::admits`]).
     pub(super) fn admits(&self, change: &Change) -> Result<(), (ErrorCode, String)> {

@@ -4,6 +4,7 @@
 //! shutdown future resolves.
 
 mod answers;
+mod capture;
 mod explain;
 mod features;
 mod link;
@@ -73,6 +74,8 @@ pub struct Daemon {
     socket: Bound,
     reloads: Reloads,
     observer: Observer,
+    /// Frames the program copies, for `limiter capture` and the attacks.
+    capture: capture::Capturing,
     inputs: Inputs,
 }
 
@@ -111,6 +114,7 @@ impl Daemon {
                 Err(e) => return Err(e.into()),
             };
         let observer = Observer::new(dp.buckets_map_id(), dp.take_drop_events(), dp.take_logger());
+        let capture = capture::Capturing::new(dp.take_capture());
         let (calls_tx, calls) = mpsc::channel(16);
         let (queries_tx, queries) = mpsc::channel(16);
         let (scrape_tx, scrapes) = mpsc::channel(4);
@@ -143,6 +147,7 @@ impl Daemon {
             socket,
             reloads: Reloads::new(),
             observer,
+            capture,
             inputs: Inputs { queries, scrapes, decided },
         };
         d.announce(&summary, adopted.as_deref(), replaced);
@@ -275,6 +280,10 @@ impl Daemon {
     /// A query: answered now, by a feature or from the loop's parts, or
     /// queued while it needs the policy state a change has away.
     fn handle(&mut self, req: Request, reply: Reply) {
+        if let Some(answer) = self.capture.answer(&req, &self.view.class_names) {
+            let _ = reply.send(answer);
+            return;
+        }
         if let Some(answer) = self.features.answer(&req, &reply.by) {
             let _ = reply.send(answer);
             return;
@@ -293,6 +302,7 @@ impl Daemon {
     fn drain(&mut self) {
         let features = &mut self.features;
         self.observer.drain_drop_events(|s| features.sampled(s));
+        self.capture.drain(features, &self.view.class_names);
     }
 
     /// The loop's parts, borrowed for a read-only answer.
@@ -306,6 +316,7 @@ impl Daemon {
             features: &self.features,
             reloads: &self.reloads,
             observer: &self.observer,
+            capture: self.capture.described(),
         }
     }
 

@@ -105,7 +105,7 @@ impl Observer {
             } else if ev.reason != Reason::SynCookieVerified as u32 {
                 self.top.record(now, ev.key);
             }
-            each(&Sample { key: ev.key, src, held: ev.held == 1, reason: ev.reason, at: now });
+            each(&Sample { key: ev.key, src, held: ev.held == 1, reason: ev.reason, at: now, port: ev.port() });
         }
     }
 

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, RingBuf},
+    maps::{Array, MapData, RingBuf},
     programs::{ProgramError, TestRun as _, TestRunOptions, Xdp, xdp::XdpLinkId},
 };
 /// XDP actions (`XDP_PASS`, `XDP_DROP`, ...) as the kernel defines them.
@@ -50,11 +50,20 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 pub static OBJECT_WITHOUT_SYN_COOKIES: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-without-syn-cookies.bpf.o"));
 
+/// The frames the program copies (`CAPTURES`) and the switch that has
+/// it copy them (`CAPTURE`).
+pub struct Capture {
+    pub frames: RingBuf<MapData>,
+    pub ctl: Array<MapData, limiter_common::capture::CaptureCtl>,
+}
+
 /// A loaded XDP object and its maps.
 pub struct DataPlane {
     ebpf: Ebpf,
     pub maps: Maps,
     drop_events: Option<RingBuf<MapData>>,
+    /// The captured frames' ring and its switch.
+    capture: Option<Capture>,
     /// The pin directory's lock, held while this data plane lives (never
     /// read: the lock lives as long as the file).
     pin_lock: Option<std::fs::File>,
@@ -123,10 +132,14 @@ impl DataPlane {
         let mut ebpf = loader.load(object).map_err(LoadError::Object)?;
         let maps = Maps::take(&mut ebpf)?;
         let drop_events = ebpf.take_map(names::DROP_EVENTS).and_then(|m| RingBuf::try_from(m).ok());
+        let frames = ebpf.take_map(names::CAPTURES).and_then(|m| RingBuf::try_from(m).ok());
+        let ctl = ebpf.take_map(names::CAPTURE).and_then(|m| Array::try_from(m).ok());
+        let capture = frames.zip(ctl).map(|(frames, ctl)| Capture { frames, ctl });
         Ok(Self {
             ebpf,
             maps,
             drop_events,
+            capture,
             pin_lock: None,
             renewing: Vec::new(),
             carried_version: 0,
@@ -226,6 +239,11 @@ impl DataPlane {
     /// up). `None` if it cannot start.
     pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
         aya_log::EbpfLogger::init(&mut self.ebpf).ok()
+    }
+
+    /// The captured frames' ring and its switch, taken out (once).
+    pub fn take_capture(&mut self) -> Option<Capture> {
+        self.capture.take()
     }
 
     /// The sampled-drop ring buffer, taken out (once).

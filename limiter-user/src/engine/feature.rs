@@ -79,6 +79,8 @@ pub(crate) struct Sample {
     pub(crate) reason: u32,
     /// When it was drained (Unix seconds).
     pub(crate) at: u64,
+    /// Its IP protocol and destination port, when the program read one.
+    pub(crate) port: Option<(u8, u16)>,
 }
 
 /// A change that finished, as every feature is told of it.
@@ -173,6 +175,15 @@ pub(crate) trait Feature: Send {
 
     /// A sampled drop, as the loop drains them (every 200 ms).
     fn sampled(&mut self, _sample: &Sample) {}
+
+    /// Frames the data plane copied, as the loop drains them (every
+    /// 200 ms), with the policy's class names by index.
+    fn frames(&mut self, _frames: &[crate::capture::Frame], _class_names: &[String]) {}
+
+    /// Which frames it wants the data plane to copy now (`None`: none).
+    fn wants_frames(&self) -> Option<crate::capture::Want> {
+        None
+    }
 
     /// Whether it can carry out its part of a change the operator asks
     /// for (`Err`: why not, the answer refusing the whole change before

@@ -77,3 +77,39 @@ fn an_empty_or_short_capture_says_what_it_is() {
     let e = Pcap::new(&head[..10], "cut.pcap".into()).err().unwrap();
     assert!(e.to_string().contains("10 bytes, shorter than a pcap header"), "{e}");
 }
+
+#[test]
+fn pcapng_stamps_are_read_in_their_interface_resolution() {
+    assert_eq!(stamp_ns(1_500_000, 6), 1_500_000_000, "microseconds, pcapng's default");
+    assert_eq!(stamp_ns(1_500_000_123, 9), 1_500_000_123);
+    assert_eq!(stamp_ns(3, 0), 3_000_000_000);
+    assert_eq!(stamp_ns(1 << 10, 0x80 | 0x0a), 1_000_000_000, "2^-10 s units");
+    assert_eq!(stamp_ns(12_000, 12), 12);
+}
+
+#[test]
+fn pcapng_of_a_capture_is_read_back_with_stamps_in_nanoseconds() {
+    use crate::capture::{Frame as Copied, pcapng};
+    use limiter_common::Reason;
+    let names = vec!["default".to_owned(), "web".to_owned()];
+    let frame = |src: [u8; 4], reason| {
+        let mut data = vec![0u8; 42];
+        data[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        data[14] = 0x45;
+        data[26..30].copy_from_slice(&src);
+        Copied { t_ns: 1_700_000_000_123_456_789, len: 42, data, reason, class: 1 }
+    };
+    let mut writer = pcapng::Writer::new(Vec::new()).unwrap();
+    let frames = [frame([198, 18, 41, 7], Reason::RateLimited), frame([198, 18, 44, 1], Reason::Denied)];
+    for f in &frames {
+        writer.write(f, &names).unwrap();
+    }
+    assert_eq!(pcapng::comment(&frames[1], &names), "verdict=drop reason=denied class=web");
+    let bytes = writer.into_inner();
+    let mut pcap = Pcap::new(bytes.as_slice(), "t".into()).unwrap();
+    for want in &frames {
+        let got = pcap.next_frame().unwrap().unwrap();
+        assert_eq!((got.t_ns, got.data.as_slice()), (want.t_ns, &want.data[..]));
+    }
+    assert!(pcap.next_frame().unwrap().is_none());
+}

@@ -1,5 +1,6 @@
 //! Attacks as records through the daemon: a flood of three prefixes at
-//! two ports (two classes) starts an attack within `sustain` + 2 s, told
+//! two ports (two classes; the record names both ports) starts an attack
+//! within `sustain` + 2 s, told
 //! to a webhook (a receiver written here) with the three prefixes as the
 //! top sources at their shares; an operator's deny during it is in its
 //! record; it ends after `quiet`; the record is in `limiter attacks`, in
@@ -214,6 +215,10 @@ fn a_flood_is_an_attack_with_a_record_told_to_webhooks() {
     assert!(a["ended"].as_u64().is_some() && a["duration_secs"].as_u64().unwrap() >= 5, "{ended}");
     let web = share_of(&a["classes"], "web");
     assert!((0.6..=1.0).contains(&web) && share_of(&a["classes"], "dns") > 0.1, "web {web}: {ended}");
+    // The ports, read from the sampled drops: as the classes, web's 7001
+    // about 4/5.
+    let (p7001, p7002) = (share_of(&a["ports"], "udp/7001"), share_of(&a["ports"], "udp/7002"));
+    assert!((0.6..=1.0).contains(&p7001) && p7002 > 0.1 && p7001 + p7002 > 0.99, "ports {}", a["ports"]);
     let reasons: Vec<&str> = a["reasons"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert!(reasons.contains(&"rate_limited") && reasons.contains(&"denied"), "{reasons:?}");
     let deny = a["actions"].as_array().unwrap().iter().find(|x| {

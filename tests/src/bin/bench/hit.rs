@@ -117,13 +117,14 @@ pub fn hit_path() {
     sample_draw(&frame);
 }
 
-/// What the drop sample's draw costs each drop, on one program whose
-/// config is switched between rounds (so the same code and maps are
-/// measured): no drop sampled, the draw made for each drop but (one in
-/// 2^31) all but never sampling, and one drop in 64 sampled (the draw,
-/// the event, the socket lookup of a sampled rate-limited drop). The
-/// kernel's mean is whole nanoseconds: the calls' wall time is the
-/// figure, to a fraction of one.
+/// What the drop sample's draw and a capture cost each drop, on one
+/// program whose config and `CAPTURE` are switched between rounds (so the
+/// same code and maps are measured): no drop sampled, the draw made for
+/// each drop but (one in 2^31) all but never sampling, one drop in 64
+/// sampled (the draw, the event, the socket lookup of a sampled
+/// rate-limited drop); then with a capture on, every drop copied, and one
+/// in 64. The kernel's mean is whole nanoseconds: the calls' wall time is
+/// the figure, to a fraction of one.
 fn sample_draw(frame: &[u8]) {
     let sampled = kernel::config(1, 1, false, 24, 56).config;
     let mut l = kernel::open_bench(&kernel::config(1, 1, false, 24, 56), 1024);
@@ -137,10 +138,7 @@ fn sample_draw(frame: &[u8]) {
     for _ in 0..ROUNDS {
         for (cfg, row) in configs.iter().zip(&mut rows) {
             l.apply_config(cfg).expect("write CONFIG");
-            let start = std::time::Instant::now();
-            let (action, _) = l.test_run(programs::LIMITER, frame, REPEAT).expect("BPF_PROG_TEST_RUN");
-            assert_eq!(action, kernel::XDP_DROP);
-            row.push(start.elapsed().as_secs_f64() * 1e9 / f64::from(REPEAT));
+            row.push(wall_ns(&mut l, frame, REPEAT));
         }
     }
     let [none, drawn, one_in_64] = rows.map(|mut v| {
@@ -156,6 +154,48 @@ fn sample_draw(frame: &[u8]) {
         drawn / none,
         one_in_64 / none
     );
+    capture_cost(&mut l, frame);
+}
+
+/// Runs of one call while a capture copies every drop: the ring holds
+/// about 14,000 copies, and is read empty after each call (untimed), so
+/// no copy fails for want of room.
+const CAPTURE_REPEAT: u32 = 10_000;
+
+/// What a running capture costs each drop (one in 64 sampled as by
+/// default): `CAPTURE` off, every drop copied, one drop in 64 copied,
+/// by the kernel's mean per run (whole ns: a call of this few runs is
+/// mostly the test run's own setup by its wall time).
+fn capture_cost(l: &mut limiter::dataplane::DataPlane, frame: &[u8]) {
+    let mut capture = l.take_capture().expect("the capture ring");
+    let mut rows: [Vec<f64>; 3] = Default::default();
+    for _ in 0..ROUNDS * 10 {
+        for (one_in, row) in [0, 1, 64].into_iter().zip(&mut rows) {
+            let ctl = limiter_common::capture::CaptureCtl { one_in, ..Default::default() };
+            capture.ctl.set(0, ctl, 0).expect("write CAPTURE");
+            let (action, d) = l.test_run(programs::LIMITER, frame, CAPTURE_REPEAT).expect("BPF_PROG_TEST_RUN");
+            assert_eq!(action, kernel::XDP_DROP);
+            row.push(d.as_secs_f64() * 1e9);
+            while capture.frames.next().is_some() {}
+        }
+    }
+    let [off, every, one_in_64] = rows.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[0]
+    });
+    println!(
+        "capture, {CAPTURE_REPEAT} runs a call, kernel's mean: off {off:.0} ns, every drop copied {every:.0} ns ({:.2}x), one drop in 64 copied {one_in_64:.0} ns ({:.2}x)",
+        every / off,
+        one_in_64 / off
+    );
+}
+
+/// Wall time of one call of `runs` dropped runs, per run.
+fn wall_ns(l: &mut limiter::dataplane::DataPlane, frame: &[u8], runs: u32) -> f64 {
+    let start = std::time::Instant::now();
+    let (action, _) = l.test_run(programs::LIMITER, frame, runs).expect("BPF_PROG_TEST_RUN");
+    assert_eq!(action, kernel::XDP_DROP);
+    start.elapsed().as_secs_f64() * 1e9 / f64::from(runs)
 }
 
 /// One BPF_PROG_TEST_RUN call of xdp-filter; ns per run.

@@ -1,0 +1,180 @@
+//! Frames the data plane copied at the driver (`CAPTURES`), as the
+//! daemon hands them on: to `limiter capture`'s taps ([`taps`]) and to
+//! each attack's pcap, written as pcapng ([`pcapng`]) with every frame's
+//! verdict, reason and class in its comment. The data plane copies only
+//! while `CAPTURE` says so ([`Want`]); the daemon turns it on while a tap
+//! is open or an attack wants frames, and off when neither does.
+
+pub mod pcapng;
+pub mod taps;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ipnet::IpNet;
+use limiter_common::{
+    Reason,
+    capture::{CaptureCtl, CaptureHead, SNAP},
+    family,
+    packet::{self, Source},
+};
+
+/// One frame the data plane copied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// When it was copied, in nanoseconds since the Unix epoch.
+    pub t_ns: u64,
+    /// Its length on the wire.
+    pub len: u32,
+    /// Its first bytes (up to [`SNAP`]).
+    pub data: Vec<u8>,
+    pub reason: Reason,
+    pub class: u8,
+}
+
+impl Frame {
+    /// A record of `CAPTURES`, its monotonic stamp moved to the wall
+    /// clock by `offset_ns` (wall minus monotonic); `None` if it is cut
+    /// short or says what cannot be.
+    #[must_use]
+    pub fn decode(record: &[u8], offset_ns: i128) -> Option<Frame> {
+        let head_len = size_of::<CaptureHead>();
+        let head = record.get(..head_len)?;
+        let word = |i: usize| u32::from_ne_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+        let t = u64::from_ne_bytes(head[..8].try_into().ok()?);
+        let (len, caplen, reason, class) = (word(8), word(12), word(16), word(20));
+        let caplen = usize::try_from(caplen).ok().filter(|c| (1..=SNAP).contains(c))?;
+        let data = record.get(head_len..head_len + caplen)?.to_vec();
+        let t_ns = u64::try_from((i128::from(t) + offset_ns).max(0)).unwrap_or(u64::MAX);
+        Some(Frame {
+            t_ns,
+            len: len.max(u32::try_from(caplen).unwrap_or(u32::MAX)),
+            data,
+            reason: Reason::from_index(reason)?,
+            class: u8::try_from(class).ok()?,
+        })
+    }
+
+    /// What the program read of its headers.
+    #[must_use]
+    pub fn source(&self) -> Option<Source> {
+        let mut fam = family::NONE;
+        packet::parse(self.data.as_slice(), &mut fam).ok()
+    }
+
+    /// Its source address.
+    #[must_use]
+    pub fn source_ip(&self) -> Option<std::net::IpAddr> {
+        let s = self.source()?;
+        Some(address(&s))
+    }
+}
+
+/// The source address of a parsed frame.
+#[must_use]
+pub fn address(s: &Source) -> std::net::IpAddr {
+    let bytes = |w: u32| w.to_ne_bytes();
+    if s.family == family::IPV6 {
+        let mut a = [0u8; 16];
+        for (i, w) in s.addr.iter().enumerate() {
+            a[i * 4..i * 4 + 4].copy_from_slice(&bytes(*w));
+        }
+        std::net::IpAddr::from(a)
+    } else {
+        std::net::IpAddr::from(bytes(s.addr[0]))
+    }
+}
+
+/// Wall clock minus the monotonic clock, in nanoseconds (what moves the
+/// data plane's stamps to UTC).
+#[must_use]
+pub fn clock_offset() -> i128 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    let mono = i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec);
+    let wall = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i128::try_from(d.as_nanos()).unwrap_or(0));
+    wall - mono
+}
+
+/// Which frames a tap or a pcap takes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Filter {
+    /// Only this reason (its label, `rate_limited`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Only sources inside this network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<IpNet>,
+    /// Only this class (its name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+}
+
+impl Filter {
+    /// Whether `f` passes it (`class_names` by class index).
+    #[must_use]
+    pub fn takes(&self, f: &Frame, class_names: &[String]) -> bool {
+        if self.reason.as_deref().is_some_and(|r| r != f.reason.label()) {
+            return false;
+        }
+        if let Some(c) = &self.class
+            && class_name(class_names, f.class) != c.as_str()
+        {
+            return false;
+        }
+        match &self.prefix {
+            Some(net) => f.source_ip().is_some_and(|ip| net.contains(&ip)),
+            None => true,
+        }
+    }
+
+    /// The filter's reason and class checked against what exists: the
+    /// message for a word that names none.
+    pub fn check(&self, class_names: &[String]) -> Result<(), String> {
+        if let Some(r) = &self.reason
+            && !(0..limiter_common::REASON_COUNT)
+                .filter_map(|i| Reason::from_index(u32::try_from(i).ok()?))
+                .any(|x| x.label() == r)
+        {
+            return Err(format!("no reason is named {r:?} (see `limiter stats` for their names)"));
+        }
+        if let Some(c) = &self.class
+            && !class_names.iter().any(|n| n == c)
+        {
+            return Err(format!("no class is named {c:?}; the policy's classes: {}", class_names.join(", ")));
+        }
+        Ok(())
+    }
+}
+
+/// A class's name (`default` for class 0 when the policy names none).
+#[must_use]
+pub fn class_name(class_names: &[String], class: u8) -> &str {
+    class_names.get(usize::from(class)).map_or("default", String::as_str)
+}
+
+/// What one wanter of frames asks of the data plane: every drop, or one
+/// in `n` (a power of two) at random.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    Every,
+    OneIn(u32),
+}
+
+/// `CAPTURE`'s entry for all that is wanted: off when nothing is, else
+/// the densest draw any wanter asks.
+#[must_use]
+pub fn ctl(wants: impl IntoIterator<Item = Want>) -> CaptureCtl {
+    let one_in = wants
+        .into_iter()
+        .map(|w| match w {
+            Want::Every => 1,
+            Want::OneIn(n) => n.clamp(1, 1 << 31).next_power_of_two(),
+        })
+        .min()
+        .unwrap_or(0);
+    CaptureCtl { one_in, ..CaptureCtl::default() }
+}
+
+#[cfg(test)]
+mod tests;
