@@ -52,6 +52,9 @@ const TESTS: &[&str] = &[
     // attack with Debian's own readers.
     "tshark",
     "tcpdump",
+    // The attacks test makes a CA and a certificate for its https
+    // receiver (nginx) with it.
+    "openssl",
 ];
 /// Only `bench` needs these: the netfilter peers of the system flood,
 /// nginx's stream module for the forwarder's peers, perf for the system

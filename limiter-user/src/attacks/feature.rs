@@ -39,6 +39,9 @@ pub(crate) struct AttacksFeature {
     begun: u64,
     /// The pcap of the attack being built.
     pcap: super::pcap::Recorder,
+    /// The country and AS of the sources named so far, where the group
+    /// files say them, for the attack being built.
+    origins: std::collections::HashMap<ipnet::IpNet, (Option<String>, Option<u32>)>,
 }
 
 impl AttacksFeature {
@@ -82,6 +85,7 @@ impl AttacksFeature {
             hooks: Hooks::default(),
             begun: 0,
             pcap,
+            origins: std::collections::HashMap::new(),
         }
     }
 
@@ -100,7 +104,19 @@ impl AttacksFeature {
         }
     }
 
+    /// `a`'s sources with their country and AS where known.
+    fn name_origins(&self, a: &mut Attack) {
+        for s in &mut a.sources {
+            if let Some((country, asn)) = s.name.parse().ok().and_then(|n: ipnet::IpNet| self.origins.get(&n)) {
+                (s.country, s.asn) = (country.clone(), *asn);
+            }
+        }
+    }
+
     fn event(&mut self, mut e: Event) {
+        match &mut e {
+            Event::Started(a) | Event::Grew(a) | Event::Ended(a) => self.name_origins(a),
+        }
         match &mut e {
             Event::Started(a) => a.pcap = self.pcap.started(a.id, &self.class_names),
             Event::Grew(a) => a.pcap = self.pcap.pcap(),
@@ -150,7 +166,8 @@ impl Feature for AttacksFeature {
     fn apply(&mut self, a: &InForce<'_>) {
         self.detector.set(a.policy.attacks.clone());
         self.class_names = a.class_names.to_vec();
-        self.hooks.follow(&a.policy.attacks.webhooks, a.policy.attacks.webhook_timeout);
+        let attacks = &a.policy.attacks;
+        self.hooks.follow(&attacks.webhooks, attacks.webhook_timeout, attacks.webhook_ca.as_deref());
     }
 
     fn tick(&mut self, s: &Second<'_>) {
@@ -167,6 +184,9 @@ impl Feature for AttacksFeature {
         if let Some(e) = e {
             self.event(e);
         }
+        if self.detector.building().is_none() {
+            self.origins.clear();
+        }
         self.pcap.second(super::refused(&delta).packets);
     }
 
@@ -176,6 +196,20 @@ impl Feature for AttacksFeature {
 
     fn wants_frames(&self) -> Option<crate::capture::Want> {
         self.pcap.want()
+    }
+
+    fn wants_described(&mut self) -> Vec<ipnet::IpNet> {
+        self.detector.top_sources().into_iter().filter(|n| !self.origins.contains_key(n)).collect()
+    }
+
+    fn described(&mut self, net: ipnet::IpNet, show: &crate::control::PrefixShow) {
+        // What no file says yet is asked again at the next tick (a group
+        // file read after the attack began).
+        let g = show.group.as_ref();
+        let (country, asn) = (g.and_then(|g| g.country.clone()), g.and_then(|g| g.asn));
+        if country.is_some() || asn.is_some() {
+            self.origins.insert(net, (country, asn));
+        }
     }
 
     fn sampled(&mut self, s: &Sample) {
@@ -203,6 +237,7 @@ impl Feature for AttacksFeature {
         let Request::Attacks { id, limit } = req else { return None };
         let active = self.detector.active(&self.class_names).map(|mut a| {
             a.pcap = self.pcap.pcap();
+            self.name_origins(&mut a);
             a
         });
         let all = self.kept.iter().filter(|k| active.as_ref().is_none_or(|a| a.id != k.id)).chain(active.as_ref());

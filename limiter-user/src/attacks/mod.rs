@@ -112,6 +112,16 @@ impl Detector {
         self.building.as_ref().map(|b| b.pending)
     }
 
+    /// The source prefixes the attack being built (pending or not) names
+    /// now, most first.
+    #[must_use]
+    pub fn top_sources(&self) -> Vec<ipnet::IpNet> {
+        let Some(b) = &self.building else { return Vec::new() };
+        let mut sources: Vec<(&BucketKey, &u64)> = b.sources.iter().collect();
+        sources.sort_by(|x, y| y.1.cmp(x.1));
+        sources.into_iter().take(TOP_SOURCES).map(|(k, _)| crate::dataplane::net(k)).collect()
+    }
+
     /// The attack going on (not one still pending), as its record so far.
     #[must_use]
     pub fn active(&self, class_names: &[String]) -> Option<Attack> {
@@ -244,7 +254,7 @@ fn snapshot(b: &Building, class_names: &[String]) -> Attack {
         .filter(|r| b.reasons[**r as usize] > 0)
         .map(|r| {
             let n = b.reasons[*r as usize];
-            Share { name: r.label().into(), packets: n, share: share(n, counted) }
+            Share { name: r.label().into(), packets: n, share: share(n, counted), country: None, asn: None }
         })
         .collect();
     reasons.sort_by_key(|r| std::cmp::Reverse(r.packets));
@@ -254,7 +264,7 @@ fn snapshot(b: &Building, class_names: &[String]) -> Attack {
         .iter()
         .map(|(c, n)| {
             let name = class_names.get(usize::from(*c)).cloned().unwrap_or_else(|| format!("class {c}"));
-            Share { name, packets: n * SAMPLE, share: share(*n, a.samples) }
+            Share { name, packets: n * SAMPLE, share: share(*n, a.samples), country: None, asn: None }
         })
         .collect();
     classes.sort_by(|x, y| y.packets.cmp(&x.packets).then_with(|| x.name.cmp(&y.name)));
@@ -268,6 +278,8 @@ fn snapshot(b: &Building, class_names: &[String]) -> Attack {
             name: crate::dataplane::net(k).to_string(),
             packets: n * SAMPLE,
             share: share(*n, a.samples),
+            country: None,
+            asn: None,
         })
         .collect();
     let mut ports: Vec<(&(u8, u16), &u64)> = b.ports.iter().collect();
@@ -279,6 +291,8 @@ fn snapshot(b: &Building, class_names: &[String]) -> Attack {
             name: port_name(*proto, *port),
             packets: n * SAMPLE,
             share: share(*n, a.samples),
+            country: None,
+            asn: None,
         })
         .collect();
     a

@@ -5,7 +5,9 @@
 //! never holds another address's deliveries. A delivery is bounded by
 //! `webhook_timeout` whole (connect, send, the answer's head), tried
 //! [`ATTEMPTS`] times with a back-off; one that never succeeds, or that
-//! finds the queue full, is counted and said in `limiter status`.
+//! finds the queue full, is counted and said in `limiter status`. An
+//! `https://` address is delivered over TLS (rustls), its certificate
+//! checked against the host's store and `webhook_ca`.
 
 use std::{
     sync::{
@@ -19,6 +21,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use serde::Serialize;
 use tokio::sync::mpsc;
+use tokio_rustls::rustls;
 
 use crate::control::Attack;
 use crate::policy::attacks::{Webhook, webhook};
@@ -67,11 +70,39 @@ impl Drop for Hook {
     }
 }
 
+/// TLS for the `https://` addresses: the host's roots and those of
+/// `ca` (a PEM file), or why there is none.
+pub type Tls = Result<Arc<rustls::ClientConfig>, String>;
+
+/// [`Tls`] of the host's store and `ca`.
+pub fn tls(ca: Option<&std::path::Path>) -> Tls {
+    use rustls_pki_types::{CertificateDer, pem::PemObject as _};
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    let (added, _) = roots.add_parsable_certificates(native.certs);
+    let mut from_ca = 0;
+    if let Some(ca) = ca {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca)
+            .and_then(Iterator::collect)
+            .map_err(|e| format!("webhook_ca {}: {e}", ca.display()))?;
+        if certs.is_empty() {
+            return Err(format!("webhook_ca {}: no certificate in it", ca.display()));
+        }
+        (from_ca, _) = roots.add_parsable_certificates(certs);
+    }
+    if added + from_ca == 0 {
+        return Err("no trusted certificate: the host's store is empty and no webhook_ca is given".into());
+    }
+    let config = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
 impl Hook {
     /// A task delivering to `url` (checked by the policy), each try
-    /// bounded by `timeout`.
-    fn start(url: &str, timeout: Duration) -> Option<Self> {
+    /// bounded by `timeout`; `tls` for an `https://` one.
+    fn start(url: &str, timeout: Duration, tls: &Tls) -> Option<Self> {
         let target = webhook(url).ok()?;
+        let tls = target.tls.then(|| tls.clone());
         let fares = Arc::new(Fares::default());
         let (tx, mut rx) = mpsc::channel::<Arc<String>>(QUEUE);
         let f = Arc::clone(&fares);
@@ -79,7 +110,7 @@ impl Hook {
             while let Some(body) = rx.recv().await {
                 let mut wait = BACKOFF;
                 for attempt in 1..=ATTEMPTS {
-                    match tokio::time::timeout(timeout, deliver(&target, &body)).await {
+                    match tokio::time::timeout(timeout, deliver(&target, tls.as_ref(), &body)).await {
                         Ok(Ok(())) => {
                             f.delivered.fetch_add(1, Ordering::Relaxed);
                             *f.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
@@ -113,10 +144,29 @@ impl Hook {
     }
 }
 
-/// POST `body` to `w`: `Ok` on a 2xx answer.
-async fn deliver(w: &Webhook, body: &str) -> Result<(), String> {
+/// POST `body` to `w` (over TLS with `tls`, for an `https://` one): `Ok`
+/// on a 2xx answer.
+async fn deliver(w: &Webhook, tls: Option<&Tls>, body: &str) -> Result<(), String> {
     let stream = tokio::net::TcpStream::connect((w.host.as_str(), w.port)).await.map_err(|e| e.to_string())?;
-    let io = hyper_util::rt::TokioIo::new(stream);
+    match tls {
+        None => send(w, hyper_util::rt::TokioIo::new(stream), body).await,
+        Some(tls) => {
+            let config = tls.clone()?;
+            let name = rustls_pki_types::ServerName::try_from(w.host.clone()).map_err(|e| e.to_string())?;
+            let stream = tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await
+                .map_err(|e| format!("TLS: {e}"))?;
+            send(w, hyper_util::rt::TokioIo::new(stream), body).await
+        }
+    }
+}
+
+/// POST `body` to `w` over `io`, an open connection.
+async fn send<T>(w: &Webhook, io: T, body: &str) -> Result<(), String>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(|e| e.to_string())?;
     let conn = tokio::spawn(conn);
     let host = if w.host.contains(':') { format!("[{}]:{}", w.host, w.port) } else { format!("{}:{}", w.host, w.port) };
@@ -142,18 +192,26 @@ pub struct Hooks {
     /// What they were started with.
     urls: Vec<String>,
     timeout: Duration,
+    ca: Option<std::path::PathBuf>,
 }
 
 impl Hooks {
-    /// Exactly `urls`, each try bounded by `timeout` (unchanged: the
-    /// tasks and their queues stay).
-    pub fn follow(&mut self, urls: &[String], timeout: Duration) {
-        if self.urls == urls && self.timeout == timeout {
+    /// Exactly `urls`, each try bounded by `timeout`, `https://` ones
+    /// trusting `ca` besides the host's store (unchanged: the tasks and
+    /// their queues stay).
+    pub fn follow(&mut self, urls: &[String], timeout: Duration, ca: Option<&std::path::Path>) {
+        if self.urls == urls && self.timeout == timeout && self.ca.as_deref() == ca {
             return;
         }
-        self.each = urls.iter().filter_map(|u| Hook::start(u, timeout)).collect();
+        let https = urls.iter().any(|u| u.starts_with("https://"));
+        let tls = if https { tls(ca) } else { Err("no https webhook".into()) };
+        if let (true, Err(e)) = (https, &tls) {
+            tracing::warn!("limiter: attacks: https webhooks cannot be told: {e}");
+        }
+        self.each = urls.iter().filter_map(|u| Hook::start(u, timeout, &tls)).collect();
         self.urls = urls.to_vec();
         self.timeout = timeout;
+        self.ca = ca.map(std::path::Path::to_path_buf);
     }
 
     /// Tell every address of `event` of `attack`.

@@ -93,7 +93,9 @@ fn whole(a: &Attack, now: u64) -> String {
         }
         let _ = writeln!(o, "{title}");
         for s in v {
-            let _ = writeln!(o, "  {:<40} {:>5.1}%  {}", s.name, s.share * 100.0, s.packets);
+            let origin: Vec<String> = s.country.iter().cloned().chain(s.asn.map(|a| format!("AS{a}"))).collect();
+            let origin = if origin.is_empty() { String::new() } else { format!("  ({})", origin.join(", ")) };
+            let _ = writeln!(o, "  {:<40} {:>5.1}%  {}{origin}", s.name, s.share * 100.0, s.packets);
         }
     };
     shares(&mut o, "reasons", &a.reasons);

@@ -21,6 +21,12 @@ pub struct Share {
     /// Its part of all the refused packets (0 to 1; for a reason of the
     /// counted ones).
     pub share: f64,
+    /// A source's country and AS, as the loaded group files say
+    /// (`limiter prefix show`'s); absent when none says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub country: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asn: Option<u32>,
 }
 
 impl Eq for Share {}

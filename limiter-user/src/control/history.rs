@@ -13,7 +13,8 @@ pub struct Record {
     /// Who made it: `uid 0 pid 4242` (a control client, as the kernel
     /// names it), `tenant 198.18.0.9` (the feedback endpoint's peer),
     /// `sighup`, `feed:NAME`, `crowdsec:...`, `group:NAME`,
-    /// `source:NAME`, `escalation`, `expiry`.
+    /// `source:NAME`, `escalation`, `expiry`; automation's own notes
+    /// (`pressure`, `syn cookies (auto)`).
     pub by: String,
     /// What was asked: `prefix deny 198.18.7.0/24 ttl 3600`, `policy
     /// /etc/limiter/limiter.toml sha256 ...`, ...

@@ -9,7 +9,7 @@ use limiter_common::{Reason, cookie::mode, flags};
 use super::acks::{CookieWatch, syncookies};
 use crate::{
     control::StatusInfo,
-    engine::feature::{Feature, InForce, Second},
+    engine::feature::{Feature, InForce, Note, Second},
     policy::SynCookies,
     series::{Series, gauge},
 };
@@ -22,6 +22,10 @@ pub(crate) struct Cookies {
     /// The port ranges of the classes with SYN cookies in force (none
     /// while the program runs without them).
     ports: Vec<(u16, u16)>,
+    /// The `auto` classes engaged at the last tick.
+    engaged: Vec<String>,
+    /// Engagements and releases since the last ask.
+    notes: Vec<Note>,
 }
 
 impl Feature for Cookies {
@@ -43,6 +47,26 @@ impl Feature for Cookies {
             self.watch.second(verified, handed, syncookies());
         }
         self.watch.arm(&self.ports);
+        let now: Vec<String> = second
+            .syn_cookies
+            .iter()
+            .filter(|c| c.mode == SynCookies::Auto && c.engaged)
+            .map(|c| c.class.clone())
+            .collect();
+        let by = "syn cookies (auto)".to_owned();
+        for class in now.iter().filter(|c| !self.engaged.contains(c)) {
+            tracing::info!(event = "syn_cookies_engaged", class = %class, "limiter: SYN cookies engaged for class {class} (a SYN flood)");
+            self.notes.push(Note { by: by.clone(), what: format!("engaged for class {class} (a SYN flood)") });
+        }
+        for class in self.engaged.iter().filter(|c| !now.contains(c)) {
+            tracing::info!(event = "syn_cookies_released", class = %class, "limiter: SYN cookies released for class {class}");
+            self.notes.push(Note { by: by.clone(), what: format!("released for class {class}") });
+        }
+        self.engaged = now;
+    }
+
+    fn notes(&mut self) -> Vec<Note> {
+        std::mem::take(&mut self.notes)
     }
 
     fn status(&self, status: &mut StatusInfo) {

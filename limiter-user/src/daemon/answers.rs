@@ -105,7 +105,7 @@ impl Answers<'_> {
     }
 
     /// Each class with SYN cookies and whether they are engaged now.
-    fn syn_cookie_states(&self) -> Result<Vec<SynCookieRow>, LoadError> {
+    pub(super) fn syn_cookie_states(&self) -> Result<Vec<SynCookieRow>, LoadError> {
         use limiter_common::cookie::mode;
         let now = crate::dataplane::maps::monotonic_coarse_ns();
         let mut out = Vec::with_capacity(self.view.syn_cookies.len());

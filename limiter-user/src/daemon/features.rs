@@ -100,6 +100,24 @@ impl Features {
         self.0.iter_mut().for_each(|f| f.frames(frames, class_names));
     }
 
+    /// Networks some feature wants described, each with who asked (by
+    /// index), [`crate::engine::feature::DESCRIBED`] at most.
+    pub(super) fn wants_described(&mut self) -> Vec<(usize, ipnet::IpNet)> {
+        let mut out = Vec::new();
+        for (i, f) in self.0.iter_mut().enumerate() {
+            out.extend(f.wants_described().into_iter().map(|n| (i, n)));
+        }
+        out.truncate(crate::engine::feature::DESCRIBED);
+        out
+    }
+
+    /// Tell feature `i` what the features said of `net`.
+    pub(super) fn described(&mut self, i: usize, net: ipnet::IpNet, show: &PrefixShow) {
+        if let Some(f) = self.0.get_mut(i) {
+            f.described(net, show);
+        }
+    }
+
     /// What every feature wants copied.
     pub(super) fn wants_frames(&self) -> Vec<crate::capture::Want> {
         self.0.iter().filter_map(|f| f.wants_frames()).collect()

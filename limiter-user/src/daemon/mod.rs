@@ -186,7 +186,8 @@ impl Daemon {
                     }
                     self.link.check(&mut self.dp, &self.settings.iface);
                     self.changes.expire(&self.settings);
-                    self.features.tick(&Second { totals: &totals, top: &self.observer.top });
+                    let syn_cookies = self.answers().syn_cookie_states().unwrap_or_default();
+                    self.features.tick(&Second { totals: &totals, top: &self.observer.top, syn_cookies: &syn_cookies });
                 }
                 // Every decider, one arm (see `decision.rs`): a source's
                 // change waits behind the operator's.
@@ -297,12 +298,24 @@ impl Daemon {
         }
     }
 
+    /// The networks features asked to have described, told what every
+    /// feature says of each (as `limiter prefix show`).
+    fn describe(&mut self) {
+        for (i, net) in self.features.wants_described() {
+            let shown = show::prefix_show(self.changes.policy(), &self.view, &self.features, net);
+            if let Ok(shown) = shown {
+                self.features.described(i, net, &shown);
+            }
+        }
+    }
+
     /// The program's sampled drops since the last drain: counted for
     /// `limiter top`, and handed to every feature.
     fn drain(&mut self) {
         let features = &mut self.features;
         self.observer.drain_drop_events(|s| features.sampled(s));
         self.capture.drain(features, &self.view.class_names);
+        self.describe();
     }
 
     /// The loop's parts, borrowed for a read-only answer.

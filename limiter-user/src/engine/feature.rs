@@ -50,6 +50,8 @@ pub(crate) struct Second<'a> {
     pub(crate) totals: &'a Totals,
     /// The sampled drops (for `limiter top`).
     pub(crate) top: &'a Tracker,
+    /// Each class with SYN cookies and whether they are engaged now.
+    pub(crate) syn_cookies: &'a [crate::control::SynCookieRow],
 }
 
 impl Second<'_> {
@@ -148,6 +150,9 @@ pub(crate) struct Note {
     pub(crate) what: String,
 }
 
+/// Networks described a drain at most (see [`Feature::wants_described`]).
+pub(crate) const DESCRIBED: usize = 16;
+
 /// What a feature's drain waits for.
 pub(crate) type Drain<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
@@ -179,6 +184,17 @@ pub(crate) trait Feature: Send {
     /// Frames the data plane copied, as the loop drains them (every
     /// 200 ms), with the policy's class names by index.
     fn frames(&mut self, _frames: &[crate::capture::Frame], _class_names: &[String]) {}
+
+    /// Networks (bucket prefixes) it wants the features to describe, as
+    /// `limiter prefix show` does (their country and AS): asked at every
+    /// drain of the sampled drops (every 200 ms), at most [`DESCRIBED`]
+    /// told each time.
+    fn wants_described(&mut self) -> Vec<ipnet::IpNet> {
+        Vec::new()
+    }
+
+    /// What the features said of a network it asked of.
+    fn described(&mut self, _net: ipnet::IpNet, _show: &PrefixShow) {}
 
     /// Which frames it wants the data plane to copy now (`None`: none).
     fn wants_frames(&self) -> Option<crate::capture::Want> {

@@ -8,8 +8,9 @@
 //! bits_per_sec = 100000000     # or bits refused a second, whichever is met first
 //! sustain = "5s"               # above either this long: an attack begins
 //! quiet = "30s"                # below both this long: it ends
-//! webhooks = ["http://10.0.0.9:8080/limiter"]   # told when one starts, grows, ends
+//! webhooks = ["https://hooks.example/limiter"]  # told when one starts, grows, ends
 //! webhook_timeout = "5s"       # one delivery's bound
+//! webhook_ca = "/etc/limiter/hooks-ca.pem"   # trusted for https besides the host's store
 //! ```
 //!
 //! Every key has a default: without the section, attacks are detected
@@ -43,6 +44,10 @@ pub struct Attacks {
     pub webhooks: Vec<String>,
     #[serde(default = "defaults::webhook_timeout", deserialize_with = "duration", serialize_with = "duration_out")]
     pub webhook_timeout: Duration,
+    /// PEM certificates trusted for `https://` webhooks besides the
+    /// host's store (a private CA; a receiver's own certificate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_ca: Option<std::path::PathBuf>,
 }
 
 mod defaults {
@@ -74,6 +79,7 @@ impl Default for Attacks {
             quiet: defaults::quiet(),
             webhooks: Vec::new(),
             webhook_timeout: defaults::webhook_timeout(),
+            webhook_ca: None,
         }
     }
 }
@@ -107,6 +113,11 @@ pub fn check(a: &Attacks) -> Result<(), PolicyError> {
     if a.webhooks.len() > MAX_WEBHOOKS {
         return Err(bad("attacks.webhooks", format!("at most {MAX_WEBHOOKS}")));
     }
+    if let Some(ca) = &a.webhook_ca
+        && !ca.is_absolute()
+    {
+        return Err(bad("attacks.webhook_ca", "must be an absolute path"));
+    }
     for url in &a.webhooks {
         webhook(url).map_err(|why| bad("attacks.webhooks", format!("{url:?}: {why}")))?;
     }
@@ -116,29 +127,26 @@ pub fn check(a: &Attacks) -> Result<(), PolicyError> {
 /// A webhook's address, taken apart.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Webhook {
+    /// `https://`: delivered over TLS.
+    pub tls: bool,
     pub host: String,
     pub port: u16,
     /// From its first `/` (at least `/`).
     pub path: String,
 }
 
-/// `http://HOST[:PORT][/PATH]`, taken apart by the `http` crate's URI
-/// parser (hyper's). (`https://` is refused: this build has no TLS
-/// client; a relay on the host can forward.)
+/// `http://` or `https://HOST[:PORT][/PATH]`, taken apart by the `http`
+/// crate's URI parser (hyper's).
 pub fn webhook(url: &str) -> Result<Webhook, String> {
     if url.len() > MAX_URL {
         return Err(format!("longer than {MAX_URL} bytes"));
     }
     let uri: hyper::Uri = url.parse().map_err(|e| format!("not an address: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err("https is not supported by this build: give an http:// address (a relay on the host, \
-                        nginx or haproxy, can forward it over TLS)"
-                .into());
-        }
-        _ => return Err("give an http:// address".into()),
-    }
+    let tls = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err("give an http:// or https:// address".into()),
+    };
     let authority = uri.authority().ok_or("no host")?;
     if authority.as_str().contains('@') {
         return Err("carries a user or password (put a secret in the path, not the address's user part)".into());
@@ -150,13 +158,14 @@ pub fn webhook(url: &str) -> Result<Webhook, String> {
     let port = match authority.port_u16() {
         Some(p) => p,
         None if given => return Err("a bad port".into()),
+        None if tls => 443,
         None => 80,
     };
     if host.is_empty() || port == 0 {
         return Err("no host or port".into());
     }
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    Ok(Webhook { host: host.to_owned(), port, path: if path.is_empty() { "/" } else { path }.to_owned() })
+    Ok(Webhook { tls, host: host.to_owned(), port, path: if path.is_empty() { "/" } else { path }.to_owned() })
 }
 
 #[cfg(test)]
@@ -166,11 +175,13 @@ mod tests {
     #[test]
     fn webhook_addresses_are_taken_apart_and_bad_ones_refused() {
         let w = webhook("http://198.18.0.9:8080/hook?k=v").unwrap();
-        assert_eq!(w, Webhook { host: "198.18.0.9".into(), port: 8080, path: "/hook?k=v".into() });
+        assert_eq!(w, Webhook { tls: false, host: "198.18.0.9".into(), port: 8080, path: "/hook?k=v".into() });
         let w = webhook("http://[2001:2::9]/x").unwrap();
         assert_eq!((w.host.as_str(), w.port, w.path.as_str()), ("2001:2::9", 80, "/x"));
         assert_eq!(webhook("http://hooks.example").unwrap().path, "/");
-        assert!(webhook("https://hooks.example/").unwrap_err().contains("https is not supported"));
+        let w = webhook("https://hooks.example/x").unwrap();
+        assert_eq!((w.tls, w.host.as_str(), w.port, w.path.as_str()), (true, "hooks.example", 443, "/x"));
+        assert!(!webhook("http://hooks.example").unwrap().tls);
         for bad in ["ftp://x/", "http://", "http://a:b/", "http://u:p@h/", "http://h/a b", "http://h:0/"] {
             assert!(webhook(bad).is_err(), "{bad}");
         }
@@ -183,5 +194,7 @@ mod tests {
         assert_eq!(e.field, "attacks.sustain");
         let e = check(&Attacks { webhooks: vec!["gopher://x".into()], ..Attacks::default() }).unwrap_err();
         assert_eq!(e.field, "attacks.webhooks");
+        let e = check(&Attacks { webhook_ca: Some("ca.pem".into()), ..Attacks::default() }).unwrap_err();
+        assert_eq!(e.field, "attacks.webhook_ca");
     }
 }

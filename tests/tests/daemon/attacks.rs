@@ -4,7 +4,9 @@
 //! to a webhook (a receiver written here) with the three prefixes as the
 //! top sources at their shares; an operator's deny during it is in its
 //! record; it ends after `quiet`; the record is in `limiter attacks`, in
-//! the attacks file, and read back after a restart. Three more webhooks
+//! the attacks file, and read back after a restart; an https receiver
+//! (nginx with a certificate of a CA the policy names) is told the same
+//! events. Three more webhooks
 //! never answer, answer 500, or read one byte a second: each is counted
 //! as failing in `limiter status` and the metrics, and none slows the
 //! control socket.
@@ -127,6 +129,50 @@ fn share_of(shares: &serde_json::Value, name: &str) -> f64 {
     shares.as_array().unwrap().iter().find(|s| s["name"] == name).map_or(0.0, |s| s["share"].as_f64().unwrap())
 }
 
+/// The port of the https receiver's TLS front (in the test's namespace).
+const TLS_PORT: u16 = 9443;
+
+/// A CA and a certificate it signed for 127.0.0.1 (`leaf.pem`,
+/// `leaf.key`), made with Debian's openssl in `dir`; the CA's path.
+fn make_ca(dir: &Path) -> std::path::PathBuf {
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
+        assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    run(&[&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=limiter test CA"]].concat());
+    run(&[&["req"][..], &ec, &["-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=127.0.0.1"]].concat());
+    std::fs::write(dir.join("leaf.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n").unwrap();
+    run(&["x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "leaf.pem", "-days", "2", "-extfile", "leaf.ext"]);
+    dir.join("ca.pem")
+}
+
+/// nginx terminating TLS on 127.0.0.1:`port` (with `dir`'s leaf) in
+/// front of 127.0.0.1:`backend`, in the daemon's namespace.
+fn tls_front(net: &VethPair, dir: &Path, port: u16, backend: u16) -> Guard {
+    let d = dir.display();
+    let conf = dir.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process off;\nerror_log stderr;\npid {d}/nginx.pid;\nevents {{}}\nhttp {{\n  access_log off;\n  \
+             client_body_temp_path {d}/b;\n  proxy_temp_path {d}/p;\n  fastcgi_temp_path {d}/f;\n  uwsgi_temp_path {d}/u;\n  \
+             scgi_temp_path {d}/s;\n  server {{\n    listen 127.0.0.1:{port} ssl;\n    ssl_certificate {d}/leaf.pem;\n    \
+             ssl_certificate_key {d}/leaf.key;\n    location / {{ proxy_pass http://127.0.0.1:{backend}; }}\n  }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let mut c = net.b.net_command("nginx");
+    c.arg("-c").arg(&conf).arg("-p").arg(dir).stdout(Stdio::null()).stderr(Stdio::null());
+    let g = Guard(c.spawn().expect("nginx (cargo xtask setup installs it)"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while net.b.run_in(|| TcpStream::connect(("127.0.0.1", port))).is_err() {
+        assert!(Instant::now() < deadline, "nginx does not listen on {port}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    g
+}
+
 const NETS: [&str; 3] = ["198.18.41", "198.18.42", "198.18.43"];
 const SUSTAIN: u64 = 2;
 const QUIET: u64 = 4;
@@ -143,23 +189,41 @@ fn a_flood_is_an_attack_with_a_record_told_to_webhooks() {
     let (slow_port, _) = receiver(&net, Receiver::Slow);
     let hook = |port: u16, path: &str| format!("\"http://127.0.0.1:{port}/{path}\"");
     let dir = TempDir::new("attacks");
+    // An https receiver: nginx with a certificate of a CA made here, in
+    // front of one more receiver; the daemon trusts the CA (webhook_ca).
+    let (tls_backend, tls_bodies) = receiver(&net, Receiver::Ok);
+    let ca = make_ca(&dir.0);
+    let _nginx = tls_front(&net, &dir.0, TLS_PORT, tls_backend);
     let policy = dir.0.join("limiter.toml");
+    // An AS file says where the first /24 is (a shadow group loads it,
+    // changing nothing): the record names its AS.
+    let asn_file = dir.0.join("asn.csv");
+    std::fs::write(&asn_file, format!("{}.0/24,64500\n", NETS[0])).unwrap();
     std::fs::write(
         &policy,
         format!(
             "[[class]]\nname = \"web\"\nprotocol = \"udp\"\nports = [7001]\nrate = 1000\nburst = 200\n\n[[class]]\n\
              name = \"dns\"\nprotocol = \"udp\"\nports = [7002]\nrate = 1000\nburst = 200\n\n[attacks]\n\
              drops_per_sec = 3000\nsustain = \"{SUSTAIN}s\"\nquiet = \"{QUIET}s\"\nwebhook_timeout = \"1s\"\n\
-             webhooks = [{}, {}, {}, {}]\n",
+             webhooks = [{}, {}, {}, {}, \"https://127.0.0.1:{TLS_PORT}/tls\"]\nwebhook_ca = \"{}\"\n\n[[group]]\nname = \"as64500\"\npath = \"{}\"\nasns = [64500]\n\
+             rate = 10000000\nshadow = true\nallow_bogons = true\n",
             hook(ok_port, "hook"),
             hook(error_port, "error"),
             hook(never_port, "never"),
             hook(slow_port, "slow"),
+            ca.display(),
+            asn_file.display(),
         ),
     )
     .unwrap();
     let (socket, file) = (unique_socket("attacks"), dir.0.join("attacks.jsonl"));
-    let (daemon, _log) = start(&net, &policy, &socket, &file);
+    let (daemon, log) = start(&net, &policy, &socket, &file);
+    wait_for(&log, "group as64500: 1 networks", Duration::from_secs(20), &mut String::new()).unwrap();
+    let rss = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.0.id())).unwrap();
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").parse::<u64>().unwrap()
+    };
+    let rss_before = rss();
 
     // Each /24 sends 5,000/s to the web port and 2,000/s to the dns port
     // (1,000/s of each admitted): 4,000 + 1,000 refused a second each,
@@ -175,6 +239,8 @@ fn a_flood_is_an_attack_with_a_record_told_to_webhooks() {
     let floods = [flood(7001, 15_000), flood(7002, 6_000)];
 
     let started = next_event(&bodies, "started", Duration::from_secs(SUSTAIN + 2));
+    let over_tls = next_event(&tls_bodies, "started", Duration::from_secs(5));
+    assert_eq!(over_tls["attack"]["id"], started["attack"]["id"], "{over_tls}");
     println!("started after {:.1} s: {started}", began.elapsed().as_secs_f64());
     let a = &started["attack"];
     let id = a["id"].as_u64().unwrap();
@@ -183,6 +249,9 @@ fn a_flood_is_an_attack_with_a_record_told_to_webhooks() {
     for n in NETS {
         let share = share_of(&a["sources"], &format!("{n}.0/24"));
         assert!((0.25..=0.4167).contains(&share), "{n}.0/24 at {share} (a third, within 25%), top {top:?}");
+        let source = a["sources"].as_array().unwrap().iter().find(|s| s["name"] == format!("{n}.0/24")).unwrap();
+        let asn = if n == NETS[0] { Some(64500) } else { None };
+        assert_eq!(source["asn"].as_u64(), asn, "{source}");
     }
 
     // While the three failing webhooks hold their tries, the control
@@ -209,6 +278,7 @@ fn a_flood_is_an_attack_with_a_record_told_to_webhooks() {
     thread::sleep(Duration::from_secs(6).saturating_sub(began.elapsed()));
     drop(floods);
     let ended = next_event(&bodies, "ended", Duration::from_secs(QUIET + 3));
+    assert_eq!(next_event(&tls_bodies, "ended", Duration::from_secs(5))["attack"], ended["attack"]);
     println!("ended after {:.1} s: {ended}", began.elapsed().as_secs_f64());
     let a = &ended["attack"];
     assert_eq!(a["id"].as_u64(), Some(id));
@@ -244,6 +314,11 @@ fn a_flood_is_an_attack_with_a_record_told_to_webhooks() {
 
     // The failing webhooks: counted, and said in the status; the metrics.
     thread::sleep(Duration::from_secs(2));
+    // What the daemon holds for them is bounded by their queues (32
+    // events each): its memory after the attack, beside before it.
+    let rss_after = rss();
+    println!("daemon RSS before the attack {rss_before} kB, after it {rss_after} kB");
+    assert!(rss_after < rss_before + 32 * 1024, "{rss_before} kB -> {rss_after} kB");
     let status = String::from_utf8(scenario::cli(&socket, &["status"]).stdout).unwrap();
     println!("{status}");
     let line = |port: u16| {
@@ -253,6 +328,7 @@ fn a_flood_is_an_attack_with_a_record_told_to_webhooks() {
     assert!(line(never_port).contains("FAILING: no answer within"), "{status}");
     assert!(line(slow_port).contains("FAILING"), "{status}");
     assert!(line(ok_port).contains("delivered") && !line(ok_port).contains("FAILING"), "{status}");
+    assert!(line(TLS_PORT).contains("https://") && !line(TLS_PORT).contains("FAILING"), "{status}");
     let m = scrape(&net);
     let hook_url = format!("http://127.0.0.1:{ok_port}/hook");
     assert!(metric(&m, &format!("limiter_attack_webhooks_total{{webhook=\"{hook_url}\",result=\"delivered\"}}")) >= 2);

@@ -328,3 +328,73 @@ fn with_tcp_timestamps_2_cookie_connections_get_window_scaling_sack_and_timestam
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An `auto` class's cookies, engaged by a spoofed SYN flood: the daemon
+/// says so once (a log line and a note), the attack the flood is names
+/// it among its actions, and the history keeps it with its release once
+/// the flood is over.
+#[test]
+fn cookies_engaged_by_a_flood_are_an_action_of_its_attack_and_their_release_is_in_the_history() {
+    let _alone = limiter_tests::alone(module_path!());
+    require_root();
+    let net = setup(false, Routes::OnLink);
+    let mut generator = limiter::dataplane::DataPlane::open_bench(1024).unwrap();
+    net.a.run_in(|| {
+        generator.attach_entry(programs::BENCH_DROP_FLOOD_REPLIES, A_IF, AttachMode::Native).unwrap();
+    });
+    let dst: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
+    let _listener = net.b.run_in(|| TcpListener::bind(dst).unwrap());
+    let dir = std::env::temp_dir().join(format!("limiter-syn-auto-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("policy.toml");
+    let text = POLICY.replace("syn_cookies = \"always\"", "syn_cookies = \"auto\"")
+        + "\n[attacks]\ndrops_per_sec = 1000\nsustain = \"1s\"\nquiet = \"2s\"\n";
+    std::fs::write(&policy, text).unwrap();
+    let socket = unique_socket("synauto");
+    let mut c = net.b.command(scenario::locate_bin("limiter").unwrap());
+    c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"]).arg(&policy);
+    c.arg("--socket").arg(&socket).arg("--attacks").arg(dir.join("attacks.jsonl"));
+    c.arg("--history").arg(dir.join("history.jsonl"));
+    let (_daemon, rx) = spawn_lines(c).unwrap();
+    wait_for(&rx, "control socket", scenario::DAEMON_START, &mut String::new()).unwrap();
+
+    let mac = net.b_mac();
+    let mut flood = net.a.command(env!("CARGO_BIN_EXE_netload"));
+    flood.args(["spoof-syn", A_IF, &mac, &dst.to_string(), "4"]).stdout(Stdio::null());
+    let mut flood = scenario::Guard(flood.spawn().unwrap());
+    wait_for(&rx, "SYN cookies engaged for class app-syn", Duration::from_secs(10), &mut String::new()).unwrap();
+    flood.0.wait().unwrap();
+
+    // The attack ends 2 s after the flood; its record names the
+    // engagement, by whom.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let attack = loop {
+        let v = limiter_json("attacks", &socket);
+        if let Some(a) = v["attacks"].as_array().and_then(|a| a.last()).filter(|a| !a["ended"].is_null()) {
+            break a.clone();
+        }
+        assert!(Instant::now() < deadline, "no attack ended: {v}");
+        thread::sleep(Duration::from_millis(500));
+    };
+    let actions = attack["actions"].as_array().unwrap();
+    let engaged = actions.iter().find(|x| x["what"] == "engaged for class app-syn (a SYN flood)");
+    let engaged = engaged.unwrap_or_else(|| panic!("the engagement is not in the record: {attack}"));
+    assert_eq!(engaged["by"], "syn cookies (auto)", "{engaged}");
+    assert!(attack["syn_cookies"].as_u64().unwrap() > 0, "{attack}");
+    println!("attack {}: {} refused, {} SYNs answered with a cookie; {engaged}", attack["id"], attack["refused"]["packets"], attack["syn_cookies"]);
+
+    // Released once `auto` has seen no flood for its hold time (5 s).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = limiter_json("history", &socket);
+        let records = v["records"].as_array().unwrap();
+        let by_cookies: Vec<&str> =
+            records.iter().filter(|r| r["by"] == "syn cookies (auto)").map(|r| r["change"].as_str().unwrap()).collect();
+        if by_cookies == ["engaged for class app-syn (a SYN flood)", "released for class app-syn"] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "history of the cookies: {by_cookies:?}");
+        thread::sleep(Duration::from_millis(500));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

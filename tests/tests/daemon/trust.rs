@@ -125,9 +125,14 @@ fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
         bgp.pipe.display().to_string(),
         bgp.dir.0.join("upstream.json").display().to_string()
     );
+    // Each flood is an attack (2 s above 5,000 drops a second), whose
+    // record names the escalation and its announcement.
+    let attacks = "\n[attacks]\ndrops_per_sec = 5000\nsustain = \"2s\"\nquiet = \"2s\"\n";
     let r = start(
         "trs",
-        &format!("\n[feedback.escalate]\ndrops_per_sec = 5000\nsustained = \"3s\"\ndeny_for = \"10m\"\n{upstream}"),
+        &format!(
+            "\n[feedback.escalate]\ndrops_per_sec = 5000\nsustained = \"3s\"\ndeny_for = \"10m\"\n{upstream}{attacks}"
+        ),
     );
     assert!(bgp.wait_established(Duration::from_mins(1)), "no BGP session\n{}", bgp.exabgp_log());
     let (victim, abuser) = ("198.18.11.7", "198.18.12.9");
@@ -208,6 +213,26 @@ fn a_spoofed_flood_never_escalates_a_victim_and_a_proven_abuser_still_is() {
     assert!(flows.contains("(generic, 0x80060000, 0x0)"), "{flows}");
     let up = cli(&r, &["upstream", "list"]);
     assert!(up.contains("198.18.12.9/32") && up.contains("by escalation"), "{up}");
+    // The abuser's flood was an attack: its record names the escalation
+    // and the rule announced for it.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let attack = loop {
+        let v: serde_json::Value = serde_json::from_str(&cli(&r, &["attacks", "-j"])).unwrap();
+        let newest = v["attacks"].as_array().and_then(|a| a.last()).cloned().unwrap_or_default();
+        let by = |who: &str| newest["actions"].as_array().is_some_and(|x| x.iter().any(|x| x["by"] == who));
+        if by("escalation") || Instant::now() > deadline {
+            break newest;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let actions: Vec<String> = attack["actions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no attack: {attack}"))
+        .iter()
+        .map(|x| format!("{}: {}", x["by"].as_str().unwrap(), x["what"].as_str().unwrap()))
+        .collect();
+    println!("attack {}'s actions: {actions:#?}", attack["id"]);
+    assert!(actions.iter().any(|a| a.starts_with("escalation: ") && a.contains("198.18.12.9/32")), "{actions:?}");
 }
 
 /// Spoofing proven hosts' exact addresses (E1): their addresses are

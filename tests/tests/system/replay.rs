@@ -106,7 +106,7 @@ fn replay_of_a_generated_capture_gives_the_expected_totals() {
     let o = Command::new(&bin).args(["replay", "--pcap"]).arg(&enforce).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1));
-    assert!(err.lines().count() == 1 && err.contains("not a pcap file"), "{err}");
+    assert!(err.lines().count() == 1 && err.contains("neither pcap nor pcapng"), "{err}");
 }
 
 /// A frame cut by the capture's snap length is charged its
