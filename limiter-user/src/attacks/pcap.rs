@@ -10,6 +10,7 @@
 use std::{
     fs::File,
     io::BufWriter,
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
 };
 
@@ -83,14 +84,19 @@ impl Recorder {
     pub fn started(&mut self, id: u64, class_names: &[String]) -> Option<Pcap> {
         let dir = self.dir.as_ref()?;
         let cur = self.current.as_mut()?;
-        if let Err(e) = std::fs::create_dir_all(dir) {
+        // Packets are the network's users' data: the folder and its files
+        // are the daemon's and its group's only (0750, 0640), as the
+        // history file is.
+        let made = std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir);
+        if let Err(e) = made {
             tracing::warn!("limiter: attack {id}: no pcap: creating {}: {e}", dir.display());
             self.current = None;
             return None;
         }
         prune(dir, MAX_TOTAL.saturating_sub(MAX_BYTES));
         let path = dir.join(format!("{id}.pcapng"));
-        let writer = File::create(&path).and_then(|f| Writer::new(BufWriter::new(f)));
+        let file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o640).open(&path);
+        let writer = file.and_then(|f| Writer::new(BufWriter::new(f)));
         match writer {
             Ok(w) => cur.writer = Some((w, path)),
             Err(e) => {

@@ -147,7 +147,13 @@ fn an_attacks_pcap_keeps_its_first_frames_then_a_sample_and_forgets_a_rise_that_
     r.frames(&[f.clone(), Frame { reason: Reason::Admitted, ..f.clone() }], &names);
     let end = r.end().unwrap();
     assert_eq!(end.frames, FIRST + 1, "a passed frame is not an attack's");
-    assert_eq!(std::fs::metadata(&end.path).unwrap().len(), end.bytes);
+    let meta = std::fs::metadata(&end.path).unwrap();
+    assert_eq!(meta.len(), end.bytes);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o640,
+        "packets are not for every local user"
+    );
     assert!(r.want().is_none());
     let _ = std::fs::remove_dir_all(&dir);
 }
