@@ -47,8 +47,14 @@ mod harness;
 
 use self::harness::*;
 
+/// The module's floods, one at a time: tests of one module run at once,
+/// and two floods (on the same pair's names) would share the pair and
+/// the two CPUs.
+static FLOODING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn syn_flood(v6: bool, routes: Routes, clients_per_phase: usize) {
     require_root();
+    let _flooding = FLOODING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let net = setup(v6, routes);
     // The generator's end drops the SYN-ACKs drawn by its spoofed sources
     // in XDP (as an attacker never sees them), so that only the real
@@ -337,6 +343,7 @@ fn with_tcp_timestamps_2_cookie_connections_get_window_scaling_sack_and_timestam
 fn cookies_engaged_by_a_flood_are_an_action_of_its_attack_and_their_release_is_in_the_history() {
     let _alone = limiter_tests::alone(module_path!());
     require_root();
+    let _flooding = FLOODING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let net = setup(false, Routes::OnLink);
     let mut generator = limiter::dataplane::DataPlane::open_bench(1024).unwrap();
     net.a.run_in(|| {
