@@ -95,6 +95,22 @@ pub struct Source {
     pub tcp_flags: u8,
 }
 
+impl Source {
+    /// The source address (its words are in network order, as parsed).
+    #[must_use]
+    pub fn ip(&self) -> core::net::IpAddr {
+        let mut b = [0u8; 16];
+        for (i, w) in self.addr.iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        if self.family == crate::family::IPV6 {
+            core::net::IpAddr::from(b)
+        } else {
+            core::net::IpAddr::from([b[0], b[1], b[2], b[3]])
+        }
+    }
+}
+
 /// TCP flag bits of [`Source::tcp_flags`].
 pub mod tcp_flag {
     pub const FIN: u8 = 0x01;

@@ -175,16 +175,16 @@ impl Feature for AttacksFeature {
         let Some(last) = last else { return };
         let delta = s.totals.since(&last);
         let e = self.detector.second(crate::clock::unix_now(), &delta, &self.class_names);
-        if e.is_none() || self.detector.building().is_some() {
-            match self.detector.building() {
-                Some(_) => self.pcap.begin(),
-                None => self.pcap.abandon(),
-            }
+        if self.detector.building().is_some() {
+            self.pcap.begin();
         }
         if let Some(e) = e {
             self.event(e);
         }
+        // Nothing being built (a rise that did not last, or an attack
+        // that just ended): its frames and names go.
         if self.detector.building().is_none() {
+            self.pcap.abandon();
             self.origins.clear();
         }
         self.pcap.second(super::refused(&delta).packets);

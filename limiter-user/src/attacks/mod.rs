@@ -298,13 +298,9 @@ fn snapshot(b: &Building, class_names: &[String]) -> Attack {
     a
 }
 
-/// `tcp/443`, `udp/53`, or `proto 132/36412`.
+/// `tcp/443`, `udp/53`.
 fn port_name(proto: u8, port: u16) -> String {
-    match proto {
-        6 => format!("tcp/{port}"),
-        17 => format!("udp/{port}"),
-        p => format!("proto {p}/{port}"),
-    }
+    format!("{}/{port}", crate::capture::protocol(proto))
 }
 
 #[cfg(test)]

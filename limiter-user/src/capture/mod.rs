@@ -64,23 +64,19 @@ impl Frame {
     /// Its source address.
     #[must_use]
     pub fn source_ip(&self) -> Option<std::net::IpAddr> {
-        let s = self.source()?;
-        Some(address(&s))
+        Some(self.source()?.ip())
     }
 }
 
-/// The source address of a parsed frame.
+/// An IP protocol's name: `tcp`, `udp`, `icmp` (either family's), or
+/// `proto N`.
 #[must_use]
-pub fn address(s: &Source) -> std::net::IpAddr {
-    let bytes = |w: u32| w.to_ne_bytes();
-    if s.family == family::IPV6 {
-        let mut a = [0u8; 16];
-        for (i, w) in s.addr.iter().enumerate() {
-            a[i * 4..i * 4 + 4].copy_from_slice(&bytes(*w));
-        }
-        std::net::IpAddr::from(a)
-    } else {
-        std::net::IpAddr::from(bytes(s.addr[0]))
+pub fn protocol(proto: u8) -> std::borrow::Cow<'static, str> {
+    match proto {
+        6 => "tcp".into(),
+        17 => "udp".into(),
+        1 | 58 => "icmp".into(),
+        p => format!("proto {p}").into(),
     }
 }
 

@@ -19,11 +19,17 @@ pub fn duration(secs: u64) -> String {
     }
 }
 
+/// Unix time `at` as the UTC clock: `HH:MM:SS`.
+#[must_use]
+pub fn clock(at: u64) -> String {
+    format!("{:02}:{:02}:{:02}", at / 3600 % 24, at / 60 % 60, at % 60)
+}
+
 /// Unix time `at` as the UTC clock, with the date unless it is `now`'s
 /// day, and how long before `now` it was (or `in ...` if after).
 #[must_use]
 pub fn when(at: u64, now: u64) -> String {
-    let clock = format!("{:02}:{:02}:{:02} UTC", at / 3600 % 24, at / 60 % 60, at % 60);
+    let clock = format!("{} UTC", clock(at));
     let day = if at / 86_400 == now / 86_400 {
         String::new()
     } else {

@@ -94,19 +94,12 @@ pub fn capture(client: &Client, filter: Filter, write: Option<&Path>, count: Opt
 /// One frame as a line: time, source, protocol and ports, length,
 /// verdict, reason, class.
 fn line(f: &Frame, class_names: &[String]) -> String {
-    let secs = f.t_ns / 1_000_000_000;
     let micros = (f.t_ns % 1_000_000_000) / 1_000;
-    let time = format!("{:02}:{:02}:{:02}.{micros:06}", (secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+    let time = format!("{}.{micros:06}", crate::clock::human::clock(f.t_ns / 1_000_000_000));
     let what = match f.source() {
         Some(s) => {
-            let proto = match s.proto {
-                6 => "tcp".to_owned(),
-                17 => "udp".to_owned(),
-                1 | 58 => "icmp".to_owned(),
-                p => format!("proto {p}"),
-            };
             let ports = if s.port_known == 1 { format!(" {} > {}", s.sport, s.dport) } else { String::new() };
-            format!("{} {proto}{ports}", crate::capture::address(&s))
+            format!("{} {}{ports}", s.ip(), crate::capture::protocol(s.proto))
         }
         None => "(not IP)".to_owned(),
     };

@@ -36,10 +36,11 @@ impl Capturing {
         let now = Instant::now();
         self.taps.expire(now);
         let Some(ring) = &mut self.ring else { return };
-        let offset = crate::capture::clock_offset();
         let mut frames = Vec::new();
+        let mut offset = None;
         while frames.len() < MAX_DRAIN {
             let Some(item) = ring.frames.next() else { break };
+            let offset = *offset.get_or_insert_with(crate::capture::clock_offset);
             frames.extend(Frame::decode(&item, offset));
         }
         if !frames.is_empty() {

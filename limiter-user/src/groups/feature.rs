@@ -202,16 +202,7 @@ impl Feature for Groups {
         if self.watched.is_empty() {
             return;
         }
-        // The address's words are in network order, as the parser's.
-        let mut b = [0u8; 16];
-        for (i, w) in src.addr.iter().enumerate() {
-            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
-        }
-        let addr = if src.family == limiter_common::family::IPV4 {
-            std::net::IpAddr::from([b[0], b[1], b[2], b[3]])
-        } else {
-            std::net::IpAddr::from(b)
-        };
+        let addr = src.ip();
         let mut show = GroupShow::default();
         for (_, t) in self.tables.values() {
             if let Some(tag) = t.tag_of(addr) {
