@@ -51,6 +51,12 @@ pub const CAPTURES_BYTES: u32 = 1 << 22;
 /// `ARRAY<crate::capture::CaptureCtl>`, one entry: whether and how often
 /// frames are copied into [`CAPTURES`].
 pub const CAPTURE: &str = "CAPTURE";
+/// The program's mutable globals (its `.bss`), one entry of 4 bytes:
+/// `LIMITER_PASSES`, one passed frame in how many is copied into
+/// [`CAPTURES`] (a power of two; 0: none). A global, not a map entry,
+/// because the admit path reads it straight from memory (one load, no
+/// lookup).
+pub const GLOBALS: &str = ".bss";
 /// `PERCPU_ARRAY<u64>`, one entry: when a sampled drop was last
 /// logged (debug level), to rate-limit those lines.
 pub const DROP_SAMPLER: &str = "DROP_SAMPLER";
@@ -257,7 +263,7 @@ const CLASSES_U32: u32 = MAX_CLASSES as u32;
 
 /// Every map of the program; the pinned ones first, in the order the
 /// loader pins them.
-pub const TABLE: [Spec; 37] = [
+pub const TABLE: [Spec; 38] = [
     Spec::new(BUCKETS, Kind::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), DEFAULT_BUCKET_CAPACITY)
         .by_capacity()
         .pinned(11),
@@ -299,6 +305,7 @@ pub const TABLE: [Spec; 37] = [
     Spec::new(DROP_SAMPLER, Kind::PerCpuArray, 4, 8, 1),
     Spec::new(CAPTURES, Kind::RingBuf, 0, 0, CAPTURES_BYTES),
     Spec::new(CAPTURE, Kind::Array, 4, size_of::<CaptureCtl>(), 1),
+    Spec::new(GLOBALS, Kind::Array, 4, 4, 1),
     Spec::new(CLOCK_CACHE, Kind::PerCpuArray, 4, size_of::<ClockCache>(), 1),
     Spec::new(CPU_SLOTS, Kind::PerCpuArray, 4, size_of::<CpuSlot>(), CPU_SLOTS_ENTRIES),
     Spec::new(KERNEL_SYNS, Kind::Array, 4, 8, REFRESH_SLOTS),

@@ -1,7 +1,8 @@
 //! What every packet leaves behind: one counter, of its class, reason and
 //! family (per CPU, so no atomics in softirq), and for a 1-in-N random
 //! sample of drops an event for the top-offenders list and escalation (with each
-//! verified SYN cookie's address as proof of source).
+//! verified SYN cookie's address as proof of source); while a capture
+//! runs, copies of drops, and of passes drawn at random.
 
 use aya_ebpf::bindings::xdp_md;
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_xdp_load_bytes};
@@ -68,7 +69,9 @@ const fn mix(mut k: u64) -> u64 {
 /// the end of a packet's path (which took the combined stack of the call
 /// chain through the SYN-ACK builder over the verifier's 512 bytes).
 /// `draw` is the drop's random draw; `reason` the reason's index, or
-/// [`PROOF`] with it.
+/// [`PROOF`] with it, or [`PASSED`] with it (a passed frame while passes
+/// are asked for: `draw` is then the seed of its draw, and a drawn one
+/// is only copied).
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, reason: u64, draw: u64) -> u64 {
@@ -77,6 +80,14 @@ pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, rea
     let key = BucketKey::from_words(head, tail);
     let why = Reason::from_index(u32::try_from(reason & REASON).unwrap_or(u32::MAX)).unwrap_or(Reason::NoConfig);
     let proof = reason & PROOF != 0;
+    if reason & PASSED != 0 {
+        // `draw` is the pass's seed (see `sample_pass`).
+        let one_in = passes();
+        if drawn(mix(draw) | 1 << 63, one_in) {
+            copy(ctx, &pkt, &key, why, one_in);
+        }
+        return 0;
+    }
     if proof || drawn(draw, drop_sample()) {
         let src = source_of(&pkt, key.family == family::IPV6);
         let of_held_connection = u32::from(why == Reason::RateLimited && crate::held::limiter_held(ctx) == 1);
@@ -87,18 +98,22 @@ pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, rea
             log_sampled(&xdp, &key, why);
         }
     }
-    if !proof && drawn(draw, CAPTURE.get(0).map_or(0, |c| c.one_in)) {
-        copy(ctx, &pkt, &key, why);
+    let one_in = CAPTURE.get(0).map_or(0, |c| c.one_in);
+    if !proof && drawn(draw, one_in) {
+        copy(ctx, &pkt, &key, why, one_in);
     }
     0
 }
 
 /// [`limiter_drop_event`]'s `reason`: the reason's index, and above it
-/// [`PROOF`].
+/// [`PROOF`] or [`PASSED`].
 const REASON: u64 = 0xffff_ffff;
 /// An address proved itself: its event is sent unsampled, and the
 /// (passed) packet is not a drop to copy.
 const PROOF: u64 = 1 << 32;
+/// A passed frame while a capture asks for passes: copied if drawn (one
+/// in `LIMITER_PASSES`), no event.
+const PASSED: u64 = 1 << 33;
 
 /// Whether `draw` falls in the one in `one_in` (a power of two; 0: none).
 #[inline(always)]
@@ -138,7 +153,7 @@ fn log_sampled(ctx: &XdpContext, key: &BucketKey, reason: Reason) {
 /// The frame, up to [`SNAP`] bytes, into `CAPTURES` (reserve, copy with
 /// the kernel's helper, which reads fragments too, submit).
 #[inline(always)]
-fn copy(ctx: *mut xdp_md, pkt: &Packet, key: &BucketKey, reason: Reason) {
+fn copy(ctx: *mut xdp_md, pkt: &Packet, key: &BucketKey, reason: Reason, one_in: u32) {
     let len = pkt.len();
     if len == 0 {
         return;
@@ -167,6 +182,8 @@ fn copy(ctx: *mut xdp_md, pkt: &Packet, key: &BucketKey, reason: Reason) {
             caplen: caplen as u32,
             reason: reason as u32,
             class: u32::from(key.class),
+            one_in,
+            pad: 0,
         });
     }
     e.submit(0);
@@ -257,4 +274,34 @@ pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reas
     }
     let (head, tail) = key.words();
     limiter_drop_event(ctx.ctx, head, tail, reason as u64, draw);
+}
+
+/// One passed frame in how many is copied (a power of two; 0: none):
+/// the object's global (`.bss`, `maps::GLOBALS`), written by userspace
+/// while a capture of passed frames or an attack wants them. Read
+/// straight from memory: the admit path pays one load and one test while
+/// nobody asks (a map lookup costs a call's worth of instructions more).
+#[unsafe(no_mangle)]
+static mut LIMITER_PASSES: u32 = 0;
+
+/// `LIMITER_PASSES`, as it is now.
+#[inline(always)]
+fn passes() -> u32 {
+    // SAFETY: an aligned u32 only userspace writes (one store): no torn
+    // read; volatile, so it is read each time, never assumed zero.
+    unsafe { core::ptr::read_volatile(&raw const LIMITER_PASSES) }
+}
+
+/// A passed frame (`reason` a pass, shadow's would-be drops aside), one
+/// in `LIMITER_PASSES` drawn at random as [`sample_drop`] draws: while
+/// any is asked for, the global function draws and copies (the draw
+/// there, not on each of the main program's paths to here, which the
+/// verifier of 6.1 walks one by one).
+#[inline(always)]
+pub fn sample_pass(ctx: &XdpContext, key: &BucketKey, reason: Reason, now: u64, seen: u64) {
+    if passes() == 0 {
+        return;
+    }
+    let (head, tail) = key.words();
+    limiter_drop_event(ctx.ctx, head, tail, reason as u64 | PASSED, seen.wrapping_add(now));
 }

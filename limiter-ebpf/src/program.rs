@@ -18,7 +18,7 @@ use limiter_common::{
 use crate::{
     answer,
     charge::{Charge, charge},
-    count::{count, sample_drop},
+    count::{count, sample_drop, sample_pass},
     deny,
     lease::{Hit, Slot},
     maps::{ACTIVE, CLOCK_CACHE, CONFIG, TEST_CLOCK},
@@ -152,9 +152,12 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     let reason = answer::unless_own(pkt.0, cfg, class, reason, now, pkt.len());
     let seen = count(class, reason, *fam, pkt.len());
     // Shadow mode's would-be drops are sampled too: `limiter top` shows
-    // what enforcing would drop before it does.
+    // what enforcing would drop before it does. A pass is copied only
+    // while a capture asks for passes (one load and one test otherwise).
     if reason.verdict() == Verdict::Drop || reason == Reason::ShadowDropped {
         sample_drop(pkt.0, cfg, &key, reason, now, seen);
+    } else if reason.verdict() == Verdict::Pass {
+        sample_pass(pkt.0, &key, reason, now, seen);
     }
     Ok(reason)
 }

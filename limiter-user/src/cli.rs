@@ -153,18 +153,20 @@ pub enum Command {
         #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=500))]
         count: u16,
     },
-    /// Copy the frames the data plane drops, live, as it drops them: to a
-    /// pcapng file (each frame's verdict, reason and class in its
-    /// comment; `-w -` for standard output), or one line each. Ends after
-    /// `-c` frames or at Ctrl-C.
+    /// Copy the frames the data plane drops, live, as it drops them (or,
+    /// with `--passed`, a random sample of those it passes): to a pcapng
+    /// file (each frame's verdict, reason and class in its comment; `-w
+    /// -` for standard output), or one line each. Ends after `-c` frames
+    /// or at Ctrl-C.
     #[command(
-        after_help = "Examples:\n  limiter capture -c 10\n  limiter capture -w drops.pcapng --reason rate_limited\n  limiter capture -w - --prefix 198.18.7.0/24 | tcpdump -n -r -"
+        after_help = "Examples:\n  limiter capture -c 10\n  limiter capture -w drops.pcapng --reason rate_limited\n  limiter capture -w - --prefix 198.18.7.0/24 | tcpdump -n -r -\n  limiter capture --passed --prefix 198.18.7.0/24 -c 100"
     )]
     Capture {
         /// Write pcapng to FILE (`-`: standard output) instead of lines.
         #[arg(short = 'w', long = "write", value_name = "FILE")]
         write: Option<PathBuf>,
-        /// Only frames dropped for this reason (`rate_limited`, `denied`, ...).
+        /// Only frames dropped (or, with `--passed`, passed) for this
+        /// reason (`rate_limited`, `denied`, ...; `admitted`, ...).
         #[arg(long)]
         reason: Option<String>,
         /// Only frames from sources inside this network.
@@ -173,6 +175,11 @@ pub enum Command {
         /// Only frames of this class (its name in the policy).
         #[arg(long)]
         class: Option<String>,
+        /// The frames passed instead of those dropped: a random sample,
+        /// at most 10,000 a second (each frame's comment says `sample=1/N`
+        /// when it stands for N).
+        #[arg(long)]
+        passed: bool,
         /// Stop after this many frames.
         #[arg(short = 'c', long = "count", value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,

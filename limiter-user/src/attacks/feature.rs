@@ -22,6 +22,9 @@ use crate::series::Series;
 pub const MAX_FILE: u64 = 8 << 20;
 /// Attacks kept in memory for `limiter attacks`.
 pub const KEPT: usize = 500;
+/// Passed frames a second drawn while an attack is built (what its
+/// sources that were never refused got is estimated from them).
+pub const PASSES_PER_SECOND: u64 = 1_000;
 
 /// The attacks feature.
 #[derive(Debug)]
@@ -42,6 +45,9 @@ pub(crate) struct AttacksFeature {
     /// The country and AS of the sources named so far, where the group
     /// files say them, for the attack being built.
     origins: std::collections::HashMap<ipnet::IpNet, (Option<String>, Option<u32>)>,
+    /// The policy's bucket prefix lengths, IPv4 and IPv6 (a frame's
+    /// source prefix).
+    prefix_lens: (u8, u8),
 }
 
 impl AttacksFeature {
@@ -86,6 +92,7 @@ impl AttacksFeature {
             begun: 0,
             pcap,
             origins: std::collections::HashMap::new(),
+            prefix_lens: (24, 56),
         }
     }
 
@@ -166,6 +173,8 @@ impl Feature for AttacksFeature {
     fn apply(&mut self, a: &InForce<'_>) {
         self.detector.set(a.policy.attacks.clone());
         self.class_names = a.class_names.to_vec();
+        let len = |l: u32| u8::try_from(l).unwrap_or(u8::MAX);
+        self.prefix_lens = (len(a.config.v4_prefix), len(a.config.v6_prefix));
         let attacks = &a.policy.attacks;
         self.hooks.follow(&attacks.webhooks, attacks.webhook_timeout, attacks.webhook_ca.as_deref());
     }
@@ -192,10 +201,21 @@ impl Feature for AttacksFeature {
 
     fn frames(&mut self, frames: &[crate::capture::Frame], class_names: &[String]) {
         self.pcap.frames(frames, class_names);
+        for f in frames {
+            let Some(ip) = f.source_ip() else { continue };
+            let len = if ip.is_ipv4() { self.prefix_lens.0 } else { self.prefix_lens.1 };
+            if let Ok(net) = ipnet::IpNet::new(ip, len) {
+                self.detector.frame(net.trunc(), f.passed(), f.one_in);
+            }
+        }
     }
 
     fn wants_frames(&self) -> Option<crate::capture::Want> {
         self.pcap.want()
+    }
+
+    fn wants_passes(&self) -> Option<u64> {
+        self.detector.wants_passes().then_some(PASSES_PER_SECOND)
     }
 
     fn wants_described(&mut self) -> Vec<ipnet::IpNet> {
@@ -287,7 +307,12 @@ impl Feature for AttacksFeature {
             .iter()
             .map(|h| (h.url.clone(), [&h.fares.delivered, &h.fares.failed, &h.fares.dropped].map(|c| c.load(Relaxed))))
             .collect();
-        Some(Box::new(Report { active: self.detector.is_active(), begun: self.begun, hooks }))
+        let classes = self
+            .detector
+            .active(&self.class_names)
+            .map(|a| a.classes.into_iter().map(|c| (c.name, c.share)).collect())
+            .unwrap_or_default();
+        Some(Box::new(Report { active: self.detector.is_active(), begun: self.begun, classes, hooks }))
     }
 }
 
@@ -296,6 +321,9 @@ impl Feature for AttacksFeature {
 struct Report {
     active: bool,
     begun: u64,
+    /// The attack going on's classes and their share of its sampled
+    /// refused packets.
+    classes: Vec<(String, f64)>,
     /// Each webhook: delivered, failed, dropped.
     hooks: Vec<(String, [u64; 3])>,
 }
@@ -309,6 +337,15 @@ impl Series for Report {
             MetricType::Gauge,
         )?;
         ConstGauge::new(i64::from(self.active)).encode(m)?;
+        let mut m = enc.encode_descriptor(
+            "limiter_attack_class_share",
+            "While an attack goes on, each class it refuses packets of and its share of them (0 to 1, from the sampled drops).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (class, share) in &self.classes {
+            ConstGauge::new(*share).encode(m.encode_family(&[("class", class.as_str())])?)?;
+        }
         let m = enc.encode_descriptor(
             "limiter_attacks",
             "Attacks begun since the daemon started.",

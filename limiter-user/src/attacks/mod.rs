@@ -14,11 +14,13 @@ pub mod feature;
 pub mod pcap;
 pub mod webhook;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+use ipnet::IpNet;
 
 use limiter_common::{BucketKey, REASON_COUNT, Reason};
 
-use crate::control::{Amount, Attack, AttackAction, Share};
+use crate::control::{Amount, Attack, AttackAction, Conforming, Share};
 use crate::dataplane::Totals;
 use crate::policy::attacks::Attacks as Settings;
 
@@ -29,6 +31,9 @@ pub const MAX_TRACKED: usize = 4_096;
 pub const TOP_SOURCES: usize = 10;
 /// Actions a record keeps (the rest are counted).
 pub const MAX_ACTIONS: usize = 100;
+/// Refused source prefixes remembered per attack to tell the conforming
+/// ones apart (past it, the record says nothing of them).
+pub const MAX_REFUSED: usize = 4 * MAX_TRACKED;
 /// One sampled drop stands for this many.
 const SAMPLE: u64 = limiter_common::DROP_SAMPLE as u64;
 
@@ -58,6 +63,16 @@ struct Building {
     sources: HashMap<BucketKey, u64>,
     /// Sampled drops by IP protocol and destination port.
     ports: HashMap<(u8, u16), u64>,
+    /// Every source prefix a sampled or copied drop named, and whether
+    /// more were than [`MAX_REFUSED`].
+    refused: HashSet<IpNet>,
+    refused_overflow: bool,
+    /// Passed frames drawn, by source prefix: the packets each stands
+    /// for (its draw's one in N); those of prefixes past
+    /// [`MAX_TRACKED`] in the sum only.
+    passes: HashMap<IpNet, u64>,
+    passes_untracked: u64,
+    pass_samples: u64,
 }
 
 /// The detector: one attack at a time.
@@ -157,6 +172,7 @@ impl Detector {
                     actions_left_out: 0,
                     interrupted: false,
                     pcap: None,
+                    conforming: None,
                 },
                 pending: true,
                 last_above: at,
@@ -165,6 +181,11 @@ impl Detector {
                 classes: HashMap::new(),
                 sources: HashMap::new(),
                 ports: HashMap::new(),
+                refused: HashSet::new(),
+                refused_overflow: false,
+                passes: HashMap::new(),
+                passes_untracked: 0,
+                pass_samples: 0,
             });
         }
         let building = self.building.as_mut()?;
@@ -224,6 +245,7 @@ impl Detector {
         *b.classes.entry(key.class).or_default() += 1;
         // A source prefix whatever the class its packets fell in.
         let prefix = BucketKey { class: 0, ..*key };
+        refuse(b, crate::dataplane::net(&prefix));
         if b.sources.len() < MAX_TRACKED || b.sources.contains_key(&prefix) {
             *b.sources.entry(prefix).or_default() += 1;
         }
@@ -232,6 +254,29 @@ impl Detector {
         {
             *b.ports.entry(port).or_default() += 1;
         }
+    }
+
+    /// A frame the program copied, from source prefix `net`: refused, or
+    /// passed as one in `one_in` drawn at random.
+    pub fn frame(&mut self, net: IpNet, passed: bool, one_in: u32) {
+        let Some(b) = &mut self.building else { return };
+        if !passed {
+            refuse(b, net);
+            return;
+        }
+        b.pass_samples += 1;
+        let weight = u64::from(one_in.max(1));
+        if b.passes.len() < MAX_TRACKED || b.passes.contains_key(&net) {
+            *b.passes.entry(net).or_default() += weight;
+        } else {
+            b.passes_untracked += weight;
+        }
+    }
+
+    /// Whether it wants passed frames (an attack is being built).
+    #[must_use]
+    pub fn wants_passes(&self) -> bool {
+        self.building.is_some()
     }
 
     /// The guard did `what` (asked by `by`) during the attack.
@@ -245,9 +290,46 @@ impl Detector {
     }
 }
 
+/// `net` was refused during `b`.
+fn refuse(b: &mut Building, net: IpNet) {
+    if b.refused.len() < MAX_REFUSED {
+        b.refused.insert(net);
+    } else if !b.refused.contains(&net) {
+        b.refused_overflow = true;
+    }
+}
+
+/// What the never-refused sources of `b` got: their share of the passed
+/// frames drawn (each weighed by the packets it stands for) applied to
+/// all the passed packets. Those of prefixes past the bound count as
+/// refused (never more protection said than seen).
+fn conforming(b: &Building) -> Option<Conforming> {
+    if b.pass_samples == 0 || b.refused_overflow {
+        return None;
+    }
+    let all = b.passes.values().sum::<u64>() + b.passes_untracked;
+    let (mut weight, mut prefixes) = (0u64, 0u64);
+    for (net, w) in &b.passes {
+        if !b.refused.contains(net) {
+            weight += w;
+            prefixes += 1;
+        }
+    }
+    let share = share(weight, all);
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "an estimate"
+    )]
+    let packets = (b.attack.passed.packets as f64 * share).round() as u64;
+    Some(Conforming { packets, share, prefixes, samples: b.pass_samples })
+}
+
 /// `b`'s record as it stands: its reasons, classes and sources ranked.
 fn snapshot(b: &Building, class_names: &[String]) -> Attack {
     let mut a = b.attack.clone();
+    a.conforming = conforming(b);
     let counted: u64 = b.reasons.iter().sum();
     let mut reasons: Vec<Share> = Reason::ALL
         .iter()

@@ -70,11 +70,13 @@ impl<W: Write> Writer<W> {
     }
 }
 
-/// A frame's comment: `verdict=drop reason=rate_limited class=web`.
+/// A frame's comment: `verdict=drop reason=rate_limited class=web`, and
+/// `sample=1/64` after it when the frame was drawn as one in 64.
 #[must_use]
 pub fn comment(f: &Frame, class_names: &[String]) -> String {
+    let sample = if f.one_in > 1 { format!(" sample=1/{}", f.one_in) } else { String::new() };
     format!(
-        "verdict={} reason={} class={}",
+        "verdict={} reason={} class={}{sample}",
         f.reason.verdict().label(),
         f.reason.label(),
         class_name(class_names, f.class)

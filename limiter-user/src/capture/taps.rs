@@ -20,6 +20,10 @@ pub const QUEUE: usize = 8_192;
 pub const BATCH: usize = 1_024;
 /// A tap not read for this long is closed.
 pub const IDLE: Duration = Duration::from_secs(10);
+/// Passed frames a second copied at most for the taps that ask for them
+/// (a random sample once more pass; the ring holds about 14,000 and is
+/// drained five times a second).
+pub const PASSES_PER_SECOND: u64 = 10_000;
 
 #[derive(Debug)]
 struct Tap {
@@ -93,11 +97,18 @@ impl Taps {
         self.taps.retain(|_, t| now.duration_since(t.read_at) < IDLE);
     }
 
-    /// What the open taps ask of the data plane: every drop, while any is
-    /// open.
+    /// What the open taps ask of the data plane: every drop, while any
+    /// tap of drops is open.
     #[must_use]
     pub fn want(&self) -> Option<Want> {
-        (!self.taps.is_empty()).then_some(Want::Every)
+        self.taps.values().any(|t| !t.filter.passed).then_some(Want::Every)
+    }
+
+    /// Passed frames a second they ask for: [`PASSES_PER_SECOND`] while
+    /// any tap of passes is open.
+    #[must_use]
+    pub fn want_passes(&self) -> Option<u64> {
+        self.taps.values().any(|t| t.filter.passed).then_some(PASSES_PER_SECOND)
     }
 
     /// Taps open.

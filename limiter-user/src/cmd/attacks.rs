@@ -87,6 +87,16 @@ fn whole(a: &Attack, now: u64) -> String {
         let _ = writeln!(o, "  of them {} SYNs answered with a cookie", a.syn_cookies);
     }
     let _ = writeln!(o, "passed    {}", amount(&a.passed));
+    if let Some(c) = &a.conforming {
+        let _ = writeln!(
+            o,
+            "  of them about {} packets ({:.1}%) of {} source prefix(es) never refused (from {} passes drawn)",
+            c.packets,
+            c.share * 100.0,
+            c.prefixes,
+            c.samples
+        );
+    }
     let shares = |o: &mut String, title: &str, v: &[crate::control::Share]| {
         if v.is_empty() {
             return;

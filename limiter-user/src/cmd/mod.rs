@@ -52,8 +52,13 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
         Command::Explain { addr, protocol, port, syn } => explain::explain(client, *addr, *protocol, *port, *syn, json),
         Command::History { since, count } => history::history(client, *since, *count, json),
         Command::Attacks { show, count } => attacks::attacks(client, show.as_ref(), *count, json),
-        Command::Capture { write, reason, prefix, class, count } => {
-            let filter = crate::capture::Filter { reason: reason.clone(), prefix: *prefix, class: class.clone() };
+        Command::Capture { write, reason, prefix, class, passed, count } => {
+            let filter = crate::capture::Filter {
+                reason: reason.clone(),
+                prefix: *prefix,
+                class: class.clone(),
+                passed: *passed,
+            };
             capture::capture(&client, filter, write.as_deref(), *count)
         }
         Command::Replay { pcap, policy } => replay::replay(pcap, policy.as_deref(), json),

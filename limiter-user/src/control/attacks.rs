@@ -94,7 +94,28 @@ pub struct Attack {
     /// Its frames, as pcapng (none: no attacks file to keep them beside).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pcap: Option<Pcap>,
+    /// What the sources it never refused got (none: no passed frame was
+    /// drawn, or too many sources were refused to tell them apart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conforming: Option<Conforming>,
 }
+
+/// The passed packets of the source prefixes an attack never refused
+/// (the traffic the guard is there for), estimated from passed frames
+/// the program drew at random while it went on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Conforming {
+    /// Their passed packets: all the passed packets times their share.
+    pub packets: u64,
+    /// Their share of the passed packets (0 to 1), by the drawn frames.
+    pub share: f64,
+    /// Source prefixes seen passing and never refused.
+    pub prefixes: u64,
+    /// Passed frames drawn (the estimate's base).
+    pub samples: u64,
+}
+
+impl Eq for Conforming {}
 
 /// An attack's pcapng: the first frames it dropped, then a random sample.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -17,6 +17,13 @@ pub struct WireFrame {
     /// The reason's index.
     pub reason: u32,
     pub class: u8,
+    /// Copied as one in this many of its kind (1: every one).
+    #[serde(default = "one")]
+    pub one_in: u32,
+}
+
+const fn one() -> u32 {
+    1
 }
 
 impl WireFrame {
@@ -27,7 +34,7 @@ impl WireFrame {
         for b in &f.data {
             let _ = write!(data, "{b:02x}");
         }
-        Self { t_ns: f.t_ns, len: f.len, data, reason: f.reason as u32, class: f.class }
+        Self { t_ns: f.t_ns, len: f.len, data, reason: f.reason as u32, class: f.class, one_in: f.one_in }
     }
 
     /// The frame back; `None` for what no daemon sends.
@@ -47,6 +54,7 @@ impl WireFrame {
             data,
             reason: limiter_common::Reason::from_index(self.reason)?,
             class: self.class,
+            one_in: self.one_in.max(1),
         })
     }
 }

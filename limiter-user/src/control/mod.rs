@@ -16,7 +16,7 @@ pub mod server;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-pub use self::attacks::{Action as AttackAction, Amount, Attack, Attacks, Pcap, Share};
+pub use self::attacks::{Action as AttackAction, Amount, Attack, Attacks, Conforming, Pcap, Share};
 pub use self::capture::{Captured, WireFrame};
 pub use self::explain::{Explain, Layer};
 pub use self::forward::{AdaptiveInfo, ForwardInfo};

@@ -1,14 +1,17 @@
 //! The daemon's side of capture: it drains the frames the program copied
 //! (with the sampled drops, every 200 ms), hands them to the taps of
 //! `limiter capture` and to every feature (the attacks' pcaps), and
-//! keeps `CAPTURE` switched on exactly while one of them wants frames.
+//! keeps `CAPTURE` switched on exactly while one of them wants dropped
+//! frames, and the program's `LIMITER_PASSES` while one wants passed
+//! frames (one in a power of two, set from the last second's passes so
+//! that no more a second are copied than the most any asks).
 
 use std::time::Instant;
 
 use limiter_common::capture::CaptureCtl;
 
 use super::features::Features;
-use crate::capture::{Frame, ctl, taps::Taps};
+use crate::capture::{Frame, ctl, passes_one_in, taps::Taps};
 use crate::control::{Captured, ErrorCode, Request, Response, WireFrame};
 use crate::dataplane::Capture;
 
@@ -20,6 +23,11 @@ pub(super) struct Capturing {
     taps: Taps,
     /// What `CAPTURE` holds.
     written: CaptureCtl,
+    /// What `LIMITER_PASSES` holds.
+    passes: u32,
+    /// Packets passed in the last second, and the program's count of
+    /// passes at its end.
+    passed: (u64, Option<u64>),
     /// That, said for `limiter status`.
     said: String,
 }
@@ -27,7 +35,14 @@ pub(super) struct Capturing {
 impl Capturing {
     pub(super) fn new(ring: Option<Capture>) -> Self {
         let said = if ring.is_some() { "off" } else { "unavailable (no capture ring)" }.to_owned();
-        Self { ring, taps: Taps::default(), written: CaptureCtl::default(), said }
+        Self { ring, taps: Taps::default(), written: CaptureCtl::default(), passes: 0, passed: (0, None), said }
+    }
+
+    /// A second ended, the program having counted `totals` so far.
+    pub(super) fn second(&mut self, totals: &crate::dataplane::Totals) {
+        let now = totals.of(limiter_common::Action::Pass).packets;
+        let last = self.passed.1.replace(now);
+        self.passed.0 = last.map_or(0, |l| now.saturating_sub(l));
     }
 
     /// Hand the frames copied since the last drain on, then switch
@@ -48,17 +63,54 @@ impl Capturing {
             features.frames(&frames, class_names);
         }
         let by_features = features.wants_frames();
-        let attack = !by_features.is_empty();
+        let passes = features.wants_passes();
+        let attack = !by_features.is_empty() || !passes.is_empty();
         self.switch(ctl(by_features.into_iter().chain(self.taps.want())));
+        self.switch_passes(passes_one_in(passes.into_iter().chain(self.taps.want_passes()), self.passed.0));
         if self.ring.is_some() {
-            self.said = match (self.written.one_in, self.taps.len(), attack) {
-                (0, ..) => "off".to_owned(),
-                (n, taps, attack) => format!(
-                    "on: one drop in {n} copied, for {taps} live capture(s){}",
-                    if attack { " and the attack's pcap" } else { "" }
-                ),
+            let drops = match self.written.one_in {
+                0 => None,
+                n => Some(format!("one drop in {n} copied")),
+            };
+            let passes = match self.passes {
+                0 => None,
+                n => Some(format!("one pass in {n} copied")),
+            };
+            let copied: Vec<String> = drops.into_iter().chain(passes).collect();
+            self.said = if copied.is_empty() {
+                "off".to_owned()
+            } else {
+                format!(
+                    "on: {}, for {} live capture(s){}",
+                    copied.join(", "),
+                    self.taps.len(),
+                    if attack { " and the attack's record" } else { "" }
+                )
             };
         }
+    }
+
+    fn switch_passes(&mut self, one_in: u32) {
+        if one_in == self.passes {
+            return;
+        }
+        let Some(ring) = &mut self.ring else { return };
+        match ring.passes.set(0, one_in, 0) {
+            Ok(()) => {
+                tracing::debug!(
+                    "limiter: capture of passes {}",
+                    if one_in == 0 { "off".to_owned() } else { format!("on, one in {one_in}") }
+                );
+                self.passes = one_in;
+            }
+            Err(e) => tracing::warn!("limiter: switching the capture of passes: {e}"),
+        }
+    }
+
+    /// Copy nothing more (the daemon stops; a pinned program goes on).
+    pub(super) fn off(&mut self) {
+        self.switch(CaptureCtl::default());
+        self.switch_passes(0);
     }
 
     /// What it copies now, said.

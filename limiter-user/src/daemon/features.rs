@@ -123,6 +123,11 @@ impl Features {
         self.0.iter().filter_map(|f| f.wants_frames()).collect()
     }
 
+    /// The passed frames a second every feature wants copied.
+    pub(super) fn wants_passes(&self) -> Vec<u64> {
+        self.0.iter().filter_map(|f| f.wants_passes()).collect()
+    }
+
     /// Whether every feature can carry out its part of the operator's
     /// `change` (see [`Feature::admits`]).
     pub(super) fn admits(&self, change: &Change) -> Result<(), (ErrorCode, String)> {

@@ -181,6 +181,7 @@ impl Daemon {
                 _ = second.tick() => {
                     let totals = self.dp.maps.totals()?;
                     self.observer.tick_second(&totals);
+                    self.capture.second(&totals);
                     if !self.view.groups.is_empty() {
                         self.observer.tick_groups(self.dp.maps.counters.group_hits(self.view.groups.len())?);
                     }
@@ -207,6 +208,8 @@ impl Daemon {
             }
         };
         self.features.drain().await;
+        // A program left enforcing copies nothing for no one.
+        self.capture.off();
         self.stop(why)
     }
 

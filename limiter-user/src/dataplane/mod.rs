@@ -55,6 +55,8 @@ pub static OBJECT_WITHOUT_SYN_COOKIES: &[u8] =
 pub struct Capture {
     pub frames: RingBuf<MapData>,
     pub ctl: Array<MapData, limiter_common::capture::CaptureCtl>,
+    /// The program's globals: `LIMITER_PASSES` (see `maps::GLOBALS`).
+    pub passes: Array<MapData, u32>,
 }
 
 /// A loaded XDP object and its maps.
@@ -134,7 +136,8 @@ impl DataPlane {
         let drop_events = ebpf.take_map(names::DROP_EVENTS).and_then(|m| RingBuf::try_from(m).ok());
         let frames = ebpf.take_map(names::CAPTURES).and_then(|m| RingBuf::try_from(m).ok());
         let ctl = ebpf.take_map(names::CAPTURE).and_then(|m| Array::try_from(m).ok());
-        let capture = frames.zip(ctl).map(|(frames, ctl)| Capture { frames, ctl });
+        let passes = ebpf.take_map(names::GLOBALS).and_then(|m| Array::try_from(m).ok());
+        let capture = frames.zip(ctl).zip(passes).map(|((frames, ctl), passes)| Capture { frames, ctl, passes });
         Ok(Self {
             ebpf,
             maps,

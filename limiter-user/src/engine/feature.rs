@@ -196,8 +196,15 @@ pub(crate) trait Feature: Send {
     /// What the features said of a network it asked of.
     fn described(&mut self, _net: ipnet::IpNet, _show: &PrefixShow) {}
 
-    /// Which frames it wants the data plane to copy now (`None`: none).
+    /// Which dropped frames it wants the data plane to copy now (`None`:
+    /// none).
     fn wants_frames(&self) -> Option<crate::capture::Want> {
+        None
+    }
+
+    /// How many passed frames a second it wants copied now, drawn at
+    /// random (`None`: none).
+    fn wants_passes(&self) -> Option<u64> {
         None
     }
 

@@ -97,7 +97,7 @@ fn pcapng_of_a_capture_is_read_back_with_stamps_in_nanoseconds() {
         data[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
         data[14] = 0x45;
         data[26..30].copy_from_slice(&src);
-        Copied { t_ns: 1_700_000_000_123_456_789, len: 42, data, reason, class: 1 }
+        Copied { t_ns: 1_700_000_000_123_456_789, len: 42, data, reason, class: 1, one_in: 1 }
     };
     let mut writer = pcapng::Writer::new(Vec::new()).unwrap();
     let frames = [frame([198, 18, 41, 7], Reason::RateLimited), frame([198, 18, 44, 1], Reason::Denied)];

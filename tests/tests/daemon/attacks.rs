@@ -270,6 +270,19 @@ fn a_flood_is_an_attack_with_a_record_told_to_webhooks() {
     println!("control socket: slowest status of 20 during the attack {worst:?}");
     assert!(worst < Duration::from_millis(100), "{worst:?}");
 
+    // The metrics while it goes on: active, and each class's share.
+    let m = scrape(&net);
+    let share = |class: &str| -> f64 {
+        let series = format!("limiter_attack_class_share{{class=\"{class}\"}}");
+        m.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("{series} not in:\n{m}"))
+    };
+    let (web, dns) = (share("web"), share("dns"));
+    println!("metrics during the attack: limiter_attack_class_share web {web:.3} dns {dns:.3}");
+    assert_eq!(metric(&m, "limiter_attack_active"), 1);
+    assert!((0.6..=1.0).contains(&web) && dns > 0.1 && (web + dns - 1.0).abs() < 1e-6, "web {web} dns {dns}");
+
     // The operator acts during it.
     let o = scenario::cli(&socket, &["prefix", "deny", "198.18.43.0/24", "--ttl", "10m", "--reason", "attack 1"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -334,6 +347,7 @@ fn a_flood_is_an_attack_with_a_record_told_to_webhooks() {
     assert!(metric(&m, &format!("limiter_attack_webhooks_total{{webhook=\"{hook_url}\",result=\"delivered\"}}")) >= 2);
     assert_eq!(metric(&m, "limiter_attacks_total"), 1);
     assert_eq!(metric(&m, "limiter_attack_active"), 0);
+    assert!(!m.contains("limiter_attack_class_share{"), "a class's share without an attack");
 
     // Restarted, the daemon still has it.
     drop(daemon);

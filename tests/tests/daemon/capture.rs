@@ -6,7 +6,10 @@
 //! the flood is an attack whose record names its pcap, which tshark reads
 //! whole (its first frames, then a sample) with the same reasons, and
 //! which `limiter replay` takes, giving the denied source every frame
-//! dropped again.
+//! dropped again. A third /24 sends under its allowance meanwhile:
+//! `limiter capture --passed` shows its frames passed, and the attack's
+//! record says what it got (the passed packets of the sources it never
+//! refused) within 25% of what it sent.
 
 use std::{
     io::Read as _,
@@ -24,6 +27,7 @@ use limiter_tests::{
 
 const LIMITED: &str = "198.18.41";
 const DENIED: &str = "198.18.44";
+const CONFORMING: &str = "198.18.50";
 
 /// Each frame of a pcapng as tshark reads it: source address and comment.
 fn tshark(path: &Path) -> Vec<(String, String)> {
@@ -46,10 +50,19 @@ fn tshark(path: &Path) -> Vec<(String, String)> {
 
 /// Every frame's comment names the reason its source earns (the denied
 /// /24's `denied`, the other's `rate_limited`), both are there, and
-/// nothing else is.
-fn reasons_match_sources(frames: &[(String, String)]) {
-    let mut seen = (0, 0);
+/// nothing else is; the frames drawn as one in N (`sample=1/N` after the
+/// words), counted.
+fn reasons_match_sources(frames: &[(String, String)]) -> usize {
+    let (mut seen, mut sampled) = ((0, 0), 0);
     for (src, comment) in frames {
+        let comment = match comment.split_once(" sample=1/") {
+            Some((words, n)) => {
+                assert!(n.parse::<u32>().is_ok_and(|n| n > 1 && n.is_power_of_two()), "{comment}");
+                sampled += 1;
+                words
+            }
+            None => comment.as_str(),
+        };
         let want = if src.starts_with(&format!("{DENIED}.")) {
             seen.0 += 1;
             "verdict=drop reason=denied class=web"
@@ -61,6 +74,7 @@ fn reasons_match_sources(frames: &[(String, String)]) {
         assert_eq!(comment, want, "{src}");
     }
     assert!(seen.0 > 0 && seen.1 > 0, "denied {} rate-limited {}", seen.0, seen.1);
+    sampled
 }
 
 #[test]
@@ -113,7 +127,15 @@ fn captures_show_what_was_dropped_and_why_live_and_per_attack() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (only, all) = (Guard(only), Guard(all));
+    let of_passes = Command::new(&limiter)
+        .args(["capture", "--passed", "--prefix", &format!("{CONFORMING}.0/24"), "-c", "100", "--socket"])
+        .arg(&socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (only, all, mut of_passes) = (Guard(only), Guard(all), Guard(of_passes));
+    let mut passed_lines = of_passes.0.stdout.take().unwrap();
     thread::sleep(Duration::from_millis(500));
 
     let netload = scenario::locate_bin("netload").unwrap();
@@ -124,6 +146,9 @@ fn captures_show_what_was_dropped_and_why_live_and_per_attack() {
         Guard(c.stdout(Stdio::null()).spawn().unwrap())
     };
     let began = Instant::now();
+    let mut conforming = net.a.command(&netload);
+    conforming.args(["spoof-prefix", "va", &mac, &format!("{B_ADDR}:7001"), CONFORMING, "300", "8"]);
+    let conforming = conforming.stdout(Stdio::piped()).spawn().unwrap();
     let floods = [flood(LIMITED, 5_000), flood(DENIED, 3_000)];
 
     // The live captures end at their counts.
@@ -143,6 +168,15 @@ fn captures_show_what_was_dropped_and_why_live_and_per_attack() {
     };
     finish(only, "capture --reason rate_limited");
     finish(all, "capture -w");
+    finish(of_passes, "capture --passed");
+    let mut text = String::new();
+    passed_lines.read_to_string(&mut text).unwrap();
+    let passed: Vec<&str> = text.lines().collect();
+    println!("capture --passed: {} lines; the first: {:?}", passed.len(), passed.first());
+    assert_eq!(passed.len(), 100);
+    for l in &passed {
+        assert!(l.contains(&format!(" {CONFORMING}.")) && l.ends_with("verdict=pass reason=admitted class=web"), "{l}");
+    }
     let out = tcpdump.wait_with_output().unwrap();
     let lines = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = lines.lines().collect();
@@ -153,10 +187,13 @@ fn captures_show_what_was_dropped_and_why_live_and_per_attack() {
     let frames = tshark(&all_file);
     println!("tshark read {} frames of the -w file; the first: {:?}", frames.len(), frames.first());
     assert_eq!(frames.len(), 400);
-    reasons_match_sources(&frames);
+    assert_eq!(reasons_match_sources(&frames), 0, "a live capture takes every drop");
 
     // The attack: its record names its pcap.
     thread::sleep(Duration::from_secs(8).saturating_sub(began.elapsed()));
+    let sent = conforming.wait_with_output().unwrap();
+    let sent = String::from_utf8(sent.stdout).unwrap();
+    let sent: u64 = sent.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{sent}"));
     drop(floods);
     let deadline = Instant::now() + Duration::from_secs(10);
     let a = loop {
@@ -172,13 +209,23 @@ fn captures_show_what_was_dropped_and_why_live_and_per_attack() {
     let pcap = a["pcap"]["path"].as_str().unwrap_or_else(|| panic!("no pcap in {a}"));
     let kept = a["pcap"]["frames"].as_u64().unwrap();
     assert!(pcap.ends_with(&format!("attacks.jsonl.pcap/{}.pcapng", a["id"])), "{pcap}");
+    // The conforming /24 is the one flooding source never refused (the
+    // link's own IPv6 neighbour discovery passes beside it, a few
+    // packets); it sent all its packets while the attack went on.
+    let c = &a["conforming"];
+    println!("conforming: {c} (the /24 sent {sent})");
+    assert!(c["prefixes"].as_u64().is_some_and(|n| n >= 1), "{a}");
+    let got = c["packets"].as_u64().unwrap();
+    assert!(got.abs_diff(sent) * 4 <= sent, "{got} passed of the never refused, {sent} sent");
     let frames = tshark(Path::new(pcap));
     println!("tshark read {} frames of the attack's pcap; the first: {:?}", frames.len(), frames.first());
     assert_eq!(frames.len() as u64, kept);
     // Its first 1,000 frames, then a sample of the rest (7 s at about
     // 7,000 refused a second: about 100 a second).
     assert!((1_000 + 300..=1_000 + 2_000).contains(&kept), "{kept} frames kept");
-    reasons_match_sources(&frames);
+    let sampled = reasons_match_sources(&frames);
+    println!("{sampled} of them drawn as one in N");
+    assert!(sampled > 0 && sampled < frames.len() - 1_000 + 1, "{sampled}");
 
     // Replayed under the same policy: the denied source's frames are all
     // dropped again.

@@ -1,8 +1,9 @@
 //! The capture path through the real program (BPF_PROG_TEST_RUN): with
 //! `CAPTURE` off no frame is copied; on, every drop the draw takes is
 //! copied into `CAPTURES` whole up to the snap length, with its reason,
-//! class and length on the wire; a passed frame never is; one in N copies
-//! about one drop in N.
+//! class and length on the wire; a passed frame never is unless the
+//! program's `LIMITER_PASSES` asks, and then one in N of them; one in N
+//! copies about one drop in N.
 
 use std::net::Ipv4Addr;
 
@@ -72,6 +73,7 @@ fn drops_are_copied_only_while_capture_is_on_and_passes_never() {
     assert_eq!(got[0].data, limited[..SNAP], "cut at the snap length");
     assert_eq!((got[1].reason, got[1].data.as_slice()), (Reason::Denied, denied.as_slice()), "whole");
     assert_eq!(got[1].source_ip(), Some("198.18.44.1".parse().unwrap()));
+    assert!(got.iter().all(|f| f.one_in == 1));
     // One in 8: about an eighth of 800 drops.
     switch(&mut c, 8);
     for i in 0..800u64 {
@@ -82,5 +84,54 @@ fn drops_are_copied_only_while_capture_is_on_and_passes_never() {
     assert!((50..=150).contains(&n), "{n} of 800");
     switch(&mut c, 0);
     kernel::run_at(&mut l, T0, &denied);
+    assert!(copied(&mut c).is_empty());
+}
+
+#[test]
+fn passes_are_copied_only_while_the_global_asks_one_in_n_at_random() {
+    let _alone = limiter_tests::alone(module_path!());
+    let (mut l, mut c) = open();
+    // 198.18.45/24 through an allow override: every packet passes.
+    let allowed = |i: u8| udp4([198, 18, 45, i], 40);
+    let mut policy_allowing = Policy {
+        default: Limit { rate: 1, burst: 1, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
+        ..Policy::default()
+    };
+    policy_allowing.overrides.push(Override {
+        net: "198.18.45.0/24".parse().unwrap(),
+        action: OverrideAction::Allow,
+        criticality: None,
+    });
+    let compiled = policy_allowing.compile(2).unwrap();
+    l.maps.apply(&compiled).unwrap();
+    let first = kernel::reason_at(&mut l, T0, &allowed(1));
+    assert_eq!(first.verdict(), limiter_common::Verdict::Pass, "{first:?}");
+    // Capture of drops on, of passes off: no pass copied.
+    switch(&mut c, 1);
+    for i in 0..50 {
+        kernel::run_at(&mut l, T0 + u64::from(i), &allowed(i));
+    }
+    assert!(copied(&mut c).is_empty(), "passes copied without being asked");
+    switch(&mut c, 0);
+    // Every pass.
+    c.passes.set(0, 1, 0).unwrap();
+    for i in 0..50 {
+        kernel::run_at(&mut l, T0 + u64::from(i), &allowed(i));
+    }
+    let got = copied(&mut c);
+    assert_eq!(got.len(), 50);
+    assert!(got.iter().all(|f| f.reason == first && f.one_in == 1 && f.passed()));
+    assert_eq!(got[7].data, allowed(7), "whole, with its source");
+    // One in 8 of 800: about 100, each saying it stands for 8.
+    c.passes.set(0, 8, 0).unwrap();
+    for i in 0..800u64 {
+        kernel::run_at(&mut l, T0 + i * 1_000, &allowed(1));
+    }
+    let got = copied(&mut c);
+    println!("one in 8: {} of 800 passes copied", got.len());
+    assert!((50..=150).contains(&got.len()), "{} of 800", got.len());
+    assert!(got.iter().all(|f| f.one_in == 8));
+    c.passes.set(0, 0, 0).unwrap();
+    kernel::run_at(&mut l, T0, &allowed(1));
     assert!(copied(&mut c).is_empty());
 }

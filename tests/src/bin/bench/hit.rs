@@ -115,6 +115,38 @@ pub fn hit_path() {
         bare2 / bare
     );
     sample_draw(&frame);
+    passes_cost(&frame);
+}
+
+/// What the capture of passes costs the admit path, on one program whose
+/// `LIMITER_PASSES` is switched between calls: off (what every admitted
+/// packet pays while nobody asks: one load and one test), asked but all
+/// but never drawn (one in 2^31: the call and the draw each pass), and
+/// every pass copied; by the kernel's mean per run, as `capture_cost`.
+fn passes_cost(frame: &[u8]) {
+    let mut l = kernel::open_bench(&kernel::config(limiter_common::gcra::MAX_RATE, 1 << 40, false, 24, 56), 1024);
+    l.load_program(programs::LIMITER).unwrap();
+    l.test_run(programs::LIMITER, frame, 1).unwrap();
+    let mut capture = l.take_capture().expect("the capture ring");
+    let mut rows: [Vec<f64>; 3] = Default::default();
+    for _ in 0..ROUNDS * 10 {
+        for (one_in, row) in [0, 1 << 31, 1].into_iter().zip(&mut rows) {
+            capture.passes.set(0, one_in, 0).expect("write LIMITER_PASSES");
+            let (action, d) = l.test_run(programs::LIMITER, frame, CAPTURE_REPEAT).expect("BPF_PROG_TEST_RUN");
+            assert_eq!(action, kernel::XDP_PASS);
+            row.push(d.as_secs_f64() * 1e9);
+            while capture.frames.next().is_some() {}
+        }
+    }
+    let [off, asked, every] = rows.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[0]
+    });
+    println!(
+        "capture of passes, {CAPTURE_REPEAT} runs a call, kernel's mean: off {off:.0} ns, asked (drawn one in 2^31) {asked:.0} ns ({:.2}x), every pass copied {every:.0} ns ({:.2}x)",
+        asked / off,
+        every / off
+    );
 }
 
 /// What the drop sample's draw and a capture cost each drop, on one
