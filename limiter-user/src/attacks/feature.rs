@@ -46,8 +46,8 @@ pub(crate) struct AttacksFeature {
     /// files say them, for the attack being built.
     origins: std::collections::HashMap<ipnet::IpNet, (Option<String>, Option<u32>)>,
     /// The policy's bucket prefix lengths, IPv4 and IPv6 (a frame's
-    /// source prefix).
-    prefix_lens: (u8, u8),
+    /// bucket, as the program keys it).
+    prefix_lens: (u32, u32),
 }
 
 impl AttacksFeature {
@@ -173,8 +173,7 @@ impl Feature for AttacksFeature {
     fn apply(&mut self, a: &InForce<'_>) {
         self.detector.set(a.policy.attacks.clone());
         self.class_names = a.class_names.to_vec();
-        let len = |l: u32| u8::try_from(l).unwrap_or(u8::MAX);
-        self.prefix_lens = (len(a.config.v4_prefix), len(a.config.v6_prefix));
+        self.prefix_lens = (a.config.v4_prefix, a.config.v6_prefix);
         let attacks = &a.policy.attacks;
         self.hooks.follow(&attacks.webhooks, attacks.webhook_timeout, attacks.webhook_ca.as_deref());
     }
@@ -202,10 +201,9 @@ impl Feature for AttacksFeature {
     fn frames(&mut self, frames: &[crate::capture::Frame], class_names: &[String]) {
         self.pcap.frames(frames, class_names);
         for f in frames {
-            let Some(ip) = f.source_ip() else { continue };
-            let len = if ip.is_ipv4() { self.prefix_lens.0 } else { self.prefix_lens.1 };
-            if let Ok(net) = ipnet::IpNet::new(ip, len) {
-                self.detector.frame(net.trunc(), f.passed(), f.one_in);
+            if let Some(src) = f.source() {
+                let prefix = limiter_common::rules::bucket_key(&src, self.prefix_lens.0, self.prefix_lens.1, 0);
+                self.detector.frame(&prefix, f.passed(), f.one_in);
             }
         }
     }

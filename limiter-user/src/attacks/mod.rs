@@ -16,8 +16,6 @@ pub mod webhook;
 
 use std::collections::{HashMap, HashSet};
 
-use ipnet::IpNet;
-
 use limiter_common::{BucketKey, REASON_COUNT, Reason};
 
 use crate::control::{Amount, Attack, AttackAction, Conforming, Share};
@@ -65,12 +63,12 @@ struct Building {
     ports: HashMap<(u8, u16), u64>,
     /// Every source prefix a sampled or copied drop named, and whether
     /// more were than [`MAX_REFUSED`].
-    refused: HashSet<IpNet>,
+    refused: HashSet<BucketKey>,
     refused_overflow: bool,
     /// Passed frames drawn, by source prefix: the packets each stands
     /// for (its draw's one in N); those of prefixes past
     /// [`MAX_TRACKED`] in the sum only.
-    passes: HashMap<IpNet, u64>,
+    passes: HashMap<BucketKey, u64>,
     passes_untracked: u64,
     pass_samples: u64,
 }
@@ -245,7 +243,7 @@ impl Detector {
         *b.classes.entry(key.class).or_default() += 1;
         // A source prefix whatever the class its packets fell in.
         let prefix = BucketKey { class: 0, ..*key };
-        refuse(b, crate::dataplane::net(&prefix));
+        refuse(b, prefix);
         if b.sources.len() < MAX_TRACKED || b.sources.contains_key(&prefix) {
             *b.sources.entry(prefix).or_default() += 1;
         }
@@ -256,18 +254,19 @@ impl Detector {
         }
     }
 
-    /// A frame the program copied, from source prefix `net`: refused, or
-    /// passed as one in `one_in` drawn at random.
-    pub fn frame(&mut self, net: IpNet, passed: bool, one_in: u32) {
+    /// A frame the program copied, from source `prefix` (its bucket's
+    /// key, of class 0): refused, or passed as one in `one_in` drawn at
+    /// random.
+    pub fn frame(&mut self, prefix: &BucketKey, passed: bool, one_in: u32) {
         let Some(b) = &mut self.building else { return };
         if !passed {
-            refuse(b, net);
+            refuse(b, *prefix);
             return;
         }
         b.pass_samples += 1;
         let weight = u64::from(one_in.max(1));
-        if b.passes.len() < MAX_TRACKED || b.passes.contains_key(&net) {
-            *b.passes.entry(net).or_default() += weight;
+        if b.passes.len() < MAX_TRACKED || b.passes.contains_key(prefix) {
+            *b.passes.entry(*prefix).or_default() += weight;
         } else {
             b.passes_untracked += weight;
         }
@@ -290,11 +289,11 @@ impl Detector {
     }
 }
 
-/// `net` was refused during `b`.
-fn refuse(b: &mut Building, net: IpNet) {
+/// Source `prefix` was refused during `b`.
+fn refuse(b: &mut Building, prefix: BucketKey) {
     if b.refused.len() < MAX_REFUSED {
-        b.refused.insert(net);
-    } else if !b.refused.contains(&net) {
+        b.refused.insert(prefix);
+    } else if !b.refused.contains(&prefix) {
         b.refused_overflow = true;
     }
 }
@@ -309,8 +308,8 @@ fn conforming(b: &Building) -> Option<Conforming> {
     }
     let all = b.passes.values().sum::<u64>() + b.passes_untracked;
     let (mut weight, mut prefixes) = (0u64, 0u64);
-    for (net, w) in &b.passes {
-        if !b.refused.contains(net) {
+    for (prefix, w) in &b.passes {
+        if !b.refused.contains(prefix) {
             weight += w;
             prefixes += 1;
         }

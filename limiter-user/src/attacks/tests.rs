@@ -161,7 +161,6 @@ fn an_attacks_pcap_keeps_its_first_frames_then_a_sample_and_forgets_a_rise_that_
 #[test]
 fn the_sources_never_refused_get_their_share_of_the_passed_packets() {
     let mut d = Detector::new(settings(), 1);
-    let net = |third: u8| -> IpNet { format!("198.18.{third}.0/24").parse().unwrap() };
     assert!(!d.wants_passes());
     d.second(0, &second(5_000), &names());
     assert!(d.wants_passes(), "passes are drawn from the first second above a threshold");
@@ -170,9 +169,9 @@ fn the_sources_never_refused_get_their_share_of_the_passed_packets() {
     // one in 4 (12 packets), 42 once one in 8, 50 twice one in 4, 51 once
     // one in 4: 32 packets drawn for, 12 of them never refused.
     d.sampled(&key(41, 1), Reason::RateLimited as u32, None);
-    d.frame(net(42), false, 1);
+    d.frame(&key(42, 0), false, 1);
     for (third, one_in) in [(41, 4), (41, 4), (41, 4), (42, 8), (50, 4), (50, 4), (51, 4)] {
-        d.frame(net(third), true, one_in);
+        d.frame(&key(third, 0), true, one_in);
     }
     d.second(1, &second(5_000), &names());
     let Some(Event::Started(a)) = d.second(2, &second(5_000), &names()) else { panic!("no start") };
@@ -182,7 +181,7 @@ fn the_sources_never_refused_get_their_share_of_the_passed_packets() {
     assert_eq!(c.packets, 11, "12/32 of the 30 passed in three seconds, 11.25");
     // A prefix refused later is no longer conforming, its passes before
     // included.
-    d.frame(net(50), false, 1);
+    d.frame(&key(50, 0), false, 1);
     let c = d.active(&names()).unwrap().conforming.unwrap();
     assert_eq!(c.prefixes, 1);
     assert!((c.share - 4.0 / 32.0).abs() < 1e-9, "{c:?}");
@@ -195,11 +194,11 @@ fn no_conforming_figure_is_told_without_a_drawn_pass_or_past_the_refused_bound()
         d.second(at, &second(5_000), &names());
     }
     assert_eq!(d.active(&names()).unwrap().conforming, None, "no pass drawn");
-    d.frame("198.18.50.0/24".parse().unwrap(), true, 1);
+    d.frame(&key(50, 0), true, 1);
     assert!(d.active(&names()).unwrap().conforming.is_some());
     for i in 0..=u32::try_from(MAX_REFUSED).unwrap() {
-        let ip = std::net::Ipv4Addr::from(0x0a00_0000 + (i << 8));
-        d.frame(IpNet::new(ip.into(), 24).unwrap(), false, 1);
+        let addr = [u32::from_ne_bytes((0x0a00_0000 + (i << 8)).to_be_bytes()), 0];
+        d.frame(&BucketKey { addr, ..key(0, 0) }, false, 1);
     }
     assert_eq!(d.active(&names()).unwrap().conforming, None, "too many refused to tell the conforming apart");
 }

@@ -1,7 +1,8 @@
 //! `limiter capture`: a tap on the daemon's copies of dropped frames (or
-//! of a sample of passed ones), read every 100 ms, written as pcapng (a file or standard output) or
-//! printed a line a frame, until `-c` frames or Ctrl-C; the tap is
-//! closed on the way out (and the daemon closes one left unread).
+//! of a sample of passed ones), read every 100 ms, written as pcapng (a
+//! file or standard output) or printed a line a frame, until `-c` frames
+//! or Ctrl-C; the tap is closed on the way out (and the daemon closes one
+//! left unread).
 
 use std::{
     io::Write,

@@ -21,13 +21,12 @@ const MAX_DRAIN: usize = 16_384;
 pub(super) struct Capturing {
     ring: Option<Capture>,
     taps: Taps,
-    /// What `CAPTURE` holds.
-    written: CaptureCtl,
-    /// What `LIMITER_PASSES` holds.
+    /// What `CAPTURE` holds (one drop in N copied; 0: none).
+    drops: u32,
+    /// What `LIMITER_PASSES` holds (one pass in N).
     passes: u32,
-    /// Packets passed in the last second, and the program's count of
-    /// passes at its end.
-    passed: (u64, Option<u64>),
+    /// Packets passed in the last second.
+    passed: u64,
     /// That, said for `limiter status`.
     said: String,
 }
@@ -35,14 +34,12 @@ pub(super) struct Capturing {
 impl Capturing {
     pub(super) fn new(ring: Option<Capture>) -> Self {
         let said = if ring.is_some() { "off" } else { "unavailable (no capture ring)" }.to_owned();
-        Self { ring, taps: Taps::default(), written: CaptureCtl::default(), passes: 0, passed: (0, None), said }
+        Self { ring, taps: Taps::default(), drops: 0, passes: 0, passed: 0, said }
     }
 
-    /// A second ended, the program having counted `totals` so far.
-    pub(super) fn second(&mut self, totals: &crate::dataplane::Totals) {
-        let now = totals.of(limiter_common::Action::Pass).packets;
-        let last = self.passed.1.replace(now);
-        self.passed.0 = last.map_or(0, |l| now.saturating_sub(l));
+    /// A second ended in which the program counted `delta`.
+    pub(super) fn second(&mut self, delta: &crate::dataplane::Totals) {
+        self.passed = delta.of(limiter_common::Action::Pass).packets;
     }
 
     /// Hand the frames copied since the last drain on, then switch
@@ -65,18 +62,14 @@ impl Capturing {
         let by_features = features.wants_frames();
         let passes = features.wants_passes();
         let attack = !by_features.is_empty() || !passes.is_empty();
-        self.switch(ctl(by_features.into_iter().chain(self.taps.want())));
-        self.switch_passes(passes_one_in(passes.into_iter().chain(self.taps.want_passes()), self.passed.0));
+        let drops = ctl(by_features.into_iter().chain(self.taps.want())).one_in;
+        self.switch(drops, passes_one_in(passes.into_iter().chain(self.taps.want_passes()), self.passed));
         if self.ring.is_some() {
-            let drops = match self.written.one_in {
-                0 => None,
-                n => Some(format!("one drop in {n} copied")),
-            };
-            let passes = match self.passes {
-                0 => None,
-                n => Some(format!("one pass in {n} copied")),
-            };
-            let copied: Vec<String> = drops.into_iter().chain(passes).collect();
+            let copied: Vec<String> = [("drop", self.drops), ("pass", self.passes)]
+                .into_iter()
+                .filter(|(_, n)| *n != 0)
+                .map(|(what, n)| format!("one {what} in {n} copied"))
+                .collect();
             self.said = if copied.is_empty() {
                 "off".to_owned()
             } else {
@@ -90,27 +83,9 @@ impl Capturing {
         }
     }
 
-    fn switch_passes(&mut self, one_in: u32) {
-        if one_in == self.passes {
-            return;
-        }
-        let Some(ring) = &mut self.ring else { return };
-        match ring.passes.set(0, one_in, 0) {
-            Ok(()) => {
-                tracing::debug!(
-                    "limiter: capture of passes {}",
-                    if one_in == 0 { "off".to_owned() } else { format!("on, one in {one_in}") }
-                );
-                self.passes = one_in;
-            }
-            Err(e) => tracing::warn!("limiter: switching the capture of passes: {e}"),
-        }
-    }
-
     /// Copy nothing more (the daemon stops; a pinned program goes on).
     pub(super) fn off(&mut self) {
-        self.switch(CaptureCtl::default());
-        self.switch_passes(0);
+        self.switch(0, 0);
     }
 
     /// What it copies now, said.
@@ -118,21 +93,13 @@ impl Capturing {
         &self.said
     }
 
-    fn switch(&mut self, want: CaptureCtl) {
-        if want == self.written {
-            return;
-        }
+    /// Copy one drop in `drops` and one pass in `passes` (0: none),
+    /// writing only what changed.
+    fn switch(&mut self, drops: u32, passes: u32) {
         let Some(ring) = &mut self.ring else { return };
-        match ring.ctl.set(0, want, 0) {
-            Ok(()) => {
-                tracing::debug!(
-                    "limiter: capture {}",
-                    if want.one_in == 0 { "off".to_owned() } else { format!("on, one in {}", want.one_in) }
-                );
-                self.written = want;
-            }
-            Err(e) => tracing::warn!("limiter: switching capture: {e}"),
-        }
+        let ctl = CaptureCtl { one_in: drops, ..CaptureCtl::default() };
+        set_one_in(&mut self.drops, drops, "drops", || ring.ctl.set(0, ctl, 0));
+        set_one_in(&mut self.passes, passes, "passes", || ring.passes.set(0, passes, 0));
     }
 
     /// The answer to a capture request (`None`: not one).
@@ -167,5 +134,23 @@ impl Capturing {
             }
             _ => return None,
         })
+    }
+}
+
+/// `*held = want` once `write` has put it in the data plane (a failure
+/// logged, and tried again at the next drain).
+fn set_one_in(held: &mut u32, want: u32, what: &str, write: impl FnOnce() -> Result<(), aya::maps::MapError>) {
+    if *held == want {
+        return;
+    }
+    match write() {
+        Ok(()) => {
+            tracing::debug!(
+                "limiter: capture of {what} {}",
+                if want == 0 { "off".to_owned() } else { format!("on, one in {want}") }
+            );
+            *held = want;
+        }
+        Err(e) => tracing::warn!("limiter: switching the capture of {what}: {e}"),
     }
 }

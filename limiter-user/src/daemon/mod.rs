@@ -180,8 +180,9 @@ impl Daemon {
                 _ = drain.tick() => self.drain(),
                 _ = second.tick() => {
                     let totals = self.dp.maps.totals()?;
-                    self.observer.tick_second(&totals);
-                    self.capture.second(&totals);
+                    if let Some(delta) = self.observer.tick_second(&totals) {
+                        self.capture.second(&delta);
+                    }
                     if !self.view.groups.is_empty() {
                         self.observer.tick_groups(self.dp.maps.counters.group_hits(self.view.groups.len())?);
                     }

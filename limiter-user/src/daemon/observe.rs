@@ -109,13 +109,12 @@ impl Observer {
         }
     }
 
-    /// Once a second: note packets passed and dropped for the sparkline.
-    pub fn tick_second(&mut self, t: &Totals) {
-        if let Some(last) = self.last_tick {
-            let d = t.since(&last);
-            self.top.tick(crate::clock::unix_now(), d.passed().packets, d.dropped().packets);
-        }
-        self.last_tick = Some(*t);
+    /// Once a second: note packets passed and dropped for the sparkline;
+    /// what the program counted in that second (none at the first).
+    pub fn tick_second(&mut self, t: &Totals) -> Option<Totals> {
+        let d = self.last_tick.replace(*t).map(|last| t.since(&last))?;
+        self.top.tick(crate::clock::unix_now(), d.passed().packets, d.dropped().packets);
+        Some(d)
     }
 }
 

@@ -127,20 +127,8 @@ fn passes_cost(frame: &[u8]) {
     let mut l = kernel::open_bench(&kernel::config(limiter_common::gcra::MAX_RATE, 1 << 40, false, 24, 56), 1024);
     l.load_program(programs::LIMITER).unwrap();
     l.test_run(programs::LIMITER, frame, 1).unwrap();
-    let mut capture = l.take_capture().expect("the capture ring");
-    let mut rows: [Vec<f64>; 3] = Default::default();
-    for _ in 0..ROUNDS * 10 {
-        for (one_in, row) in [0, 1 << 31, 1].into_iter().zip(&mut rows) {
-            capture.passes.set(0, one_in, 0).expect("write LIMITER_PASSES");
-            let (action, d) = l.test_run(programs::LIMITER, frame, CAPTURE_REPEAT).expect("BPF_PROG_TEST_RUN");
-            assert_eq!(action, kernel::XDP_PASS);
-            row.push(d.as_secs_f64() * 1e9);
-            while capture.frames.next().is_some() {}
-        }
-    }
-    let [off, asked, every] = rows.map(|mut v| {
-        v.sort_by(f64::total_cmp);
-        v[0]
+    let [off, asked, every] = capture_rounds(&mut l, frame, kernel::XDP_PASS, [0, 1 << 31, 1], |c, one_in| {
+        c.passes.set(0, one_in, 0).expect("write LIMITER_PASSES");
     });
     println!(
         "capture of passes, {CAPTURE_REPEAT} runs a call, kernel's mean: off {off:.0} ns, asked (drawn one in 2^31) {asked:.0} ns ({:.2}x), every pass copied {every:.0} ns ({:.2}x)",
@@ -199,27 +187,42 @@ const CAPTURE_REPEAT: u32 = 10_000;
 /// by the kernel's mean per run (whole ns: a call of this few runs is
 /// mostly the test run's own setup by its wall time).
 fn capture_cost(l: &mut limiter::dataplane::DataPlane, frame: &[u8]) {
-    let mut capture = l.take_capture().expect("the capture ring");
-    let mut rows: [Vec<f64>; 3] = Default::default();
-    for _ in 0..ROUNDS * 10 {
-        for (one_in, row) in [0, 1, 64].into_iter().zip(&mut rows) {
-            let ctl = limiter_common::capture::CaptureCtl { one_in, ..Default::default() };
-            capture.ctl.set(0, ctl, 0).expect("write CAPTURE");
-            let (action, d) = l.test_run(programs::LIMITER, frame, CAPTURE_REPEAT).expect("BPF_PROG_TEST_RUN");
-            assert_eq!(action, kernel::XDP_DROP);
-            row.push(d.as_secs_f64() * 1e9);
-            while capture.frames.next().is_some() {}
-        }
-    }
-    let [off, every, one_in_64] = rows.map(|mut v| {
-        v.sort_by(f64::total_cmp);
-        v[0]
+    let [off, every, one_in_64] = capture_rounds(l, frame, kernel::XDP_DROP, [0, 1, 64], |c, one_in| {
+        let ctl = limiter_common::capture::CaptureCtl { one_in, ..Default::default() };
+        c.ctl.set(0, ctl, 0).expect("write CAPTURE");
     });
     println!(
         "capture, {CAPTURE_REPEAT} runs a call, kernel's mean: off {off:.0} ns, every drop copied {every:.0} ns ({:.2}x), one drop in 64 copied {one_in_64:.0} ns ({:.2}x)",
         every / off,
         one_in_64 / off
     );
+}
+
+/// The least of the kernel's means per run of `ROUNDS * 10` calls of
+/// [`CAPTURE_REPEAT`] runs with each of `settings` in turn (`set` writes
+/// one), the ring read empty after each call.
+fn capture_rounds<const N: usize>(
+    l: &mut limiter::dataplane::DataPlane,
+    frame: &[u8],
+    want: u32,
+    settings: [u32; N],
+    set: impl Fn(&mut limiter::dataplane::Capture, u32),
+) -> [f64; N] {
+    let mut capture = l.take_capture().expect("the capture ring");
+    let mut rows: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
+    for _ in 0..ROUNDS * 10 {
+        for (setting, row) in settings.into_iter().zip(&mut rows) {
+            set(&mut capture, setting);
+            let (action, d) = l.test_run(programs::LIMITER, frame, CAPTURE_REPEAT).expect("BPF_PROG_TEST_RUN");
+            assert_eq!(action, want);
+            row.push(d.as_secs_f64() * 1e9);
+            while capture.frames.next().is_some() {}
+        }
+    }
+    rows.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[0]
+    })
 }
 
 /// Wall time of one call of `runs` dropped runs, per run.
