@@ -13,6 +13,8 @@ const _: () = assert!(core::mem::size_of::<Config>() == 72 + 32 * MAX_CLASSES + 
 const _: () = assert!(core::mem::size_of::<cookie::Cookies>() == 88);
 const _: () = assert!(core::mem::size_of::<cookie::SynGuard>() == 24);
 const _: () = assert!(core::mem::size_of::<DropEvent>() == 40);
+const _: () = assert!(core::mem::size_of::<crate::tcp_state::Held>() == 48);
+const _: () = assert!(crate::tcp_state::HELD_ENTRIES.is_power_of_two());
 const _: () = assert!(core::mem::size_of::<capture::CaptureCtl>() == 16);
 const _: () = assert!(core::mem::size_of::<capture::CaptureHead>() == 32);
 const _: () = assert!(core::mem::size_of::<capture::CaptureRecord>() == 32 + capture::SNAP);

@@ -24,6 +24,7 @@ pub mod reason;
 pub mod resolution;
 pub mod rules;
 pub mod stats;
+pub mod tcp_state;
 pub mod window;
 
 pub use limits::ClassLimits;
@@ -155,6 +156,12 @@ pub mod flags {
     /// is asked of the host's sockets, and passes (`own_answer`) when it
     /// answers one this host connected to its source.
     pub const ANSWERS_SHIFT: u32 = 8;
+    /// Bits `TCP_STATE_SHIFT + class`: the class judges out-of-state TCP
+    /// (`tcp_state` not `off`, [`crate::tcp_state`]).
+    pub const TCP_STATE_SHIFT: u32 = 16;
+    /// Bits `TCP_STATE_AUTO_SHIFT + class`: and only while `auto` is
+    /// engaged.
+    pub const TCP_STATE_AUTO_SHIFT: u32 = 24;
 }
 
 /// Sends matching packets to a class. All conditions must hold.
@@ -248,7 +255,8 @@ pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// `group_limited`; a bucket's resolution may name a group.
 /// 17: `STATS` has a slot for `own_answer`; `GROUP_HITS` holds each
 /// CPU's lease of its group's budget.
-pub const SCHEMA_VERSION: u32 = 17;
+/// 18: `STATS` has a slot for `tcp_out_of_state`.
+pub const SCHEMA_VERSION: u32 = 18;
 
 /// Value of [`maps::META`].
 #[repr(C)]

@@ -161,6 +161,14 @@ pub const KERNEL_SYNS: &str = "KERNEL_SYNS";
 /// within the class's allowance per socket, so a local user who connects
 /// a socket to a spoofed source opens no uncharged hole.
 pub const OWN_ANSWERS: &str = "OWN_ANSWERS";
+/// `ARRAY<crate::cookie::SynGuard>` indexed by class: the `auto`
+/// trigger of the out-of-state check ([`crate::tcp_state`]), written by
+/// the program; the daemon reads it to report whether it is engaged.
+pub const TCP_GUARD: &str = "TCP_GUARD";
+/// `PERCPU_ARRAY<crate::tcp_state::Held>`,
+/// [`crate::tcp_state::HELD_ENTRIES`] entries per CPU, program only: the
+/// connections found held, remembered for [`crate::tcp_state::REMEMBER`].
+pub const TCP_HELD: &str = "TCP_HELD";
 /// Sockets whose own answers are tracked at once (only connected UDP
 /// sockets of this host make entries).
 pub const OWN_ANSWERS_ENTRIES: u32 = 16_384;
@@ -263,7 +271,7 @@ const CLASSES_U32: u32 = MAX_CLASSES as u32;
 
 /// Every map of the program; the pinned ones first, in the order the
 /// loader pins them.
-pub const TABLE: [Spec; 38] = [
+pub const TABLE: [Spec; 40] = [
     Spec::new(BUCKETS, Kind::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), DEFAULT_BUCKET_CAPACITY)
         .by_capacity()
         .pinned(11),
@@ -282,7 +290,7 @@ pub const TABLE: [Spec; 38] = [
     Spec::new(OVR6[0], Kind::LpmTrie, 20, 4, MAX_OVERRIDES).pinned(11),
     Spec::new(OVR6[1], Kind::LpmTrie, 20, 4, MAX_OVERRIDES).pinned(11),
     Spec::new(OVR_LIMITS, Kind::Array, 4, size_of::<ClassLimits>(), 2 * MAX_OVERRIDES).pinned(11),
-    Spec::new(STATS, Kind::PerCpuArray, 4, size_of::<Counter>(), STAT_ENTRIES_U32).pinned(17),
+    Spec::new(STATS, Kind::PerCpuArray, 4, size_of::<Counter>(), STAT_ENTRIES_U32).pinned(18),
     Spec::new(META, Kind::Array, 4, size_of::<Meta>(), 1).pinned(1),
     Spec::new(LAYOUT, Kind::Hash, 16, 4, LAYOUT_ENTRIES).pinned(11),
     Spec::new(RUNTIME, Kind::Hash, size_of::<RuntimeKey>(), size_of::<RuntimeOverride>(), MAX_OVERRIDES)
@@ -310,6 +318,8 @@ pub const TABLE: [Spec; 38] = [
     Spec::new(CPU_SLOTS, Kind::PerCpuArray, 4, size_of::<CpuSlot>(), CPU_SLOTS_ENTRIES),
     Spec::new(KERNEL_SYNS, Kind::Array, 4, 8, REFRESH_SLOTS),
     Spec::new(OWN_ANSWERS, Kind::LruHash, size_of::<AnswerKey>(), 8, OWN_ANSWERS_ENTRIES),
+    Spec::new(TCP_GUARD, Kind::Array, 4, size_of::<SynGuard>(), CLASSES_U32),
+    Spec::new(TCP_HELD, Kind::PerCpuArray, 4, size_of::<crate::tcp_state::Held>(), crate::tcp_state::HELD_ENTRIES),
 ];
 
 /// The row of the map `name`; a name not in [`TABLE`] fails the build

@@ -151,10 +151,15 @@ reasons! {
     /// connected to its source address and port: passed, uncharged (a
     /// flood from this host's own resolver does not cost it its answers).
     OwnAnswer = 27 => Pass, "own_answer";
+    /// A TCP segment other than a plain SYN, of a class that judges
+    /// state (`tcp_state`), to a port a listener of this host takes, that
+    /// no socket of the host holds and that carries no valid SYN cookie:
+    /// a flood's bare ACK, RST, FIN or data. Its charge was given back.
+    TcpOutOfState = 28 => Drop, "tcp_out_of_state";
 }
 
 /// Number of counter slots in `STATS`.
-pub const REASON_COUNT: usize = 28;
+pub const REASON_COUNT: usize = 29;
 
 impl Reason {
     /// The action category of this reason (see [`Action`]).

@@ -37,20 +37,22 @@ pub fn classify(cfg: &Config, src: &Source) -> usize {
 /// The bucket key of `src` masked to its family's prefix length.
 #[inline(always)]
 #[must_use]
-#[expect(clippy::cast_possible_truncation, reason = "prefix lengths are at most 64 (checked by the policy)")]
 pub fn bucket_key(src: &Source, v4_len: u32, v6_len: u32, class: u8) -> BucketKey {
-    if src.family == family::IPV4 {
-        BucketKey {
-            family: family::IPV4,
-            prefix_len: v4_len as u8,
-            class,
-            pad: 0,
-            addr: [mask_v4(src.addr[0], v4_len), 0],
-        }
+    key_of(src.family, src.addr, v4_len, v6_len, class)
+}
+
+/// The bucket key of a source address (`addr` as [`Source::addr`]) of
+/// `fam`, masked to its family's prefix length.
+#[inline(always)]
+#[must_use]
+#[expect(clippy::cast_possible_truncation, reason = "prefix lengths are at most 64 (checked by the policy)")]
+pub fn key_of(fam: crate::Family, addr: [u32; 4], v4_len: u32, v6_len: u32, class: u8) -> BucketKey {
+    if fam == family::IPV4 {
+        BucketKey { family: family::IPV4, prefix_len: v4_len as u8, class, pad: 0, addr: [mask_v4(addr[0], v4_len), 0] }
     } else {
         // v6_len <= MAX_V6_BUCKET_PREFIX (policy-checked): the first 64
         // bits hold the whole prefix.
-        let [a, b, _, _] = mask_v6(src.addr, v6_len);
+        let [a, b, _, _] = mask_v6(addr, v6_len);
         BucketKey { family: family::IPV6, prefix_len: v6_len as u8, class, pad: 0, addr: [a, b] }
     }
 }

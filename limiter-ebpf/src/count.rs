@@ -75,6 +75,23 @@ const fn mix(mut k: u64) -> u64 {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, reason: u64, draw: u64) -> u64 {
+    drop_event::<true>(ctx, head, tail, reason, draw)
+}
+
+/// [`limiter_drop_event`] for the out-of-state check's packets (called
+/// from its global function), which asks no socket: its segments are of
+/// no rate-limited drop, and a third frame on that call chain passed the
+/// verifier's 512 bytes.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_judged_event(ctx: *mut xdp_md, head: u64, tail: u64, reason: u64, draw: u64) -> u64 {
+    drop_event::<false>(ctx, head, tail, reason, draw)
+}
+
+/// Both drop events' work; `HELD`: a rate-limited drop's event says
+/// whether this host holds its connection.
+#[inline(always)]
+fn drop_event<const HELD: bool>(ctx: *mut xdp_md, head: u64, tail: u64, reason: u64, draw: u64) -> u64 {
     let xdp = XdpContext::new(ctx);
     let pkt = Packet(&xdp);
     let key = BucketKey::from_words(head, tail);
@@ -90,7 +107,7 @@ pub extern "C" fn limiter_drop_event(ctx: *mut xdp_md, head: u64, tail: u64, rea
     }
     if proof || drawn(draw, drop_sample()) {
         let src = source_of(&pkt, key.family == family::IPV6);
-        let of_held_connection = u32::from(why == Reason::RateLimited && crate::held::limiter_held(ctx) == 1);
+        let of_held_connection = u32::from(why == Reason::RateLimited && HELD && crate::held::limiter_held(ctx) == 1);
         let dst = limiter_drop_dst(ctx, u64::from(key.family == family::IPV6));
         #[expect(clippy::cast_possible_truncation, reason = "a DropEvent::dst, 32 bits")]
         event(&key, src.as_ref(), why, of_held_connection, dst as u32);
@@ -114,6 +131,14 @@ const PROOF: u64 = 1 << 32;
 /// A passed frame while a capture asks for passes: copied if drawn (one
 /// in `LIMITER_PASSES`), no event.
 const PASSED: u64 = 1 << 33;
+
+/// Whether a draw from `seen` (a counter's packets on this CPU) and
+/// `now`, as [`sample_drop`] draws, falls in the one in `one_in` (a
+/// power of two).
+#[inline(always)]
+pub fn drawn_one_in(seen: u64, now: u64, one_in: u64) -> bool {
+    mix(seen.wrapping_add(now)) & (one_in - 1) == 0
+}
 
 /// Whether `draw` falls in the one in `one_in` (a power of two; 0: none).
 #[inline(always)]
@@ -265,7 +290,14 @@ pub fn count(class: usize, reason: Reason, fam: Family, len: u64) -> u64 {
 /// (the global function tells which). The top bit of the draw is set so
 /// that a mask of all ones (a sample of 0, a capture off) never passes.
 #[inline(always)]
-pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reason, now: u64, seen: u64) {
+pub fn sample_drop<const HELD: bool>(
+    ctx: &XdpContext,
+    cfg: &Config,
+    key: &BucketKey,
+    reason: Reason,
+    now: u64,
+    seen: u64,
+) {
     let draw = mix(seen.wrapping_add(now)) | 1 << 63;
     let events = u64::from(cfg.drop_sample).wrapping_sub(1);
     let copies = CAPTURE.get(0).map_or(u64::MAX, |c| u64::from(c.one_in).wrapping_sub(1));
@@ -273,7 +305,11 @@ pub fn sample_drop(ctx: &XdpContext, cfg: &Config, key: &BucketKey, reason: Reas
         return;
     }
     let (head, tail) = key.words();
-    limiter_drop_event(ctx.ctx, head, tail, reason as u64, draw);
+    if HELD {
+        limiter_drop_event(ctx.ctx, head, tail, reason as u64, draw);
+    } else {
+        limiter_judged_event(ctx.ctx, head, tail, reason as u64, draw);
+    }
 }
 
 /// One passed frame in how many is copied (a power of two; 0: none):
@@ -298,10 +334,14 @@ fn passes() -> u32 {
 /// there, not on each of the main program's paths to here, which the
 /// verifier of 6.1 walks one by one).
 #[inline(always)]
-pub fn sample_pass(ctx: &XdpContext, key: &BucketKey, reason: Reason, now: u64, seen: u64) {
+pub fn sample_pass<const HELD: bool>(ctx: &XdpContext, key: &BucketKey, reason: Reason, now: u64, seen: u64) {
     if passes() == 0 {
         return;
     }
     let (head, tail) = key.words();
-    limiter_drop_event(ctx.ctx, head, tail, reason as u64 | PASSED, seen.wrapping_add(now));
+    if HELD {
+        limiter_drop_event(ctx.ctx, head, tail, reason as u64 | PASSED, seen.wrapping_add(now));
+    } else {
+        limiter_judged_event(ctx.ctx, head, tail, reason as u64 | PASSED, seen.wrapping_add(now));
+    }
 }

@@ -1,66 +1,103 @@
 //! Whether a TCP segment belongs to a connection this host holds (one
 //! established, in SYN-RECV as a request, or in TIME_WAIT): the kernel's
 //! socket tables, asked with `bpf_skc_lookup_tcp` on the segment's
-//! 4-tuple. Asked only for a sampled rate-limited drop: such drops are
+//! 4-tuple, read at fixed offsets. For the out-of-state check
+//! (`state`), and for a sampled rate-limited drop: such drops are
 //! evidence a blind spoofer cannot forge without the connection's ports,
 //! which escalation needs before it announces an address upstream.
 
 use aya_ebpf::{
     bindings::{
-        BPF_F_CURRENT_NETNS, BPF_TCP_LISTEN, bpf_sock_tuple, bpf_sock_tuple__bindgen_ty_1 as Tuple,
-        bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as V4, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2 as V6, xdp_md,
+        BPF_F_CURRENT_NETNS, BPF_TCP_LISTEN, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as V4,
+        bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2 as V6, xdp_md,
     },
     helpers::{bpf_sk_release, bpf_skc_lookup_tcp},
     programs::XdpContext,
 };
-use limiter_common::{
-    family,
-    packet::{Frame as _, IPPROTO_TCP, parse, tcp_flag, word as w},
-};
+use limiter_common::packet::{Frame as _, IPPROTO_TCP, tcp_flag, word as w};
 
 use crate::packet::Packet;
 
-/// 1 when the packet is a TCP segment (not a bare SYN) of a connection a
-/// socket of the interface's network namespace holds. A global function:
-/// the parse and the tuple live in its own frame.
-#[unsafe(no_mangle)]
-#[inline(never)]
+/// A TCP segment's 4-tuple as it carries it (the source is the peer),
+/// laid out as `bpf_sock_tuple` (IPv4: source, destination, ports;
+/// IPv6: the same, 36 bytes), and its flags byte.
+pub struct Segment {
+    pub tuple: [u32; TUPLE_WORDS],
+    pub v6: bool,
+    pub flags: u8,
+}
+
+pub use limiter_common::tcp_state::TUPLE_WORDS;
+
+/// The packet's TCP segment: IPv4 (with options, a whole packet or a
+/// first fragment) or IPv6 whose next header is TCP, behind up to two
+/// VLAN tags; `None` for anything else.
+#[inline(always)]
+pub fn segment(pkt: &Packet) -> Option<Segment> {
+    let l3 = pkt.l3()?;
+    let v6 = pkt.bytes_at::<1>(l3)?[0] >> 4 == 6;
+    let mut s = Segment { tuple: [0; TUPLE_WORDS], v6, flags: 0 };
+    let (l4, at) = if v6 {
+        let h = pkt.bytes_at::<40>(l3)?;
+        if h[6] != IPPROTO_TCP {
+            return None;
+        }
+        for i in 0..8 {
+            s.tuple[i] = w(h, 8 + 4 * i);
+        }
+        (l3 + 40, 8)
+    } else {
+        let h = pkt.bytes_at::<20>(l3)?;
+        // A later fragment carries no TCP header.
+        if h[9] != IPPROTO_TCP || u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
+            return None;
+        }
+        s.tuple[0] = w(h, 12);
+        s.tuple[1] = w(h, 16);
+        (l3 + usize::from(h[0] & 0x0f) * 4, 2)
+    };
+    let th = pkt.bytes_at::<14>(l4)?;
+    s.tuple[at] = w(th, 0);
+    s.flags = th[13];
+    Some(s)
+}
+
+/// The state of the socket of the interface's network namespace that
+/// `s` reaches (`BPF_TCP_LISTEN` for a listener found by its port
+/// alone), or `None`.
+#[inline(always)]
 #[expect(
     clippy::cast_sign_loss,
     clippy::cast_possible_truncation,
     reason = "BPF_F_CURRENT_NETNS is -1 by definition; a tuple is 12 or 36 bytes"
 )]
-pub extern "C" fn limiter_held(ctx: *mut xdp_md) -> u64 {
-    let xdp = XdpContext::new(ctx);
-    let pkt = Packet(&xdp);
-    let mut fam = family::NONE;
-    let Ok(src) = parse(&pkt, &mut fam) else { return 0 };
-    if src.proto != IPPROTO_TCP || src.port_known == 0 || src.tcp_flags & tcp_flag::ACK == 0 {
-        return 0;
-    }
-    let Some(l3) = pkt.l3() else { return 0 };
-    let (sport, dport) = (src.sport.to_be(), src.dport.to_be());
-    let netns = BPF_F_CURRENT_NETNS as u64;
-    // SAFETY (both lookups): the helper reads the tuple's part of the
-    // family it is given the size of, written just before.
-    let sk = if fam == family::IPV4 {
-        let Some(a) = pkt.bytes_at::<4>(l3 + 16) else { return 0 };
-        let ip = V4 { saddr: src.addr[0], daddr: w(a, 0), sport, dport };
-        let mut t = bpf_sock_tuple { __bindgen_anon_1: Tuple { ipv4: ip } };
-        unsafe { bpf_skc_lookup_tcp(ctx.cast(), &raw mut t, size_of::<V4>() as u32, netns, 0) }
-    } else {
-        let Some(a) = pkt.bytes_at::<16>(l3 + 24) else { return 0 };
-        let ip = V6 { saddr: src.addr, daddr: [w(a, 0), w(a, 4), w(a, 8), w(a, 12)], sport, dport };
-        let mut t = bpf_sock_tuple { __bindgen_anon_1: Tuple { ipv6: ip } };
-        unsafe { bpf_skc_lookup_tcp(ctx.cast(), &raw mut t, size_of::<V6>() as u32, netns, 0) }
+pub fn socket(ctx: *mut xdp_md, s: &mut Segment) -> Option<u32> {
+    let size = if s.v6 { size_of::<V6>() } else { size_of::<V4>() };
+    // SAFETY: the tuple's words are laid out as `bpf_sock_tuple` of the
+    // family whose size is given, and live as long as the call.
+    let sk = unsafe {
+        bpf_skc_lookup_tcp(ctx.cast(), s.tuple.as_mut_ptr().cast(), size as u32, BPF_F_CURRENT_NETNS as u64, 0)
     };
     if sk.is_null() {
-        return 0;
+        return None;
     }
-    // A listener found by its port alone holds no connection.
     // SAFETY: a socket the lookup returned, released right after.
-    let held = unsafe { (*sk).state } != BPF_TCP_LISTEN;
+    let state = unsafe { (*sk).state };
     // SAFETY: the reference the lookup took.
     unsafe { bpf_sk_release(sk.cast()) };
-    u64::from(held)
+    Some(state)
+}
+
+/// 1 when the packet is a TCP segment with ACK (not a bare SYN) of a
+/// connection a socket of the interface's network namespace holds. A
+/// global function: the tuple lives in its own frame.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_held(ctx: *mut xdp_md) -> u64 {
+    let xdp = XdpContext::new(ctx);
+    let Some(mut s) = segment(&Packet(&xdp)) else { return 0 };
+    if s.flags & (tcp_flag::ACK | tcp_flag::SYN) != tcp_flag::ACK {
+        return 0;
+    }
+    u64::from(socket(ctx, &mut s).is_some_and(|state| state != BPF_TCP_LISTEN))
 }

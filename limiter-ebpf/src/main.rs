@@ -59,6 +59,8 @@ mod program;
 #[cfg(target_arch = "bpf")]
 mod resolve;
 #[cfg(target_arch = "bpf")]
+mod state;
+#[cfg(target_arch = "bpf")]
 mod window;
 
 /// Host builds (`cargo build --workspace`) get an empty binary; the real

@@ -289,3 +289,18 @@ map! {
     /// socket's budget full, which is one burst.
     OWN_ANSWERS: LruHashMap<AnswerKey, u64>
 }
+
+map! {
+    /// Written by: XDP (the out-of-state check's `auto` trigger), from any
+    /// CPU without atomics. Read by: XDP; userspace, to report whether a
+    /// class's check is engaged. Program only: a restart releases it until
+    /// the next flood trips it again.
+    TCP_GUARD: Array<SynGuard>
+}
+
+map! {
+    /// Written and read by: XDP, per CPU: the connections the kernel's
+    /// socket tables were found to hold, direct-mapped by their 4-tuple.
+    /// Program only: a restart asks the kernel again.
+    TCP_HELD: PerCpuArray<limiter_common::tcp_state::Held>
+}

@@ -23,6 +23,7 @@ use crate::{
     lease::{Hit, Slot},
     maps::{ACTIVE, CLOCK_CACHE, CONFIG, TEST_CLOCK},
     packet::Packet,
+    state,
 };
 
 /// Production entry point.
@@ -45,7 +46,7 @@ pub fn production(ctx: &XdpContext) -> u32 {
     let pkt = Packet(ctx);
     let mut fam = family::NONE;
     let counted = try_limiter(&pkt, &mut fam, coarse_now);
-    finish(&pkt, counted, fam)
+    finish(&pkt, state::settle(&pkt, counted, false), fam)
 }
 
 /// `bpf_ktime_get_coarse_ns`, read once per jiffy on each CPU: the coarse
@@ -80,7 +81,7 @@ pub fn limiter_test_clock(ctx: XdpContext) -> u32 {
     let pkt = Packet(&ctx);
     let mut fam = family::NONE;
     let counted = try_limiter(&pkt, &mut fam, || TEST_CLOCK.get(0).copied().unwrap_or(0));
-    finish(&pkt, counted, fam)
+    finish(&pkt, state::settle(&pkt, counted, true), fam)
 }
 
 /// Turn the reason into the XDP action, counting it first if the packet
@@ -102,9 +103,11 @@ fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: Family) -> u32 {
     }
 }
 
+/// The packet's reason (`Err`: not classified, not counted) and what the
+/// out-of-state check is asked (see `state::settle`).
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "class < MAX_CLASSES; versions compare in their low 32 bits")]
-fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Result<Reason, Reason> {
+fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Result<(Reason, u64), Reason> {
     let src = parse(pkt, fam)?;
     // `ACTIVE`: the `CONFIG` slot, the `DENY_LENS` slot, and the deny
     // set's change count above them.
@@ -126,7 +129,7 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     let c = Charge { pkt, cfg, src: &src, class, key: &key, slot, version, now };
     if cookies && let Some(r) = cookies::intercept(&c) {
         let _ = count(class, r, *fam, pkt.len());
-        return Ok(r);
+        return Ok((r, 0));
     }
     // Slots are used only while no aggregate refund can lower a tat (see
     // `limiter_common::lease::CpuSlot`); otherwise not even probed.
@@ -150,16 +153,22 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
         r => r,
     };
     let reason = answer::unless_own(pkt.0, cfg, class, reason, now, pkt.len());
+    // Out-of-state TCP: a segment to judge is counted by the judge, after
+    // this program's work (`state::settle`).
+    let asked = state::ask(pkt, cfg, class, reason);
+    if asked != 0 {
+        return Ok((reason, asked));
+    }
     let seen = count(class, reason, *fam, pkt.len());
     // Shadow mode's would-be drops are sampled too: `limiter top` shows
     // what enforcing would drop before it does. A pass is copied only
     // while a capture asks for passes (one load and one test otherwise).
     if reason.verdict() == Verdict::Drop || reason == Reason::ShadowDropped {
-        sample_drop(pkt.0, cfg, &key, reason, now, seen);
+        sample_drop::<true>(pkt.0, cfg, &key, reason, now, seen);
     } else if reason.verdict() == Verdict::Pass {
-        sample_pass(pkt.0, &key, reason, now, seen);
+        sample_pass::<true>(pkt.0, &key, reason, now, seen);
     }
-    Ok(reason)
+    Ok((reason, 0))
 }
 
 /// SYN cookies, or (the object built with `without-syn-cookies`) none:

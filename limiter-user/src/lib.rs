@@ -55,6 +55,8 @@
 //!   dropped, told to webhooks, and `limiter attacks`;
 //! - `cookies` (feature): SYN cookies' daemon part, keeping the kernel
 //!   taking the ACKs of the cookies XDP verified;
+//! - `tcp_state` (feature): out-of-state TCP's daemon part, saying when
+//!   a class's `auto` check engages and lets go;
 //! - `metrics`: Prometheus, the data plane's series then each feature's;
 //! - `daemon`: the running daemon, the one place that names every
 //!   feature;
@@ -129,6 +131,7 @@ pub mod feedback;
 pub mod feeds;
 pub mod forward;
 pub mod groups;
+pub mod tcp_state;
 pub mod trail;
 
 pub mod metrics;

@@ -76,6 +76,7 @@ pub fn window_config(limit: u64, length_ms: u64, slices: u32, scope: Scope) -> C
             limit: Limit { rate: 0, burst: 0, cost: CostUnit::Packets, mode: Mode::Enforce, window: Some(window) },
             syn_cookies: SynCookies::Off,
             syn_rate: None,
+            tcp_state: None,
             criticality: limiter::policy::Criticality::Default,
         }],
         capacity: 1024,

@@ -149,7 +149,13 @@ impl Frame {
     /// TCP header to `dport` with raw `flags` (SYN 0x02, ACK 0x10).
     #[must_use]
     pub fn tcp_to(self, dport: u16, flags: u8) -> Self {
-        let mut h = vec![0x30, 0x39];
+        self.tcp_ports(12345, dport, flags)
+    }
+
+    /// TCP header from `sport` to `dport` with raw `flags`.
+    #[must_use]
+    pub fn tcp_ports(self, sport: u16, dport: u16, flags: u8) -> Self {
+        let mut h = sport.to_be_bytes().to_vec();
         h.extend_from_slice(&dport.to_be_bytes());
         h.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, flags]);
         h.resize(20, 0);

@@ -25,6 +25,7 @@ pub fn policy(cookies: SynCookies, syn_rate: Option<u64>, new_sources: Option<(u
             limit: Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
             syn_cookies: cookies,
             syn_rate,
+            tcp_state: None,
             criticality: Criticality::Default,
         }],
         new_sources,

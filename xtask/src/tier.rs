@@ -35,6 +35,7 @@ pub const PLAN: &[(&str, &[&str])] = &[
     ("kernel::deny_set", &[]),
     ("kernel::groups", &[]),
     ("kernel::answers", &[]),
+    ("kernel::tcp_state", &[]),
     ("daemon::feeds", &[]),
     // The upgrade test stays on the host: an emulated upgrade takes tens
     // of seconds, its bucket refills meanwhile, and the 1 s flood after
@@ -47,7 +48,8 @@ pub const PLAN: &[(&str, &[&str])] = &[
 /// What runs in the guests of the newer releases (Debian 13's 6.12):
 /// what depends on what the kernel offers beyond the oldest, and on the
 /// host's 6.18 too: the verifier's verdict on every entry point, the
-/// socket lookups of own answers, the SYN cookie helpers, the frame
+/// socket lookups of own answers and of out-of-state TCP, the SYN
+/// cookie helpers, the frame
 /// copy of a capture (`bpf_xdp_load_bytes`), XDP on a veth,
 /// and libxdp's dispatcher (which 6.12 refuses a component of). The rest
 /// of [`PLAN`] (the program's arithmetic through BPF_PROG_TEST_RUN, the
@@ -59,6 +61,7 @@ pub const NEWER: &[&str] = &[
     "kernel::verifier",
     "kernel::capture",
     "kernel::answers",
+    "kernel::tcp_state",
     "daemon::netns_flood",
     "daemon::syn_flood",
     "daemon::kernel_features",

@@ -37,5 +37,13 @@ pub fn stats(client: Client, json: bool, all: bool) -> anyhow::Result<()> {
         }
         print!("\n{}", t.render());
     }
+    if !s.tcp_state.is_empty() {
+        let mut t = Table::new(&[("tcp state", Left), ("mode", Left), ("judging", Right)]);
+        for c in &s.tcp_state {
+            let engaged = if c.engaged { "yes" } else { "no" };
+            t.row(vec![c.class.clone(), crate::policy::spelling(&c.mode), engaged.to_owned()]);
+        }
+        print!("\n{}", t.render());
+    }
     Ok(())
 }

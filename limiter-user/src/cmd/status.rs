@@ -34,9 +34,7 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     if let Some(lacks) = &s.kernel_lacks {
         let _ = writeln!(out, "syn cookies     NONE: {lacks}; the program runs without them");
     }
-    if let Some(why) = &s.syn_cookies_failing {
-        let _ = writeln!(out, "syn cookies     {}: {why}", super::paint::red("FAILING"));
-    }
+    tcp(&s, &mut out);
     for f in &s.forwards {
         let up = f.backends.iter().filter(|u| u.1).count();
         let shed: u64 = f.shed.iter().map(|x| x.1).sum();
@@ -105,4 +103,15 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     }
     print!("{out}");
     Ok(())
+}
+
+/// What the TCP guards do now: the out-of-state check's classes, the
+/// SYN cookies the kernel refuses.
+fn tcp(s: &crate::control::StatusInfo, out: &mut String) {
+    if !s.tcp_state_judging.is_empty() {
+        let _ = writeln!(out, "tcp state       judging out-of-state TCP in class {}", s.tcp_state_judging.join(", "));
+    }
+    if let Some(why) = &s.syn_cookies_failing {
+        let _ = writeln!(out, "syn cookies     {}: {why}", super::paint::red("FAILING"));
+    }
 }

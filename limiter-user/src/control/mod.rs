@@ -384,6 +384,9 @@ pub struct StatusInfo {
     /// verified, when it does (and what to do).
     #[serde(default)]
     pub syn_cookies_failing: Option<String>,
+    /// The classes whose out-of-state TCP check judges now.
+    #[serde(default)]
+    pub tcp_state_judging: Vec<String>,
     /// Under a libxdp dispatcher: the limiter's run priority and the other
     /// programs (name, program id, run priority), in run order.
     #[serde(default)]
@@ -428,6 +431,18 @@ pub struct StatsInfo {
     /// Classes with SYN cookies and whether they answer with them now.
     #[serde(default)]
     pub syn_cookies: Vec<SynCookieRow>,
+    /// Classes that judge out-of-state TCP and whether they do now.
+    #[serde(default)]
+    pub tcp_state: Vec<TcpStateRow>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpStateRow {
+    pub class: String,
+    /// `auto` or `always`.
+    pub mode: crate::policy::TcpState,
+    /// Judging now (`always`, or `auto` engaged).
+    pub engaged: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use crate::{
     clock::unix_now,
     control::{
         ClassRow, ErrorCode, GroupRate, Offender, PolicyText, PrefixList, ReasonRow, Request, Response, StatsInfo,
-        StatusInfo, SynCookieRow, TopInfo,
+        StatusInfo, SynCookieRow, TcpStateRow, TopInfo,
     },
     dataplane::{DataPlane, Health, LoadError},
     metrics::Snapshot,
@@ -122,6 +122,21 @@ impl Answers<'_> {
         Ok(out)
     }
 
+    /// Each class that judges out-of-state TCP, and whether it does now.
+    pub(super) fn tcp_states(&self) -> Result<Vec<TcpStateRow>, LoadError> {
+        use limiter_common::tcp_state::mode;
+        let now = crate::dataplane::maps::monotonic_coarse_ns();
+        let mut out = Vec::with_capacity(self.view.tcp_state.len());
+        for (class, name, m) in &self.view.tcp_state {
+            let (label, on) = match *m {
+                mode::ALWAYS => (crate::policy::TcpState::Always, true),
+                _ => (crate::policy::TcpState::Auto, self.dp.maps.counters.tcp_state_engaged(*class, now)?),
+            };
+            out.push(TcpStateRow { class: name.clone(), mode: label, engaged: on });
+        }
+        Ok(out)
+    }
+
     /// Numbers for one metrics scrape, read from the kernel now.
     pub(super) fn snapshot(&self) -> Result<Snapshot, LoadError> {
         let (totals, classes) = self.counters()?;
@@ -150,6 +165,7 @@ impl Answers<'_> {
                 f
             },
             syn_cookies: self.syn_cookie_states()?,
+            tcp_state: self.tcp_states()?,
             without_syn_cookies: self.dp.kernel.lacks.is_some(),
             reloads_ok: self.reloads.applied,
             reloads_failed: self.reloads.rejected,
@@ -197,6 +213,7 @@ impl Answers<'_> {
             uptime_secs: self.reloads.started.elapsed().as_secs(),
             last_reload: self.reloads.last.clone(),
             syn_cookies_failing: None,
+            tcp_state_judging: Vec::new(),
             kernel_lacks: self.dp.kernel.lacks.clone(),
             dispatcher: self.link.attachment.chained().map(|c| {
                 let others = match crate::dataplane::libxdp::on_interface(c.ifindex) {
@@ -242,7 +259,8 @@ impl Answers<'_> {
             })
             .collect();
         let syn_cookies = self.syn_cookie_states()?;
-        Ok(Response::Stats(StatsInfo { reasons, classes, syn_cookies }))
+        let tcp_state = self.tcp_states()?;
+        Ok(Response::Stats(StatsInfo { reasons, classes, syn_cookies, tcp_state }))
     }
 
     /// The top offenders (the loop drains the drop events first).

@@ -66,6 +66,7 @@ impl Features {
             Box::new(UpstreamSide::new(s.iface)),
             Box::new(crate::feedback::escalation::Escalation::new(s.sink.clone())),
             Box::new(crate::cookies::feature::Cookies::default()),
+            Box::new(crate::tcp_state::feature::TcpStateFeature::default()),
             Box::new(crate::trail::feature::Trail::start(s.history)),
             Box::new(crate::attacks::feature::AttacksFeature::start(s.attacks)),
         ];

@@ -189,7 +189,13 @@ impl Daemon {
                     self.link.check(&mut self.dp, &self.settings.iface);
                     self.changes.expire(&self.settings);
                     let syn_cookies = self.answers().syn_cookie_states().unwrap_or_default();
-                    self.features.tick(&Second { totals: &totals, top: &self.observer.top, syn_cookies: &syn_cookies });
+                    let tcp_state = self.answers().tcp_states().unwrap_or_default();
+                    self.features.tick(&Second {
+                        totals: &totals,
+                        top: &self.observer.top,
+                        syn_cookies: &syn_cookies,
+                        tcp_state: &tcp_state,
+                    });
                 }
                 // Every decider, one arm (see `decision.rs`): a source's
                 // change waits behind the operator's.

@@ -19,6 +19,8 @@ pub(super) struct View {
     /// Classes with SYN cookies: index, name and mode (`limiter_common::cookie::mode`),
     /// and whether the data plane has them on.
     pub(super) syn_cookies: Vec<(u32, String, u8)>,
+    /// Each class that judges out-of-state TCP: index, name, mode.
+    pub(super) tcp_state: Vec<(u32, String, u8)>,
     pub(super) syn_cookies_on: bool,
     /// The deny set's origins: index, name, networks.
     pub(super) deny: Vec<(u16, String, usize)>,
@@ -53,6 +55,13 @@ impl View {
                     .collect()
             }),
             syn_cookies_on: cookies_on,
+            tcp_state: p.config().map_or_else(Vec::new, |c| {
+                (0u32..)
+                    .zip(effective.class_names())
+                    .map(|(i, n)| (i, n.to_owned(), limiter_common::tcp_state::of(c.flags, i as usize)))
+                    .filter(|(_, _, m)| *m != limiter_common::tcp_state::mode::OFF)
+                    .collect()
+            }),
             deny: {
                 let layer = p.deny_layer();
                 let counts = layer.counts();

@@ -83,6 +83,7 @@ pub struct Counters {
     pub(crate) bucket_capacity: u32,
     pub(crate) buckets_id: u32,
     syn_guard: Array<MapData, SynGuard>,
+    tcp_guard: Array<MapData, SynGuard>,
     deny_hits: PerCpuArray<MapData, u64>,
     group_hits: PerCpuArray<MapData, limiter_common::groups::GroupHits>,
 }
@@ -117,6 +118,7 @@ impl Maps {
             bucket_capacity: info.max_entries(),
             buckets_id: info.id(),
             syn_guard: take(ebpf, maps::SYN_GUARD)?,
+            tcp_guard: take(ebpf, maps::TCP_GUARD)?,
             deny_hits: take(ebpf, maps::DENY_HITS)?,
             group_hits: take(ebpf, maps::GROUP_HITS)?,
         };
@@ -352,6 +354,13 @@ impl Counters {
     /// the program's clock, `CLOCK_MONOTONIC_COARSE`).
     pub fn syn_cookies_engaged(&self, class: u32, now_ns: u64) -> Result<bool, LoadError> {
         let g = self.syn_guard.get(&class, 0).on(maps::SYN_GUARD)?;
+        Ok(limiter_common::gcra::to_fixed(now_ns) < g.until)
+    }
+
+    /// Whether `class`'s `auto` out-of-state TCP check is engaged at `now`
+    /// (ns on the program's clock, `CLOCK_MONOTONIC_COARSE`).
+    pub fn tcp_state_engaged(&self, class: u32, now_ns: u64) -> Result<bool, LoadError> {
+        let g = self.tcp_guard.get(&class, 0).on(maps::TCP_GUARD)?;
         Ok(limiter_common::gcra::to_fixed(now_ns) < g.until)
     }
 

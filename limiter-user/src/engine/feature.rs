@@ -52,6 +52,8 @@ pub(crate) struct Second<'a> {
     pub(crate) top: &'a Tracker,
     /// Each class with SYN cookies and whether they are engaged now.
     pub(crate) syn_cookies: &'a [crate::control::SynCookieRow],
+    /// Each class that judges out-of-state TCP, and whether it does now.
+    pub(crate) tcp_state: &'a [crate::control::TcpStateRow],
 }
 
 impl Second<'_> {

@@ -44,6 +44,7 @@ pub struct Snapshot {
     /// Classes with SYN cookies: name, mode (`auto`, `always`) and whether
     /// the data plane answers SYNs with cookies now.
     pub syn_cookies: Vec<crate::control::SynCookieRow>,
+    pub tcp_state: Vec<crate::control::TcpStateRow>,
     /// The program runs without SYN cookies (the kernel lacks their
     /// helpers).
     pub without_syn_cookies: bool,
@@ -80,6 +81,26 @@ impl SnapshotCollector {
         let mut m = enc.encode_descriptor(
             "limiter_syn_cookies_engaged",
             "1 while a class answers SYNs from sources without a bucket with SYN cookies.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for c in classes {
+            let mode = crate::policy::spelling(&c.mode);
+            ConstGauge::new(i64::from(c.engaged))
+                .encode(m.encode_family(&[("class", c.class.as_str()), ("mode", mode.as_str())])?)?;
+        }
+        Ok(())
+    }
+}
+
+impl SnapshotCollector {
+    fn tcp_state(enc: &mut DescriptorEncoder, classes: &[crate::control::TcpStateRow]) -> std::fmt::Result {
+        if classes.is_empty() {
+            return Ok(());
+        }
+        let mut m = enc.encode_descriptor(
+            "limiter_tcp_state_engaged",
+            "1 while a class drops TCP segments no connection of this host holds (always, or auto engaged).",
             None,
             MetricType::Gauge,
         )?;
@@ -168,6 +189,7 @@ impl Collector for SnapshotCollector {
             s.reattaches,
         )?;
         Self::syn_cookies(&mut enc, &s.syn_cookies)?;
+        Self::tcp_state(&mut enc, &s.tcp_state)?;
         gauge(
             &mut enc,
             "limiter_kernel_lacks_syn_cookies",

@@ -128,6 +128,7 @@ impl Policy {
             allow_shrink: _,
             // The daemon reads it against the kernel it runs on.
             missing_kernel_feature: _,
+            tcp_state,
         } = self;
         super::forward::check(forwards)?;
         if let Some(f) = fleet {
@@ -190,6 +191,7 @@ impl Policy {
         }
         compile_classes(classes, &mut config)?;
         super::cookies::compile(classes, new_sources.map(|(rate, _)| rate), &mut config)?;
+        super::tcp_state::compile(*tcp_state, classes, &mut config)?;
         let overrides = compile_overrides(overrides, *v4_prefix, *v6_prefix)?;
         Ok(Compiled { config, overrides, groups })
     }

@@ -21,6 +21,7 @@
 //! mode = "shadow"         # optional, per class
 //! syn_cookies = "auto"    # off (default), auto, always: needs syn = true and ports
 //! syn_rate = 2000         # auto: engage above this many SYNs/s from new sources
+//! tcp_state = "auto"      # off, auto (default where it applies), always
 //! ```
 
 mod locate;
@@ -50,7 +51,7 @@ pub use self::{
 
 use super::{
     Class, Compiled, CostUnit, Criticality, Limit, Mode, Policy, PolicyError, Protocol, Scope, StoreFailure,
-    SynCookies, bad, knobs::Knobs,
+    SynCookies, TcpState, bad, knobs::Knobs,
 };
 
 /// Largest policy file read: 131,072 overrides take about 8 MB.
@@ -124,6 +125,9 @@ struct Root {
     allow_shrink: Option<bool>,
     #[serde(default, skip_serializing_if = "super::kernel::MissingFeature::is_default")]
     missing_kernel_feature: super::kernel::MissingFeature,
+    /// Out-of-state TCP in the default class.
+    #[serde(default, skip_serializing_if = "render::tcp_state_auto")]
+    tcp_state: TcpState,
     mode: Option<Spanned<Mode>>,
     /// The top-level settings `limiter run`'s flags share (an error of
     /// one comes without a place: [`placeless`] finds it).
@@ -174,6 +178,7 @@ struct ClassSpec {
     #[serde(default, skip_serializing_if = "render::cookies_off")]
     syn_cookies: SynCookies,
     syn_rate: Option<u64>,
+    tcp_state: Option<TcpState>,
     criticality: Option<Criticality>,
 }
 
@@ -237,10 +242,11 @@ type Located<T> = Result<T, (PolicyError, usize)>;
 /// The file's own top-level keys, in order, but the knobs (which go
 /// after `mode`): an unknown key's message lists them, as flattening the
 /// knobs drops serde's list (the docs' tests hold it to the reference).
-const OWN_KEYS: [&str; 15] = [
+const OWN_KEYS: [&str; 16] = [
     "allow_empty",
     "allow_shrink",
     "missing_kernel_feature",
+    "tcp_state",
     "mode",
     "class",
     "override",
@@ -261,7 +267,7 @@ fn top_level_keys() -> Vec<String> {
     let knobs = Knobs::augment_args(clap::Command::new("knobs"));
     let knobs = knobs.get_arguments().map(|a| a.get_id().to_string());
     let own = |r: std::ops::Range<usize>| OWN_KEYS[r].iter().map(|k| (*k).to_owned());
-    own(0..4).chain(knobs).chain(own(4..OWN_KEYS.len())).collect()
+    own(0..5).chain(knobs).chain(own(5..OWN_KEYS.len())).collect()
 }
 
 /// Where an error without a place lies, and what it says: the top-level
@@ -304,6 +310,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         upstream,
         attacks,
         missing_kernel_feature,
+        tcp_state,
     } = root;
     super::forward::name_defaults(&mut forwards);
     let base = knobs.apply(Policy::default()).map_err(|(e, given)| (e, locate::offset_of(text, given)))?;
@@ -328,6 +335,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         attacks,
         allow_shrink: allow_shrink.unwrap_or(false),
         missing_kernel_feature,
+        tcp_state,
         ..base
     })
 }
@@ -351,6 +359,7 @@ fn build_class(i: usize, c: Spanned<ClassSpec>, global_mode: Mode) -> Located<Cl
         on_store_failure,
         syn_cookies,
         syn_rate,
+        tcp_state,
         criticality,
     } = c.into_inner();
     let at = format!("class[{i}].");
@@ -380,6 +389,7 @@ fn build_class(i: usize, c: Spanned<ClassSpec>, global_mode: Mode) -> Located<Cl
         },
         syn_cookies,
         syn_rate,
+        tcp_state,
         criticality: criticality.unwrap_or_default(),
     })
 }

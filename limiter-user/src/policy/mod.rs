@@ -21,6 +21,7 @@ pub mod knobs;
 pub mod overlay;
 pub mod runtime;
 mod summary;
+mod tcp_state;
 pub mod upstream;
 pub mod words;
 
@@ -112,6 +113,19 @@ pub enum SynCookies {
     Always,
 }
 
+/// Whether a class drops TCP segments no connection of this host holds
+/// (docs/tcp-state.md): never, while such segments are seen, or always.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TcpState {
+    Off,
+    /// While out-of-state segments to the class's listeners are seen
+    /// (1,000 a second, estimated from one segment in 64), and 10 s after.
+    #[default]
+    Auto,
+    Always,
+}
+
 /// The IP protocol a class matches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -133,7 +147,7 @@ macro_rules! display_by_name {
         }
     )*};
 }
-display_by_name!(CostUnit, Mode, Protocol);
+display_by_name!(CostUnit, Mode, Protocol, TcpState);
 
 impl From<CostUnit> for u32 {
     fn from(c: CostUnit) -> u32 {
@@ -246,6 +260,9 @@ pub struct Class {
     pub syn_cookies: SynCookies,
     /// `auto` engages above this many SYNs/s from sources without a bucket.
     pub syn_rate: Option<u64>,
+    /// Out-of-state TCP; `None`: `auto` where the class takes TCP
+    /// segments other than SYNs, `off` elsewhere.
+    pub tcp_state: Option<TcpState>,
     /// The forwarder's rank of its connections ([`Criticality`]).
     pub criticality: Criticality,
 }
@@ -360,6 +377,8 @@ pub struct Policy {
     /// A kernel without what a feature asked for needs: refuse or run
     /// without it (see [`kernel`]).
     pub missing_kernel_feature: kernel::MissingFeature,
+    /// Out-of-state TCP in the default class.
+    pub tcp_state: TcpState,
 }
 
 impl Default for Policy {
@@ -388,6 +407,7 @@ impl Default for Policy {
             attacks: attacks::Attacks::default(),
             allow_shrink: false,
             missing_kernel_feature: kernel::MissingFeature::Refuse,
+            tcp_state: TcpState::Auto,
         }
     }
 }

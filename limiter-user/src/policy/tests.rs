@@ -46,6 +46,7 @@ pub(crate) fn https_syn() -> Class {
         limit: Limit { rate: 20, burst: 40, cost: CostUnit::Packets, mode: Mode::Shadow, window: None },
         syn_cookies: SynCookies::Off,
         syn_rate: None,
+        tcp_state: None,
         criticality: crate::policy::Criticality::Default,
     }
 }

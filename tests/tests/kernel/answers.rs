@@ -35,6 +35,7 @@ fn policy(source_ports: &[u16]) -> Policy {
             limit: lim(1, 1),
             syn_cookies: SynCookies::Off,
             syn_rate: None,
+            tcp_state: None,
             criticality: limiter::policy::Criticality::Default,
         }],
         ..Policy::default()

@@ -33,6 +33,7 @@ fn policy(mode: Mode) -> Policy {
                 limit: lim(1, 1, mode),
                 syn_cookies: SynCookies::Off,
                 syn_rate: None,
+                tcp_state: None,
                 criticality: limiter::policy::Criticality::Default,
             },
             Class {
@@ -44,6 +45,7 @@ fn policy(mode: Mode) -> Policy {
                 limit: lim(1, 2, mode),
                 syn_cookies: SynCookies::Off,
                 syn_rate: None,
+                tcp_state: None,
                 criticality: limiter::policy::Criticality::Default,
             },
         ],
@@ -123,6 +125,7 @@ fn a_reflection_class_holds_answers_from_its_source_ports_to_their_own_budget() 
         limit: lim(1, 2, Mode::Enforce),
         syn_cookies: SynCookies::Off,
         syn_rate: None,
+        tcp_state: None,
         criticality: limiter::policy::Criticality::Default,
     });
     let mut l = kernel::open(&p.compile(1).unwrap());

@@ -45,7 +45,8 @@ fn documented_action(r: Reason) -> u32 {
         | Reason::AggregateLimited
         | Reason::SynCookieInvalid
         | Reason::TcpBadFlags
-        | Reason::GroupLimited => XDP_DROP,
+        | Reason::GroupLimited
+        | Reason::TcpOutOfState => XDP_DROP,
     }
 }
 

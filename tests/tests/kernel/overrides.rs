@@ -67,6 +67,7 @@ fn policy() -> Policy {
             limit: lim(1, 2),
             syn_cookies: SynCookies::Off,
             syn_rate: None,
+            tcp_state: None,
             criticality: limiter::policy::Criticality::Default,
         }],
         overrides: vec![

@@ -65,6 +65,7 @@ impl From<&Policy> for Root {
             upstream: p.upstream.clone(),
             attacks: p.attacks.clone(),
             missing_kernel_feature: p.missing_kernel_feature,
+            tcp_state: p.tcp_state,
         }
     }
 }
@@ -91,6 +92,7 @@ impl From<&crate::policy::Class> for ClassSpec {
             on_store_failure,
             syn_cookies: c.syn_cookies,
             syn_rate: c.syn_rate,
+            tcp_state: c.tcp_state,
             criticality: (c.criticality != crate::policy::Criticality::Default).then_some(c.criticality),
         }
     }
@@ -125,6 +127,13 @@ impl From<&crate::policy::Override> for OverrideSpec {
 #[expect(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
 pub(super) fn cookies_off(c: &SynCookies) -> bool {
     *c == SynCookies::Off
+}
+
+/// Whether the default class's `tcp_state` is `auto` (the default, not
+/// written).
+#[expect(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
+pub(super) fn tcp_state_auto(t: &crate::policy::TcpState) -> bool {
+    *t == crate::policy::TcpState::Auto
 }
 
 #[cfg(test)]

@@ -43,6 +43,7 @@ fn cookie_policy() -> limiter::policy::Compiled {
             limit: Limit { rate: 10, burst: 20, cost: CostUnit::Packets, mode: Mode::Enforce, window: None },
             syn_cookies: SynCookies::Always,
             syn_rate: None,
+            tcp_state: None,
             criticality: limiter::policy::Criticality::Default,
         }],
         ..Policy::default()

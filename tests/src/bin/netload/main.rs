@@ -81,11 +81,16 @@ fn main() -> anyhow::Result<()> {
         }
         ["spoof", iface, mac, dst, count] => spoof(iface, mac, dst.parse().context("DST_IP:PORT")?, count.parse()?),
         ["spoof-syn", iface, mac, dst, secs] => {
-            spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?, 0x02)
+            spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?, Some(0x02), None)
         }
-        ["spoof-tcp", iface, mac, dst, secs, flags] => {
-            let flags = u8::from_str_radix(flags.trim_start_matches("0x"), 16).context("FLAGS (hex)")?;
-            spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?, flags)
+        ["spoof-tcp", iface, mac, dst, secs, flags, net @ ..] if net.len() <= 1 => {
+            // `mixed`: ACK, RST, FIN and data segments in turn.
+            let flags = match *flags {
+                "mixed" => None,
+                f => Some(u8::from_str_radix(f.trim_start_matches("0x"), 16).context("FLAGS (hex, or mixed)")?),
+            };
+            let net = net.first().map(|n| n.parse::<ipnet::Ipv4Net>().context("an IPv4 NET/LEN")).transpose()?;
+            spoof_syn(iface, mac, dst.parse().context("DST_IP:PORT")?, secs.parse().context("SECS")?, flags, net)
         }
         ["spoof-prefix", iface, mac, dst, net, pps, secs, sport @ ..] if sport.len() <= 1 => spoof_prefix(
             iface,

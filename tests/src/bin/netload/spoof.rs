@@ -144,12 +144,25 @@ fn paced(
     Ok(())
 }
 
-/// TCP SYNs to DST out of IFACE for SECS seconds (at most 60), each from
-/// the next source of a range no test client uses: IPv4 hosts of
-/// 198.18.4.0-198.19.255.255, IPv6 hosts of 2001:2:100::/40. Bounded by
-/// time and by MAX_PACKETS.
-pub fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64, flags: u8) -> anyhow::Result<()> {
+/// TCP segments with `flags` (`None`: ACK, RST, FIN+ACK and data in
+/// turn) to DST out of IFACE for SECS seconds (at most 60), each from the
+/// next source of a range no test client uses: IPv4 hosts of
+/// 198.18.4.0-198.19.255.255 (or of `net`), IPv6 hosts of
+/// 2001:2:100::/40. Bounded by time and by MAX_PACKETS.
+pub fn spoof_syn(
+    iface: &str,
+    mac: &str,
+    dst: SocketAddr,
+    secs: f64,
+    flags: Option<u8>,
+    net: Option<ipnet::Ipv4Net>,
+) -> anyhow::Result<()> {
     use limiter_tests::packet::{ETH_P_IP, ETH_P_IPV6, Frame, IPPROTO_TCP};
+    const MIXED: [u8; 4] = [0x10, 0x04, 0x11, 0x18];
+    // The first source and how many: the net's hosts, or the flood range.
+    let span = net.map_or((0xc612_0000 + 1024, 130_000), |n| {
+        (u32::from(n.network()) + 1, u32::try_from(n.hosts().count()).unwrap_or(1).max(1))
+    });
     let mac = parse_mac(mac)?;
     let (fd, addr) = packet_socket(iface, &mac)?;
     let until = Instant::now() + Duration::from_secs_f64(secs.clamp(0.0, 60.0));
@@ -158,10 +171,11 @@ pub fn spoof_syn(iface: &str, mac: &str, dst: SocketAddr, secs: f64, flags: u8) 
     while Instant::now() < until && sent < MAX_PACKETS {
         for _ in 0..1024 {
             i = i.wrapping_add(1);
+            let flags = flags.unwrap_or(MIXED[i as usize % MIXED.len()]);
             let mut f = match dst.ip() {
                 std::net::IpAddr::V4(d) => {
-                    let host = 1024 + i % 130_000;
-                    let src = std::net::Ipv4Addr::from(0xc612_0000 + host);
+                    let (first, hosts) = span;
+                    let src = std::net::Ipv4Addr::from(first + i % hosts);
                     let mut f =
                         Frame::eth(ETH_P_IP).ipv4(src, IPPROTO_TCP, 0, 0).tcp_to(dst.port(), flags).on_the_wire();
                     f[30..34].copy_from_slice(&d.octets());

@@ -65,11 +65,11 @@ fn class() -> impl Strategy<Value = Class> {
         .prop_map(|v| v.into_iter().map(|(lo, n)| (lo, lo.saturating_add(n))).collect::<Vec<_>>());
     let cookies = prop_oneof![Just(SynCookies::Off), Just(SynCookies::Auto), Just(SynCookies::Always)];
     // Any printable name: quotes, backslashes and non-ASCII are escaped.
-    let rest = (cookies, option::of(1u64..1 << 32), criticality(), any::<bool>());
+    let rest = (cookies, option::of(1u64..1 << 32), criticality(), any::<bool>(), option::of(tcp_state()));
     ("\\PC{1,16}", protocol, ports, any::<bool>(), limit(cost()), rest).prop_map(
         // The ranges are of the destination or (a reflection class) of
         // the source port.
-        |(name, protocol, ports, syn, limit, (syn_cookies, syn_rate, criticality, source))| Class {
+        |(name, protocol, ports, syn, limit, (syn_cookies, syn_rate, criticality, source, tcp_state))| Class {
             name,
             protocol,
             ports: if source { Vec::new() } else { ports.clone() },
@@ -78,9 +78,15 @@ fn class() -> impl Strategy<Value = Class> {
             limit,
             syn_cookies,
             syn_rate,
+            tcp_state,
             criticality,
         },
     )
+}
+
+fn tcp_state() -> impl Strategy<Value = crate::policy::TcpState> {
+    use crate::policy::TcpState;
+    prop_oneof![Just(TcpState::Off), Just(TcpState::Auto), Just(TcpState::Always)]
 }
 
 fn criticality() -> impl Strategy<Value = Criticality> {
@@ -261,7 +267,7 @@ fn policy() -> impl Strategy<Value = Policy> {
     let tiers = (
         option::of((1u64..1 << 32, 1u64..1 << 32)),
         option::of((1u64..1 << 32, 1u64..1 << 32, 0u32..=32, 0u32..=128)),
-        (0u32..=32, 0u32..=128, 1u32..1 << 24, any::<bool>(), any::<bool>()),
+        (0u32..=32, 0u32..=128, 1u32..1 << 24, any::<bool>(), any::<bool>(), tcp_state()),
     );
     let services =
         (vec(forward(), 0..3), option::of(feedback()), option::of(fleet()), option::of(feed()), vec(group(), 0..3));
@@ -278,7 +284,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                 (new_sources, aggregate, prefixes),
                 (forwards, feedback, fleet, feed, groups),
             )| {
-                let (v4_prefix, v6_prefix, capacity, allow_shrink, run_without) = prefixes;
+                let (v4_prefix, v6_prefix, capacity, allow_shrink, run_without, tcp_state) = prefixes;
                 Policy {
                     default,
                     classes,
@@ -308,6 +314,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     } else {
                         crate::policy::kernel::MissingFeature::Refuse
                     },
+                    tcp_state,
                 }
             },
         )

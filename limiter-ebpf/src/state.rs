@@ -1,0 +1,278 @@
+//! Out-of-state TCP (`limiter_common::tcp_state`): the entry point asks
+//! here, for a segment its class admitted, whether to judge it; the
+//! judging is a global function of its own, called once the main
+//! program's work is done, so that its frame and the lookup's tuple never
+//! sit on the charge's call chain (which fills the verifier's 512 bytes
+//! of combined stack). It counts and samples the segment itself.
+
+use aya_ebpf::{
+    bindings::{BPF_TCP_LISTEN, xdp_md},
+    programs::XdpContext,
+};
+use core::ptr::{read_volatile, write_volatile};
+use limiter_common::{
+    Config, Family, Reason, Verdict, cost, family, flags, gcra, mode,
+    packet::{Frame as _, tcp_flag, word as w},
+    rules::key_of,
+    tcp_state::{self, Held},
+};
+
+use crate::{
+    atomic::refund,
+    count::{count, drawn_one_in, sample_drop, sample_pass},
+    held::{segment, socket},
+    maps::{ACTIVE, BUCKETS, CLOCK_CACHE, CONFIG, TCP_GUARD, TCP_HELD, TEST_CLOCK},
+    packet::Packet,
+};
+
+/// [`ask`]'s answer, with the class in its low byte: hand the packet to
+/// [`limiter_tcp_state`] (the entry point leaves it uncounted).
+const JUDGE: u64 = 1 << 8;
+/// The test clock's entry point: `now` is `TEST_CLOCK`.
+const TEST: u64 = 1 << 9;
+const CLASS: u64 = 0xff;
+
+/// Whether the packet goes to [`limiter_tcp_state`]: one its class
+/// admitted, of a class with the check on (an operator's `allow`, a
+/// verified cookie, a refusal never do). One test of the policy's flags
+/// for every other class. Nothing of the packet is read here: a value
+/// kept from the parse to this point would take stack from the entry
+/// point's frame, which the charge's call chain fills to the verifier's
+/// limit; the global function reads the segment itself.
+#[inline(always)]
+pub fn ask(pkt: &Packet, cfg: &Config, class: usize, reason: Reason) -> u64 {
+    if cfg.flags >> (flags::TCP_STATE_SHIFT as usize + class) & 1 == 0 || reason != Reason::Admitted || !tcp(pkt) {
+        return 0;
+    }
+    JUDGE | (class as u64 & CLASS)
+}
+
+/// Whether the packet is TCP (its IP header's protocol, read again: the
+/// parse's is not kept this long).
+#[inline(always)]
+fn tcp(pkt: &Packet) -> bool {
+    let Some(l3) = pkt.l3() else { return false };
+    let Some(h) = pkt.bytes_at::<10>(l3) else { return false };
+    (if h[0] >> 4 == 6 { h[6] } else { h[9] }) == limiter_common::packet::IPPROTO_TCP
+}
+
+/// The packet's reason once [`limiter_tcp_state`] has had it (`counted`
+/// as the entry point left it, with its [`ask`]; `test`: the test clock's
+/// entry point).
+#[inline(always)]
+pub fn settle(pkt: &Packet, counted: Result<(Reason, u64), Reason>, test: bool) -> Result<Reason, Reason> {
+    let (reason, ask) = counted?;
+    if ask & JUDGE == 0 {
+        return Ok(reason);
+    }
+    let r = limiter_tcp_state(pkt.0.ctx, ask | if test { TEST } else { 0 });
+    Ok(if r == Reason::TcpOutOfState as u64 {
+        Reason::TcpOutOfState
+    } else if r == Reason::ShadowDropped as u64 {
+        Reason::ShadowDropped
+    } else {
+        Reason::Admitted
+    })
+}
+
+/// Whether `class`'s `auto` check is engaged at `now`.
+#[inline(always)]
+fn engaged(class: u64, now: u64) -> bool {
+    #[expect(clippy::cast_possible_truncation, reason = "class < MAX_CLASSES")]
+    let Some(g) = TCP_GUARD.get_ptr(class as u32) else { return false };
+    // SAFETY: a live map value; an aligned 8-byte load.
+    now < unsafe { read_volatile(&raw const (*g).until) }
+}
+
+/// Count `n` out-of-state segments in the class's period, and hold the
+/// check engaged while a period's count passes the threshold.
+#[inline(always)]
+fn trip(class: u64, now: u64, n: u64) {
+    #[expect(clippy::cast_possible_truncation, reason = "class < MAX_CLASSES")]
+    let Some(g) = TCP_GUARD.get_ptr_mut(class as u32) else { return };
+    // SAFETY: a live map value. Plain loads and stores: a racing CPU may
+    // lose an increment, which only delays the trigger.
+    unsafe {
+        let period = now / tcp_state::PERIOD;
+        let c = if read_volatile(&raw const (*g).period) == period {
+            read_volatile(&raw const (*g).count) + n
+        } else {
+            write_volatile(&raw mut (*g).period, period);
+            n
+        };
+        write_volatile(&raw mut (*g).count, c);
+        if c > tcp_state::PER_PERIOD {
+            write_volatile(&raw mut (*g).until, now + tcp_state::HOLD);
+        }
+    }
+}
+
+/// [`limiter_tcp_look`]'s answers. Not a segment to judge (not TCP, a
+/// plain SYN, a later fragment), or no listener takes its port: not this
+/// host's to judge.
+const NOBODY: u64 = 0;
+/// A connection holds it (or its cookie is valid).
+const HELD: u64 = 1;
+/// A listener takes its port and nothing holds the segment.
+const OUT_OF_STATE: u64 = 2;
+/// As [`OUT_OF_STATE`], but a bare ACK: out of state unless it carries a
+/// valid SYN cookie ([`limiter_tcp_cookie`]).
+const LISTENER_ACK: u64 = 3;
+
+/// An admitted packet of a class with the check on: judged if it is a
+/// TCP segment other than a plain SYN and the class's check is `always`
+/// or engaged; while an `auto` check is not, one such segment in
+/// [`tcp_state::PROBE_ONE_IN`], drawn at random, is asked of the socket
+/// tables for the trigger only. Counted under its class and sampled here;
+/// returns its reason's index. A global function, verified once on its
+/// own.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_tcp_state(ctx: *mut xdp_md, ask: u64) -> u64 {
+    let xdp = XdpContext::new(ctx);
+    let pkt = Packet(&xdp);
+    let class = ask & CLASS;
+    let now = if ask & TEST != 0 {
+        gcra::to_fixed(TEST_CLOCK.get(0).copied().unwrap_or(0))
+    } else {
+        gcra::to_fixed(CLOCK_CACHE.get(0).map_or(0, |c| c.ns))
+    };
+    let active = ACTIVE.get(0).copied().unwrap_or(0);
+    let Some(cfg) = CONFIG.get(active & limiter_common::deny::active::CONFIG_SLOT) else {
+        return Reason::Admitted as u64;
+    };
+    let Some(limits) = cfg.classes.get(class as usize) else { return Reason::Admitted as u64 };
+    let auto = cfg.flags >> (flags::TCP_STATE_AUTO_SHIFT as usize + class as usize) & 1 != 0;
+    let judging = !auto || engaged(class, now);
+    let (fam, addr) = source(&pkt);
+    let found = if judging { settled(ctx, limiter_tcp_look(ctx, now)) } else { NOBODY };
+    if found == OUT_OF_STATE {
+        trip(class, now, 1);
+    }
+    let key = key_of(fam, addr, cfg.v4_prefix, cfg.v6_prefix, class as u8);
+    let reason = match found {
+        OUT_OF_STATE if limits.mode == mode::SHADOW => Reason::ShadowDropped,
+        OUT_OF_STATE => {
+            // Given back: a flood sent from a real user's prefix does not
+            // spend that user's allowance (window quotas keep theirs).
+            if !limits.is_window()
+                && let Some(p) = BUCKETS.get_ptr_mut(key)
+            {
+                let units = if limits.cost == cost::BYTES { pkt.len() } else { 1 };
+                refund(p, units * limits.unit);
+            }
+            Reason::TcpOutOfState
+        }
+        _ => Reason::Admitted,
+    };
+    let seen = count(class as usize, reason, fam, pkt.len());
+    if reason.verdict() == Verdict::Drop || reason == Reason::ShadowDropped {
+        sample_drop::<false>(&xdp, cfg, &key, reason, now, seen);
+    } else {
+        sample_pass::<false>(&xdp, &key, reason, now, seen);
+    }
+    if !judging
+        && drawn_one_in(seen, now, tcp_state::PROBE_ONE_IN)
+        && settled(ctx, limiter_tcp_look(ctx, now)) == OUT_OF_STATE
+    {
+        trip(class, now, tcp_state::PROBE_ONE_IN);
+    }
+    reason as u64
+}
+
+/// The packet's family and source address, for its key and counter.
+#[inline(always)]
+fn source(pkt: &Packet) -> (Family, [u32; 4]) {
+    let Some(l3) = pkt.l3() else { return (family::IPV4, [0; 4]) };
+    if let Some(h) = pkt.bytes_at::<24>(l3)
+        && h[0] >> 4 == 6
+    {
+        return (family::IPV6, [w(h, 8), w(h, 12), w(h, 16), w(h, 20)]);
+    }
+    let a = pkt.bytes_at::<16>(l3).map_or(0, |h| w(h, 12));
+    (family::IPV4, [a, 0, 0, 0])
+}
+
+/// What the cache of held connections, then the kernel's socket tables,
+/// say of the segment's 4-tuple ([`NOBODY`], [`HELD`], [`OUT_OF_STATE`]).
+/// IPv4 with options; IPv6 whose next header is TCP (one behind
+/// extension headers is not judged). A global function: the tuple and the
+/// lookup's argument live in its own frame.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_tcp_look(ctx: *mut xdp_md, now: u64) -> u64 {
+    let xdp = XdpContext::new(ctx);
+    let Some(mut s) = segment(&Packet(&xdp)) else { return NOBODY };
+    // A plain SYN opens a connection: the charge and SYN cookies see to it.
+    if s.flags & (tcp_flag::SYN | tcp_flag::ACK) == tcp_flag::SYN {
+        return NOBODY;
+    }
+    let fam = u32::from(if s.v6 { family::IPV6.0 } else { family::IPV4.0 });
+    let cached = TCP_HELD.get_ptr_mut(tcp_state::slot(&s.tuple));
+    if let Some(e) = cached {
+        // SAFETY: this CPU's entry, only its softirq touches it.
+        let e = unsafe { &*e };
+        if e.family == fam && e.tuple == s.tuple && e.until > now {
+            return HELD;
+        }
+    }
+    let Some(state) = socket(ctx, &mut s) else { return NOBODY };
+    if state != BPF_TCP_LISTEN {
+        if let Some(e) = cached {
+            // SAFETY: as above.
+            unsafe { *e = Held { tuple: s.tuple, family: fam, until: now + tcp_state::REMEMBER } };
+        }
+        return HELD;
+    }
+    let ack = s.flags & (tcp_flag::SYN | tcp_flag::RST | tcp_flag::FIN | tcp_flag::ACK) == tcp_flag::ACK;
+    if ack { LISTENER_ACK } else { OUT_OF_STATE }
+}
+
+/// [`limiter_tcp_look`]'s answer with a bare ACK's cookie checked.
+#[inline(always)]
+fn settled(ctx: *mut xdp_md, found: u64) -> u64 {
+    match found {
+        LISTENER_ACK if limiter_tcp_cookie(ctx) == 1 => HELD,
+        LISTENER_ACK => OUT_OF_STATE,
+        f => f,
+    }
+}
+
+/// 1 when the bare ACK carries a SYN cookie the kernel's helper accepts
+/// (one this program's SYN-ACK or the kernel's own sent): the third
+/// segment of a connection no socket holds yet. A global function: the
+/// headers' copies the helper reads live in its own frame.
+#[cfg(not(feature = "without-syn-cookies"))]
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_tcp_cookie(ctx: *mut xdp_md) -> u64 {
+    use aya_ebpf::helpers::{bpf_tcp_raw_check_syncookie_ipv4, bpf_tcp_raw_check_syncookie_ipv6};
+    let xdp = XdpContext::new(ctx);
+    let pkt = Packet(&xdp);
+    let Some(l3) = pkt.l3() else { return 0 };
+    let Some(v) = pkt.bytes_at::<1>(l3) else { return 0 };
+    // SAFETY: stack copies of fixed size, as long as the helper reads.
+    let ok = if v[0] >> 4 == 6 {
+        let (Some(ip), Some(th)) = (pkt.bytes_at::<40>(l3), pkt.bytes_at::<20>(l3 + 40)) else { return 0 };
+        let (mut ip, mut th) = (*ip, *th);
+        unsafe { bpf_tcp_raw_check_syncookie_ipv6(ip.as_mut_ptr().cast(), th.as_mut_ptr().cast()) == 0 }
+    } else {
+        // With IP options the ACK is passed unchecked: the kernel judges
+        // it (the helpers' headers are read at fixed offsets here).
+        if v[0] & 0x0f != 5 {
+            return 1;
+        }
+        let (Some(ip), Some(th)) = (pkt.bytes_at::<20>(l3), pkt.bytes_at::<20>(l3 + 20)) else { return 0 };
+        let (mut ip, mut th) = (*ip, *th);
+        unsafe { bpf_tcp_raw_check_syncookie_ipv4(ip.as_mut_ptr().cast(), th.as_mut_ptr().cast()) == 0 }
+    };
+    u64::from(ok)
+}
+
+/// Without the cookie helpers a bare ACK to a listener cannot be told
+/// from a cookie's: it is passed, as the kernel may take it.
+#[cfg(feature = "without-syn-cookies")]
+#[inline(always)]
+fn limiter_tcp_cookie(_: *mut xdp_md) -> u64 {
+    1
+}

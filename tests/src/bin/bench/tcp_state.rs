@@ -1,0 +1,88 @@
+//! `bench tcp-state`: what the out-of-state TCP check costs, on one
+//! program whose config is switched between rounds (the same code and
+//! maps measured): the admit path of a TCP segment of an established
+//! connection with the check off (the plain admitted path), `auto` and not
+//! engaged, and `always` (the connection found in the cache of held
+//! connections); and an out-of-state drop beside a rate-limited drop of
+//! the same segment.
+
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+
+use limiter_common::{Config, programs, tcp_state};
+use limiter_tests::{
+    kernel,
+    packet::{ETH_P_IP, Frame, IPPROTO_TCP},
+};
+
+use super::{REPEAT, ROUNDS, measure};
+
+const ACK: u8 = 0x10;
+
+/// A bare ACK from `src` to `dst` (IPv4).
+fn ack(src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
+    let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), dst.ip()) else { unreachable!("IPv4") };
+    Frame::eth(ETH_P_IP).ipv4(s, IPPROTO_TCP, 0, 0).tcp_ports(src.port(), dst.port(), ACK).payload(6).to_v4(d).bytes
+}
+
+/// `c` with the default class's check in mode `m`.
+fn with(c: &Config, m: u8) -> Config {
+    let mut c = *c;
+    c.flags = c.flags & !tcp_state::bits(0, tcp_state::mode::AUTO) | tcp_state::bits(0, m);
+    c
+}
+
+pub fn tcp_state() {
+    // A real connection on loopback: BPF_PROG_TEST_RUN asks this
+    // namespace's sockets.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let srv = listener.local_addr().unwrap();
+    let client = TcpStream::connect(srv).unwrap();
+    let (_server, _) = listener.accept().unwrap();
+    let held = ack(client.local_addr().unwrap(), srv);
+    let stranger = ack(SocketAddr::from(([127, 0, 0, 1], 4_444)), srv);
+
+    let admit = kernel::config(limiter_common::gcra::MAX_RATE, 1 << 40, false, 24, 56).config;
+    let refuse = with(&kernel::config(1, 1, false, 24, 56).config, tcp_state::mode::OFF);
+    let mut l = kernel::open_bench(&kernel::config(limiter_common::gcra::MAX_RATE, 1 << 40, false, 24, 56), 1024);
+    l.load_program(programs::LIMITER).unwrap();
+    l.test_run(programs::LIMITER, &held, 1).unwrap();
+    let admits = [tcp_state::mode::OFF, tcp_state::mode::AUTO, tcp_state::mode::ALWAYS].map(|m| with(&admit, m));
+    let mut rows: [Vec<f64>; 5] = Default::default();
+    for _ in 0..ROUNDS {
+        for (cfg, row) in admits.iter().zip(&mut rows) {
+            l.apply_config(cfg).expect("write CONFIG");
+            row.push(measure(&mut l, programs::LIMITER, &held, kernel::XDP_PASS));
+        }
+        l.apply_config(&admits[2]).expect("write CONFIG");
+        rows[3].push(measure(&mut l, programs::LIMITER, &stranger, kernel::XDP_DROP));
+        l.apply_config(&refuse).expect("write CONFIG");
+        l.test_run(programs::LIMITER, &stranger, 2).unwrap();
+        rows[4].push(measure(&mut l, programs::LIMITER, &stranger, kernel::XDP_DROP));
+    }
+    let [off, idle, engaged, out_of_state, rate_limited] = rows.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[0]
+    });
+    println!("BPF_PROG_TEST_RUN, {ROUNDS} interleaved rounds of {REPEAT} runs, a bare ACK of a connection on loopback");
+    println!("{:<60} {:>10} {:>8}", "path", "ns/packet", "ratio");
+    for (label, ns, base) in [
+        ("admitted, check off (the plain admitted path)", off, off),
+        ("admitted, check auto, not engaged", idle, off),
+        ("admitted, check engaged (a held connection, cached)", engaged, off),
+        ("rate-limited drop, check off", rate_limited, rate_limited),
+        ("out-of-state drop (a listener, no connection)", out_of_state, rate_limited),
+    ] {
+        println!("{label:<60} {ns:>10.1} {:>8.2}", ns / base);
+    }
+    let at_most = |x: f64, goal: f64| if x <= goal { "met" } else { "NOT met" };
+    println!(
+        "goal: a held connection's packet with the check engaged at most 1.15x the plain admitted path -> {} ({:.2}x); \
+         not engaged at most 1.02x -> {} ({:.2}x); an out-of-state drop at most 1.2x a rate-limited drop -> {} ({:.2}x)",
+        at_most(engaged / off, 1.15),
+        engaged / off,
+        at_most(idle / off, 1.02),
+        idle / off,
+        at_most(out_of_state / rate_limited, 1.2),
+        out_of_state / rate_limited
+    );
+}

@@ -1,0 +1,195 @@
+//! Out-of-state TCP through the real program (injected clock): a segment
+//! other than a plain SYN, to a port a listener of this host takes,
+//! passes only if a socket holds its 4-tuple; anything else is dropped
+//! as `tcp_out_of_state`, its charge given back. Ports nobody listens on
+//! are never judged; an operator's `allow` outranks the check; shadow
+//! mode counts and passes; `auto` engages on a flood and lets go after
+//! it. The program asks the sockets of the namespace the test runs in
+//! (BPF_PROG_TEST_RUN's loopback), so the sockets are on it.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+
+use limiter::policy::{
+    Class, CostUnit, Criticality, Limit, Mode, Override, OverrideAction, Policy, Protocol, SynCookies, TcpState,
+};
+use limiter_common::{Reason, tcp_state};
+use limiter_tests::{
+    kernel,
+    packet::{ETH_P_IP, ETH_P_IPV6, Frame, IPPROTO_TCP},
+};
+
+const T0: u64 = 5_000_000_000_000;
+const ACK: u8 = 0x10;
+const RST: u8 = 0x04;
+const FIN_ACK: u8 = 0x11;
+const PSH_ACK: u8 = 0x18;
+const SYN: u8 = 0x02;
+
+fn lim(rate: u64, burst: u64, mode: Mode) -> Limit {
+    Limit { rate, burst, cost: CostUnit::Packets, mode, window: None }
+}
+
+/// A class of TCP to `ports` (rate 1, burst `burst`) judging state as
+/// `state`; the default class off.
+fn policy(ports: &[u16], burst: u64, state: TcpState) -> Policy {
+    Policy {
+        default: lim(1, 1, Mode::Enforce),
+        tcp_state: TcpState::Off,
+        classes: vec![Class {
+            name: "web".into(),
+            protocol: Protocol::Tcp,
+            ports: ports.iter().map(|&p| (p, p)).collect(),
+            source_ports: Vec::new(),
+            syn: false,
+            limit: lim(1, burst, Mode::Enforce),
+            syn_cookies: SynCookies::Off,
+            syn_rate: None,
+            tcp_state: Some(state),
+            criticality: Criticality::Default,
+        }],
+        new_sources: None,
+        ..Policy::default()
+    }
+}
+
+fn seg(src: SocketAddr, dst: SocketAddr, flags: u8) -> Vec<u8> {
+    match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            Frame::eth(ETH_P_IP).ipv4(s, IPPROTO_TCP, 0, 0).tcp_ports(src.port(), dst.port(), flags).to_v4(d).bytes
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            Frame::eth(ETH_P_IPV6).ipv6(s, IPPROTO_TCP).tcp_ports(src.port(), dst.port(), flags).to_v6(d).bytes
+        }
+        _ => unreachable!("one family"),
+    }
+}
+
+/// A listener and a connection to it: (listener, client, server's end).
+fn connection(at: &str) -> (TcpListener, TcpStream, TcpStream) {
+    let l = TcpListener::bind(at).unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s, _) = l.accept().unwrap();
+    (l, c, s)
+}
+
+/// A port no socket has: bound, then closed.
+fn unused(at: &str) -> u16 {
+    TcpListener::bind(at).unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn a_segment_no_socket_holds_is_dropped_and_one_a_connection_holds_passes() {
+    let _alone = limiter_tests::alone(module_path!());
+    let (l4, c4, _s4) = connection("127.0.0.1:0");
+    let (l6, c6, _s6) = connection("[::1]:0");
+    let (srv4, srv6) = (l4.local_addr().unwrap(), l6.local_addr().unwrap());
+    let (cli4, cli6) = (c4.local_addr().unwrap(), c6.local_addr().unwrap());
+    let nobody = unused("127.0.0.1:0");
+    let stranger4 = SocketAddr::from((Ipv4Addr::LOCALHOST, 4_444));
+    let stranger6 = SocketAddr::from((Ipv6Addr::LOCALHOST, 4_444));
+    let mut l = kernel::open(&policy(&[srv4.port(), srv6.port(), nobody], 1_000, TcpState::Always).compile(1).unwrap());
+    let seq = [
+        ("the connection's ACK", seg(cli4, srv4, ACK), Reason::Admitted),
+        ("the connection's data", seg(cli4, srv4, PSH_ACK), Reason::Admitted),
+        ("its FIN", seg(cli4, srv4, FIN_ACK), Reason::Admitted),
+        ("an ACK of no connection", seg(stranger4, srv4, ACK), Reason::TcpOutOfState),
+        ("a RST of none", seg(stranger4, srv4, RST), Reason::TcpOutOfState),
+        ("a FIN of none", seg(stranger4, srv4, FIN_ACK), Reason::TcpOutOfState),
+        ("data of none", seg(stranger4, srv4, PSH_ACK), Reason::TcpOutOfState),
+        ("a segment without flags", seg(stranger4, srv4, 0), Reason::TcpOutOfState),
+        ("a SYN opens one: not judged", seg(stranger4, srv4, SYN), Reason::Admitted),
+        (
+            "to a port nobody listens on: not judged",
+            seg(stranger4, SocketAddr::from((Ipv4Addr::LOCALHOST, nobody)), ACK),
+            Reason::Admitted,
+        ),
+        ("IPv6: the connection's ACK", seg(cli6, srv6, ACK), Reason::Admitted),
+        ("IPv6: an ACK of none", seg(stranger6, srv6, ACK), Reason::TcpOutOfState),
+        ("IPv6: a RST of none", seg(stranger6, srv6, RST), Reason::TcpOutOfState),
+    ];
+    for (what, f, want) in &seq {
+        assert_eq!(kernel::reason_at(&mut l, T0, f), *want, "{what}");
+    }
+    // Counted once each, under the class.
+    let c = l.maps.class_totals().unwrap();
+    let dropped = seq.iter().filter(|s| s.2 == Reason::TcpOutOfState).count() as u64;
+    assert_eq!(c[1].dropped.packets, dropped, "the class's drops");
+    assert_eq!(l.maps.totals().unwrap().get(Reason::TcpOutOfState).packets, dropped);
+    // With the check off, the same segments pass.
+    let mut off = kernel::open(&policy(&[srv4.port()], 1_000, TcpState::Off).compile(2).unwrap());
+    assert_eq!(kernel::reason_at(&mut off, T0, &seg(stranger4, srv4, ACK)), Reason::Admitted);
+}
+
+/// A flood of segments from a real user's prefix spends none of that
+/// user's allowance: each drop's charge is given back.
+#[test]
+fn out_of_state_segments_spend_no_allowance_of_their_prefix() {
+    let _alone = limiter_tests::alone(module_path!());
+    let (l4, c4, _s4) = connection("127.0.0.1:0");
+    let (srv, cli) = (l4.local_addr().unwrap(), c4.local_addr().unwrap());
+    let mut l = kernel::open(&policy(&[srv.port()], 5, TcpState::Always).compile(1).unwrap());
+    for i in 0..1_000u16 {
+        let spoofed = SocketAddr::from((Ipv4Addr::LOCALHOST, 10_000 + i));
+        assert_eq!(kernel::reason_at(&mut l, T0, &seg(spoofed, srv, ACK)), Reason::TcpOutOfState, "segment {i}");
+    }
+    // The prefix's burst of 5 is whole for the user's own segments.
+    for i in 0..5 {
+        assert_eq!(kernel::reason_at(&mut l, T0, &seg(cli, srv, PSH_ACK)), Reason::Admitted, "the user's {i}");
+    }
+    assert_eq!(kernel::reason_at(&mut l, T0, &seg(cli, srv, PSH_ACK)), Reason::RateLimited, "past the burst");
+}
+
+#[test]
+fn an_operators_allow_outranks_it_and_shadow_mode_passes_what_it_would_drop() {
+    let _alone = limiter_tests::alone(module_path!());
+    let (l4, _c4, _s4) = connection("127.0.0.1:0");
+    let srv = l4.local_addr().unwrap();
+    let stranger = SocketAddr::from((Ipv4Addr::LOCALHOST, 4_444));
+    let mut p = policy(&[srv.port()], 1_000, TcpState::Always);
+    p.overrides =
+        vec![Override { net: "127.0.0.0/24".parse().unwrap(), action: OverrideAction::Allow, criticality: None }];
+    let mut allowed = kernel::open(&p.compile(1).unwrap());
+    assert_eq!(kernel::reason_at(&mut allowed, T0, &seg(stranger, srv, ACK)), Reason::Allowed);
+    let mut p = policy(&[srv.port()], 1_000, TcpState::Always);
+    p.classes[0].limit.mode = Mode::Shadow;
+    let mut shadow = kernel::open(&p.compile(2).unwrap());
+    assert_eq!(kernel::reason_at(&mut shadow, T0, &seg(stranger, srv, ACK)), Reason::ShadowDropped);
+}
+
+/// `auto`: out-of-state segments pass until a period's probes estimate
+/// more than the threshold; then the check engages, and it lets go once
+/// the flood has been over for its hold.
+#[test]
+fn auto_engages_on_a_flood_and_lets_go_after_it() {
+    let _alone = limiter_tests::alone(module_path!());
+    let (l4, _c4, _s4) = connection("127.0.0.1:0");
+    let srv = l4.local_addr().unwrap();
+    let mut l = kernel::open(&policy(&[srv.port()], 1_000_000, TcpState::Auto).compile(1).unwrap());
+    let spoofed = |i: u32| SocketAddr::from((Ipv4Addr::from(0x7f00_0000 | (i & 0xff_ffff)), 2_000 + (i % 50_000) as u16));
+    let at = |i: u32| T0 + u64::from(i) * 1_000;
+    // A few stray segments (a closed connection's, a scan): never engaged.
+    for i in 0..20 {
+        assert_eq!(kernel::reason_at(&mut l, at(i), &seg(spoofed(i), srv, ACK)), Reason::Admitted, "stray {i}");
+    }
+    // A flood: 5,000 segments within a period; passed until the probes
+    // trip the trigger, refused after.
+    let mut first = None;
+    for i in 20..5_020 {
+        if kernel::reason_at(&mut l, at(i), &seg(spoofed(i), srv, ACK)) == Reason::TcpOutOfState && first.is_none() {
+            first = Some(i - 20);
+        }
+    }
+    let first = first.expect("auto engaged during the flood");
+    // The trigger needs PER_PERIOD estimated (one probe counts
+    // PROBE_ONE_IN): a few probes, each drawn one in 64.
+    let least = tcp_state::PER_PERIOD / tcp_state::PROBE_ONE_IN;
+    assert!(u64::from(first) >= least, "engaged after {first} segments");
+    assert!(first < 2_000, "engaged only after {first} segments");
+    let t = at(5_020);
+    assert_eq!(kernel::reason_at(&mut l, t, &seg(spoofed(1), srv, ACK)), Reason::TcpOutOfState, "engaged");
+    // The hold: still engaged just before it ends, released after.
+    let hold_ns = tcp_state::HOLD >> 4;
+    assert_eq!(kernel::reason_at(&mut l, t + hold_ns / 2, &seg(spoofed(2), srv, ACK)), Reason::TcpOutOfState);
+    let after = t + hold_ns / 2 + hold_ns + 1_000_000_000;
+    assert_eq!(kernel::reason_at(&mut l, after, &seg(spoofed(3), srv, ACK)), Reason::Admitted, "released");
+}
