@@ -322,7 +322,7 @@ static mut LIMITER_PASSES: u32 = 0;
 
 /// `LIMITER_PASSES`, as it is now.
 #[inline(always)]
-fn passes() -> u32 {
+pub fn passes() -> u32 {
     // SAFETY: an aligned u32 only userspace writes (one store): no torn
     // read; volatile, so it is read each time, never assumed zero.
     unsafe { core::ptr::read_volatile(&raw const LIMITER_PASSES) }

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use core::ptr::{read_volatile, write_volatile};
 use limiter_common::{
-    Config, Family, Reason, Verdict, cost, family, flags, gcra, mode,
+    Config, Family, Reason, cost, family, flags, gcra, mode,
     packet::{Frame as _, tcp_flag, word as w},
     rules::key_of,
     tcp_state::{self, Held},
@@ -19,7 +19,7 @@ use limiter_common::{
 
 use crate::{
     atomic::refund,
-    count::{count, drawn_one_in, sample_drop, sample_pass},
+    count::{count, drawn_one_in, passes, sample_drop, sample_pass},
     held::{segment, socket},
     maps::{ACTIVE, BUCKETS, CLOCK_CACHE, CONFIG, TCP_GUARD, TCP_HELD, TEST_CLOCK},
     packet::Packet,
@@ -30,6 +30,8 @@ use crate::{
 const JUDGE: u64 = 1 << 8;
 /// The test clock's entry point: `now` is `TEST_CLOCK`.
 const TEST: u64 = 1 << 9;
+/// The class's check is `auto` (judged only while engaged).
+const AUTO: u64 = 1 << 10;
 const CLASS: u64 = 0xff;
 
 /// Whether the packet goes to [`limiter_tcp_state`]: one its class
@@ -44,7 +46,8 @@ pub fn ask(pkt: &Packet, cfg: &Config, class: usize, reason: Reason) -> u64 {
     if cfg.flags >> (flags::TCP_STATE_SHIFT as usize + class) & 1 == 0 || reason != Reason::Admitted || !tcp(pkt) {
         return 0;
     }
-    JUDGE | (class as u64 & CLASS)
+    let auto = if cfg.flags >> (flags::TCP_STATE_AUTO_SHIFT as usize + class) & 1 != 0 { AUTO } else { 0 };
+    JUDGE | auto | (class as u64 & CLASS)
 }
 
 /// Whether the packet is TCP (its IP header's protocol, read again: the
@@ -115,8 +118,8 @@ const NOBODY: u64 = 0;
 const HELD: u64 = 1;
 /// A listener takes its port and nothing holds the segment.
 const OUT_OF_STATE: u64 = 2;
-/// As [`OUT_OF_STATE`], but a bare ACK: out of state unless it carries a
-/// valid SYN cookie ([`limiter_tcp_cookie`]).
+/// As [`OUT_OF_STATE`], but with ACK (and without SYN or RST): out of
+/// state unless it carries a valid SYN cookie ([`limiter_tcp_cookie`]).
 const LISTENER_ACK: u64 = 3;
 
 /// An admitted packet of a class with the check on: judged if it is a
@@ -137,47 +140,55 @@ pub extern "C" fn limiter_tcp_state(ctx: *mut xdp_md, ask: u64) -> u64 {
     } else {
         gcra::to_fixed(CLOCK_CACHE.get(0).map_or(0, |c| c.ns))
     };
-    let active = ACTIVE.get(0).copied().unwrap_or(0);
-    let Some(cfg) = CONFIG.get(active & limiter_common::deny::active::CONFIG_SLOT) else {
-        return Reason::Admitted as u64;
-    };
-    let Some(limits) = cfg.classes.get(class as usize) else { return Reason::Admitted as u64 };
-    let auto = cfg.flags >> (flags::TCP_STATE_AUTO_SHIFT as usize + class as usize) & 1 != 0;
-    let judging = !auto || engaged(class, now);
-    let (fam, addr) = source(&pkt);
+    let judging = ask & AUTO == 0 || engaged(class, now);
     let found = if judging { settled(ctx, limiter_tcp_look(ctx, now)) } else { NOBODY };
-    if found == OUT_OF_STATE {
-        trip(class, now, 1);
-    }
-    let key = key_of(fam, addr, cfg.v4_prefix, cfg.v6_prefix, class as u8);
-    let reason = match found {
-        OUT_OF_STATE if limits.mode == mode::SHADOW => Reason::ShadowDropped,
-        OUT_OF_STATE => {
-            // Given back: a flood sent from a real user's prefix does not
-            // spend that user's allowance (window quotas keep theirs).
-            if !limits.is_window()
-                && let Some(p) = BUCKETS.get_ptr_mut(key)
-            {
-                let units = if limits.cost == cost::BYTES { pkt.len() } else { 1 };
-                refund(p, units * limits.unit);
-            }
-            Reason::TcpOutOfState
+    let (fam, addr) = source(&pkt);
+    // The config is read again only for what a pass sample or a drop
+    // needs: a held connection's segment pays the lookups above, a count
+    // and a test.
+    let key = |cfg: &Config| key_of(fam, addr, cfg.v4_prefix, cfg.v6_prefix, class as u8);
+    if found != OUT_OF_STATE {
+        let seen = count(class as usize, Reason::Admitted, fam, pkt.len());
+        if passes() != 0
+            && let Some(cfg) = config()
+        {
+            sample_pass::<false>(&xdp, &key(cfg), Reason::Admitted, now, seen);
         }
-        _ => Reason::Admitted,
+        if !judging
+            && drawn_one_in(seen, now, tcp_state::PROBE_ONE_IN)
+            && settled(ctx, limiter_tcp_look(ctx, now)) == OUT_OF_STATE
+        {
+            trip(class, now, tcp_state::PROBE_ONE_IN);
+        }
+        return Reason::Admitted as u64;
+    }
+    trip(class, now, 1);
+    let Some(cfg) = config() else { return Reason::Admitted as u64 };
+    let Some(limits) = cfg.classes.get(class as usize) else { return Reason::Admitted as u64 };
+    let key = key(cfg);
+    let reason = if limits.mode == mode::SHADOW {
+        Reason::ShadowDropped
+    } else {
+        // Given back: a flood sent from a real user's prefix does not
+        // spend that user's allowance (window quotas keep theirs).
+        if !limits.is_window()
+            && let Some(p) = BUCKETS.get_ptr_mut(key)
+        {
+            let units = if limits.cost == cost::BYTES { pkt.len() } else { 1 };
+            refund(p, units * limits.unit);
+        }
+        Reason::TcpOutOfState
     };
     let seen = count(class as usize, reason, fam, pkt.len());
-    if reason.verdict() == Verdict::Drop || reason == Reason::ShadowDropped {
-        sample_drop::<false>(&xdp, cfg, &key, reason, now, seen);
-    } else {
-        sample_pass::<false>(&xdp, &key, reason, now, seen);
-    }
-    if !judging
-        && drawn_one_in(seen, now, tcp_state::PROBE_ONE_IN)
-        && settled(ctx, limiter_tcp_look(ctx, now)) == OUT_OF_STATE
-    {
-        trip(class, now, tcp_state::PROBE_ONE_IN);
-    }
+    sample_drop::<false>(&xdp, cfg, &key, reason, now, seen);
     reason as u64
+}
+
+/// The policy in force.
+#[inline(always)]
+fn config() -> Option<&'static Config> {
+    let active = ACTIVE.get(0).copied().unwrap_or(0);
+    CONFIG.get(active & limiter_common::deny::active::CONFIG_SLOT)
 }
 
 /// The packet's family and source address, for its key and counter.
@@ -212,7 +223,13 @@ pub extern "C" fn limiter_tcp_look(ctx: *mut xdp_md, now: u64) -> u64 {
     if let Some(e) = cached {
         // SAFETY: this CPU's entry, only its softirq touches it.
         let e = unsafe { &*e };
-        if e.family == fam && e.tuple == s.tuple && e.until > now {
+        // Word by word, folded: an array's `==` is a call of a byte-wise
+        // `memcmp` subprogram in BPF.
+        let mut differ = e.family ^ fam;
+        for i in 0..tcp_state::TUPLE_WORDS {
+            differ |= e.tuple[i] ^ s.tuple[i];
+        }
+        if differ == 0 && e.until > now {
             return HELD;
         }
     }
@@ -224,7 +241,9 @@ pub extern "C" fn limiter_tcp_look(ctx: *mut xdp_md, now: u64) -> u64 {
         }
         return HELD;
     }
-    let ack = s.flags & (tcp_flag::SYN | tcp_flag::RST | tcp_flag::FIN | tcp_flag::ACK) == tcp_flag::ACK;
+    // The kernel takes a cookie from any segment with ACK and without
+    // SYN or RST (a lost third segment's data carries it too).
+    let ack = s.flags & (tcp_flag::SYN | tcp_flag::RST | tcp_flag::ACK) == tcp_flag::ACK;
     if ack { LISTENER_ACK } else { OUT_OF_STATE }
 }
 

@@ -193,3 +193,41 @@ fn auto_engages_on_a_flood_and_lets_go_after_it() {
     let after = t + hold_ns / 2 + hold_ns + 1_000_000_000;
     assert_eq!(kernel::reason_at(&mut l, after, &seg(spoofed(3), srv, ACK)), Reason::Admitted, "released");
 }
+
+/// A connection made by a SYN cookie has no socket until its ACK (or a
+/// later segment with it) reaches the kernel: such a segment to a
+/// listener passes when the kernel's helper accepts its cookie, and only
+/// then. The prefix holds a bucket in the SYN's class, so the cookie path
+/// itself lets the ACK by to be charged.
+#[test]
+fn a_syn_cookies_ack_to_a_listener_passes_and_a_forged_one_does_not() {
+    use limiter_tests::tcp::{Seg, ack_of};
+    let _alone = limiter_tests::alone(module_path!());
+    let _listener = TcpListener::bind("0.0.0.0:443").expect("port 443 free for the test's listener");
+    let mut p = limiter_tests::tcp::policy(SynCookies::Always, None, None);
+    p.tcp_state = TcpState::Always;
+    let mut l = kernel::open(&p.compile(1).unwrap());
+    let syn = Seg::syn("198.18.7.9".parse().unwrap(), 0);
+    let at = |ms: u64| T0 + ms * 1_000_000;
+    // The first SYN to a port goes to the kernel, the next gets a cookie.
+    assert_eq!(kernel::reason_at(&mut l, at(0), &syn.bytes()), Reason::SynCookieToKernel);
+    let (action, out) = l.run_out(at(1), &syn.bytes()).unwrap();
+    assert_eq!(action, 3, "a cookie SYN-ACK (XDP_TX)");
+    let cookie = u32::from_be_bytes(out[14 + 20 + 4..14 + 20 + 8].try_into().unwrap());
+    assert_eq!(kernel::reason_at(&mut l, at(2), &ack_of(&syn, cookie).bytes()), Reason::SynCookieVerified);
+    // Its prefix has a bucket now: the same ACK again is charged, judged,
+    // and passes on its cookie; data with it too; a forged cookie, a RST
+    // and a FIN of no connection do not.
+    let data = Seg { flags: 0x18, ..ack_of(&syn, cookie) };
+    let forged = ack_of(&syn, cookie ^ 0x0100_0000);
+    let seq = [
+        ("the cookie's ACK", ack_of(&syn, cookie), Reason::Admitted),
+        ("data carrying it", data, Reason::Admitted),
+        ("a forged cookie", forged.clone(), Reason::TcpOutOfState),
+        ("a RST", Seg { flags: 0x04, ..forged.clone() }, Reason::TcpOutOfState),
+        ("a FIN without ACK", Seg { flags: 0x01, ..forged }, Reason::TcpOutOfState),
+    ];
+    for (what, seg, want) in seq {
+        assert_eq!(kernel::reason_at(&mut l, at(3), &seg.bytes()), want, "{what}");
+    }
+}
