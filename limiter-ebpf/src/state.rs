@@ -32,7 +32,11 @@ const JUDGE: u64 = 1 << 8;
 const TEST: u64 = 1 << 9;
 /// The class's check is `auto` (judged only while engaged).
 const AUTO: u64 = 1 << 10;
-const CLASS: u64 = 0xff;
+/// The class, masked to `MAX_CLASSES`: the bound the verifier of 6.1
+/// needs to index the policy's classes with it (a compare of a wider
+/// value it lost on the way to the load).
+const CLASS: u64 = limiter_common::MAX_CLASSES as u64 - 1;
+const _: () = assert!(limiter_common::MAX_CLASSES.is_power_of_two());
 
 /// Whether the packet goes to [`limiter_tcp_state`]: one its class
 /// admitted, of a class with the check on (an operator's `allow`, a

@@ -8,7 +8,7 @@
 //! `rate_limited`, `admitted`, ...), `decided_by` (the layer that decides)
 //! and `layers`: one object per layer in the data plane's order, each
 //! with `layer` (`class`, `syn_cookies`, `override`, `group`, `deny_set`,
-//! `bucket`, `window`, `upstream`), `state` (false: nothing holds this
+//! `bucket`, `window`, `tcp_state`, `upstream`), `state` (false: nothing holds this
 //! address there), `decides`, `says` (one line for people) and
 //! `detail` (the layer's own fields, as `docs/operations.md` lists them).
 

@@ -4,8 +4,9 @@
 //! the most specific override holding its bucket (the operator's, the
 //! file's, a source's, the tenant layer's penalty); without one, its
 //! country or ASN group; below an `allow` or `deny` there, the deny set
-//! (feeds, CrowdSec, escalation); then its bucket or window quota, and the
-//! group's shared budget; and what is announced upstream about it.
+//! (feeds, CrowdSec, escalation); then its bucket or window quota, the
+//! out-of-state TCP check, and the group's shared budget; and what is
+//! announced upstream about it.
 
 use std::{fmt::Write as _, net::IpAddr};
 
@@ -86,6 +87,7 @@ pub(super) fn explain(
     let group_rate = w.group(in_force.is_some());
     w.deny_set();
     w.bucket(own_limit);
+    w.tcp_state(config, dp);
     if let Some(name) = group_rate {
         w.layers.push(Layer::holds(
             "group_budget",
@@ -155,6 +157,41 @@ impl Walk<'_> {
         } else {
             self.layers.push(l);
         }
+    }
+
+    /// Out-of-state TCP: whether the class judges the address's segments
+    /// other than SYNs now. It never decides here: its verdict is a
+    /// segment's (a connection's 4-tuple), not an address's.
+    fn tcp_state(&mut self, config: &limiter_common::Config, dp: &DataPlane) {
+        use limiter_common::tcp_state::{mode, of};
+        let m = of(config.flags, self.class);
+        if m == mode::OFF || u8::from(self.asked.protocol) != packet::IPPROTO_TCP {
+            self.layers.push(Layer::nothing("tcp_state", "off for this packet"));
+            return;
+        }
+        let now = crate::dataplane::maps::monotonic_coarse_ns();
+        let class = u32::try_from(self.class).unwrap_or(0);
+        let always = m == mode::ALWAYS;
+        let engaged = always || dp.maps.counters.tcp_state_engaged(class, now).unwrap_or(false);
+        let word = if always { "always" } else { "auto" };
+        let state = match (always, engaged) {
+            (false, true) => ", engaged now (out-of-state segments seen)",
+            (false, false) => ", not engaged",
+            _ => "",
+        };
+        let what = match (self.asked.syn, engaged) {
+            (true, _) => ": a SYN is not judged",
+            (false, true) => {
+                ": a segment to a port this host listens on passes only if a connection of this host holds it \
+                 (else tcp_out_of_state)"
+            }
+            (false, false) => "",
+        };
+        self.layers.push(Layer::holds(
+            "tcp_state",
+            format!("{word} for class {}{state}{what}", self.class_name),
+            json!({ "mode": word, "engaged": engaged }),
+        ));
     }
 
     /// The most specific override holding the bucket prefix decides (an

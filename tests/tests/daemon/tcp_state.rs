@@ -219,8 +219,13 @@ fn an_out_of_state_flood_never_reaches_the_stack_and_connections_keep_their_pace
         f.join().unwrap();
         engaged.unwrap_or_else(|e| panic!("{e:#}: {log}"));
     });
-    let status = scenario_status(&socket);
+    let status = scenario_cli(&socket, &["status"]);
     assert!(status.contains("judging out-of-state TCP in class default"), "{status}");
+    // `limiter explain` says the class's check, engaged, for a TCP segment.
+    let explained = scenario_cli(&socket, &["explain", CONFORM_SRC, "--protocol", "tcp", "--port", "8080", "-j"]);
+    let e: serde_json::Value = serde_json::from_str(&explained).unwrap();
+    let layer = e["layers"].as_array().unwrap().iter().find(|l| l["layer"] == "tcp_state").expect("a tcp_state layer");
+    assert_eq!((&layer["detail"]["mode"], &layer["detail"]["engaged"]), (&"auto".into(), &true.into()), "{e}");
 
     // The flood again, now engaged: the connection's pace, new clients,
     // the kernel's RSTs.
@@ -235,7 +240,7 @@ fn an_out_of_state_flood_never_reaches_the_stack_and_connections_keep_their_pace
     });
     let rst_on = rsts(&net) - r1;
     let failed: Vec<String> = connects.iter().filter_map(|r| r.as_ref().err()).map(|e| format!("{e:#}")).collect();
-    let counted = scenario_stats(&socket);
+    let counted = scenario_cli(&socket, &["stats"]);
     println!(
         "check engaged: {sent_on} segments sent, {rst_on} RSTs; the long connection {during} B in 2 s during the \
          flood, {quiet} B in 2 s without; {} of {NEW_CLIENTS} new clients connected\n{stats}",
@@ -293,20 +298,7 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
-fn scenario_status(socket: &Path) -> String {
-    let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
-        .args(["status", "--socket"])
-        .arg(socket)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn scenario_stats(socket: &Path) -> String {
-    let o = std::process::Command::new(scenario::locate_bin("limiter").unwrap())
-        .args(["stats", "--socket"])
-        .arg(socket)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).into_owned()
+/// What `limiter ARGS...` printed, asked of the daemon at `socket`.
+fn scenario_cli(socket: &Path, args: &[&str]) -> String {
+    String::from_utf8_lossy(&scenario::cli(socket, args).stdout).into_owned()
 }
