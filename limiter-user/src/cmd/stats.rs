@@ -29,21 +29,23 @@ pub fn stats(client: Client, json: bool, all: bool) -> anyhow::Result<()> {
         t.row(vec![c.class.clone(), c.admitted.to_string(), c.dropped.to_string(), c.shadow_dropped.to_string()]);
     }
     print!("\n{}", t.render());
-    if !s.syn_cookies.is_empty() {
-        let mut t = Table::new(&[("syn cookies", Left), ("mode", Left), ("engaged", Right)]);
-        for c in &s.syn_cookies {
-            let engaged = if c.engaged { "yes" } else { "no" };
-            t.row(vec![c.class.clone(), crate::policy::spelling(&c.mode), engaged.to_owned()]);
-        }
-        print!("\n{}", t.render());
-    }
-    if !s.tcp_state.is_empty() {
-        let mut t = Table::new(&[("tcp state", Left), ("mode", Left), ("judging", Right)]);
-        for c in &s.tcp_state {
-            let engaged = if c.engaged { "yes" } else { "no" };
-            t.row(vec![c.class.clone(), crate::policy::spelling(&c.mode), engaged.to_owned()]);
-        }
-        print!("\n{}", t.render());
-    }
+    let cookies = s.syn_cookies.iter().map(|c| (c.class.clone(), crate::policy::spelling(&c.mode), c.engaged));
+    guard_table(("syn cookies", "engaged"), cookies);
+    let state = s.tcp_state.iter().map(|c| (c.class.clone(), crate::policy::spelling(&c.mode), c.engaged));
+    guard_table(("tcp state", "judging"), state);
     Ok(())
+}
+
+/// A TCP guard's classes (SYN cookies, the out-of-state check): each
+/// with its mode and whether it acts now; nothing when none has it.
+fn guard_table((title, acting): (&'static str, &'static str), rows: impl Iterator<Item = (String, String, bool)>) {
+    let mut t = Table::new(&[(title, Left), ("mode", Left), (acting, Right)]);
+    let mut any = false;
+    for (class, mode, on) in rows {
+        t.row(vec![class, mode, if on { "yes" } else { "no" }.to_owned()]);
+        any = true;
+    }
+    if any {
+        print!("\n{}", t.render());
+    }
 }

@@ -74,40 +74,42 @@ impl SnapshotCollector {
         Ok(())
     }
 
-    fn syn_cookies(enc: &mut DescriptorEncoder, classes: &[crate::control::SynCookieRow]) -> std::fmt::Result {
-        if classes.is_empty() {
-            return Ok(());
-        }
-        let mut m = enc.encode_descriptor(
-            "limiter_syn_cookies_engaged",
-            "1 while a class answers SYNs from sources without a bucket with SYN cookies.",
-            None,
-            MetricType::Gauge,
+    /// Each TCP guard's classes: SYN cookies, the out-of-state check.
+    fn tcp_guards(enc: &mut DescriptorEncoder, s: &Snapshot) -> std::fmt::Result {
+        Self::engaged(
+            enc,
+            (
+                "limiter_syn_cookies_engaged",
+                "1 while a class answers SYNs from sources without a bucket with SYN cookies.",
+            ),
+            s.syn_cookies.iter().map(|c| (c.class.as_str(), crate::policy::spelling(&c.mode), c.engaged)),
         )?;
-        for c in classes {
-            let mode = crate::policy::spelling(&c.mode);
-            ConstGauge::new(i64::from(c.engaged))
-                .encode(m.encode_family(&[("class", c.class.as_str()), ("mode", mode.as_str())])?)?;
-        }
+        Self::engaged(
+            enc,
+            (
+                "limiter_tcp_state_engaged",
+                "1 while a class drops TCP segments no connection of this host holds (always, or auto engaged).",
+            ),
+            s.tcp_state.iter().map(|c| (c.class.as_str(), crate::policy::spelling(&c.mode), c.engaged)),
+        )?;
         Ok(())
     }
-}
 
-impl SnapshotCollector {
-    fn tcp_state(enc: &mut DescriptorEncoder, classes: &[crate::control::TcpStateRow]) -> std::fmt::Result {
-        if classes.is_empty() {
+    /// A gauge per class of a TCP guard (SYN cookies, the out-of-state
+    /// check): 1 while it acts, labelled with the class and its mode;
+    /// nothing when no class has it.
+    fn engaged<'a>(
+        enc: &mut DescriptorEncoder,
+        (name, help): (&str, &str),
+        classes: impl ExactSizeIterator<Item = (&'a str, String, bool)>,
+    ) -> std::fmt::Result {
+        if classes.len() == 0 {
             return Ok(());
         }
-        let mut m = enc.encode_descriptor(
-            "limiter_tcp_state_engaged",
-            "1 while a class drops TCP segments no connection of this host holds (always, or auto engaged).",
-            None,
-            MetricType::Gauge,
-        )?;
-        for c in classes {
-            let mode = crate::policy::spelling(&c.mode);
-            ConstGauge::new(i64::from(c.engaged))
-                .encode(m.encode_family(&[("class", c.class.as_str()), ("mode", mode.as_str())])?)?;
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (class, mode, engaged) in classes {
+            ConstGauge::new(i64::from(engaged))
+                .encode(m.encode_family(&[("class", class), ("mode", mode.as_str())])?)?;
         }
         Ok(())
     }
@@ -188,8 +190,7 @@ impl Collector for SnapshotCollector {
             "Times the daemon found its XDP link or pin gone and put it back.",
             s.reattaches,
         )?;
-        Self::syn_cookies(&mut enc, &s.syn_cookies)?;
-        Self::tcp_state(&mut enc, &s.tcp_state)?;
+        Self::tcp_guards(&mut enc, s)?;
         gauge(
             &mut enc,
             "limiter_kernel_lacks_syn_cookies",
