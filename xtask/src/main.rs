@@ -81,8 +81,9 @@ enum Cmd {
     /// Measure the XDP program side by side with a bare XDP_DROP, nftables
     /// and iptables.
     Bench {
-        /// Run only these sections (hit, system, accuracy, working-sets,
-        /// overrides, metrics, verifier, forward); all when none is given.
+        /// Run only these sections (hit, tcp-state, system,
+        /// system-tcp-state, accuracy, working-sets, overrides, metrics,
+        /// verifier, forward, ...); all when none is given.
         sections: Vec<String>,
     },
 }

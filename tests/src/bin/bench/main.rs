@@ -14,6 +14,7 @@ mod profile;
 mod rounds;
 mod syn;
 mod system;
+mod tcp_flood;
 mod tcp_state;
 mod window;
 mod xdp_filter;
@@ -40,12 +41,13 @@ fn measure(l: &mut DataPlane, prog: &'static str, frame: &[u8], want: u32) -> f6
 }
 
 /// Sections in the order they print; `bench [SECTION...]` runs only those.
-const SECTIONS: [(&str, fn()); 15] = [
+const SECTIONS: [(&str, fn()); 16] = [
     ("hit", hit::hit_path),
     ("tcp-state", tcp_state::tcp_state),
     ("deny", deny::deny),
     ("groups", groups::groups),
     ("system", system::system_flood),
+    ("system-tcp-state", tcp_flood::tcp_flood),
     ("accuracy", accuracy),
     ("working-sets", working_sets),
     ("overrides", overrides_apply),

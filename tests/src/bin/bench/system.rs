@@ -32,7 +32,8 @@
 mod receivers;
 mod report;
 
-use self::receivers::{dropped, iptables_rules, nft_rules, run, veth_stat, xdp_filter_on_vb};
+use self::receivers::{dropped, iptables_rules, nft_rules, xdp_filter_on_vb};
+pub(crate) use self::receivers::{run, veth_stat};
 use std::{
     process::{Command, Stdio},
     time::Duration,
@@ -156,7 +157,7 @@ pub(crate) fn busy_ticks() -> [u64; 2] {
 }
 
 /// PIDs of the kernel's threaded-NAPI threads of every `B_IF`.
-fn napi_threads() -> Vec<i32> {
+pub(crate) fn napi_threads() -> Vec<i32> {
     let prefix = format!("napi/{B_IF}-");
     std::fs::read_dir("/proc")
         .expect("read /proc")
@@ -291,7 +292,7 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
 }
 
 /// Pin `pid` (0: the calling thread) to one CPU.
-fn pin_to_cpu(pid: i32, cpu: usize) {
+pub(crate) fn pin_to_cpu(pid: i32, cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_setaffinity
     // only reads it.
     unsafe {

@@ -9,7 +9,7 @@ use limiter_tests::netns::{B_IF, NetNs};
 
 use super::{BURST, ENTRIES, Filter, RATE};
 
-pub(super) fn run(cmd: &mut Command) -> String {
+pub(crate) fn run(cmd: &mut Command) -> String {
     let out = cmd.output().expect("spawn");
     assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -51,7 +51,7 @@ pub(super) fn iptables_rules(bin: &str, ns: &NetNs) {
 
 /// Sum of the veth's `ethtool -S` counters whose name ends with `suffix`
 /// (one per queue).
-pub(super) fn veth_stat(ns: &NetNs, iface: &str, suffix: &str) -> u64 {
+pub(crate) fn veth_stat(ns: &NetNs, iface: &str, suffix: &str) -> u64 {
     let out = run(ns.command("ethtool").args(["-S", iface]));
     out.lines()
         .filter_map(|l| l.trim().split_once(": "))
