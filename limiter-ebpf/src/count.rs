@@ -274,6 +274,19 @@ pub fn count(class: usize, reason: Reason, fam: Family, len: u64) -> u64 {
     }
 }
 
+/// Take back one packet of `len` bytes [`count`] counted under `reason`
+/// on this CPU (the out-of-state check turning an admitted packet into a
+/// drop after the entry point counted it).
+#[inline(always)]
+pub fn uncount(class: usize, reason: Reason, fam: Family, len: u64) {
+    let Some(c) = STATS.get_ptr_mut(stat_index(class, reason, fam)) else { return };
+    // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+    unsafe {
+        (*c).packets = (*c).packets.wrapping_sub(1);
+        (*c).bytes = (*c).bytes.wrapping_sub(len);
+    }
+}
+
 /// One drop in `drop_sample` (a power of two), drawn at random for each
 /// drop, goes to the ring buffer for the top-offenders list, escalation,
 /// link pressure; while a capture is on, one in its own power of two is

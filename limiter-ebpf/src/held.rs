@@ -8,10 +8,10 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_F_CURRENT_NETNS, BPF_TCP_LISTEN, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as V4,
+        BPF_F_CURRENT_NETNS, BPF_TCP_LISTEN, bpf_sock, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as V4,
         bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2 as V6, xdp_md,
     },
-    helpers::{bpf_sk_release, bpf_skc_lookup_tcp},
+    helpers::{bpf_sk_release, bpf_skc_lookup_tcp, bpf_tcp_check_syncookie},
     programs::XdpContext,
 };
 use limiter_common::packet::{Frame as _, IPPROTO_TCP, tcp_flag, word as w};
@@ -66,12 +66,23 @@ pub fn segment(pkt: &Packet) -> Option<Segment> {
 /// `s` reaches (`BPF_TCP_LISTEN` for a listener found by its port
 /// alone), or `None`.
 #[inline(always)]
+pub fn socket(ctx: *mut xdp_md, s: &mut Segment) -> Option<u32> {
+    socket_then(ctx, s, |_| false).map(|(state, _)| state)
+}
+
+/// [`socket`], and for a listener what `listener` says of it, asked
+/// while the lookup's reference is held.
+#[inline(always)]
 #[expect(
     clippy::cast_sign_loss,
     clippy::cast_possible_truncation,
     reason = "BPF_F_CURRENT_NETNS is -1 by definition; a tuple is 12 or 36 bytes"
 )]
-pub fn socket(ctx: *mut xdp_md, s: &mut Segment) -> Option<u32> {
+pub fn socket_then(
+    ctx: *mut xdp_md,
+    s: &mut Segment,
+    listener: impl FnOnce(*mut bpf_sock) -> bool,
+) -> Option<(u32, bool)> {
     let size = if s.v6 { size_of::<V6>() } else { size_of::<V4>() };
     // SAFETY: the tuple's words are laid out as `bpf_sock_tuple` of the
     // family whose size is given, and live as long as the call.
@@ -83,9 +94,38 @@ pub fn socket(ctx: *mut xdp_md, s: &mut Segment) -> Option<u32> {
     }
     // SAFETY: a socket the lookup returned, released right after.
     let state = unsafe { (*sk).state };
+    let said = state == BPF_TCP_LISTEN && listener(sk);
     // SAFETY: the reference the lookup took.
     unsafe { bpf_sk_release(sk.cast()) };
-    Some(state)
+    Some((state, said))
+}
+
+/// Whether the kernel takes the packet, a bare ACK to the listener `sk`,
+/// as the third segment of a connection it answered with its own SYN
+/// cookie: the kernel's check (`bpf_tcp_check_syncookie`), which refuses
+/// at once unless the listener sent a cookie in the last two minutes (as
+/// the kernel's own receive path does). IPv4 with options is not asked
+/// here: `true`, its cookie is the kernel's to judge.
+#[inline(always)]
+pub fn kernel_cookie(pkt: &Packet, sk: *mut bpf_sock) -> bool {
+    let Some(l3) = pkt.l3() else { return false };
+    let Some(v) = pkt.bytes_at::<1>(l3) else { return false };
+    // SAFETY: the headers are inside the packet (checked by `bytes_at`)
+    // for the lengths given; the helper only reads them.
+    let r = if v[0] >> 4 == 6 {
+        let (Some(ip), Some(th)) = (pkt.bytes_at::<40>(l3), pkt.bytes_at::<20>(l3 + 40)) else { return false };
+        unsafe {
+            bpf_tcp_check_syncookie(sk.cast(), ip.as_ptr().cast_mut().cast(), 40, th.as_ptr().cast_mut().cast(), 20)
+        }
+    } else if v[0] & 0x0f == 5 {
+        let (Some(ip), Some(th)) = (pkt.bytes_at::<20>(l3), pkt.bytes_at::<20>(l3 + 20)) else { return false };
+        unsafe {
+            bpf_tcp_check_syncookie(sk.cast(), ip.as_ptr().cast_mut().cast(), 20, th.as_ptr().cast_mut().cast(), 20)
+        }
+    } else {
+        return true;
+    };
+    r == 0
 }
 
 /// 1 when the packet is a TCP segment with ACK (not a bare SYN) of a

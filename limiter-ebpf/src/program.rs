@@ -153,13 +153,14 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
         r => r,
     };
     let reason = answer::unless_own(pkt.0, cfg, class, reason, now, pkt.len());
-    // Out-of-state TCP: a segment to judge is counted by the judge, after
-    // this program's work (`state::settle`).
-    let asked = state::ask(pkt, cfg, class, reason);
-    if asked != 0 {
+    let seen = count(class, reason, *fam, pkt.len());
+    // Out-of-state TCP: a segment to judge is judged (and sampled) after
+    // this program's work (`state::settle`), which corrects this count
+    // if it drops the segment.
+    let asked = state::ask(pkt, cfg, class, reason, now, seen);
+    if state::judged(asked) {
         return Ok((reason, asked));
     }
-    let seen = count(class, reason, *fam, pkt.len());
     // Shadow mode's would-be drops are sampled too: `limiter top` shows
     // what enforcing would drop before it does. A pass is copied only
     // while a capture asks for passes (one load and one test otherwise).
@@ -168,7 +169,7 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     } else if reason.verdict() == Verdict::Pass {
         sample_pass::<true>(pkt.0, &key, reason, now, seen);
     }
-    Ok((reason, 0))
+    Ok((reason, asked))
 }
 
 /// SYN cookies, or (the object built with `without-syn-cookies`) none:

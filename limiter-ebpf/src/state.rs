@@ -3,7 +3,8 @@
 //! judging is a global function of its own, called once the main
 //! program's work is done, so that its frame and the lookup's tuple never
 //! sit on the charge's call chain (which fills the verifier's 512 bytes
-//! of combined stack). It counts and samples the segment itself.
+//! of combined stack). The entry point counts the segment as admitted;
+//! the judge samples it, and moves its count if it drops it.
 
 use aya_ebpf::{
     bindings::{BPF_TCP_LISTEN, xdp_md},
@@ -19,39 +20,60 @@ use limiter_common::{
 
 use crate::{
     atomic::refund,
-    count::{count, drawn_one_in, passes, sample_drop, sample_pass},
-    held::{segment, socket},
+    count::{count, drawn_one_in, passes, sample_drop, sample_pass, uncount},
+    held::{kernel_cookie, segment, socket_then},
     maps::{ACTIVE, BUCKETS, CLOCK_CACHE, CONFIG, TCP_GUARD, TCP_HELD, TEST_CLOCK},
     packet::Packet,
 };
 
-/// [`ask`]'s answer, with the class in its low byte: hand the packet to
-/// [`limiter_tcp_state`] (the entry point leaves it uncounted).
+/// [`ask`]'s answer, with the class in its low byte and the counter's
+/// packets on this CPU (`seen`, for the draws) from [`SEEN_SHIFT`] up:
+/// judge the segment in [`limiter_tcp_state`] (which samples it; the
+/// entry point has counted it as admitted).
 const JUDGE: u64 = 1 << 8;
 /// The test clock's entry point: `now` is `TEST_CLOCK`.
 const TEST: u64 = 1 << 9;
-/// The class's check is `auto` (judged only while engaged).
-const AUTO: u64 = 1 << 10;
+/// An `auto` check not engaged drew this segment: asked of the socket
+/// tables for the trigger only, never dropped.
+const PROBE: u64 = 1 << 10;
+const SEEN_SHIFT: u32 = 16;
 /// The class, masked to `MAX_CLASSES`: the bound the verifier of 6.1
 /// needs to index the policy's classes with it (a compare of a wider
 /// value it lost on the way to the load).
 const CLASS: u64 = limiter_common::MAX_CLASSES as u64 - 1;
 const _: () = assert!(limiter_common::MAX_CLASSES.is_power_of_two());
 
-/// Whether the packet goes to [`limiter_tcp_state`]: one its class
-/// admitted, of a class with the check on (an operator's `allow`, a
-/// verified cookie, a refusal never do). One test of the policy's flags
-/// for every other class. Nothing of the packet is read here: a value
-/// kept from the parse to this point would take stack from the entry
-/// point's frame, which the charge's call chain fills to the verifier's
-/// limit; the global function reads the segment itself.
+/// What the packet asks of [`limiter_tcp_state`] (0: nothing): one its
+/// class admitted, of a class with the check on (an operator's `allow`, a
+/// verified cookie, a refusal never are), judged if the check is
+/// `always` or engaged, else probed one in [`tcp_state::PROBE_ONE_IN`]
+/// (`seen`, the admitted counter, drawn at random). One test of the
+/// policy's flags for every other class. Nothing of the packet is kept
+/// for the judge: a value kept from the parse to this point would take
+/// stack from the entry point's frame, which the charge's call chain
+/// fills to the verifier's limit; the global function reads the segment
+/// itself.
 #[inline(always)]
-pub fn ask(pkt: &Packet, cfg: &Config, class: usize, reason: Reason) -> u64 {
+pub fn ask(pkt: &Packet, cfg: &Config, class: usize, reason: Reason, now: u64, seen: u64) -> u64 {
     if cfg.flags >> (flags::TCP_STATE_SHIFT as usize + class) & 1 == 0 || reason != Reason::Admitted || !tcp(pkt) {
         return 0;
     }
-    let auto = if cfg.flags >> (flags::TCP_STATE_AUTO_SHIFT as usize + class) & 1 != 0 { AUTO } else { 0 };
-    JUDGE | auto | (class as u64 & CLASS)
+    let class = class as u64 & CLASS;
+    let what = if cfg.flags >> (flags::TCP_STATE_AUTO_SHIFT as usize + class as usize) & 1 == 0 || engaged(class, now) {
+        JUDGE
+    } else if drawn_one_in(seen, now, tcp_state::PROBE_ONE_IN) {
+        PROBE
+    } else {
+        return 0;
+    };
+    what | class | seen << SEEN_SHIFT
+}
+
+/// Whether [`ask`]'s answer hands the segment to the judge, which
+/// samples it (the entry point does not).
+#[inline(always)]
+pub fn judged(ask: u64) -> bool {
+    ask & JUDGE != 0
 }
 
 /// Whether the packet is TCP (its IP header's protocol, read again: the
@@ -69,7 +91,7 @@ fn tcp(pkt: &Packet) -> bool {
 #[inline(always)]
 pub fn settle(pkt: &Packet, counted: Result<(Reason, u64), Reason>, test: bool) -> Result<Reason, Reason> {
     let (reason, ask) = counted?;
-    if ask & JUDGE == 0 {
+    if ask & (JUDGE | PROBE) == 0 {
         return Ok(reason);
     }
     let r = limiter_tcp_state(pkt.0.ctx, ask | if test { TEST } else { 0 });
@@ -126,43 +148,44 @@ const OUT_OF_STATE: u64 = 2;
 /// state unless it carries a valid SYN cookie ([`limiter_tcp_cookie`]).
 const LISTENER_ACK: u64 = 3;
 
-/// An admitted packet of a class with the check on: judged if it is a
-/// TCP segment other than a plain SYN and the class's check is `always`
-/// or engaged; while an `auto` check is not, one such segment in
-/// [`tcp_state::PROBE_ONE_IN`], drawn at random, is asked of the socket
-/// tables for the trigger only. Counted under its class and sampled here;
-/// returns its reason's index. A global function, verified once on its
-/// own.
+/// An admitted packet the entry point counted and [`ask`] handed here:
+/// judged if it is a TCP segment other than a plain SYN, or (a probe of
+/// an `auto` check not engaged) asked of the socket tables for the
+/// trigger only. A dropped segment's count moves from admitted to its
+/// reason, and it is sampled; a judged one that passes is sampled as a
+/// pass. Returns its reason's index. A global function, verified once on
+/// its own.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn limiter_tcp_state(ctx: *mut xdp_md, ask: u64) -> u64 {
     let xdp = XdpContext::new(ctx);
     let pkt = Packet(&xdp);
     let class = ask & CLASS;
+    let seen = ask >> SEEN_SHIFT;
     let now = if ask & TEST != 0 {
         gcra::to_fixed(TEST_CLOCK.get(0).copied().unwrap_or(0))
     } else {
         gcra::to_fixed(CLOCK_CACHE.get(0).map_or(0, |c| c.ns))
     };
-    let judging = ask & AUTO == 0 || engaged(class, now);
-    let found = if judging { settled(ctx, limiter_tcp_look(ctx, now)) } else { NOBODY };
-    let (fam, addr) = source(&pkt);
-    // The config is read again only for what a pass sample or a drop
-    // needs: a held connection's segment pays the lookups above, a count
-    // and a test.
-    let key = |cfg: &Config| key_of(fam, addr, cfg.v4_prefix, cfg.v6_prefix, class as u8);
+    let found = settled(ctx, limiter_tcp_look(ctx, now));
+    if ask & PROBE != 0 {
+        if found == OUT_OF_STATE {
+            trip(class, now, tcp_state::PROBE_ONE_IN);
+        }
+        return Reason::Admitted as u64;
+    }
+    // The source and the config are read again only for what a pass
+    // sample or a drop needs: a held connection's segment pays the
+    // lookups above and a test.
+    let key = |cfg: &Config| {
+        let (fam, addr) = source(&pkt);
+        key_of(fam, addr, cfg.v4_prefix, cfg.v6_prefix, class as u8)
+    };
     if found != OUT_OF_STATE {
-        let seen = count(class as usize, Reason::Admitted, fam, pkt.len());
         if passes() != 0
             && let Some(cfg) = config()
         {
             sample_pass::<false>(&xdp, &key(cfg), Reason::Admitted, now, seen);
-        }
-        if !judging
-            && drawn_one_in(seen, now, tcp_state::PROBE_ONE_IN)
-            && settled(ctx, limiter_tcp_look(ctx, now)) == OUT_OF_STATE
-        {
-            trip(class, now, tcp_state::PROBE_ONE_IN);
         }
         return Reason::Admitted as u64;
     }
@@ -183,7 +206,8 @@ pub extern "C" fn limiter_tcp_state(ctx: *mut xdp_md, ask: u64) -> u64 {
         }
         Reason::TcpOutOfState
     };
-    let seen = count(class as usize, reason, fam, pkt.len());
+    uncount(class as usize, Reason::Admitted, key.family, pkt.len());
+    let seen = count(class as usize, reason, key.family, pkt.len());
     sample_drop::<false>(&xdp, cfg, &key, reason, now, seen);
     reason as u64
 }
@@ -237,7 +261,11 @@ pub extern "C" fn limiter_tcp_look(ctx: *mut xdp_md, now: u64) -> u64 {
             return HELD;
         }
     }
-    let Some(state) = socket(ctx, &mut s) else { return NOBODY };
+    // The kernel takes a cookie from any segment with ACK and without
+    // SYN or RST (a lost third segment's data carries it too).
+    let ack = s.flags & (tcp_flag::SYN | tcp_flag::RST | tcp_flag::ACK) == tcp_flag::ACK;
+    let pkt = Packet(&xdp);
+    let Some((state, cookie)) = socket_then(ctx, &mut s, |sk| ack && kernel_cookie(&pkt, sk)) else { return NOBODY };
     if state != BPF_TCP_LISTEN {
         if let Some(e) = cached {
             // SAFETY: as above.
@@ -245,10 +273,13 @@ pub extern "C" fn limiter_tcp_look(ctx: *mut xdp_md, now: u64) -> u64 {
         }
         return HELD;
     }
-    // The kernel takes a cookie from any segment with ACK and without
-    // SYN or RST (a lost third segment's data carries it too).
-    let ack = s.flags & (tcp_flag::SYN | tcp_flag::RST | tcp_flag::ACK) == tcp_flag::ACK;
-    if ack { LISTENER_ACK } else { OUT_OF_STATE }
+    if cookie {
+        return HELD;
+    }
+    // This program's own cookies (which no listener records) are asked
+    // of the cookie helper only while the policy sends them.
+    let ours = config().is_some_and(|c| c.flags & flags::SYN_COOKIES != 0);
+    if ack && ours { LISTENER_ACK } else { OUT_OF_STATE }
 }
 
 /// [`limiter_tcp_look`]'s answer with a bare ACK's cookie checked.

@@ -364,6 +364,12 @@ impl Counters {
         Ok(limiter_common::gcra::to_fixed(now_ns) < g.until)
     }
 
+    /// Release `class`'s `auto` out-of-state check, as if its hold had run
+    /// out (for benches that measure it not engaged after a flood).
+    pub fn release_tcp_state(&mut self, class: u32) -> Result<(), LoadError> {
+        self.tcp_guard.set(class, SynGuard::default(), 0).on(maps::TCP_GUARD)
+    }
+
     /// Packets the deny set dropped, by origin index, summed over CPUs.
     pub fn deny_hits(&self) -> Result<Vec<u64>, LoadError> {
         let mut out = Vec::with_capacity(super::deny::MAX_NAMED);

@@ -231,3 +231,107 @@ fn a_syn_cookies_ack_to_a_listener_passes_and_a_forged_one_does_not() {
         assert_eq!(kernel::reason_at(&mut l, at(3), &seg.bytes()), want, "{what}");
     }
 }
+
+/// The kernel's own SYN cookies, with the policy sending none: the
+/// kernel (`tcp_syncookies = 2`, in a network namespace of the test's
+/// thread) answers a SYN with a cookie; the client's ACK of it, and data
+/// carrying it, pass (the kernel's check, asked of the listener); a
+/// forged cookie does not, nor the same ACK to a listener that sent no
+/// cookie lately.
+#[test]
+fn the_kernels_own_cookies_ack_passes_without_xdp_cookies() {
+    use limiter_tests::tcp::{Seg, ack_of};
+    let _alone = limiter_tests::alone(module_path!());
+    let compiled = policy(&[443, 444], 1_000, TcpState::Always).compile(1).unwrap();
+    assert_eq!(compiled.config.flags & limiter_common::flags::SYN_COOKIES, 0, "the policy sends no cookie");
+    let mut l = kernel::open(&compiled);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            own_namespace();
+            let _cookies = TcpListener::bind("127.0.0.1:443").unwrap();
+            let _quiet = TcpListener::bind("127.0.0.1:444").unwrap();
+            let local = IpAddr::V4(Ipv4Addr::LOCALHOST);
+            let syn = Seg { dst: local, ..Seg::syn(local, 0) };
+            let cookie = kernel_cookie_for(&syn);
+            let at = |ms: u64| T0 + ms * 1_000_000;
+            let data = Seg { flags: PSH_ACK, ..ack_of(&syn, cookie) };
+            let forged = ack_of(&syn, cookie ^ 0x0100_0000);
+            for (what, seg, want) in [
+                ("the cookie's ACK", ack_of(&syn, cookie), Reason::Admitted),
+                ("data carrying it", data, Reason::Admitted),
+                ("a forged cookie", forged, Reason::TcpOutOfState),
+            ] {
+                assert_eq!(kernel::reason_at(&mut l, at(1), &seg.bytes()), want, "{what}");
+            }
+            // Port 444's listener sent no cookie: the same numbers there
+            // are out of state.
+            let mut other = ack_of(&syn, cookie).bytes();
+            other[14 + 20 + 2..14 + 20 + 4].copy_from_slice(&444u16.to_be_bytes());
+            let sum = limiter_tests::tcp::tcp_checksum(local, local, &{
+                let mut t = other[34..].to_vec();
+                t[16..18].fill(0);
+                t
+            });
+            other[34 + 16..34 + 18].copy_from_slice(&sum.to_be_bytes());
+            assert_eq!(kernel::reason_at(&mut l, at(2), &other), Reason::TcpOutOfState, "a quiet listener");
+        });
+    });
+}
+
+/// Move the calling thread into a network namespace of its own, loopback
+/// up, where the kernel answers every SYN with a cookie.
+fn own_namespace() {
+    // SAFETY: unshare affects only this thread; the ioctls read and write
+    // an ifreq this function owns on a socket it closes.
+    unsafe {
+        assert_eq!(libc::unshare(libc::CLONE_NEWNET), 0, "unshare: {}", std::io::Error::last_os_error());
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo") {
+            *d = libc::c_char::try_from(*s).unwrap();
+        }
+        assert_eq!(libc::ioctl(fd, libc::SIOCGIFFLAGS, &raw mut ifr), 0);
+        ifr.ifr_ifru.ifru_flags |= libc::c_short::try_from(libc::IFF_UP).unwrap();
+        assert_eq!(libc::ioctl(fd, libc::SIOCSIFFLAGS, &raw mut ifr), 0, "lo up");
+        libc::close(fd);
+    }
+    // /proc/sys/net is the namespace of the task that looks it up.
+    std::fs::write("/proc/sys/net/ipv4/tcp_syncookies", "2").expect("tcp_syncookies = 2 in the thread's namespace");
+}
+
+/// Send `syn` (IPv4, to a local listener) through a raw socket and
+/// return the sequence number of the SYN-ACK the kernel answers with.
+fn kernel_cookie_for(syn: &limiter_tests::tcp::Seg) -> u32 {
+    let packet = syn.bytes()[14..].to_vec();
+    // SAFETY: a raw socket this function owns and closes; the buffers
+    // outlive each call.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP);
+        assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+        let one: libc::c_int = 1;
+        let len = libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap();
+        libc::setsockopt(fd, libc::IPPROTO_IP, libc::IP_HDRINCL, (&raw const one).cast(), len);
+        let tv = libc::timeval { tv_sec: 2, tv_usec: 0 };
+        let tlen = libc::socklen_t::try_from(size_of::<libc::timeval>()).unwrap();
+        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&raw const tv).cast(), tlen);
+        let mut to: libc::sockaddr_in = std::mem::zeroed();
+        to.sin_family = libc::sa_family_t::try_from(libc::AF_INET).unwrap();
+        to.sin_addr.s_addr = u32::from(Ipv4Addr::LOCALHOST).to_be();
+        let addr_len = libc::socklen_t::try_from(size_of::<libc::sockaddr_in>()).unwrap();
+        let sent = libc::sendto(fd, packet.as_ptr().cast(), packet.len(), 0, (&raw const to).cast(), addr_len);
+        assert_eq!(usize::try_from(sent).ok(), Some(packet.len()), "send the SYN");
+        // Our SYN comes back too; the SYN-ACK is from port 443.
+        let mut buf = [0u8; 2048];
+        for _ in 0..20 {
+            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            let Ok(n) = usize::try_from(n) else { break };
+            let t = usize::from(buf[0] & 0x0f) * 4;
+            if n >= t + 20 && buf[t..t + 2] == 443u16.to_be_bytes() && buf[t + 13] & 0x12 == 0x12 {
+                libc::close(fd);
+                return u32::from_be_bytes(buf[t + 4..t + 8].try_into().unwrap());
+            }
+        }
+        libc::close(fd);
+    }
+    panic!("no SYN-ACK from the listener within 20 packets or 2 s");
+}

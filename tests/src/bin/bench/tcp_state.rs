@@ -60,6 +60,8 @@ pub fn tcp_state() {
     for _ in 0..ROUNDS {
         for (cfg, row) in admits.iter().zip(&mut rows) {
             apply(&mut l, cfg);
+            // The drops below engage `auto` for its hold: measured idle.
+            l.maps.counters.release_tcp_state(0).expect("write TCP_GUARD");
             row.push(measure(&mut l, programs::LIMITER, &held, kernel::XDP_PASS));
         }
         apply(&mut l, &admits[2]);
