@@ -122,16 +122,6 @@ fn cookie_row(policy: &limiter::policy::Compiled, syn: &[u8]) -> (f64, f64) {
     (median(bare).max(1.0), median(cookie))
 }
 
-/// `TcpExt: SyncookiesSent` in the namespace `ns`.
-fn kernel_cookies_sent(ns: &limiter_tests::netns::NetNs) -> u64 {
-    let out = ns.command("cat").arg("/proc/net/netstat").output().expect("read /proc/net/netstat");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
-    let (names, values) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
-    let i = names.split_whitespace().position(|n| n == "SyncookiesSent").expect("SyncookiesSent");
-    values.split_whitespace().nth(i).and_then(|v| v.parse().ok()).unwrap_or(0)
-}
-
 /// One flood: SYN-ACKs sent and busy seconds of CPU 1.
 fn flood_row(xdp_cookies: bool) -> (u64, f64) {
     let net = VethPair::new("sb");
@@ -151,7 +141,7 @@ fn flood_row(xdp_cookies: bool) -> (u64, f64) {
         if xdp_cookies {
             rx.maps.totals().unwrap().get(Reason::SynCookieSent).packets
         } else {
-            kernel_cookies_sent(&net.b)
+            crate::system::proc_counter(&net.b, "netstat", "TcpExt:", "SyncookiesSent")
         }
     };
     let (s0, b0) = (sent(&rx), crate::system::busy_ticks());

@@ -33,7 +33,7 @@ mod receivers;
 mod report;
 
 use self::receivers::{dropped, iptables_rules, nft_rules, xdp_filter_on_vb};
-pub(crate) use self::receivers::{run, veth_stat};
+pub(crate) use self::receivers::{nft_counter, nft_load, proc_counter, run, veth_stat};
 use std::{
     process::{Command, Stdio},
     time::Duration,
@@ -207,13 +207,7 @@ fn one_row(filter: Filter, shape: Shape, place: Place) -> Row {
         receiver_on_cpu1(&net.b);
     }
     match filter {
-        Filter::Nft => {
-            let mut c = net.b.command("nft");
-            c.args(["-f", "-"]).stdin(Stdio::piped());
-            let mut child = c.spawn().unwrap();
-            std::io::Write::write_all(&mut child.stdin.take().unwrap(), nft_rules().as_bytes()).unwrap();
-            assert!(child.wait().unwrap().success(), "nft rules refused:\n{}", nft_rules());
-        }
+        Filter::Nft => nft_load(&net.b, &nft_rules()),
         Filter::Iptables => iptables_rules("iptables", &net.b),
         Filter::IptablesLegacy => iptables_rules("iptables-legacy", &net.b),
         Filter::Drop | Filter::TouchDrop | Filter::Limiter | Filter::XdpFilt | Filter::LimiterDeny => {}

@@ -27,7 +27,7 @@ use limiter_tests::{
     packet::{ETH_P_IP, Frame, IPPROTO_TCP},
 };
 
-use crate::system::{napi_threads, pin_to_cpu, receiver_on_cpu1, run, veth_stat};
+use crate::system::{napi_threads, nft_counter, nft_load, pin_to_cpu, proc_counter, receiver_on_cpu1, run, veth_stat};
 
 const PORT: u16 = 443;
 const ROUNDS: usize = 3;
@@ -74,36 +74,20 @@ impl Row {
     }
 }
 
-/// `Tcp: OutRsts` of `ns`.
-fn rsts_sent(ns: &NetNs) -> u64 {
-    let text = run(ns.command("cat").arg("/proc/net/snmp"));
-    let mut lines = text.lines().filter(|l| l.starts_with("Tcp:"));
-    let (names, values) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
-    let i = names.split_whitespace().position(|n| n == "OutRsts").expect("OutRsts in /proc/net/snmp");
-    values.split_whitespace().nth(i).and_then(|v| v.parse().ok()).expect("an OutRsts value")
-}
-
 fn nft_invalid(ns: &NetNs, loose: bool) {
-    let rules = "table inet bench {
+    nft_load(
+        ns,
+        "table inet bench {
   chain pre {
     type filter hook prerouting priority -150; policy accept;
     ct state invalid counter drop
   }
 }
-";
-    let mut child =
-        ns.command("nft").args(["-f", "-"]).stdin(std::process::Stdio::piped()).spawn().expect("nft (apt nftables)");
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), rules.as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success(), "nft rules refused:\n{rules}");
+",
+    );
     // The rules loaded nf_conntrack; the sysctl is per namespace.
     let loose = format!("net.netfilter.nf_conntrack_tcp_loose={}", u8::from(loose));
     run(ns.command("sysctl").args(["-qw", &loose]));
-}
-
-fn nft_dropped(ns: &NetNs) -> u64 {
-    let out = run(ns.command("nft").args(["list", "table", "inet", "bench"]));
-    let after = out.split("counter packets ").nth(1).expect("nft counter");
-    after.split_whitespace().next().unwrap().parse().unwrap()
 }
 
 /// Frames the generator cycles through.
@@ -222,10 +206,17 @@ fn one_row(rx: Rx, frames: &[Vec<u8>]) -> Row {
     let dropped = |xdp: &DataPlane| match rx {
         Rx::Floor => veth_stat(&net.b, B_IF, "_xdp_drops"),
         Rx::Kernel => 0,
-        Rx::Conntrack { .. } => nft_dropped(&net.b),
+        Rx::Conntrack { .. } => nft_counter(&net.b, "inet bench"),
         Rx::Limiter => xdp.maps.totals().expect("read STATS").get(Reason::TcpOutOfState).packets,
     };
-    let read = || (dropped(&xdp), veth_stat(&net.b, B_IF, "_xdp_packets"), rsts_sent(&net.b), run_ns(&napi));
+    let read = || {
+        (
+            dropped(&xdp),
+            veth_stat(&net.b, B_IF, "_xdp_packets"),
+            proc_counter(&net.b, "snmp", "Tcp:", "OutRsts"),
+            run_ns(&napi),
+        )
+    };
     let c0 = read();
     let frames_sent = net.a.run_in(|| {
         pin_to_cpu(0, 0);

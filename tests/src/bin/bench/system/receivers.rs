@@ -15,6 +15,37 @@ pub(crate) fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Load nftables `rules` (a whole ruleset file) in `ns`.
+pub(crate) fn nft_load(ns: &NetNs, rules: &str) {
+    let mut child = ns
+        .command("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("nft (cargo xtask setup installs nftables)");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), rules.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success(), "nft rules refused:\n{rules}");
+}
+
+/// Packets counted by the first `counter` of nftables table `table`
+/// (`FAMILY NAME`) in `ns`.
+pub(crate) fn nft_counter(ns: &NetNs, table: &str) -> u64 {
+    let out = run(ns.command("nft").arg("list").arg("table").args(table.split_whitespace()));
+    let after = out.split("counter packets ").nth(1).expect("nft counter");
+    after.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// A counter of `ns`'s `/proc/net/snmp` or `/proc/net/netstat` (`file`):
+/// the value under `name` in the pair of lines starting with `prefix`
+/// (`Tcp:`, `TcpExt:`); 0 if absent.
+pub(crate) fn proc_counter(ns: &NetNs, file: &str, prefix: &str, name: &str) -> u64 {
+    let text = run(ns.command("cat").arg(format!("/proc/net/{file}")));
+    let mut lines = text.lines().filter(|l| l.starts_with(prefix));
+    let (names, values) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
+    let Some(i) = names.split_whitespace().position(|n| n == name) else { return 0 };
+    values.split_whitespace().nth(i).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 pub(super) fn nft_rules() -> String {
     format!(
         "table netdev bench {{
@@ -66,11 +97,7 @@ pub(super) fn dropped(filter: Filter, ns: &NetNs, xdp: &DataPlane) -> u64 {
         Filter::Drop | Filter::TouchDrop | Filter::XdpFilt => veth_stat(ns, B_IF, "_xdp_drops"),
         Filter::Limiter => xdp.maps.totals().expect("read STATS").get(Reason::RateLimited).packets,
         Filter::LimiterDeny => xdp.maps.totals().expect("read STATS").get(Reason::Denied).packets,
-        Filter::Nft => {
-            let out = run(ns.command("nft").args(["list", "table", "netdev", "bench"]));
-            let after = out.split("counter packets ").nth(1).expect("nft counter");
-            after.split_whitespace().next().unwrap().parse().unwrap()
-        }
+        Filter::Nft => nft_counter(ns, "netdev bench"),
         Filter::Iptables | Filter::IptablesLegacy => {
             let bin = if filter == Filter::Iptables { "iptables" } else { "iptables-legacy" };
             let out = run(ns.command(bin).args(["-t", "raw", "-L", "PREROUTING", "-n", "-v", "-x"]));
