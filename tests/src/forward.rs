@@ -47,6 +47,15 @@ pub fn setup(tag: &str, forwards: &str) -> Setup {
 /// [`setup`], with `pre` applied to the daemon's command.
 #[must_use]
 pub fn setup_with(tag: &str, forwards: &str, pre: impl FnOnce(&mut Command)) -> Setup {
+    let text = format!(
+        "rate = 100000\nburst = 100000\n\n[[class]]\nname = \"syn\"\nprotocol = \"tcp\"\nports = [8443]\nsyn = true\nrate = 20\nburst = 40\nmode = \"shadow\"\n\n{forwards}"
+    );
+    setup_policy(tag, &text, pre)
+}
+
+/// The test bed with `policy` as the daemon's whole policy file.
+#[must_use]
+pub fn setup_policy(tag: &str, policy_text: &str, pre: impl FnOnce(&mut Command)) -> Setup {
     require_root();
     scenario::raise_nofile();
     let net = VethPair::new(tag);
@@ -56,10 +65,7 @@ pub fn setup_with(tag: &str, forwards: &str, pre: impl FnOnce(&mut Command)) -> 
     net.b.ip(&format!("addr add {FRONT6}/64 dev {B_IF} nodad"));
     let tmp = TempDir::new(tag);
     let policy = tmp.0.join("policy.toml");
-    let text = format!(
-        "rate = 100000\nburst = 100000\n\n[[class]]\nname = \"syn\"\nprotocol = \"tcp\"\nports = [8443]\nsyn = true\nrate = 20\nburst = 40\nmode = \"shadow\"\n\n{forwards}"
-    );
-    std::fs::write(&policy, text).unwrap();
+    std::fs::write(&policy, policy_text).unwrap();
     let socket = unique_socket(tag);
     let mut c = net.b.net_command(scenario::locate_bin("limiter").unwrap());
     c.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"])
@@ -113,9 +119,20 @@ pub fn status(s: &Setup) -> serde_json::Value {
 /// side. Each connection's header source is sent on `sources`.
 #[must_use]
 pub fn echo_upstream(ns: &NetNs, port: u16, sources: std::sync::mpsc::Sender<String>) -> thread::JoinHandle<()> {
+    echo_upstream_at(ns, std::net::SocketAddr::from(([127, 0, 0, 1], port)), 3, sources)
+}
+
+/// [`echo_upstream`] listening on `at`, for `count` connections.
+#[must_use]
+pub fn echo_upstream_at(
+    ns: &NetNs,
+    at: std::net::SocketAddr,
+    count: usize,
+    sources: std::sync::mpsc::Sender<String>,
+) -> thread::JoinHandle<()> {
     ns.spawn_in(move || {
-        let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
-        for c in l.incoming().take(3) {
+        let l = TcpListener::bind(at).unwrap();
+        for c in l.incoming().take(count) {
             let mut c = c.unwrap();
             let sources = sources.clone();
             thread::spawn(move || {

@@ -99,6 +99,16 @@ impl NetNs {
         })
     }
 
+    /// The namespace's SNMP/netstat counter `name` so far (`nstat`, e.g.
+    /// `TcpOutRsts`: the RSTs its kernel sent).
+    #[must_use]
+    pub fn nstat(&self, name: &str) -> u64 {
+        let o = self.command("nstat").args(["-asz", name]).output().expect("nstat runs");
+        let text = String::from_utf8_lossy(&o.stdout);
+        let line = text.lines().find(|l| l.split_whitespace().next() == Some(name));
+        line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or_else(|| panic!("nstat {name}: {text}"))
+    }
+
     /// A command that runs `prog` inside the namespace.
     #[must_use]
     pub fn command(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {

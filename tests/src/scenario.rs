@@ -16,7 +16,7 @@ use anyhow::{Context as _, bail};
 use crate::netns::{B_ADDR, B_IF, VethPair};
 
 mod peers;
-pub use self::peers::{Pins, cli, http, metric, scrape, tcp_handshake};
+pub use self::peers::{Pins, cli, http, metric, reason_packets, scrape, tcp_handshake};
 
 /// How long a daemon may take to start: its verifier run alone takes
 /// tens of seconds under the guest tier's emulation (Debian 13's 6.12

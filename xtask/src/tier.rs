@@ -21,7 +21,8 @@ use crate::{digest::Digest, guest};
 /// 6.1, the first of [`guest::RELEASES`]): a module of a tier binary of
 /// `limiter-tests` (`binary::module`) and the tests of it (all when none
 /// is named). Each is a kernel-facing behaviour: loading and verifying,
-/// BPF_PROG_TEST_RUN, the daemon on a veth, SYN cookies, window quotas,
+/// BPF_PROG_TEST_RUN, the daemon on a veth, SYN cookies, out-of-state
+/// TCP under a spoofed flood, window quotas,
 /// the deny set, country and ASN groups, pins across restarts and
 /// upgrades, and sharing the interface through libxdp's dispatcher.
 pub const PLAN: &[(&str, &[&str])] = &[
@@ -36,6 +37,7 @@ pub const PLAN: &[(&str, &[&str])] = &[
     ("kernel::groups", &[]),
     ("kernel::answers", &[]),
     ("kernel::tcp_state", &[]),
+    ("daemon::tcp_state", &[]),
     ("daemon::feeds", &[]),
     // The upgrade test stays on the host: an emulated upgrade takes tens
     // of seconds, its bucket refills meanwhile, and the 1 s flood after
@@ -48,7 +50,8 @@ pub const PLAN: &[(&str, &[&str])] = &[
 /// What runs in the guests of the newer releases (Debian 13's 6.12):
 /// what depends on what the kernel offers beyond the oldest, and on the
 /// host's 6.18 too: the verifier's verdict on every entry point, the
-/// socket lookups of own answers and of out-of-state TCP, the SYN
+/// socket lookups of own answers and of out-of-state TCP (in test runs
+/// and under a live flood), the SYN
 /// cookie helpers, the frame
 /// copy of a capture (`bpf_xdp_load_bytes`), XDP on a veth,
 /// and libxdp's dispatcher (which 6.12 refuses a component of). The rest
@@ -62,6 +65,7 @@ pub const NEWER: &[&str] = &[
     "kernel::capture",
     "kernel::answers",
     "kernel::tcp_state",
+    "daemon::tcp_state",
     "daemon::netns_flood",
     "daemon::syn_flood",
     "daemon::kernel_features",

@@ -89,6 +89,22 @@ pub fn cli(socket: &Path, args: &[&str]) -> std::process::Output {
         .expect("limiter")
 }
 
+/// The packets `limiter stats -j` counts for `reason` (e.g.
+/// `tcp_out_of_state`) of the daemon at `socket`; 0 when it lists none.
+#[must_use]
+pub fn reason_packets(socket: &Path, reason: &str) -> u64 {
+    let out = cli(socket, &["stats", "-j"]);
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("limiter stats -j: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    j["reasons"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["reason"] == reason)
+        .and_then(|r| r["packets"].as_u64())
+        .unwrap_or(0)
+}
+
 /// Removes a test's pins (on bpffs) even when the test fails.
 pub struct Pins(pub PathBuf);
 

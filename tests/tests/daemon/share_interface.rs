@@ -7,7 +7,8 @@
 //! checked against the interface's real state.
 
 use std::{
-    io::Read as _,
+    io::{Read as _, Write as _},
+    net::TcpStream,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -16,7 +17,7 @@ use std::{
 use limiter_common::programs;
 use limiter_tests::{
     kernel::{TempDir, require_root},
-    netns::{B_IF, VethPair},
+    netns::{A_IF, B_ADDR, B_IF, VethPair},
     scenario::{self, spawn_lines, unique_socket, wait_for},
     sharing::{FILTERED_SRC, LibxdpDir, XdpFilter, listed_id, loader_status},
 };
@@ -115,7 +116,7 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
     let socket = unique_socket("shxf");
     let tmp = TempDir::new("shxf");
     let policy = tmp.0.join("policy.toml");
-    std::fs::write(&policy, "rate = 100\nburst = 100\n").unwrap();
+    std::fs::write(&policy, "rate = 100\nburst = 100\ntcp_state = \"always\"\n").unwrap();
     let mut c = net.b.net_command(bin());
     c.args(["run", "--iface", B_IF, "--attach", "auto", "--priority", "20", "--metrics", "off"])
         .args(["--status-interval", "0", "--policy"])
@@ -179,6 +180,7 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
     assert!((100..=400).contains(&flood), "the flood was not held to its allowance: {flood}");
     assert_eq!(conform, 50);
     assert_eq!(filtered, 0, "xdp-filter's deny does not hold behind the limiter");
+    out_of_state_behind_the_dispatcher(&net, &socket);
     // `--attach exclusive` next to the dispatcher is refused, naming its
     // programs.
     let o = run(&net, "exclusive", "shxf-ex");
@@ -194,6 +196,43 @@ fn auto_joins_xdp_filters_dispatcher_or_names_it_where_there_is_none() {
     println!("--attach exclusive next to the dispatcher: {}", err.trim());
     assert_eq!(loader_status(&net).matches("limiter_chain").count(), 1, "the refused start touched the chain");
     drop(daemon);
+}
+
+/// The out-of-state check as a dispatcher component (the policy's
+/// `tcp_state = "always"`): a real connection carries data in both
+/// directions, and spoofed bare ACKs to its listener are dropped by the
+/// limiter instead of answered by the kernel.
+fn out_of_state_behind_the_dispatcher(net: &VethPair, socket: &std::path::Path) {
+    let (listener, client) = scenario::tcp_handshake(net, scenario::CONFORM_SRC, 8080);
+    let mut server = net.b.run_in(|| listener.accept()).unwrap().0;
+    let mut client: TcpStream = client.into();
+    let exchange = |client: &mut TcpStream, server: &mut TcpStream| {
+        let mut got = [0u8; 4];
+        client.write_all(b"ping").unwrap();
+        server.read_exact(&mut got).unwrap();
+        server.write_all(b"pong").unwrap();
+        client.read_exact(&mut got).unwrap();
+        got == *b"pong"
+    };
+    for s in [&client, &server] {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    }
+    assert!(exchange(&mut client, &mut server), "the connection behind the dispatcher");
+    let rsts = net.b.nstat("TcpOutRsts");
+    let o = net
+        .a
+        .command(env!("CARGO_BIN_EXE_netload"))
+        .args(["spoof-tcp", A_IF, &net.b_mac(), &format!("{B_ADDR}:8080"), "1", "10"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let sent: u64 = out.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("netload: {out}"));
+    let rsts = net.b.nstat("TcpOutRsts") - rsts;
+    let judged = scenario::reason_packets(socket, "tcp_out_of_state");
+    println!("behind xdp-filter: {sent} spoofed ACKs, {judged} dropped as out of state, the kernel sent {rsts} RSTs");
+    assert!(judged > 0, "no segment judged out of state behind the dispatcher");
+    assert!(rsts * 100 <= sent, "{rsts} RSTs for {sent} spoofed ACKs");
+    assert!(exchange(&mut client, &mut server), "the connection after the flood");
 }
 
 /// `auto` on a bare interface attaches alone, as `exclusive` does;

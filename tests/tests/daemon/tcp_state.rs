@@ -61,14 +61,6 @@ fn start_daemon(net: &VethPair, pins: &Path, policy: &Path, socket: &Path) -> (G
     (g, rx)
 }
 
-/// The DUT's `TcpOutRsts` so far.
-fn rsts(net: &VethPair) -> u64 {
-    let o = net.b.command("nstat").args(["-asz", "TcpOutRsts"]).output().unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
-    let line = text.lines().find(|l| l.starts_with("TcpOutRsts")).unwrap_or_else(|| panic!("nstat: {text}"));
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 /// A spoofed flood of mixed segments for `secs` from the flood range (or
 /// `net`): how many it sent.
 fn flood(net: &VethPair, secs: &str, from: Option<&str>) -> u64 {
@@ -173,6 +165,7 @@ fn long_connection(net: &VethPair, dst: SocketAddr, stop: Arc<AtomicBool>) -> th
 
 #[test]
 fn an_out_of_state_flood_never_reaches_the_stack_and_connections_keep_their_pace() {
+    let _alone = limiter_tests::alone(module_path!());
     require_root();
     let new_clients: Vec<String> = (1..=NEW_CLIENTS).map(|i| format!("198.18.3.{i}")).collect();
     let (net, _generator) = setup(&new_clients);
@@ -200,9 +193,9 @@ fn an_out_of_state_flood_never_reaches_the_stack_and_connections_keep_their_pace
     let quiet = received_over(&total, Duration::from_secs(2));
 
     // Before: the check off, the kernel answers each segment.
-    let r0 = rsts(&net);
+    let r0 = net.b.nstat("TcpOutRsts");
     let sent_off = flood(&net, "2", None);
-    let rst_off = rsts(&net) - r0;
+    let rst_off = net.b.nstat("TcpOutRsts") - r0;
     println!("check off: {sent_off} segments sent, the DUT's kernel sent {rst_off} RSTs");
     assert!(rst_off as f64 > 0.5 * sent_off as f64, "without the check the kernel answers the flood: {rst_off}");
 
@@ -229,7 +222,7 @@ fn an_out_of_state_flood_never_reaches_the_stack_and_connections_keep_their_pace
 
     // The flood again, now engaged: the connection's pace, new clients,
     // the kernel's RSTs.
-    let r1 = rsts(&net);
+    let r1 = net.b.nstat("TcpOutRsts");
     let (sent_on, (during, connects)) = thread::scope(|s| {
         let f = s.spawn(|| flood(&net, "4", None));
         thread::sleep(Duration::from_millis(500));
@@ -238,7 +231,7 @@ fn an_out_of_state_flood_never_reaches_the_stack_and_connections_keep_their_pace
             net.a.run_in(|| new_clients.iter().map(|c| connect_once(c, dst)).collect());
         (f.join().unwrap(), (during, connects))
     });
-    let rst_on = rsts(&net) - r1;
+    let rst_on = net.b.nstat("TcpOutRsts") - r1;
     let failed: Vec<String> = connects.iter().filter_map(|r| r.as_ref().err()).map(|e| format!("{e:#}")).collect();
     let counted = scenario_cli(&socket, &["stats"]);
     println!(
@@ -250,11 +243,7 @@ fn an_out_of_state_flood_never_reaches_the_stack_and_connections_keep_their_pace
     assert!(failed.is_empty(), "new clients failed: {failed:?}");
     assert!((rst_on as f64) <= 0.01 * sent_on as f64, "{rst_on} RSTs for {sent_on} segments");
     assert!(during as f64 >= 0.95 * quiet as f64, "the long connection's pace: {during} B vs {quiet} B");
-    let dropped: u64 = counted
-        .lines()
-        .find(|l| l.starts_with("tcp_out_of_state"))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .map_or(0, |n| n.replace(',', "").parse().unwrap_or(0));
+    let dropped = scenario::reason_packets(&socket, "tcp_out_of_state");
     assert!(dropped > sent_on / 2, "limiter stats: {counted}");
 
     // The same flood from the client's own /24: it costs the client
