@@ -22,13 +22,16 @@ pub mod mode {
 /// this many (drawn at random) is asked of the socket tables: the
 /// detector, which costs the admit path a draw and a test.
 pub const PROBE_ONE_IN: u64 = 64;
-/// Length of a counting period, in 1/16 ns (250 ms).
-pub const PERIOD: u64 = 250_000_000 << 4;
+/// A counting period is 2^PERIOD_SHIFT units of 1/16 ns: 2^28 ns, about
+/// 268 ms. A power of two, so a time's period is a shift: BPF has only a
+/// 64-bit divide, which the x86 JIT makes a `div` costing tens of ns on
+/// every segment the check drops.
+pub const PERIOD_SHIFT: u32 = 32;
 /// `auto` engages when a period's out-of-state segments, estimated from
 /// the probes (each found counts [`PROBE_ONE_IN`]), pass this: 1,000 a
 /// second. A closed connection's late segments and a port scan stay far
 /// below it; a flood passes it within a period.
-pub const PER_PERIOD: u64 = 250;
+pub const PER_PERIOD: u64 = (1_000 << PERIOD_SHIFT) / (1_000_000_000 << 4);
 /// How long `auto` stays engaged after the last period that passed the
 /// threshold, in 1/16 ns (10 s).
 pub const HOLD: u64 = 10_000_000_000 << 4;
@@ -114,6 +117,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    #[expect(clippy::cast_precision_loss, reason = "both far inside f64's exact range")]
+    fn the_period_is_about_a_quarter_second_and_the_threshold_a_thousand_a_second() {
+        let period_s = (1u64 << PERIOD_SHIFT) as f64 / 16e9;
+        assert!((0.2..0.3).contains(&period_s), "{period_s} s");
+        let per_s = PER_PERIOD as f64 / period_s;
+        assert!((995.0..=1_000.0).contains(&per_s), "{per_s} a second");
     }
 
     #[test]

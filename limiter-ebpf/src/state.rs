@@ -122,7 +122,7 @@ fn trip(class: u64, now: u64, n: u64) {
     // SAFETY: a live map value. Plain loads and stores: a racing CPU may
     // lose an increment, which only delays the trigger.
     unsafe {
-        let period = now / tcp_state::PERIOD;
+        let period = now >> tcp_state::PERIOD_SHIFT;
         let c = if read_volatile(&raw const (*g).period) == period {
             read_volatile(&raw const (*g).count) + n
         } else {
