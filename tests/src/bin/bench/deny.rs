@@ -258,5 +258,5 @@ fn profile_deny(l: &mut DataPlane, frame: &[u8]) {
     };
     let bare = spin(programs::BASELINE_DROP);
     let deny = spin(programs::LIMITER);
-    profile::print("a denied source's packet, 1 network denied", &bare, &deny);
+    profile::print("a denied source's packet, 1 network denied", 0, &bare, &deny);
 }

@@ -11,7 +11,13 @@ use limiter_tests::{
     packet::{ETH_P_IP, Frame, IPPROTO_UDP},
 };
 
-use super::{REPEAT, ROUNDS, measure, xdp_filter};
+use super::{
+    REPEAT, ROUNDS,
+    jitlines::JitLines,
+    measure,
+    profile::{self, Profile, Recording},
+    xdp_filter,
+};
 
 /// Per-packet cost of the limiter's hit path against a bare `XDP_DROP`,
 /// and against the floor of any exact shared bucket (`bench_floor`).
@@ -248,14 +254,39 @@ pub fn spin(admitted: bool) {
     let (rate, burst, want) =
         if admitted { (limiter_common::gcra::MAX_RATE, 1 << 40, kernel::XDP_PASS) } else { (1, 1, kernel::XDP_DROP) };
     let mut l = kernel::open_bench(&kernel::config(rate, burst, false, 24, 56), 1024);
-    l.load_program(programs::LIMITER).unwrap();
+    for p in [programs::LIMITER, programs::BASELINE_DROP] {
+        l.load_program(p).unwrap();
+    }
     l.test_run(programs::LIMITER, &frame, 1).unwrap();
     kernel::pin_to_cpu(0);
+    let what = if admitted { "admitted" } else { "dropped" };
+    // With LIMITER_BENCH_PROFILE, a bare XDP_DROP spins first (the test
+    // run's own loop, in both), then the limiter: what each step of the
+    // path costs, by kernel symbol and by line.
+    let bare = profile::wanted().then(|| spin_one(&mut l, programs::BASELINE_DROP, &frame, kernel::XDP_DROP, None).2);
+    let lines = bare.is_some().then(|| JitLines::of(programs::LIMITER)).flatten();
+    let (mean, runs, lim) = spin_one(&mut l, programs::LIMITER, &frame, want, lines.as_ref());
+    println!("spin: hit path {what}, {runs} calls of {REPEAT} runs on CPU 0, mean {mean:.1} ns/packet");
+    if let Some(bare) = bare {
+        profile::print(&format!("the hit path, {what}, by BPF_PROG_TEST_RUN"), 0, &bare, &lim);
+    }
+}
+
+/// `prog` over `frame` for 5 s on CPU 0: its mean ns per packet, the
+/// calls made, and (with LIMITER_BENCH_PROFILE) its profile.
+fn spin_one(
+    l: &mut DataPlane,
+    prog: &'static str,
+    frame: &[u8],
+    want: u32,
+    lines: Option<&JitLines>,
+) -> (f64, u64, Profile) {
+    let perf = profile::wanted().then(|| Recording::start(0));
     let (start, mut runs, mut ns) = (std::time::Instant::now(), 0u64, 0.0);
     while start.elapsed() < std::time::Duration::from_secs(5) {
-        ns += measure(&mut l, programs::LIMITER, &frame, want);
+        ns += measure(l, prog, frame, want);
         runs += 1;
     }
-    let what = if admitted { "admitted" } else { "dropped" };
-    println!("spin: hit path {what}, {runs} calls of {REPEAT} runs on CPU 0, mean {:.1} ns/packet", ns / runs as f64);
+    let profile = perf.map(|p| p.stop(runs * u64::from(REPEAT), lines)).unwrap_or_default();
+    (ns / runs as f64, runs, profile)
 }

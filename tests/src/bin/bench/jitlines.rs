@@ -1,5 +1,5 @@
-//! The source line of each JIT instruction of a loaded program's main
-//! function, from the kernel's line info (`BPF_OBJ_GET_INFO_BY_FD`) and the
+//! The source line of each JIT instruction of a loaded program (its
+//! entry point and its global functions), from the kernel's line info (`BPF_OBJ_GET_INFO_BY_FD`) and the
 //! program's BTF strings: what turns a perf sample at
 //! `bpf_prog_<tag>_limiter+0x2e5` into a line of the program's source.
 //! The kernel's structures are aya-obj's bindings of the UAPI header.
@@ -24,12 +24,11 @@ impl std::fmt::Display for Line {
     }
 }
 
-/// A loaded program's main function: its JIT offsets, each with its
-/// source line, sorted.
+/// A loaded program's functions: the JIT address of each line's first
+/// instruction, sorted, and where each function's code lies.
 pub struct JitLines {
-    /// The program's name, as in its kernel symbol `bpf_prog_<tag>_<name>`.
-    pub name: String,
     lines: Vec<(u64, Line)>,
+    functions: Vec<(u64, u64)>,
 }
 
 impl JitLines {
@@ -70,24 +69,28 @@ impl JitLines {
             let s = strings.get(off as usize..).unwrap_or_default();
             String::from_utf8_lossy(&s[..s.iter().position(|&c| c == 0).unwrap_or(s.len())]).into_owned()
         };
-        let (base, len) = (ksyms[0], u64::from(*lens.first()?));
+        let functions: Vec<(u64, u64)> = ksyms.iter().zip(&lens).map(|(&k, &l)| (k, k + u64::from(l))).collect();
         let mut lines: Vec<(u64, Line)> = li
             .chunks_exact(rec)
             .zip(&jli)
-            .filter_map(|(r, &addr)| {
+            .map(|(r, &addr)| {
                 // SAFETY: `rec` bytes the kernel wrote, at least a bpf_line_info.
                 let r: bpf_line_info = unsafe { r.as_ptr().cast::<bpf_line_info>().read_unaligned() };
-                let off = addr.checked_sub(base).filter(|o| *o < len)?;
-                Some((off, Line { path: text(r.file_name_off), number: r.line_col >> 10, text: text(r.line_off) }))
+                (addr, Line { path: text(r.file_name_off), number: r.line_col >> 10, text: text(r.line_off) })
             })
             .collect();
-        lines.sort_by_key(|(o, _)| *o);
-        Some(Self { name: name.to_owned(), lines })
+        lines.sort_by_key(|(a, _)| *a);
+        Some(Self { lines, functions })
     }
 
-    /// The source line of the instruction at `off`.
-    pub fn at(&self, off: u64) -> Option<&Line> {
-        let i = self.lines.partition_point(|(o, _)| *o <= off).checked_sub(1)?;
+    /// The source line of the JIT instruction at address `ip`, in any
+    /// function of the program (its entry point and the global
+    /// functions it calls).
+    pub fn at(&self, ip: u64) -> Option<&Line> {
+        if !self.functions.iter().any(|&(start, end)| (start..end).contains(&ip)) {
+            return None;
+        }
+        let i = self.lines.partition_point(|(a, _)| *a <= ip).checked_sub(1)?;
         Some(&self.lines[i].1)
     }
 }

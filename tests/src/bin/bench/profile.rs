@@ -44,7 +44,7 @@ impl Recording {
     }
 
     /// Stop, and each symbol's ns per frame over `frames` (idle left out);
-    /// with `lines`, that program's main function by source line too.
+    /// with `lines`, that program's functions by source line too.
     pub fn stop(mut self, frames: u64, lines: Option<&JitLines>) -> Profile {
         // SAFETY: kill has no memory preconditions; perf writes its file
         // on SIGINT.
@@ -57,20 +57,20 @@ impl Recording {
             .expect("perf script");
         let _ = std::fs::remove_file(&self.file);
         let per_sample = PERIOD_NS as f64 / frames.max(1) as f64;
-        let main = lines.map(|l| format!("_{}", l.name));
         let mut p = Profile::default();
         for sample in String::from_utf8_lossy(&out.stdout).lines() {
             // "ffffffffc0035b51 bpf_prog_f17dcd4fe987cb19_limiter+0x2e5"
-            let Some(sym) = sample.split_whitespace().nth(1) else { continue };
-            let (sym, off) = sym.rsplit_once("+0x").map_or((sym, None), |(s, o)| (s, u64::from_str_radix(o, 16).ok()));
+            let mut fields = sample.split_whitespace();
+            let ip = fields.next().and_then(|ip| u64::from_str_radix(ip, 16).ok());
+            let Some(sym) = fields.next() else { continue };
+            let sym = sym.rsplit_once("+0x").map_or(sym, |(s, _)| s);
             if sym.contains("safe_halt") || sym.contains("cpuidle") {
                 continue;
             }
             *p.ns.entry(name(sym)).or_insert(0.0) += per_sample;
-            if let (Some(lines), Some(main), Some(off)) = (lines, &main, off)
+            if let (Some(lines), Some(ip)) = (lines, ip)
                 && sym.starts_with("bpf_prog_")
-                && sym.ends_with(main.as_str())
-                && let Some(line) = lines.at(off)
+                && let Some(line) = lines.at(ip)
             {
                 *p.by_file.entry(part(&line.path)).or_insert(0.0) += per_sample;
                 *p.by_line.entry(line.to_string()).or_insert(0.0) += per_sample;
@@ -99,11 +99,12 @@ pub struct Profile {
     by_line: HashMap<String, f64>,
 }
 
-/// The symbols that differ most between `bare` and `lim`, ns per frame.
-pub fn print(title: &str, bare: &Profile, lim: &Profile) {
+/// The symbols that differ most between `bare` and `lim`, ns per frame,
+/// as recorded on `cpu`.
+pub fn print(title: &str, cpu: usize, bare: &Profile, lim: &Profile) {
     let total = |p: &Profile| p.ns.values().sum::<f64>();
     println!(
-        "profile, {title} (perf on CPU 0, ns per frame; a bare XDP_DROP {:.1} ns, the limiter {:.1} ns):",
+        "profile, {title} (perf on CPU {cpu}, ns per frame; a bare XDP_DROP {:.1} ns, the limiter {:.1} ns):",
         total(bare),
         total(lim)
     );
@@ -151,6 +152,7 @@ fn part(path: &str) -> &'static str {
         "gcra.rs" if ours => "gcra.rs: clock and charge arithmetic",
         "program.rs" if ours => "program.rs: the entry point's own lines (bounds, policy, clock cache, cookie test)",
         "lib.rs" if ours => "lib.rs: limiter_common (key derive, stat index)",
+        "state.rs" | "held.rs" if ours => "state.rs, held.rs: out-of-state TCP's judge, cache and socket lookup",
         "helpers.rs" | "array.rs" | "per_cpu_array.rs" if path.contains("/aya-ebpf") => "aya's map lookups (all maps)",
         _ if ours => "other files of the limiter",
         _ => "core library lines (integer, option, equality helpers)",

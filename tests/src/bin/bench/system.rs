@@ -349,7 +349,7 @@ pub fn system_flood() {
             }
             let rows: Vec<Row> = runs.into_iter().map(best_round).collect();
             if profile::wanted() && place == Place::SameCpu {
-                profile::print(title, &rows[0].profile, &rows[2].profile);
+                profile::print(title, 0, &rows[0].profile, &rows[2].profile);
             }
             report::deny_goal(title, &rows);
             if quick {

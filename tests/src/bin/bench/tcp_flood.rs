@@ -16,6 +16,11 @@
 //! receiver does: its XDP program, and for the others the socket buffer,
 //! netfilter, TCP and the RST sent back. The generator's side drops the
 //! RSTs in XDP, as an attacker's network absorbs them.
+//!
+//! `LIMITER_BENCH_PROFILE=1`: `perf record` on CPU 1 during the bare
+//! drop's and the limiter's rows, and what the limiter adds by kernel
+//! symbol (its program, its judge, the kernel's socket lookup) and by
+//! line of its entry point.
 
 use std::time::Duration;
 
@@ -27,7 +32,11 @@ use limiter_tests::{
     packet::{ETH_P_IP, Frame, IPPROTO_TCP},
 };
 
-use crate::system::{napi_threads, nft_counter, nft_load, pin_to_cpu, proc_counter, receiver_on_cpu1, run, veth_stat};
+use crate::{
+    jitlines::JitLines,
+    profile::{self, Profile, Recording},
+    system::{napi_threads, nft_counter, nft_load, pin_to_cpu, proc_counter, receiver_on_cpu1, run, veth_stat},
+};
 
 const PORT: u16 = 443;
 const ROUNDS: usize = 3;
@@ -65,6 +74,8 @@ struct Row {
     dropped: u64,
     rsts: u64,
     cpu_secs: f64,
+    /// With `LIMITER_BENCH_PROFILE`, the bare drop's and the limiter's.
+    profile: Profile,
 }
 
 impl Row {
@@ -129,7 +140,7 @@ fn ack_frames() -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Send `frames` in turn out of `A_IF` (the calling thread's namespace)
+/// Send `frames` in turn out of [`A_IF`] (the calling thread's namespace)
 /// for SECS; returns how many the kernel took.
 fn send_flood(frames: &[Vec<u8>]) -> u64 {
     let name = std::ffi::CString::new(A_IF).unwrap();
@@ -217,6 +228,7 @@ fn one_row(rx: Rx, frames: &[Vec<u8>]) -> Row {
             run_ns(&napi),
         )
     };
+    let perf = (profile::wanted() && matches!(rx, Rx::Floor | Rx::Limiter)).then(|| Recording::start(1));
     let c0 = read();
     let frames_sent = net.a.run_in(|| {
         pin_to_cpu(0, 0);
@@ -224,6 +236,8 @@ fn one_row(rx: Rx, frames: &[Vec<u8>]) -> Row {
     });
     std::thread::sleep(Duration::from_millis(200));
     let c1 = read();
+    let lines = (rx == Rx::Limiter).then(|| JitLines::of("limiter")).flatten();
+    let profile = perf.map(|p| p.stop(c1.1 - c0.1, lines.as_ref())).unwrap_or_default();
     Row {
         rx,
         frames: frames_sent,
@@ -231,6 +245,7 @@ fn one_row(rx: Rx, frames: &[Vec<u8>]) -> Row {
         received: c1.1 - c0.1,
         rsts: c1.2 - c0.2,
         cpu_secs: (c1.3 - c0.3) as f64 / 1e9,
+        profile,
     }
 }
 
@@ -305,4 +320,7 @@ pub fn tcp_flood() {
             "NOT met"
         }
     );
+    if profile::wanted() {
+        profile::print("an out-of-state ACK flood", 1, &rows[0].profile, &rows[4].profile);
+    }
 }
