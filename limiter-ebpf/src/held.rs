@@ -104,8 +104,9 @@ pub fn socket_then(
 /// as the third segment of a connection it answered with its own SYN
 /// cookie: the kernel's check (`bpf_tcp_check_syncookie`), which refuses
 /// at once unless the listener sent a cookie in the last two minutes (as
-/// the kernel's own receive path does). IPv4 with options is not asked
-/// here: `true`, its cookie is the kernel's to judge.
+/// the kernel's own receive path does). IPv4 with options too: the
+/// helper reads the addresses of the header's first 20 bytes and the TCP
+/// header after the options.
 #[inline(always)]
 pub fn kernel_cookie(pkt: &Packet, sk: *mut bpf_sock) -> bool {
     let Some(l3) = pkt.l3() else { return false };
@@ -117,15 +118,30 @@ pub fn kernel_cookie(pkt: &Packet, sk: *mut bpf_sock) -> bool {
         unsafe {
             bpf_tcp_check_syncookie(sk.cast(), ip.as_ptr().cast_mut().cast(), 40, th.as_ptr().cast_mut().cast(), 20)
         }
-    } else if v[0] & 0x0f == 5 {
-        let (Some(ip), Some(th)) = (pkt.bytes_at::<20>(l3), pkt.bytes_at::<20>(l3 + 20)) else { return false };
+    } else {
+        // Its header is asked for 40 bytes (with the TCP header's least,
+        // every segment has them): the compiler would drop a 20-byte
+        // check as implied by the segment's parse, and the verifier,
+        // which does not follow that, would refuse the helper's read.
+        let (Some(ip), Some(th)) = (pkt.bytes_at::<40>(l3), pkt.bytes_at::<20>(ipv4_l4(l3, v[0]))) else {
+            return false;
+        };
         unsafe {
             bpf_tcp_check_syncookie(sk.cast(), ip.as_ptr().cast_mut().cast(), 20, th.as_ptr().cast_mut().cast(), 20)
         }
-    } else {
-        return true;
     };
     r == 0
+}
+
+/// Where the TCP header of an IPv4 packet whose header starts at `l3`
+/// with first byte `vihl` starts: after its options, if any. A header
+/// shorter than 20 bytes never gets here (the parse refuses it), and is
+/// not tested again on purpose: the compiler would take that test and
+/// the TCP header's bounds check as implying the IP header's, and drop
+/// the latter, which the verifier does not follow.
+#[inline(always)]
+pub fn ipv4_l4(l3: usize, vihl: u8) -> usize {
+    l3 + usize::from(vihl & 0x0f) * 4
 }
 
 /// 1 when the packet is a TCP segment with ACK (not a bare SYN) of a

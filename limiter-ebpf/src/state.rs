@@ -311,13 +311,11 @@ pub extern "C" fn limiter_tcp_cookie(ctx: *mut xdp_md) -> u64 {
         let (mut ip, mut th) = (*ip, *th);
         unsafe { bpf_tcp_raw_check_syncookie_ipv6(ip.as_mut_ptr().cast(), th.as_mut_ptr().cast()) == 0 }
     } else {
-        // With IP options the ACK is passed unchecked: the kernel judges
-        // it (the helpers' headers are read at fixed offsets here).
-        if v[0] & 0x0f != 5 {
-            return 1;
-        }
-        let (Some(ip), Some(th)) = (pkt.bytes_at::<20>(l3), pkt.bytes_at::<20>(l3 + 20)) else { return 0 };
-        let (mut ip, mut th) = (*ip, *th);
+        // With IPv4 options the TCP header is read after them; the IP
+        // header is asked for 40 bytes, as in `held::kernel_cookie`.
+        let l4 = crate::held::ipv4_l4(l3, v[0]);
+        let (Some(ip), Some(th)) = (pkt.bytes_at::<40>(l3), pkt.bytes_at::<20>(l4)) else { return 0 };
+        let (mut ip, mut th) = (ip.first_chunk::<20>().copied().unwrap_or([0; 20]), *th);
         unsafe { bpf_tcp_raw_check_syncookie_ipv4(ip.as_mut_ptr().cast(), th.as_mut_ptr().cast()) == 0 }
     };
     u64::from(ok)

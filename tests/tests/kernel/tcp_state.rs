@@ -52,6 +52,28 @@ fn policy(ports: &[u16], burst: u64, state: TcpState) -> Policy {
     }
 }
 
+/// An untagged IPv4 frame with one word of IPv4 options (NOPs) after its
+/// header's first 20 bytes.
+fn ip_options(frame: &[u8]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    assert_eq!(f[14], 0x45, "an IPv4 header without options");
+    f[14] = 0x46;
+    f.splice(34..34, [1u8; 4]);
+    f
+}
+
+/// An untagged frame behind `tags` VLAN tags (802.1ad outside 802.1Q).
+fn tagged(frame: &[u8], tags: u16) -> Vec<u8> {
+    let mut f = frame[..12].to_vec();
+    for t in 0..tags {
+        let tpid: u16 = if t + 1 < tags { 0x88a8 } else { 0x8100 };
+        f.extend_from_slice(&tpid.to_be_bytes());
+        f.extend_from_slice(&(10 + t).to_be_bytes());
+    }
+    f.extend_from_slice(&frame[12..]);
+    f
+}
+
 fn seg(src: SocketAddr, dst: SocketAddr, flags: u8) -> Vec<u8> {
     match (src.ip(), dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
@@ -106,6 +128,15 @@ fn a_segment_no_socket_holds_is_dropped_and_one_a_connection_holds_passes() {
         ("IPv6: the connection's ACK", seg(cli6, srv6, ACK), Reason::Admitted),
         ("IPv6: an ACK of none", seg(stranger6, srv6, ACK), Reason::TcpOutOfState),
         ("IPv6: a RST of none", seg(stranger6, srv6, RST), Reason::TcpOutOfState),
+        // Read behind IPv4 options and VLAN tags as the parse reads.
+        ("IPv4 options: the connection's ACK", ip_options(&seg(cli4, srv4, ACK)), Reason::Admitted),
+        ("IPv4 options: an ACK of none", ip_options(&seg(stranger4, srv4, ACK)), Reason::TcpOutOfState),
+        ("IPv4 options: data of none", ip_options(&seg(stranger4, srv4, PSH_ACK)), Reason::TcpOutOfState),
+        ("one VLAN tag: the connection's ACK", tagged(&seg(cli4, srv4, ACK), 1), Reason::Admitted),
+        ("one VLAN tag: an ACK of none", tagged(&seg(stranger4, srv4, ACK), 1), Reason::TcpOutOfState),
+        ("two tags and options: the connection's data", tagged(&ip_options(&seg(cli4, srv4, PSH_ACK)), 2), Reason::Admitted),
+        ("two tags and options: a RST of none", tagged(&ip_options(&seg(stranger4, srv4, RST)), 2), Reason::TcpOutOfState),
+        ("two tags, IPv6: an ACK of none", tagged(&seg(stranger6, srv6, ACK), 2), Reason::TcpOutOfState),
     ];
     for (what, f, want) in &seq {
         assert_eq!(kernel::reason_at(&mut l, T0, f), *want, "{what}");
@@ -230,6 +261,12 @@ fn a_syn_cookies_ack_to_a_listener_passes_and_a_forged_one_does_not() {
     for (what, seg, want) in seq {
         assert_eq!(kernel::reason_at(&mut l, at(3), &seg.bytes()), want, "{what}");
     }
+    // Behind IPv4 options the cookie is read as well: a forged one is not
+    // let by for its options.
+    let with_options = ip_options(&ack_of(&syn, cookie).bytes());
+    assert_eq!(kernel::reason_at(&mut l, at(4), &with_options), Reason::Admitted, "the cookie's ACK, IPv4 options");
+    let forged = ip_options(&ack_of(&syn, cookie ^ 0x0100_0000).bytes());
+    assert_eq!(kernel::reason_at(&mut l, at(4), &forged), Reason::TcpOutOfState, "a forged cookie, IPv4 options");
 }
 
 /// The kernel's own SYN cookies, with the policy sending none: the
@@ -257,11 +294,14 @@ fn the_kernels_own_cookies_ack_passes_without_xdp_cookies() {
             let data = Seg { flags: PSH_ACK, ..ack_of(&syn, cookie) };
             let forged = ack_of(&syn, cookie ^ 0x0100_0000);
             for (what, seg, want) in [
-                ("the cookie's ACK", ack_of(&syn, cookie), Reason::Admitted),
-                ("data carrying it", data, Reason::Admitted),
-                ("a forged cookie", forged, Reason::TcpOutOfState),
+                ("the cookie's ACK", ack_of(&syn, cookie).bytes(), Reason::Admitted),
+                ("data carrying it", data.bytes(), Reason::Admitted),
+                ("a forged cookie", forged.bytes(), Reason::TcpOutOfState),
+                // The cookie is read behind IPv4 options too.
+                ("the cookie's ACK with IPv4 options", ip_options(&ack_of(&syn, cookie).bytes()), Reason::Admitted),
+                ("a forged cookie with IPv4 options", ip_options(&forged.bytes()), Reason::TcpOutOfState),
             ] {
-                assert_eq!(kernel::reason_at(&mut l, at(1), &seg.bytes()), want, "{what}");
+                assert_eq!(kernel::reason_at(&mut l, at(1), &seg), want, "{what}");
             }
             // Port 444's listener sent no cookie: the same numbers there
             // are out of state.
