@@ -230,8 +230,41 @@ fn parse_ipv6<F: Frame + ?Sized>(f: &F, off: usize) -> Result<Source, Reason> {
     read_l4(f, off, &mut src).map(|()| src)
 }
 
+/// Where the upper-layer header of an IPv6 packet starts, past its
+/// extension headers: its type and offset, from the fixed header's next
+/// header `next` and the offset `off` after it. The walk of
+/// [`parse_ipv6`], as bounded, without its reasons: `None` for a chain it
+/// refuses (too long, past [`MAX_OFFSET`], cut short) and for a later
+/// fragment (no upper-layer header follows).
 #[inline(always)]
-fn is_ext(next: u8) -> bool {
+#[must_use]
+pub fn ipv6_upper<F: Frame + ?Sized>(f: &F, mut off: usize, mut next: u8) -> Option<(u8, usize)> {
+    for _ in 0..MAX_IPV6_EXT_HEADERS {
+        if !is_ext(next) {
+            return Some((next, off));
+        }
+        let ext = f.bytes_at::<8>(off)?;
+        let hlen = match next {
+            NEXTHDR_FRAGMENT => 8,
+            NEXTHDR_AUTH => (usize::from(ext[1]) + 2) * 4,
+            _ => (usize::from(ext[1]) + 1) * 8,
+        };
+        if next == NEXTHDR_FRAGMENT && be16(ext, 2) & IPV6_FRAG_OFFSET != 0 {
+            return None;
+        }
+        next = ext[0];
+        off += hlen;
+        if off > MAX_OFFSET {
+            return None;
+        }
+    }
+    (!is_ext(next)).then_some((next, off))
+}
+
+/// Whether `next` names an IPv6 extension header (one the parse walks).
+#[inline(always)]
+#[must_use]
+pub fn is_ext(next: u8) -> bool {
     matches!(
         next,
         NEXTHDR_HOP
@@ -331,5 +364,49 @@ mod tests {
         let mut fam = family::NONE;
         assert_eq!(parse(f.as_slice(), &mut fam), Err(Reason::Ipv6ExtLimit));
         assert_eq!(fam, family::IPV6);
+    }
+
+    /// The IPv6 header (54 bytes in, after Ethernet) followed by `chain`:
+    /// (type, header bytes) pairs, the first named by the fixed header.
+    fn v6_chain(chain: &[(u8, &[u8])]) -> Vec<u8> {
+        let mut f = Vec::from([0u8; 12]);
+        f.extend([0x86, 0xdd, 0x60, 0, 0, 0, 0, 0, chain[0].0, 64]);
+        f.extend([0u8; 32]);
+        for (_, h) in chain {
+            f.extend_from_slice(h);
+        }
+        f
+    }
+
+    #[test]
+    fn the_upper_header_behind_ipv6_extensions_is_found_where_the_chain_puts_it() {
+        let tcp = [0u8; 20];
+        // A destination option (8 bytes) before TCP: TCP at 54 + 8.
+        let dest = [IPPROTO_TCP, 0, 1, 4, 0, 0, 0, 0];
+        let f = v6_chain(&[(NEXTHDR_DEST, &dest), (IPPROTO_TCP, &tcp)]);
+        assert_eq!(ipv6_upper(f.as_slice(), 54, NEXTHDR_DEST), Some((IPPROTO_TCP, 62)));
+        // Hop-by-hop of 16 bytes (length 1), then a first fragment's header.
+        let mut hop = [0u8; 16];
+        hop[0] = NEXTHDR_FRAGMENT;
+        hop[1] = 1;
+        let first = [IPPROTO_TCP, 0, 0, 1, 0, 0, 0, 7];
+        let f = v6_chain(&[(NEXTHDR_HOP, &hop), (NEXTHDR_FRAGMENT, &first), (IPPROTO_TCP, &tcp)]);
+        assert_eq!(ipv6_upper(f.as_slice(), 54, NEXTHDR_HOP), Some((IPPROTO_TCP, 54 + 16 + 8)));
+        // A later fragment carries no TCP header.
+        let later = [IPPROTO_TCP, 0, 0, 8 << 3, 0, 0, 0, 7];
+        let f = v6_chain(&[(NEXTHDR_FRAGMENT, &later), (IPPROTO_TCP, &tcp)]);
+        assert_eq!(ipv6_upper(f.as_slice(), 54, NEXTHDR_FRAGMENT), None);
+        // No extension header at all; a chain cut short.
+        let f = v6_chain(&[(IPPROTO_TCP, &tcp)]);
+        assert_eq!(ipv6_upper(f.as_slice(), 54, IPPROTO_TCP), Some((IPPROTO_TCP, 54)));
+        let f = v6_chain(&[(NEXTHDR_DEST, &dest[..4])]);
+        assert_eq!(ipv6_upper(f.as_slice(), 54, NEXTHDR_DEST), None);
+        // Past the parse's limit of headers: none.
+        let mut chain: Vec<(u8, &[u8])> = Vec::new();
+        let d = [NEXTHDR_DEST, 0, 0, 0, 0, 0, 0, 0];
+        for _ in 0..=MAX_IPV6_EXT_HEADERS {
+            chain.push((NEXTHDR_DEST, &d));
+        }
+        assert_eq!(ipv6_upper(v6_chain(&chain).as_slice(), 54, NEXTHDR_DEST), None);
     }
 }

@@ -1,8 +1,9 @@
 //! Whether a TCP segment belongs to a connection this host holds (one
 //! established, in SYN-RECV as a request, or in TIME_WAIT): the kernel's
 //! socket tables, asked with `bpf_skc_lookup_tcp` on the segment's
-//! 4-tuple, read at fixed offsets. For the out-of-state check
-//! (`state`), and for a sampled rate-limited drop: such drops are
+//! 4-tuple, read past IPv4 options and IPv6 extension headers. For the
+//! out-of-state check (`state`), and for a sampled rate-limited drop:
+//! such drops are
 //! evidence a blind spoofer cannot forge without the connection's ports,
 //! which escalation needs before it announces an address upstream.
 
@@ -14,7 +15,7 @@ use aya_ebpf::{
     helpers::{bpf_sk_release, bpf_skc_lookup_tcp, bpf_tcp_check_syncookie},
     programs::XdpContext,
 };
-use limiter_common::packet::{Frame as _, IPPROTO_TCP, tcp_flag, word as w};
+use limiter_common::packet::{Frame as _, IPPROTO_TCP, ipv6_upper, is_ext, tcp_flag, word as w};
 
 use crate::packet::Packet;
 
@@ -25,27 +26,38 @@ pub struct Segment {
     pub tuple: [u32; TUPLE_WORDS],
     pub v6: bool,
     pub flags: u8,
+    /// Where its TCP header starts (under 4,096). Two bytes, in what
+    /// was padding: the judge's frame may not grow (6.1's verifier
+    /// rounds each frame of a call chain up to 32 bytes, and the chain
+    /// through the judge is at 512).
+    pub l4: u16,
 }
 
 pub use limiter_common::tcp_state::TUPLE_WORDS;
 
 /// The packet's TCP segment: IPv4 (with options, a whole packet or a
-/// first fragment) or IPv6 whose next header is TCP, behind up to two
-/// VLAN tags; `None` for anything else.
+/// first fragment) or IPv6 (behind extension headers, a whole packet or a
+/// first fragment), behind up to two VLAN tags; `None` for anything else.
 #[inline(always)]
 pub fn segment(pkt: &Packet) -> Option<Segment> {
     let l3 = pkt.l3()?;
     let v6 = pkt.bytes_at::<1>(l3)?[0] >> 4 == 6;
-    let mut s = Segment { tuple: [0; TUPLE_WORDS], v6, flags: 0 };
+    let mut s = Segment { tuple: [0; TUPLE_WORDS], v6, flags: 0, l4: 0 };
     let (l4, at) = if v6 {
         let h = pkt.bytes_at::<40>(l3)?;
-        if h[6] != IPPROTO_TCP {
+        // Behind extension headers too, walked as the parse walks them:
+        // a destination option must not carry a segment past the check.
+        let l4 = if h[6] == IPPROTO_TCP {
+            l3 + 40
+        } else if is_ext(h[6]) {
+            upper_tcp(pkt, l3 + 40, h[6])?
+        } else {
             return None;
-        }
+        };
         for i in 0..8 {
             s.tuple[i] = w(h, 8 + 4 * i);
         }
-        (l3 + 40, 8)
+        (l4, 8)
     } else {
         let h = pkt.bytes_at::<20>(l3)?;
         // A later fragment carries no TCP header.
@@ -59,7 +71,40 @@ pub fn segment(pkt: &Packet) -> Option<Segment> {
     let th = pkt.bytes_at::<14>(l4)?;
     s.tuple[at] = w(th, 0);
     s.flags = th[13];
+    #[expect(clippy::cast_possible_truncation, reason = "under 4,096: the IPv6 walk's bound, IPv4's 60 bytes")]
+    {
+        s.l4 = l4 as u16;
+    }
     Some(s)
+}
+
+/// Where the TCP header behind the IPv6 extension headers that start at
+/// `off` (the first of type `next`) starts, if TCP is what they lead to.
+#[inline(always)]
+fn upper_tcp(pkt: &Packet, off: usize, next: u8) -> Option<usize> {
+    let found = limiter_ipv6_tcp(pkt.0.ctx, off as u64, u64::from(next));
+    // Bounded for the verifier (the walk stops at 4,096 bytes), through
+    // a volatile read: the compiler infers the function's range and
+    // would drop the mask, which the verifier needs.
+    // SAFETY: a read of a local.
+    let found = unsafe { core::ptr::read_volatile(&raw const found) };
+    (found != 0).then_some((found & 0x1fff) as usize)
+}
+
+/// [`upper_tcp`]'s walk (`limiter_common::packet::ipv6_upper`): the TCP
+/// header's offset, or 0. A global function: verified once, not once for
+/// every state of every path that reaches it (eight headers' worth of
+/// branches inlined into each caller cost the verifier about 290,000
+/// instructions more).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_ipv6_tcp(ctx: *mut xdp_md, off: u64, next: u64) -> u64 {
+    let xdp = XdpContext::new(ctx);
+    #[expect(clippy::cast_possible_truncation, reason = "an offset under 4,096 and a header type")]
+    match ipv6_upper(&Packet(&xdp), (off & 0x1fff) as usize, next as u8) {
+        Some((IPPROTO_TCP, l4)) => l4 as u64,
+        _ => 0,
+    }
 }
 
 /// The state of the socket of the interface's network namespace that
@@ -108,40 +153,25 @@ pub fn socket_then(
 /// helper reads the addresses of the header's first 20 bytes and the TCP
 /// header after the options.
 #[inline(always)]
-pub fn kernel_cookie(pkt: &Packet, sk: *mut bpf_sock) -> bool {
+pub fn kernel_cookie(pkt: &Packet, sk: *mut bpf_sock, l4: usize) -> bool {
     let Some(l3) = pkt.l3() else { return false };
     let Some(v) = pkt.bytes_at::<1>(l3) else { return false };
+    let Some(th) = pkt.bytes_at::<20>(l4) else { return false };
+    let th = th.as_ptr().cast_mut().cast();
+    // The IP header is asked for more than the helper reads (every TCP
+    // segment has it: the header and a TCP header's least), so that the
+    // compiler cannot drop the check as implied by the segment's parse,
+    // which the verifier does not follow.
     // SAFETY: the headers are inside the packet (checked by `bytes_at`)
     // for the lengths given; the helper only reads them.
     let r = if v[0] >> 4 == 6 {
-        let (Some(ip), Some(th)) = (pkt.bytes_at::<40>(l3), pkt.bytes_at::<20>(l3 + 40)) else { return false };
-        unsafe {
-            bpf_tcp_check_syncookie(sk.cast(), ip.as_ptr().cast_mut().cast(), 40, th.as_ptr().cast_mut().cast(), 20)
-        }
+        let Some(ip) = pkt.bytes_at::<60>(l3) else { return false };
+        unsafe { bpf_tcp_check_syncookie(sk.cast(), ip.as_ptr().cast_mut().cast(), 40, th, 20) }
     } else {
-        // Its header is asked for 40 bytes (with the TCP header's least,
-        // every segment has them): the compiler would drop a 20-byte
-        // check as implied by the segment's parse, and the verifier,
-        // which does not follow that, would refuse the helper's read.
-        let (Some(ip), Some(th)) = (pkt.bytes_at::<40>(l3), pkt.bytes_at::<20>(ipv4_l4(l3, v[0]))) else {
-            return false;
-        };
-        unsafe {
-            bpf_tcp_check_syncookie(sk.cast(), ip.as_ptr().cast_mut().cast(), 20, th.as_ptr().cast_mut().cast(), 20)
-        }
+        let Some(ip) = pkt.bytes_at::<40>(l3) else { return false };
+        unsafe { bpf_tcp_check_syncookie(sk.cast(), ip.as_ptr().cast_mut().cast(), 20, th, 20) }
     };
     r == 0
-}
-
-/// Where the TCP header of an IPv4 packet whose header starts at `l3`
-/// with first byte `vihl` starts: after its options, if any. A header
-/// shorter than 20 bytes never gets here (the parse refuses it), and is
-/// not tested again on purpose: the compiler would take that test and
-/// the TCP header's bounds check as implying the IP header's, and drop
-/// the latter, which the verifier does not follow.
-#[inline(always)]
-pub fn ipv4_l4(l3: usize, vihl: u8) -> usize {
-    l3 + usize::from(vihl & 0x0f) * 4
 }
 
 /// 1 when the packet is a TCP segment with ACK (not a bare SYN) of a

@@ -76,13 +76,17 @@ pub fn judged(ask: u64) -> bool {
     ask & JUDGE != 0
 }
 
-/// Whether the packet is TCP (its IP header's protocol, read again: the
-/// parse's is not kept this long).
+/// Whether the packet may be TCP (its IP header's protocol, read again:
+/// the parse's is not kept this long; an IPv6 packet with extension
+/// headers may be, which the judge's own walk of them settles).
 #[inline(always)]
 fn tcp(pkt: &Packet) -> bool {
     let Some(l3) = pkt.l3() else { return false };
     let Some(h) = pkt.bytes_at::<10>(l3) else { return false };
-    (if h[0] >> 4 == 6 { h[6] } else { h[9] }) == limiter_common::packet::IPPROTO_TCP
+    if h[0] >> 4 == 6 {
+        return h[6] == limiter_common::packet::IPPROTO_TCP || limiter_common::packet::is_ext(h[6]);
+    }
+    h[9] == limiter_common::packet::IPPROTO_TCP
 }
 
 /// The packet's reason once [`limiter_tcp_state`] has had it (`counted`
@@ -147,6 +151,10 @@ const OUT_OF_STATE: u64 = 2;
 /// As [`OUT_OF_STATE`], but with ACK (and without SYN or RST): out of
 /// state unless it carries a valid SYN cookie ([`limiter_tcp_cookie`]).
 const LISTENER_ACK: u64 = 3;
+/// [`LISTENER_ACK`] carries where the segment's TCP header starts from
+/// this bit up, for [`limiter_tcp_cookie`]; the answer is below it.
+const L4_SHIFT: u32 = 8;
+const ANSWER: u64 = (1 << L4_SHIFT) - 1;
 
 /// An admitted packet the entry point counted and [`ask`] handed here:
 /// judged if it is a TCP segment other than a plain SYN, or (a probe of
@@ -265,7 +273,10 @@ pub extern "C" fn limiter_tcp_look(ctx: *mut xdp_md, now: u64) -> u64 {
     // SYN or RST (a lost third segment's data carries it too).
     let ack = s.flags & (tcp_flag::SYN | tcp_flag::RST | tcp_flag::ACK) == tcp_flag::ACK;
     let pkt = Packet(&xdp);
-    let Some((state, cookie)) = socket_then(ctx, &mut s, |sk| ack && kernel_cookie(&pkt, sk)) else { return NOBODY };
+    let l4 = usize::from(s.l4);
+    let Some((state, cookie)) = socket_then(ctx, &mut s, |sk| ack && kernel_cookie(&pkt, sk, l4)) else {
+        return NOBODY;
+    };
     if state != BPF_TCP_LISTEN {
         if let Some(e) = cached {
             // SAFETY: as above.
@@ -279,14 +290,14 @@ pub extern "C" fn limiter_tcp_look(ctx: *mut xdp_md, now: u64) -> u64 {
     // This program's own cookies (which no listener records) are asked
     // of the cookie helper only while the policy sends them.
     let ours = config().is_some_and(|c| c.flags & flags::SYN_COOKIES != 0);
-    if ack && ours { LISTENER_ACK } else { OUT_OF_STATE }
+    if ack && ours { LISTENER_ACK | (l4 as u64) << L4_SHIFT } else { OUT_OF_STATE }
 }
 
 /// [`limiter_tcp_look`]'s answer with a bare ACK's cookie checked.
 #[inline(always)]
 fn settled(ctx: *mut xdp_md, found: u64) -> u64 {
-    match found {
-        LISTENER_ACK if limiter_tcp_cookie(ctx) == 1 => HELD,
+    match found & ANSWER {
+        LISTENER_ACK if limiter_tcp_cookie(ctx, found >> L4_SHIFT) == 1 => HELD,
         LISTENER_ACK => OUT_OF_STATE,
         f => f,
     }
@@ -299,23 +310,27 @@ fn settled(ctx: *mut xdp_md, found: u64) -> u64 {
 #[cfg(not(feature = "without-syn-cookies"))]
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn limiter_tcp_cookie(ctx: *mut xdp_md) -> u64 {
+pub extern "C" fn limiter_tcp_cookie(ctx: *mut xdp_md, l4: u64) -> u64 {
     use aya_ebpf::helpers::{bpf_tcp_raw_check_syncookie_ipv4, bpf_tcp_raw_check_syncookie_ipv6};
     let xdp = XdpContext::new(ctx);
     let pkt = Packet(&xdp);
     let Some(l3) = pkt.l3() else { return 0 };
     let Some(v) = pkt.bytes_at::<1>(l3) else { return 0 };
+    // Where `segment` found the TCP header (past IPv4 options or IPv6
+    // extension headers), bounded for the verifier: the walk stops at
+    // 4,096 bytes.
+    let Some(th) = pkt.bytes_at::<20>((l4 & 0x1fff) as usize) else { return 0 };
+    let mut th = *th;
+    // The IP header is asked for more than the helper reads, as in
+    // `held::kernel_cookie`.
     // SAFETY: stack copies of fixed size, as long as the helper reads.
     let ok = if v[0] >> 4 == 6 {
-        let (Some(ip), Some(th)) = (pkt.bytes_at::<40>(l3), pkt.bytes_at::<20>(l3 + 40)) else { return 0 };
-        let (mut ip, mut th) = (*ip, *th);
+        let Some(ip) = pkt.bytes_at::<60>(l3) else { return 0 };
+        let mut ip = ip.first_chunk::<40>().copied().unwrap_or([0; 40]);
         unsafe { bpf_tcp_raw_check_syncookie_ipv6(ip.as_mut_ptr().cast(), th.as_mut_ptr().cast()) == 0 }
     } else {
-        // With IPv4 options the TCP header is read after them; the IP
-        // header is asked for 40 bytes, as in `held::kernel_cookie`.
-        let l4 = crate::held::ipv4_l4(l3, v[0]);
-        let (Some(ip), Some(th)) = (pkt.bytes_at::<40>(l3), pkt.bytes_at::<20>(l4)) else { return 0 };
-        let (mut ip, mut th) = (ip.first_chunk::<20>().copied().unwrap_or([0; 20]), *th);
+        let Some(ip) = pkt.bytes_at::<40>(l3) else { return 0 };
+        let mut ip = ip.first_chunk::<20>().copied().unwrap_or([0; 20]);
         unsafe { bpf_tcp_raw_check_syncookie_ipv4(ip.as_mut_ptr().cast(), th.as_mut_ptr().cast()) == 0 }
     };
     u64::from(ok)
@@ -325,6 +340,6 @@ pub extern "C" fn limiter_tcp_cookie(ctx: *mut xdp_md) -> u64 {
 /// from a cookie's: it is passed, as the kernel may take it.
 #[cfg(feature = "without-syn-cookies")]
 #[inline(always)]
-fn limiter_tcp_cookie(_: *mut xdp_md) -> u64 {
+fn limiter_tcp_cookie(_: *mut xdp_md, _: u64) -> u64 {
     1
 }

@@ -52,6 +52,21 @@ fn policy(ports: &[u16], burst: u64, state: TcpState) -> Policy {
     }
 }
 
+/// An IPv6 segment behind a destination options header, or (`fragment`)
+/// behind a hop-by-hop header and a first fragment's header.
+fn seg6_behind(src: SocketAddr, dst: SocketAddr, flags: u8, fragment: bool) -> Vec<u8> {
+    const HOP: u8 = 0;
+    const DEST: u8 = 60;
+    const FRAG: u8 = 44;
+    let (IpAddr::V6(s), IpAddr::V6(d)) = (src.ip(), dst.ip()) else { unreachable!("IPv6") };
+    let f = if fragment {
+        Frame::eth(ETH_P_IPV6).ipv6(s, HOP).ext(FRAG, 0).frag6(IPPROTO_TCP, 0, true)
+    } else {
+        Frame::eth(ETH_P_IPV6).ipv6(s, DEST).ext(IPPROTO_TCP, 0)
+    };
+    f.tcp_ports(src.port(), dst.port(), flags).to_v6(d).bytes
+}
+
 /// An untagged IPv4 frame with one word of IPv4 options (NOPs) after its
 /// header's first 20 bytes.
 fn ip_options(frame: &[u8]) -> Vec<u8> {
@@ -137,6 +152,15 @@ fn a_segment_no_socket_holds_is_dropped_and_one_a_connection_holds_passes() {
         ("two tags and options: the connection's data", tagged(&ip_options(&seg(cli4, srv4, PSH_ACK)), 2), Reason::Admitted),
         ("two tags and options: a RST of none", tagged(&ip_options(&seg(stranger4, srv4, RST)), 2), Reason::TcpOutOfState),
         ("two tags, IPv6: an ACK of none", tagged(&seg(stranger6, srv6, ACK), 2), Reason::TcpOutOfState),
+        // Read behind IPv6 extension headers as the parse walks them.
+        ("IPv6, a destination option: the connection's ACK", seg6_behind(cli6, srv6, ACK, false), Reason::Admitted),
+        ("IPv6, a destination option: an ACK of none", seg6_behind(stranger6, srv6, ACK, false), Reason::TcpOutOfState),
+        (
+            "IPv6, hop-by-hop and a first fragment: data of none",
+            seg6_behind(stranger6, srv6, PSH_ACK, true),
+            Reason::TcpOutOfState,
+        ),
+        ("IPv6, hop-by-hop and a first fragment: the connection's data", seg6_behind(cli6, srv6, PSH_ACK, true), Reason::Admitted),
     ];
     for (what, f, want) in &seq {
         assert_eq!(kernel::reason_at(&mut l, T0, f), *want, "{what}");
