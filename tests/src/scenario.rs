@@ -287,6 +287,20 @@ pub fn wait_output(g: Guard) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// A spoofed flood of TCP segments from `net`'s sender to the receiver's
+/// `port` for `secs` (`netload spoof-tcp`: `flags` in hex, or `mixed` for
+/// ACKs, RSTs, FINs and data in turn; from the flood range, or from
+/// `from`, an IPv4 NET/LEN): how many segments it sent.
+#[must_use]
+pub fn spoof_tcp(net: &VethPair, port: u16, secs: &str, flags: &str, from: Option<&str>) -> u64 {
+    let (mac, dst) = (net.b_mac(), format!("{B_ADDR}:{port}"));
+    let mut args = vec!["spoof-tcp", crate::netns::A_IF, &mac, &dst, secs, flags];
+    args.extend(from);
+    let o = net.a.command(locate_bin("netload").expect("netload")).args(&args).output().expect("run netload");
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("netload: {out}"))
+}
+
 /// Send `n` UDP packets from `src` (an address of `net`'s sender) to the
 /// receiver within a second; how many arrived.
 #[must_use]

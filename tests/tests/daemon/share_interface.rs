@@ -17,7 +17,7 @@ use std::{
 use limiter_common::programs;
 use limiter_tests::{
     kernel::{TempDir, require_root},
-    netns::{A_IF, B_ADDR, B_IF, VethPair},
+    netns::{B_IF, VethPair},
     scenario::{self, spawn_lines, unique_socket, wait_for},
     sharing::{FILTERED_SRC, LibxdpDir, XdpFilter, listed_id, loader_status},
 };
@@ -219,14 +219,7 @@ fn out_of_state_behind_the_dispatcher(net: &VethPair, socket: &std::path::Path) 
     }
     assert!(exchange(&mut client, &mut server), "the connection behind the dispatcher");
     let rsts = net.b.nstat("TcpOutRsts");
-    let o = net
-        .a
-        .command(env!("CARGO_BIN_EXE_netload"))
-        .args(["spoof-tcp", A_IF, &net.b_mac(), &format!("{B_ADDR}:8080"), "1", "10"])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    let sent: u64 = out.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("netload: {out}"));
+    let sent = scenario::spoof_tcp(net, 8080, "1", "10", None);
     let rsts = net.b.nstat("TcpOutRsts") - rsts;
     let judged = scenario::reason_packets(socket, "tcp_out_of_state");
     println!("behind xdp-filter: {sent} spoofed ACKs, {judged} dropped as out of state, the kernel sent {rsts} RSTs");

@@ -14,7 +14,6 @@ use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::Stdio,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -62,15 +61,9 @@ fn start_daemon(net: &VethPair, pins: &Path, policy: &Path, socket: &Path) -> (G
 }
 
 /// A spoofed flood of mixed segments for `secs` from the flood range (or
-/// `net`): how many it sent.
+/// `from`): how many it sent.
 fn flood(net: &VethPair, secs: &str, from: Option<&str>) -> u64 {
-    let mac = net.b_mac();
-    let dst = format!("{B_ADDR}:{PORT}");
-    let mut args = vec!["spoof-tcp", A_IF, &mac, &dst, secs, "mixed"];
-    args.extend(from);
-    let o = net.a.command(env!("CARGO_BIN_EXE_netload")).args(&args).stdout(Stdio::piped()).output().unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    out.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("netload: {out}"))
+    scenario::spoof_tcp(net, PORT, secs, "mixed", from)
 }
 
 /// Bytes the server received over `d` from now.

@@ -11,14 +11,12 @@
 
 use std::{
     net::SocketAddr,
-    process::Stdio,
     thread,
     time::{Duration, Instant},
 };
 
 use limiter_tests::{
     forward::{CLIENT, FRONT, FRONT6, echo_round_trip, echo_upstream_at, setup_policy},
-    netns::A_IF,
     scenario,
 };
 
@@ -57,21 +55,8 @@ fn the_forwarders_connections_pass_the_check_while_a_flood_at_its_port_is_droppe
     let quiet = transfers();
 
     let rsts = s.net.b.nstat("TcpOutRsts");
-    let mac = s.net.b_mac();
-    let target = format!("{FRONT}:8443");
     let (sent, took) = thread::scope(|scope| {
-        let flood = scope.spawn(|| {
-            let o = s
-                .net
-                .a
-                .command(env!("CARGO_BIN_EXE_netload"))
-                .args(["spoof-tcp", A_IF, &mac, &target, &FLOOD_SECS.to_string(), "mixed"])
-                .stdout(Stdio::piped())
-                .output()
-                .unwrap();
-            let out = String::from_utf8_lossy(&o.stdout).into_owned();
-            out.split_whitespace().nth(1).and_then(|n| n.parse::<u64>().ok()).unwrap_or_else(|| panic!("netload: {out}"))
-        });
+        let flood = scope.spawn(|| scenario::spoof_tcp(&s.net, 8443, &FLOOD_SECS.to_string(), "mixed", None));
         thread::sleep(Duration::from_millis(500));
         let took = transfers();
         (flood.join().unwrap(), took)

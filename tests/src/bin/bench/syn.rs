@@ -141,7 +141,7 @@ fn flood_row(xdp_cookies: bool) -> (u64, f64) {
         if xdp_cookies {
             rx.maps.totals().unwrap().get(Reason::SynCookieSent).packets
         } else {
-            crate::system::proc_counter(&net.b, "netstat", "TcpExt:", "SyncookiesSent")
+            net.b.nstat("TcpExtSyncookiesSent")
         }
     };
     let (s0, b0) = (sent(&rx), crate::system::busy_ticks());

@@ -33,7 +33,7 @@ mod receivers;
 mod report;
 
 use self::receivers::{dropped, iptables_rules, nft_rules, xdp_filter_on_vb};
-pub(crate) use self::receivers::{nft_counter, nft_load, proc_counter, run, veth_stat};
+pub(crate) use self::receivers::{nft_counter, nft_load, run, veth_stat};
 use std::{
     process::{Command, Stdio},
     time::Duration,

@@ -20,7 +20,7 @@
 //! `LIMITER_BENCH_PROFILE=1`: `perf record` on CPU 1 during the bare
 //! drop's and the limiter's rows, and what the limiter adds by kernel
 //! symbol (its program, its judge, the kernel's socket lookup) and by
-//! line of its entry point.
+//! line of every function of its program.
 
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ use limiter_tests::{
 use crate::{
     jitlines::JitLines,
     profile::{self, Profile, Recording},
-    system::{napi_threads, nft_counter, nft_load, pin_to_cpu, proc_counter, receiver_on_cpu1, run, veth_stat},
+    system::{napi_threads, nft_counter, nft_load, pin_to_cpu, receiver_on_cpu1, run, veth_stat},
 };
 
 const PORT: u16 = 443;
@@ -220,14 +220,7 @@ fn one_row(rx: Rx, frames: &[Vec<u8>]) -> Row {
         Rx::Conntrack { .. } => nft_counter(&net.b, "inet bench"),
         Rx::Limiter => xdp.maps.totals().expect("read STATS").get(Reason::TcpOutOfState).packets,
     };
-    let read = || {
-        (
-            dropped(&xdp),
-            veth_stat(&net.b, B_IF, "_xdp_packets"),
-            proc_counter(&net.b, "snmp", "Tcp:", "OutRsts"),
-            run_ns(&napi),
-        )
-    };
+    let read = || (dropped(&xdp), veth_stat(&net.b, B_IF, "_xdp_packets"), net.b.nstat("TcpOutRsts"), run_ns(&napi));
     let perf = (profile::wanted() && matches!(rx, Rx::Floor | Rx::Limiter)).then(|| Recording::start(1));
     let c0 = read();
     let frames_sent = net.a.run_in(|| {

@@ -35,17 +35,6 @@ pub(crate) fn nft_counter(ns: &NetNs, table: &str) -> u64 {
     after.split_whitespace().next().unwrap().parse().unwrap()
 }
 
-/// A counter of `ns`'s `/proc/net/snmp` or `/proc/net/netstat` (`file`):
-/// the value under `name` in the pair of lines starting with `prefix`
-/// (`Tcp:`, `TcpExt:`); 0 if absent.
-pub(crate) fn proc_counter(ns: &NetNs, file: &str, prefix: &str, name: &str) -> u64 {
-    let text = run(ns.command("cat").arg(format!("/proc/net/{file}")));
-    let mut lines = text.lines().filter(|l| l.starts_with(prefix));
-    let (names, values) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
-    let Some(i) = names.split_whitespace().position(|n| n == name) else { return 0 };
-    values.split_whitespace().nth(i).and_then(|v| v.parse().ok()).unwrap_or(0)
-}
-
 pub(super) fn nft_rules() -> String {
     format!(
         "table netdev bench {{
