@@ -34,6 +34,10 @@ const _: () = assert!(core::mem::size_of::<deny::DenyLens>() == 2 * deny::MAX_LE
 const _: () = assert!(core::mem::size_of::<deny::OriginName>() == deny::ORIGIN_NAME);
 const _: () = assert!(core::mem::size_of::<groups::GroupLimits>() == 24);
 const _: () = assert!(core::mem::size_of::<groups::GroupHits>() == 48);
+const _: () = assert!(core::mem::size_of::<crate::tunnel::ServiceKey>() == 20);
+const _: () = assert!(core::mem::size_of::<crate::tunnel::Service>() == 28);
+const _: () = assert!(core::mem::size_of::<crate::tunnel::Backend>() == 24);
+const _: () = assert!(core::mem::size_of::<crate::tunnel::Flow>() == 40);
 const _: () = assert!(maps::MAX_OVERRIDES < resolution::GROUP);
 const _: () = assert!(groups::MAX_GROUPS <= resolution::GROUP_INDEX >> resolution::GROUP_SHIFT);
 
@@ -64,4 +68,8 @@ mod pod {
     unsafe impl aya::Pod for crate::deny::OriginName {}
     unsafe impl aya::Pod for crate::groups::GroupLimits {}
     unsafe impl aya::Pod for crate::groups::GroupHits {}
+    unsafe impl aya::Pod for crate::tunnel::ServiceKey {}
+    unsafe impl aya::Pod for crate::tunnel::Service {}
+    unsafe impl aya::Pod for crate::tunnel::Backend {}
+    unsafe impl aya::Pod for crate::tunnel::Flow {}
 }

@@ -25,6 +25,7 @@ pub mod resolution;
 pub mod rules;
 pub mod stats;
 pub mod tcp_state;
+pub mod tunnel;
 pub mod window;
 
 pub use limits::ClassLimits;
@@ -151,6 +152,10 @@ pub mod flags {
     /// Some class has `syn_cookies` on and the kernel will accept the
     /// cookies' ACKs (the daemon checked `net.ipv4.tcp_syncookies`).
     pub const SYN_COOKIES: u32 = 2;
+    /// The policy forwards some destinations at the driver
+    /// ([`crate::tunnel`]): a packet the limiter passes is asked of the
+    /// service map.
+    pub const TUNNELS: u32 = 4;
     /// Bits `ANSWERS_SHIFT + class`: the UDP classes that take source
     /// ports (reflection classes). A packet of one that its budget refuses
     /// is asked of the host's sockets, and passes (`own_answer`) when it

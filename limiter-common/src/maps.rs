@@ -16,6 +16,7 @@ use crate::{
     deny::{DenyKey, DenyLens, MAX_ORIGINS, OriginName},
     groups::{GroupHits, GroupLimits, MAX_GROUPS, MAX_NETWORKS as GROUP_NETWORKS},
     lease::CpuSlot,
+    tunnel,
     window::{FleetSlot, WindowState},
 };
 
@@ -169,6 +170,26 @@ pub const TCP_GUARD: &str = "TCP_GUARD";
 /// [`crate::tcp_state::HELD_ENTRIES`] entries per CPU, program only: the
 /// connections found held, remembered for [`crate::tcp_state::REMEMBER`].
 pub const TCP_HELD: &str = "TCP_HELD";
+/// `HASH<crate::tunnel::ServiceKey, crate::tunnel::Service>`,
+/// [`crate::tunnel::SERVICE_PORTS`] entries, written by the daemon: the
+/// destinations forwarded at the driver.
+pub const TUNNEL_SERVICES: &str = "TUNNEL_SERVICES";
+/// `ARRAY<u32>`, [`crate::tunnel::MAX_SERVICES`] tables of
+/// [`crate::tunnel::TABLE_SIZE`] slots, written by the daemon: each
+/// service's Maglev table of backend indexes.
+pub const TUNNEL_TABLE: &str = "TUNNEL_TABLE";
+/// `ARRAY<crate::tunnel::Backend>` by backend index, written by the
+/// daemon (its address, and whether it is up, down or drained).
+pub const TUNNEL_BACKENDS: &str = "TUNNEL_BACKENDS";
+/// `LRU_HASH<crate::tunnel::Flow, u32>`, [`crate::tunnel::CONNECTIONS`]
+/// entries, program only: each flow's backend.
+pub const TUNNEL_CONNS: &str = "TUNNEL_CONNS";
+/// `PERCPU_ARRAY<crate::Counter>` by backend index: packets and bytes
+/// forwarded to it.
+pub const TUNNEL_HITS: &str = "TUNNEL_HITS";
+/// `PERCPU_ARRAY<u64>`, [`crate::tunnel::OUTCOMES`] entries: packets of
+/// services not forwarded, by [`crate::tunnel::outcome`].
+pub const TUNNEL_OUTCOMES: &str = "TUNNEL_OUTCOMES";
 /// Sockets whose own answers are tracked at once (only connected UDP
 /// sockets of this host make entries).
 pub const OWN_ANSWERS_ENTRIES: u32 = 16_384;
@@ -271,7 +292,7 @@ const CLASSES_U32: u32 = MAX_CLASSES as u32;
 
 /// Every map of the program; the pinned ones first, in the order the
 /// loader pins them.
-pub const TABLE: [Spec; 40] = [
+pub const TABLE: [Spec; 46] = [
     Spec::new(BUCKETS, Kind::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), DEFAULT_BUCKET_CAPACITY)
         .by_capacity()
         .pinned(11),
@@ -320,6 +341,18 @@ pub const TABLE: [Spec; 40] = [
     Spec::new(OWN_ANSWERS, Kind::LruHash, size_of::<AnswerKey>(), 8, OWN_ANSWERS_ENTRIES),
     Spec::new(TCP_GUARD, Kind::Array, 4, size_of::<SynGuard>(), CLASSES_U32),
     Spec::new(TCP_HELD, Kind::PerCpuArray, 4, size_of::<crate::tcp_state::Held>(), crate::tcp_state::HELD_ENTRIES),
+    Spec::new(
+        TUNNEL_SERVICES,
+        Kind::Hash,
+        size_of::<tunnel::ServiceKey>(),
+        size_of::<tunnel::Service>(),
+        tunnel::SERVICE_PORTS,
+    ),
+    Spec::new(TUNNEL_TABLE, Kind::Array, 4, 4, tunnel::MAX_SERVICES * tunnel::TABLE_SIZE),
+    Spec::new(TUNNEL_BACKENDS, Kind::Array, 4, size_of::<tunnel::Backend>(), tunnel::MAX_BACKENDS),
+    Spec::new(TUNNEL_CONNS, Kind::LruHash, size_of::<tunnel::Flow>(), 4, tunnel::CONNECTIONS),
+    Spec::new(TUNNEL_HITS, Kind::PerCpuArray, 4, size_of::<Counter>(), tunnel::MAX_BACKENDS),
+    Spec::new(TUNNEL_OUTCOMES, Kind::PerCpuArray, 4, 8, tunnel::OUTCOMES),
 ];
 
 /// The row of the map `name`; a name not in [`TABLE`] fails the build

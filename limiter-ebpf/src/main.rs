@@ -8,7 +8,7 @@
 //! functions take in one word), `lease` (per-CPU leases of a
 //! bucket's credit and cached refusals), `window` (window quotas),
 //! `cookie` (SYN cookies; not in the object built with the
-//! `without-syn-cookies` feature). At the bottom, imported by the rest and
+//! `without-syn-cookies` feature), `tunnel` (forwarding at the driver). At the bottom, imported by the rest and
 //! importing none of it: `maps`, `packet` (the frame under XDP) and
 //! `atomic` (compare-and-swap and the bucket steps built on it). See
 //! `docs/design.md` for the invariants cited in comments.
@@ -60,6 +60,8 @@ mod program;
 mod resolve;
 #[cfg(target_arch = "bpf")]
 mod state;
+#[cfg(target_arch = "bpf")]
+mod tunnel;
 #[cfg(target_arch = "bpf")]
 mod window;
 

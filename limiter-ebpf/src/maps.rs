@@ -304,3 +304,40 @@ map! {
     /// Program only: a restart asks the kernel again.
     TCP_HELD: PerCpuArray<limiter_common::tcp_state::Held>
 }
+
+map! {
+    /// Written by: userspace, with the policy. Read by: XDP, per packet the
+    /// limiter passes while the policy forwards some destination.
+    TUNNEL_SERVICES: HashMap<limiter_common::tunnel::ServiceKey, limiter_common::tunnel::Service>
+}
+
+map! {
+    /// Written by: userspace (each service's Maglev table, again when a
+    /// backend goes down, up, or is drained). Read by: XDP, per new flow.
+    TUNNEL_TABLE: Array<u32>
+}
+
+map! {
+    /// Written by: userspace (addresses, health, drains). Read by: XDP,
+    /// per forwarded packet.
+    TUNNEL_BACKENDS: Array<limiter_common::tunnel::Backend>
+}
+
+map! {
+    /// Written and read by: XDP (a flow's backend, on its first packet).
+    /// Program only: a restart forgets which backend each flow had, and a
+    /// pool unchanged since sends each to the same one again.
+    TUNNEL_CONNS: LruHashMap<limiter_common::tunnel::Flow, u32>
+}
+
+map! {
+    /// Written by: XDP, per CPU, per forwarded packet. Read by: userspace,
+    /// summed, for the metrics.
+    TUNNEL_HITS: PerCpuArray<Counter>
+}
+
+map! {
+    /// Written by: XDP, per CPU: a service's packets not forwarded, by
+    /// outcome. Read by: userspace.
+    TUNNEL_OUTCOMES: PerCpuArray<u64>
+}

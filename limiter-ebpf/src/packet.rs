@@ -27,6 +27,19 @@ impl Packet<'_> {
         Some(())
     }
 
+    /// The `N` bytes at `off` to write, if they lie inside the packet.
+    #[expect(clippy::mut_from_ref, reason = "the packet's bytes, not the context's")]
+    #[inline(always)]
+    pub fn bytes_mut<const N: usize>(&self, off: usize) -> Option<&mut [u8; N]> {
+        let start = self.0.data();
+        if start + off + N > self.0.data_end() {
+            return None;
+        }
+        // SAFETY: the N bytes at start + off are inside the packet, and
+        // the program holds no other reference to them.
+        Some(unsafe { &mut *((start + off) as *mut [u8; N]) })
+    }
+
     /// The offset of the IP header behind up to two VLAN tags, as the
     /// parser found it (14, 18 or 22).
     #[inline(always)]

@@ -23,7 +23,7 @@ use crate::{
     lease::{Hit, Slot},
     maps::{ACTIVE, CLOCK_CACHE, CONFIG, TEST_CLOCK},
     packet::Packet,
-    state,
+    state, tunnel,
 };
 
 /// Production entry point.
@@ -46,7 +46,8 @@ pub fn production(ctx: &XdpContext) -> u32 {
     let pkt = Packet(ctx);
     let mut fam = family::NONE;
     let counted = try_limiter(&pkt, &mut fam, coarse_now);
-    finish(&pkt, state::settle(&pkt, counted, false), fam)
+    let tunnels = state::tunnels(&counted);
+    finish(&pkt, state::settle(&pkt, counted, false), fam, tunnels)
 }
 
 /// `bpf_ktime_get_coarse_ns`, read once per jiffy on each CPU: the coarse
@@ -81,14 +82,17 @@ pub fn limiter_test_clock(ctx: XdpContext) -> u32 {
     let pkt = Packet(&ctx);
     let mut fam = family::NONE;
     let counted = try_limiter(&pkt, &mut fam, || TEST_CLOCK.get(0).copied().unwrap_or(0));
-    finish(&pkt, state::settle(&pkt, counted, true), fam)
+    let tunnels = state::tunnels(&counted);
+    finish(&pkt, state::settle(&pkt, counted, true), fam, tunnels)
 }
 
 /// Turn the reason into the XDP action, counting it first if the packet
 /// was not classified (`Err`: malformed, not IP, no policy; a classified
-/// packet, `Ok`, was counted under its class). Every path ends here.
+/// packet, `Ok`, was counted under its class). A passed packet, while the
+/// policy forwards some destination (`tunnels`), is the tunnel's to
+/// forward or pass. Every path ends here.
 #[inline(always)]
-fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: Family) -> u32 {
+fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: Family, tunnels: bool) -> u32 {
     let reason = match counted {
         Ok(r) => r,
         Err(r) => {
@@ -97,6 +101,7 @@ fn finish(pkt: &Packet, counted: Result<Reason, Reason>, fam: Family) -> u32 {
         }
     };
     match reason.verdict() {
+        Verdict::Pass if tunnels => tunnel::forward(pkt),
         Verdict::Pass => xdp_action::XDP_PASS,
         Verdict::Drop => xdp_action::XDP_DROP,
         Verdict::Tx => xdp_action::XDP_TX,
@@ -157,7 +162,7 @@ fn try_limiter(pkt: &Packet, fam: &mut Family, now: impl FnOnce() -> u64) -> Res
     // Out-of-state TCP: a segment to judge is judged (and sampled) after
     // this program's work (`state::settle`), which corrects this count
     // if it drops the segment.
-    let asked = state::ask(pkt, cfg, class, reason, now, seen);
+    let asked = state::ask(pkt, cfg, class, reason, now, seen) | state::tunnels_on(cfg);
     if state::judged(asked) {
         return Ok((reason, asked));
     }

@@ -36,6 +36,9 @@ const TEST: u64 = 1 << 9;
 /// An `auto` check not engaged drew this segment: asked of the socket
 /// tables for the trigger only, never dropped.
 const PROBE: u64 = 1 << 10;
+/// Not the judge's: the policy forwards some destination at the driver,
+/// so the entry point asks `tunnel::forward` of a passed packet.
+const TUNNELS: u64 = 1 << 11;
 const SEEN_SHIFT: u32 = 16;
 /// The class, masked to `MAX_CLASSES`: the bound the verifier of 6.1
 /// needs to index the policy's classes with it (a compare of a wider
@@ -67,6 +70,19 @@ pub fn ask(pkt: &Packet, cfg: &Config, class: usize, reason: Reason, now: u64, s
         return 0;
     };
     what | class | seen << SEEN_SHIFT
+}
+
+/// [`TUNNELS`] if the policy forwards some destination.
+#[inline(always)]
+pub fn tunnels_on(cfg: &Config) -> u64 {
+    if cfg.flags & flags::TUNNELS != 0 { TUNNELS } else { 0 }
+}
+
+/// Whether the entry point's answer asks for the tunnel (see
+/// [`tunnels_on`]).
+#[inline(always)]
+pub fn tunnels(counted: &Result<(Reason, u64), Reason>) -> bool {
+    matches!(counted, Ok((_, ask)) if ask & TUNNELS != 0)
 }
 
 /// Whether [`ask`]'s answer hands the segment to the judge, which

@@ -94,6 +94,10 @@ pub enum Command {
     /// policy): list, announce, blackhole, withdraw.
     #[command(subcommand)]
     Upstream(UpstreamCommand),
+    /// The backends of the tunnels forwarded at the driver (`[[tunnel]]`
+    /// in the policy): list, drain, undrain.
+    #[command(subcommand)]
+    Backend(BackendCommand),
     /// Live view: pass and drop rates with sparklines, and the prefixes
     /// with the most drops over the last 10 s (sampled; bounded memory).
     #[command(after_help = "Examples:\n  limiter top\n  limiter top --once -n 20\n  limiter top --once -j")]
@@ -262,6 +266,22 @@ pub enum FleetCommand {
 pub enum AttacksCommand {
     /// One attack's whole record.
     Show { id: u64 },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BackendCommand {
+    /// Each tunnel's backends: state, weight, what was forwarded.
+    #[command(after_help = "Examples:\n  limiter backend list\n  limiter backend list -j")]
+    List,
+    /// Send no new flows to a backend; its flows stay on it.
+    #[command(after_help = "Examples:\n  limiter backend drain 198.18.2.3")]
+    Drain {
+        /// The backend's address, in every tunnel that has it.
+        address: std::net::IpAddr,
+    },
+    /// Give a drained backend new flows again.
+    #[command(after_help = "Examples:\n  limiter backend undrain 198.18.2.3")]
+    Undrain { address: std::net::IpAddr },
 }
 
 #[derive(Debug, Subcommand)]

@@ -133,6 +133,7 @@ pub mod forward;
 pub mod groups;
 pub mod tcp_state;
 pub mod trail;
+pub mod tunnel;
 
 pub mod metrics;
 

@@ -17,5 +17,6 @@ pub mod seccomp;
 pub mod sharing;
 pub mod study;
 pub mod tcp;
+pub mod tunnel;
 
 pub use alone::alone;

@@ -2,6 +2,7 @@
 //! function. Human tables by default, one JSON document with `--json`.
 
 mod attacks;
+mod backend;
 mod capture;
 mod explain;
 mod fleet;
@@ -48,6 +49,7 @@ pub fn dispatch(cli: &Cli) -> anyhow::Result<()> {
         Command::Prefix(cmd) => prefix::prefix(cmd, client, json),
         Command::Fleet(crate::cli::FleetCommand::Status) => fleet::status(client, json),
         Command::Upstream(cmd) => upstream::upstream(cmd, client, json),
+        Command::Backend(cmd) => backend::backend(cmd, client, json),
         Command::Top { once, count, interval } => top::top(client, json, *once, *count, *interval),
         Command::Explain { addr, protocol, port, syn } => explain::explain(client, *addr, *protocol, *port, *syn, json),
         Command::History { since, count } => history::history(client, *since, *count, json),

@@ -90,6 +90,9 @@ pub fn status(client: Client, json: bool) -> anyhow::Result<()> {
     if let Some(c) = &s.capture {
         let _ = writeln!(out, "capture         {}", crate::escape_control(c));
     }
+    if let Some(t) = &s.tunnels {
+        let _ = writeln!(out, "tunnels         {}", crate::escape_control(t));
+    }
     if let Some(u) = &s.upstream {
         let _ = writeln!(out, "upstream        {}", crate::escape_control(u));
     }

@@ -129,6 +129,10 @@ impl<'a> Client<'a> {
         self.ask("upstream", req, |r| if let Response::Upstream(u) = r { Some(u) } else { None })
     }
 
+    pub fn tunnels(&self, req: &Request) -> Result<crate::tunnel::TunnelsInfo, ClientError> {
+        self.ask("tunnels", req, |r| if let Response::Tunnels(t) = r { Some(t) } else { None })
+    }
+
     /// A request that makes a new policy version (`policy apply`, `prefix
     /// set|allow|deny|unset`).
     pub fn change(&self, req: &Request) -> Result<Applied, ClientError> {

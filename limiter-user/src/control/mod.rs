@@ -33,6 +33,14 @@ pub const DEFAULT_SOCKET: &str = "/run/limiter/limiter.sock";
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum Request {
     Status,
+    /// The tunnels' backends (`limiter backend list`).
+    Tunnels,
+    /// Drain (or undrain) the backend at `address` in every tunnel that
+    /// has it: it keeps its flows and gets no new ones.
+    BackendDrain {
+        address: std::net::IpAddr,
+        drain: bool,
+    },
     /// The fleet sync: store, nodes, last sync, errors.
     FleetStatus,
     /// A prefix's window counts: local, the fleet's, what is left (an
@@ -211,6 +219,8 @@ pub enum Response {
     Adaptive(AdaptiveInfo),
     /// The rules announced upstream.
     Upstream(crate::upstream::UpstreamInfo),
+    /// The tunnels and their backends.
+    Tunnels(crate::tunnel::TunnelsInfo),
     /// Not done: why, in a word a program can act on and a sentence for
     /// the operator.
     Error {
@@ -321,6 +331,7 @@ impl Response {
             Response::Captured(_) => "captured",
             Response::Adaptive(_) => "adaptive",
             Response::Upstream(_) => "upstream",
+            Response::Tunnels(_) => "tunnels",
             Response::Error { .. } => "error",
         }
     }
@@ -411,6 +422,9 @@ pub struct StatusInfo {
     /// Whether the program copies dropped frames, and for whom.
     #[serde(default)]
     pub capture: Option<String>,
+    /// Each tunnel's backends up, with `[[tunnel]]`.
+    #[serde(default)]
+    pub tunnels: Option<String>,
 }
 
 /// Another program under the same libxdp dispatcher: its name, program

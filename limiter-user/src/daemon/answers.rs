@@ -91,7 +91,9 @@ impl Answers<'_> {
             | Request::FleetStatus
             | Request::UpstreamList
             | Request::UpstreamAnnounce { .. }
-            | Request::UpstreamWithdraw { .. } => {
+            | Request::UpstreamWithdraw { .. }
+            | Request::Tunnels
+            | Request::BackendDrain { .. } => {
                 Response::error(ErrorCode::Unavailable, "no feature of this daemon answers it".to_owned())
             }
         })
@@ -229,6 +231,7 @@ impl Answers<'_> {
             upstream: None,
             attacks: None,
             capture: Some(self.capture.to_owned()),
+            tunnels: None,
         };
         self.features.status(&mut status);
         Ok(Response::Status(status))

@@ -28,6 +28,8 @@ const FDS_RESERVE: usize =
 pub(super) struct Start<'a> {
     /// The window-quota maps (the fleet sync takes them).
     pub(super) windows: Option<Box<WindowMaps>>,
+    /// The tunnels' maps.
+    pub(super) tunnel: Option<Box<crate::tunnel::maps::TunnelMaps>>,
     /// The id of the bucket map the forwarders read.
     pub(super) buckets: u32,
     /// The feedback endpoint's token, checked before anything was attached.
@@ -67,6 +69,7 @@ impl Features {
             Box::new(crate::feedback::escalation::Escalation::new(s.sink.clone())),
             Box::new(crate::cookies::feature::Cookies::default()),
             Box::new(crate::tcp_state::feature::TcpStateFeature::default()),
+            Box::new(crate::tunnel::feature::Tunnels::new(s.tunnel)),
             Box::new(crate::trail::feature::Trail::start(s.history)),
             Box::new(crate::attacks::feature::AttacksFeature::start(s.attacks)),
         ];

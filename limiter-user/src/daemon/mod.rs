@@ -122,11 +122,13 @@ impl Daemon {
         let (view, effective) = View::of(&enforcer);
         let applied = view.applied(&enforcer, &effective);
         let windows = dp.maps.windows.take();
+        let tunnel = dp.maps.tunnel.take();
         let (sink, decided) = mpsc::channel(crate::engine::decision::SINK_ROOM);
         tokio::spawn(crate::engine::decision::route(calls, sink.clone(), queries_tx));
         tokio::spawn(crate::engine::decision::hangups(hup, sink.clone()));
         let start = Start {
             windows,
+            tunnel,
             buckets: dp.buckets_map_id(),
             token,
             calls: &calls_tx,

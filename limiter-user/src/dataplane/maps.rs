@@ -46,6 +46,8 @@ pub struct Maps {
     pub counters: Counters,
     /// `None` once the fleet sync has taken them.
     pub windows: Option<Box<WindowMaps>>,
+    /// `None` once the tunnels' feature has taken them.
+    pub tunnel: Option<Box<crate::tunnel::maps::TunnelMaps>>,
 }
 
 /// The window quotas' maps: the program's slice counts, the other nodes'
@@ -128,7 +130,8 @@ impl Maps {
             touched: take(ebpf, maps::TOUCHED)?,
             state: take(ebpf, maps::FLEET_STATE)?,
         };
-        Ok(Self { tables: Some(tables), counters, windows: Some(Box::new(windows)) })
+        let tunnel = crate::tunnel::maps::TunnelMaps::take(ebpf)?;
+        Ok(Self { tables: Some(tables), counters, windows: Some(Box::new(windows)), tunnel: Some(Box::new(tunnel)) })
     }
 
     /// The policy tables. Panics if they were taken away.

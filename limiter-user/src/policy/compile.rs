@@ -116,6 +116,7 @@ impl Policy {
             v6_prefix,
             capacity,
             forwards,
+            tunnels,
             feedback,
             feeds,
             groups,
@@ -131,6 +132,7 @@ impl Policy {
             tcp_state,
         } = self;
         super::forward::check(forwards)?;
+        crate::tunnel::section::check(tunnels)?;
         if let Some(f) = fleet {
             super::fleet::check(f)?;
         }
@@ -192,6 +194,9 @@ impl Policy {
         compile_classes(classes, &mut config)?;
         super::cookies::compile(classes, new_sources.map(|(rate, _)| rate), &mut config)?;
         super::tcp_state::compile(*tcp_state, classes, &mut config)?;
+        if !tunnels.is_empty() {
+            config.flags |= flags::TUNNELS;
+        }
         let overrides = compile_overrides(overrides, *v4_prefix, *v6_prefix)?;
         Ok(Compiled { config, overrides, groups })
     }

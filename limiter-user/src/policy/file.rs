@@ -139,6 +139,8 @@ struct Root {
     overrides: Vec<Spanned<OverrideSpec>>,
     #[serde(default, rename = "forward", skip_serializing_if = "Vec::is_empty")]
     forwards: Vec<super::forward::Forward>,
+    #[serde(default, rename = "tunnel", skip_serializing_if = "Vec::is_empty")]
+    tunnels: Vec<crate::tunnel::section::Tunnel>,
     feedback: Option<super::feedback::Feedback>,
     #[serde(default, rename = "feed", skip_serializing_if = "Vec::is_empty")]
     feeds: Vec<super::feed::Feed>,
@@ -242,7 +244,7 @@ type Located<T> = Result<T, (PolicyError, usize)>;
 /// The file's own top-level keys, in order, but the knobs (which go
 /// after `mode`): an unknown key's message lists them, as flattening the
 /// knobs drops serde's list (the docs' tests hold it to the reference).
-const OWN_KEYS: [&str; 16] = [
+const OWN_KEYS: [&str; 17] = [
     "allow_empty",
     "allow_shrink",
     "missing_kernel_feature",
@@ -251,6 +253,7 @@ const OWN_KEYS: [&str; 16] = [
     "class",
     "override",
     "forward",
+    "tunnel",
     "feedback",
     "feed",
     "group",
@@ -301,6 +304,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         classes,
         overrides,
         mut forwards,
+        tunnels,
         feedback,
         feeds,
         groups,
@@ -325,6 +329,7 @@ fn build(root: Root, text: &str) -> Located<Policy> {
         classes,
         overrides,
         forwards,
+        tunnels,
         feedback,
         feeds,
         groups,

@@ -352,6 +352,8 @@ pub struct Policy {
     pub capacity: u32,
     /// Forwarders to the tenant layer (none by default).
     pub forwards: Vec<forward::Forward>,
+    /// Destinations forwarded at the driver (none by default).
+    pub tunnels: Vec<crate::tunnel::section::Tunnel>,
     /// The feedback endpoint and its governor (off by default).
     pub feedback: Option<feedback::Feedback>,
     /// Blocklist feeds, denied through the deny set; country and ASN
@@ -397,6 +399,7 @@ impl Default for Policy {
             v6_prefix: 56,
             capacity: limiter_common::maps::DEFAULT_BUCKET_CAPACITY,
             forwards: Vec::new(),
+            tunnels: Vec::new(),
             feedback: None,
             feeds: Vec::new(),
             groups: Vec::new(),

@@ -48,11 +48,12 @@ fn every_default_it_shows_is_the_real_one() {
 }
 
 /// The sections of a policy file, each as the text that opens one.
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
     "",
     "[[class]]\nname = \"x\"\n",
     "[[override]]\n",
     "[[forward]]\n",
+    "[[tunnel]]\n",
     "[feedback]\n",
     "[feedback.escalate]\n",
     "[[feed]]\n",
@@ -102,6 +103,7 @@ fn the_reference_tables_list_exactly_the_parsers_keys() {
         "`[[class]]`",
         "`[[override]]`",
         "`[[forward]]`",
+        "`[[tunnel]]`",
         "`[feedback]`",
         "`[feedback.escalate]`",
         "`[[feed]]`",

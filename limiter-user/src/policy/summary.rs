@@ -56,6 +56,9 @@ impl fmt::Display for Summary<'_> {
         if !p.overrides.is_empty() {
             write!(f, "; {} overrides", p.overrides.len())?;
         }
+        if !p.tunnels.is_empty() {
+            write!(f, "; {} tunnels", p.tunnels.len())?;
+        }
         if !p.forwards.is_empty() {
             write!(f, "; {} forwarders", p.forwards.len())?;
         }

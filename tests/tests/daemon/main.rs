@@ -10,4 +10,4 @@
     reason = "every test's first line takes its module's turn (`limiter_tests::alone`), before the items a test keeps to itself"
 )]
 
-limiter_tests::tier!(daemon: adversarial, attacks, capture, cli, control, crowdsec, crowdsec_bouncer, crowdsec_flood, ebpf_log, explain, fair_listeners, feedback, feeds, fleet, fleet_trust, forward, forward_adaptive, forward_streams, groups, history, kernel_features, metrics, netns_flood, new_sources, operator_errors, policy_memory, reflection, reload, restart, share_interface, share_restart, source_ipset, sources, syn_flood, syn_priming, tcp_state, tcp_state_forward, top, trust, upstream);
+limiter_tests::tier!(daemon: adversarial, attacks, capture, cli, control, crowdsec, crowdsec_bouncer, crowdsec_flood, ebpf_log, explain, fair_listeners, feedback, feeds, fleet, fleet_trust, forward, forward_adaptive, forward_streams, groups, history, kernel_features, metrics, netns_flood, new_sources, operator_errors, policy_memory, reflection, reload, restart, share_interface, share_restart, source_ipset, sources, syn_flood, syn_priming, tcp_state, tcp_state_forward, top, trust, tunnel, upstream);

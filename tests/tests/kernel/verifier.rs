@@ -20,7 +20,9 @@ use limiter_tests::kernel;
 /// growth on 6.1 raises its budget (at most 500,000, half the limit).
 /// The out-of-state check's walk of IPv6 extension headers (a global
 /// function of its own) has 6.1 at 388,575 and 458,778, 6.18 at 304,569
-/// and 303,675.
+/// and 303,675. Forwarding at the driver (the tunnel's global function,
+/// called after the verdict) has 6.1 at 402,656 and 463,531: its budget
+/// is now the ceiling, 500,000.
 ///
 /// The same object costs each kernel's verifier a different count (its
 /// pruning changed between releases), so each kernel the tests run on has
@@ -34,7 +36,7 @@ use limiter_tests::kernel;
 /// 191,845 (6.12), 204,334 / 202,777 (6.18).
 fn budget(release: &str) -> u32 {
     match kernel::release_version(release) {
-        Some((6, 1)) => 460_000,
+        Some((6, 1)) => 500_000,
         Some((6, 12)) => 565_000,
         _ => 325_000,
     }

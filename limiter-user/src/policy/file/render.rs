@@ -53,6 +53,7 @@ impl From<&Policy> for Root {
             classes: p.classes.iter().map(|c| here(ClassSpec::from(c))).collect(),
             overrides: p.overrides.iter().map(|o| here(OverrideSpec::from(o))).collect(),
             forwards: p.forwards.clone(),
+            tunnels: p.tunnels.clone(),
             feedback: p.feedback.clone(),
             feeds: p.feeds.clone(),
             groups: p.groups.clone(),

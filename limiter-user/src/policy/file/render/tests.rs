@@ -212,6 +212,26 @@ fn feed() -> impl Strategy<Value = crate::policy::feed::Feed> {
     )
 }
 
+fn tunnel() -> impl Strategy<Value = crate::tunnel::section::Tunnel> {
+    use crate::tunnel::section::{BackendSpec, Encapsulation, Health, Otherwise, Ports, Transport, Tunnel};
+    (1u16..1000, 0u16..10, 1u32..=100, any::<bool>(), any::<bool>(), 1u8..=255, 1u32..=5).prop_map(
+        |(port, more, weight, gue, drain, ttl, fall)| Tunnel {
+            name: format!("t{port}"),
+            address: "198.18.0.2".parse().expect("addr"),
+            protocol: if gue { Transport::Udp } else { Transport::Tcp },
+            ports: if more == 0 { Ports::One(port) } else { Ports::Text(format!("{port}-{}", port + more)) },
+            encapsulation: if gue { Encapsulation::Gue } else { Encapsulation::Ipip },
+            encapsulation_port: gue.then_some(5555),
+            source: "198.18.1.1".parse().expect("addr"),
+            ttl,
+            too_big: if drain { Otherwise::Pass } else { Otherwise::Drop },
+            no_backend: Otherwise::Drop,
+            backends: vec![BackendSpec { address: "198.18.2.2".parse().expect("addr"), weight, drain }],
+            health: Health { fall, ..Health::default() },
+        },
+    )
+}
+
 fn group() -> impl Strategy<Value = crate::groups::section::Group> {
     use crate::policy::Action;
     let action = prop_oneof![Just(Action::Rate), Just(Action::Allow), Just(Action::Deny)];
@@ -269,8 +289,14 @@ fn policy() -> impl Strategy<Value = Policy> {
         option::of((1u64..1 << 32, 1u64..1 << 32, 0u32..=32, 0u32..=128)),
         (0u32..=32, 0u32..=128, 1u32..1 << 24, any::<bool>(), any::<bool>(), tcp_state()),
     );
-    let services =
-        (vec(forward(), 0..3), option::of(feedback()), option::of(fleet()), option::of(feed()), vec(group(), 0..3));
+    let services = (
+        vec(forward(), 0..3),
+        option::of(feedback()),
+        option::of(fleet()),
+        option::of(feed()),
+        vec(group(), 0..3),
+        vec(tunnel(), 0..2),
+    );
     (default, vec(class(), 0..7), tiers, services)
         .prop_flat_map(|(default, classes, tiers, services)| {
             overrides(default.cost)
@@ -282,7 +308,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                 classes,
                 overrides,
                 (new_sources, aggregate, prefixes),
-                (forwards, feedback, fleet, feed, groups),
+                (forwards, feedback, fleet, feed, groups, tunnels),
             )| {
                 let (v4_prefix, v6_prefix, capacity, allow_shrink, run_without, tcp_state) = prefixes;
                 Policy {
@@ -300,6 +326,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                     v6_prefix,
                     capacity,
                     forwards,
+                    tunnels,
                     feedback,
                     feeds: feed.into_iter().collect(),
                     groups,

@@ -1,0 +1,285 @@
+//! Forwarding at the driver (`limiter_common::tunnel`): a packet the
+//! entry point passes, while the policy forwards some destination, is
+//! asked of the service map here; one to a service is wrapped in the
+//! service's outer headers to its backend and sent out of the interface
+//! the route to the backend takes (`XDP_TX` on the one it came in on,
+//! else `XDP_REDIRECT`). A global function of its own, called after the
+//! verdict as the out-of-state judge is, so its frame never sits on the
+//! charge's call chain.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams, xdp_action, xdp_md,
+    },
+    helpers::{bpf_fib_lookup, bpf_redirect, bpf_xdp_adjust_head},
+    programs::XdpContext,
+};
+use limiter_common::{
+    packet::{Frame as _, IPPROTO_TCP, IPPROTO_UDP},
+    tunnel::{
+        Backend, Flow, NO_BACKEND, Service, ServiceKey, TABLE_SIZE, encap, flow_hash, outcome, overhead, service, state,
+    },
+};
+
+use crate::{
+    maps::{TUNNEL_BACKENDS, TUNNEL_CONNS, TUNNEL_HITS, TUNNEL_OUTCOMES, TUNNEL_SERVICES, TUNNEL_TABLE},
+    packet::Packet,
+};
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+const IPPROTO_IPIP: u8 = 4;
+const IPPROTO_IPV6: u8 = 41;
+
+/// The XDP action for a packet the entry point passes (`XDP_PASS` if it
+/// is not to a service, or the service says so).
+#[inline(always)]
+pub fn forward(pkt: &Packet) -> u32 {
+    match limiter_tunnel(pkt.0.ctx) {
+        a if a == u64::from(xdp_action::XDP_TX) => xdp_action::XDP_TX,
+        a if a == u64::from(xdp_action::XDP_REDIRECT) => xdp_action::XDP_REDIRECT,
+        a if a == u64::from(xdp_action::XDP_DROP) => xdp_action::XDP_DROP,
+        _ => xdp_action::XDP_PASS,
+    }
+}
+
+/// A passed packet: forwarded if it is to a service (returns its XDP
+/// action).
+#[unsafe(no_mangle)]
+#[inline(never)]
+#[expect(clippy::too_many_lines, reason = "read, pick, route, grow, in order; split, its parts would copy the headers")]
+pub extern "C" fn limiter_tunnel(ctx: *mut xdp_md) -> u64 {
+    let xdp = XdpContext::new(ctx);
+    let pkt = Packet(&xdp);
+    let pass = u64::from(xdp_action::XDP_PASS);
+    let Some(l3) = pkt.l3() else { return pass };
+    let Some(version) = pkt.bytes_at::<1>(l3) else { return pass };
+    let v6 = version[0] >> 4 == 6;
+    let mut key = ServiceKey::default();
+    let mut flow = Flow::default();
+    // The inner header's DSCP and ECN (copied to the outer header), and
+    // where its transport header starts (0: not read).
+    let (tos, l4, proto) = if v6 {
+        let Some(h) = pkt.bytes_at::<40>(l3) else { return pass };
+        flow.src.copy_from_slice(&h[8..24]);
+        flow.dst.copy_from_slice(&h[24..40]);
+        key.v6 = 1;
+        let plain = h[6] == IPPROTO_TCP || h[6] == IPPROTO_UDP;
+        (h[0] << 4 | h[1] >> 4, if plain { l3 + 40 } else { 0 }, h[6])
+    } else {
+        let Some(h) = pkt.bytes_at::<20>(l3) else { return pass };
+        if h[0] >> 4 != 4 {
+            return pass;
+        }
+        flow.src[..4].copy_from_slice(&h[12..16]);
+        flow.dst[..4].copy_from_slice(&h[16..20]);
+        #[expect(clippy::verbose_bit_mask, reason = "the fragment offset's bits and MF, as the header names them")]
+        let whole = h[6] & 0x3f == 0 && h[7] == 0;
+        (h[1], if whole { l3 + usize::from(h[0] & 0xf) * 4 } else { 0 }, h[9])
+    };
+    key.addr = flow.dst;
+    if l4 == 0 {
+        // A fragment or a header chain: no ports to pick a backend by.
+        // Counted if its address is a service's (the port-0 entry).
+        // SAFETY: a map value read only while this program runs.
+        if unsafe { TUNNEL_SERVICES.get(key) }.is_some() {
+            outcome_of(outcome::UNREAD);
+        }
+        return pass;
+    }
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+        return pass;
+    }
+    let Some(ports) = pkt.bytes_at::<4>(l4) else { return pass };
+    key.port = u16::from_be_bytes([ports[2], ports[3]]);
+    key.proto = proto;
+    // SAFETY: a map value read only while this program runs.
+    let Some(svc) = (unsafe { TUNNEL_SERVICES.get(key) }) else { return pass };
+    flow.ports = *ports;
+    flow.proto = proto;
+    let hash = flow_hash(&flow.src, &flow.ports, proto);
+    let Some((idx, backend)) = backend_of(&flow, svc, hash) else {
+        outcome_of(outcome::NO_BACKEND);
+        return if svc.flags & service::EMPTY_PASS != 0 { pass } else { u64::from(xdp_action::XDP_DROP) };
+    };
+    let inner = (xdp.data_end() - xdp.data()).saturating_sub(l3);
+    let outer_v6 = svc.v6 == 1;
+    let over = overhead(svc.encap, outer_v6);
+    // SAFETY: all-zero is a valid `bpf_fib_lookup`.
+    let mut fib: FibParams = unsafe { core::mem::zeroed() };
+    let ingress = unsafe { (*ctx).ingress_ifindex };
+    fib.ifindex = ingress;
+    #[expect(clippy::cast_possible_truncation, reason = "a frame is shorter than 64 KiB")]
+    let total = (inner + over) as u16;
+    fib.__bindgen_anon_1.tot_len = total;
+    if outer_v6 {
+        fib.family = AF_INET6;
+        fib.__bindgen_anon_3.ipv6_src = words(&svc.source);
+        fib.__bindgen_anon_4.ipv6_dst = words(&backend.addr);
+    } else {
+        fib.family = AF_INET;
+        fib.__bindgen_anon_3.ipv4_src =
+            u32::from_ne_bytes([svc.source[0], svc.source[1], svc.source[2], svc.source[3]]);
+        fib.__bindgen_anon_4.ipv4_dst =
+            u32::from_ne_bytes([backend.addr[0], backend.addr[1], backend.addr[2], backend.addr[3]]);
+    }
+    // SAFETY: `fib` is a `bpf_fib_lookup` of its own size.
+    #[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "64 bytes")]
+    let rc = unsafe { bpf_fib_lookup(ctx.cast(), &raw mut fib, size_of::<FibParams>() as i32, 0) };
+    if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+        outcome_of(outcome::TOO_BIG);
+        return if svc.flags & service::TOO_BIG_PASS != 0 { pass } else { u64::from(xdp_action::XDP_DROP) };
+    }
+    let routed = rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS);
+    // The outer headers replace the Ethernet header and any VLAN tags.
+    #[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "under 64 bytes")]
+    let grow = (14 + over) as i32 - l3 as i32;
+    // SAFETY: the helper moves the frame's start; nothing of it is held.
+    if unsafe { bpf_xdp_adjust_head(ctx, -grow) } != 0 {
+        outcome_of(outcome::NO_ROOM);
+        return pass;
+    }
+    #[expect(clippy::cast_sign_loss, reason = "the outer headers are longer than the L2 header they replace")]
+    let grow = grow as usize;
+    if wrap(&pkt, svc, &fib, routed, grow, Inner { hash, len: inner, tos, v6 }, backend).is_none() {
+        outcome_of(outcome::NO_ROOM);
+        return u64::from(xdp_action::XDP_DROP);
+    }
+    if let Some(c) = TUNNEL_HITS.get_ptr_mut(idx) {
+        // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += inner as u64;
+        }
+    }
+    if !routed {
+        outcome_of(outcome::VIA_STACK);
+        return pass;
+    }
+    if fib.ifindex == ingress {
+        return u64::from(xdp_action::XDP_TX);
+    }
+    // SAFETY: a helper taking an interface index.
+    #[expect(clippy::cast_sign_loss, reason = "XDP_REDIRECT or XDP_ABORTED")]
+    let r = unsafe { bpf_redirect(fib.ifindex, 0) } as u64;
+    r
+}
+
+/// What the outer headers take of the inner packet.
+struct Inner {
+    hash: u32,
+    len: usize,
+    tos: u8,
+    v6: bool,
+}
+
+/// Write the outer headers at the frame's new start, grown by `grow`
+/// bytes: the Ethernet header (to the next hop's address if `routed`,
+/// else as the frame came, moved up from `grow` bytes on), the outer IP
+/// header, and for FOU and GUE a UDP header (GUE's 4 bytes after it).
+/// Written in place: the program's stack has no room for copies.
+#[inline(always)]
+#[expect(clippy::cast_possible_truncation, reason = "header fields take the hash's low bits; lengths under 64 KiB")]
+fn wrap(
+    pkt: &Packet,
+    svc: &Service,
+    fib: &FibParams,
+    routed: bool,
+    grow: usize,
+    inner: Inner,
+    backend: &Backend,
+) -> Option<()> {
+    let eth = pkt.bytes_mut::<14>(0)?;
+    if routed {
+        eth[..6].copy_from_slice(&fib.dmac);
+        eth[6..12].copy_from_slice(&fib.smac);
+    } else {
+        // Not routed here (the next hop's address not resolved yet): the
+        // wrapped packet goes to the stack, addressed to this host as it
+        // came.
+        let was = pkt.bytes_at::<12>(grow)?;
+        let was = *was;
+        eth[..12].copy_from_slice(&was);
+    }
+    let hash = inner.hash;
+    if svc.v6 == 1 {
+        eth[12..].copy_from_slice(&[0x86, 0xdd]);
+        let h = pkt.bytes_mut::<40>(14)?;
+        h[0] = 0x60 | inner.tos >> 4;
+        h[1] = inner.tos << 4 | (hash >> 16) as u8 & 0xf;
+        h[2..4].copy_from_slice(&(hash as u16).to_be_bytes());
+        h[4..6].copy_from_slice(&(inner.len as u16).to_be_bytes());
+        h[6] = IPPROTO_IPV6;
+        h[7] = svc.ttl;
+        h[8..24].copy_from_slice(&svc.source);
+        h[24..40].copy_from_slice(&backend.addr);
+        return Some(());
+    }
+    eth[12..].copy_from_slice(&[0x08, 0x00]);
+    let total = (inner.len + overhead(svc.encap, false)) as u16;
+    let h = pkt.bytes_mut::<20>(14)?;
+    h[0] = 0x45;
+    h[1] = inner.tos;
+    h[2..4].copy_from_slice(&total.to_be_bytes());
+    h[4..6].copy_from_slice(&[0, 0]);
+    h[6..8].copy_from_slice(&[0x40, 0]);
+    h[8] = svc.ttl;
+    h[9] = if svc.encap == encap::IPIP { IPPROTO_IPIP } else { IPPROTO_UDP };
+    h[10..12].copy_from_slice(&[0, 0]);
+    h[12..16].copy_from_slice(&svc.source[..4]);
+    h[16..20].copy_from_slice(&backend.addr[..4]);
+    let sum = limiter_common::tunnel::ipv4_checksum(h);
+    h[10..12].copy_from_slice(&sum.to_be_bytes());
+    if svc.encap == encap::IPIP {
+        return Some(());
+    }
+    let u = pkt.bytes_mut::<8>(34)?;
+    // A source port of the flow's, in the dynamic range.
+    u[..2].copy_from_slice(&(0xc000 | hash as u16 & 0x3fff).to_be_bytes());
+    u[2..4].copy_from_slice(&svc.port.to_be_bytes());
+    u[4..6].copy_from_slice(&(total - 20).to_be_bytes());
+    u[6..8].copy_from_slice(&[0, 0]);
+    if svc.encap == encap::GUE {
+        // GUE's header: version 0, no options, the inner protocol.
+        let g = pkt.bytes_mut::<4>(42)?;
+        *g = [0, if inner.v6 { IPPROTO_IPV6 } else { IPPROTO_IPIP }, 0, 0];
+    }
+    Some(())
+}
+
+/// The flow's backend: the connection table's, while that backend is of
+/// this service and not down; else the one the flow's slot of the
+/// service's table names, remembered for the flow (`None`: no backend
+/// up).
+#[inline(always)]
+fn backend_of<'a>(flow: &Flow, svc: &Service, hash: u32) -> Option<(u32, &'a Backend)> {
+    // SAFETY: map values read only while this program runs.
+    if let Some(&i) = unsafe { TUNNEL_CONNS.get(flow) }
+        && let Some(b) = TUNNEL_BACKENDS.get(i)
+        && b.service == svc.index
+        && b.state != state::DOWN
+    {
+        return Some((i, b));
+    }
+    let slot = svc.index.wrapping_mul(TABLE_SIZE).wrapping_add(hash % TABLE_SIZE);
+    let i = TUNNEL_TABLE.get(slot).copied().unwrap_or(NO_BACKEND);
+    let b = TUNNEL_BACKENDS.get(i)?;
+    let _ = TUNNEL_CONNS.insert(flow, i, 0);
+    Some((i, b))
+}
+
+/// Count one packet of a service under `outcome`.
+#[inline(always)]
+fn outcome_of(outcome: u32) {
+    if let Some(c) = TUNNEL_OUTCOMES.get_ptr_mut(outcome) {
+        // SAFETY: per-CPU slot, only this CPU's softirq writes it.
+        unsafe { *c += 1 };
+    }
+}
+
+/// An IPv6 address as `bpf_fib_lookup`'s four words, in network order.
+#[inline(always)]
+fn words(a: &[u8; 16]) -> [u32; 4] {
+    let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
+    [w(0), w(4), w(8), w(12)]
+}

@@ -1,0 +1,376 @@
+//! The tunnels as a feature of the daemon: on each policy, the services,
+//! backends and Maglev tables written to the program's maps (a backend
+//! keeps its index, and a service its table, while the policy keeps
+//! them, so the connection table's entries stay right); each second the
+//! health checks' results counted into rise and fall streaks, a backend
+//! that changes state logged and its service's table written again; the
+//! operator's drains (`limiter backend drain`), kept across reloads; the
+//! series and `limiter status`'s line.
+
+use std::net::{IpAddr, SocketAddr};
+
+use limiter_common::tunnel::{self as kernel, Service, ServiceKey};
+
+use super::{
+    BackendRow, TunnelRow, TunnelsInfo, health,
+    maglev::{self, Member},
+    maps::TunnelMaps,
+    section::{Encapsulation, Otherwise, Tunnel},
+    series::TunnelReport,
+};
+use crate::{
+    control::{ErrorCode, Request, Response, StatusInfo},
+    engine::feature::{Feature, InForce, Note, Second},
+    series::Series,
+};
+
+/// A backend as the feature follows it.
+#[derive(Debug, Clone)]
+struct Followed {
+    addr: IpAddr,
+    index: u32,
+    weight: u32,
+    /// Drained by the policy file.
+    drain: bool,
+    up: bool,
+    /// Results in a row of the current kind (successes while down,
+    /// failures while up).
+    streak: u32,
+    error: Option<String>,
+    hits: limiter_common::Counter,
+}
+
+/// A service as the feature follows it.
+#[derive(Debug)]
+struct Svc {
+    spec: Tunnel,
+    index: u32,
+    members: Vec<Followed>,
+    /// The table last written.
+    table: Vec<u32>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Tunnels {
+    maps: Option<Box<TunnelMaps>>,
+    services: Vec<Svc>,
+    /// Drained by the operator, by address (every tunnel's backend at it).
+    drained: Vec<IpAddr>,
+    checks: Option<health::Checks>,
+    /// The service keys written, to remove those a policy drops.
+    keys: Vec<ServiceKey>,
+    outcomes: Vec<u64>,
+    notes: Vec<Note>,
+    /// A map write that failed: said in status until one succeeds.
+    failing: Option<String>,
+}
+
+fn octets(a: IpAddr) -> [u8; 16] {
+    let mut out = [0; 16];
+    match a {
+        IpAddr::V4(v) => out[..4].copy_from_slice(&v.octets()),
+        IpAddr::V6(v) => out = v.octets(),
+    }
+    out
+}
+
+impl Tunnels {
+    pub(crate) fn new(maps: Option<Box<TunnelMaps>>) -> Self {
+        Self { maps, ..Self::default() }
+    }
+
+    fn state(&self, m: &Followed) -> u8 {
+        if !m.up {
+            kernel::state::DOWN
+        } else if m.drain || self.drained.contains(&m.addr) {
+            kernel::state::DRAINED
+        } else {
+            kernel::state::UP
+        }
+    }
+
+    /// Take the policy's tunnels: indexes kept by name and address.
+    fn take(&mut self, tunnels: &[Tunnel]) {
+        let old: Vec<Svc> = std::mem::take(&mut self.services);
+        let mut free_svc: Vec<u32> = (0..kernel::MAX_SERVICES)
+            .filter(|i| !old.iter().any(|s| s.index == *i && tunnels.iter().any(|t| t.name == s.spec.name)))
+            .rev()
+            .collect();
+        let kept = |name: &str, addr: IpAddr| {
+            old.iter().find(|s| s.spec.name == name).and_then(|s| s.members.iter().find(|m| m.addr == addr))
+        };
+        let mut free: Vec<u32> = (0..kernel::MAX_BACKENDS)
+            .filter(|i| {
+                !tunnels
+                    .iter()
+                    .any(|t| t.backends.iter().any(|b| kept(&t.name, b.address).is_some_and(|m| m.index == *i)))
+            })
+            .rev()
+            .collect();
+        for t in tunnels {
+            let was = old.iter().find(|s| s.spec.name == t.name);
+            let index = was.map(|s| s.index).or_else(|| free_svc.pop()).unwrap_or(0);
+            let members = t
+                .backends
+                .iter()
+                .map(|b| match kept(&t.name, b.address) {
+                    Some(m) => Followed { weight: b.weight, drain: b.drain, ..m.clone() },
+                    None => Followed {
+                        addr: b.address,
+                        index: free.pop().unwrap_or(0),
+                        weight: b.weight,
+                        drain: b.drain,
+                        up: true,
+                        streak: 0,
+                        error: None,
+                        hits: limiter_common::Counter::default(),
+                    },
+                })
+                .collect();
+            let table = was.map(|s| s.table.clone()).unwrap_or_default();
+            self.services.push(Svc { spec: t.clone(), index, members, table });
+        }
+    }
+
+    /// Write every map from the services followed.
+    fn write(&mut self) -> anyhow::Result<()> {
+        let states: Vec<Vec<u8>> =
+            self.services.iter().map(|s| s.members.iter().map(|m| self.state(m)).collect()).collect();
+        let Some(maps) = self.maps.as_mut() else { return Ok(()) };
+        let mut keys = Vec::new();
+        for (s, states) in self.services.iter_mut().zip(&states) {
+            for (m, state) in s.members.iter().zip(states) {
+                let b = kernel::Backend { addr: octets(m.addr), state: *state, pad: [0; 3], service: s.index };
+                maps.backends.set(m.index, b, 0)?;
+            }
+            let live: Vec<Member> = s
+                .members
+                .iter()
+                .zip(states)
+                .filter(|(_, st)| **st == kernel::state::UP)
+                .map(|(m, _)| Member { addr: m.addr, index: m.index, weight: m.weight })
+                .collect();
+            let table = maglev::table(&live);
+            let old = (s.table.len() == table.len()).then_some(s.table.as_slice());
+            maps.write_table(s.index, &table, old)?;
+            s.table = table;
+            let t = &s.spec;
+            let value = Service {
+                index: s.index,
+                encap: match t.encapsulation {
+                    Encapsulation::Ipip => kernel::encap::IPIP,
+                    Encapsulation::Fou => kernel::encap::FOU,
+                    Encapsulation::Gue => kernel::encap::GUE,
+                },
+                flags: if t.too_big == Otherwise::Pass { kernel::service::TOO_BIG_PASS } else { 0 }
+                    | if t.no_backend == Otherwise::Pass { kernel::service::EMPTY_PASS } else { 0 },
+                ttl: t.ttl,
+                v6: u8::from(t.address.is_ipv6()),
+                port: t.encapsulation_port.unwrap_or(0),
+                pad: 0,
+                source: octets(t.source),
+            };
+            let (a, b) = t.ports.range().map_err(anyhow::Error::msg)?;
+            let base = ServiceKey { addr: octets(t.address), port: 0, proto: 0, v6: u8::from(t.address.is_ipv6()) };
+            // The address's own entry: its fragments are counted.
+            keys.push(base);
+            maps.services.insert(base, value, 0)?;
+            for port in a..=b {
+                let k = ServiceKey { port, proto: t.protocol.number(), ..base };
+                maps.services.insert(k, value, 0)?;
+                keys.push(k);
+            }
+        }
+        for k in self.keys.iter().filter(|k| !keys.contains(k)) {
+            let _ = maps.services.remove(k);
+        }
+        self.keys = keys;
+        Ok(())
+    }
+
+    fn write_or_say(&mut self) {
+        match self.write() {
+            Ok(()) => self.failing = None,
+            Err(e) => {
+                tracing::error!(event = "tunnel_write_failed", "limiter: tunnels not written to the program: {e:#}");
+                self.failing = Some(format!("{e:#}"));
+            }
+        }
+    }
+
+    /// Restart the health checks for the services followed.
+    fn check(&mut self) {
+        let targets = self
+            .services
+            .iter()
+            .filter(|s| s.spec.health.enabled)
+            .flat_map(|s| {
+                let h = &s.spec.health;
+                let port = s.spec.health_port();
+                s.members.iter().map(move |m| (m.index, SocketAddr::new(m.addr, port), h.interval, h.timeout))
+            })
+            .collect();
+        self.checks = Some(health::start(targets));
+    }
+
+    /// Count the checks' results; a backend that changes state is logged
+    /// and noted. Whether any did.
+    fn count_results(&mut self) -> bool {
+        let Some(checks) = self.checks.as_mut() else { return false };
+        let mut changed = false;
+        while let Ok(p) = checks.results.try_recv() {
+            for s in &mut self.services {
+                let (rise, fall) = (s.spec.health.rise, s.spec.health.fall);
+                let Some(m) = s.members.iter_mut().find(|m| m.index == p.index) else { continue };
+                if p.ok == m.up {
+                    m.streak = 0;
+                    if p.ok {
+                        m.error = None;
+                    }
+                    continue;
+                }
+                m.streak += 1;
+                if !p.ok {
+                    m.error.clone_from(&p.error);
+                }
+                if m.streak < if m.up { fall } else { rise } {
+                    continue;
+                }
+                m.up = !m.up;
+                m.streak = 0;
+                changed = true;
+                let (name, addr) = (&s.spec.name, m.addr);
+                if m.up {
+                    tracing::info!(event = "tunnel_backend_up", tunnel = %name, backend = %addr, "limiter: tunnel {name}: backend {addr} is up, back in the table");
+                } else {
+                    let why = m.error.clone().unwrap_or_default();
+                    tracing::warn!(event = "tunnel_backend_down", tunnel = %name, backend = %addr, "limiter: tunnel {name}: backend {addr} is down ({why}), out of the table");
+                }
+                let what = format!("tunnel {name}: backend {addr} {}", if m.up { "up" } else { "down" });
+                self.notes.push(Note { by: "health check".to_owned(), what });
+            }
+        }
+        changed
+    }
+
+    fn up_count(&self, s: &Svc) -> usize {
+        s.members.iter().filter(|m| self.state(m) == kernel::state::UP).count()
+    }
+
+    fn info(&self) -> TunnelsInfo {
+        let tunnels = self
+            .services
+            .iter()
+            .map(|s| TunnelRow {
+                name: s.spec.name.clone(),
+                address: s.spec.address,
+                protocol: s.spec.protocol,
+                ports: s.spec.ports.range().unwrap_or((0, 0)),
+                backends: s
+                    .members
+                    .iter()
+                    .map(|m| BackendRow {
+                        address: m.addr,
+                        weight: m.weight,
+                        state: match self.state(m) {
+                            kernel::state::UP => "up",
+                            kernel::state::DOWN => "down",
+                            _ => "drained",
+                        }
+                        .to_owned(),
+                        packets: m.hits.packets,
+                        bytes: m.hits.bytes,
+                        error: m.error.clone(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        TunnelsInfo { tunnels, outcomes: self.outcomes.clone() }
+    }
+
+    fn drain(&mut self, addr: IpAddr, on: bool) -> Response {
+        if !self.services.iter().any(|s| s.members.iter().any(|m| m.addr == addr)) {
+            return Response::error(ErrorCode::Refused, format!("{addr} is no tunnel's backend"));
+        }
+        self.drained.retain(|a| *a != addr);
+        if on {
+            self.drained.push(addr);
+        }
+        let what = format!("backend {addr} {}", if on { "drained" } else { "undrained" });
+        tracing::info!(event = "tunnel_backend_drain", backend = %addr, drained = on, "limiter: {what}");
+        self.write_or_say();
+        if let Some(e) = &self.failing {
+            return Response::error(ErrorCode::Unavailable, format!("{what}, but not written: {e}"));
+        }
+        Response::Tunnels(self.info())
+    }
+}
+
+impl Feature for Tunnels {
+    fn apply(&mut self, a: &InForce<'_>) {
+        let tunnels = &a.policy.tunnels;
+        let same =
+            tunnels.len() == self.services.len() && tunnels.iter().zip(&self.services).all(|(t, s)| *t == s.spec);
+        if same {
+            return;
+        }
+        self.take(tunnels);
+        self.write_or_say();
+        self.check();
+    }
+
+    fn tick(&mut self, _: &Second<'_>) {
+        if self.count_results() {
+            self.write_or_say();
+            for s in &self.services {
+                if self.up_count(s) == 0 {
+                    tracing::error!(event = "tunnel_no_backend", tunnel = %s.spec.name, "limiter: tunnel {}: no backend up; its packets are {}", s.spec.name, if s.spec.no_backend == Otherwise::Pass { "passed to the stack" } else { "dropped" });
+                }
+            }
+        }
+        if let Some(maps) = self.maps.as_ref() {
+            for s in &mut self.services {
+                for m in &mut s.members {
+                    m.hits = maps.hits(m.index);
+                }
+            }
+            self.outcomes = maps.outcomes();
+        }
+    }
+
+    fn notes(&mut self) -> Vec<Note> {
+        std::mem::take(&mut self.notes)
+    }
+
+    fn series(&self) -> Option<Box<dyn Series>> {
+        if self.services.is_empty() {
+            return None;
+        }
+        Some(Box::new(TunnelReport(self.info())))
+    }
+
+    fn status(&self, status: &mut StatusInfo) {
+        if self.services.is_empty() {
+            return;
+        }
+        let each: Vec<String> = self
+            .services
+            .iter()
+            .map(|s| {
+                let up = self.up_count(s);
+                let empty = if up == 0 { " NO BACKEND UP" } else { "" };
+                format!("{} {}/{} up{empty}", s.spec.name, up, s.members.len())
+            })
+            .collect();
+        let failing = self.failing.as_ref().map(|e| format!("; NOT WRITTEN: {e}")).unwrap_or_default();
+        status.tunnels = Some(format!("{}{failing}", each.join(", ")));
+    }
+
+    fn answer(&mut self, req: &Request) -> Option<Response> {
+        match req {
+            Request::Tunnels => Some(Response::Tunnels(self.info())),
+            Request::BackendDrain { address, drain } => Some(self.drain(*address, *drain)),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The tunnels' maps, taken out of the loaded object with the others and
+//! handed to the tunnels' feature, which alone writes and reads them.
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, MapData, PerCpuArray},
+};
+use limiter_common::{
+    Counter, maps,
+    tunnel::{Backend, OUTCOMES, Service, ServiceKey, TABLE_SIZE},
+};
+
+use crate::dataplane::{LoadError, maps::Named as _};
+
+/// `TUNNEL_SERVICES`, `TUNNEL_TABLE`, `TUNNEL_BACKENDS`, `TUNNEL_HITS`,
+/// `TUNNEL_OUTCOMES` (the connection table is the program's own).
+pub struct TunnelMaps {
+    pub(super) services: HashMap<MapData, ServiceKey, Service>,
+    pub(super) table: Array<MapData, u32>,
+    pub(super) backends: Array<MapData, Backend>,
+    pub(super) hits: PerCpuArray<MapData, Counter>,
+    pub(super) outcomes: PerCpuArray<MapData, u64>,
+}
+
+impl std::fmt::Debug for TunnelMaps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TunnelMaps")
+    }
+}
+
+impl TunnelMaps {
+    pub(crate) fn take(ebpf: &mut Ebpf) -> Result<Self, LoadError> {
+        fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+            ebpf: &mut Ebpf,
+            name: &'static str,
+        ) -> Result<T, LoadError> {
+            T::try_from(ebpf.take_map(name).ok_or(LoadError::MissingMap(name))?).on(name)
+        }
+        Ok(Self {
+            services: take(ebpf, maps::TUNNEL_SERVICES)?,
+            table: take(ebpf, maps::TUNNEL_TABLE)?,
+            backends: take(ebpf, maps::TUNNEL_BACKENDS)?,
+            hits: take(ebpf, maps::TUNNEL_HITS)?,
+            outcomes: take(ebpf, maps::TUNNEL_OUTCOMES)?,
+        })
+    }
+
+    /// Write the slots of service `index`'s table that differ from `old`.
+    pub(super) fn write_table(&mut self, index: u32, new: &[u32], old: Option<&[u32]>) -> anyhow::Result<()> {
+        for (i, slot) in new.iter().enumerate() {
+            if old.is_some_and(|o| o.get(i) == Some(slot)) {
+                continue;
+            }
+            let at = index * TABLE_SIZE + u32::try_from(i)?;
+            self.table.set(at, *slot, 0).on(maps::TUNNEL_TABLE)?;
+        }
+        Ok(())
+    }
+
+    /// Packets and bytes forwarded to backend `index`, over every CPU.
+    pub(super) fn hits(&self, index: u32) -> Counter {
+        self.hits.get(&index, 0).map(|v| crate::dataplane::maps::sum_cpus(&v)).unwrap_or_default()
+    }
+
+    /// Each outcome's packets, over every CPU.
+    pub(super) fn outcomes(&self) -> Vec<u64> {
+        (0..OUTCOMES).map(|i| self.outcomes.get(&i, 0).map_or(0, |v| v.iter().sum())).collect()
+    }
+}

@@ -1,0 +1,178 @@
+//! The tunnels' test bed: a client namespace, the edge (the daemon's
+//! namespace, forwarding enabled), and backends, each its own namespace
+//! joined to the edge by a veth pair of its own (198.19.N.1 on the edge,
+//! 198.19.N.2 on the backend), with the service address on its loopback
+//! and its default route back through the edge (its answers go to the
+//! clients directly, not through the tunnel). A backend decapsulates as
+//! the recipe in docs/tunnel.md says (the kernel's `tunl0`), or, on a
+//! kernel built without IPIP (this machine's), with [`Decap`]: a raw
+//! socket takes each IPIP packet, checks its outer header and writes the
+//! inner packet to a TUN device, which the kernel then receives as
+//! `tunl0` would have.
+
+use std::{
+    io::Read as _,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::Duration,
+};
+
+use crate::netns::NetNs;
+
+/// The service address the clients reach.
+pub const VIP: &str = "198.18.7.100";
+
+/// Run `sysctl -w` for each setting in `ns`.
+pub fn sysctl(ns: &NetNs, settings: &[&str]) {
+    for s in settings {
+        let o = ns.command("sysctl").args(["-qw", s]).output().expect("sysctl runs");
+        assert!(o.status.success(), "sysctl {s}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+/// A backend namespace joined to `edge`.
+pub struct Backend {
+    pub ns: NetNs,
+    pub n: u8,
+    /// Set when the kernel decapsulates (else [`Backend::decap`] does).
+    pub kernel: bool,
+    pub decap: Option<Decap>,
+}
+
+impl Backend {
+    /// Backend `n`: its link to the edge, the service address on its
+    /// loopback, its default route through the edge, its decapsulation.
+    #[must_use]
+    pub fn new(edge: &NetNs, n: u8) -> Self {
+        let ns = NetNs::new(&format!("tb{n}"));
+        let (e, b) = (format!("te{n}"), format!("tb{n}"));
+        edge.ip(&format!("link add {e} type veth peer name {b} netns {}", ns.name));
+        edge.ip(&format!("addr add 198.19.{n}.1/24 dev {e}"));
+        ns.ip(&format!("addr add 198.19.{n}.2/24 dev {b}"));
+        edge.ip(&format!("link set {e} up"));
+        ns.ip(&format!("link set {b} up"));
+        // Frames the edge's program redirects here arrive through NAPI,
+        // which a veth runs for an XDP program or with GRO on.
+        let o = ns.command("ethtool").args(["-K", &b, "gro", "on"]).output().expect("ethtool runs");
+        assert!(o.status.success(), "ethtool: {}", String::from_utf8_lossy(&o.stderr));
+        ns.ip(&format!("addr add {VIP}/32 dev lo"));
+        ns.ip(&format!("route add default via 198.19.{n}.1 dev {b}"));
+        sysctl(&ns, &["net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"]);
+        let _ = std::process::Command::new("modprobe").arg("ipip").output();
+        let kernel = ns.command("ip").args(["link", "set", "tunl0", "up"]).output().is_ok_and(|o| o.status.success());
+        let decap = if kernel {
+            sysctl(&ns, &["net.ipv4.conf.tunl0.rp_filter=0"]);
+            None
+        } else {
+            Some(Decap::start(&ns))
+        };
+        Self { ns, n, kernel, decap }
+    }
+
+    /// This backend's address (the tunnel's outer destination).
+    #[must_use]
+    pub fn addr(&self) -> String {
+        format!("198.19.{}.2", self.n)
+    }
+}
+
+/// A userspace stand-in for `tunl0`: IPIP packets in, their inner packets
+/// out of a TUN device, each outer header checked on the way.
+pub struct Decap {
+    stop: Arc<AtomicBool>,
+    /// Outer headers whose checksum, version, length or TTL was wrong.
+    pub bad: Arc<AtomicU64>,
+    pub packets: Arc<AtomicU64>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+const IFF_TUN: libc::c_short = 0x0001;
+const IFF_NO_PI: libc::c_short = 0x1000;
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+
+#[repr(C)]
+struct IfReq {
+    name: [u8; 16],
+    flags: libc::c_short,
+    pad: [u8; 22],
+}
+
+fn sum_ok(h: &[u8]) -> bool {
+    let mut s: u32 = h.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    s == 0xffff
+}
+
+impl Decap {
+    fn start(ns: &NetNs) -> Self {
+        let (stop, bad, packets) =
+            (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (s, b, p) = (stop.clone(), bad.clone(), packets.clone());
+        let thread = ns.spawn_in(move || {
+            // SAFETY: plain system calls on descriptors this thread owns.
+            let tun = unsafe {
+                let fd = libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR);
+                assert!(fd >= 0, "open /dev/net/tun: {}", std::io::Error::last_os_error());
+                let mut req = IfReq { name: [0; 16], flags: IFF_TUN | IFF_NO_PI, pad: [0; 22] };
+                req.name[..4].copy_from_slice(b"dec0");
+                assert_eq!(
+                    libc::ioctl(fd, TUNSETIFF, &raw mut req),
+                    0,
+                    "TUNSETIFF: {}",
+                    std::io::Error::last_os_error()
+                );
+                OwnedFd::from_raw_fd(fd)
+            };
+            // SAFETY: as above.
+            let raw = unsafe {
+                let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, 4);
+                assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+                let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&raw const tv).cast(),
+                    libc::socklen_t::try_from(size_of::<libc::timeval>()).unwrap(),
+                );
+                std::fs::File::from_raw_fd(fd)
+            };
+            tx.send(()).unwrap();
+            let mut raw = raw;
+            let mut buf = vec![0u8; 65536];
+            while !s.load(Ordering::Relaxed) {
+                let Ok(n) = raw.read(&mut buf) else { continue };
+                let pkt = &buf[..n];
+                let ihl = usize::from(pkt[0] & 0xf) * 4;
+                let total = usize::from(u16::from_be_bytes([pkt[2], pkt[3]]));
+                if pkt[0] >> 4 != 4 || ihl < 20 || n < ihl + 20 || total != n || pkt[8] == 0 || !sum_ok(&pkt[..ihl]) {
+                    b.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                p.fetch_add(1, Ordering::Relaxed);
+                let inner = &pkt[ihl..];
+                // SAFETY: a write of a buffer to the TUN descriptor.
+                unsafe { libc::write(tun.as_raw_fd(), inner.as_ptr().cast(), inner.len()) };
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(5)).expect("the decapsulator started");
+        ns.ip("link set dec0 up");
+        sysctl(ns, &["net.ipv4.conf.dec0.rp_filter=0"]);
+        Self { stop, bad, packets, thread: Some(thread) }
+    }
+}
+
+impl Drop for Decap {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
