@@ -41,9 +41,12 @@ pub mod encap {
 /// Bits of [`Service::flags`].
 pub mod service {
     /// A packet too big for the path once wrapped is passed to the stack
-    /// (else it is dropped and counted, or answered with an ICMP error
-    /// once the program sends them).
+    /// (neither this nor [`TOO_BIG_DROP`]: answered with ICMP's
+    /// "fragmentation needed" or ICMPv6's "packet too big", so the
+    /// client's path MTU discovery shrinks its packets).
     pub const TOO_BIG_PASS: u8 = 1;
+    /// A packet too big for the path once wrapped is dropped.
+    pub const TOO_BIG_DROP: u8 = 4;
     /// With no backend up, a packet is passed to the stack (else dropped).
     pub const EMPTY_PASS: u8 = 2;
 }
@@ -64,11 +67,12 @@ pub mod state {
 pub mod outcome {
     /// No backend up: dropped or passed, as the service says.
     pub const NO_BACKEND: u32 = 0;
-    /// Too big for the path once wrapped.
+    /// Too big for the path once wrapped (answered with ICMP, dropped or
+    /// passed, as the service says).
     pub const TOO_BIG: u32 = 1;
-    /// Wrapped, but the next hop's address is not resolved (or the route
-    /// is not one XDP can send on): handed to the stack, which routes it.
-    pub const VIA_STACK: u32 = 2;
+    /// No route XDP can send on: the next hop's address not resolved,
+    /// forwarding off, no route. Dropped.
+    pub const UNROUTABLE: u32 = 2;
     /// A fragment, or an IPv6 packet behind extension headers: its ports
     /// are not read, so it is passed unforwarded.
     pub const UNREAD: u32 = 3;
@@ -175,22 +179,44 @@ pub const fn overhead(encap: u8, v6: bool) -> usize {
     }
 }
 
-/// The one's-complement sum of `words` folded to 16 bits and inverted:
-/// an IPv4 header's checksum (its checksum field 0 in `words`).
+/// The bytes an ICMP "too big" answer quotes of the packet: its IPv4
+/// header (without options) and 8 bytes, or its IPv6 header and 8 bytes.
+pub const QUOTE_V4: usize = 28;
+pub const QUOTE_V6: usize = 48;
+/// The answer's frame: Ethernet, IP, ICMP (8), the quote.
+pub const ICMP_FRAME_V4: usize = 14 + 20 + 8 + QUOTE_V4;
+pub const ICMP_FRAME_V6: usize = 14 + 40 + 8 + QUOTE_V6;
+
+/// `sum` plus the 16-bit big-endian words of `bytes` (of even length),
+/// not folded.
 #[must_use]
 #[inline(always)]
-pub const fn ipv4_checksum(h: &[u8; 20]) -> u16 {
-    let mut sum: u32 = 0;
+pub const fn sum_words(bytes: &[u8], mut sum: u32) -> u32 {
     let mut i = 0;
-    while i < 20 {
-        sum += u16::from_be_bytes([h[i], h[i + 1]]) as u32;
+    while i + 1 < bytes.len() {
+        sum += u16::from_be_bytes([bytes[i], bytes[i + 1]]) as u32;
         i += 2;
     }
+    sum
+}
+
+/// A sum of words folded to 16 bits and inverted: the checksum field.
+#[must_use]
+#[inline(always)]
+pub const fn fold(mut sum: u32) -> u16 {
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     #[expect(clippy::cast_possible_truncation, reason = "folded to 16 bits")]
     let folded = sum as u16;
     !folded
+}
+
+/// The one's-complement sum of `words` folded to 16 bits and inverted:
+/// an IPv4 header's checksum (its checksum field 0 in `words`).
+#[must_use]
+#[inline(always)]
+pub const fn ipv4_checksum(h: &[u8; 20]) -> u16 {
+    fold(sum_words(h, 0))
 }
 
 #[cfg(test)]
@@ -205,6 +231,21 @@ mod tests {
         assert_eq!(ipv4_checksum(&h), 0, "a header with a right checksum sums to 0xffff");
         h[8] = 63;
         assert_ne!(ipv4_checksum(&h), 0);
+    }
+
+    #[test]
+    fn an_icmpv6_checksum_covers_its_pseudo_header() {
+        // An ICMPv6 echo request of 4 payload bytes, checked against the
+        // same sum computed with the checksum in place (all ones).
+        let (src, dst) = (
+            [0x20, 0x01, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10],
+            [0x20, 0x01, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+        );
+        let mut msg = [128u8, 0, 0, 0, 0, 1, 0, 1, 1, 2, 3, 4];
+        let pseudo = |msg: &[u8]| sum_words(msg, sum_words(&src, sum_words(&dst, 12 + 58)));
+        let c = fold(pseudo(&msg));
+        msg[2..4].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(fold(pseudo(&msg)), 0);
     }
 
     #[test]

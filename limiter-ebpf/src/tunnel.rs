@@ -11,13 +11,16 @@ use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams, xdp_action, xdp_md,
     },
-    helpers::{bpf_fib_lookup, bpf_redirect, bpf_xdp_adjust_head},
+    helpers::{bpf_fib_lookup, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
     programs::XdpContext,
 };
+use core::ptr::read_volatile;
+
 use limiter_common::{
-    packet::{Frame as _, IPPROTO_TCP, IPPROTO_UDP},
+    packet::{Frame, IPPROTO_TCP, IPPROTO_UDP},
     tunnel::{
-        Backend, Flow, NO_BACKEND, Service, ServiceKey, TABLE_SIZE, encap, flow_hash, outcome, overhead, service, state,
+        Backend, Flow, ICMP_FRAME_V4, ICMP_FRAME_V6, NO_BACKEND, QUOTE_V4, QUOTE_V6, Service, ServiceKey, TABLE_SIZE,
+        encap, flow_hash, fold, outcome, overhead, service, state,
     },
 };
 
@@ -128,9 +131,26 @@ pub extern "C" fn limiter_tunnel(ctx: *mut xdp_md) -> u64 {
     let rc = unsafe { bpf_fib_lookup(ctx.cast(), &raw mut fib, size_of::<FibParams>() as i32, 0) };
     if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
         outcome_of(outcome::TOO_BIG);
-        return if svc.flags & service::TOO_BIG_PASS != 0 { pass } else { u64::from(xdp_action::XDP_DROP) };
+        if svc.flags & service::TOO_BIG_PASS != 0 {
+            return pass;
+        }
+        // SAFETY: the helper's answer to a packet too big is the MTU.
+        let mtu = usize::from(unsafe { fib.__bindgen_anon_1.mtu_result });
+        let asked =
+            u64::from(v6) | (l3 as u64) << 8 | (mtu.saturating_sub(over) as u64) << 16 | ((l3 + inner) as u64) << 32;
+        if svc.flags & service::TOO_BIG_DROP == 0 && limiter_too_big(ctx, asked) == 1 {
+            return u64::from(xdp_action::XDP_TX);
+        }
+        return u64::from(xdp_action::XDP_DROP);
     }
-    let routed = rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS);
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        // No route XDP can send on (the next hop's address not resolved,
+        // forwarding off, no route): dropped. The stack would drop the
+        // wrapped packet too (its source is this host's); the daemon's
+        // checks keep each backend's next hop resolved.
+        outcome_of(outcome::UNROUTABLE);
+        return u64::from(xdp_action::XDP_DROP);
+    }
     // The outer headers replace the Ethernet header and any VLAN tags.
     #[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "under 64 bytes")]
     let grow = (14 + over) as i32 - l3 as i32;
@@ -139,9 +159,7 @@ pub extern "C" fn limiter_tunnel(ctx: *mut xdp_md) -> u64 {
         outcome_of(outcome::NO_ROOM);
         return pass;
     }
-    #[expect(clippy::cast_sign_loss, reason = "the outer headers are longer than the L2 header they replace")]
-    let grow = grow as usize;
-    if wrap(&pkt, svc, &fib, routed, grow, Inner { hash, len: inner, tos, v6 }, backend).is_none() {
+    if wrap(&pkt, svc, &fib, Inner { hash, len: inner, tos, v6 }, backend).is_none() {
         outcome_of(outcome::NO_ROOM);
         return u64::from(xdp_action::XDP_DROP);
     }
@@ -152,10 +170,6 @@ pub extern "C" fn limiter_tunnel(ctx: *mut xdp_md) -> u64 {
             (*c).bytes += inner as u64;
         }
     }
-    if !routed {
-        outcome_of(outcome::VIA_STACK);
-        return pass;
-    }
     if fib.ifindex == ingress {
         return u64::from(xdp_action::XDP_TX);
     }
@@ -163,6 +177,123 @@ pub extern "C" fn limiter_tunnel(ctx: *mut xdp_md) -> u64 {
     #[expect(clippy::cast_sign_loss, reason = "XDP_REDIRECT or XDP_ABORTED")]
     let r = unsafe { bpf_redirect(fib.ifindex, 0) } as u64;
     r
+}
+
+/// Turn a packet too big for the path once wrapped into the ICMP error
+/// that tells its sender the largest packet that fits, `mtu` (IPv4's
+/// "fragmentation needed", type 3 code 4; ICMPv6's "packet too big",
+/// type 2), from the service address, quoting the packet's header and 8
+/// bytes, sent back out of the interface it came in on. `None` (the
+/// caller drops it): a frame with VLAN tags, IPv4 options, or too short
+/// to quote.
+#[inline(always)]
+fn too_big(ctx: *mut xdp_md, v6: bool, l3: usize, mtu: usize, len: usize) -> Option<()> {
+    // Against the verifier's view of a global function's argument.
+    let (l3, mtu, len) = (l3 & 0xff, mtu & 0xffff, len & 0xffff);
+    let xdp = XdpContext::new(ctx);
+    let pkt = Packet(&xdp);
+    let (quote, frame) = if v6 { (QUOTE_V6, ICMP_FRAME_V6) } else { (QUOTE_V4, ICMP_FRAME_V4) };
+    if l3 != 14 || !pkt.holds(14, quote) || (!v6 && pkt.bytes_at::<1>(14)?[0] != 0x45) {
+        return None;
+    }
+    let grow = frame - 14 - quote;
+    #[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "under 64 bytes")]
+    // SAFETY: the helper moves the frame's start; nothing of it is held.
+    if unsafe { bpf_xdp_adjust_head(ctx, -(grow as i32)) } != 0 {
+        return None;
+    }
+    let len = len + grow;
+    #[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "a frame is under 64 KiB")]
+    // SAFETY: as above; the frame only shrinks to `frame` bytes.
+    if unsafe { bpf_xdp_adjust_tail(ctx, frame as i32 - len as i32) } != 0 {
+        return None;
+    }
+    #[expect(clippy::cast_possible_truncation, reason = "an MTU is under 64 KiB")]
+    let (hi, lo) = ((mtu >> 8) as u8, mtu as u8);
+    if v6 {
+        let f = pkt.bytes_mut::<ICMP_FRAME_V6>(0)?;
+        swap_eth::<ICMP_FRAME_V6, { ICMP_FRAME_V6 - 14 - QUOTE_V6 }>(f);
+        f[12] = 0x86;
+        f[13] = 0xdd;
+        // From the quote's destination to its source (the quote starts
+        // at 62: its source at 70, its destination at 86).
+        for i in 0..16 {
+            f[22 + i] = f[86 + i];
+        }
+        for i in 0..16 {
+            f[38 + i] = f[70 + i];
+        }
+        let head = [0x60, 0, 0, 0, 0, 56, 58, 64, 2, 0, 0, 0, 0, 0, hi, lo];
+        for (i, b) in head.iter().enumerate() {
+            f[if i < 8 { 14 + i } else { 46 + i }] = *b;
+        }
+        let pseudo = sum_at(&f[22..54], 56 + 58);
+        let c = fold(sum_at(&f[54..], pseudo)).to_be_bytes();
+        f[56] = c[0];
+        f[57] = c[1];
+        return Some(());
+    }
+    let f = pkt.bytes_mut::<ICMP_FRAME_V4>(0)?;
+    swap_eth::<ICMP_FRAME_V4, { ICMP_FRAME_V4 - 14 - QUOTE_V4 }>(f);
+    f[12] = 0x08;
+    f[13] = 0x00;
+    // The quote starts at 42: its source at 54, its destination at 58.
+    for i in 0..4 {
+        f[26 + i] = f[58 + i];
+        f[30 + i] = f[54 + i];
+    }
+    let head = [0x45, 0, 0, 56, 0, 0, 0, 0, 64, 1, 0, 0];
+    for (i, b) in head.iter().enumerate() {
+        f[14 + i] = *b;
+    }
+    let c = fold(sum_at(&f[14..34], 0)).to_be_bytes();
+    f[24] = c[0];
+    f[25] = c[1];
+    let icmp = [3, 4, 0, 0, 0, 0, hi, lo];
+    for (i, b) in icmp.iter().enumerate() {
+        f[34 + i] = *b;
+    }
+    let c = fold(sum_at(&f[34..], 0)).to_be_bytes();
+    f[36] = c[0];
+    f[37] = c[1];
+    Some(())
+}
+
+/// The Ethernet header the frame came with, `GROW` bytes on, written at
+/// its start with its addresses swapped.
+#[inline(always)]
+fn swap_eth<const N: usize, const GROW: usize>(f: &mut [u8; N]) {
+    const { assert!(GROW + 12 <= N) };
+    for i in 0..6 {
+        let (d, src) = (f[GROW + i], f[GROW + 6 + i]);
+        f[i] = src;
+        f[6 + i] = d;
+    }
+}
+
+/// `sum` plus the 16-bit words of `bytes`, each read from the packet
+/// again (volatile): the compiler would otherwise keep the bytes just
+/// written in registers, and spill them onto a stack that has no room.
+#[inline(always)]
+fn sum_at(bytes: &[u8], mut sum: u32) -> u32 {
+    let mut i = 0;
+    while i + 1 < bytes.len() {
+        // SAFETY: two reads inside the slice.
+        let (a, b) = unsafe { (read_volatile(&raw const bytes[i]), read_volatile(&raw const bytes[i + 1])) };
+        sum += u32::from(a) << 8 | u32::from(b);
+        i += 2;
+    }
+    sum
+}
+
+/// [`too_big`] as a global function of its own: its frame stays off
+/// [`limiter_tunnel`]'s (`asked`: IPv6 in bit 0, the IP header's offset
+/// from bit 8, the MTU from bit 16, the frame's length from bit 32). Returns 1 if the answer is ready.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_too_big(ctx: *mut xdp_md, asked: u64) -> u64 {
+    let (v6, l3, mtu, len) = (asked & 1 == 1, (asked >> 8) as usize, (asked >> 16) as usize, (asked >> 32) as usize);
+    u64::from(too_big(ctx, v6, l3, mtu, len).is_some())
 }
 
 /// What the outer headers take of the inner packet.
@@ -173,34 +304,15 @@ struct Inner {
     v6: bool,
 }
 
-/// Write the outer headers at the frame's new start, grown by `grow`
-/// bytes: the Ethernet header (to the next hop's address if `routed`,
-/// else as the frame came, moved up from `grow` bytes on), the outer IP
-/// header, and for FOU and GUE a UDP header (GUE's 4 bytes after it).
+/// Write the outer headers at the frame's new start: the Ethernet header
+/// (to the next hop), the outer IP header, and for FOU and GUE a UDP header (GUE's 4 bytes after it).
 /// Written in place: the program's stack has no room for copies.
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "header fields take the hash's low bits; lengths under 64 KiB")]
-fn wrap(
-    pkt: &Packet,
-    svc: &Service,
-    fib: &FibParams,
-    routed: bool,
-    grow: usize,
-    inner: Inner,
-    backend: &Backend,
-) -> Option<()> {
+fn wrap(pkt: &Packet, svc: &Service, fib: &FibParams, inner: Inner, backend: &Backend) -> Option<()> {
     let eth = pkt.bytes_mut::<14>(0)?;
-    if routed {
-        eth[..6].copy_from_slice(&fib.dmac);
-        eth[6..12].copy_from_slice(&fib.smac);
-    } else {
-        // Not routed here (the next hop's address not resolved yet): the
-        // wrapped packet goes to the stack, addressed to this host as it
-        // came.
-        let was = pkt.bytes_at::<12>(grow)?;
-        let was = *was;
-        eth[..12].copy_from_slice(&was);
-    }
+    eth[..6].copy_from_slice(&fib.dmac);
+    eth[6..12].copy_from_slice(&fib.smac);
     let hash = inner.hash;
     if svc.v6 == 1 {
         eth[12..].copy_from_slice(&[0x86, 0xdd]);

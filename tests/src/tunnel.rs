@@ -21,7 +21,11 @@ use std::{
     time::Duration,
 };
 
-use crate::netns::NetNs;
+use crate::{
+    kernel::TempDir,
+    netns::{B_IF, NetNs, VethPair},
+    scenario::{self, Guard, spawn_lines, unique_socket, wait_for},
+};
 
 /// The service address the clients reach.
 pub const VIP: &str = "198.18.7.100";
@@ -34,6 +38,73 @@ pub fn sysctl(ns: &NetNs, settings: &[&str]) {
     }
 }
 
+/// The client and the edge: the edge forwards (`bpf_fib_lookup` answers
+/// nothing on an interface that does not), the client reaches the
+/// service address through it, and its segments carry whole checksums,
+/// as off a wire (a veth leaves them to an offload that a frame the
+/// program forwards never meets), and it takes the frames the program
+/// sends back with `XDP_TX` (a veth takes them only while its peer runs
+/// an XDP program: the client's end runs one that passes everything).
+pub struct Edge {
+    pub net: VethPair,
+    /// The client's pass-everything program, attached while this lives.
+    pub client_xdp: limiter::dataplane::DataPlane,
+}
+
+#[must_use]
+pub fn edge(tag: &str) -> Edge {
+    crate::kernel::require_root();
+    scenario::raise_nofile();
+    let net = VethPair::new(tag);
+    sysctl(&net.b, &["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"]);
+    net.a.ip(&format!("route add {VIP}/32 via 198.18.0.2"));
+    let out = net.a.command("ethtool").args(["-K", "va", "tx", "off"]).output().expect("ethtool runs");
+    assert!(out.status.success(), "ethtool: {}", String::from_utf8_lossy(&out.stderr));
+    let mut client_xdp = limiter::dataplane::DataPlane::open_bench(1024).expect("the bench object loads");
+    net.a.run_in(|| {
+        client_xdp
+            .attach_entry(
+                limiter_common::programs::BENCH_PASS,
+                crate::netns::A_IF,
+                limiter::dataplane::AttachMode::Native,
+            )
+            .expect("a pass program on the client's end");
+    });
+    Edge { net, client_xdp }
+}
+
+/// The daemon on the edge with `policy`, its control socket ready.
+pub struct Daemon {
+    pub guard: Guard,
+    pub socket: std::path::PathBuf,
+    pub tmp: TempDir,
+}
+
+#[must_use]
+pub fn daemon(net: &VethPair, tag: &str, policy: &str) -> Daemon {
+    let tmp = TempDir::new(tag);
+    let path = tmp.0.join("policy.toml");
+    std::fs::write(&path, policy).unwrap();
+    let socket = unique_socket(tag);
+    let mut cmd = net.b.net_command(scenario::locate_bin("limiter").unwrap());
+    cmd.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"])
+        .arg(&path)
+        .arg("--socket")
+        .arg(&socket);
+    let (guard, log) = spawn_lines(cmd).unwrap();
+    let mut seen = String::new();
+    wait_for(&log, "control socket", Duration::from_secs(20), &mut seen).unwrap();
+    Daemon { guard, socket, tmp }
+}
+
+/// `limiter backend list --json`.
+#[must_use]
+pub fn backend_list(socket: &std::path::Path) -> serde_json::Value {
+    let o = scenario::cli(socket, &["backend", "list", "--json"]);
+    assert!(o.status.success(), "backend list: {}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("JSON")
+}
+
 /// A backend namespace joined to `edge`.
 pub struct Backend {
     pub ns: NetNs,
@@ -41,6 +112,10 @@ pub struct Backend {
     /// Set when the kernel decapsulates (else [`Backend::decap`] does).
     pub kernel: bool,
     pub decap: Option<Decap>,
+    /// With [`Decap`]: a pass-everything program on the backend's end, so
+    /// it takes redirected frames with GRO off (GRO would merge the IPIP
+    /// segments into packets only the kernel's tunnel knows to split).
+    pub xdp: Option<limiter::dataplane::DataPlane>,
 }
 
 impl Backend {
@@ -64,13 +139,20 @@ impl Backend {
         sysctl(&ns, &["net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"]);
         let _ = std::process::Command::new("modprobe").arg("ipip").output();
         let kernel = ns.command("ip").args(["link", "set", "tunl0", "up"]).output().is_ok_and(|o| o.status.success());
-        let decap = if kernel {
+        let (decap, xdp) = if kernel {
             sysctl(&ns, &["net.ipv4.conf.tunl0.rp_filter=0"]);
-            None
+            (None, None)
         } else {
-            Some(Decap::start(&ns))
+            let o = ns.command("ethtool").args(["-K", &b, "gro", "off"]).output().expect("ethtool runs");
+            assert!(o.status.success(), "ethtool: {}", String::from_utf8_lossy(&o.stderr));
+            let mut xdp = limiter::dataplane::DataPlane::open_bench(1024).expect("the bench object loads");
+            ns.run_in(|| {
+                xdp.attach_entry(limiter_common::programs::BENCH_PASS, &b, limiter::dataplane::AttachMode::Native)
+                    .expect("a pass program on the backend's end");
+            });
+            (Some(Decap::start(&ns)), Some(xdp))
         };
-        Self { ns, n, kernel, decap }
+        Self { ns, n, kernel, decap, xdp }
     }
 
     /// This backend's address (the tunnel's outer destination).

@@ -22,7 +22,8 @@ use crate::{digest::Digest, guest};
 /// `limiter-tests` (`binary::module`) and the tests of it (all when none
 /// is named). Each is a kernel-facing behaviour: loading and verifying,
 /// BPF_PROG_TEST_RUN, the daemon on a veth, SYN cookies, out-of-state
-/// TCP under a spoofed flood, window quotas,
+/// TCP under a spoofed flood, forwarding at the driver to backends that
+/// decapsulate with the kernel's own tunnel, window quotas,
 /// the deny set, country and ASN groups, pins across restarts and
 /// upgrades, and sharing the interface through libxdp's dispatcher.
 pub const PLAN: &[(&str, &[&str])] = &[
@@ -38,6 +39,7 @@ pub const PLAN: &[(&str, &[&str])] = &[
     ("kernel::answers", &[]),
     ("kernel::tcp_state", &[]),
     ("daemon::tcp_state", &[]),
+    ("daemon::tunnel", &[]),
     ("daemon::feeds", &[]),
     // The upgrade test stays on the host: an emulated upgrade takes tens
     // of seconds, its bucket refills meanwhile, and the 1 s flood after
@@ -53,7 +55,8 @@ pub const PLAN: &[(&str, &[&str])] = &[
 /// socket lookups of own answers and of out-of-state TCP (in test runs
 /// and under a live flood), the SYN
 /// cookie helpers, the frame
-/// copy of a capture (`bpf_xdp_load_bytes`), XDP on a veth,
+/// copy of a capture (`bpf_xdp_load_bytes`), XDP on a veth, the tunnel's
+/// `bpf_fib_lookup` and the kernel's `tunl0` behind it,
 /// and libxdp's dispatcher (which 6.12 refuses a component of). The rest
 /// of [`PLAN`] (the program's arithmetic through BPF_PROG_TEST_RUN, the
 /// daemon's own logic) runs the same bytecode on the same map types,
@@ -66,6 +69,7 @@ pub const NEWER: &[&str] = &[
     "kernel::answers",
     "kernel::tcp_state",
     "daemon::tcp_state",
+    "daemon::tunnel",
     "daemon::netns_flood",
     "daemon::syn_flood",
     "daemon::kernel_features",

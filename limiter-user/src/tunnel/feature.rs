@@ -15,7 +15,7 @@ use super::{
     BackendRow, TunnelRow, TunnelsInfo, health,
     maglev::{self, Member},
     maps::TunnelMaps,
-    section::{Encapsulation, Otherwise, Tunnel},
+    section::{Encapsulation, Otherwise, TooBig, Tunnel},
     series::TunnelReport,
 };
 use crate::{
@@ -162,8 +162,11 @@ impl Tunnels {
                     Encapsulation::Fou => kernel::encap::FOU,
                     Encapsulation::Gue => kernel::encap::GUE,
                 },
-                flags: if t.too_big == Otherwise::Pass { kernel::service::TOO_BIG_PASS } else { 0 }
-                    | if t.no_backend == Otherwise::Pass { kernel::service::EMPTY_PASS } else { 0 },
+                flags: match t.too_big {
+                    TooBig::Icmp => 0,
+                    TooBig::Drop => kernel::service::TOO_BIG_DROP,
+                    TooBig::Pass => kernel::service::TOO_BIG_PASS,
+                } | if t.no_backend == Otherwise::Pass { kernel::service::EMPTY_PASS } else { 0 },
                 ttl: t.ttl,
                 v6: u8::from(t.address.is_ipv6()),
                 port: t.encapsulation_port.unwrap_or(0),
@@ -203,11 +206,12 @@ impl Tunnels {
         let targets = self
             .services
             .iter()
-            .filter(|s| s.spec.health.enabled)
             .flat_map(|s| {
                 let h = &s.spec.health;
                 let port = s.spec.health_port();
-                s.members.iter().map(move |m| (m.index, SocketAddr::new(m.addr, port), h.interval, h.timeout))
+                s.members
+                    .iter()
+                    .map(move |m| (m.index, SocketAddr::new(m.addr, port), h.interval, h.timeout, h.enabled))
             })
             .collect();
         self.checks = Some(health::start(targets));
@@ -288,6 +292,18 @@ impl Tunnels {
         TunnelsInfo { tunnels, outcomes: self.outcomes.clone() }
     }
 
+    /// Read what the program counted: per backend, and per outcome.
+    fn refresh(&mut self) {
+        if let Some(maps) = self.maps.as_ref() {
+            for s in &mut self.services {
+                for m in &mut s.members {
+                    m.hits = maps.hits(m.index);
+                }
+            }
+            self.outcomes = maps.outcomes();
+        }
+    }
+
     fn drain(&mut self, addr: IpAddr, on: bool) -> Response {
         if !self.services.iter().any(|s| s.members.iter().any(|m| m.addr == addr)) {
             return Response::error(ErrorCode::Refused, format!("{addr} is no tunnel's backend"));
@@ -328,14 +344,7 @@ impl Feature for Tunnels {
                 }
             }
         }
-        if let Some(maps) = self.maps.as_ref() {
-            for s in &mut self.services {
-                for m in &mut s.members {
-                    m.hits = maps.hits(m.index);
-                }
-            }
-            self.outcomes = maps.outcomes();
-        }
+        self.refresh();
     }
 
     fn notes(&mut self) -> Vec<Note> {
@@ -368,7 +377,10 @@ impl Feature for Tunnels {
 
     fn answer(&mut self, req: &Request) -> Option<Response> {
         match req {
-            Request::Tunnels => Some(Response::Tunnels(self.info())),
+            Request::Tunnels => {
+                self.refresh();
+                Some(Response::Tunnels(self.info()))
+            }
             Request::BackendDrain { address, drain } => Some(self.drain(*address, *drain)),
             _ => None,
         }

@@ -1,6 +1,10 @@
 //! The backends' health checks: one task per backend connects over TCP
 //! each interval (with the check's timeout) and sends each result; the
-//! feature counts them into rise and fall streaks once a second.
+//! feature counts them into rise and fall streaks once a second. The
+//! connect also keeps the backend's next hop resolved, which the program
+//! cannot do (XDP sends to a neighbour it finds, or drops); a backend
+//! without checks gets a datagram to its discard port each interval for
+//! that alone.
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -32,20 +36,28 @@ impl Drop for Checks {
     }
 }
 
-/// Start a check of each `(index, addr)` every `interval`, each connect
-/// given `timeout`.
+/// One backend to check: its index, the address to connect to, the
+/// interval and timeout; `check` false: only keep its next hop resolved.
+pub type Target = (u32, SocketAddr, Duration, Duration, bool);
+
+/// Start a check of each target every `interval`, each connect given
+/// `timeout`.
 #[must_use]
-pub fn start(targets: Vec<(u32, SocketAddr, Duration, Duration)>) -> Checks {
+pub fn start(targets: Vec<Target>) -> Checks {
     let (tx, results) = mpsc::channel(ROOM);
     let tasks = targets
         .into_iter()
-        .map(|(index, addr, interval, timeout)| {
+        .map(|(index, addr, interval, timeout, check)| {
             let tx = tx.clone();
             tokio::spawn(async move {
                 let mut every = tokio::time::interval(interval);
                 every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     every.tick().await;
+                    if !check {
+                        touch(addr).await;
+                        continue;
+                    }
                     let (ok, error) = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
                         Ok(Ok(_)) => (true, None),
                         Ok(Err(e)) => (false, Some(e.to_string())),
@@ -59,4 +71,14 @@ pub fn start(targets: Vec<(u32, SocketAddr, Duration, Duration)>) -> Checks {
         })
         .collect();
     Checks { tasks, results }
+}
+
+/// A datagram to the backend's discard port (9): the kernel resolves the
+/// next hop on the way. Errors are of no interest.
+async fn touch(addr: SocketAddr) {
+    let any: SocketAddr =
+        if addr.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+    if let Ok(s) = tokio::net::UdpSocket::bind(any).await {
+        let _ = s.send_to(&[], SocketAddr::new(addr.ip(), 9)).await;
+    }
 }

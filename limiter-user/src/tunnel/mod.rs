@@ -51,4 +51,4 @@ pub struct BackendRow {
 }
 
 /// The names of `limiter_common::tunnel::outcome`, by index.
-pub const OUTCOMES: [&str; 5] = ["no_backend", "too_big", "via_stack", "unread", "no_room"];
+pub const OUTCOMES: [&str; 5] = ["no_backend", "too_big", "unroutable", "unread", "no_room"];

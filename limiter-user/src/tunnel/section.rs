@@ -12,7 +12,7 @@
 //! encapsulation_port = 5555    # fou and gue: the backends' UDP port
 //! source = "198.18.1.1"        # the outer header's source: this host's address
 //! ttl = 64                     # the outer header's TTL
-//! too_big = "drop"             # a packet too big for the path once wrapped: drop | pass
+//! too_big = "icmp"             # a packet too big for the path once wrapped: icmp | drop | pass
 //! no_backend = "drop"          # every backend down or drained: drop | pass
 //! backends = [
 //!   { address = "198.18.2.2" },
@@ -64,6 +64,19 @@ pub enum Encapsulation {
     Ipip,
     Fou,
     Gue,
+}
+
+/// What happens to a packet too big for the path once wrapped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TooBig {
+    /// Answered with ICMP's "fragmentation needed" (ICMPv6's "packet too
+    /// big") from the service address: the client's path MTU discovery
+    /// shrinks its packets.
+    #[default]
+    Icmp,
+    Drop,
+    Pass,
 }
 
 /// What happens to a packet the tunnel cannot send.
@@ -163,7 +176,7 @@ pub struct Tunnel {
     #[serde(default = "defaults::ttl")]
     pub ttl: u8,
     #[serde(default)]
-    pub too_big: Otherwise,
+    pub too_big: TooBig,
     #[serde(default)]
     pub no_backend: Otherwise,
     pub backends: Vec<BackendSpec>,

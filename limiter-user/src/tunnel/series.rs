@@ -61,7 +61,7 @@ impl Series for TunnelReport {
         }
         let mut m = enc.encode_descriptor(
             "limiter_forward_tunnel_unforwarded",
-            "Packets to a tunnel not forwarded by the driver, by outcome (via_stack: wrapped, handed to the stack to route).",
+            "Packets to a tunnel not forwarded by the driver, by outcome (unroutable: the next hop unresolved, forwarding off or no route).",
             None,
             MetricType::Counter,
         )?;

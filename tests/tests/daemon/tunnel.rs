@@ -22,10 +22,9 @@ use std::{
 };
 
 use limiter_tests::{
-    kernel::{TempDir, require_root},
-    netns::{B_IF, NetNs, VethPair},
-    scenario::{self, spawn_lines, unique_socket, wait_for},
-    tunnel::{Backend, VIP, sysctl},
+    netns::NetNs,
+    scenario,
+    tunnel::{Backend, VIP, backend_list, daemon, edge},
 };
 
 /// Each client prefix's first address: 198.18.(10 + p).1.
@@ -130,12 +129,6 @@ impl Conn {
     }
 }
 
-fn backend_list(socket: &std::path::Path) -> serde_json::Value {
-    let o = scenario::cli(socket, &["backend", "list", "--json"]);
-    assert!(o.status.success(), "backend list: {}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout).expect("JSON")
-}
-
 fn state_of(j: &serde_json::Value, tunnel: usize, addr: &str) -> String {
     j["tunnels"][tunnel]["backends"]
         .as_array()
@@ -168,18 +161,10 @@ fn client_addr(p: u8, i: u8) -> String {
 #[expect(clippy::too_many_lines, reason = "one test bed, its phases in order")]
 fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
     let _alone = limiter_tests::alone(module_path!());
-    require_root();
-    scenario::raise_nofile();
-    let net = VethPair::new("tun");
+    let bed = edge("tun");
+    let net = &bed.net;
     let (c, edge) = (&net.a, &net.b);
     let mut out;
-    sysctl(edge, &["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"]);
-    c.ip(&format!("route add {VIP}/32 via 198.18.0.2"));
-    // The clients' segments carry whole checksums, as off the wire: a
-    // veth leaves them to an offload that a frame the program forwards
-    // never meets.
-    out = c.command("ethtool").args(["-K", "va", "tx", "off"]).output().expect("ethtool runs");
-    assert!(out.status.success(), "ethtool: {}", String::from_utf8_lossy(&out.stderr));
     for p in 0..20 {
         for i in 0..10 {
             net.add_source(&client(p, i));
@@ -196,18 +181,8 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
          = \"dns\"\naddress = \"{VIP}\"\nprotocol = \"udp\"\nports = \"53\"\nsource = \"198.19.0.1\"\nbackends = [{{ address = \
          \"{b0}\" }}, {{ address = \"{b1}\" }}]\n{health}"
     );
-    let tmp = TempDir::new("tun");
-    let path = tmp.0.join("policy.toml");
-    std::fs::write(&path, &policy).unwrap();
-    let socket = unique_socket("tun");
-    let mut cmd = edge.net_command(scenario::locate_bin("limiter").unwrap());
-    cmd.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"])
-        .arg(&path)
-        .arg("--socket")
-        .arg(&socket);
-    let (_daemon, log) = spawn_lines(cmd).unwrap();
-    let mut seen = String::new();
-    wait_for(&log, "control socket", Duration::from_secs(20), &mut seen).unwrap();
+    let edge_daemon = daemon(net, "tun", &policy);
+    let socket = edge_daemon.socket.clone();
     let how = if backends[0].kernel { "the kernel's tunl0" } else { "a userspace decapsulator (no IPIP in this kernel)" };
     println!("backends decapsulate with {how}");
 
@@ -328,4 +303,82 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
     assert!(out.status.success());
     out = scenario::cli(&socket, &["backend", "drain", "198.19.9.9"]);
     assert!(!out.status.success(), "a backend no tunnel has is refused");
+}
+
+/// A sink on the backend's TCP 81: reads to the end, answers the count.
+fn serve_sink(backend: &Backend) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    backend.ns.spawn_in(move || {
+        let listener = TcpListener::bind("0.0.0.0:81").expect("bind 81");
+        tx.send(()).unwrap();
+        if let Ok((mut c, _)) = listener.accept() {
+            let mut n = 0usize;
+            let mut buf = vec![0u8; 65536];
+            while let Ok(k) = std::io::Read::read(&mut c, &mut buf) {
+                if k == 0 {
+                    break;
+                }
+                n += k;
+            }
+            let _ = writeln!(c, "{n}");
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5)).expect("the sink started");
+}
+
+/// Full-size frames from the client do not fit the path to the backend
+/// once wrapped (1,500 + 20 > 1,500): the program answers the first with
+/// ICMP "fragmentation needed", the client's path MTU discovery shrinks
+/// its segments, and a 1 MiB upload completes.
+#[test]
+fn a_packet_too_big_once_wrapped_is_answered_and_path_mtu_discovery_completes() {
+    let _alone = limiter_tests::alone(module_path!());
+    let bed = edge("tmtu");
+    let net = &bed.net;
+    let c = &net.a;
+    net.add_source(&client(0, 0));
+    let backend = Backend::new(&net.b, 0);
+    serve_sink(&backend);
+    let b0 = backend.addr();
+    let policy = format!(
+        "rate = 100000\nburst = 100000\n\n[[tunnel]]\nname = \"bulk\"\naddress = \"{VIP}\"\nprotocol = \"tcp\"\nports = \
+         81\nsource = \"198.19.0.1\"\nbackends = [{{ address = \"{b0}\" }}]\n[tunnel.health]\nenabled = false\n"
+    );
+    let edge_daemon = daemon(net, "tmtu", &policy);
+    const LEN: usize = 1 << 20;
+    let got = c.run_in(|| {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&format!("{}:0", client(0, 0)).parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+        s.connect_timeout(&format!("{VIP}:81").parse::<std::net::SocketAddr>().unwrap().into(), Duration::from_secs(3))
+            .expect("connects");
+        let mut t: TcpStream = s.into();
+        t.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let start = Instant::now();
+        if let Err(e) = t.write_all(&vec![7u8; LEN]) {
+            return (0, start.elapsed(), e.to_string());
+        }
+        t.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut line = String::new();
+        let e = BufReader::new(t).read_line(&mut line).err().map(|e| e.to_string()).unwrap_or_default();
+        (line.trim().parse::<usize>().unwrap_or(0), start.elapsed(), e)
+    });
+    let route = c.command("ip").args(["route", "get", VIP, "from", &client(0, 0)]).output().unwrap();
+    let route = String::from_utf8_lossy(&route.stdout).into_owned();
+    let j = backend_list(&edge_daemon.socket);
+    let too_big = j["outcomes"][1].as_u64().unwrap();
+    let icmp = c.nstat("IcmpInDestUnreachs");
+    println!(
+        "1 MiB upload: {} B arrived in {:?} {}; {too_big} packets too big answered; the client's route: {}; the client \
+         received {} ICMP unreachables",
+        got.0,
+        got.1,
+        got.2,
+        route.trim(),
+        icmp
+    );
+    assert_eq!(got.0, LEN, "the whole upload arrived");
+    assert!(too_big >= 1, "a packet was too big and counted");
+    assert!(icmp >= 1, "the client was told");
+    assert!(route.contains("mtu 1480"), "the client learned the path's MTU: {route}");
 }

@@ -213,7 +213,7 @@ fn feed() -> impl Strategy<Value = crate::policy::feed::Feed> {
 }
 
 fn tunnel() -> impl Strategy<Value = crate::tunnel::section::Tunnel> {
-    use crate::tunnel::section::{BackendSpec, Encapsulation, Health, Otherwise, Ports, Transport, Tunnel};
+    use crate::tunnel::section::{BackendSpec, Encapsulation, Health, Otherwise, Ports, TooBig, Transport, Tunnel};
     (1u16..1000, 0u16..10, 1u32..=100, any::<bool>(), any::<bool>(), 1u8..=255, 1u32..=5).prop_map(
         |(port, more, weight, gue, drain, ttl, fall)| Tunnel {
             name: format!("t{port}"),
@@ -224,7 +224,7 @@ fn tunnel() -> impl Strategy<Value = crate::tunnel::section::Tunnel> {
             encapsulation_port: gue.then_some(5555),
             source: "198.18.1.1".parse().expect("addr"),
             ttl,
-            too_big: if drain { Otherwise::Pass } else { Otherwise::Drop },
+            too_big: if drain { TooBig::Pass } else { TooBig::Icmp },
             no_backend: Otherwise::Drop,
             backends: vec![BackendSpec { address: "198.18.2.2".parse().expect("addr"), weight, drain }],
             health: Health { fall, ..Health::default() },
