@@ -38,6 +38,7 @@ const _: () = assert!(core::mem::size_of::<crate::tunnel::ServiceKey>() == 20);
 const _: () = assert!(core::mem::size_of::<crate::tunnel::Service>() == 28);
 const _: () = assert!(core::mem::size_of::<crate::tunnel::Backend>() == 24);
 const _: () = assert!(core::mem::size_of::<crate::tunnel::Flow>() == 40);
+const _: () = assert!(core::mem::size_of::<crate::tunnel::Hop>() == 32);
 const _: () = assert!(maps::MAX_OVERRIDES < resolution::GROUP);
 const _: () = assert!(groups::MAX_GROUPS <= resolution::GROUP_INDEX >> resolution::GROUP_SHIFT);
 
@@ -72,4 +73,5 @@ mod pod {
     unsafe impl aya::Pod for crate::tunnel::Service {}
     unsafe impl aya::Pod for crate::tunnel::Backend {}
     unsafe impl aya::Pod for crate::tunnel::Flow {}
+    unsafe impl aya::Pod for crate::tunnel::Hop {}
 }

@@ -184,6 +184,13 @@ pub const TUNNEL_BACKENDS: &str = "TUNNEL_BACKENDS";
 /// `LRU_HASH<crate::tunnel::Flow, u32>`, [`crate::tunnel::CONNECTIONS`]
 /// entries, program only: each flow's backend.
 pub const TUNNEL_CONNS: &str = "TUNNEL_CONNS";
+/// `PERCPU_ARRAY<crate::tunnel::Hop>` by backend index: each backend's
+/// next hop as this CPU last looked it up; cleared by the daemon when it
+/// writes the backends.
+pub const TUNNEL_HOPS: &str = "TUNNEL_HOPS";
+/// `PERCPU_ARRAY<[u64; 8]>`, one entry, program only: the parameters of
+/// a next hop's lookup (64 bytes the program's stack has no room for).
+pub const TUNNEL_FIB: &str = "TUNNEL_FIB";
 /// `PERCPU_ARRAY<crate::Counter>` by backend index: packets and bytes
 /// forwarded to it.
 pub const TUNNEL_HITS: &str = "TUNNEL_HITS";
@@ -292,7 +299,7 @@ const CLASSES_U32: u32 = MAX_CLASSES as u32;
 
 /// Every map of the program; the pinned ones first, in the order the
 /// loader pins them.
-pub const TABLE: [Spec; 46] = [
+pub const TABLE: [Spec; 48] = [
     Spec::new(BUCKETS, Kind::LruHash, size_of::<BucketKey>(), size_of::<BucketState>(), DEFAULT_BUCKET_CAPACITY)
         .by_capacity()
         .pinned(11),
@@ -351,6 +358,8 @@ pub const TABLE: [Spec; 46] = [
     Spec::new(TUNNEL_TABLE, Kind::Array, 4, 4, tunnel::MAX_SERVICES * tunnel::TABLE_SIZE),
     Spec::new(TUNNEL_BACKENDS, Kind::Array, 4, size_of::<tunnel::Backend>(), tunnel::MAX_BACKENDS),
     Spec::new(TUNNEL_CONNS, Kind::LruHash, size_of::<tunnel::Flow>(), 4, tunnel::CONNECTIONS),
+    Spec::new(TUNNEL_HOPS, Kind::PerCpuArray, 4, size_of::<tunnel::Hop>(), tunnel::MAX_BACKENDS),
+    Spec::new(TUNNEL_FIB, Kind::PerCpuArray, 4, 64, 1),
     Spec::new(TUNNEL_HITS, Kind::PerCpuArray, 4, size_of::<Counter>(), tunnel::MAX_BACKENDS),
     Spec::new(TUNNEL_OUTCOMES, Kind::PerCpuArray, 4, 8, tunnel::OUTCOMES),
 ];

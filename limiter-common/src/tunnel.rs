@@ -131,6 +131,28 @@ pub struct Backend {
     pub service: u32,
 }
 
+/// `TUNNEL_HOPS`'s value, per CPU, by backend index: the backend's next
+/// hop as `bpf_fib_lookup` found it, kept for [`HOP_JIFFIES`] so that a
+/// packet pays a map read instead of a route and neighbour lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hop {
+    /// `jiffies` when it was looked up.
+    pub at: u64,
+    /// The interface it leaves by (0: none kept).
+    pub ifindex: u32,
+    /// The route's MTU.
+    pub mtu: u32,
+    pub dmac: [u8; 6],
+    pub smac: [u8; 6],
+    pub pad: [u8; 4],
+}
+
+/// How long a kept next hop is used before it is looked up again: 256
+/// jiffies (about a second at HZ=250, a quarter at HZ=1000), so a route
+/// or neighbour that changes is followed within that.
+pub const HOP_JIFFIES: u64 = 256;
+
 /// `TUNNEL_CONNS`'s key: a flow to a service.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

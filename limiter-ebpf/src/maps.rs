@@ -331,6 +331,19 @@ map! {
 }
 
 map! {
+    /// Written by: XDP, per CPU (a backend's next hop, looked up again
+    /// after `HOP_JIFFIES`); userspace clears it when it writes the
+    /// backends. Read by: XDP, per forwarded packet.
+    TUNNEL_HOPS: PerCpuArray<limiter_common::tunnel::Hop>
+}
+
+map! {
+    /// Written and read by: XDP, per CPU: a next hop's lookup parameters
+    /// (`bpf_fib_lookup`'s 64 bytes, off the stack).
+    TUNNEL_FIB: PerCpuArray<[u64; 8]>
+}
+
+map! {
     /// Written by: XDP, per CPU, per forwarded packet. Read by: userspace,
     /// summed, for the metrics.
     TUNNEL_HITS: PerCpuArray<Counter>

@@ -11,7 +11,7 @@ use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams, xdp_action, xdp_md,
     },
-    helpers::{bpf_fib_lookup, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
+    helpers::{bpf_fib_lookup, bpf_jiffies64, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
     programs::XdpContext,
 };
 use core::ptr::read_volatile;
@@ -19,13 +19,16 @@ use core::ptr::read_volatile;
 use limiter_common::{
     packet::{Frame, IPPROTO_TCP, IPPROTO_UDP},
     tunnel::{
-        Backend, Flow, ICMP_FRAME_V4, ICMP_FRAME_V6, NO_BACKEND, QUOTE_V4, QUOTE_V6, Service, ServiceKey, TABLE_SIZE,
-        encap, flow_hash, fold, outcome, overhead, service, state,
+        Backend, Flow, HOP_JIFFIES, Hop, ICMP_FRAME_V4, ICMP_FRAME_V6, NO_BACKEND, QUOTE_V4, QUOTE_V6, Service,
+        ServiceKey, TABLE_SIZE, encap, flow_hash, fold, outcome, overhead, service, state,
     },
 };
 
 use crate::{
-    maps::{TUNNEL_BACKENDS, TUNNEL_CONNS, TUNNEL_HITS, TUNNEL_OUTCOMES, TUNNEL_SERVICES, TUNNEL_TABLE},
+    maps::{
+        TUNNEL_BACKENDS, TUNNEL_CONNS, TUNNEL_FIB, TUNNEL_HITS, TUNNEL_HOPS, TUNNEL_OUTCOMES, TUNNEL_SERVICES,
+        TUNNEL_TABLE,
+    },
     packet::Packet,
 };
 
@@ -50,7 +53,6 @@ pub fn forward(pkt: &Packet) -> u32 {
 /// action).
 #[unsafe(no_mangle)]
 #[inline(never)]
-#[expect(clippy::too_many_lines, reason = "read, pick, route, grow, in order; split, its parts would copy the headers")]
 pub extern "C" fn limiter_tunnel(ctx: *mut xdp_md) -> u64 {
     let xdp = XdpContext::new(ctx);
     let pkt = Packet(&xdp);
@@ -108,47 +110,25 @@ pub extern "C" fn limiter_tunnel(ctx: *mut xdp_md) -> u64 {
     let inner = (xdp.data_end() - xdp.data()).saturating_sub(l3);
     let outer_v6 = svc.v6 == 1;
     let over = overhead(svc.encap, outer_v6);
-    // SAFETY: all-zero is a valid `bpf_fib_lookup`.
-    let mut fib: FibParams = unsafe { core::mem::zeroed() };
     let ingress = unsafe { (*ctx).ingress_ifindex };
-    fib.ifindex = ingress;
-    #[expect(clippy::cast_possible_truncation, reason = "a frame is shorter than 64 KiB")]
-    let total = (inner + over) as u16;
-    fib.__bindgen_anon_1.tot_len = total;
-    if outer_v6 {
-        fib.family = AF_INET6;
-        fib.__bindgen_anon_3.ipv6_src = words(&svc.source);
-        fib.__bindgen_anon_4.ipv6_dst = words(&backend.addr);
-    } else {
-        fib.family = AF_INET;
-        fib.__bindgen_anon_3.ipv4_src =
-            u32::from_ne_bytes([svc.source[0], svc.source[1], svc.source[2], svc.source[3]]);
-        fib.__bindgen_anon_4.ipv4_dst =
-            u32::from_ne_bytes([backend.addr[0], backend.addr[1], backend.addr[2], backend.addr[3]]);
-    }
-    // SAFETY: `fib` is a `bpf_fib_lookup` of its own size.
-    #[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "64 bytes")]
-    let rc = unsafe { bpf_fib_lookup(ctx.cast(), &raw mut fib, size_of::<FibParams>() as i32, 0) };
-    if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-        outcome_of(outcome::TOO_BIG);
-        if svc.flags & service::TOO_BIG_PASS != 0 {
-            return pass;
-        }
-        // SAFETY: the helper's answer to a packet too big is the MTU.
-        let mtu = usize::from(unsafe { fib.__bindgen_anon_1.mtu_result });
-        let asked =
-            u64::from(v6) | (l3 as u64) << 8 | (mtu.saturating_sub(over) as u64) << 16 | ((l3 + inner) as u64) << 32;
-        if svc.flags & service::TOO_BIG_DROP == 0 && limiter_too_big(ctx, asked) == 1 {
-            return u64::from(xdp_action::XDP_TX);
-        }
-        return u64::from(xdp_action::XDP_DROP);
-    }
-    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+    let Some(hop) = hop_of(ctx, idx, svc, backend, ingress) else {
         // No route XDP can send on (the next hop's address not resolved,
         // forwarding off, no route): dropped. The stack would drop the
         // wrapped packet too (its source is this host's); the daemon's
         // checks keep each backend's next hop resolved.
         outcome_of(outcome::UNROUTABLE);
+        return u64::from(xdp_action::XDP_DROP);
+    };
+    if inner + over > hop.mtu as usize {
+        outcome_of(outcome::TOO_BIG);
+        if svc.flags & service::TOO_BIG_PASS != 0 {
+            return pass;
+        }
+        let mtu = (hop.mtu as usize).saturating_sub(over);
+        let asked = u64::from(v6) | (l3 as u64) << 8 | (mtu as u64) << 16 | ((l3 + inner) as u64) << 32;
+        if svc.flags & service::TOO_BIG_DROP == 0 && limiter_too_big(ctx, asked) == 1 {
+            return u64::from(xdp_action::XDP_TX);
+        }
         return u64::from(xdp_action::XDP_DROP);
     }
     // The outer headers replace the Ethernet header and any VLAN tags.
@@ -159,7 +139,7 @@ pub extern "C" fn limiter_tunnel(ctx: *mut xdp_md) -> u64 {
         outcome_of(outcome::NO_ROOM);
         return pass;
     }
-    if wrap(&pkt, svc, &fib, Inner { hash, len: inner, tos, v6 }, backend).is_none() {
+    if wrap(&pkt, svc, hop, Inner { hash, len: inner, tos, v6 }, backend).is_none() {
         outcome_of(outcome::NO_ROOM);
         return u64::from(xdp_action::XDP_DROP);
     }
@@ -170,12 +150,12 @@ pub extern "C" fn limiter_tunnel(ctx: *mut xdp_md) -> u64 {
             (*c).bytes += inner as u64;
         }
     }
-    if fib.ifindex == ingress {
+    if hop.ifindex == ingress {
         return u64::from(xdp_action::XDP_TX);
     }
     // SAFETY: a helper taking an interface index.
     #[expect(clippy::cast_sign_loss, reason = "XDP_REDIRECT or XDP_ABORTED")]
-    let r = unsafe { bpf_redirect(fib.ifindex, 0) } as u64;
+    let r = unsafe { bpf_redirect(hop.ifindex, 0) } as u64;
     r
 }
 
@@ -296,6 +276,65 @@ pub extern "C" fn limiter_too_big(ctx: *mut xdp_md, asked: u64) -> u64 {
     u64::from(too_big(ctx, v6, l3, mtu, len).is_some())
 }
 
+/// The backend's next hop on this CPU: the one kept, if looked up less
+/// than [`HOP_JIFFIES`] ago, else looked up now (twice: with the longest
+/// packet, whose refusal says the route's MTU, then with none, which
+/// finds the neighbour) and kept. `None`: no route XDP can send on; not
+/// kept, so the next packet asks again.
+#[inline(always)]
+fn hop_of<'a>(ctx: *mut xdp_md, idx: u32, svc: &Service, backend: &Backend, ingress: u32) -> Option<&'a Hop> {
+    let kept = TUNNEL_HOPS.get_ptr_mut(idx)?;
+    // SAFETY: a helper with no arguments; a per-CPU slot only this CPU's
+    // softirq writes.
+    let (now, kept) = unsafe { (bpf_jiffies64(), &mut *kept) };
+    if kept.ifindex != 0 && now.wrapping_sub(kept.at) < HOP_JIFFIES {
+        return Some(kept);
+    }
+    // The lookup's parameters in this CPU's scratch slot: 64 bytes the
+    // stack has no room for.
+    let fib = TUNNEL_FIB.get_ptr_mut(0)?;
+    // SAFETY: a per-CPU slot only this CPU's softirq uses, of a
+    // `bpf_fib_lookup`'s size and alignment (all-zero is a valid one).
+    let fib = unsafe { &mut *fib.cast::<FibParams>() };
+    *fib = unsafe { core::mem::zeroed() };
+    let ask = |fib: &mut FibParams, len: u16| {
+        fib.ifindex = ingress;
+        fib.__bindgen_anon_1.tot_len = len;
+        if svc.v6 == 1 {
+            fib.family = AF_INET6;
+            fib.__bindgen_anon_3.ipv6_src = words(&svc.source);
+            fib.__bindgen_anon_4.ipv6_dst = words(&backend.addr);
+        } else {
+            fib.family = AF_INET;
+            fib.__bindgen_anon_3.ipv4_src =
+                u32::from_ne_bytes([svc.source[0], svc.source[1], svc.source[2], svc.source[3]]);
+            fib.__bindgen_anon_4.ipv4_dst =
+                u32::from_ne_bytes([backend.addr[0], backend.addr[1], backend.addr[2], backend.addr[3]]);
+        }
+        // SAFETY: `fib` is a `bpf_fib_lookup` of its own size.
+        #[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "64 bytes")]
+        unsafe {
+            bpf_fib_lookup(ctx.cast(), &raw mut *fib, size_of::<FibParams>() as i32, 0)
+        }
+    };
+    let mtu = if ask(fib, u16::MAX) == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+        // SAFETY: the helper's answer to a packet too big is the MTU.
+        u32::from(unsafe { fib.__bindgen_anon_1.mtu_result })
+    } else {
+        u32::from(u16::MAX)
+    };
+    if ask(fib, 0) != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        kept.ifindex = 0;
+        return None;
+    }
+    kept.at = now;
+    kept.ifindex = fib.ifindex;
+    kept.mtu = mtu;
+    kept.dmac = fib.dmac;
+    kept.smac = fib.smac;
+    Some(kept)
+}
+
 /// What the outer headers take of the inner packet.
 struct Inner {
     hash: u32,
@@ -309,10 +348,10 @@ struct Inner {
 /// Written in place: the program's stack has no room for copies.
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, reason = "header fields take the hash's low bits; lengths under 64 KiB")]
-fn wrap(pkt: &Packet, svc: &Service, fib: &FibParams, inner: Inner, backend: &Backend) -> Option<()> {
+fn wrap(pkt: &Packet, svc: &Service, hop: &Hop, inner: Inner, backend: &Backend) -> Option<()> {
     let eth = pkt.bytes_mut::<14>(0)?;
-    eth[..6].copy_from_slice(&fib.dmac);
-    eth[6..12].copy_from_slice(&fib.smac);
+    eth[..6].copy_from_slice(&hop.dmac);
+    eth[6..12].copy_from_slice(&hop.smac);
     let hash = inner.hash;
     if svc.v6 == 1 {
         eth[12..].copy_from_slice(&[0x86, 0xdd]);

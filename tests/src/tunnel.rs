@@ -12,6 +12,7 @@
 
 use std::{
     io::Read as _,
+    net::Ipv4Addr,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     sync::{
         Arc,
@@ -29,6 +30,8 @@ use crate::{
 
 /// The service address the clients reach.
 pub const VIP: &str = "198.18.7.100";
+/// The backends' GUE port.
+pub const GUE_PORT: u16 = 5555;
 
 /// Run `sysctl -w` for each setting in `ns`.
 pub fn sysctl(ns: &NetNs, settings: &[&str]) {
@@ -93,7 +96,9 @@ pub fn daemon(net: &VethPair, tag: &str, policy: &str) -> Daemon {
         .arg(&socket);
     let (guard, log) = spawn_lines(cmd).unwrap();
     let mut seen = String::new();
-    wait_for(&log, "control socket", Duration::from_secs(20), &mut seen).unwrap();
+    // Under emulation (the guest tier) the verifier alone takes tens of
+    // seconds.
+    wait_for(&log, "control socket", Duration::from_secs(90), &mut seen).unwrap();
     Daemon { guard, socket, tmp }
 }
 
@@ -103,6 +108,34 @@ pub fn backend_list(socket: &std::path::Path) -> serde_json::Value {
     let o = scenario::cli(socket, &["backend", "list", "--json"]);
     assert!(o.status.success(), "backend list: {}", String::from_utf8_lossy(&o.stderr));
     serde_json::from_slice(&o.stdout).expect("JSON")
+}
+
+/// The backends [`fib_ns`] knows as static neighbours, and their MACs
+/// (its IPv6 backend, 2001:2:0:19::2, has the first MAC).
+pub const FIB_BACKENDS: [[u8; 4]; 2] = [[198, 19, 0, 2], [198, 19, 0, 3]];
+pub const FIB_MACS: [[u8; 6]; 2] = [[2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 3]];
+
+/// For BPF_PROG_TEST_RUN of the tunnel (the kernel tier, the bench): a
+/// namespace that forwards, with a veth `k0` toward the backends and
+/// their addresses as static neighbours; `k0`'s MAC.
+#[must_use]
+pub fn fib_ns() -> (NetNs, [u8; 6]) {
+    let ns = NetNs::new("ktun");
+    sysctl(&ns, &["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"]);
+    ns.ip("link add k0 type veth peer name k1");
+    ns.ip("addr add 198.19.0.1/24 dev k0");
+    ns.ip("addr add 2001:2:0:19::1/64 dev k0 nodad");
+    ns.ip("link set k0 up");
+    ns.ip("link set k1 up");
+    for (b, mac) in FIB_BACKENDS.iter().zip(FIB_MACS) {
+        let mac = mac.map(|m| format!("{m:02x}")).join(":");
+        ns.ip(&format!("neigh add {} lladdr {mac} dev k0 nud permanent", Ipv4Addr::from(*b)));
+    }
+    ns.ip("neigh add 2001:2:0:19::2 lladdr 02:00:00:00:00:02 dev k0 nud permanent");
+    let o = ns.command("cat").arg("/sys/class/net/k0/address").output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let mac: Vec<u8> = text.trim().split(':').map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
+    (ns, mac.try_into().unwrap())
 }
 
 /// A backend namespace joined to `edge`.
@@ -141,6 +174,8 @@ impl Backend {
         let kernel = ns.command("ip").args(["link", "set", "tunl0", "up"]).output().is_ok_and(|o| o.status.success());
         let (decap, xdp) = if kernel {
             sysctl(&ns, &["net.ipv4.conf.tunl0.rp_filter=0"]);
+            let _ = std::process::Command::new("modprobe").arg("fou").output();
+            ns.ip(&format!("fou add port {GUE_PORT} gue"));
             (None, None)
         } else {
             let o = ns.command("ethtool").args(["-K", &b, "gro", "off"]).output().expect("ethtool runs");
@@ -225,6 +260,24 @@ impl Decap {
                 );
                 std::fs::File::from_raw_fd(fd)
             };
+            // GUE on UDP 5555 (the port `GUE_PORT` names): the 4-byte
+            // header, then the inner packet.
+            let (gue_tun, gs, gb, gp) = (tun.try_clone().unwrap(), s.clone(), b.clone(), p.clone());
+            let gue = std::net::UdpSocket::bind(("0.0.0.0", GUE_PORT)).expect("bind the GUE port");
+            gue.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                while !gs.load(Ordering::Relaxed) {
+                    let Ok(n) = gue.recv(&mut buf) else { continue };
+                    if n < 24 || buf[..4] != [0, 4, 0, 0] {
+                        gb.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    gp.fetch_add(1, Ordering::Relaxed);
+                    // SAFETY: a write of a buffer to the TUN descriptor.
+                    unsafe { libc::write(gue_tun.as_raw_fd(), buf[4..n].as_ptr().cast(), n - 4) };
+                }
+            });
             tx.send(()).unwrap();
             let mut raw = raw;
             let mut buf = vec![0u8; 65536];

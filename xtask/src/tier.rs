@@ -39,6 +39,7 @@ pub const PLAN: &[(&str, &[&str])] = &[
     ("kernel::answers", &[]),
     ("kernel::tcp_state", &[]),
     ("daemon::tcp_state", &[]),
+    ("kernel::tunnel", &[]),
     ("daemon::tunnel", &[]),
     ("daemon::feeds", &[]),
     // The upgrade test stays on the host: an emulated upgrade takes tens
@@ -69,6 +70,7 @@ pub const NEWER: &[&str] = &[
     "kernel::answers",
     "kernel::tcp_state",
     "daemon::tcp_state",
+    "kernel::tunnel",
     "daemon::tunnel",
     "daemon::netns_flood",
     "daemon::syn_flood",

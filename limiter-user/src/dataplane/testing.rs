@@ -36,6 +36,34 @@ impl DataPlane {
         Ok(info.verified_instruction_count())
     }
 
+    /// Write one tunnelled service (every port entry in `keys`), its
+    /// backends by index, and its Maglev table, as the daemon's feature
+    /// would (the tests and benches of the tunnel's data plane).
+    pub fn set_tunnel(
+        &mut self,
+        keys: &[limiter_common::tunnel::ServiceKey],
+        service: limiter_common::tunnel::Service,
+        backends: &[(u32, limiter_common::tunnel::Backend)],
+        table: &[u32],
+    ) -> anyhow::Result<()> {
+        let maps = self.maps.tunnel.as_mut().ok_or_else(|| anyhow::anyhow!("the tunnel maps are taken"))?;
+        for k in keys {
+            maps.services.insert(*k, service, 0)?;
+        }
+        for (i, b) in backends {
+            maps.backends.set(*i, *b, 0)?;
+            maps.forget_hop(*i)?;
+        }
+        maps.write_table(service.index, table, None)
+    }
+
+    /// Packets and bytes forwarded to backend `index`, and each outcome's
+    /// packets, over every CPU.
+    #[must_use]
+    pub fn tunnel_counts(&self, index: u32) -> (limiter_common::Counter, Vec<u64>) {
+        self.maps.tunnel.as_ref().map(|m| (m.hits(index), m.outcomes())).unwrap_or_default()
+    }
+
     /// Set the injected clock read by the test entry point.
     pub fn set_test_clock(&mut self, now_ns: u64) -> Result<(), LoadError> {
         self.maps.tables().set_test_clock(now_ns)

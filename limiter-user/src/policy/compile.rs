@@ -133,6 +133,7 @@ impl Policy {
         } = self;
         super::forward::check(forwards)?;
         crate::tunnel::section::check(tunnels)?;
+        crate::tunnel::section::check_classes(tunnels, classes)?;
         if let Some(f) = fleet {
             super::fleet::check(f)?;
         }

@@ -142,6 +142,7 @@ impl Tunnels {
             for (m, state) in s.members.iter().zip(states) {
                 let b = kernel::Backend { addr: octets(m.addr), state: *state, pad: [0; 3], service: s.index };
                 maps.backends.set(m.index, b, 0)?;
+                maps.forget_hop(m.index)?;
             }
             let live: Vec<Member> = s
                 .members

@@ -7,7 +7,7 @@ use aya::{
 };
 use limiter_common::{
     Counter, maps,
-    tunnel::{Backend, OUTCOMES, Service, ServiceKey, TABLE_SIZE},
+    tunnel::{Backend, Hop, OUTCOMES, Service, ServiceKey, TABLE_SIZE},
 };
 
 use crate::dataplane::{LoadError, maps::Named as _};
@@ -15,11 +15,12 @@ use crate::dataplane::{LoadError, maps::Named as _};
 /// `TUNNEL_SERVICES`, `TUNNEL_TABLE`, `TUNNEL_BACKENDS`, `TUNNEL_HITS`,
 /// `TUNNEL_OUTCOMES` (the connection table is the program's own).
 pub struct TunnelMaps {
-    pub(super) services: HashMap<MapData, ServiceKey, Service>,
-    pub(super) table: Array<MapData, u32>,
-    pub(super) backends: Array<MapData, Backend>,
-    pub(super) hits: PerCpuArray<MapData, Counter>,
-    pub(super) outcomes: PerCpuArray<MapData, u64>,
+    pub(crate) services: HashMap<MapData, ServiceKey, Service>,
+    pub(crate) table: Array<MapData, u32>,
+    pub(crate) backends: Array<MapData, Backend>,
+    pub(crate) hits: PerCpuArray<MapData, Counter>,
+    pub(crate) hops: PerCpuArray<MapData, Hop>,
+    pub(crate) outcomes: PerCpuArray<MapData, u64>,
 }
 
 impl std::fmt::Debug for TunnelMaps {
@@ -41,12 +42,13 @@ impl TunnelMaps {
             table: take(ebpf, maps::TUNNEL_TABLE)?,
             backends: take(ebpf, maps::TUNNEL_BACKENDS)?,
             hits: take(ebpf, maps::TUNNEL_HITS)?,
+            hops: take(ebpf, maps::TUNNEL_HOPS)?,
             outcomes: take(ebpf, maps::TUNNEL_OUTCOMES)?,
         })
     }
 
     /// Write the slots of service `index`'s table that differ from `old`.
-    pub(super) fn write_table(&mut self, index: u32, new: &[u32], old: Option<&[u32]>) -> anyhow::Result<()> {
+    pub(crate) fn write_table(&mut self, index: u32, new: &[u32], old: Option<&[u32]>) -> anyhow::Result<()> {
         for (i, slot) in new.iter().enumerate() {
             if old.is_some_and(|o| o.get(i) == Some(slot)) {
                 continue;
@@ -57,13 +59,22 @@ impl TunnelMaps {
         Ok(())
     }
 
+    /// Forget backend `index`'s next hop on every CPU (its address may
+    /// have changed): the program looks it up again.
+    pub(crate) fn forget_hop(&mut self, index: u32) -> anyhow::Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+        let none = aya::maps::PerCpuValues::try_from(vec![Hop::default(); cpus])?;
+        self.hops.set(index, none, 0).on(maps::TUNNEL_HOPS)?;
+        Ok(())
+    }
+
     /// Packets and bytes forwarded to backend `index`, over every CPU.
-    pub(super) fn hits(&self, index: u32) -> Counter {
+    pub(crate) fn hits(&self, index: u32) -> Counter {
         self.hits.get(&index, 0).map(|v| crate::dataplane::maps::sum_cpus(&v)).unwrap_or_default()
     }
 
     /// Each outcome's packets, over every CPU.
-    pub(super) fn outcomes(&self) -> Vec<u64> {
+    pub(crate) fn outcomes(&self) -> Vec<u64> {
         (0..OUTCOMES).map(|i| self.outcomes.get(&i, 0).map_or(0, |v| v.iter().sum())).collect()
     }
 }

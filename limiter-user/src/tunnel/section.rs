@@ -296,6 +296,34 @@ pub fn check(tunnels: &[Tunnel]) -> Result<(), PolicyError> {
     Ok(())
 }
 
+/// Check the tunnels against the classes: a TCP tunnel's port may not
+/// take SYN cookies (the edge would answer the SYNs meant for the
+/// backends with its own SYN-ACKs, and the connections would never reach
+/// them).
+pub fn check_classes(tunnels: &[Tunnel], classes: &[crate::policy::Class]) -> Result<(), PolicyError> {
+    for (i, t) in tunnels.iter().enumerate() {
+        if t.protocol != Transport::Tcp {
+            continue;
+        }
+        let Ok((a, b)) = t.ports.range() else { continue };
+        let cookies = classes.iter().enumerate().filter(|(_, c)| c.syn_cookies != crate::policy::SynCookies::Off);
+        for (j, c) in cookies {
+            if let Some((lo, _)) = c.ports.iter().find(|(lo, hi)| *lo <= b && a <= *hi) {
+                let port = (*lo).max(a);
+                return Err(bad(
+                    format!("tunnel[{i}].ports"),
+                    format!(
+                        "port {port} takes SYN cookies in class[{j}] (\"{}\"): this host would answer the SYNs meant \
+                         for the backends; set that class's syn_cookies = \"off\" or leave the port out of it",
+                        c.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,5 +370,21 @@ mod tests {
         }
         let e = check(&[web(), web()]).expect_err("twice").to_string();
         assert!(e.contains("tunnel[1].name"), "{e}");
+    }
+
+    #[test]
+    fn a_tunnelled_port_may_not_take_syn_cookies() {
+        let text = |cookies: &str| {
+            format!(
+                "[[class]]\nname = \"syn\"\nprotocol = \"tcp\"\nports = [\"70-90\"]\nsyn = true\nrate = 20\nburst = \
+                 40\nsyn_cookies = \"{cookies}\"\n\n[[tunnel]]\nname = \"web\"\naddress = \"198.18.0.2\"\nprotocol = \
+                 \"tcp\"\nports = \"80\"\nsource = \"198.18.1.1\"\nbackends = [{{ address = \"198.18.2.2\" }}]\n"
+            )
+        };
+        let p = crate::policy::file::parse("p.toml", text("always")).expect("parses").policy;
+        let e = p.compile(1).expect_err("refused").to_string();
+        assert!(e.contains("tunnel[0].ports") && e.contains("port 80"), "{e}");
+        let p = crate::policy::file::parse("p.toml", text("off")).expect("parses").policy;
+        p.compile(1).expect("no cookies, no conflict");
     }
 }

@@ -1,6 +1,6 @@
 //! Forwarding at the driver: a client namespace (200 clients from 20
 //! prefixes), the edge running the daemon with two `[[tunnel]]` services
-//! (TCP 80 and UDP 53 on one service address), and two backends behind
+//! (TCP 80 over IPIP and UDP 53 over GUE on one service address), and two backends behind
 //! it that decapsulate and answer the clients directly. Each backend's
 //! servers say which backend they are and whom they saw: the clients'
 //! own addresses, never the edge's. A flooding prefix reaches the
@@ -24,8 +24,16 @@ use std::{
 use limiter_tests::{
     netns::NetNs,
     scenario,
-    tunnel::{Backend, VIP, backend_list, daemon, edge},
+    tunnel::{Backend, GUE_PORT, VIP, backend_list, daemon, edge},
 };
+
+/// The module's tests one at a time: each builds four namespaces and
+/// loads the program, which under emulation takes tens of seconds alone.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Each client prefix's first address: 198.18.(10 + p).1.
 fn client(p: u8, i: u8) -> String {
@@ -161,6 +169,7 @@ fn client_addr(p: u8, i: u8) -> String {
 #[expect(clippy::too_many_lines, reason = "one test bed, its phases in order")]
 fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
     let _alone = limiter_tests::alone(module_path!());
+    let _turn = turn();
     let bed = edge("tun");
     let net = &bed.net;
     let (c, edge) = (&net.a, &net.b);
@@ -178,7 +187,8 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
     let policy = format!(
         "rate = {RATE}\nburst = {BURST}\n\n[[tunnel]]\nname = \"web\"\naddress = \"{VIP}\"\nprotocol = \"tcp\"\nports = \
          \"80\"\nsource = \"198.19.0.1\"\nbackends = [{{ address = \"{b0}\" }}, {{ address = \"{b1}\" }}]\n{health}\n[[tunnel]]\nname \
-         = \"dns\"\naddress = \"{VIP}\"\nprotocol = \"udp\"\nports = \"53\"\nsource = \"198.19.0.1\"\nbackends = [{{ address = \
+         = \"dns\"\naddress = \"{VIP}\"\nprotocol = \"udp\"\nports = \"53\"\nencapsulation = \"gue\"\nencapsulation_port = \
+         {GUE_PORT}\nsource = \"198.19.0.1\"\nbackends = [{{ address = \
          \"{b0}\" }}, {{ address = \"{b1}\" }}]\n{health}"
     );
     let edge_daemon = daemon(net, "tun", &policy);
@@ -333,6 +343,7 @@ fn serve_sink(backend: &Backend) {
 #[test]
 fn a_packet_too_big_once_wrapped_is_answered_and_path_mtu_discovery_completes() {
     let _alone = limiter_tests::alone(module_path!());
+    let _turn = turn();
     let bed = edge("tmtu");
     let net = &bed.net;
     let c = &net.a;
@@ -381,4 +392,74 @@ fn a_packet_too_big_once_wrapped_is_answered_and_path_mtu_discovery_completes() 
     assert!(too_big >= 1, "a packet was too big and counted");
     assert!(icmp >= 1, "the client was told");
     assert!(route.contains("mtu 1480"), "the client learned the path's MTU: {route}");
+}
+
+/// With 1,000 long connections open on two backends, a third joins the
+/// pool (a policy reload): every open connection stays on its backend
+/// (the connection table holds it), and the new backend takes about a
+/// third of the new flows (its share of the Maglev table).
+#[test]
+fn a_backend_added_moves_no_open_connection_and_takes_its_share_of_new_ones() {
+    let _alone = limiter_tests::alone(module_path!());
+    let _turn = turn();
+    let bed = edge("tpool");
+    let (net, c) = (&bed.net, &bed.net.a);
+    for p in 0..20 {
+        for i in 0..10 {
+            net.add_source(&client(p, i));
+        }
+    }
+    let backends = [Backend::new(&net.b, 0), Backend::new(&net.b, 1), Backend::new(&net.b, 2)];
+    let _servers: Vec<Arc<AtomicBool>> = backends.iter().map(serve_tcp).collect();
+    let pool = |n: usize| {
+        let list: Vec<String> = backends[..n].iter().map(|b| format!("{{ address = \"{}\" }}", b.addr())).collect();
+        format!(
+            "rate = 100000\nburst = 100000\n\n[[tunnel]]\nname = \"web\"\naddress = \"{VIP}\"\nprotocol = \"tcp\"\nports = \
+             \"80\"\nsource = \"198.19.0.1\"\nbackends = [{}]\n[tunnel.health]\ninterval = \"500ms\"\ntimeout = \"200ms\"\n",
+            list.join(", ")
+        )
+    };
+    let edge_daemon = daemon(net, "tpool", &pool(2));
+    // 1,000 connections: 5 from each of 200 clients.
+    let mut open: Vec<(Conn, u8)> = c.run_in(|| {
+        let mut v = Vec::new();
+        for p in 0..20 {
+            for i in 0..10 {
+                for _ in 0..5 {
+                    let src = client(p, i);
+                    let mut conn = Conn::open(&src).unwrap_or_else(|| panic!("{src} connects"));
+                    let (b, _) = conn.ask().expect("answers");
+                    v.push((conn, b));
+                }
+            }
+        }
+        v
+    });
+    let before: [usize; 3] = [0, 1, 2].map(|n| open.iter().filter(|(_, b)| *b == n).count());
+    let path = edge_daemon.tmp.0.join("policy.toml");
+    std::fs::write(&path, pool(3)).unwrap();
+    let o = scenario::cli(&edge_daemon.socket, &["policy", "apply", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(backend_list(&edge_daemon.socket)["tunnels"][0]["backends"].as_array().unwrap().len(), 3);
+    let moved = c.run_in(|| open.iter_mut().filter_map(|(conn, b)| (conn.ask().map(|a| a.0) != Some(*b)).then_some(())).count());
+    let new: [usize; 3] = c.run_in(|| {
+        let mut n = [0; 3];
+        for p in 0..20 {
+            for i in 0..10 {
+                for _ in 0..2 {
+                    let (b, _) = Conn::open(&client(p, i)).and_then(|mut c| c.ask()).expect("an answer");
+                    n[usize::from(b)] += 1;
+                }
+            }
+        }
+        n
+    });
+    println!(
+        "1,000 open connections on backends {before:?}; a third backend added: {moved} of them moved; 400 new \
+         connections: {new:?}"
+    );
+    assert_eq!(before[2], 0);
+    assert_eq!(moved, 0, "no open connection moves");
+    let share = new[2] as f64 / 400.0;
+    assert!((0.2..=0.47).contains(&share), "the new backend takes about a third of new flows: {share:.2}");
 }

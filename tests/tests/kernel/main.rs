@@ -9,4 +9,4 @@
     reason = "every test's first line takes its module's turn (`limiter_tests::alone`), before the items a test keeps to itself"
 )]
 
-limiter_tests::tier!(kernel: admission, aggregate, answers, capture, classes, deny_set, fixtures, groups, leases, overrides, syn_cookies, tcp_state, verifier);
+limiter_tests::tier!(kernel: admission, aggregate, answers, capture, classes, deny_set, fixtures, groups, leases, overrides, syn_cookies, tcp_state, tunnel, verifier);

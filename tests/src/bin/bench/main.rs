@@ -16,6 +16,7 @@ mod syn;
 mod system;
 mod tcp_flood;
 mod tcp_state;
+mod tunnel;
 mod window;
 mod xdp_filter;
 
@@ -41,9 +42,10 @@ fn measure(l: &mut DataPlane, prog: &'static str, frame: &[u8], want: u32) -> f6
 }
 
 /// Sections in the order they print; `bench [SECTION...]` runs only those.
-const SECTIONS: [(&str, fn()); 16] = [
+const SECTIONS: [(&str, fn()); 17] = [
     ("hit", hit::hit_path),
     ("tcp-state", tcp_state::tcp_state),
+    ("tunnel", tunnel::tunnel),
     ("deny", deny::deny),
     ("groups", groups::groups),
     ("system", system::system_flood),
