@@ -158,9 +158,9 @@ fn every_dashboard_and_alert_query_names_an_exposed_metric() {
         alerts.lines().filter_map(|l| l.trim().strip_prefix("expr:")).map(|e| e.trim().to_owned()).collect();
     assert_eq!(
         alert_exprs.len(),
-        9,
+        10,
         "drop rate, map fill, reload failures, not attached, a stale group file, upstream session down, upstream rules \
-         at cap, escalation capped, an attack going on"
+         at cap, escalation capped, an attack going on, a tunnel without backends"
     );
     queries.extend(alert_exprs);
 

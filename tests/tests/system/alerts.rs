@@ -29,7 +29,7 @@ fn prometheus_loads_the_alert_rules() {
     let o = Command::new(promtool()).args(["check", "rules"]).arg(rules()).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
 }
 
 /// Synthetic series, a scrape a minute, through `promtool test rules`:
@@ -87,6 +87,9 @@ tests:
         values: '0 0 0 40x20'
       - series: 'limiter_upstream_max_rules{{instance="edge4"}}'
         values: '100x20'
+      # A tunnel with 2 backends up, none from minute 3.
+      - series: 'limiter_forward_tunnel_backends_up{{instance="edge7", tunnel="web"}}'
+        values: '2 2 2 0x20'
     alert_rule_test:
       - eval_time: 4m
         alertname: LimiterNotAttached
@@ -171,6 +174,16 @@ tests:
       - eval_time: 6m
         alertname: LimiterUnderAttack
         exp_alerts: []
+      - eval_time: 3m
+        alertname: LimiterTunnelNoBackend
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: LimiterTunnelNoBackend
+        exp_alerts:
+          - exp_labels: {{ severity: critical, instance: edge7, tunnel: web }}
+            exp_annotations:
+              summary: "limiter on edge7: tunnel web has no backend up"
+              description: "Its packets are dropped, or passed to this host's stack, as its no_backend says. See `limiter backend list`: each backend's state and its last check's error."
       - eval_time: 25m
         alertname: LimiterGroupFileStale
         exp_alerts: []
