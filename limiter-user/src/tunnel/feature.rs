@@ -7,7 +7,10 @@
 //! operator's drains (`limiter backend drain`), kept across reloads; the
 //! series and `limiter status`'s line.
 
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    collections::{HashMap, HashSet},
+    net::{IpAddr, SocketAddr},
+};
 
 use limiter_common::tunnel::{self as kernel, Service, ServiceKey};
 
@@ -59,6 +62,8 @@ pub(crate) struct Tunnels {
     checks: Option<health::Checks>,
     /// The service keys written, to remove those a policy drops.
     keys: Vec<ServiceKey>,
+    /// Each backend index's value as last written.
+    written: HashMap<u32, kernel::Backend>,
     outcomes: Vec<u64>,
     notes: Vec<Note>,
     /// A map write that failed: said in status until one succeeds.
@@ -132,8 +137,11 @@ impl Tunnels {
         }
     }
 
-    /// Write every map from the services followed.
-    fn write(&mut self) -> anyhow::Result<()> {
+    /// Write the maps from the services followed: each backend whose
+    /// value changed (its kept next hops forgotten), each table's changed
+    /// slots, and with `services` (a new policy: a health change or a
+    /// drain leaves them as they are) the service keys.
+    fn write(&mut self, services: bool) -> anyhow::Result<()> {
         let states: Vec<Vec<u8>> =
             self.services.iter().map(|s| s.members.iter().map(|m| self.state(m)).collect()).collect();
         let Some(maps) = self.maps.as_mut() else { return Ok(()) };
@@ -141,8 +149,11 @@ impl Tunnels {
         for (s, states) in self.services.iter_mut().zip(&states) {
             for (m, state) in s.members.iter().zip(states) {
                 let b = kernel::Backend { addr: octets(m.addr), state: *state, pad: [0; 3], service: s.index };
-                maps.backends.set(m.index, b, 0)?;
-                maps.forget_hop(m.index)?;
+                if self.written.get(&m.index) != Some(&b) {
+                    maps.backends.set(m.index, b, 0)?;
+                    maps.forget_hop(m.index)?;
+                    self.written.insert(m.index, b);
+                }
             }
             let live: Vec<Member> = s
                 .members
@@ -155,6 +166,9 @@ impl Tunnels {
             let old = (s.table.len() == table.len()).then_some(s.table.as_slice());
             maps.write_table(s.index, &table, old)?;
             s.table = table;
+            if !services {
+                continue;
+            }
             let t = &s.spec;
             let value = Service {
                 index: s.index,
@@ -185,15 +199,19 @@ impl Tunnels {
                 keys.push(k);
             }
         }
-        for k in self.keys.iter().filter(|k| !keys.contains(k)) {
-            let _ = maps.services.remove(k);
+        if services {
+            let now: HashSet<&ServiceKey> = keys.iter().collect();
+            for k in self.keys.iter().filter(|k| !now.contains(k)) {
+                let _ = maps.services.remove(k);
+            }
+            self.keys = keys;
         }
-        self.keys = keys;
         Ok(())
     }
 
-    fn write_or_say(&mut self) {
-        match self.write() {
+    /// [`Tunnels::write`]; after a failed write, everything again.
+    fn write_or_say(&mut self, services: bool) {
+        match self.write(services || self.failing.is_some()) {
             Ok(()) => self.failing = None,
             Err(e) => {
                 tracing::error!(event = "tunnel_write_failed", "limiter: tunnels not written to the program: {e:#}");
@@ -315,7 +333,7 @@ impl Tunnels {
         }
         let what = format!("backend {addr} {}", if on { "drained" } else { "undrained" });
         tracing::info!(event = "tunnel_backend_drain", backend = %addr, drained = on, "limiter: {what}");
-        self.write_or_say();
+        self.write_or_say(false);
         if let Some(e) = &self.failing {
             return Response::error(ErrorCode::Unavailable, format!("{what}, but not written: {e}"));
         }
@@ -332,13 +350,13 @@ impl Feature for Tunnels {
             return;
         }
         self.take(tunnels);
-        self.write_or_say();
+        self.write_or_say(true);
         self.check();
     }
 
     fn tick(&mut self, _: &Second<'_>) {
         if self.count_results() {
-            self.write_or_say();
+            self.write_or_say(false);
             for s in &self.services {
                 if self.up_count(s) == 0 {
                     tracing::error!(event = "tunnel_no_backend", tunnel = %s.spec.name, "limiter: tunnel {}: no backend up; its packets are {}", s.spec.name, if s.spec.no_backend == Otherwise::Pass { "passed to the stack" } else { "dropped" });

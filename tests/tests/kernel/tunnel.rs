@@ -15,7 +15,7 @@ use limiter_common::{
 use limiter_tests::{
     kernel::{self, XDP_DROP, XDP_PASS},
     packet::{ETH_P_IP, ETH_P_IPV6, Frame, IPPROTO_TCP},
-    tunnel::fib_ns as routes,
+    tunnel::{fib_ns as routes, ones_sum as sum},
 };
 
 use limiter::dataplane::xdp_action::{XDP_REDIRECT, XDP_TX};
@@ -30,14 +30,6 @@ fn addr16(a: [u8; 4]) -> [u8; 16] {
     let mut o = [0; 16];
     o[..4].copy_from_slice(&a);
     o
-}
-
-fn sum(bytes: &[u8], init: u32) -> u16 {
-    let mut s = bytes.chunks(2).fold(init, |s, w| s + u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])));
-    while s > 0xffff {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    u16::try_from(s).unwrap()
 }
 
 fn key(port: u16) -> ServiceKey {
