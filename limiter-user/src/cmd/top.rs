@@ -73,6 +73,27 @@ fn screen(t: &TopInfo, clear: bool, utf8: bool) -> String {
         }
         let _ = write!(out, "\n{}", table.render());
     }
+    if !t.backends.is_empty() {
+        // Forwarded at the driver, per backend (the daemon sends the
+        // busiest first).
+        let mut table = Table::new(&[
+            ("tunnel", Left),
+            ("backend", Left),
+            ("state", Left),
+            ("packets/s", Right),
+            ("bytes/s", Right),
+        ]);
+        for b in &t.backends {
+            table.row(vec![
+                b.tunnel.clone(),
+                b.backend.to_string(),
+                b.state.clone(),
+                b.packets_per_sec.to_string(),
+                b.bytes_per_sec.to_string(),
+            ]);
+        }
+        let _ = write!(out, "\n{}", table.render());
+    }
     out
 }
 
@@ -90,10 +111,20 @@ mod tests {
             offenders: Vec::new(),
             shadow: Vec::new(),
             groups: Vec::new(),
+            backends: vec![crate::tunnel::BackendRate {
+                tunnel: "web".to_owned(),
+                backend: "198.18.9.1".parse().unwrap(),
+                state: "drained".to_owned(),
+                packets_per_sec: 1200,
+                bytes_per_sec: 96_000,
+            }],
         };
         let piped = screen(&t, false, false);
         assert!(piped.is_ascii(), "{piped}");
         assert!(piped.contains("_:#"), "{piped}");
+        let backend = piped.lines().find(|l| l.starts_with("web ")).expect("a backend row");
+        let cells: Vec<&str> = backend.split_whitespace().collect();
+        assert_eq!(cells, ["web", "198.18.9.1", "drained", "1200", "96000"], "{piped}");
         assert!(screen(&t, true, true).starts_with("\x1b[H\x1b[2J"));
         assert!(screen(&t, false, true).contains("▁▄█"));
         let some = |v: &str| Some(v.to_owned());

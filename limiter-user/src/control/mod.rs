@@ -354,6 +354,10 @@ pub struct TopInfo {
     /// Each country or ASN group's packets in the last second.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupRate>,
+    /// Each tunnel's backends and what the program forwarded to each in
+    /// the last second.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<crate::tunnel::BackendRate>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

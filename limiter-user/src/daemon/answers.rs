@@ -281,7 +281,7 @@ impl Answers<'_> {
         };
         let (offenders, shadow) = (listed(&self.observer.top), listed(&self.observer.shadow));
         let history = self.observer.top.history();
-        Response::Top(TopInfo {
+        let mut info = TopInfo {
             window_secs: top::WINDOW_SECS,
             sample_every: top::DROP_SAMPLE,
             passed_per_sec: history.iter().map(|h| h.0).collect(),
@@ -299,7 +299,10 @@ impl Answers<'_> {
                     dropped_per_sec: *dropped,
                 })
                 .collect(),
-        })
+            backends: Vec::new(),
+        };
+        self.features.top(&mut info);
+        Response::Top(info)
     }
 }
 

@@ -157,6 +157,10 @@ impl Features {
         self.0.iter().for_each(|f| f.status(status));
     }
 
+    pub(super) fn top(&self, top: &mut crate::control::TopInfo) {
+        self.0.iter().for_each(|f| f.top(top));
+    }
+
     /// What every feature says of a bucket prefix, in order.
     pub(super) fn show(&self, src: &limiter_common::packet::Source, a: &InForce<'_>, out: &mut PrefixShow) {
         self.0.iter().for_each(|f| f.show(src, a, out));

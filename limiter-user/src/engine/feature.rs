@@ -23,7 +23,7 @@ use limiter_common::Config;
 
 use super::{Enforcer, changes::Change};
 use crate::{
-    control::{ErrorCode, PrefixShow, Request, Response, StatusInfo},
+    control::{ErrorCode, PrefixShow, Request, Response, StatusInfo, TopInfo},
     dataplane::Totals,
     origin::Named,
     policy::Policy,
@@ -235,6 +235,9 @@ pub(crate) trait Feature: Send {
     /// Its part of `limiter status`.
     fn status(&self, _status: &mut StatusInfo) {}
 
+    /// Its part of `limiter top`.
+    fn top(&self, _top: &mut TopInfo) {}
+
     /// What it says of the bucket prefix of `src` in `limiter prefix show`.
     fn show(&self, _src: &limiter_common::packet::Source, _in_force: &InForce<'_>, _out: &mut PrefixShow) {}
 
@@ -312,6 +315,12 @@ impl<T: Feature> Feature for Option<T> {
     fn status(&self, status: &mut StatusInfo) {
         if let Some(f) = self {
             f.status(status);
+        }
+    }
+
+    fn top(&self, top: &mut TopInfo) {
+        if let Some(f) = self {
+            f.top(top);
         }
     }
 

@@ -15,7 +15,7 @@ use std::{
 use limiter_common::tunnel::{self as kernel, Service, ServiceKey};
 
 use super::{
-    BackendRow, TunnelRow, TunnelsInfo, health,
+    BackendRate, BackendRow, TunnelRow, TunnelsInfo, health,
     maglev::{self, Member},
     maps::TunnelMaps,
     section::{Encapsulation, Otherwise, TooBig, Tunnel},
@@ -41,6 +41,10 @@ struct Followed {
     streak: u32,
     error: Option<String>,
     hits: limiter_common::Counter,
+    /// `hits` at the last tick (`None` before its first).
+    ticked: Option<limiter_common::Counter>,
+    /// Packets and bytes forwarded to it between the last two ticks.
+    rate: (u64, u64),
 }
 
 /// A service as the feature follows it.
@@ -77,6 +81,14 @@ fn octets(a: IpAddr) -> [u8; 16] {
         IpAddr::V6(v) => out = v.octets(),
     }
     out
+}
+
+fn state_name(state: u8) -> &'static str {
+    match state {
+        kernel::state::UP => "up",
+        kernel::state::DOWN => "down",
+        _ => "drained",
+    }
 }
 
 impl Tunnels {
@@ -129,6 +141,8 @@ impl Tunnels {
                         streak: 0,
                         error: None,
                         hits: limiter_common::Counter::default(),
+                        ticked: None,
+                        rate: (0, 0),
                     },
                 })
                 .collect();
@@ -295,12 +309,7 @@ impl Tunnels {
                     .map(|m| BackendRow {
                         address: m.addr,
                         weight: m.weight,
-                        state: match self.state(m) {
-                            kernel::state::UP => "up",
-                            kernel::state::DOWN => "down",
-                            _ => "drained",
-                        }
-                        .to_owned(),
+                        state: state_name(self.state(m)).to_owned(),
                         packets: m.hits.packets,
                         bytes: m.hits.bytes,
                         error: m.error.clone(),
@@ -320,6 +329,16 @@ impl Tunnels {
                 }
             }
             self.outcomes = maps.outcomes();
+        }
+    }
+
+    /// Each backend's packets and bytes since the last tick.
+    fn rates(&mut self) {
+        for m in self.services.iter_mut().flat_map(|s| &mut s.members) {
+            if let Some(t) = m.ticked {
+                m.rate = (m.hits.packets.saturating_sub(t.packets), m.hits.bytes.saturating_sub(t.bytes));
+            }
+            m.ticked = Some(m.hits);
         }
     }
 
@@ -364,6 +383,7 @@ impl Feature for Tunnels {
             }
         }
         self.refresh();
+        self.rates();
     }
 
     fn notes(&mut self) -> Vec<Note> {
@@ -391,6 +411,25 @@ impl Feature for Tunnels {
             .collect();
         let failing = self.failing.as_ref().map(|e| format!("; NOT WRITTEN: {e}")).unwrap_or_default();
         status.tunnels = Some(format!("{}{failing}", each.join(", ")));
+    }
+
+    /// Every backend, the busiest first.
+    fn top(&self, top: &mut crate::control::TopInfo) {
+        let mut rows: Vec<BackendRate> = self
+            .services
+            .iter()
+            .flat_map(|s| {
+                s.members.iter().map(|m| BackendRate {
+                    tunnel: s.spec.name.clone(),
+                    backend: m.addr,
+                    state: state_name(self.state(m)).to_owned(),
+                    packets_per_sec: m.rate.0,
+                    bytes_per_sec: m.rate.1,
+                })
+            })
+            .collect();
+        rows.sort_by_key(|b| std::cmp::Reverse(b.packets_per_sec));
+        top.backends = rows;
     }
 
     fn answer(&mut self, req: &Request) -> Option<Response> {

@@ -50,5 +50,18 @@ pub struct BackendRow {
     pub error: Option<String>,
 }
 
+/// One backend in `limiter top`: what the program forwarded to it in
+/// the last second.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendRate {
+    pub tunnel: String,
+    pub backend: IpAddr,
+    /// `up`, `down` or `drained`.
+    pub state: String,
+    pub packets_per_sec: u64,
+    /// Bytes of the inner packets.
+    pub bytes_per_sec: u64,
+}
+
 /// The names of `limiter_common::tunnel::outcome`, by index.
 pub const OUTCOMES: [&str; 5] = ["no_backend", "too_big", "unroutable", "unread", "no_room"];

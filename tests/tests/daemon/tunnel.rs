@@ -44,7 +44,7 @@ const FLOODER: &str = "198.18.40.1";
 /// The edge's allowance per /24 (packets a second, and burst).
 const RATE: u64 = 1000;
 const BURST: u64 = 2000;
-const FLOOD_SECS: u64 = 2;
+const FLOOD_SECS: u64 = 3;
 
 /// A backend's servers: HTTP-like on TCP 80 (one line answers each
 /// request line, on keep-alive connections), echo on UDP 53; both answer
@@ -235,7 +235,18 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
         assert!(a.ends_with(&format!("peer {}", client(p, 0))), "{a}");
     }
 
-    // A flood from one prefix: the backends get its allowance, no more.
+    // A flood from one prefix: the backends get its allowance, no more;
+    // `limiter top`, asked once the burst is spent, shows the rate
+    // forwarded to the backend its one flow goes to.
+    let asked = {
+        let socket = socket.clone();
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(FLOOD_SECS * 1000 - 500));
+            let o = scenario::cli(&socket, &["top", "--once", "-j"]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("top's JSON")
+        })
+    };
     let sent = c.run_in(|| {
         let u = UdpSocket::bind(format!("{FLOODER}:0")).unwrap();
         let start = Instant::now();
@@ -256,6 +267,16 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
     assert!(sent > 3 * allowance, "the flood was a flood ({sent})");
     assert!(got as f64 <= 1.1 * allowance as f64, "{got} reached the backends");
     assert!(got as f64 >= 0.5 * BURST as f64, "the allowance reached the backends ({got})");
+    let top = asked.join().expect("top asked");
+    let rows = top["backends"].as_array().expect("top lists the backends");
+    let rate = |tunnel: &str| -> u64 {
+        rows.iter().filter(|r| r["tunnel"] == tunnel).map(|r| r["packets_per_sec"].as_u64().unwrap()).sum()
+    };
+    println!("limiter top during the flood: {rows:?}");
+    assert_eq!(rows.len(), 4, "two tunnels of two backends each");
+    assert_eq!(rows[0]["tunnel"], "dns", "the busiest backend first");
+    assert!((RATE / 2..=RATE * 3 / 2).contains(&rate("dns")), "the flood's allowance per second: {}", rate("dns"));
+    assert!(rate("web") < RATE / 10, "nothing flows to web now: {}", rate("web"));
 
     let j = backend_list(&socket);
     let forwarded: u64 = j["tunnels"].as_array().unwrap().iter().flat_map(|t| t["backends"].as_array().unwrap()).map(|b| b["packets"].as_u64().unwrap()).sum();
