@@ -261,7 +261,10 @@ pub const META_MAGIC: u32 = 0x4c49_4d54;
 /// 17: `STATS` has a slot for `own_answer`; `GROUP_HITS` holds each
 /// CPU's lease of its group's budget.
 /// 18: `STATS` has a slot for `tcp_out_of_state`.
-pub const SCHEMA_VERSION: u32 = 18;
+/// 19: the tunnels' maps pinned (`TUNNEL_SERVICES`, `TUNNEL_TABLE`,
+/// `TUNNEL_BACKENDS`, `TUNNEL_CONNS`, `TUNNEL_HITS`, `TUNNEL_OUTCOMES`):
+/// a restart keeps each connection on its backend, and the drains.
+pub const SCHEMA_VERSION: u32 = 19;
 
 /// Value of [`maps::META`].
 #[repr(C)]

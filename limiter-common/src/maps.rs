@@ -335,6 +335,19 @@ pub const TABLE: [Spec; 48] = [
     Spec::new(GROUP_LIMITS, Kind::Array, 4, size_of::<GroupLimits>(), 2 * MAX_GROUPS).pinned(16),
     Spec::new(GROUP_BUCKETS, Kind::Array, 4, 8, MAX_GROUPS).pinned(16),
     Spec::new(GROUP_HITS, Kind::PerCpuArray, 4, size_of::<GroupHits>(), MAX_GROUPS).pinned(17),
+    Spec::new(
+        TUNNEL_SERVICES,
+        Kind::Hash,
+        size_of::<tunnel::ServiceKey>(),
+        size_of::<tunnel::Service>(),
+        tunnel::SERVICE_PORTS,
+    )
+    .pinned(19),
+    Spec::new(TUNNEL_TABLE, Kind::Array, 4, 4, tunnel::MAX_SERVICES * tunnel::TABLE_SIZE).pinned(19),
+    Spec::new(TUNNEL_BACKENDS, Kind::Array, 4, size_of::<tunnel::Backend>(), tunnel::MAX_BACKENDS).pinned(19),
+    Spec::new(TUNNEL_CONNS, Kind::LruHash, size_of::<tunnel::Flow>(), 4, tunnel::CONNECTIONS).pinned(19),
+    Spec::new(TUNNEL_HITS, Kind::PerCpuArray, 4, size_of::<Counter>(), tunnel::MAX_BACKENDS).pinned(19),
+    Spec::new(TUNNEL_OUTCOMES, Kind::PerCpuArray, 4, 8, tunnel::OUTCOMES).pinned(19),
     Spec::new(TOUCHED, Kind::RingBuf, 0, 0, TOUCHED_BYTES),
     Spec::new(TEST_CLOCK, Kind::Array, 4, 8, 1),
     Spec::new(DROP_EVENTS, Kind::RingBuf, 0, 0, DROP_EVENTS_BYTES),
@@ -348,20 +361,8 @@ pub const TABLE: [Spec; 48] = [
     Spec::new(OWN_ANSWERS, Kind::LruHash, size_of::<AnswerKey>(), 8, OWN_ANSWERS_ENTRIES),
     Spec::new(TCP_GUARD, Kind::Array, 4, size_of::<SynGuard>(), CLASSES_U32),
     Spec::new(TCP_HELD, Kind::PerCpuArray, 4, size_of::<crate::tcp_state::Held>(), crate::tcp_state::HELD_ENTRIES),
-    Spec::new(
-        TUNNEL_SERVICES,
-        Kind::Hash,
-        size_of::<tunnel::ServiceKey>(),
-        size_of::<tunnel::Service>(),
-        tunnel::SERVICE_PORTS,
-    ),
-    Spec::new(TUNNEL_TABLE, Kind::Array, 4, 4, tunnel::MAX_SERVICES * tunnel::TABLE_SIZE),
-    Spec::new(TUNNEL_BACKENDS, Kind::Array, 4, size_of::<tunnel::Backend>(), tunnel::MAX_BACKENDS),
-    Spec::new(TUNNEL_CONNS, Kind::LruHash, size_of::<tunnel::Flow>(), 4, tunnel::CONNECTIONS),
     Spec::new(TUNNEL_HOPS, Kind::PerCpuArray, 4, size_of::<tunnel::Hop>(), tunnel::MAX_BACKENDS),
     Spec::new(TUNNEL_FIB, Kind::PerCpuArray, 4, 64, 1),
-    Spec::new(TUNNEL_HITS, Kind::PerCpuArray, 4, size_of::<Counter>(), tunnel::MAX_BACKENDS),
-    Spec::new(TUNNEL_OUTCOMES, Kind::PerCpuArray, 4, 8, tunnel::OUTCOMES),
 ];
 
 /// The row of the map `name`; a name not in [`TABLE`] fails the build

@@ -76,30 +76,78 @@ pub fn edge(tag: &str) -> Edge {
     Edge { net, client_xdp }
 }
 
-/// The daemon on the edge with `policy`, its control socket ready.
+/// The daemon on the edge with `policy`, its control socket ready; with
+/// pins, unloaded (link, program and maps) when dropped.
 pub struct Daemon {
     pub guard: Guard,
     pub socket: std::path::PathBuf,
     pub tmp: TempDir,
+    /// Its pin directory, when run with `--pin`.
+    pub pins: Option<std::path::PathBuf>,
 }
 
 #[must_use]
 pub fn daemon(net: &VethPair, tag: &str, policy: &str) -> Daemon {
+    start(net, tag, policy, false)
+}
+
+/// [`daemon`] with `--pin`, in a pin directory of this process's own.
+#[must_use]
+pub fn pinned_daemon(net: &VethPair, tag: &str, policy: &str) -> Daemon {
+    start(net, tag, policy, true)
+}
+
+fn start(net: &VethPair, tag: &str, policy: &str, pin: bool) -> Daemon {
     let tmp = TempDir::new(tag);
-    let path = tmp.0.join("policy.toml");
-    std::fs::write(&path, policy).unwrap();
+    std::fs::write(tmp.0.join("policy.toml"), policy).unwrap();
+    let pins = pin.then(|| std::path::PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}-{}", std::process::id())));
     let socket = unique_socket(tag);
+    let guard = spawn(net, &tmp, &socket, pins.as_deref());
+    Daemon { guard, socket, tmp, pins }
+}
+
+fn spawn(net: &VethPair, tmp: &TempDir, socket: &std::path::Path, pins: Option<&std::path::Path>) -> Guard {
     let mut cmd = net.b.net_command(scenario::locate_bin("limiter").unwrap());
     cmd.args(["run", "--iface", B_IF, "--status-interval", "0", "--metrics", "off", "--policy"])
-        .arg(&path)
+        .arg(tmp.0.join("policy.toml"))
         .arg("--socket")
-        .arg(&socket);
+        .arg(socket);
+    if let Some(p) = pins {
+        cmd.arg("--pin").arg("--pin-dir").arg(p);
+    }
     let (guard, log) = spawn_lines(cmd).unwrap();
     let mut seen = String::new();
     // Under emulation (the guest tier) the verifier alone takes tens of
     // seconds.
     wait_for(&log, "control socket", Duration::from_secs(90), &mut seen).unwrap();
-    Daemon { guard, socket, tmp }
+    guard
+}
+
+impl Daemon {
+    /// `kill -9` the daemon (a pinned program keeps running without it).
+    pub fn kill_9(&mut self) {
+        let _ = self.guard.0.kill();
+        let _ = self.guard.0.wait();
+    }
+
+    /// Start it again, as it was started, after [`Daemon::kill_9`].
+    pub fn restart(&mut self, net: &VethPair) {
+        let _ = std::fs::remove_file(&self.socket);
+        let old = std::mem::replace(&mut self.guard, spawn(net, &self.tmp, &self.socket, self.pins.as_deref()));
+        // Killed and reaped already: no signal for its pid.
+        std::mem::forget(old);
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(p) = &self.pins {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(i32::try_from(self.guard.0.id()).unwrap_or(0), libc::SIGTERM) };
+            let _ = self.guard.0.wait();
+            let _ = limiter::dataplane::pin::unload(p, false);
+        }
+    }
 }
 
 /// `limiter backend list --json`.

@@ -143,7 +143,15 @@ fn renewal_loss_of(name: &str) -> &'static str {
         maps::BUCKETS => "every prefix starts again from a full bucket",
         maps::WINDOWS | maps::FLEET | maps::FLEET_STATE => "window quotas start again from zero",
         maps::NEW_SOURCES => "the new-source budget starts full",
-        maps::STATS | maps::GROUP_HITS => "its counters start again from zero",
+        maps::STATS | maps::GROUP_HITS | maps::TUNNEL_HITS | maps::TUNNEL_OUTCOMES => {
+            "its counters start again from zero"
+        }
+        maps::TUNNEL_CONNS => {
+            "each forwarded connection picks its backend again (the same one unless the pool changed)"
+        }
+        maps::TUNNEL_BACKENDS => {
+            "the operator's backend drains are gone (drain them again); backends that were down start up"
+        }
         maps::RUNTIME => "overrides set with `limiter prefix` before the upgrade are gone: set them again",
         maps::SYN_GUARD => "an engaged `auto` SYN-cookie trigger is released until the next SYN flood trips it",
         maps::LAYOUT => "nothing is lost: this build's table is written into it",

@@ -17,8 +17,8 @@ use limiter_common::tunnel::{self as kernel, Service, ServiceKey};
 use super::{
     BackendRate, BackendRow, TunnelRow, TunnelsInfo, health,
     maglev::{self, Member},
-    maps::TunnelMaps,
-    section::{Encapsulation, Otherwise, TooBig, Tunnel},
+    maps::{Left, TunnelMaps},
+    section::{self, Encapsulation, Otherwise, TooBig, Tunnel},
     series::TunnelReport,
 };
 use crate::{
@@ -47,6 +47,23 @@ struct Followed {
     rate: (u64, u64),
 }
 
+impl Followed {
+    fn new(b: &section::BackendSpec, index: u32, up: bool) -> Self {
+        Self {
+            addr: b.address,
+            index,
+            weight: b.weight,
+            drain: b.drain,
+            up,
+            streak: 0,
+            error: None,
+            hits: limiter_common::Counter::default(),
+            ticked: None,
+            rate: (0, 0),
+        }
+    }
+}
+
 /// A service as the feature follows it.
 #[derive(Debug)]
 struct Svc {
@@ -72,6 +89,9 @@ pub(crate) struct Tunnels {
     notes: Vec<Note>,
     /// A map write that failed: said in status until one succeeds.
     failing: Option<String>,
+    /// What the pinned maps held at the start (the daemon before this
+    /// one wrote it), until the first policy takes it.
+    left: Option<Left>,
 }
 
 fn octets(a: IpAddr) -> [u8; 16] {
@@ -93,7 +113,16 @@ fn state_name(state: u8) -> &'static str {
 
 impl Tunnels {
     pub(crate) fn new(maps: Option<Box<TunnelMaps>>) -> Self {
-        Self { maps, ..Self::default() }
+        let left = maps.as_ref().map(|m| m.left()).filter(|l| !l.backends.is_empty() || !l.services.is_empty());
+        let mut t = Self { maps, ..Self::default() };
+        if let Some(left) = left {
+            // Written by the daemon before (the maps are pinned): what a
+            // policy without them must take out.
+            t.written = left.backends.iter().copied().collect();
+            t.keys = left.services.iter().map(|(k, _)| *k).collect();
+            t.left = Some(left);
+        }
+        t
     }
 
     fn state(&self, m: &Followed) -> u8 {
@@ -106,48 +135,86 @@ impl Tunnels {
         }
     }
 
-    /// Take the policy's tunnels: indexes kept by name and address.
+    /// Take the policy's tunnels: indexes kept by name and address; on
+    /// the first policy after a restart over pinned maps, the indexes,
+    /// states and drains the maps hold, so each connection stays on its
+    /// backend.
     fn take(&mut self, tunnels: &[Tunnel]) {
         let old: Vec<Svc> = std::mem::take(&mut self.services);
-        let mut free_svc: Vec<u32> = (0..kernel::MAX_SERVICES)
-            .filter(|i| !old.iter().any(|s| s.index == *i && tunnels.iter().any(|t| t.name == s.spec.name)))
-            .rev()
-            .collect();
-        let kept = |name: &str, addr: IpAddr| {
-            old.iter().find(|s| s.spec.name == name).and_then(|s| s.members.iter().find(|m| m.addr == addr))
-        };
-        let mut free: Vec<u32> = (0..kernel::MAX_BACKENDS)
-            .filter(|i| {
-                !tunnels
-                    .iter()
-                    .any(|t| t.backends.iter().any(|b| kept(&t.name, b.address).is_some_and(|m| m.index == *i)))
+        let left = self.left.take().unwrap_or_default();
+        // A service's index: kept by name, else the one the pinned maps
+        // give its first port.
+        let mut used = HashSet::new();
+        let wanted: Vec<Option<u32>> = tunnels
+            .iter()
+            .map(|t| {
+                let index = old.iter().find(|s| s.spec.name == t.name).map(|s| s.index).or_else(|| {
+                    let (port, _) = t.ports.range().ok()?;
+                    let v6 = u8::from(t.address.is_ipv6());
+                    let k = ServiceKey { addr: octets(t.address), port, proto: t.protocol.number(), v6 };
+                    left.services.iter().find(|(key, _)| *key == k).map(|(_, i)| *i)
+                });
+                index.filter(|i| used.insert(*i))
             })
-            .rev()
             .collect();
-        for t in tunnels {
+        let mut free_svc: Vec<u32> = (0..kernel::MAX_SERVICES).filter(|i| !used.contains(i)).rev().collect();
+        let indexes: Vec<u32> = wanted.iter().map(|w| w.or_else(|| free_svc.pop()).unwrap_or(0)).collect();
+        // A backend's index: kept by tunnel and address, else the pinned
+        // maps' entry of its address in its service.
+        let mut used = HashSet::new();
+        let mut restored = (0, 0, 0);
+        let mut chosen: Vec<Vec<Option<Followed>>> = Vec::new();
+        for (t, &si) in tunnels.iter().zip(&indexes) {
             let was = old.iter().find(|s| s.spec.name == t.name);
-            let index = was.map(|s| s.index).or_else(|| free_svc.pop()).unwrap_or(0);
+            let mut row = Vec::new();
+            for b in &t.backends {
+                let kept = was.and_then(|s| s.members.iter().find(|m| m.addr == b.address));
+                let f = if let Some(m) = kept {
+                    Some(Followed { weight: b.weight, drain: b.drain, ..m.clone() })
+                } else if let Some((i, lb)) =
+                    left.backends.iter().find(|(_, lb)| lb.service == si && lb.addr == octets(b.address))
+                {
+                    restored.0 += 1;
+                    if lb.state == kernel::state::DRAINED && !b.drain && !self.drained.contains(&b.address) {
+                        // The operator's drain, before the restart.
+                        self.drained.push(b.address);
+                        restored.1 += 1;
+                    }
+                    // Down stays down until its checks rise (without
+                    // checks, nothing would bring it back).
+                    let down = lb.state == kernel::state::DOWN && t.health.enabled;
+                    restored.2 += usize::from(down);
+                    Some(Followed::new(b, *i, !down))
+                } else {
+                    None
+                };
+                row.push(f.filter(|f| used.insert(f.index)));
+            }
+            chosen.push(row);
+        }
+        // New backends take indexes never written first, so a connection
+        // left to a removed backend does not meet another at its index.
+        let mut free: Vec<u32> = (0..kernel::MAX_BACKENDS).filter(|i| !used.contains(i)).collect();
+        free.sort_by_key(|i| (!self.written.contains_key(i), std::cmp::Reverse(*i)));
+        for ((t, &index), row) in tunnels.iter().zip(&indexes).zip(chosen) {
             let members = t
                 .backends
                 .iter()
-                .map(|b| match kept(&t.name, b.address) {
-                    Some(m) => Followed { weight: b.weight, drain: b.drain, ..m.clone() },
-                    None => Followed {
-                        addr: b.address,
-                        index: free.pop().unwrap_or(0),
-                        weight: b.weight,
-                        drain: b.drain,
-                        up: true,
-                        streak: 0,
-                        error: None,
-                        hits: limiter_common::Counter::default(),
-                        ticked: None,
-                        rate: (0, 0),
-                    },
-                })
+                .zip(row)
+                .map(|(b, f)| f.unwrap_or_else(|| Followed::new(b, free.pop().unwrap_or(0), true)))
                 .collect();
-            let table = was.map(|s| s.table.clone()).unwrap_or_default();
+            let table = old.iter().find(|s| s.spec.name == t.name).map(|s| s.table.clone()).unwrap_or_default();
             self.services.push(Svc { spec: t.clone(), index, members, table });
+        }
+        if restored.0 > 0 {
+            let (n, drained, down) = restored;
+            tracing::info!(
+                event = "tunnel_state_restored",
+                backends = n,
+                drained,
+                down,
+                "limiter: tunnels: {n} backend(s) taken back from the pinned maps ({drained} drained by the operator, {down} down); their connections stay on them"
+            );
         }
     }
 
@@ -211,6 +278,15 @@ impl Tunnels {
                 let k = ServiceKey { port, proto: t.protocol.number(), ..base };
                 maps.services.insert(k, value, 0)?;
                 keys.push(k);
+            }
+        }
+        // A backend no tunnel has now (removed, or left by the daemon
+        // before): down, so the flows it held pick a backend again.
+        let members: HashSet<u32> = self.services.iter().flat_map(|s| s.members.iter().map(|m| m.index)).collect();
+        for (i, b) in &mut self.written {
+            if !members.contains(i) && b.state != kernel::state::DOWN {
+                b.state = kernel::state::DOWN;
+                maps.backends.set(*i, *b, 0)?;
             }
         }
         if services {
@@ -365,7 +441,7 @@ impl Feature for Tunnels {
         let tunnels = &a.policy.tunnels;
         let same =
             tunnels.len() == self.services.len() && tunnels.iter().zip(&self.services).all(|(t, s)| *t == s.spec);
-        if same {
+        if same && self.left.is_none() {
             return;
         }
         self.take(tunnels);
@@ -441,5 +517,62 @@ impl Feature for Tunnels {
             Request::BackendDrain { address, drain } => Some(self.drain(*address, *drain)),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn web() -> Tunnel {
+        toml::from_str(
+            r#"
+            name = "web"
+            address = "198.18.0.2"
+            protocol = "tcp"
+            ports = "80"
+            source = "198.18.1.1"
+            backends = [{ address = "198.18.2.2" }, { address = "198.18.2.3" }, { address = "198.18.2.4" }]
+            "#,
+        )
+        .expect("parses")
+    }
+
+    fn backend(last: u8, state: u8) -> kernel::Backend {
+        kernel::Backend { addr: octets(IpAddr::from([198, 18, 2, last])), state, pad: [0; 3], service: 3 }
+    }
+
+    #[test]
+    fn a_restart_takes_back_the_indexes_states_and_drains_the_pinned_maps_hold() {
+        let key = ServiceKey { addr: octets(IpAddr::from([198, 18, 0, 2])), port: 80, proto: 6, v6: 0 };
+        let left = Left {
+            // .2 drained by the operator, .3 down; .9 no longer in the pool.
+            backends: vec![
+                (7, backend(2, kernel::state::DRAINED)),
+                (9, backend(3, kernel::state::DOWN)),
+                (0, backend(9, kernel::state::UP)),
+            ],
+            services: vec![(key, 3)],
+        };
+        let mut t = Tunnels::new(None);
+        t.written = left.backends.iter().copied().collect();
+        t.left = Some(left);
+        t.take(&[web()]);
+        let s = &t.services[0];
+        assert_eq!(s.index, 3, "the service keeps its table");
+        let got: Vec<(u32, bool)> = s.members.iter().map(|m| (m.index, m.up)).collect();
+        // The new backend takes an index never written (not 0, where the
+        // removed backend's connections may still point).
+        assert_eq!(got, [(7, true), (9, false), (1, true)]);
+        assert_eq!(t.drained, [IpAddr::from([198, 18, 2, 2])], "the operator's drain is back");
+        assert!(t.left.is_none(), "taken once");
+
+        // Without checks, a backend left down would never come back: up.
+        let mut unchecked = web();
+        unchecked.health.enabled = false;
+        let mut t = Tunnels::new(None);
+        t.left = Some(Left { backends: vec![(9, backend(3, kernel::state::DOWN))], services: vec![(key, 3)] });
+        t.take(&[unchecked]);
+        assert!(t.services[0].members[1].up);
     }
 }

@@ -23,6 +23,14 @@ pub struct TunnelMaps {
     pub(crate) outcomes: PerCpuArray<MapData, u64>,
 }
 
+/// What a daemon before this one left in the pinned maps: each backend
+/// index written, and each service key with its table's index.
+#[derive(Debug, Default)]
+pub(crate) struct Left {
+    pub(crate) backends: Vec<(u32, Backend)>,
+    pub(crate) services: Vec<(ServiceKey, u32)>,
+}
+
 impl std::fmt::Debug for TunnelMaps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("TunnelMaps")
@@ -71,6 +79,18 @@ impl TunnelMaps {
     /// Packets and bytes forwarded to backend `index`, over every CPU.
     pub(crate) fn hits(&self, index: u32) -> Counter {
         self.hits.get(&index, 0).map(|v| crate::dataplane::maps::sum_cpus(&v)).unwrap_or_default()
+    }
+
+    /// What a daemon before this one left in the maps (pinned, they
+    /// outlive it): each backend index written (a nonzero address) and
+    /// each service key with its table's index.
+    pub(crate) fn left(&self) -> Left {
+        let backends = (0..limiter_common::tunnel::MAX_BACKENDS)
+            .filter_map(|i| self.backends.get(&i, 0).ok().map(|b| (i, b)))
+            .filter(|(_, b)| b.addr != [0; 16])
+            .collect();
+        let services = self.services.iter().filter_map(Result::ok).map(|(k, v)| (k, v.index)).collect();
+        Left { backends, services }
     }
 
     /// Each outcome's packets, over every CPU.

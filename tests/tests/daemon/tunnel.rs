@@ -24,7 +24,7 @@ use std::{
 use limiter_tests::{
     netns::NetNs,
     scenario,
-    tunnel::{Backend, GUE_PORT, VIP, backend_list, daemon, edge},
+    tunnel::{Backend, GUE_PORT, VIP, backend_list, daemon, edge, pinned_daemon},
 };
 
 /// The module's tests one at a time: each builds four namespaces and
@@ -191,7 +191,7 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
          {GUE_PORT}\nsource = \"198.19.0.1\"\nbackends = [{{ address = \
          \"{b0}\" }}, {{ address = \"{b1}\" }}]\n{health}"
     );
-    let edge_daemon = daemon(net, "tun", &policy);
+    let mut edge_daemon = pinned_daemon(net, "tun", &policy);
     let socket = edge_daemon.socket.clone();
     let how = if backends[0].kernel { "the kernel's tunl0" } else { "a userspace decapsulator (no IPIP in this kernel)" };
     println!("backends decapsulate with {how}");
@@ -330,6 +330,21 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
     assert!(on1 > 0, "some connection was on backend 1");
     assert_eq!(kept, 20, "every open connection stays on its backend");
     assert_eq!(n[1], 0, "a drained backend gets no new flows");
+
+    // kill -9 and a restart over the pins: the program forwards on
+    // without the daemon; started again, the daemon takes the drain back
+    // from the pinned maps and every open connection stays on its backend.
+    edge_daemon.kill_9();
+    let kept = c.run_in(|| open.iter_mut().map(|(conn, b)| conn.ask().map(|a| a.0) == Some(*b)).filter(|k| *k).count());
+    assert_eq!(kept, 20, "the program forwards on while the daemon is down");
+    edge_daemon.restart(net);
+    let state = state_of(&backend_list(&socket), 0, &b1);
+    let kept = c.run_in(|| open.iter_mut().map(|(conn, b)| conn.ask().map(|a| a.0) == Some(*b)).filter(|k| *k).count());
+    let n = spread(c);
+    println!("kill -9 and a restart: backend 1 {state}; {kept} of 20 open connections kept their backend; 40 new: {n:?}");
+    assert_eq!(state, "drained", "the operator's drain outlives a restart");
+    assert_eq!(kept, 20, "every open connection stays on its backend across the restart");
+    assert_eq!(n[1], 0, "the drained backend still gets no new flows");
     out = scenario::cli(&socket, &["backend", "undrain", &b1]);
     assert!(out.status.success());
     out = scenario::cli(&socket, &["backend", "drain", "198.19.9.9"]);
@@ -432,15 +447,16 @@ fn a_backend_added_moves_no_open_connection_and_takes_its_share_of_new_ones() {
     }
     let backends = [Backend::new(&net.b, 0), Backend::new(&net.b, 1), Backend::new(&net.b, 2)];
     let _servers: Vec<Arc<AtomicBool>> = backends.iter().map(serve_tcp).collect();
-    let pool = |n: usize| {
-        let list: Vec<String> = backends[..n].iter().map(|b| format!("{{ address = \"{}\" }}", b.addr())).collect();
+    let pool = |members: &[usize]| {
+        let list: Vec<String> =
+            members.iter().map(|&n| format!("{{ address = \"{}\" }}", backends[n].addr())).collect();
         format!(
             "rate = 100000\nburst = 100000\n\n[[tunnel]]\nname = \"web\"\naddress = \"{VIP}\"\nprotocol = \"tcp\"\nports = \
              \"80\"\nsource = \"198.19.0.1\"\nbackends = [{}]\n[tunnel.health]\ninterval = \"500ms\"\ntimeout = \"200ms\"\n",
             list.join(", ")
         )
     };
-    let edge_daemon = daemon(net, "tpool", &pool(2));
+    let edge_daemon = daemon(net, "tpool", &pool(&[0, 1]));
     // 1,000 connections: 5 from each of 200 clients.
     let mut open: Vec<(Conn, u8)> = c.run_in(|| {
         let mut v = Vec::new();
@@ -458,7 +474,7 @@ fn a_backend_added_moves_no_open_connection_and_takes_its_share_of_new_ones() {
     });
     let before: [usize; 3] = [0, 1, 2].map(|n| open.iter().filter(|(_, b)| *b == n).count());
     let path = edge_daemon.tmp.0.join("policy.toml");
-    std::fs::write(&path, pool(3)).unwrap();
+    std::fs::write(&path, pool(&[0, 1, 2])).unwrap();
     let o = scenario::cli(&edge_daemon.socket, &["policy", "apply", path.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(backend_list(&edge_daemon.socket)["tunnels"][0]["backends"].as_array().unwrap().len(), 3);
@@ -483,4 +499,28 @@ fn a_backend_added_moves_no_open_connection_and_takes_its_share_of_new_ones() {
     assert_eq!(moved, 0, "no open connection moves");
     let share = new[2] as f64 / 400.0;
     assert!((0.2..=0.47).contains(&share), "the new backend takes about a third of new flows: {share:.2}");
+
+    // Backend 0 taken out of the pool: the connections it held are gone
+    // with it (their packets pick again, and the backend they reach
+    // knows nothing of them: drain first to keep them), the others stay.
+    std::fs::write(&path, pool(&[1, 2])).unwrap();
+    let o = scenario::cli(&edge_daemon.socket, &["policy", "apply", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (on0, still0, others_kept) = c.run_in(|| {
+        let (mut on0, mut still0, mut kept) = (0, 0, 0);
+        for (conn, b) in &mut open {
+            let now = conn.ask().map(|a| a.0);
+            if *b == 0 {
+                on0 += 1;
+                still0 += usize::from(now == Some(0));
+            } else {
+                kept += usize::from(now == Some(*b));
+            }
+        }
+        (on0, still0, kept)
+    });
+    println!("backend 0 removed: {still0} of its {on0} connections still reach it; {others_kept} of the others kept");
+    assert!(on0 > 0);
+    assert_eq!(still0, 0, "a removed backend gets no packet of its connections");
+    assert_eq!(others_kept, 1000 - on0, "the other backends keep theirs");
 }
