@@ -32,6 +32,8 @@ use crate::{
 pub const VIP: &str = "198.18.7.100";
 /// The backends' GUE port.
 pub const GUE_PORT: u16 = 5555;
+/// The backends' FOU port (IPIP in UDP, no header of its own).
+pub const FOU_PORT: u16 = 5556;
 
 /// Run `sysctl -w` for each setting in `ns`.
 pub fn sysctl(ns: &NetNs, settings: &[&str]) {
@@ -224,6 +226,7 @@ impl Backend {
             sysctl(&ns, &["net.ipv4.conf.tunl0.rp_filter=0"]);
             let _ = std::process::Command::new("modprobe").arg("fou").output();
             ns.ip(&format!("fou add port {GUE_PORT} gue"));
+            ns.ip(&format!("fou add port {FOU_PORT} ipproto 4"));
             (None, None)
         } else {
             let o = ns.command("ethtool").args(["-K", &b, "gro", "off"]).output().expect("ethtool runs");
@@ -317,24 +320,28 @@ impl Decap {
                 );
                 std::fs::File::from_raw_fd(fd)
             };
-            // GUE on UDP 5555 (the port `GUE_PORT` names): the 4-byte
-            // header, then the inner packet.
-            let (gue_tun, gs, gb, gp) = (tun.try_clone().unwrap(), s.clone(), b.clone(), p.clone());
-            let gue = std::net::UdpSocket::bind(("0.0.0.0", GUE_PORT)).expect("bind the GUE port");
-            gue.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-            thread::spawn(move || {
-                let mut buf = vec![0u8; 65536];
-                while !gs.load(Ordering::Relaxed) {
-                    let Ok(n) = gue.recv(&mut buf) else { continue };
-                    if n < 24 || buf[..4] != [0, 4, 0, 0] {
-                        gb.fetch_add(1, Ordering::Relaxed);
-                        continue;
+            // GUE on `GUE_PORT`: its 4-byte header (version 0, no flags,
+            // the inner protocol 4), then the inner packet; FOU on
+            // `FOU_PORT`: the inner packet alone.
+            for (port, header) in [(GUE_PORT, &[0u8, 4, 0, 0][..]), (FOU_PORT, &[][..])] {
+                let (udp_tun, us, ub, up) = (tun.try_clone().unwrap(), s.clone(), b.clone(), p.clone());
+                let udp = std::net::UdpSocket::bind(("0.0.0.0", port)).expect("bind the GUE and FOU ports");
+                udp.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+                thread::spawn(move || {
+                    let mut buf = vec![0u8; 65536];
+                    while !us.load(Ordering::Relaxed) {
+                        let Ok(n) = udp.recv(&mut buf) else { continue };
+                        let inner = header.len();
+                        if n < inner + 20 || buf[..inner] != *header || buf[inner] >> 4 != 4 {
+                            ub.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        up.fetch_add(1, Ordering::Relaxed);
+                        // SAFETY: a write of a buffer to the TUN descriptor.
+                        unsafe { libc::write(udp_tun.as_raw_fd(), buf[inner..n].as_ptr().cast(), n - inner) };
                     }
-                    gp.fetch_add(1, Ordering::Relaxed);
-                    // SAFETY: a write of a buffer to the TUN descriptor.
-                    unsafe { libc::write(gue_tun.as_raw_fd(), buf[4..n].as_ptr().cast(), n - 4) };
-                }
-            });
+                });
+            }
             tx.send(()).unwrap();
             let mut raw = raw;
             let mut buf = vec![0u8; 65536];

@@ -1,6 +1,7 @@
 //! Forwarding at the driver: a client namespace (200 clients from 20
-//! prefixes), the edge running the daemon with two `[[tunnel]]` services
-//! (TCP 80 over IPIP and UDP 53 over GUE on one service address), and two backends behind
+//! prefixes), the edge running the daemon with three `[[tunnel]]` services
+//! (TCP 80 over IPIP, UDP 53 over GUE and UDP 54 over FOU on one service
+//! address), and two backends behind
 //! it that decapsulate and answer the clients directly. Each backend's
 //! servers say which backend they are and whom they saw: the clients'
 //! own addresses, never the edge's. A flooding prefix reaches the
@@ -24,7 +25,7 @@ use std::{
 use limiter_tests::{
     netns::NetNs,
     scenario,
-    tunnel::{Backend, GUE_PORT, VIP, backend_list, daemon, edge, pinned_daemon},
+    tunnel::{Backend, FOU_PORT, GUE_PORT, VIP, backend_list, daemon, edge, pinned_daemon},
 };
 
 /// The module's tests one at a time: each builds four namespaces and
@@ -45,9 +46,11 @@ const FLOODER: &str = "198.18.40.1";
 const RATE: u64 = 1000;
 const BURST: u64 = 2000;
 const FLOOD_SECS: u64 = 3;
+/// The UDP services: 53 over GUE, 54 over FOU.
+const UDP_PORTS: [u16; 2] = [53, 54];
 
 /// A backend's servers: HTTP-like on TCP 80 (one line answers each
-/// request line, on keep-alive connections), echo on UDP 53; both answer
+/// request line, on keep-alive connections), echo on UDP 53 and 54; all answer
 /// `backend N peer ADDR`. UDP packets are counted by source address.
 struct Servers {
     tcp_stop: Arc<AtomicBool>,
@@ -88,21 +91,23 @@ fn serve(backend: &Backend) -> Servers {
     let tcp_stop = serve_tcp(backend);
     let udp_stop = Arc::new(AtomicBool::new(false));
     let udp_seen = Arc::new(Mutex::new(HashMap::new()));
-    let (n, flag, seen) = (backend.n, udp_stop.clone(), udp_seen.clone());
-    let (tx, rx) = std::sync::mpsc::channel();
-    backend.ns.spawn_in(move || {
-        // Bound to the service address: its answers leave from it.
-        let u = UdpSocket::bind(format!("{VIP}:53")).expect("bind 53");
-        u.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-        tx.send(()).unwrap();
-        let mut buf = [0u8; 2048];
-        while !flag.load(Ordering::Relaxed) {
-            let Ok((_, peer)) = u.recv_from(&mut buf) else { continue };
-            *seen.lock().unwrap().entry(peer.ip().to_string()).or_insert(0) += 1;
-            let _ = u.send_to(format!("backend {n} peer {}", peer.ip()).as_bytes(), peer);
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(5)).expect("the UDP server started");
+    for port in UDP_PORTS {
+        let (n, flag, seen) = (backend.n, udp_stop.clone(), udp_seen.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        backend.ns.spawn_in(move || {
+            // Bound to the service address: its answers leave from it.
+            let u = UdpSocket::bind(format!("{VIP}:{port}")).expect("bind the UDP port");
+            u.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+            tx.send(()).unwrap();
+            let mut buf = [0u8; 2048];
+            while !flag.load(Ordering::Relaxed) {
+                let Ok((_, peer)) = u.recv_from(&mut buf) else { continue };
+                *seen.lock().unwrap().entry(peer.ip().to_string()).or_insert(0) += 1;
+                let _ = u.send_to(format!("backend {n} peer {}", peer.ip()).as_bytes(), peer);
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(5)).expect("the UDP server started");
+    }
     Servers { tcp_stop, udp_stop, udp_seen }
 }
 
@@ -189,7 +194,9 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
          \"80\"\nsource = \"198.19.0.1\"\nbackends = [{{ address = \"{b0}\" }}, {{ address = \"{b1}\" }}]\n{health}\n[[tunnel]]\nname \
          = \"dns\"\naddress = \"{VIP}\"\nprotocol = \"udp\"\nports = \"53\"\nencapsulation = \"gue\"\nencapsulation_port = \
          {GUE_PORT}\nsource = \"198.19.0.1\"\nbackends = [{{ address = \
-         \"{b0}\" }}, {{ address = \"{b1}\" }}]\n{health}"
+         \"{b0}\" }}, {{ address = \"{b1}\" }}]\n{health}\n[[tunnel]]\nname = \"echo\"\naddress = \"{VIP}\"\nprotocol = \
+         \"udp\"\nports = \"54\"\nencapsulation = \"fou\"\nencapsulation_port = {FOU_PORT}\nsource = \
+         \"198.19.0.1\"\nbackends = [{{ address = \"{b0}\" }}, {{ address = \"{b1}\" }}]\n{health}"
     );
     let mut edge_daemon = pinned_daemon(net, "tun", &policy);
     let socket = edge_daemon.socket.clone();
@@ -216,23 +223,26 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
     assert!(wrong.is_empty(), "backends saw other addresses than the clients': {wrong:?}");
     assert!(per.iter().all(|&n| n >= 60), "each backend takes a share of the flows: {per:?}");
 
-    // UDP: a query from each prefix, answered directly from the service
-    // address, with the client's address seen.
-    let udp: Vec<String> = c.run_in(|| {
-        (0..20)
-            .map(|p| {
-                let u = UdpSocket::bind(format!("{}:0", client(p, 0))).unwrap();
-                u.connect(format!("{VIP}:53")).unwrap();
-                u.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-                u.send(b"q").unwrap();
-                let mut buf = [0u8; 128];
-                let n = u.recv(&mut buf).expect("an answer from the service address");
-                String::from_utf8_lossy(&buf[..n]).into_owned()
-            })
-            .collect()
-    });
-    for (p, a) in (0u8..).zip(&udp) {
-        assert!(a.ends_with(&format!("peer {}", client(p, 0))), "{a}");
+    // UDP over GUE (53) and FOU (54): a query from each prefix, answered
+    // directly from the service address, with the client's address seen.
+    for port in UDP_PORTS {
+        let udp: Vec<String> = c.run_in(|| {
+            (0..20)
+                .map(|p| {
+                    let u = UdpSocket::bind(format!("{}:0", client(p, 0))).unwrap();
+                    u.connect(format!("{VIP}:{port}")).unwrap();
+                    u.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                    u.send(b"q").unwrap();
+                    let mut buf = [0u8; 128];
+                    let n = u.recv(&mut buf).unwrap_or_else(|e| panic!("port {port}: no answer: {e}"));
+                    String::from_utf8_lossy(&buf[..n]).into_owned()
+                })
+                .collect()
+        });
+        for (p, a) in (0u8..).zip(&udp) {
+            assert!(a.ends_with(&format!("peer {}", client(p, 0))), "port {port}: {a}");
+        }
+        println!("20 UDP queries to port {port} answered from the service address, each client's address seen");
     }
 
     // A flood from one prefix: the backends get its allowance, no more;
@@ -273,7 +283,7 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
         rows.iter().filter(|r| r["tunnel"] == tunnel).map(|r| r["packets_per_sec"].as_u64().unwrap()).sum()
     };
     println!("limiter top during the flood: {rows:?}");
-    assert_eq!(rows.len(), 4, "two tunnels of two backends each");
+    assert_eq!(rows.len(), 6, "three tunnels of two backends each");
     assert_eq!(rows[0]["tunnel"], "dns", "the busiest backend first");
     assert!((RATE / 2..=RATE * 3 / 2).contains(&rate("dns")), "the flood's allowance per second: {}", rate("dns"));
     assert!(rate("web") < RATE / 10, "nothing flows to web now: {}", rate("web"));
