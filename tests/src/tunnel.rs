@@ -30,6 +30,8 @@ use crate::{
 
 /// The service address the clients reach.
 pub const VIP: &str = "198.18.7.100";
+/// The IPv6 service address.
+pub const VIP6: &str = "2001:2:0:7::100";
 /// The backends' GUE port.
 pub const GUE_PORT: u16 = 5555;
 /// The backends' FOU port (IPIP in UDP, no header of its own).
@@ -246,6 +248,29 @@ impl Backend {
     pub fn addr(&self) -> String {
         format!("198.19.{}.2", self.n)
     }
+
+    /// This backend's IPv6 address, after [`Backend::add_v6`].
+    #[must_use]
+    pub fn addr6(&self) -> String {
+        format!("2001:2:0:2{}::2", self.n)
+    }
+
+    /// IPv6 beside IPv4: 2001:2:0:2N::1 on the edge's end, ::2 on the
+    /// backend's, [`VIP6`] on its loopback, its IPv6 default route through
+    /// the edge, and IPv6-in-IPv6 taken by the recipe's `t6` (or by
+    /// [`Decap`], which always listens for it).
+    pub fn add_v6(&self, edge: &NetNs) {
+        let (n, addr6) = (self.n, self.addr6());
+        edge.ip(&format!("addr add 2001:2:0:2{n}::1/64 dev te{n} nodad"));
+        self.ns.ip(&format!("addr add {addr6}/64 dev tb{n} nodad"));
+        self.ns.ip(&format!("addr add {VIP6}/128 dev lo"));
+        self.ns.ip(&format!("-6 route add default via 2001:2:0:2{n}::1 dev tb{n}"));
+        if self.kernel {
+            let _ = std::process::Command::new("modprobe").arg("ip6_tunnel").output();
+            self.ns.ip(&format!("-6 tunnel add t6 mode ip6ip6 local {addr6} remote any"));
+            self.ns.ip("link set t6 up");
+        }
+    }
 }
 
 /// A userspace stand-in for `tunl0`: IPIP packets in, their inner packets
@@ -285,6 +310,22 @@ fn sum_ok(h: &[u8]) -> bool {
     ones_sum(h, 0) == 0xffff
 }
 
+/// Reads on `fd` give up after 100 ms (the threads look at their stop
+/// flag between reads).
+fn rcv_timeout(fd: libc::c_int) {
+    let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
+    // SAFETY: setsockopt with a timeval of the size given.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const tv).cast(),
+            libc::socklen_t::try_from(size_of::<libc::timeval>()).unwrap(),
+        );
+    }
+}
+
 impl Decap {
     fn start(ns: &NetNs) -> Self {
         let (stop, bad, packets) =
@@ -310,14 +351,7 @@ impl Decap {
             let raw = unsafe {
                 let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, 4);
                 assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
-                let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&raw const tv).cast(),
-                    libc::socklen_t::try_from(size_of::<libc::timeval>()).unwrap(),
-                );
+                rcv_timeout(fd);
                 std::fs::File::from_raw_fd(fd)
             };
             // GUE on `GUE_PORT`: its 4-byte header (version 0, no flags,
@@ -342,6 +376,31 @@ impl Decap {
                     }
                 });
             }
+            // IPv6 in IPv6: a raw socket of protocol 41 gets the inner
+            // packet (an IPv6 raw socket is given no outer header).
+            // SAFETY: as above.
+            let raw6 = unsafe {
+                let fd = libc::socket(libc::AF_INET6, libc::SOCK_RAW, 41);
+                assert!(fd >= 0, "raw IPv6 socket: {}", std::io::Error::last_os_error());
+                rcv_timeout(fd);
+                std::fs::File::from_raw_fd(fd)
+            };
+            let (tun6, s6, b6, p6) = (tun.try_clone().unwrap(), s.clone(), b.clone(), p.clone());
+            thread::spawn(move || {
+                let mut raw6 = raw6;
+                let mut buf = vec![0u8; 65536];
+                while !s6.load(Ordering::Relaxed) {
+                    let Ok(n) = raw6.read(&mut buf) else { continue };
+                    let total = 40 + usize::from(u16::from_be_bytes([buf[4], buf[5]]));
+                    if n < 40 || buf[0] >> 4 != 6 || total != n {
+                        b6.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    p6.fetch_add(1, Ordering::Relaxed);
+                    // SAFETY: a write of a buffer to the TUN descriptor.
+                    unsafe { libc::write(tun6.as_raw_fd(), buf.as_ptr().cast(), n) };
+                }
+            });
             tx.send(()).unwrap();
             let mut raw = raw;
             let mut buf = vec![0u8; 65536];

@@ -25,7 +25,7 @@ use std::{
 use limiter_tests::{
     netns::NetNs,
     scenario,
-    tunnel::{Backend, FOU_PORT, GUE_PORT, VIP, backend_list, daemon, edge, pinned_daemon},
+    tunnel::{Backend, FOU_PORT, GUE_PORT, VIP, VIP6, backend_list, daemon, edge, pinned_daemon},
 };
 
 /// The module's tests one at a time: each builds four namespaces and
@@ -63,7 +63,8 @@ fn serve_tcp(backend: &Backend) -> Arc<AtomicBool> {
     let (n, flag) = (backend.n, stop.clone());
     let (tx, rx) = std::sync::mpsc::channel();
     backend.ns.spawn_in(move || {
-        let listener = TcpListener::bind("0.0.0.0:80").expect("bind 80");
+        // Both families (an IPv4 client is seen as itself, not mapped).
+        let listener = TcpListener::bind("[::]:80").expect("bind 80");
         listener.set_nonblocking(true).unwrap();
         tx.send(()).unwrap();
         while !flag.load(Ordering::Relaxed) {
@@ -77,7 +78,7 @@ fn serve_tcp(backend: &Backend) -> Arc<AtomicBool> {
                 let mut w = c;
                 let mut line = String::new();
                 while r.read_line(&mut line).is_ok_and(|len| len > 0) {
-                    let _ = writeln!(w, "backend {n} peer {}", peer.ip());
+                    let _ = writeln!(w, "backend {n} peer {}", peer.ip().to_canonical());
                     line.clear();
                 }
             });
@@ -533,4 +534,65 @@ fn a_backend_added_moves_no_open_connection_and_takes_its_share_of_new_ones() {
     assert!(on0 > 0);
     assert_eq!(still0, 0, "a removed backend gets no packet of its connections");
     assert_eq!(others_kept, 1000 - on0, "the other backends keep theirs");
+}
+
+/// IPv6 clients to an IPv6 service: IPv6 in IPv6 to two backends (the
+/// recipe's `ip6ip6` tunnel on Debian's kernels), each client answered by
+/// a backend that saw its own address, both backends taking a share.
+#[test]
+fn ipv6_clients_reach_the_backends_in_ipv6_in_ipv6() {
+    let _alone = limiter_tests::alone(module_path!());
+    let _turn = turn();
+    let bed = edge("tun6");
+    let (net, c) = (&bed.net, &bed.net.a);
+    limiter_tests::tunnel::sysctl(&net.b, &["net.ipv6.conf.all.forwarding=1"]);
+    c.ip("addr add 2001:2::1/64 dev va nodad");
+    net.b.ip("addr add 2001:2::2/64 dev vb nodad");
+    c.ip(&format!("-6 route add {VIP6}/128 via 2001:2::2"));
+    let clients: Vec<String> = (0..20).map(|i| format!("2001:2::{:x}", 0x10 + i)).collect();
+    for a in &clients {
+        c.ip(&format!("addr add {a}/128 dev va nodad"));
+    }
+    let backends = [Backend::new(&net.b, 0), Backend::new(&net.b, 1)];
+    for b in &backends {
+        b.add_v6(&net.b);
+    }
+    let _servers: Vec<Arc<AtomicBool>> = backends.iter().map(serve_tcp).collect();
+    let policy = format!(
+        "rate = 100000\nburst = 100000\n\n[[tunnel]]\nname = \"web6\"\naddress = \"{VIP6}\"\nprotocol = \"tcp\"\nports = \
+         \"80\"\nsource = \"2001:2:0:20::1\"\nbackends = [{{ address = \"{}\" }}, {{ address = \"{}\" }}]\n[tunnel.health]\ninterval \
+         = \"500ms\"\ntimeout = \"200ms\"\n",
+        backends[0].addr6(),
+        backends[1].addr6()
+    );
+    let edge_daemon = daemon(net, "tun6", &policy);
+    let answers: Vec<(String, Option<(u8, String)>)> = c.run_in(|| {
+        clients
+            .iter()
+            .map(|src| {
+                let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).unwrap();
+                s.bind(&format!("[{src}]:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+                let to: std::net::SocketAddr = format!("[{VIP6}]:80").parse().unwrap();
+                let asked = s.connect_timeout(&to.into(), Duration::from_secs(3)).ok().and_then(|()| {
+                    let t: TcpStream = s.into();
+                    t.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+                    Conn(BufReader::new(t)).ask()
+                });
+                (src.clone(), asked)
+            })
+            .collect()
+    });
+    let j = backend_list(&edge_daemon.socket);
+    let per: [usize; 2] = [0, 1].map(|n| answers.iter().filter(|(_, a)| a.as_ref().is_some_and(|a| a.0 == n)).count());
+    println!("20 IPv6 clients: backend 0 took {}, backend 1 took {}; {j}", per[0], per[1]);
+    for (src, a) in &answers {
+        let (_, seen) = a.as_ref().unwrap_or_else(|| panic!("{src}: no answer; {j}"));
+        assert_eq!(seen, src, "the backend saw the client's own address");
+    }
+    assert!(per.iter().all(|&n| n >= 3), "each backend takes a share: {per:?}");
+    for b in &backends {
+        if let Some(d) = &b.decap {
+            assert_eq!(d.bad.load(Ordering::Relaxed), 0, "inner packets that were not whole IPv6 packets");
+        }
+    }
 }
