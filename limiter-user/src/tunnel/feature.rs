@@ -524,18 +524,11 @@ impl Feature for Tunnels {
 mod tests {
     use super::*;
 
+    /// The section tests' tunnel, with a third backend.
     fn web() -> Tunnel {
-        toml::from_str(
-            r#"
-            name = "web"
-            address = "198.18.0.2"
-            protocol = "tcp"
-            ports = "80"
-            source = "198.18.1.1"
-            backends = [{ address = "198.18.2.2" }, { address = "198.18.2.3" }, { address = "198.18.2.4" }]
-            "#,
-        )
-        .expect("parses")
+        let mut t = section::tests::web();
+        t.backends.push(section::BackendSpec { address: IpAddr::from([198, 18, 2, 4]), weight: 1, drain: false });
+        t
     }
 
     fn backend(last: u8, state: u8) -> kernel::Backend {

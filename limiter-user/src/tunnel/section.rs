@@ -325,7 +325,7 @@ pub fn check_classes(tunnels: &[Tunnel], classes: &[crate::policy::Class]) -> Re
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn web() -> Tunnel {
