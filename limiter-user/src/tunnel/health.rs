@@ -52,10 +52,11 @@ pub fn start(targets: Vec<Target>) -> Checks {
             tokio::spawn(async move {
                 let mut every = tokio::time::interval(interval);
                 every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut socket = None;
                 loop {
                     every.tick().await;
                     if !check {
-                        touch(addr).await;
+                        touch(&mut socket, addr).await;
                         continue;
                     }
                     let (ok, error) = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
@@ -74,11 +75,15 @@ pub fn start(targets: Vec<Target>) -> Checks {
 }
 
 /// A datagram to the backend's discard port (9): the kernel resolves the
-/// next hop on the way. Errors are of no interest.
-async fn touch(addr: SocketAddr) {
-    let any: SocketAddr =
-        if addr.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
-    if let Ok(s) = tokio::net::UdpSocket::bind(any).await {
+/// next hop on the way. One socket a backend, bound at the first touch;
+/// errors are of no interest.
+async fn touch(socket: &mut Option<tokio::net::UdpSocket>, addr: SocketAddr) {
+    if socket.is_none() {
+        let any: SocketAddr =
+            if addr.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+        *socket = tokio::net::UdpSocket::bind(any).await.ok();
+    }
+    if let Some(s) = socket {
         let _ = s.send_to(&[], SocketAddr::new(addr.ip(), 9)).await;
     }
 }
