@@ -86,8 +86,9 @@ pub struct Daemon {
     pub guard: Guard,
     pub socket: std::path::PathBuf,
     pub tmp: TempDir,
-    /// Its pin directory, when run with `--pin`.
-    pub pins: Option<std::path::PathBuf>,
+    /// Its pin directory, when run with `--pin`: unloaded when dropped,
+    /// after `guard` (declared before it) has stopped the daemon.
+    pub pins: Option<scenario::Pins>,
 }
 
 #[must_use]
@@ -104,9 +105,11 @@ pub fn pinned_daemon(net: &VethPair, tag: &str, policy: &str) -> Daemon {
 fn start(net: &VethPair, tag: &str, policy: &str, pin: bool) -> Daemon {
     let tmp = TempDir::new(tag);
     std::fs::write(tmp.0.join("policy.toml"), policy).unwrap();
-    let pins = pin.then(|| std::path::PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}-{}", std::process::id())));
+    let pins = pin.then(|| {
+        scenario::Pins(std::path::PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}-{}", std::process::id())))
+    });
     let socket = unique_socket(tag);
-    let guard = spawn(net, &tmp, &socket, pins.as_deref());
+    let guard = spawn(net, &tmp, &socket, pins.as_ref().map(|p| p.0.as_path()));
     Daemon { guard, socket, tmp, pins }
 }
 
@@ -137,20 +140,10 @@ impl Daemon {
     /// Start it again, as it was started, after [`Daemon::kill_9`].
     pub fn restart(&mut self, net: &VethPair) {
         let _ = std::fs::remove_file(&self.socket);
-        let old = std::mem::replace(&mut self.guard, spawn(net, &self.tmp, &self.socket, self.pins.as_deref()));
+        let pins = self.pins.as_ref().map(|p| p.0.as_path());
+        let old = std::mem::replace(&mut self.guard, spawn(net, &self.tmp, &self.socket, pins));
         // Killed and reaped already: no signal for its pid.
         std::mem::forget(old);
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(p) = &self.pins {
-            // SAFETY: kill(2) on our own child.
-            unsafe { libc::kill(i32::try_from(self.guard.0.id()).unwrap_or(0), libc::SIGTERM) };
-            let _ = self.guard.0.wait();
-            let _ = limiter::dataplane::pin::unload(p, false);
-        }
     }
 }
 

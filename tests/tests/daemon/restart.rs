@@ -14,7 +14,7 @@ use limiter_common::{BucketState, maps};
 use limiter_tests::{
     kernel::require_root,
     netns::{B_IF, VethPair},
-    scenario::{self, CONFORM_SRC, Delivered, FLOOD_SRC, Guard, spawn_lines, wait_for},
+    scenario::{self, CONFORM_SRC, Delivered, FLOOD_SRC, Guard, Pins, spawn_lines, wait_for},
 };
 
 mod older;
@@ -23,14 +23,10 @@ use self::older::*;
 const RATE: u64 = 500;
 const BURST: u64 = 1000;
 
-/// Removes the test's pins even when the test fails.
-struct Pins(PathBuf);
-
-impl Pins {
-    /// A pin directory of this test process's own.
-    fn new(tag: &str) -> Self {
-        Self(PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}-{}", std::process::id())))
-    }
+/// A pin directory of this test process's own, removed even when the
+/// test fails.
+fn pin_dir(tag: &str) -> Pins {
+    Pins(PathBuf::from(format!("/sys/fs/bpf/limiter-test-{tag}-{}", std::process::id())))
 }
 
 /// A veth pair whose sender has the flood and the conforming source, and
@@ -40,13 +36,7 @@ fn flood_setup(tag: &str) -> (VethPair, Pins) {
     let net = VethPair::new(tag);
     net.add_source(FLOOD_SRC);
     net.add_source(CONFORM_SRC);
-    (net, Pins::new(tag))
-}
-
-impl Drop for Pins {
-    fn drop(&mut self) {
-        let _ = limiter::dataplane::pin::unload(&self.0, false);
-    }
+    (net, pin_dir(tag))
 }
 
 fn start_daemon(net: &VethPair, pins: &Path) -> (Guard, std::sync::mpsc::Receiver<String>, String) {
@@ -231,7 +221,7 @@ fn unload_keep_maps_detaches_but_a_later_run_re_adopts_the_maps() {
     let _alone = limiter_tests::alone(module_path!());
     require_root();
     let net = VethPair::new("km");
-    let pins = Pins::new("km");
+    let pins = pin_dir("km");
     let (daemon, _rx, log) = start_daemon(&net, &pins.0);
     assert!(log.contains("new maps"), "{log}");
     drop(daemon);

@@ -123,11 +123,14 @@ impl Drop for Servers {
 struct Conn(BufReader<TcpStream>);
 
 impl Conn {
+    /// A connection from `src` to the service address of its family.
     fn open(src: &str) -> Option<Self> {
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
-        s.bind(&format!("{src}:0").parse::<std::net::SocketAddr>().ok()?.into()).ok()?;
-        s.connect_timeout(&format!("{VIP}:80").parse::<std::net::SocketAddr>().ok()?.into(), Duration::from_secs(3))
-            .ok()?;
+        let src: std::net::IpAddr = src.parse().ok()?;
+        let (domain, vip) = if src.is_ipv6() { (socket2::Domain::IPV6, VIP6) } else { (socket2::Domain::IPV4, VIP) };
+        let s = socket2::Socket::new(domain, socket2::Type::STREAM, None).ok()?;
+        s.bind(&std::net::SocketAddr::new(src, 0).into()).ok()?;
+        let to = std::net::SocketAddr::new(vip.parse().ok()?, 80);
+        s.connect_timeout(&to.into(), Duration::from_secs(3)).ok()?;
         let t: TcpStream = s.into();
         t.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
         Some(Self(BufReader::new(t)))
@@ -143,6 +146,12 @@ impl Conn {
     }
 }
 
+/// How many of the `open` connections (each with the backend that first
+/// answered it) are answered by that backend still.
+fn on_their_backend(ns: &NetNs, open: &mut [(Conn, u8)]) -> usize {
+    ns.run_in(|| open.iter_mut().map(|(conn, b)| conn.ask().map(|a| a.0) == Some(*b)).filter(|k| *k).count())
+}
+
 fn state_of(j: &serde_json::Value, tunnel: usize, addr: &str) -> String {
     j["tunnels"][tunnel]["backends"]
         .as_array()
@@ -154,21 +163,17 @@ fn state_of(j: &serde_json::Value, tunnel: usize, addr: &str) -> String {
 }
 
 /// New connections from 40 clients: how many each backend took.
-fn spread(client: &NetNs) -> [usize; 2] {
-    client.run_in(|| {
+fn spread(ns: &NetNs) -> [usize; 2] {
+    ns.run_in(|| {
         let mut n = [0; 2];
         for p in 0..20 {
             for i in 2..4 {
-                let (b, _) = Conn::open(&client_addr(p, i)).and_then(|mut c| c.ask()).expect("an answer");
+                let (b, _) = Conn::open(&client(p, i)).and_then(|mut c| c.ask()).expect("an answer");
                 n[usize::from(b)] += 1;
             }
         }
         n
     })
-}
-
-fn client_addr(p: u8, i: u8) -> String {
-    client(p, i)
 }
 
 #[test]
@@ -335,7 +340,7 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
     out = scenario::cli(&socket, &["backend", "drain", &b1]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(state_of(&backend_list(&socket), 0, &b1), "drained");
-    let kept = c.run_in(|| open.iter_mut().map(|(conn, b)| conn.ask().map(|a| a.0) == Some(*b)).filter(|k| *k).count());
+    let kept = on_their_backend(c, &mut open);
     let n = spread(c);
     println!("drained backend 1 with {on1} of 20 open connections on it: {kept} of 20 kept their backend; 40 new: {n:?}");
     assert!(on1 > 0, "some connection was on backend 1");
@@ -346,11 +351,11 @@ fn admitted_packets_reach_the_backends_with_the_clients_addresses() {
     // without the daemon; started again, the daemon takes the drain back
     // from the pinned maps and every open connection stays on its backend.
     edge_daemon.kill_9();
-    let kept = c.run_in(|| open.iter_mut().map(|(conn, b)| conn.ask().map(|a| a.0) == Some(*b)).filter(|k| *k).count());
+    let kept = on_their_backend(c, &mut open);
     assert_eq!(kept, 20, "the program forwards on while the daemon is down");
     edge_daemon.restart(net);
     let state = state_of(&backend_list(&socket), 0, &b1);
-    let kept = c.run_in(|| open.iter_mut().map(|(conn, b)| conn.ask().map(|a| a.0) == Some(*b)).filter(|k| *k).count());
+    let kept = on_their_backend(c, &mut open);
     let n = spread(c);
     println!("kill -9 and a restart: backend 1 {state}; {kept} of 20 open connections kept their backend; 40 new: {n:?}");
     assert_eq!(state, "drained", "the operator's drain outlives a restart");
@@ -569,17 +574,7 @@ fn ipv6_clients_reach_the_backends_in_ipv6_in_ipv6() {
     let answers: Vec<(String, Option<(u8, String)>)> = c.run_in(|| {
         clients
             .iter()
-            .map(|src| {
-                let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).unwrap();
-                s.bind(&format!("[{src}]:0").parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
-                let to: std::net::SocketAddr = format!("[{VIP6}]:80").parse().unwrap();
-                let asked = s.connect_timeout(&to.into(), Duration::from_secs(3)).ok().and_then(|()| {
-                    let t: TcpStream = s.into();
-                    t.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-                    Conn(BufReader::new(t)).ask()
-                });
-                (src.clone(), asked)
-            })
+            .map(|src| (src.clone(), Conn::open(src).and_then(|mut c| c.ask())))
             .collect()
     });
     let j = backend_list(&edge_daemon.socket);
